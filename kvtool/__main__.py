@@ -1,0 +1,5 @@
+"""Run kvtool as ``python -m kvtool``."""
+
+from kvtool.cli import main
+
+main()

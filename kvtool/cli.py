@@ -1,0 +1,115 @@
+"""The kvtool command line: a thin typer layer that maps library errors to exit statuses."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, ParamSpec
+
+import typer
+
+import kvtool
+from kvtool.commands import get_env
+from kvtool.errors import ExitStatus, KvtoolError
+
+P = ParamSpec("P")
+
+app = typer.Typer(
+    name="kvtool",
+    help="Record, replay and report vLLM KV-cache events, per cache kind and sliding window.",
+    pretty_exceptions_show_locals=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+_state = {"traceback": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvtool {kvtool.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    traceback: Annotated[
+        bool, typer.Option("--traceback", help="Show the full traceback on an error.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Record, replay and report vLLM KV-cache events, per cache kind and sliding window."""
+    _state["traceback"] = traceback
+
+
+def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
+    """Wrap a command body: translate errors to one line on stderr and an exit status.
+
+    Args:
+        fn: The command body; returns an ExitStatus (None means OK).
+
+    Returns:
+        The wrapped function, for ``app.command``.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        env = get_env()
+        try:
+            status = fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KvtoolError as err:
+            if _state["traceback"]:
+                raise
+            env.err.print(f"kvtool: {err}", markup=False, highlight=False)
+            raise typer.Exit(int(err.exit_status)) from None
+        except KeyboardInterrupt:
+            env.err.print("kvtool: interrupted", markup=False, highlight=False)
+            raise typer.Exit(int(ExitStatus.INTERRUPTED)) from None
+        except BrokenPipeError:
+            # Reader of our stdout went away (e.g. `| head`): not an error of ours.
+            sys.stderr.close()
+            raise typer.Exit(int(ExitStatus.OK)) from None
+        except Exception as err:
+            if _state["traceback"]:
+                raise
+            env.err.print(
+                f"kvtool: internal error: {type(err).__name__}: {err} "
+                "(rerun with --traceback and report it)",
+                markup=False,
+                highlight=False,
+            )
+            raise typer.Exit(int(ExitStatus.FAILED)) from None
+        if status:
+            raise typer.Exit(int(status))
+
+    return wrapper
+
+
+def _register() -> None:
+    import importlib
+    import pkgutil
+
+    import kvtool.commands as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"kvtool.commands.{mod.name}")
+        for name, fn in getattr(module, "COMMANDS", {}).items():
+            app.command(name)(command(fn))
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point of the ``kvtool`` console script."""
+    app()

@@ -1,0 +1,78 @@
+"""The one exception tree of kvtool and the exit statuses the CLI maps it to."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Process exit statuses (httpie ``status.py``, mcap ``recover``)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    DAMAGED = 3  # finished, but input was damaged or data was lost
+    INTERRUPTED = 130
+
+
+class KvtoolError(Exception):
+    """Root of every error kvtool raises on purpose; the CLI prints it as one line."""
+
+    exit_status: ExitStatus = ExitStatus.FAILED
+
+
+class UsageError(KvtoolError):
+    """A flag, argument or option value that cannot be used."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class RecordingError(KvtoolError):
+    """A recording that cannot be opened, read or written."""
+
+
+class TruncatedRecording(RecordingError):
+    """A recording whose end is missing or damaged; what was recovered is still usable."""
+
+    exit_status = ExitStatus.DAMAGED
+
+
+class UnsupportedVersion(RecordingError):
+    """A recording written by a newer, incompatible kvtool format version."""
+
+
+class ProtocolError(KvtoolError):
+    """A payload or event that does not follow vLLM's KV-event protocol.
+
+    Attributes:
+        seq: The publisher sequence number of the batch, when known.
+    """
+
+    def __init__(self, message: str, *, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
+class MetadataError(KvtoolError):
+    """KV cache group metadata (a groups file or ``--group`` flag) that cannot be used."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class EndpointError(KvtoolError):
+    """A ZeroMQ endpoint that is malformed or cannot be bound or connected."""
+
+    exit_status = ExitStatus.USAGE
+
+
+__all__ = [
+    "EndpointError",
+    "ExitStatus",
+    "KvtoolError",
+    "MetadataError",
+    "ProtocolError",
+    "RecordingError",
+    "TruncatedRecording",
+    "UnsupportedVersion",
+    "UsageError",
+]

@@ -1,0 +1,414 @@
+"""vLLM KV-event wire protocol: msgspec structs for every layout and the one batch decoder.
+
+The structs mirror ``vllm/distributed/kv_events.py`` across versions (see PROTOCOL.md).
+Fields are only ever appended, each with a default, so one struct reads every layout:
+array-encoded events of vLLM <= 0.23 carry their fields positionally in declaration
+order (shorter arrays simply leave later fields at their defaults, longer ones have
+their extra elements ignored), and map-encoded events of vLLM >= 0.24 omit defaulted
+fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from kvtool.errors import ProtocolError
+
+Hash = int | bytes
+"""``ExternalBlockHash``: a 64-bit int (signed in old vLLM and SGLang) or raw sha256 bytes."""
+
+EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+
+# Array index of each field inside an array-encoded event (index 0 is the tag).
+STORED_ARRAY_INDEX = {
+    "block_hashes": 1,
+    "parent_block_hash": 2,
+    "token_ids": 3,
+    "block_size": 4,
+    "lora_id": 5,
+    "medium": 6,
+    "lora_name": 7,
+    "extra_keys": 8,
+    "group_idx": 9,
+    "kv_cache_spec_kind": 10,
+    "kv_cache_spec_sliding_window": 11,
+}
+REMOVED_ARRAY_INDEX = {"block_hashes": 1, "medium": 2, "group_idx": 3}
+
+
+class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True):
+    """Blocks newly cached (or re-announced) in one KV cache group.
+
+    Attributes:
+        block_hashes: One hash per stored block (may be empty).
+        parent_block_hash: Hash of the block before the first one, if any.
+        token_ids: Every token of the newly cached range (SGLang EAGLE: pairs).
+        block_size: Tokens per block (for a partial store, the tokens in it).
+        lora_id: Deprecated LoRA id.
+        medium: ``GPU``, ``CPU``, ``STORAGE`` … (vLLM >= 0.11).
+        lora_name: LoRA adapter name (SGLang's array layout has a map here).
+        extra_keys: Per-block extra hash keys (vLLM >= 0.17).
+        group_idx: KV cache group index (vLLM >= 0.21).
+        kv_cache_spec_kind: Kind of the group's KV cache spec (vLLM >= 0.22).
+        kv_cache_spec_sliding_window: Sliding window of the group's spec, if any.
+        locality: ``LOCAL`` or ``REMOTE`` (vLLM >= 0.26).
+        ownership: Owner of the blocks (vLLM >= 0.29).
+        session_id: Session the request belongs to (vLLM >= 0.28).
+        lookahead_token_ids: Speculative lookahead tokens per block (vLLM 0.33).
+    """
+
+    block_hashes: list[Hash] = msgspec.field(default_factory=list)
+    parent_block_hash: Hash | None = None
+    token_ids: list[int | list[int]] = msgspec.field(default_factory=list)
+    block_size: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | dict[str, object] | None = None
+    extra_keys: list[object] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True):
+    """Cached blocks evicted (one event per hash in vLLM) — no kind, no window.
+
+    Attributes:
+        block_hashes: Hashes of the removed blocks.
+        medium: Where they were cached.
+        group_idx: KV cache group index (vLLM >= 0.21).
+        locality: ``LOCAL`` or ``REMOTE``.
+        ownership: Owner of the blocks.
+    """
+
+    block_hashes: list[Hash] = msgspec.field(default_factory=list)
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True):
+    """The whole prefix cache was reset."""
+
+
+class _BlockStoredArray(BlockStored, array_like=True, tag="BlockStored", frozen=True):
+    """``BlockStored`` as vLLM <= 0.23 encoded it: ``[tag, field, …]``."""
+
+
+class _BlockRemovedArray(BlockRemoved, array_like=True, tag="BlockRemoved", frozen=True):
+    """``BlockRemoved`` as vLLM <= 0.23 encoded it."""
+
+
+class _AllBlocksClearedArray(
+    AllBlocksCleared, array_like=True, tag="AllBlocksCleared", frozen=True
+):
+    """``AllBlocksCleared`` as vLLM <= 0.23 encoded it."""
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+EventEncoding = Literal["map", "array"]
+
+_MapEvent = BlockStored | BlockRemoved | AllBlocksCleared
+_ArrayEvent = _BlockStoredArray | _BlockRemovedArray | _AllBlocksClearedArray
+
+
+class _ArrayBatchMapEvents(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_MapEvent]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatchArrayEvents(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_ArrayEvent]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchMapEvents(msgspec.Struct):
+    ts: float
+    events: list[_MapEvent]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchArrayEvents(msgspec.Struct):
+    ts: float
+    events: list[_ArrayEvent]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatchRaw(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchRaw(msgspec.Struct):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayTs(msgspec.Struct, array_like=True):
+    ts: float
+
+
+class _MapTs(msgspec.Struct):
+    ts: float
+
+
+class KVEventBatch(msgspec.Struct, frozen=True):
+    """One decoded ``KVEventBatch`` payload.
+
+    Attributes:
+        ts: The publisher's timestamp, float seconds on its clock.
+        events: The events that decoded, in order.
+        data_parallel_rank: The rank the batch names (None when absent or nil).
+        batch_encoding: ``"array"`` (every vLLM release) or ``"map"``.
+        event_encoding: ``"map"`` (vLLM >= 0.24) or ``"array"`` (older); ``"map"`` when empty.
+        skipped: One message per event that could not be decoded (unknown type or
+            malformed); its neighbours are kept.
+    """
+
+    ts: float
+    events: list[Event]
+    data_parallel_rank: int | None = None
+    batch_encoding: EventEncoding = "array"
+    event_encoding: EventEncoding = "map"
+    skipped: tuple[str, ...] = ()
+
+
+_DECODERS: dict[tuple[EventEncoding, EventEncoding], msgspec.msgpack.Decoder[object]] = {
+    ("array", "map"): msgspec.msgpack.Decoder(_ArrayBatchMapEvents),
+    ("array", "array"): msgspec.msgpack.Decoder(_ArrayBatchArrayEvents),
+    ("map", "map"): msgspec.msgpack.Decoder(_MapBatchMapEvents),
+    ("map", "array"): msgspec.msgpack.Decoder(_MapBatchArrayEvents),
+}
+_RAW_DECODERS: dict[EventEncoding, msgspec.msgpack.Decoder[object]] = {
+    "array": msgspec.msgpack.Decoder(_ArrayBatchRaw),
+    "map": msgspec.msgpack.Decoder(_MapBatchRaw),
+}
+_TS_DECODERS: dict[EventEncoding, msgspec.msgpack.Decoder[object]] = {
+    "array": msgspec.msgpack.Decoder(_ArrayTs),
+    "map": msgspec.msgpack.Decoder(_MapTs),
+}
+_MAP_EVENT = msgspec.msgpack.Decoder(_MapEvent)
+_ARRAY_EVENT = msgspec.msgpack.Decoder(_ArrayEvent)
+_ANY = msgspec.msgpack.Decoder()
+
+
+def _batch_encoding(raw: bytes | memoryview) -> EventEncoding:
+    if not raw:
+        raise msgspec.DecodeError("empty payload")
+    first = raw[0]
+    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
+        return "map"
+    return "array"
+
+
+def _event_encoding(raw: msgspec.Raw) -> EventEncoding:
+    view = memoryview(raw)
+    first = view[0] if len(view) else 0
+    if 0x90 <= first <= 0x9F or first in (0xDC, 0xDD):
+        return "array"
+    return "map"
+
+
+def _describe_event(raw: msgspec.Raw, err: Exception) -> str:
+    """Name an undecodable event: its type tag if it has one, and why it failed."""
+    try:
+        obj = _ANY.decode(raw)
+    except msgspec.DecodeError:
+        return f"undecodable event ({err})"
+    tag: object = None
+    if isinstance(obj, dict):
+        tag = obj.get("type")
+    elif isinstance(obj, list) and obj:
+        tag = obj[0]
+    if isinstance(tag, str) and tag not in EVENT_TYPES:
+        return f"unknown event type {tag[:64]!r}"
+    return f"malformed {tag if isinstance(tag, str) else 'event'} ({err})"
+
+
+_LAST_EVENT_ENCODING: dict[EventEncoding, EventEncoding] = {"array": "map", "map": "map"}
+
+
+def _try_full(
+    raw: bytes | memoryview, benc: EventEncoding, eenc: EventEncoding
+) -> KVEventBatch | None:
+    try:
+        full = _DECODERS[(benc, eenc)].decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    assert isinstance(
+        full,
+        _ArrayBatchMapEvents | _ArrayBatchArrayEvents | _MapBatchMapEvents | _MapBatchArrayEvents,
+    )
+    if not full.events:
+        eenc = "map"
+    return KVEventBatch(
+        ts=full.ts,
+        events=full.events,  # type: ignore[arg-type]
+        data_parallel_rank=full.data_parallel_rank,
+        batch_encoding=benc,
+        event_encoding=eenc,
+    )
+
+
+def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventBatch:
+    """Decode one ZMQ payload (a msgpack ``KVEventBatch``) in any layout vLLM has sent.
+
+    The whole batch is decoded in one msgspec call; only if that fails is it decoded
+    event by event, so one unknown or malformed event is skipped (and named in
+    ``skipped``) while its neighbours are kept.
+
+    Args:
+        raw: The payload frame, byte for byte as received.
+        seq: The batch's sequence number, used in error messages.
+
+    Returns:
+        The decoded batch.
+
+    Raises:
+        ProtocolError: The payload is not a batch at all (not msgpack, no ``ts`` or
+            ``events``, wrong types at the batch level).
+    """
+    where = f"seq {seq}: " if seq is not None else ""
+    try:
+        benc = _batch_encoding(raw)
+    except msgspec.DecodeError as err:
+        raise ProtocolError(f"{where}malformed payload: {err}", seq=seq) from err
+    # Fast path: the whole batch in one call, trying first the event encoding that
+    # worked last time (a stream does not change layout mid-way).
+    guess = _LAST_EVENT_ENCODING[benc]
+    full = _try_full(raw, benc, guess)
+    if full is not None:
+        return full
+    try:
+        rawb = _RAW_DECODERS[benc].decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise ProtocolError(f"{where}malformed payload: {err}", seq=seq) from err
+    assert isinstance(rawb, _ArrayBatchRaw | _MapBatchRaw)
+    eenc: EventEncoding = _event_encoding(rawb.events[0]) if rawb.events else "map"
+    if eenc != guess:
+        full = _try_full(raw, benc, eenc)
+        if full is not None:
+            _LAST_EVENT_ENCODING[benc] = eenc
+            return full
+    # Slow path: event by event, each in the encoding its own bytes show.
+    events: list[Event] = []
+    skipped: list[str] = []
+    for i, ev_raw in enumerate(rawb.events):
+        dec = _ARRAY_EVENT if _event_encoding(ev_raw) == "array" else _MAP_EVENT
+        try:
+            events.append(dec.decode(ev_raw))  # type: ignore[arg-type]
+        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            skipped.append(f"{where}event {i}: {_describe_event(ev_raw, err)}")
+    return KVEventBatch(
+        ts=rawb.ts,
+        events=events,
+        data_parallel_rank=rawb.data_parallel_rank,
+        batch_encoding=benc,
+        event_encoding=eenc,
+        skipped=tuple(skipped),
+    )
+
+
+def peek_ts(raw: bytes | memoryview) -> float | None:
+    """Return a payload's ``ts`` without decoding its events, or None if it has none.
+
+    Args:
+        raw: The payload frame.
+
+    Returns:
+        The batch timestamp in float seconds, or None for a payload that is not a batch.
+    """
+    try:
+        obj = _TS_DECODERS[_batch_encoding(raw)].decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    assert isinstance(obj, _ArrayTs | _MapTs)
+    return obj.ts
+
+
+def hash_key(h: Hash) -> int:
+    """Map a block hash to one signed 64-bit integer key.
+
+    Ints are taken modulo 2**64 into the signed range (vLLM's uint64 and SGLang's
+    signed int64 agree); bytes map to their last 8 bytes big-endian, as vLLM's own
+    conversion does.
+
+    Args:
+        h: The hash as sent.
+
+    Returns:
+        A value in [-2**63, 2**63).
+    """
+    if isinstance(h, bytes):
+        h = int.from_bytes(h[-8:], "big")
+    h &= 0xFFFFFFFFFFFFFFFF
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+def event_to_builtins(event: Event) -> dict[str, object]:
+    """Turn an event into a JSON-friendly dict: ``type`` first, bytes as lower-case hex.
+
+    Args:
+        event: A decoded event.
+
+    Returns:
+        ``{"type": …, field: value, …}`` with every field as decoded.
+    """
+    out: dict[str, object] = {"type": type(event).__struct_config__.tag}
+    for name in event.__struct_fields__:
+        out[name] = _jsonable(getattr(event, name))
+    return out
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def event_type(event: Event) -> str:
+    """Return the event's wire type tag (``BlockStored``, ``BlockRemoved``, …).
+
+    Args:
+        event: A decoded event.
+
+    Returns:
+        The tag string.
+    """
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "REMOVED_ARRAY_INDEX",
+    "STORED_ARRAY_INDEX",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "Event",
+    "EventEncoding",
+    "Hash",
+    "KVEventBatch",
+    "decode_batch",
+    "event_to_builtins",
+    "event_type",
+    "hash_key",
+    "peek_ts",
+]

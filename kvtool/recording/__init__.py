@@ -1,0 +1,21 @@
+"""Recordings: the kvtool profile on MCAP, its writer and its damage-tolerant reader."""
+
+from __future__ import annotations
+
+from kvtool.recording.reader import (
+    ChannelInfo,
+    RecordedMessage,
+    RecordingReader,
+    RecoveryReport,
+    open_recording,
+)
+from kvtool.recording.writer import RecordingWriter
+
+__all__ = [
+    "ChannelInfo",
+    "RecordedMessage",
+    "RecordingReader",
+    "RecordingWriter",
+    "RecoveryReport",
+    "open_recording",
+]

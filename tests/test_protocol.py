@@ -1,0 +1,155 @@
+"""Decoding every real vLLM capture, and every layout of PROTOCOL.md."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+import pytest
+
+from kvtool.errors import ProtocolError
+from kvtool.protocol import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode_batch,
+    event_to_builtins,
+    event_type,
+    hash_key,
+    peek_ts,
+)
+from tests.conftest import capture_messages, capture_truth
+
+
+def test_capture_matches_truth(capture: str) -> None:
+    truth = capture_truth(capture)
+    msgs = capture_messages(capture)
+    assert len(msgs) == truth["num_batches"]
+    types: Counter[str] = Counter()
+    blocks = tokens = 0
+    by_kind: Counter[tuple[str | None, int | None]] = Counter()
+    for _topic, seq, payload in msgs:
+        batch = decode_batch(payload, seq=seq)
+        assert batch.skipped == ()
+        for ev in batch.events:
+            types[event_type(ev)] += 1
+            if isinstance(ev, BlockStored):
+                blocks += len(ev.block_hashes)
+                tokens += len(ev.token_ids)
+                by_kind[(ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)] += len(
+                    ev.block_hashes
+                )
+    assert dict(types) == truth["events_by_type"]
+    assert blocks == truth["block_stored"]["total"]["blocks"]
+    assert tokens == truth["block_stored"]["total"]["tokens"]
+    if "legacy_fields" in truth["wire"] and truth["wire"]["legacy_fields"] and (
+        "kv_cache_spec_kind" not in truth["wire"]["legacy_fields"]["stored"]
+    ):
+        assert set(by_kind) == {(None, None)}
+    else:
+        expect = {
+            (r["kind"], r["sliding_window"]): r["blocks"]
+            for r in truth["block_stored"]["by_kind_window"]
+        }
+        assert dict(by_kind) == expect
+
+
+def _enc(obj: object) -> bytes:
+    return msgspec.msgpack.encode(obj)
+
+
+@pytest.mark.parametrize(
+    ("stored", "removed", "batch_rank"),
+    [
+        (["BlockStored", [1, -2], None, [1, 2, 3], 16, None], ["BlockRemoved", [1]], False),
+        (["BlockStored", [1, -2], None, [1, 2, 3], 16, None], ["BlockRemoved", [1]], True),
+        (["BlockStored", [1], 7, [1], 16, None, "GPU"], ["BlockRemoved", [1], "GPU"], True),
+        (["BlockStored", [1], 7, [1], 16, None, "GPU", None], ["BlockRemoved", [1], "GPU"], True),
+        (["BlockStored", [1], 7, [1], 16, None, "GPU", "l", [None]], ["BlockRemoved", [1], "GPU"], True),
+        (
+            ["BlockStored", [1], 7, [1], 16, None, "GPU", None, [None], 2],
+            ["BlockRemoved", [1], "GPU", 2],
+            True,
+        ),
+        (
+            ["BlockStored", [1], 7, [1], 16, None, "GPU", None, [None], 2, "sliding_window", 64],
+            ["BlockRemoved", [1], "GPU", 2],
+            True,
+        ),
+    ],
+    ids=["initial", "+rank", "+medium", "+lora_name", "+extra_keys", "+group_idx", "+kind"],
+)
+def test_every_array_layout(stored: list, removed: list, batch_rank: bool) -> None:
+    batch = [1.5, [stored, removed, ["AllBlocksCleared"]]] + ([3] if batch_rank else [])
+    out = decode_batch(_enc(batch))
+    assert out.event_encoding == "array"
+    st, rm, cl = out.events
+    assert isinstance(st, BlockStored) and st.block_hashes == stored[1]
+    assert st.block_size == 16
+    assert isinstance(rm, BlockRemoved) and rm.block_hashes == [1]
+    assert isinstance(cl, AllBlocksCleared)
+    assert out.data_parallel_rank == (3 if batch_rank else None)
+    if len(stored) >= 10:
+        assert st.group_idx == 2 and rm.group_idx == 2
+    if len(stored) == 12:
+        assert st.kv_cache_spec_kind == "sliding_window"
+        assert st.kv_cache_spec_sliding_window == 64
+
+
+def test_map_batch_map_events_unknown_fields_and_bytes_hashes() -> None:
+    h = bytes(range(32))
+    payload = _enc(
+        {
+            "ts": 2,
+            "events": [
+                {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None,
+                 "token_ids": [1], "block_size": 16, "lora_id": None, "medium": "GPU",
+                 "lora_name": None, "future_field": {"x": 1}, "group_idx": 0,
+                 "kv_cache_spec_kind": "brand_new_kind"},
+            ],
+            "data_parallel_rank": None,
+        }
+    )
+    out = decode_batch(payload)
+    (st,) = out.events
+    assert isinstance(st, BlockStored)
+    assert st.block_hashes == [h] and st.kv_cache_spec_kind == "brand_new_kind"
+    assert out.batch_encoding == "map"
+    assert event_to_builtins(st)["block_hashes"] == [h.hex()]
+    assert hash_key(h) == int.from_bytes(h[-8:], "big", signed=True)
+
+
+def test_unknown_event_type_is_skipped_and_neighbours_kept() -> None:
+    payload = _enc(
+        [1.0, [{"type": "BlockRemoved", "block_hashes": [5], "medium": None},
+               {"type": "BlockMoved", "block_hashes": [5]},
+               {"type": "BlockRemoved", "block_hashes": "oops", "medium": None},
+               {"type": "AllBlocksCleared"}], 0]
+    )
+    out = decode_batch(payload, seq=42)
+    assert [event_type(e) for e in out.events] == ["BlockRemoved", "AllBlocksCleared"]
+    assert len(out.skipped) == 2
+    assert "seq 42: event 1: unknown event type 'BlockMoved'" == out.skipped[0]
+    assert out.skipped[1].startswith("seq 42: event 2: malformed BlockRemoved")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\xc1", b"\x92\xa1x\x90", _enc([1.0]), _enc({"events": []}), _enc("str"), b"\x93\xcb"],
+)
+def test_malformed_payload_raises_protocol_error_with_seq(payload: bytes) -> None:
+    with pytest.raises(ProtocolError, match=r"^seq 7: malformed payload") as info:
+        decode_batch(payload, seq=7)
+    assert info.value.seq == 7
+
+
+def test_peek_ts() -> None:
+    assert peek_ts(_enc([3.25, [], 0])) == 3.25
+    assert peek_ts(_enc({"ts": 1, "events": []})) == 1.0
+    assert peek_ts(b"\xc1") is None
+
+
+def test_hash_key_signed_and_unsigned_agree() -> None:
+    assert hash_key(-1) == -1
+    assert hash_key((1 << 64) - 1) == -1
+    assert hash_key(5) == 5
