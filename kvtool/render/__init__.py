@@ -1,0 +1,1 @@
+"""Renderers: turn library results into tables, JSON, CSV or JSON lines on a given stream."""
