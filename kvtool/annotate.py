@@ -1,0 +1,925 @@
+"""KV cache group metadata and the annotation rule of vLLM's ``KVCacheManager.take_events``.
+
+Pure functions, no I/O except :func:`load_groups_file` reading the one file it is given.
+
+The rule (``vllm/v1/core/kv_cache_manager.py`` ``take_events``): only ``BlockStored``
+events are touched; a ``group_idx`` of None leaves the event alone; an index outside
+the metadata table logs ``Group index `N` not in KV cache metadata`` and leaves the
+event alone; otherwise both ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window``
+are set from the table (overwriting whatever was there; the window is None for kinds
+without one). :func:`annotation_for` is that rule, shared by :func:`annotate` (decoded
+structs) and by the re-encoding publisher (generic msgpack objects).
+
+Spec descriptions are turned into kind and window as ``get_kv_cache_spec_kind`` and
+``get_kv_cache_spec_sliding_window`` in ``vllm/v1/kv_cache_interface.py`` do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from kvtool.errors import MetadataError
+from kvtool.protocol import BlockStored, Event, KVEventBatch
+
+if TYPE_CHECKING:
+    import polars as pl
+
+KINDS = (
+    "full_attention",
+    "mla_attention",
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "sink_full_attention",
+    "encoder_only_attention",
+    "cross_attention",
+    "unknown",
+)
+"""vLLM's ``KVCacheSpecKind`` values (0.33). Any other string is accepted as a kind too."""
+
+UNIFORM_SPEC = "UniformTypeKVCacheSpecs"
+
+# Class hierarchy of vLLM's KV cache specs (kv_cache_interface.py): class -> base class.
+SPEC_PARENTS: dict[str, str | None] = {
+    "KVCacheSpec": None,
+    "AttentionSpec": "KVCacheSpec",
+    "FullAttentionSpec": "AttentionSpec",
+    "MLAAttentionSpec": "FullAttentionSpec",
+    "HiddenStateCacheSpec": "MLAAttentionSpec",
+    "RSWASpec": "FullAttentionSpec",
+    "TQFullAttentionSpec": "FullAttentionSpec",
+    "SinkFullAttentionSpec": "FullAttentionSpec",
+    "ChunkedLocalAttentionSpec": "AttentionSpec",
+    "SlidingWindowSpec": "AttentionSpec",
+    "SlidingWindowMLASpec": "SlidingWindowSpec",
+    "CircularBufferSpec": "AttentionSpec",
+    "MambaSpec": "KVCacheSpec",
+    "EncoderOnlyAttentionSpec": "AttentionSpec",
+    "CrossAttentionSpec": "AttentionSpec",
+    UNIFORM_SPEC: "KVCacheSpec",
+}
+
+# get_kv_cache_spec_kind: subclass checks before base classes.
+_KIND_ORDER: tuple[tuple[str, str], ...] = (
+    ("SlidingWindowMLASpec", "sliding_window_mla"),
+    ("MLAAttentionSpec", "mla_attention"),
+    ("SinkFullAttentionSpec", "sink_full_attention"),
+    ("FullAttentionSpec", "full_attention"),
+    ("ChunkedLocalAttentionSpec", "chunked_local_attention"),
+    ("SlidingWindowSpec", "sliding_window"),
+    ("MambaSpec", "mamba"),
+    ("EncoderOnlyAttentionSpec", "encoder_only_attention"),
+    ("CrossAttentionSpec", "cross_attention"),
+)
+
+# KVCacheSpecRegistry (register_all_kvcache_specs): class -> uniform_type_base_spec.
+# Classes not listed inherit the entry of their nearest registered ancestor.
+_UNIFORM_BASE: dict[str, str] = {
+    "FullAttentionSpec": "FullAttentionSpec",
+    "MLAAttentionSpec": "FullAttentionSpec",
+    "TQFullAttentionSpec": "FullAttentionSpec",
+    "RSWASpec": "FullAttentionSpec",
+    "HiddenStateCacheSpec": "FullAttentionSpec",
+    "SinkFullAttentionSpec": "FullAttentionSpec",
+    "SlidingWindowSpec": "SlidingWindowSpec",
+    "SlidingWindowMLASpec": "SlidingWindowMLASpec",
+    "MambaSpec": "MambaSpec",
+    "ChunkedLocalAttentionSpec": "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec": "CrossAttentionSpec",
+    "CircularBufferSpec": "CircularBufferSpec",
+}
+
+
+def out_of_range_warning(group_idx: int) -> str:
+    """Return vLLM's warning for a store whose group index is not in the table.
+
+    Args:
+        group_idx: The offending index.
+
+    Returns:
+        ``Group index `N` not in KV cache metadata``.
+    """
+    return f"Group index `{group_idx}` not in KV cache metadata"
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """One KV cache group, as ``get_kv_cache_group_metadata()`` describes it.
+
+    Attributes:
+        group_idx: The group's index.
+        kind: Its ``KVCacheSpecKind`` value (any string).
+        block_size: Tokens per block, when known.
+        sliding_window: The window in tokens, or None for kinds without one.
+    """
+
+    group_idx: int
+    kind: str
+    block_size: int | None = None
+    sliding_window: int | None = None
+
+    def to_metadata(self) -> dict[str, object]:
+        """Return the ``get_kv_cache_group_metadata()`` entry for this group.
+
+        Returns:
+            ``{"group_idx", "kind", "block_size", "sliding_window"}``.
+        """
+        return {
+            "group_idx": self.group_idx,
+            "kind": self.kind,
+            "block_size": self.block_size,
+            "sliding_window": self.sliding_window,
+        }
+
+
+@dataclass
+class GroupTable:
+    """The KV cache group metadata used to annotate: ``group_idx`` → :class:`GroupInfo`.
+
+    Attributes:
+        groups: The groups by index.
+        source: Where the table came from, for messages (a file, ``--group flags`` …).
+    """
+
+    groups: dict[int, GroupInfo]
+    source: str = ""
+
+    def lookup(self, group_idx: int) -> GroupInfo | None:
+        """Return the group with this index, or None when the table has none.
+
+        Args:
+            group_idx: The index a ``BlockStored`` carries.
+
+        Returns:
+            The group, or None (out of range).
+        """
+        return self.groups.get(group_idx)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def to_metadata(self) -> list[dict[str, object]]:
+        """Return the table as ``get_kv_cache_group_metadata()`` returns it (by index).
+
+        Returns:
+            One dict per group, ordered by ``group_idx``.
+        """
+        return [self.groups[i].to_metadata() for i in sorted(self.groups)]
+
+    def to_frame(self) -> pl.DataFrame:
+        """Return the table as a polars DataFrame, for joins in vectorised code.
+
+        Returns:
+            Columns ``group_idx`` (Int64), ``kind`` (Utf8), ``sliding_window`` (Int64),
+            ``block_size`` (Int64), one row per group ordered by ``group_idx``.
+        """
+        import polars as pl
+
+        rows = [self.groups[i] for i in sorted(self.groups)]
+        return pl.DataFrame(
+            {
+                "group_idx": [g.group_idx for g in rows],
+                "kind": [g.kind for g in rows],
+                "sliding_window": [g.sliding_window for g in rows],
+                "block_size": [g.block_size for g in rows],
+            },
+            schema={
+                "group_idx": pl.Int64,
+                "kind": pl.Utf8,
+                "sliding_window": pl.Int64,
+                "block_size": pl.Int64,
+            },
+        )
+
+    def describe(self) -> str:
+        """Return a short one-line description: ``0=full_attention 1=sliding_window:64``.
+
+        Returns:
+            The groups in ``--group`` flag syntax.
+        """
+        parts = []
+        for i in sorted(self.groups):
+            g = self.groups[i]
+            w = f":{g.sliding_window}" if g.sliding_window is not None else ""
+            parts.append(f"{i}={g.kind}{w}")
+        return " ".join(parts)
+
+
+# -- spec descriptions -----------------------------------------------------------------
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _spec_class(spec: Mapping[str, object], where: str) -> str:
+    name = spec.get("spec", spec.get("type"))
+    if not isinstance(name, str):
+        raise MetadataError(
+            f"{where}: a spec description needs \"spec\": a vLLM KV cache spec class name "
+            f"(one of {', '.join(SPEC_PARENTS)})"
+        )
+    if name not in SPEC_PARENTS:
+        raise MetadataError(
+            f"{where}: unknown spec class {name!r} (known: {', '.join(SPEC_PARENTS)})"
+        )
+    return name
+
+
+def _mro(name: str) -> list[str]:
+    out: list[str] = []
+    cur: str | None = name
+    while cur is not None:
+        out.append(cur)
+        cur = SPEC_PARENTS[cur]
+    return out
+
+
+def _isinstance(name: str, base: str) -> bool:
+    return base in _mro(name)
+
+
+def _inner_specs(spec: Mapping[str, object], where: str) -> list[Mapping[str, object]]:
+    inner = spec.get("specs", spec.get("kv_cache_specs"))
+    if isinstance(inner, Mapping):
+        inner = list(inner.values())
+    if not isinstance(inner, list) or not inner:
+        raise MetadataError(
+            f"{where}: {UNIFORM_SPEC} needs \"specs\": a non-empty list (or layer→spec map) "
+            "of spec descriptions"
+        )
+    out: list[Mapping[str, object]] = []
+    for j, s in enumerate(inner):
+        if not isinstance(s, Mapping):
+            raise MetadataError(f"{where}: inner spec {j} is not an object")
+        out.append(s)
+    return out
+
+
+def _uniform_base(name: str) -> str | None:
+    for cls in _mro(name):
+        if cls in _UNIFORM_BASE:
+            return _UNIFORM_BASE[cls]
+    return None
+
+
+def spec_kind(spec: Mapping[str, object], *, where: str = "spec") -> str:
+    """Return the ``KVCacheSpecKind`` vLLM's ``get_kv_cache_spec_kind`` gives a spec.
+
+    Subclasses are checked before their base classes. A ``UniformTypeKVCacheSpecs``
+    wrapper gives its single inner kind; with several inner kinds, ``full_attention``
+    when every inner spec registers the full-attention base spec, else ``unknown``.
+
+    Args:
+        spec: A spec description, e.g. ``{"spec": "SlidingWindowSpec", "sliding_window": 64}``.
+        where: Names the description in error messages.
+
+    Returns:
+        The kind string.
+
+    Raises:
+        MetadataError: The description names no known spec class.
+    """
+    name = _spec_class(spec, where)
+    if name == UNIFORM_SPEC:
+        inner = _inner_specs(spec, where)
+        kinds = {spec_kind(s, where=f"{where}, inner spec {j}") for j, s in enumerate(inner)}
+        if len(kinds) == 1:
+            return next(iter(kinds))
+        bases = {_uniform_base(_spec_class(s, where)) for s in inner}
+        if bases == {"FullAttentionSpec"}:
+            return "full_attention"
+        return "unknown"
+    for cls, kind in _KIND_ORDER:
+        if _isinstance(name, cls):
+            return kind
+    return "unknown"
+
+
+def spec_sliding_window(spec: Mapping[str, object], *, where: str = "spec") -> int | None:
+    """Return the window vLLM's ``get_kv_cache_spec_sliding_window`` gives a spec.
+
+    Only sliding-window specs (incl. sliding-window MLA) have one; a uniform wrapper has
+    one only when all inner windows agree; chunked local attention has none.
+
+    Args:
+        spec: A spec description.
+        where: Names the description in error messages.
+
+    Returns:
+        The window in tokens, or None.
+
+    Raises:
+        MetadataError: Unknown spec class, or a sliding-window spec without an integer
+            ``sliding_window``.
+    """
+    name = _spec_class(spec, where)
+    if name == UNIFORM_SPEC:
+        inner = _inner_specs(spec, where)
+        windows = {
+            spec_sliding_window(s, where=f"{where}, inner spec {j}")
+            for j, s in enumerate(inner)
+        }
+        return next(iter(windows)) if len(windows) == 1 else None
+    if _isinstance(name, "SlidingWindowSpec"):
+        w = spec.get("sliding_window")
+        if not _is_int(w) or w <= 0:  # type: ignore[operator]
+            raise MetadataError(
+                f"{where}: {name} needs \"sliding_window\": a positive integer (tokens)"
+            )
+        assert isinstance(w, int)
+        return w
+    return None
+
+
+def _spec_block_size(spec: Mapping[str, object], where: str) -> int | None:
+    bs = spec.get("block_size")
+    if bs is None and _spec_class(spec, where) == UNIFORM_SPEC:
+        sizes = {_spec_block_size(s, where) for s in _inner_specs(spec, where)}
+        return next(iter(sizes)) if len(sizes) == 1 else None
+    if bs is not None and not _is_int(bs):
+        raise MetadataError(f"{where}: \"block_size\" must be an integer, got {bs!r}")
+    return bs  # type: ignore[return-value]
+
+
+# -- groups files, flags, recording metadata --------------------------------------------
+
+
+def groups_from_list(entries: object, *, source: str) -> GroupTable:
+    """Build a table from a ``get_kv_cache_group_metadata()`` list or spec descriptions.
+
+    Each entry is either a metadata entry (``group_idx``, ``kind``, optional
+    ``block_size`` and ``sliding_window``) or a spec description (``spec`` plus the
+    spec's fields); a spec description without ``group_idx`` describes the group at its
+    position in the list. Indices must be unique and cover 0..N-1, as vLLM's table does.
+
+    Args:
+        entries: The decoded JSON (a list, or an object with a ``groups`` list).
+        source: Names the origin in the table and in error messages (e.g. the file).
+
+    Returns:
+        The table.
+
+    Raises:
+        MetadataError: Wrong shape, unknown spec class, bad field type, duplicate or
+            missing ``group_idx``.
+    """
+    if isinstance(entries, Mapping) and "groups" in entries:
+        entries = entries["groups"]
+    if not isinstance(entries, list):
+        raise MetadataError(
+            f"{source}: expected a JSON list of groups ({{\"group_idx\", \"kind\", "
+            f"\"block_size\", \"sliding_window\"}} or spec descriptions), "
+            f"got {type(entries).__name__}"
+        )
+    if not entries:
+        raise MetadataError(f"{source}: the list of groups is empty")
+    groups: dict[int, GroupInfo] = {}
+    for pos, entry in enumerate(entries):
+        where = f"{source}: entry {pos}"
+        if not isinstance(entry, Mapping):
+            raise MetadataError(f"{where}: expected an object, got {type(entry).__name__}")
+        idx = entry.get("group_idx")
+        if "spec" in entry or ("type" in entry and "kind" not in entry):
+            if idx is None:
+                idx = pos
+            kind = spec_kind(entry, where=where)
+            window = spec_sliding_window(entry, where=where)
+            block_size = _spec_block_size(entry, where)
+        else:
+            if idx is None:
+                raise MetadataError(
+                    f"{where}: missing \"group_idx\" (a metadata entry needs group_idx and "
+                    "kind; a spec description needs \"spec\")"
+                )
+            kind_v = entry.get("kind")
+            if not isinstance(kind_v, str) or not kind_v:
+                raise MetadataError(
+                    f"{where}: \"kind\" must be a non-empty string, got {kind_v!r}"
+                )
+            kind = kind_v
+            window_v = entry.get("sliding_window")
+            if window_v is not None and not _is_int(window_v):
+                raise MetadataError(
+                    f"{where}: \"sliding_window\" must be an integer or null, got {window_v!r}"
+                )
+            window = window_v if isinstance(window_v, int) else None
+            bs_v = entry.get("block_size")
+            if bs_v is not None and not _is_int(bs_v):
+                raise MetadataError(
+                    f"{where}: \"block_size\" must be an integer or null, got {bs_v!r}"
+                )
+            block_size = bs_v if isinstance(bs_v, int) else None
+        if not _is_int(idx) or idx < 0:
+            raise MetadataError(f"{where}: \"group_idx\" must be an integer >= 0, got {idx!r}")
+        assert isinstance(idx, int)
+        if idx in groups:
+            raise MetadataError(f"{where}: duplicate group_idx {idx}")
+        groups[idx] = GroupInfo(idx, kind, block_size, window)
+    missing = [i for i in range(len(groups)) if i not in groups]
+    if missing:
+        raise MetadataError(
+            f"{source}: group_idx {missing[0]} is missing (indices must run 0..{len(groups) - 1}"
+            " without gaps, as vLLM numbers its groups)"
+        )
+    return GroupTable(groups, source)
+
+
+def load_groups_file(path: str | os.PathLike[str]) -> GroupTable:
+    """Read a groups file: ``get_kv_cache_group_metadata()``'s list or spec descriptions.
+
+    The file is validated completely before use.
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        The table, with the file name as its source.
+
+    Raises:
+        MetadataError: The file cannot be read, is not JSON, or is not a valid table.
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise MetadataError(f"{name}: cannot read groups file: {err.strerror}") from err
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise MetadataError(f"{name}: groups file is not JSON: {err}") from err
+    return groups_from_list(obj, source=name)
+
+
+def parse_group_flags(flags: Sequence[str]) -> GroupTable:
+    """Parse ``--group IDX=KIND[:WINDOW]`` flags into a table.
+
+    Args:
+        flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``.
+
+    Returns:
+        The table (it may leave indices out; those count as out of range).
+
+    Raises:
+        MetadataError: A flag that does not parse, or an index given twice.
+    """
+    groups: dict[int, GroupInfo] = {}
+    for flag in flags:
+        idx_s, sep, rest = flag.partition("=")
+        kind, _, win_s = rest.partition(":")
+        hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
+        if not sep or not idx_s.strip().isdigit() or not kind.strip():
+            raise MetadataError(f"--group {flag!r}: {hint}")
+        idx = int(idx_s)
+        window: int | None = None
+        win_s = win_s.strip()
+        if win_s and win_s.lower() not in ("none", "null"):
+            if not win_s.isdigit():
+                raise MetadataError(f"--group {flag!r}: window {win_s!r} is not an integer; {hint}")
+            window = int(win_s)
+        if idx in groups:
+            raise MetadataError(f"--group {flag!r}: group {idx} is given twice")
+        groups[idx] = GroupInfo(idx, kind.strip(), None, window)
+    return GroupTable(groups, "--group flags")
+
+
+def resolve_groups(
+    groups_file: str | os.PathLike[str] | None,
+    group_flags: Sequence[str] | None,
+    recording_groups: list[dict[str, object]] | None,
+    *,
+    recording: str = "recording",
+) -> GroupTable | None:
+    """Pick the metadata source: ``--groups`` file, ``--group`` flags, the recording's.
+
+    Args:
+        groups_file: The ``--groups`` file, or None.
+        group_flags: The ``--group`` flags, or None/empty.
+        recording_groups: The recording's ``kvtool.groups`` list, or None.
+        recording: The recording's name, for the source label and error messages.
+
+    Returns:
+        The table, or None when no source is given (learn from the stream).
+
+    Raises:
+        MetadataError: Both a file and flags are given, or the chosen source is invalid.
+    """
+    if groups_file is not None and group_flags:
+        raise MetadataError(
+            "give the group metadata either as --groups FILE or as --group flags, not both"
+        )
+    if groups_file is not None:
+        return load_groups_file(groups_file)
+    if group_flags:
+        return parse_group_flags(group_flags)
+    if recording_groups is not None:
+        return groups_from_list(recording_groups, source=f"{recording} (metadata record)")
+    return None
+
+
+# -- the rule --------------------------------------------------------------------------
+
+
+def annotation_for(event_type: str, group_idx: object, table: GroupTable) -> GroupInfo | int | None:
+    """Decide what ``take_events`` does with one event: the rule itself.
+
+    Args:
+        event_type: The event's type tag.
+        group_idx: Its ``group_idx`` (None when absent).
+        table: The metadata.
+
+    Returns:
+        The :class:`GroupInfo` to set kind and window from; an ``int`` (the offending
+        index) when the index is not in the table (warn, leave untouched); None when the
+        event is left untouched without a warning.
+    """
+    if event_type != "BlockStored" or not _is_int(group_idx):
+        return None
+    assert isinstance(group_idx, int)
+    info = table.groups.get(group_idx)
+    if info is None:
+        return group_idx
+    return info
+
+
+def annotate_event(event: Event, table: GroupTable) -> tuple[Event, int | None]:
+    """Apply the rule to one decoded event.
+
+    Args:
+        event: The event.
+        table: The metadata.
+
+    Returns:
+        ``(event, None)`` (the same or an annotated copy), or ``(event, N)`` when its
+        group index N is not in the table.
+    """
+    if not isinstance(event, BlockStored):
+        return event, None
+    decision = annotation_for("BlockStored", event.group_idx, table)
+    if decision is None:
+        return event, None
+    if isinstance(decision, int):
+        return event, decision
+    if (
+        event.kv_cache_spec_kind == decision.kind
+        and event.kv_cache_spec_sliding_window == decision.sliding_window
+    ):
+        return event, None
+    return (
+        msgspec.structs.replace(
+            event,
+            kv_cache_spec_kind=decision.kind,
+            kv_cache_spec_sliding_window=decision.sliding_window,
+        ),
+        None,
+    )
+
+
+def annotate(batch: KVEventBatch, table: GroupTable) -> tuple[KVEventBatch, list[str]]:
+    """Annotate a decoded batch exactly as vLLM's ``KVCacheManager.take_events`` does.
+
+    Args:
+        batch: The decoded batch.
+        table: The metadata.
+
+    Returns:
+        The batch (the same object when nothing changed) and one warning per store whose
+        group index is not in the table (vLLM's wording).
+    """
+    warnings: list[str] = []
+    events = batch.events
+    new: list[Event] | None = None
+    for i, ev in enumerate(events):
+        if not isinstance(ev, BlockStored):
+            continue
+        out, bad = annotate_event(ev, table)
+        if bad is not None:
+            warnings.append(out_of_range_warning(bad))
+        elif out is not ev:
+            if new is None:
+                new = list(events)
+            new[i] = out
+    if new is None:
+        return batch, warnings
+    return msgspec.structs.replace(batch, events=new), warnings
+
+
+@dataclass
+class Annotator:
+    """Stateful wrapper of :func:`annotate`: counts out-of-range indices, warns once each.
+
+    Attributes:
+        table: The metadata.
+        out_of_range: Stores per group index not in the table.
+        annotated: Stores annotated.
+    """
+
+    table: GroupTable
+    out_of_range: Counter[int] = field(default_factory=Counter)
+    annotated: int = 0
+
+    def __call__(self, batch: KVEventBatch) -> tuple[KVEventBatch, list[str]]:
+        """Annotate one batch.
+
+        Args:
+            batch: The decoded batch.
+
+        Returns:
+            The annotated batch and the warnings not shown before (one per new index).
+        """
+        fresh: list[str] = []
+        events = batch.events
+        new: list[Event] | None = None
+        for i, ev in enumerate(events):
+            if not isinstance(ev, BlockStored):
+                continue
+            out, bad = annotate_event(ev, self.table)
+            if bad is not None:
+                if bad not in self.out_of_range:
+                    fresh.append(out_of_range_warning(bad))
+                self.out_of_range[bad] += 1
+                continue
+            self.annotated += 1
+            if out is not ev:
+                if new is None:
+                    new = list(events)
+                new[i] = out
+        if new is not None:
+            batch = msgspec.structs.replace(batch, events=new)
+        return batch, fresh
+
+    def summary(self) -> list[str]:
+        """Return one line per out-of-range index with its count.
+
+        Returns:
+            Lines like ``Group index `7` not in KV cache metadata (12 stores left unannotated)``.
+        """
+        return [
+            f"{out_of_range_warning(i)} ({n} store{'s' if n != 1 else ''} left unannotated)"
+            for i, n in sorted(self.out_of_range.items())
+        ]
+
+
+# -- learning from the stream ------------------------------------------------------------
+
+StreamKey = tuple[str, int | None]
+"""(channel name, data-parallel rank) — two engines may serve different models."""
+
+
+@dataclass
+class KindChange:
+    """A group whose annotated kind/window changes mid-stream.
+
+    Attributes:
+        channel: Channel name.
+        dp_rank: Data-parallel rank.
+        group_idx: The group.
+        seq: Seq of the batch where the change was seen.
+        before: (kind, window) learned first.
+        after: (kind, window) seen at ``seq``.
+    """
+
+    channel: str
+    dp_rank: int | None
+    group_idx: int
+    seq: int | None
+    before: tuple[str, int | None]
+    after: tuple[str, int | None]
+
+
+@dataclass
+class GroupLearner:
+    """Learns ``group_idx`` → (kind, window) from annotated stores, per (channel, rank).
+
+    The first annotated store of a group fixes its entry; a later store that says
+    something else is recorded as a :class:`KindChange`.
+
+    Attributes:
+        learned: (channel, rank) → group_idx → GroupInfo.
+        changes: Every change seen, in stream order (one per distinct new value).
+    """
+
+    learned: dict[StreamKey, dict[int, GroupInfo]] = field(default_factory=dict)
+    changes: list[KindChange] = field(default_factory=list)
+    _seen_changes: set[tuple[StreamKey, int, str, int | None]] = field(default_factory=set)
+
+    def observe(
+        self,
+        channel: str,
+        dp_rank: int | None,
+        events: Iterable[Event],
+        seq: int | None = None,
+    ) -> None:
+        """Learn from one batch's events.
+
+        Args:
+            channel: The channel name.
+            dp_rank: The data-parallel rank.
+            events: The decoded events.
+            seq: The batch seq, for change reports.
+        """
+        key = (channel, dp_rank)
+        table = self.learned.get(key)
+        for ev in events:
+            if not isinstance(ev, BlockStored):
+                continue
+            kind = ev.kv_cache_spec_kind
+            idx = ev.group_idx
+            if kind is None or idx is None:
+                continue
+            if table is None:
+                table = self.learned.setdefault(key, {})
+            known = table.get(idx)
+            window = ev.kv_cache_spec_sliding_window
+            if known is None:
+                table[idx] = GroupInfo(idx, kind, ev.block_size, window)
+            elif known.kind != kind or known.sliding_window != window:
+                mark = (key, idx, kind, window)
+                if mark not in self._seen_changes:
+                    self._seen_changes.add(mark)
+                    self.changes.append(
+                        KindChange(
+                            channel, dp_rank, idx, seq,
+                            (known.kind, known.sliding_window), (kind, window),
+                        )
+                    )
+
+    def table(self, channel: str, dp_rank: int | None) -> GroupTable:
+        """Return what was learned for one (channel, rank) as a table.
+
+        Args:
+            channel: The channel name.
+            dp_rank: The data-parallel rank.
+
+        Returns:
+            The table (possibly empty), source ``learned from annotated stores``.
+        """
+        groups = dict(self.learned.get((channel, dp_rank), {}))
+        return GroupTable(groups, f"learned from annotated stores ({channel}, rank {dp_rank})")
+
+    def describe(self) -> str:
+        """Return one line summarising what was learned.
+
+        Returns:
+            E.g. ``2 streams, 6 groups``.
+        """
+        n = sum(len(t) for t in self.learned.values())
+        return f"{len(self.learned)} stream(s), {n} group(s)"
+
+
+# -- checking ------------------------------------------------------------------------------
+
+
+@dataclass
+class _GroupIssues:
+    mismatched: Counter[tuple[str | None, int | None]] = field(default_factory=Counter)
+    unannotated: int = 0
+    out_of_range: int = 0
+    first_seq: int | None = None
+    channels: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Checker:
+    """Compares what a recording's stores say with a metadata table (``replay --check``).
+
+    Feed every batch with :meth:`observe`; :meth:`disagreements` then gives one line per
+    group that disagrees.
+
+    Attributes:
+        table: The metadata to compare with; None compares each (channel, rank) with
+            what its own annotated stores say (learned).
+        learner: Learns kinds per (channel, rank) and records mid-stream changes.
+        stores: Stores checked.
+        stores_without_group: Stores without ``group_idx`` (nothing to compare).
+    """
+
+    table: GroupTable | None = None
+    learner: GroupLearner = field(default_factory=GroupLearner)
+    stores: int = 0
+    stores_without_group: int = 0
+    _issues: dict[int, _GroupIssues] = field(default_factory=dict)
+
+    def _issue(self, idx: int) -> _GroupIssues:
+        got = self._issues.get(idx)
+        if got is None:
+            got = self._issues[idx] = _GroupIssues()
+        return got
+
+    def observe(
+        self, channel: str, dp_rank: int | None, events: Sequence[Event], seq: int | None = None
+    ) -> None:
+        """Check one batch's stores.
+
+        Args:
+            channel: The channel name.
+            dp_rank: The data-parallel rank.
+            events: The decoded events as recorded.
+            seq: The batch seq.
+        """
+        self.learner.observe(channel, dp_rank, events, seq)
+        learned = self.learner.learned.get((channel, dp_rank), {})
+        for ev in events:
+            if not isinstance(ev, BlockStored):
+                continue
+            self.stores += 1
+            idx = ev.group_idx
+            if idx is None:
+                self.stores_without_group += 1
+                continue
+            info = self.table.lookup(idx) if self.table is not None else learned.get(idx)
+            kind, window = ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
+            if info is None:
+                if self.table is None:
+                    # Learned mode: a group no store ever annotated is simply unannotated.
+                    iss = self._issue(idx)
+                    iss.unannotated += 1
+                else:
+                    iss = self._issue(idx)
+                    iss.out_of_range += 1
+            elif kind is None:
+                iss = self._issue(idx)
+                iss.unannotated += 1
+            elif kind != info.kind or window != info.sliding_window:
+                iss = self._issue(idx)
+                iss.mismatched[(kind, window)] += 1
+            else:
+                continue
+            if iss.first_seq is None:
+                iss.first_seq = seq
+            iss.channels.add(channel)
+
+    def disagreements(self) -> list[str]:
+        """Return one line per disagreeing group, each starting ``group N:``.
+
+        Returns:
+            The lines, ordered by group index (empty when everything agrees).
+        """
+        changes: dict[int, list[KindChange]] = {}
+        for ch in self.learner.changes:
+            changes.setdefault(ch.group_idx, []).append(ch)
+        lines = []
+        for idx in sorted(set(self._issues) | set(changes)):
+            iss = self._issues.get(idx, _GroupIssues())
+            info = self.table.lookup(idx) if self.table is not None else None
+            parts: list[str] = []
+            if iss.mismatched:
+                said = ", ".join(
+                    f"{n} say {_kw(k, w)}" for (k, w), n in iss.mismatched.most_common()
+                )
+                expect = _kw(info.kind, info.sliding_window) if info else "?"
+                parts.append(f"stores disagree with the metadata ({expect}): {said}")
+            if iss.unannotated:
+                parts.append(f"{iss.unannotated} store(s) left unannotated")
+            if iss.out_of_range:
+                parts.append(
+                    f"{iss.out_of_range} store(s) carry group_idx {idx}, which is not in the "
+                    f"metadata ({out_of_range_warning(idx)})"
+                )
+            for ch in changes.get(idx, []):
+                parts.append(
+                    f"learned kind changes mid-stream on {ch.channel} rank {ch.dp_rank}: "
+                    f"{_kw(*ch.before)} -> {_kw(*ch.after)} at seq {ch.seq}"
+                )
+            bad = iss.mismatched or iss.unannotated or iss.out_of_range
+            if iss.first_seq is not None and bad:
+                parts.append(f"first at seq {iss.first_seq}")
+            lines.append(f"group {idx}: " + "; ".join(parts))
+        return lines
+
+
+def _kw(kind: str | None, window: int | None) -> str:
+    if kind is None:
+        return "no kind"
+    return f"{kind}" + (f" window {window}" if window is not None else " (no window)")
+
+
+__all__ = [
+    "KINDS",
+    "SPEC_PARENTS",
+    "Annotator",
+    "Checker",
+    "GroupInfo",
+    "GroupLearner",
+    "GroupTable",
+    "KindChange",
+    "annotate",
+    "annotate_event",
+    "annotation_for",
+    "groups_from_list",
+    "load_groups_file",
+    "out_of_range_warning",
+    "parse_group_flags",
+    "resolve_groups",
+    "spec_kind",
+    "spec_sliding_window",
+]
