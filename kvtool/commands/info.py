@@ -1,0 +1,69 @@
+"""``kvtool info``: what a recording holds, like ``ros2 bag info``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtool.commands import get_env
+from kvtool.errors import ExitStatus, KvtoolError
+from kvtool.info import RecordingInfo, summarize
+from kvtool.render.info import render_info_json, render_info_table
+
+
+class InfoFormat(StrEnum):
+    """Output formats of ``kvtool info``."""
+
+    table = "table"
+    json = "json"
+
+
+def info(
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Recordings (.mcap) to summarise.", show_default=False),
+    ],
+    format: Annotated[
+        InfoFormat,
+        typer.Option("--format", "-f", help="table (for people) or json (for scripts)."),
+    ] = InfoFormat.table,
+) -> ExitStatus:
+    """Summarise recordings: channels, batches, events, blocks, gaps, restarts, groups.
+
+    A truncated or damaged file is summarised from everything that could be read;
+    one line on stderr then says what was recovered and kvtool exits with status 3.
+    With --format json one file gives one object, several files a list.
+    """
+    env = get_env()
+    infos: list[RecordingInfo] = []
+    status = ExitStatus.OK
+    errors: list[KvtoolError] = []
+    for path in files:
+        try:
+            infos.append(summarize(path))
+        except KvtoolError as err:
+            if len(files) == 1:
+                raise
+            errors.append(err)
+    if infos:
+        if format is InfoFormat.json:
+            render_info_json(infos, env.stdout)
+        else:
+            render_info_table(infos, env.out)
+    env.stdout.flush()
+    for i in infos:
+        if i.recovery is not None:
+            env.err.print(f"kvtool: {i.recovery}", markup=False, highlight=False)
+            status = ExitStatus.DAMAGED
+    for failure in errors:
+        env.err.print(f"kvtool: {failure}", markup=False, highlight=False)
+    # A file that could not be read at all outranks one read with damage.
+    if errors:
+        status = errors[0].exit_status
+    return status
+
+
+COMMANDS = {"info": info}

@@ -1,0 +1,337 @@
+"""Summarise a recording: channels, batches, events, blocks, gaps, restarts and damage."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from kvtool.errors import ProtocolError
+from kvtool.protocol import EVENT_TYPES, BlockRemoved, BlockStored, decode_batch, event_type
+from kvtool.recording import format as fmt
+from kvtool.recording import open_recording
+
+
+class ChannelSummary(msgspec.Struct, kw_only=True):
+    """What one channel of a recording holds.
+
+    Attributes:
+        name: MCAP channel topic.
+        endpoint: ZeroMQ endpoint.
+        topic: ZeroMQ topic.
+        dp_rank: Data-parallel rank (from the channel metadata, else from the batches).
+        batches: Messages read back on this channel.
+        seq_first: First seq in file order, or None when the channel is empty.
+        seq_last: Last seq in file order, or None.
+        start_time: First receive time (ns), or None.
+        end_time: Last receive time (ns), or None.
+    """
+
+    name: str
+    endpoint: str
+    topic: str
+    dp_rank: int | None
+    batches: int = 0
+    seq_first: int | None = None
+    seq_last: int | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+
+
+class GapSummary(msgspec.Struct, kw_only=True):
+    """Missing sequence numbers: fetched again through the replay socket, or lost.
+
+    Attributes:
+        recovered: Batches the recorder fetched through the replay socket.
+        lost: Batches missing from the recording.
+        lost_ranges: Inclusive ``[first, last]`` seq ranges that are missing.
+        source: ``ledger`` (the recorder's gap ledger), ``file`` (seq discontinuities
+            in the file, when the ledger is missing) or ``ledger+file`` (a damaged file
+            whose ledger survived: the ledger's gaps plus what the damage cost).
+    """
+
+    recovered: int = 0
+    lost: int = 0
+    lost_ranges: list[list[int]] = msgspec.field(default_factory=list)
+    source: str = "file"
+
+
+class RecordingInfo(msgspec.Struct, kw_only=True):
+    """Everything ``kvtool info`` says about one recording.
+
+    Attributes:
+        path: The recording.
+        size_bytes: File size.
+        batches: Messages (batches) read back.
+        events: Event counts by type (every type present, zeros included).
+        blocks_stored: Sum of ``len(block_hashes)`` over stores.
+        blocks_removed: Sum of ``len(block_hashes)`` over removes.
+        tokens_stored: Sum of ``len(token_ids)`` over stores.
+        channels: One summary per channel, in channel-id order.
+        gaps: Missing seqs.
+        restarts: Publisher restarts (seq going backwards).
+        duplicates: Messages whose seq repeats the previous one on their channel.
+        start_time: First receive time (ns), or None for an empty recording.
+        end_time: Last receive time (ns), or None.
+        duration_s: ``end_time - start_time`` in seconds (0 when empty).
+        groups: The stored KV cache group metadata list, or None.
+        groups_source: Where the stored group metadata came from, or None.
+        undecodable: Payloads that are not KV-event batches (kept in the file, counted).
+        skipped_events: Events inside decodable batches that could not be decoded.
+        truncated: The file ends before its footer (the writer died).
+        complete: The file is intact: footer, summary and every chunk.
+        recovery: The reader's one-line recovery summary when not complete, else None.
+        format_version: The recording's format version, when stored.
+        kvtool_version: The kvtool that wrote it, when stored.
+        recorded_at: The writer's start time (ISO 8601), when stored.
+        command_line: The command that wrote it, when stored.
+    """
+
+    path: str
+    size_bytes: int
+    batches: int = 0
+    events: dict[str, int] = msgspec.field(default_factory=dict)
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    tokens_stored: int = 0
+    channels: list[ChannelSummary] = msgspec.field(default_factory=list)
+    gaps: GapSummary = msgspec.field(default_factory=GapSummary)
+    restarts: int = 0
+    duplicates: int = 0
+    start_time: int | None = None
+    end_time: int | None = None
+    duration_s: float = 0.0
+    groups: list[dict[str, object]] | None = None
+    groups_source: str | None = None
+    undecodable: int = 0
+    skipped_events: int = 0
+    truncated: bool = False
+    complete: bool = True
+    recovery: str | None = None
+    format_version: object = None
+    kvtool_version: str | None = None
+    recorded_at: str | None = None
+    command_line: list[str] | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """Return the ``--format json`` object (the keys issue 2 names, plus extras).
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        return {
+            "file": self.path,
+            "size_bytes": self.size_bytes,
+            "batches": self.batches,
+            "events": dict(self.events),
+            "blocks_stored": self.blocks_stored,
+            "blocks_removed": self.blocks_removed,
+            "tokens_stored": self.tokens_stored,
+            "channels": [
+                {
+                    "endpoint": c.endpoint,
+                    "topic": c.topic,
+                    "dp_rank": c.dp_rank,
+                    "batches": c.batches,
+                    "seq_first": c.seq_first,
+                    "seq_last": c.seq_last,
+                    "name": c.name,
+                    "start_time_ns": c.start_time,
+                    "end_time_ns": c.end_time,
+                }
+                for c in self.channels
+            ],
+            "gaps": {
+                "recovered": self.gaps.recovered,
+                "lost": self.gaps.lost,
+                "lost_ranges": [list(r) for r in self.gaps.lost_ranges],
+                "source": self.gaps.source,
+            },
+            "restarts": self.restarts,
+            "duplicates": self.duplicates,
+            "duration_s": self.duration_s,
+            "start_time_ns": self.start_time,
+            "end_time_ns": self.end_time,
+            "groups": self.groups,
+            "groups_source": self.groups_source,
+            "undecodable": self.undecodable,
+            "skipped_events": self.skipped_events,
+            "truncated": self.truncated,
+            "complete": self.complete,
+            "recovery": self.recovery,
+            "format_version": self.format_version,
+            "kvtool_version": self.kvtool_version,
+            "recorded_at": self.recorded_at,
+            "command_line": self.command_line,
+        }
+
+
+class _SeqTrack:
+    """Per-channel seq bookkeeping: gaps, restarts and duplicates in file order."""
+
+    __slots__ = ("duplicates", "last", "lost_ranges", "restarts")
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.lost_ranges: list[list[int]] = []
+        self.restarts = 0
+        self.duplicates = 0
+
+    def see(self, seq: int) -> None:
+        last = self.last
+        if last is not None:
+            if seq > last + 1:
+                self.lost_ranges.append([last + 1, seq - 1])
+            elif seq == last:
+                self.duplicates += 1
+            elif seq < last:
+                # A seq going backwards is a publisher restart, not a gap (issue 2).
+                self.restarts += 1
+        self.last = seq
+
+
+def _merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _ledger_ranges(value: object) -> list[list[int]]:
+    out: list[list[int]] = []
+    if isinstance(value, list):
+        for r in value:
+            if (
+                isinstance(r, list | tuple)
+                and len(r) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
+            ):
+                out.append([int(r[0]), int(r[1])])
+    return out
+
+
+def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
+    """Read a recording once and summarise it, decoding each payload once.
+
+    A damaged or truncated file is summarised from what could be read; check
+    ``complete`` / ``truncated`` and ``recovery`` on the result. Undecodable payloads are
+    counted, never fatal.
+
+    Args:
+        path: The recording.
+
+    Returns:
+        The summary.
+
+    Raises:
+        RecordingError: The file cannot be opened or is not a kvtool recording.
+        UnsupportedVersion: The recording was written by a newer kvtool format.
+    """
+    with open_recording(path) as reader:
+        info = RecordingInfo(path=reader.path, size_bytes=os.path.getsize(reader.path))
+        events = dict.fromkeys(EVENT_TYPES, 0)
+        chans: dict[int, ChannelSummary] = {}
+        tracks: dict[int, _SeqTrack] = {}
+        start: int | None = None
+        end: int | None = None
+        stored = removed = tokens = 0
+        for msg in reader.messages():
+            ch = msg.channel
+            cs = chans.get(ch.id)
+            if cs is None:
+                cs = chans[ch.id] = ChannelSummary(
+                    name=ch.name, endpoint=ch.endpoint, topic=ch.topic, dp_rank=ch.dp_rank
+                )
+                tracks[ch.id] = _SeqTrack()
+            cs.batches += 1
+            if cs.seq_first is None:
+                cs.seq_first = msg.seq
+                cs.start_time = msg.log_time
+            cs.seq_last = msg.seq
+            cs.end_time = msg.log_time
+            tracks[ch.id].see(msg.seq)
+            t = msg.log_time
+            start = t if start is None or t < start else start
+            end = t if end is None or t > end else end
+            try:
+                batch = decode_batch(msg.data, seq=msg.seq)
+            except ProtocolError:
+                info.undecodable += 1
+                continue
+            if cs.dp_rank is None and batch.data_parallel_rank is not None:
+                cs.dp_rank = batch.data_parallel_rank
+            info.skipped_events += len(batch.skipped)
+            for ev in batch.events:
+                events[event_type(ev)] = events.get(event_type(ev), 0) + 1
+                if isinstance(ev, BlockStored):
+                    stored += len(ev.block_hashes)
+                    tokens += len(ev.token_ids)
+                elif isinstance(ev, BlockRemoved):
+                    removed += len(ev.block_hashes)
+        rec = reader.recovery
+        info.batches = sum(c.batches for c in chans.values())
+        info.events = events
+        info.blocks_stored, info.blocks_removed, info.tokens_stored = stored, removed, tokens
+        # Channels that are defined but carried no message are listed too.
+        for cid, ch in sorted(reader.channels.items()):
+            if cid not in chans:
+                chans[cid] = ChannelSummary(
+                    name=ch.name, endpoint=ch.endpoint, topic=ch.topic, dp_rank=ch.dp_rank
+                )
+        info.channels = [chans[cid] for cid in sorted(chans)]
+        info.start_time, info.end_time = start, end
+        info.duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
+        info.truncated = rec.truncated
+        info.complete = rec.complete
+        info.recovery = None if rec.complete else rec.summary()
+
+        file_ranges = [r for tr in tracks.values() for r in tr.lost_ranges]
+        file_restarts = sum(tr.restarts for tr in tracks.values())
+        info.duplicates = sum(tr.duplicates for tr in tracks.values())
+        ledger = reader.ledger
+        if ledger is None:
+            ranges = _merge_ranges(file_ranges)
+            info.gaps = GapSummary(
+                recovered=0, lost=sum(b - a + 1 for a, b in ranges), lost_ranges=ranges
+            )
+            info.restarts = file_restarts
+        else:
+            ledger_ranges = _ledger_ranges(ledger.get("lost_ranges"))
+            if rec.complete:
+                info.gaps = GapSummary(
+                    recovered=_int(ledger.get("recovered")),
+                    lost=_int(ledger.get("lost")),
+                    lost_ranges=_merge_ranges(ledger_ranges),
+                    source="ledger",
+                )
+            else:
+                ranges = _merge_ranges(ledger_ranges + file_ranges)
+                info.gaps = GapSummary(
+                    recovered=_int(ledger.get("recovered")),
+                    lost=sum(b - a + 1 for a, b in ranges),
+                    lost_ranges=ranges,
+                    source="ledger+file",
+                )
+            info.restarts = _int(ledger.get("restarts"))
+
+        info.groups = reader.groups
+        for grec in reader.metadata.get(fmt.META_GROUPS, []):
+            if grec.get("channel") is None and isinstance(grec.get("source"), str):
+                info.groups_source = str(grec["source"])
+                break
+        ctx = reader.context
+        info.format_version = ctx.get("format_version")
+        kv = ctx.get("kvtool_version")
+        info.kvtool_version = kv if isinstance(kv, str) else None
+        st = ctx.get("start_time")
+        info.recorded_at = st if isinstance(st, str) else None
+        cl = ctx.get("command_line")
+        info.command_line = [str(x) for x in cl] if isinstance(cl, list) else None
+        return info
