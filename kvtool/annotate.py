@@ -782,10 +782,13 @@ class GroupLearner:
 @dataclass
 class _GroupIssues:
     mismatched: Counter[tuple[str | None, int | None]] = field(default_factory=Counter)
+    expected: set[tuple[str, int | None]] = field(default_factory=set)
     unannotated: int = 0
     out_of_range: int = 0
     first_seq: int | None = None
-    channels: set[str] = field(default_factory=set)
+
+
+_LEARNED = object()
 
 
 @dataclass
@@ -793,7 +796,8 @@ class Checker:
     """Compares what a recording's stores say with a metadata table (``replay --check``).
 
     Feed every batch with :meth:`observe`; :meth:`disagreements` then gives one line per
-    group that disagrees.
+    group that disagrees: stores whose kind/window differ from the table, stores left
+    unannotated, indices not in the table, and learned kinds that change mid-stream.
 
     Attributes:
         table: The metadata to compare with; None compares each (channel, rank) with
@@ -816,7 +820,12 @@ class Checker:
         return got
 
     def observe(
-        self, channel: str, dp_rank: int | None, events: Sequence[Event], seq: int | None = None
+        self,
+        channel: str,
+        dp_rank: int | None,
+        events: Sequence[Event],
+        seq: int | None = None,
+        table: GroupTable | object | None = _LEARNED,
     ) -> None:
         """Check one batch's stores.
 
@@ -825,7 +834,11 @@ class Checker:
             dp_rank: The data-parallel rank.
             events: The decoded events as recorded.
             seq: The batch seq.
+            table: The table for this batch (e.g. its own recording's metadata);
+                defaults to :attr:`table`. None compares with what was learned.
         """
+        tab = self.table if table is _LEARNED else table
+        assert tab is None or isinstance(tab, GroupTable)
         self.learner.observe(channel, dp_rank, events, seq)
         learned = self.learner.learned.get((channel, dp_rank), {})
         for ev in events:
@@ -836,15 +849,14 @@ class Checker:
             if idx is None:
                 self.stores_without_group += 1
                 continue
-            info = self.table.lookup(idx) if self.table is not None else learned.get(idx)
+            info = tab.lookup(idx) if tab is not None else learned.get(idx)
             kind, window = ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
             if info is None:
-                if self.table is None:
-                    # Learned mode: a group no store ever annotated is simply unannotated.
-                    iss = self._issue(idx)
+                iss = self._issue(idx)
+                if tab is None:
+                    # Learned mode: no store of this group was ever annotated.
                     iss.unannotated += 1
                 else:
-                    iss = self._issue(idx)
                     iss.out_of_range += 1
             elif kind is None:
                 iss = self._issue(idx)
@@ -852,11 +864,11 @@ class Checker:
             elif kind != info.kind or window != info.sliding_window:
                 iss = self._issue(idx)
                 iss.mismatched[(kind, window)] += 1
+                iss.expected.add((info.kind, info.sliding_window))
             else:
                 continue
             if iss.first_seq is None:
                 iss.first_seq = seq
-            iss.channels.add(channel)
 
     def disagreements(self) -> list[str]:
         """Return one line per disagreeing group, each starting ``group N:``.
@@ -870,20 +882,19 @@ class Checker:
         lines = []
         for idx in sorted(set(self._issues) | set(changes)):
             iss = self._issues.get(idx, _GroupIssues())
-            info = self.table.lookup(idx) if self.table is not None else None
             parts: list[str] = []
             if iss.mismatched:
                 said = ", ".join(
-                    f"{n} say {_kw(k, w)}" for (k, w), n in iss.mismatched.most_common()
+                    f"{n} store(s) say {_kw(k, w)}" for (k, w), n in iss.mismatched.most_common()
                 )
-                expect = _kw(info.kind, info.sliding_window) if info else "?"
-                parts.append(f"stores disagree with the metadata ({expect}): {said}")
+                expect = " or ".join(sorted(_kw(k, w) for k, w in iss.expected))
+                parts.append(f"metadata says {expect}, but {said}")
             if iss.unannotated:
                 parts.append(f"{iss.unannotated} store(s) left unannotated")
             if iss.out_of_range:
                 parts.append(
                     f"{iss.out_of_range} store(s) carry group_idx {idx}, which is not in the "
-                    f"metadata ({out_of_range_warning(idx)})"
+                    "metadata"
                 )
             for ch in changes.get(idx, []):
                 parts.append(
