@@ -1,0 +1,591 @@
+"""Replay recordings: merge several by receive time, filter, annotate and iterate events.
+
+The library behind ``kvtool replay``. :class:`Replay` opens one or more recordings,
+merges their messages by ``log_time``, applies batch filters (channel, rank, time, seq)
+and event filters (type, kind, window, group), annotates stores with the group
+metadata (:mod:`kvtool.annotate`) and yields :class:`ReplayBatch` objects. Payloads are
+decoded only when something needs the events, so a plain re-publish never decodes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kvtool.annotate import Annotator, Checker, GroupLearner, GroupTable, resolve_groups
+from kvtool.errors import KvtoolError, ProtocolError, UsageError
+from kvtool.protocol import BlockRemoved, BlockStored, Event, KVEventBatch, decode_batch
+from kvtool.recording import RecordedMessage, RecordingReader, RecoveryReport, open_recording
+from kvtool.recording import format as fmt
+
+UNANNOTATED = "unannotated"
+"""Kind filter value for stores without a kind (distinct from vLLM's own ``unknown``)."""
+
+
+# -- filters ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events to keep. A None field means "all".
+
+    Attributes:
+        types: Event type tags (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``).
+        kinds: Store kinds; ``unannotated`` matches stores without a kind. Events other
+            than stores never match a kind filter.
+        windows: Sliding windows; None in the set matches stores without a window.
+        groups: ``group_idx`` values; None in the set matches events without one.
+    """
+
+    types: frozenset[str] | None = None
+    kinds: frozenset[str] | None = None
+    windows: frozenset[int | None] | None = None
+    groups: frozenset[int | None] | None = None
+
+    @property
+    def active(self) -> bool:
+        """True when any field restricts the events."""
+        return any(f is not None for f in (self.types, self.kinds, self.windows, self.groups))
+
+    def match(self, ev: Event) -> bool:
+        """Return True when the event passes every restriction.
+
+        Args:
+            ev: A decoded (possibly annotated) event.
+
+        Returns:
+            Whether to keep it.
+        """
+        if self.types is not None and type(ev).__struct_config__.tag not in self.types:
+            return False
+        if self.kinds is not None or self.windows is not None:
+            if not isinstance(ev, BlockStored):
+                return False
+            if self.kinds is not None and (ev.kv_cache_spec_kind or UNANNOTATED) not in self.kinds:
+                return False
+            if self.windows is not None and ev.kv_cache_spec_sliding_window not in self.windows:
+                return False
+        if self.groups is not None:
+            g = ev.group_idx if isinstance(ev, BlockStored | BlockRemoved) else None
+            if g not in self.groups:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class TimeBound:
+    """A ``--since``/``--until`` value: seconds from the start, or an absolute time.
+
+    Attributes:
+        offset_ns: Nanoseconds after the first message, when relative.
+        absolute_ns: Nanoseconds since the epoch, when absolute.
+    """
+
+    offset_ns: int | None = None
+    absolute_ns: int | None = None
+
+    def resolve(self, start_ns: int) -> int:
+        """Return the bound as ns since the epoch.
+
+        Args:
+            start_ns: ``log_time`` of the first message of the replay.
+
+        Returns:
+            The absolute bound.
+        """
+        if self.absolute_ns is not None:
+            return self.absolute_ns
+        return start_ns + (self.offset_ns or 0)
+
+
+_REL = re.compile(r"^\s*\+?(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
+_UNIT = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
+         "h": 3_600_000_000_000}
+
+
+def parse_time_bound(text: str, *, option: str = "--since") -> TimeBound:
+    """Parse ``--since``/``--until``: seconds from the start (``30``, ``1.5s``, ``2m``) or ISO.
+
+    ISO times without a zone are taken as UTC.
+
+    Args:
+        text: The value as typed.
+        option: The option name, for the error message.
+
+    Returns:
+        The bound.
+
+    Raises:
+        UsageError: Neither a duration nor an ISO 8601 time.
+    """
+    m = _REL.match(text)
+    if m:
+        return TimeBound(offset_ns=int(float(m.group(1)) * _UNIT[m.group(2) or "s"]))
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"{option} {text!r}: expected seconds from the start (30, 1.5s, 2m) or an ISO "
+            "time (2026-11-29T11:40:00Z)"
+        ) from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return TimeBound(absolute_ns=int(dt.timestamp() * 1_000_000_000))
+
+
+def parse_seq_range(text: str) -> tuple[int | None, int | None]:
+    """Parse ``--seq A:B`` (inclusive; either side may be left out) or a single ``N``.
+
+    Args:
+        text: The value as typed.
+
+    Returns:
+        ``(first, last)``, None for an open side.
+
+    Raises:
+        UsageError: Not ``A:B``, ``A:``, ``:B`` or ``N`` with non-negative integers.
+    """
+    a, sep, b = text.partition(":")
+    try:
+        first = int(a) if a.strip() else None
+        last = (int(b) if b.strip() else None) if sep else first
+    except ValueError:
+        raise UsageError(
+            f"--seq {text!r}: expected A:B (inclusive), A:, :B or N with integers"
+        ) from None
+    if (first is not None and first < 0) or (last is not None and last < 0):
+        raise UsageError(f"--seq {text!r}: seq numbers are >= 0")
+    if first is not None and last is not None and last < first:
+        raise UsageError(f"--seq {text!r}: the range is empty ({last} < {first})")
+    return first, last
+
+
+def parse_window(text: str) -> int | None:
+    """Parse a ``--window`` value: an integer, or ``none`` for stores without a window.
+
+    Args:
+        text: The value.
+
+    Returns:
+        The window, or None.
+
+    Raises:
+        UsageError: Neither.
+    """
+    t = text.strip().lower()
+    if t in ("none", "null", "-"):
+        return None
+    if not t.isdigit():
+        raise UsageError(f"--window {text!r}: expected an integer window or 'none'")
+    return int(t)
+
+
+def parse_group(text: str) -> int | None:
+    """Parse a ``--group`` filter value: an index, or ``none`` for events without one.
+
+    Args:
+        text: The value.
+
+    Returns:
+        The index, or None.
+
+    Raises:
+        UsageError: Neither.
+    """
+    t = text.strip().lower()
+    if t in ("none", "null", "-"):
+        return None
+    if not t.isdigit():
+        raise UsageError(f"--group {text!r}: expected a group index or 'none'")
+    return int(t)
+
+
+def parse_rank(text: str) -> int | None:
+    """Parse a ``--rank`` value: a data-parallel rank, or ``none``.
+
+    Args:
+        text: The value.
+
+    Returns:
+        The rank, or None.
+
+    Raises:
+        UsageError: Neither.
+    """
+    t = text.strip().lower()
+    if t in ("none", "null", "-"):
+        return None
+    if not t.isdigit():
+        raise UsageError(f"--rank {text!r}: expected a data-parallel rank or 'none'")
+    return int(t)
+
+
+@dataclass(frozen=True)
+class BatchFilter:
+    """Which batches to keep. A None field means "all".
+
+    Attributes:
+        channels: Channel selectors: a channel name, an endpoint, a glob over the name,
+            or a port number.
+        ranks: Data-parallel ranks (None in the set: batches without a rank).
+        since: Keep batches received at or after this.
+        until: Keep batches received before or at this.
+        seq_first: Lowest seq kept.
+        seq_last: Highest seq kept.
+    """
+
+    channels: tuple[str, ...] | None = None
+    ranks: frozenset[int | None] | None = None
+    since: TimeBound | None = None
+    until: TimeBound | None = None
+    seq_first: int | None = None
+    seq_last: int | None = None
+
+    def channel_match(self, name: str, endpoint: str) -> bool:
+        """Return True when a channel passes the channel selectors.
+
+        Args:
+            name: MCAP channel name.
+            endpoint: Its ZeroMQ endpoint.
+
+        Returns:
+            Whether to keep the channel.
+        """
+        if self.channels is None:
+            return True
+        for sel in self.channels:
+            if sel in (name, endpoint) or fnmatch.fnmatchcase(name, sel):
+                return True
+            if sel.isdigit() and endpoint.endswith(f":{sel}"):
+                return True
+        return False
+
+
+# -- the replay ------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayBatch:
+    """One selected batch.
+
+    Attributes:
+        message: The recorded message (payload bytes as received).
+        batch: The decoded (and, when annotating, annotated) batch; None when not decoded.
+        events: The events that passed the event filters (annotated when annotating).
+        dp_rank: The batch's rank (its own, else its channel's).
+        error: Why the payload did not decode, or None.
+    """
+
+    message: RecordedMessage
+    batch: KVEventBatch | None
+    events: list[Event]
+    dp_rank: int | None
+    error: str | None = None
+
+
+@dataclass
+class ReplayStats:
+    """Counts of one replay.
+
+    Attributes:
+        messages: Messages read.
+        batches: Batches selected.
+        events: Events selected.
+        decode_errors: Payloads that did not decode.
+        skipped_events: Events that could not be decoded (their neighbours were kept).
+        first_errors: The first few decode problems, for messages.
+    """
+
+    messages: int = 0
+    batches: int = 0
+    events: int = 0
+    decode_errors: int = 0
+    skipped_events: int = 0
+    first_errors: list[str] = field(default_factory=list)
+
+
+class Replay:
+    """Iterate the selected batches of one or more recordings, merged by receive time.
+
+    Use as a context manager (it holds the files open). Iterate it once; afterwards
+    :attr:`stats`, :attr:`recoveries`, :attr:`annotators` and :attr:`checker` hold the
+    outcome.
+
+    Args:
+        paths: The recordings.
+        event_filter: Event restrictions.
+        batch_filter: Batch restrictions.
+        annotate: Annotate stores with the group metadata.
+        check: Compare stores with the group metadata (see :class:`kvtool.annotate.Checker`).
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        decode: Force decoding (e.g. to print events); otherwise payloads are decoded
+            only when a filter, the annotation or the check needs them.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+        MetadataError: The group metadata is invalid.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        event_filter: EventFilter | None = None,
+        batch_filter: BatchFilter | None = None,
+        annotate: bool = False,
+        check: bool = False,
+        groups_file: str | os.PathLike[str] | None = None,
+        group_flags: Sequence[str] | None = None,
+        decode: bool = False,
+    ) -> None:
+        if not paths:
+            raise UsageError("give at least one recording")
+        self.event_filter = event_filter or EventFilter()
+        self.batch_filter = batch_filter or BatchFilter()
+        self.annotate = annotate
+        self.check = check
+        self.stats = ReplayStats()
+        self.readers: list[RecordingReader] = []
+        try:
+            for p in paths:
+                self.readers.append(open_recording(p))
+        except KvtoolError:
+            self.close()
+            raise
+        self.decode = (
+            decode or annotate or check or self.event_filter.active
+            or self.batch_filter.ranks is not None
+        )
+        # Group metadata: one table per recording (a --groups file or --group flags apply
+        # to every recording; otherwise each recording's own metadata record).
+        self.tables: dict[str, GroupTable | None] = {}
+        self.channel_tables: dict[tuple[str, str], GroupTable] = {}
+        self.learner: GroupLearner | None = None
+        self.annotators: dict[int, Annotator] = {}
+        if annotate or check:
+            given: GroupTable | None = None
+            if groups_file is not None or group_flags:
+                given = resolve_groups(groups_file, group_flags, None)
+            for r in self.readers:
+                table = given
+                if table is None:
+                    table = resolve_groups(None, None, r.groups, recording=r.path)
+                    self._channel_groups(r)
+                self.tables[r.path] = table
+            if annotate and any(t is None for t in self.tables.values()):
+                self.learner = GroupLearner()
+        self.checker: Checker | None = Checker() if check else None
+        self._learned = False
+        self._learned_tables: dict[tuple[str, int | None], GroupTable] = {}
+        self.new_warnings: list[str] = []
+        """Out-of-range warnings not yet shown (one per index); the caller drains it."""
+
+    def _channel_groups(self, reader: RecordingReader) -> None:
+        from kvtool.annotate import groups_from_list
+
+        for rec in reader.read_metadata().get(fmt.META_GROUPS, []):
+            ch = rec.get("channel")
+            groups = rec.get("groups")
+            if isinstance(ch, str) and isinstance(groups, list):
+                self.channel_tables[(reader.path, ch)] = groups_from_list(
+                    groups, source=f"{reader.path} (metadata record for {ch})"
+                )
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every recording."""
+        for r in self.readers:
+            r.close()
+
+    # -- describing the source ------------------------------------------------------------
+
+    def metadata_source(self) -> str:
+        """Say which group metadata source is used (for the stderr status line).
+
+        Returns:
+            E.g. ``groups.json (6 groups)`` or ``learned from annotated stores …``.
+        """
+        parts = []
+        seen: set[int] = set()
+        for path, table in self.tables.items():
+            if table is None:
+                parts.append(f"{path}: learned from annotated stores per (channel, rank, group)")
+            elif id(table) not in seen:
+                seen.add(id(table))
+                parts.append(f"{table.source} ({len(table)} groups: {table.describe()})")
+        for table in self.channel_tables.values():
+            parts.append(f"{table.source} ({len(table)} groups)")
+        return "; ".join(parts) if parts else "none"
+
+    @property
+    def recoveries(self) -> list[RecoveryReport]:
+        """The recovery report of every recording (final after iterating)."""
+        return [r.recovery for r in self.readers]
+
+    @property
+    def damaged(self) -> bool:
+        """True when any recording was damaged or any payload or event did not decode."""
+        return (
+            any(not rep.complete for rep in self.recoveries)
+            or self.stats.decode_errors > 0
+            or self.stats.skipped_events > 0
+        )
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def messages(self) -> Iterator[RecordedMessage]:
+        """Yield every message of every recording, merged by ``log_time``.
+
+        Yields:
+            Recorded messages in receive-time order (file order breaks ties).
+        """
+        if len(self.readers) == 1:
+            yield from self.readers[0].messages()
+            return
+        yield from heapq.merge(*(r.messages() for r in self.readers), key=lambda m: m.log_time)
+
+    def _table_for(self, msg: RecordedMessage, rank: int | None) -> GroupTable | None:
+        path = msg.channel.path
+        ch_table = self.channel_tables.get((path, msg.channel.name))
+        if ch_table is not None:
+            return ch_table
+        table = self.tables.get(path)
+        if table is None and self.learner is not None:
+            key = (msg.channel.name, rank)
+            table = self._learned_tables.get(key)
+            if table is None:
+                table = self._learned_tables[key] = self.learner.table(*key)
+        return table
+
+    def _learn(self) -> None:
+        """First pass (learned metadata): what each (channel, rank, group) said."""
+        assert self.learner is not None
+        for msg in self.messages():
+            if self.tables.get(msg.channel.path) is not None:
+                continue
+            try:
+                batch = decode_batch(msg.data, seq=msg.seq)
+            except ProtocolError:
+                continue
+            rank = msg.channel.dp_rank
+            if rank is None:
+                rank = batch.data_parallel_rank
+            self.learner.observe(msg.channel.name, rank, batch.events, msg.seq)
+        self._learned = True
+
+    def __iter__(self) -> Iterator[ReplayBatch]:
+        if self.learner is not None and not self._learned:
+            self._learn()
+        bf = self.batch_filter
+        ef = self.event_filter
+        stats = self.stats
+        start: int | None = None
+        since = until = None
+        channel_ok: dict[tuple[str, int], bool] = {}
+        for msg in self.messages():
+            stats.messages += 1
+            if start is None:
+                start = msg.log_time
+                since = bf.since.resolve(start) if bf.since is not None else None
+                until = bf.until.resolve(start) if bf.until is not None else None
+            if since is not None and msg.log_time < since:
+                continue
+            if until is not None and msg.log_time > until:
+                continue
+            if bf.seq_first is not None and msg.seq < bf.seq_first:
+                continue
+            if bf.seq_last is not None and msg.seq > bf.seq_last:
+                continue
+            ch = msg.channel
+            key = (ch.path, ch.id)
+            ok = channel_ok.get(key)
+            if ok is None:
+                ok = channel_ok[key] = bf.channel_match(ch.name, ch.endpoint)
+            if not ok:
+                continue
+            rank = ch.dp_rank
+            if not self.decode:
+                if bf.ranks is not None and rank not in bf.ranks:
+                    continue
+                stats.batches += 1
+                yield ReplayBatch(msg, None, [], rank)
+                continue
+            try:
+                batch = decode_batch(msg.data, seq=msg.seq)
+            except ProtocolError as err:
+                stats.decode_errors += 1
+                text = f"{ch.path}: {ch.name}: {err}"
+                if len(stats.first_errors) < 5:
+                    stats.first_errors.append(text)
+                if bf.ranks is not None and rank not in bf.ranks:
+                    continue
+                if ef.active:
+                    continue
+                stats.batches += 1
+                yield ReplayBatch(msg, None, [], rank, error=text)
+                continue
+            if batch.skipped:
+                stats.skipped_events += len(batch.skipped)
+                for s in batch.skipped:
+                    if len(stats.first_errors) < 5:
+                        stats.first_errors.append(f"{ch.path}: {ch.name}: {s}")
+            if rank is None:
+                rank = batch.data_parallel_rank
+            if bf.ranks is not None and rank not in bf.ranks:
+                continue
+            table = (
+                self._table_for(msg, rank) if (self.annotate or self.check) else None
+            )
+            if self.checker is not None:
+                self.checker.observe(ch.name, rank, batch.events, msg.seq, table=table)
+            if self.annotate and table is not None:
+                ann = self.annotators.get(id(table))
+                if ann is None:
+                    ann = self.annotators[id(table)] = Annotator(table)
+                batch, fresh = ann(batch)
+                if fresh:
+                    self.new_warnings.extend(f"seq {msg.seq}: {w}" for w in fresh)
+            events = [ev for ev in batch.events if ef.match(ev)] if ef.active else batch.events
+            if ef.active and not events:
+                continue
+            stats.batches += 1
+            stats.events += len(events)
+            yield ReplayBatch(msg, batch, events, rank)
+
+    def out_of_range(self) -> list[str]:
+        """Return one line per group index that was not in the metadata, with its count.
+
+        Returns:
+            vLLM's warning per index plus how many stores it left unannotated.
+        """
+        lines: list[str] = []
+        for ann in self.annotators.values():
+            lines.extend(ann.summary())
+        return lines
+
+
+__all__ = [
+    "UNANNOTATED",
+    "BatchFilter",
+    "EventFilter",
+    "Replay",
+    "ReplayBatch",
+    "ReplayStats",
+    "TimeBound",
+    "parse_group",
+    "parse_rank",
+    "parse_seq_range",
+    "parse_time_bound",
+    "parse_window",
+]

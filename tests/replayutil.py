@@ -1,0 +1,77 @@
+"""Helpers for the replay/annotate/publish tests: captures into recordings, stripping kinds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from kvtool.protocol import STORED_ARRAY_INDEX
+from kvtool.recording import RecordingWriter
+from tests.conftest import capture_messages
+
+BASE_NS = 1_764_000_000_000_000_000
+STEP_NS = 1_000_000  # 1 ms between recorded batches
+ENDPOINT = "tcp://127.0.0.1:5557"
+
+_ANY = msgspec.msgpack.Decoder()
+_ENC = msgspec.msgpack.Encoder()
+
+KIND_INDEX = STORED_ARRAY_INDEX["kv_cache_spec_kind"]
+WINDOW_INDEX = STORED_ARRAY_INDEX["kv_cache_spec_sliding_window"]
+
+
+def strip_payload(payload: bytes) -> bytes:
+    """Remove kind/window from every BlockStored, keeping the layout (map or array)."""
+    obj = _ANY.decode(payload)
+    events = obj["events"] if isinstance(obj, dict) else obj[1]
+    for ev in events:
+        if isinstance(ev, dict):
+            if ev.get("type") == "BlockStored":
+                ev.pop("kv_cache_spec_kind", None)
+                ev.pop("kv_cache_spec_sliding_window", None)
+        elif isinstance(ev, list) and ev and ev[0] == "BlockStored":
+            # Back to the layout before kinds existed (group_idx last).
+            del ev[KIND_INDEX:]
+    return _ENC.encode(obj)
+
+
+def write_recording(
+    path: Path,
+    messages: list[tuple[bytes, int, bytes]],
+    *,
+    endpoint: str = ENDPOINT,
+    groups: list[dict[str, object]] | None = None,
+    dp_rank: int | None = 0,
+    base_ns: int = BASE_NS,
+    step_ns: int = STEP_NS,
+) -> Path:
+    """Write ``(topic, seq, payload)`` messages into a recording, 1 ms apart."""
+    with RecordingWriter(path) as w:
+        channels: dict[str, int] = {}
+        for i, (topic, seq, payload) in enumerate(messages):
+            t = topic.decode()
+            if t not in channels:
+                channels[t] = w.add_channel(endpoint, t, dp_rank)
+            w.write(channels[t], seq, payload, base_ns + i * step_ns)
+        if groups is not None:
+            w.add_groups(groups, "test")
+    return path
+
+
+def capture_recording(
+    tmp_path: Path,
+    name: str,
+    *,
+    strip: bool = False,
+    groups: list[dict[str, object]] | None = None,
+    **kw: object,
+) -> Path:
+    """A capture as a recording (optionally with kinds stripped)."""
+    msgs = capture_messages(name)
+    if strip:
+        msgs = [(t, s, strip_payload(p)) for t, s, p in msgs]
+    suffix = ".stripped" if strip else ""
+    return write_recording(
+        tmp_path / f"{name}{suffix}.mcap", msgs, groups=groups, **kw  # type: ignore[arg-type]
+    )
