@@ -21,19 +21,42 @@ KIND_INDEX = STORED_ARRAY_INDEX["kv_cache_spec_kind"]
 WINDOW_INDEX = STORED_ARRAY_INDEX["kv_cache_spec_sliding_window"]
 
 
+_TOP = msgspec.msgpack.Decoder(list[msgspec.Raw] | dict[str, msgspec.Raw])
+_RAW_LIST = msgspec.msgpack.Decoder(list[msgspec.Raw])
+
+
+def _encode_map16(ev: dict) -> bytes:
+    # vLLM's msgspec writes map events (omit_defaults Structs) under a map16 header.
+    return b"\xde" + len(ev).to_bytes(2, "big") + b"".join(
+        _ENC.encode(k) + _ENC.encode(v) for k, v in ev.items()
+    )
+
+
 def strip_payload(payload: bytes) -> bytes:
-    """Remove kind/window from every BlockStored, keeping the layout (map or array)."""
-    obj = _ANY.decode(payload)
-    events = obj["events"] if isinstance(obj, dict) else obj[1]
-    for ev in events:
-        if isinstance(ev, dict):
-            if ev.get("type") == "BlockStored":
-                ev.pop("kv_cache_spec_kind", None)
-                ev.pop("kv_cache_spec_sliding_window", None)
-        elif isinstance(ev, list) and ev and ev[0] == "BlockStored":
-            # Back to the layout before kinds existed (group_idx last).
+    """Remove kind/window from every BlockStored as an older vLLM would have sent it.
+
+    Map events lose the two keys (same header style); array events are cut back to the
+    layout before kinds existed (group_idx last). Everything else keeps its bytes.
+    """
+    top = _TOP.decode(payload)
+    raw_events = top[1] if isinstance(top, list) else top["events"]
+    events = _RAW_LIST.decode(raw_events)
+    for i, raw in enumerate(events):
+        ev = _ANY.decode(raw)
+        if isinstance(ev, dict) and ev.get("type") == "BlockStored":
+            ev.pop("kv_cache_spec_kind", None)
+            ev.pop("kv_cache_spec_sliding_window", None)
+            map16 = bytes(raw)[:1] == b"\xde"
+            events[i] = msgspec.Raw(_encode_map16(ev) if map16 else _ENC.encode(ev))
+        elif isinstance(ev, list) and ev and ev[0] == "BlockStored" and len(ev) > KIND_INDEX:
             del ev[KIND_INDEX:]
-    return _ENC.encode(obj)
+            events[i] = msgspec.Raw(_ENC.encode(ev))
+    new = msgspec.Raw(_ENC.encode(events))
+    if isinstance(top, list):
+        top[1] = new
+    else:
+        top["events"] = new
+    return _ENC.encode(top)
 
 
 def write_recording(
