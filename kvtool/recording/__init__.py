@@ -9,11 +9,12 @@ from kvtool.recording.reader import (
     RecoveryReport,
     open_recording,
 )
-from kvtool.recording.writer import RecordingWriter
+from kvtool.recording.writer import RecordingPathError, RecordingWriter
 
 __all__ = [
     "ChannelInfo",
     "RecordedMessage",
+    "RecordingPathError",
     "RecordingReader",
     "RecordingWriter",
     "RecoveryReport",

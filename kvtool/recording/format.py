@@ -11,17 +11,30 @@ There is one channel per (endpoint, topic); its metadata holds ``endpoint``,
   ``command_line``, ``endpoints``;
 - ``kvtool.groups`` — ``groups``: the list ``get_kv_cache_group_metadata()`` returns,
   and ``source``; optionally ``channel`` when it applies to one channel only;
-- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (see capture.py).
+- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (see capture.py);
+- ``kvtool.channel`` — ``id``, ``name``, ``endpoint``, ``topic``, ``dp_rank``: written
+  outside any chunk when a channel is added, so a damaged first chunk (which holds the
+  MCAP Channel record) does not orphan the channel's later messages;
+- ``kvtool.seq`` — ``channel``, ``seq``, ``log_time``: written (after closing the open
+  chunk) before a message whose full 64-bit seq has other high bits than the previous
+  message's on that channel, or whose seq goes backwards (publisher restart). MCAP's
+  ``sequence`` is 32-bit; readers add the high bits back from these notes.
 
-Unknown metadata names and keys are ignored by readers.
+Unknown metadata names and keys are ignored by readers. ``format_version`` is an int
+(the major version) or a ``"MAJOR.MINOR"`` string; a reader reads every major version
+up to its own and refuses a newer one. Minor versions only add optional records.
 
 Version history:
-    1: first version.
+    1: first version: profile ``kvtool``, msgpack channels, ``kvtool.recording``,
+       ``kvtool.groups``, ``kvtool.gaps``, ``kvtool.channel`` and ``kvtool.seq``.
 """
 
 from __future__ import annotations
 
+from kvtool.errors import RecordingError, UnsupportedVersion
+
 FORMAT_VERSION = 1
+MCAP_MAGIC = b"\x89MCAP0\r\n"
 PROFILE = "kvtool"
 SCHEMA_NAME = "vllm.KVEventBatch"
 SCHEMA_ENCODING = "jsonschema"
@@ -30,6 +43,8 @@ MESSAGE_ENCODING = "msgpack"
 META_RECORDING = "kvtool.recording"
 META_GROUPS = "kvtool.groups"
 META_GAPS = "kvtool.gaps"
+META_CHANNEL = "kvtool.channel"
+META_SEQ = "kvtool.seq"
 
 CHANNEL_ENDPOINT = "endpoint"
 CHANNEL_TOPIC = "topic"
@@ -41,11 +56,17 @@ DEFAULT_FLUSH_INTERVAL_NS = 1_000_000_000
 """The writer closes its open chunk and flushes at least this often."""
 MAX_RECORD_BYTES = 1 << 31
 """Records longer than this are treated as damage, never allocated."""
+MAX_STRING_BYTES = 1 << 20
+"""Strings (profile, names, compression) longer than this are treated as damage."""
+COMPRESSIONS = ("", "zstd", "lz4")
+"""Chunk compressions the reader understands (MCAP's well-known ones)."""
+SEQ_MASK = 0xFFFFFFFF
+"""MCAP's ``sequence`` field holds the low 32 bits of the publisher's seq."""
 
 # A JSON schema describing the payload, for tools (Foxglove, mcap info) that show it.
 SCHEMA_DATA = b"""{
   "title": "vllm.KVEventBatch",
-  "description": "vLLM KV-cache event batch (msgpack): [ts, events, data_parallel_rank]; see kvtool PROTOCOL.md",
+  "description": "vLLM KV-cache event batch (msgpack): [ts, events, data_parallel_rank]",
   "type": "array"
 }"""
 
@@ -61,3 +82,47 @@ def channel_topic(endpoint: str, topic: str) -> str:
         ``endpoint`` alone for the empty topic, else ``endpoint#topic``.
     """
     return endpoint if not topic else f"{endpoint}#{topic}"
+
+
+def parse_format_version(path: str, value: object) -> tuple[int, int]:
+    """Parse a stored ``format_version`` (``1`` or ``"1.2"``) into (major, minor).
+
+    Args:
+        path: The recording, for the error message.
+        value: The stored value.
+
+    Returns:
+        ``(major, minor)``.
+
+    Raises:
+        RecordingError: The value is not a version.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value, 0
+    if isinstance(value, str):
+        major, _, minor = value.partition(".")
+        if major.isdigit() and (minor.isdigit() or not minor):
+            return int(major), int(minor or 0)
+    raise RecordingError(
+        f"{path}: format_version {value!r} in the {META_RECORDING} record is not a "
+        "version number; the recording's metadata is damaged"
+    )
+
+
+def check_format_version(path: str, value: object) -> None:
+    """Refuse a recording whose major format version is newer than this kvtool reads.
+
+    Args:
+        path: The recording, for the error message.
+        value: The stored ``format_version``.
+
+    Raises:
+        UnsupportedVersion: The major version is newer than :data:`FORMAT_VERSION`.
+        RecordingError: The value is not a version.
+    """
+    major, minor = parse_format_version(path, value)
+    if major > FORMAT_VERSION:
+        raise UnsupportedVersion(
+            f"{path}: recording format version {major}.{minor} is newer than this kvtool "
+            f"reads (up to {FORMAT_VERSION}); upgrade kvtool (pip install -U kvtool)"
+        )

@@ -1,16 +1,22 @@
 """RecordingReader: reads a kvtool MCAP recording chunk by chunk, damaged or not.
 
-The reader always makes one linear pass over the data section, one record at a time,
-so memory is bounded by a chunk and a file whose writer died (no summary, cut
-mid-chunk) reads the same way as a finished one: every complete, intact chunk is
-returned and a :class:`RecoveryReport` says what was not. A chunk that fails to
-decompress or whose CRC does not match is skipped and counted; the scan goes on.
+Opening checks identity first (MCAP magic, a Header record of profile ``kvtool``),
+then the format version, then the tail (footer, trailing magic, summary CRC and
+records). Reading always makes one linear pass over the data section, one record at
+a time, so memory is bounded by a chunk and a file whose writer died (no summary, cut
+mid-chunk) reads the same way as a finished one. Every length is checked against the
+file and :data:`~kvtool.recording.format.MAX_RECORD_BYTES` before anything is read.
+A chunk that fails to decompress or whose CRC does not match is skipped and counted;
+a record whose framing is damaged is skipped by searching forward for the next record
+that checks out (a chunk, metadata or message-index record whose inner lengths agree),
+and the scan goes on. A :class:`RecoveryReport` says what was read and what was not.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -18,23 +24,56 @@ from typing import IO
 
 import msgspec
 
-from kvtool.errors import RecordingError, UnsupportedVersion
+from kvtool.errors import RecordingError, TruncatedRecording
 from kvtool.recording import format as fmt
 
-MAGIC = b"\x89MCAP0\r\n"
+MAGIC = fmt.MCAP_MAGIC
 
+# MCAP record opcodes (mcap spec, "Records").
 OP_HEADER = 0x01
 OP_FOOTER = 0x02
 OP_SCHEMA = 0x03
 OP_CHANNEL = 0x04
 OP_MESSAGE = 0x05
 OP_CHUNK = 0x06
+OP_MESSAGE_INDEX = 0x07
+OP_CHUNK_INDEX = 0x08
+OP_ATTACHMENT = 0x09
+OP_ATTACHMENT_INDEX = 0x0A
+OP_STATISTICS = 0x0B
 OP_METADATA = 0x0C
+OP_METADATA_INDEX = 0x0D
+OP_SUMMARY_OFFSET = 0x0E
 OP_DATA_END = 0x0F
+
+# Records that may appear in the data section (mcap spec, "Data section").
+_DATA_OPS = frozenset(
+    {OP_SCHEMA, OP_CHANNEL, OP_MESSAGE, OP_CHUNK, OP_MESSAGE_INDEX, OP_ATTACHMENT, OP_METADATA}
+)
+# Records that may appear in the summary section.
+_SUMMARY_OPS = frozenset(
+    {
+        OP_SCHEMA,
+        OP_CHANNEL,
+        OP_CHUNK_INDEX,
+        OP_ATTACHMENT_INDEX,
+        OP_STATISTICS,
+        OP_METADATA_INDEX,
+        OP_SUMMARY_OFFSET,
+    }
+)
 
 _REC = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
 _CHUNK = struct.Struct("<QQQI")
+_FOOTER = struct.Struct("<BQQQI")
+_FOOTER_AT = len(MAGIC) + _FOOTER.size  # footer record + trailing magic
+_CHUNK_FIXED = _CHUNK.size + 4 + 8  # + compression length + records length
+_DATA_END_LEN = _REC.size + 4
+# Candidates for resynchronising after damage: a chunk, metadata or message-index
+# opcode followed by a length below 2**32 (its four high bytes zero).
+_SYNC = re.compile(rb"[\x06\x07\x0c](?=....\x00\x00\x00\x00)", re.DOTALL)
+_SYNC_WINDOW = 1 << 20
 
 
 class ChannelInfo(msgspec.Struct, frozen=True):
@@ -82,15 +121,27 @@ class RecoveryReport(msgspec.Struct):
 
     Attributes:
         path: The recording.
-        complete: True when the file ended with a footer and trailing magic and no
-            chunk was damaged.
-        truncated: True when the file ends before its footer (writer died).
+        complete: True when the file is intact: data section, summary, footer and
+            trailing magic, and no chunk or record was damaged.
+        truncated: True when the file ends before its footer (the writer died).
         messages: Messages read back.
         last_good_offset: End of the last record read intact.
         file_size: Size of the file.
         damaged_chunks: Chunks skipped because they failed to decompress or check.
-        reason: Why the scan stopped early, or None.
-        skipped_channels: Channels of another profile (not msgpack) that were skipped.
+        reason: What went wrong first (truncation or damage), or None.
+        skipped_channels: Channels that are not KV-event channels (other encoding or
+            schema) and were skipped.
+        damaged_records: Other records (or stretches of bytes) skipped as damaged.
+        skipped_bytes: Bytes skipped while searching for the next intact record.
+        first_damage_offset: File offset of the first damage, or None.
+        data_complete: The data section was read to its end with nothing skipped, so
+            every message in the file was read (only the index or footer is damaged).
+        expected_messages: The message count the file's summary states, when readable.
+        skipped_messages: Messages on skipped (foreign) channels.
+        unknown_channel_messages: Messages whose channel record was lost; they are
+            returned on a placeholder channel.
+        seq_first: Seq of the first message read, when all messages are on one channel.
+        seq_last: Seq of the last message read, when all are on one channel.
     """
 
     path: str
@@ -102,24 +153,43 @@ class RecoveryReport(msgspec.Struct):
     damaged_chunks: int = 0
     reason: str | None = None
     skipped_channels: int = 0
+    damaged_records: int = 0
+    skipped_bytes: int = 0
+    first_damage_offset: int | None = None
+    data_complete: bool = False
+    expected_messages: int | None = None
+    skipped_messages: int = 0
+    unknown_channel_messages: int = 0
+    seq_first: int | None = None
+    seq_last: int | None = None
 
     @property
     def damaged(self) -> bool:
         """True when anything in the file could not be read."""
         return not self.complete
 
+    @property
+    def lost_messages(self) -> int | None:
+        """Messages the summary counts but the scan did not return, when known."""
+        if self.expected_messages is None:
+            return None
+        return max(0, self.expected_messages - self.messages - self.skipped_messages)
+
     def summary(self) -> str:
-        """One line a person can act on.
+        """One line a person can act on: the file, where it broke, what was recovered.
 
         Returns:
-            ``path: …; recovered N messages; …`` or ``path: complete``.
+            ``path: complete, N messages`` or ``path: …; recovered N messages …``.
         """
         if self.complete:
             return f"{self.path}: complete, {self.messages} messages"
-        if not self.truncated and not self.damaged_chunks:
+        seqs = ""
+        if self.seq_first is not None and self.messages:
+            seqs = f" (seq {self.seq_first}-{self.seq_last})"
+        if self.data_complete:
             return (
                 f"{self.path}: {self.reason or 'index damaged'}; the data section is intact "
-                f"and all {self.messages} messages were read"
+                f"and all {self.messages} messages were read{seqs}"
             )
         parts = [f"{self.path}:"]
         if self.truncated:
@@ -127,16 +197,51 @@ class RecoveryReport(msgspec.Struct):
                 f"recording is truncated at byte {self.last_good_offset} of {self.file_size}"
                 f" ({self.reason or 'no footer'});"
             )
-        elif self.reason:
-            parts.append(f"{self.reason};")
-        if self.damaged_chunks:
-            parts.append(f"{self.damaged_chunks} damaged chunk(s) skipped;")
-        parts.append(f"recovered {self.messages} messages; the rest is lost")
+            if self.damaged_chunks or self.damaged_records:
+                parts.append(f"{self._damage_text()} before that;")
+        else:
+            parts.append(f"{self._damage_text()} (first: {self.reason});")
+        lost = self.lost_messages
+        if lost is not None:
+            parts.append(f"recovered {self.messages} of {self.expected_messages} messages{seqs};")
+            parts.append(f"{lost} lost" if lost else "none lost")
+        elif self.truncated:
+            parts.append(f"recovered {self.messages} messages{seqs}; the rest is lost")
+        else:
+            parts.append(
+                f"recovered {self.messages} messages{seqs}; the messages in the damaged "
+                "part are lost"
+            )
         return " ".join(parts)
+
+    def _damage_text(self) -> str:
+        bits = []
+        if self.damaged_chunks:
+            bits.append(f"{self.damaged_chunks} damaged chunk(s)")
+        if self.damaged_records:
+            bits.append(f"{self.damaged_records} damaged record(s)")
+        text = " and ".join(bits) or "damaged data"
+        if self.skipped_bytes:
+            text += f" ({self.skipped_bytes} bytes) skipped"
+        else:
+            text += " skipped"
+        return text
+
+
+class _Damage(Exception):
+    """A record that cannot be read; ``end`` is where it ends when its framing is sound."""
+
+    def __init__(
+        self, reason: str, end: int | None = None, partial: list[RecordedMessage] | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.end = end
+        self.partial = partial or []
 
 
 class _Buf:
-    """Little-endian field reader over one record body."""
+    """Little-endian field reader over one record body; every length is bounds-checked."""
 
     __slots__ = ("data", "pos")
 
@@ -167,29 +272,50 @@ class _Buf:
         return v
 
     def string(self) -> str:
-        return self.raw(self.u32()).decode("utf-8", "replace")
+        n = self.u32()
+        if n > fmt.MAX_STRING_BYTES:
+            raise struct.error(f"string of {n} bytes is too long")
+        return self.raw(n).decode("utf-8")
 
     def str_map(self) -> dict[str, str]:
-        end = self.u32() + self.pos
+        n = self.u32()
+        end = self.pos + n
+        if end > len(self.data):
+            raise struct.error("map runs past the end of its record")
         out: dict[str, str] = {}
         while self.pos < end:
             k = self.string()
             out[k] = self.string()
+        if self.pos != end:
+            raise struct.error("map entries overrun the map's length")
         return out
 
 
 def _decompress(compression: str, data: bytes, size: int) -> bytes:
+    """Decompress one chunk, never producing more than ``size + 1`` bytes."""
     if compression == "":
         return data
     if compression == "zstd":
         import zstandard
 
-        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=size))
+        # A streaming read bounded by the chunk's stated size: a damaged frame header
+        # cannot make us allocate what it claims.
+        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+            out = reader.read(size + 1)
+        return bytes(out)
     if compression == "lz4":
-        import lz4.frame
+        import lz4.frame  # type: ignore[import-untyped]
 
-        return bytes(lz4.frame.decompress(data))
+        dec = lz4.frame.LZ4FrameDecompressor()
+        return bytes(dec.decompress(data, max_length=size + 1))
     raise ValueError(f"unsupported chunk compression {compression!r}")
+
+
+def _decode_meta_value(v: str) -> object:
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
 
 
 class RecordingReader:
@@ -199,7 +325,9 @@ class RecordingReader:
         path: The recording.
 
     Raises:
-        RecordingError: The file cannot be opened or is not MCAP at all.
+        RecordingError: The file cannot be opened, is empty, is not MCAP, or is an
+            MCAP file of another profile.
+        TruncatedRecording: The file ends before its MCAP header (nothing to read).
         UnsupportedVersion: The recording was written by a newer kvtool format.
     """
 
@@ -207,26 +335,35 @@ class RecordingReader:
         self.path = os.fspath(path)
         try:
             self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115
+        except IsADirectoryError:
+            raise RecordingError(f"{self.path}: is a directory, not a recording") from None
         except OSError as err:
             raise RecordingError(f"{self.path}: cannot open: {err.strerror}") from err
         self._size = os.fstat(self._file.fileno()).st_size
-        head = self._file.read(len(MAGIC))
-        if head != MAGIC:
-            self._file.close()
-            raise RecordingError(
-                f"{self.path}: not an MCAP file (no MCAP magic at byte 0); "
-                "is it a kvtool recording?"
-            )
-        self._file.seek(max(0, self._size - len(MAGIC)))
-        self._tail_magic = self._file.read(len(MAGIC)) == MAGIC
         self.profile: str | None = None
+        self.library: str | None = None
         self.channels: dict[int, ChannelInfo] = {}
         self._foreign: set[int] = set()
+        self._placeholders: set[int] = set()
         self._schemas: dict[int, str] = {}
         self._seq_state: dict[int, tuple[int, int]] = {}
         self.metadata: dict[str, list[dict[str, object]]] = {}
         self.recovery = RecoveryReport(path=self.path, file_size=self._size)
         self._metadata_scanned = False
+        self._data_start = len(MAGIC)
+        self._tail_ok = False
+        self._tail_reason: str | None = None
+        self._data_limit = self._size
+        self._expected: int | None = None
+        self._unknown_messages = 0
+        self._foreign_messages = 0
+        try:
+            self._check_identity()
+            self._read_tail()
+            self._check_version()
+        except BaseException:
+            self._file.close()
+            raise
 
     def __enter__(self) -> RecordingReader:
         return self
@@ -238,13 +375,154 @@ class RecordingReader:
         """Close the file."""
         self._file.close()
 
+    # -- opening ----------------------------------------------------------------------
+
+    def _pread(self, pos: int, n: int) -> bytes:
+        self._file.seek(pos)
+        return self._file.read(n)
+
+    def _check_identity(self) -> None:
+        """Magic at byte 0, then a Header record of profile ``kvtool``."""
+        size = self._size
+        if size == 0:
+            raise RecordingError(
+                f"{self.path}: file is empty (0 bytes), not a kvtool recording "
+                "(a recorder killed before its first write leaves such a file)"
+            )
+        head = self._pread(0, len(MAGIC))
+        if head != MAGIC:
+            if size < len(MAGIC) and MAGIC.startswith(head):
+                raise TruncatedRecording(
+                    f"{self.path}: recording is truncated at byte {size}, inside its MCAP "
+                    "magic; nothing to recover"
+                )
+            raise RecordingError(
+                f"{self.path}: not an MCAP file (starts with {head[:8]!r}, not the MCAP "
+                "magic); kvtool reads recordings written by `kvtool record`"
+            )
+        raw = self._pread(len(MAGIC), _REC.size)
+        if len(raw) < _REC.size:
+            raise TruncatedRecording(
+                f"{self.path}: recording is truncated at byte {size}, before its MCAP "
+                "header; nothing to recover"
+            )
+        op, ln = _REC.unpack(raw)
+        if op != OP_HEADER:
+            raise RecordingError(
+                f"{self.path}: not a valid MCAP file (the record at byte 8 has opcode "
+                f"0x{op:02x}, not a Header); the file is damaged at its start"
+            )
+        if ln > fmt.MAX_RECORD_BYTES or len(MAGIC) + _REC.size + ln > size:
+            if len(MAGIC) + _REC.size + ln > size and ln <= fmt.MAX_RECORD_BYTES:
+                raise TruncatedRecording(
+                    f"{self.path}: recording is truncated at byte {size}, inside its MCAP "
+                    "header; nothing to recover"
+                )
+            raise RecordingError(
+                f"{self.path}: MCAP header at byte 8 has an impossible length {ln}; "
+                "the file is damaged at its start"
+            )
+        try:
+            b = _Buf(self._pread(len(MAGIC) + _REC.size, ln))
+            self.profile = b.string()
+            self.library = b.string()
+        except (struct.error, UnicodeDecodeError) as err:
+            raise RecordingError(
+                f"{self.path}: MCAP header at byte 8 is damaged ({err})"
+            ) from err
+        self._data_start = len(MAGIC) + _REC.size + ln
+        if self.profile != fmt.PROFILE:
+            what = f"of profile {self.profile!r}" if self.profile else "without a profile"
+            raise RecordingError(
+                f"{self.path}: MCAP file {what} (written by {self.library!r}), not a kvtool "
+                f"recording (profile {fmt.PROFILE!r}); read it with a tool for its profile, "
+                "e.g. `mcap info`"
+            )
+
+    def _read_tail(self) -> None:
+        """Check footer, trailing magic and summary; learn channels and counts from it."""
+        size = self._size
+        footer_pos = size - _FOOTER_AT
+        if footer_pos < self._data_start or self._pread(size - len(MAGIC), 8) != MAGIC:
+            self._tail_reason = "no footer"
+            return
+        op, ln, summary_start, summary_offset_start, crc = _FOOTER.unpack(
+            self._pread(footer_pos, _FOOTER.size)
+        )
+        if op != OP_FOOTER or ln != _FOOTER.size - _REC.size:
+            self._tail_reason = f"footer at byte {footer_pos} is damaged"
+            return
+        if summary_start == 0:
+            self._tail_ok = True
+            self._data_limit = footer_pos
+            return
+        if not self._data_start <= summary_start <= footer_pos or not (
+            summary_offset_start == 0 or summary_start <= summary_offset_start <= footer_pos
+        ):
+            self._tail_reason = f"footer at byte {footer_pos} points outside the file"
+            return
+        self._data_limit = summary_start
+        self._tail_ok = True
+        body = self._pread(summary_start, footer_pos + _FOOTER.size - 4 - summary_start)
+        if crc and zlib.crc32(body) != crc:
+            self._tail_reason = (
+                f"summary section at byte {summary_start} is damaged (CRC mismatch)"
+            )
+        summary = memoryview(body)[: footer_pos - summary_start]
+        pos = 0
+        try:
+            while pos < len(summary):
+                sop, sln = _REC.unpack_from(summary, pos)
+                start = pos + _REC.size
+                end = start + sln
+                if sop not in _SUMMARY_OPS or end > len(summary):
+                    raise struct.error(f"bad record (opcode 0x{sop:02x}) at byte {pos}")
+                if self._tail_reason is None:
+                    # Trust the summary's records only when its CRC checked out.
+                    if sop == OP_SCHEMA:
+                        self._schema(summary[start:end])
+                    elif sop == OP_CHANNEL:
+                        self._channel(summary[start:end])
+                    elif sop == OP_STATISTICS:
+                        (self._expected,) = struct.unpack_from("<Q", summary, start)
+                pos = end
+        except (struct.error, UnicodeDecodeError) as err:
+            self._tail_reason = f"summary section at byte {summary_start} is damaged ({err})"
+        if self._tail_reason is not None:
+            self._expected = None
+
+    def _check_version(self) -> None:
+        """Find the ``kvtool.recording`` record near the start and check its version."""
+        pos = self._data_start
+        for _ in range(16):
+            raw = self._pread(pos, _REC.size)
+            if len(raw) < _REC.size:
+                break
+            op, ln = _REC.unpack(raw)
+            if op not in _DATA_OPS or pos + _REC.size + ln > self._size:
+                break
+            if op == OP_METADATA:
+                try:
+                    name, values = self._metadata(self._pread(pos + _REC.size, ln))
+                except (struct.error, UnicodeDecodeError):
+                    break
+                if name == fmt.META_RECORDING:
+                    if "format_version" in values:
+                        fmt.check_format_version(self.path, values["format_version"])
+                    return
+            pos += _REC.size + ln
+        # Not where the writer puts it: look through all metadata records.
+        ctx = self.context
+        if "format_version" in ctx:
+            fmt.check_format_version(self.path, ctx["format_version"])
+
     # -- metadata ---------------------------------------------------------------------
 
     def read_metadata(self) -> dict[str, list[dict[str, object]]]:
         """Return every metadata record, name → list of decoded dicts (JSON values).
 
-        Only record headers are read; chunks are skipped over, so this is cheap even
-        for a large file.
+        Only record headers are read; chunk bodies are skipped over, so this is cheap
+        even for a large file.
 
         Returns:
             The metadata records by name, in file order.
@@ -284,96 +562,245 @@ class RecordingReader:
         Yields:
             One :class:`RecordedMessage` per recorded ZeroMQ message.
         """
-        self.recovery = RecoveryReport(path=self.path, file_size=self._size)
         self._seq_state.clear()
         yield from self._scan(want_messages=True)
 
     def __iter__(self) -> Iterator[RecordedMessage]:
         return self.messages()
 
+    def _damage(self, rep: RecoveryReport, pos: int, reason: str, *, chunk: bool) -> None:
+        if chunk:
+            rep.damaged_chunks += 1
+        else:
+            rep.damaged_records += 1
+        if rep.first_damage_offset is None:
+            rep.first_damage_offset = pos
+        if rep.reason is None:
+            rep.reason = reason
+
     def _scan(self, *, want_messages: bool) -> Iterator[RecordedMessage]:
-        f = self._file
         size = self._size
+        limit = self._data_limit
         rep = RecoveryReport(path=self.path, file_size=size)
+        rep.expected_messages = self._expected
         meta: dict[str, list[dict[str, object]]] = {}
-        pos = len(MAGIC)
-        f.seek(pos)
-        footer = False
+        pos = self._data_start
+        rep.last_good_offset = pos
+        data_end = False
+        channels_seen: set[int] = set()
+        self._unknown_messages = self._foreign_messages = 0
         while True:
-            if pos + _REC.size > size:
-                rep.reason = "file ends mid-record" if pos < size else "file ends before its footer"
-                rep.truncated = True
+            if pos + _REC.size > limit:
+                if pos == size:
+                    rep.reason = rep.reason or "file ends before its footer"
+                elif pos < limit:
+                    rep.reason = rep.reason or f"file ends mid-record at byte {pos}"
+                else:
+                    rep.reason = rep.reason or "data section has no end record"
                 break
-            f.seek(pos)
-            opcode, length = _REC.unpack(f.read(_REC.size))
+            op, ln = _REC.unpack(self._pread(pos, _REC.size))
             body_at = pos + _REC.size
-            if length > fmt.MAX_RECORD_BYTES or body_at + length > size:
-                rep.reason = f"record at byte {pos} runs past the end of the file"
-                rep.truncated = True
+            if op == OP_DATA_END and ln == 4:
+                data_end = True
+                rep.last_good_offset = body_at + ln
                 break
-            if opcode == OP_CHUNK and not want_messages:
-                pos = body_at + length
-                rep.last_good_offset = pos
-                continue
-            body = f.read(length)
+            end: int | None = body_at + ln
             try:
-                if opcode == OP_CHUNK:
-                    msgs = self._chunk(body, pos, rep)
+                if op == OP_CHUNK:
+                    msgs, true_end = self._read_chunk(pos, ln, limit, want=want_messages)
+                    end = true_end
+                    if true_end != body_at + ln:
+                        self._damage(
+                            rep, pos, f"chunk at byte {pos} has a damaged length", chunk=False
+                        )
+                    for m in msgs:
+                        channels_seen.add(m.channel.id)
                     rep.messages += len(msgs)
+                    if msgs:
+                        if rep.seq_first is None:
+                            rep.seq_first = msgs[0].seq
+                        rep.seq_last = msgs[-1].seq
+                    pos = true_end
+                    rep.last_good_offset = pos
                     yield from msgs
-                elif opcode == OP_MESSAGE:
-                    m = self._message(memoryview(body), 0, len(body), pos)
-                    if m is not None:
-                        rep.messages += 1
-                        if want_messages:
-                            yield m
-                elif opcode == OP_CHANNEL:
-                    self._channel(body)
-                elif opcode == OP_SCHEMA:
-                    self._schema(body)
-                elif opcode == OP_HEADER:
-                    self._header(body)
-                elif opcode == OP_METADATA:
-                    b = _Buf(body)
-                    name = b.string()
-                    values: dict[str, object] = {}
-                    for k, v in b.str_map().items():
-                        try:
-                            values[k] = json.loads(v)
-                        except ValueError:
-                            values[k] = v
+                    continue
+                if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
+                    raise _Damage(f"record at byte {pos} runs past the end of the file")
+                if op not in _DATA_OPS:
+                    raise _Damage(
+                        f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end
+                    )
+                body = self._pread(body_at, ln)
+                if op == OP_METADATA:
+                    name, values = self._metadata(body)
                     meta.setdefault(name, []).append(values)
-                elif opcode in (OP_DATA_END, OP_FOOTER):
-                    footer = True
-                    rep.last_good_offset = body_at + length
-                    break
-            except (struct.error, UnicodeDecodeError, ValueError) as err:
-                rep.reason = f"record at byte {pos} is damaged ({err})"
-                rep.complete = False
-                pos = body_at + length
+                    if name == fmt.META_CHANNEL:
+                        self._channel_note(values)
+                    elif name == fmt.META_SEQ and want_messages:
+                        self._seq_note(values)
+                elif op == OP_MESSAGE:
+                    if want_messages:
+                        one = self._message(memoryview(body), 0, len(body), pos)
+                        if one is not None:
+                            rep.messages += 1
+                            channels_seen.add(one.channel.id)
+                            if rep.seq_first is None:
+                                rep.seq_first = one.seq
+                            rep.seq_last = one.seq
+                            yield one
+                elif op == OP_CHANNEL:
+                    self._channel(body)
+                elif op == OP_SCHEMA:
+                    self._schema(body)
+                elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
+                    raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
+            except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
+                damage = err if isinstance(err, _Damage) else _Damage(
+                    f"record at byte {pos} is damaged ({err})", end
+                )
+                is_chunk = op == OP_CHUNK and damage.end is not None
+                if damage.partial:
+                    rep.messages += len(damage.partial)
+                    yield from damage.partial
+                nxt = damage.end if damage.end is not None and self._plausible(damage.end) else None
+                if nxt is None:
+                    nxt = self._resync(pos + 1, limit)
+                if nxt is None:
+                    if not self._tail_ok:
+                        # Nothing intact follows and the file has no footer: the writer
+                        # died while writing this record.
+                        rep.truncated = True
+                        rep.reason = rep.reason or (
+                            f"file ends mid-record at byte {pos}"
+                            if op in _DATA_OPS
+                            else f"record at byte {pos} is damaged and nothing intact follows"
+                        )
+                        if op not in _DATA_OPS or is_chunk:
+                            self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                        break
+                    self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                    rep.skipped_bytes += limit - pos
+                    pos = limit
+                    continue
+                self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                if damage.end is None or nxt != damage.end:
+                    rep.skipped_bytes += nxt - pos
+                pos = nxt
                 continue
-            pos = body_at + length
+            assert end is not None
+            pos = end
             rep.last_good_offset = pos
-        rep.truncated = rep.truncated or not footer
-        if rep.truncated and footer is False and rep.reason is None:
-            rep.reason = "no footer"
-        rep.complete = footer and self._tail_magic and rep.damaged_chunks == 0 and rep.reason is None
-        if footer and not self._tail_magic and rep.reason is None:
-            rep.reason = "summary section or footer is damaged"
+        rep.truncated = not data_end and not self._tail_ok
+        if not data_end and self._tail_ok and rep.damaged_chunks + rep.damaged_records == 0:
+            self._damage(rep, pos, rep.reason or "data section has no end record", chunk=False)
+        rep.unknown_channel_messages = self._unknown_messages
+        rep.skipped_messages = self._foreign_messages
+        clean = rep.damaged_chunks == 0 and rep.damaged_records == 0
+        rep.data_complete = data_end and clean
+        if data_end and not self._tail_ok:
+            rep.reason = rep.reason or (
+                "file ends after its data section; its summary and footer are missing"
+                if self._tail_reason == "no footer"
+                else self._tail_reason
+            )
+        elif data_end and self._tail_reason is not None:
+            rep.reason = rep.reason or self._tail_reason
+        rep.complete = rep.data_complete and self._tail_ok and self._tail_reason is None
+        if rep.complete:
+            rep.reason = None
         rep.skipped_channels = len(self._foreign)
+        if len(channels_seen) > 1:
+            rep.seq_first = rep.seq_last = None
         self.metadata = meta
         self._metadata_scanned = True
         if want_messages:
             self.recovery = rep
-        if not self.channels and self.profile is not None and self._foreign:
-            raise RecordingError(
-                f"{self.path}: MCAP file of profile {self.profile!r} has no msgpack "
-                "KV-event channels; not a kvtool recording"
-            )
 
-    def _header(self, body: bytes) -> None:
+    # -- resynchronisation --------------------------------------------------------------
+
+    def _plausible(self, pos: int) -> bool:
+        """True when an intact-looking record (or the end of the data) starts at ``pos``."""
+        if pos == self._data_limit or pos == self._size:
+            return True
+        raw = self._pread(pos, _REC.size)
+        if len(raw) < _REC.size:
+            return False
+        op, ln = _REC.unpack(raw)
+        if op == OP_DATA_END:
+            return bool(ln == 4)
+        if op in (OP_CHUNK, OP_METADATA, OP_MESSAGE_INDEX):
+            return self._strong(pos, op, ln)
+        return op in _DATA_OPS and pos + _REC.size + ln <= self._data_limit
+
+    def _strong(self, pos: int, op: int, ln: int) -> bool:
+        """Check a chunk/metadata/message-index record's inner lengths against its length."""
+        body_at = pos + _REC.size
+        if ln > fmt.MAX_RECORD_BYTES or body_at + ln > self._data_limit:
+            return False
+        if op == OP_CHUNK:
+            if ln < _CHUNK_FIXED:
+                return False
+            head = self._pread(body_at, _CHUNK.size + 4)
+            start, end_t, usize, _crc = _CHUNK.unpack_from(head)
+            (clen,) = struct.unpack_from("<I", head, _CHUNK.size)
+            if clen > 16 or start > end_t or usize > fmt.MAX_RECORD_BYTES:
+                return False
+            rest = self._pread(body_at + _CHUNK.size + 4, clen + 8)
+            if len(rest) < clen + 8 or rest[:clen].decode("latin-1") not in fmt.COMPRESSIONS:
+                return False
+            (n,) = struct.unpack_from("<Q", rest, clen)
+            return bool(_CHUNK_FIXED + clen + n == ln)
+        if op == OP_METADATA:
+            if ln < 8:
+                return False
+            (nlen,) = struct.unpack_from("<I", self._pread(body_at, 4))
+            if 4 + nlen + 4 > ln:
+                return False
+            raw = self._pread(body_at + 4 + nlen, 4)
+            (mlen,) = struct.unpack_from("<I", raw)
+            return bool(4 + nlen + 4 + mlen == ln)
+        if op == OP_MESSAGE_INDEX:
+            if ln < 6:
+                return False
+            head = self._pread(body_at, 6)
+            (alen,) = struct.unpack_from("<I", head, 2)
+            return bool(6 + alen == ln and alen % 16 == 0)
+        return False
+
+    def _resync(self, start: int, limit: int) -> int | None:
+        """Find the next intact-looking record at or after ``start``, before ``limit``."""
+        pos = start
+        while pos < limit:
+            window = self._pread(pos, min(_SYNC_WINDOW + 16, limit - pos))
+            for m in _SYNC.finditer(window, 0, min(_SYNC_WINDOW, len(window))):
+                cand = pos + m.start()
+                op, ln = _REC.unpack(self._pread(cand, _REC.size))
+                if self._strong(cand, op, ln):
+                    return cand
+            pos += _SYNC_WINDOW
+        # The data section's end record sits right before the summary.
+        if self._tail_ok:
+            cand = limit - _DATA_END_LEN
+            if cand >= start and self._pread(cand, _DATA_END_LEN)[:_REC.size] == _REC.pack(
+                OP_DATA_END, 4
+            ):
+                return cand
+        return None
+
+    # -- records ------------------------------------------------------------------------
+
+    def _metadata(self, body: bytes | memoryview) -> tuple[str, dict[str, object]]:
         b = _Buf(body)
-        self.profile = b.string()
+        name = b.string()
+        values = {k: _decode_meta_value(v) for k, v in b.str_map().items()}
+        return name, values
+
+    @staticmethod
+    def _valid_message_index(ln: int, body: bytes) -> bool:
+        if ln < 6:
+            return False
+        (alen,) = struct.unpack_from("<I", body, 2)
+        return bool(6 + alen == ln and alen % 16 == 0)
 
     def _schema(self, body: bytes | memoryview) -> None:
         b = _Buf(body)
@@ -383,34 +810,69 @@ class RecordingReader:
     def _channel(self, body: bytes | memoryview) -> None:
         b = _Buf(body)
         cid = b.u16()
-        b.u16()  # schema id
+        sid = b.u16()
         name = b.string()
         encoding = b.string()
         md = b.str_map()
         if cid in self.channels or cid in self._foreign:
             return
-        if encoding != fmt.MESSAGE_ENCODING:
+        schema = self._schemas.get(sid)
+        if encoding != fmt.MESSAGE_ENCODING or (schema is not None and schema != fmt.SCHEMA_NAME):
             self._foreign.add(cid)
             return
-        rank = md.get(fmt.CHANNEL_DP_RANK, "")
+        self._define(cid, name, md.get(fmt.CHANNEL_ENDPOINT, name),
+                     md.get(fmt.CHANNEL_TOPIC, ""), md.get(fmt.CHANNEL_DP_RANK, ""))
+
+    def _channel_note(self, values: dict[str, object]) -> None:
+        cid = values.get("id")
+        if not isinstance(cid, int) or cid in self.channels or cid in self._foreign:
+            return
+        name = str(values.get("name", f"channel {cid}"))
+        rank = values.get("dp_rank")
+        self._define(cid, name, str(values.get("endpoint", name)), str(values.get("topic", "")),
+                     "" if rank is None else str(rank))
+
+    def _define(self, cid: int, name: str, endpoint: str, topic: str, rank: str) -> None:
         self.channels[cid] = ChannelInfo(
             id=cid,
             name=name,
-            endpoint=md.get(fmt.CHANNEL_ENDPOINT, name),
-            topic=md.get(fmt.CHANNEL_TOPIC, ""),
+            endpoint=endpoint,
+            topic=topic,
             dp_rank=int(rank) if rank.lstrip("-").isdigit() else None,
             path=self.path,
         )
 
+    def _seq_note(self, values: dict[str, object]) -> None:
+        cid, seq = values.get("channel"), values.get("seq")
+        if isinstance(cid, int) and isinstance(seq, int) and seq >= 0:
+            # The next message on this channel carries these high bits; no wrap
+            # heuristic applies to it.
+            self._seq_state[cid] = (seq - (seq & fmt.SEQ_MASK), -1)
+
     def _message(
         self, view: memoryview, start: int, end: int, offset: int
     ) -> RecordedMessage | None:
+        if end - start < _MSG.size:
+            raise struct.error("message record is shorter than its header")
         cid, seq32, log_time, publish_time = _MSG.unpack_from(view, start)
         ch = self.channels.get(cid)
         if ch is None:
-            return None
-        # Unwrap the 32-bit MCAP sequence: a drop from the top quarter to the bottom
-        # quarter is a wrap; any other drop is a publisher restart and resets.
+            if cid in self._foreign:
+                self._foreign_messages += 1
+                return None
+            # Its channel record was lost with a damaged chunk: keep the message.
+            ch = ChannelInfo(
+                id=cid, name=f"channel {cid}", endpoint=f"unknown (channel {cid})",
+                topic="", dp_rank=None, path=self.path,
+            )
+            self.channels[cid] = ch
+            self._placeholders.add(cid)
+        if cid in self._placeholders:
+            self._unknown_messages += 1
+        # Unwrap the 32-bit MCAP sequence. The writer leaves a kvtool.seq note before
+        # any change of the high bits or restart; without one (another writer), a drop
+        # from the top quarter to the bottom quarter is a wrap and any other drop a
+        # publisher restart, which starts again from 0.
         high, last = self._seq_state.get(cid, (0, -1))
         if last >= 3 << 30 and seq32 < 1 << 30:
             high += 1 << 32
@@ -426,42 +888,81 @@ class RecordingReader:
             offset=offset,
         )
 
-    def _chunk(self, body: bytes, offset: int, rep: RecoveryReport) -> list[RecordedMessage]:
-        b = _Buf(body)
-        _start, _end, usize, crc = _CHUNK.unpack_from(body, 0)
-        b.pos = _CHUNK.size
-        compression = b.string()
-        n = b.u64()
-        data = b.raw(n)
+    def _read_chunk(
+        self, pos: int, ln: int, limit: int, *, want: bool
+    ) -> tuple[list[RecordedMessage], int]:
+        """Read the chunk at ``pos`` by its inner lengths; return messages and its end."""
+        body_at = pos + _REC.size
+        head = self._pread(body_at, _CHUNK.size + 4 + 16 + 8)
+        if len(head) < _CHUNK.size + 4:
+            raise _Damage(f"chunk at byte {pos} runs past the end of the file")
+        _start, _end, usize, crc = _CHUNK.unpack_from(head)
+        (clen,) = struct.unpack_from("<I", head, _CHUNK.size)
+        if clen > 16 or len(head) < _CHUNK.size + 4 + clen + 8:
+            raise _Damage(f"chunk at byte {pos} has a damaged header")
+        try:
+            compression = head[_CHUNK.size + 4 : _CHUNK.size + 4 + clen].decode("ascii")
+        except UnicodeDecodeError:
+            raise _Damage(f"chunk at byte {pos} has a damaged header") from None
+        (n,) = struct.unpack_from("<Q", head, _CHUNK.size + 4 + clen)
+        true_end = body_at + _CHUNK_FIXED + clen + n
+        if true_end > limit or n > fmt.MAX_RECORD_BYTES:
+            raise _Damage(
+                f"chunk at byte {pos} runs past the end of the file"
+                if body_at + ln > limit
+                else f"chunk at byte {pos} has a damaged length"
+            )
+        if usize > fmt.MAX_RECORD_BYTES:
+            raise _Damage(f"chunk at byte {pos} states an impossible size {usize}", true_end)
+        if compression not in fmt.COMPRESSIONS:
+            raise _Damage(
+                f"chunk at byte {pos} uses compression {compression!r}, which this kvtool "
+                "cannot read",
+                true_end,
+            )
+        if not want:
+            return [], true_end
+        data = self._pread(body_at + _CHUNK_FIXED + clen, n)
         try:
             records = _decompress(compression, data, usize)
-            if len(records) != usize or (crc and zlib.crc32(records) != crc):
-                raise ValueError("CRC or size mismatch")
-        except Exception as err:  # noqa: BLE001 - any decompressor failure is damage
-            rep.damaged_chunks += 1
-            rep.reason = rep.reason or f"chunk at byte {offset} is damaged ({err})"
-            return []
+        except Exception as err:  # any decompressor failure is damage
+            raise _Damage(
+                f"chunk at byte {pos} does not decompress ({type(err).__name__}: {err})",
+                true_end,
+            ) from None
+        if len(records) != usize:
+            raise _Damage(f"chunk at byte {pos} decompresses to the wrong size", true_end)
+        if crc and zlib.crc32(records) != crc:
+            raise _Damage(f"chunk at byte {pos} fails its CRC check", true_end)
         view = memoryview(records)
         out: list[RecordedMessage] = []
-        pos = 0
+        rpos = 0
         total = len(records)
         unpack = _REC.unpack_from
-        while pos + _REC.size <= total:
-            op, ln = unpack(view, pos)
-            start = pos + _REC.size
-            end = start + ln
-            if end > total:
-                break
-            if op == OP_MESSAGE:
-                m = self._message(view, start, end, offset)
-                if m is not None:
-                    out.append(m)
-            elif op == OP_CHANNEL:
-                self._channel(view[start:end])
-            elif op == OP_SCHEMA:
-                self._schema(view[start:end])
-            pos = end
-        return out
+        try:
+            while rpos < total:
+                if rpos + _REC.size > total:
+                    raise struct.error("record header runs past the end of the chunk")
+                op, rln = unpack(view, rpos)
+                start = rpos + _REC.size
+                end = start + rln
+                if end > total:
+                    raise struct.error("record runs past the end of the chunk")
+                if op == OP_MESSAGE:
+                    m = self._message(view, start, end, pos)
+                    if m is not None:
+                        out.append(m)
+                elif op == OP_CHANNEL:
+                    self._channel(view[start:end])
+                elif op == OP_SCHEMA:
+                    self._schema(view[start:end])
+                rpos = end
+        except (struct.error, UnicodeDecodeError) as err:
+            # A chunk without a CRC whose records do not parse: keep what came before.
+            raise _Damage(
+                f"chunk at byte {pos} holds a damaged record ({err})", true_end, out
+            ) from None
+        return out, true_end
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
@@ -474,15 +975,8 @@ def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
         A reader; use it as a context manager.
 
     Raises:
-        RecordingError: Not an MCAP file, or cannot be opened.
+        RecordingError: Not an MCAP file, another profile, or cannot be opened.
+        TruncatedRecording: The file ends before its MCAP header.
         UnsupportedVersion: Written by a newer major format version.
     """
-    reader = RecordingReader(path)
-    version = reader.context.get("format_version", fmt.FORMAT_VERSION)
-    if isinstance(version, int) and version > fmt.FORMAT_VERSION:
-        reader.close()
-        raise UnsupportedVersion(
-            f"{reader.path}: recording format version {version} is newer than this "
-            f"kvtool reads ({fmt.FORMAT_VERSION}); upgrade kvtool (pip install -U kvtool)"
-        )
-    return reader
+    return RecordingReader(path)

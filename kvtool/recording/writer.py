@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from types import TracebackType
 from collections.abc import Callable
+from types import TracebackType
 from typing import IO, TypeVar
 
 from mcap.writer import CompressionType, Writer
 
 import kvtool
-from kvtool.errors import RecordingError
+from kvtool.errors import ExitStatus, RecordingError
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 
 T = TypeVar("T")
+
+
+class RecordingPathError(RecordingError):
+    """The output path cannot be used: it exists (without ``force``) or cannot be created.
+
+    A usage problem (exit status 2): the user picks another path or passes ``--force``.
+    """
+
+    exit_status = ExitStatus.USAGE
 
 
 class RecordingWriter:
@@ -37,7 +47,12 @@ class RecordingWriter:
         context: Extra keys for the ``kvtool.recording`` metadata record.
 
     Raises:
-        RecordingError: The file exists (without ``force``) or cannot be created.
+        RecordingPathError: The file exists (without ``force``) or cannot be created.
+        RecordingError: An unknown compression or a bad chunk size.
+
+    Once a write fails (disk full, file size limit, I/O error), every later call raises
+    the same :class:`RecordingError`; :meth:`close` then only closes the file. What was
+    flushed before the failure stays readable (the reader recovers it).
     """
 
     def __init__(
@@ -55,20 +70,37 @@ class RecordingWriter:
             comp = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4,
                     "none": CompressionType.NONE}[compression]
         except KeyError:
-            raise RecordingError(f"unknown compression {compression!r} (zstd, lz4, none)") from None
+            raise RecordingError(
+                f"unknown compression {compression!r} (zstd, lz4, none)"
+            ) from None
+        if chunk_size <= 0 or flush_interval_ns <= 0:
+            raise RecordingError(
+                f"chunk_size ({chunk_size}) and flush_interval_ns ({flush_interval_ns}) "
+                "must be positive"
+            )
         try:
+            # "xb": never overwrite a recording by accident (rosbags writer.py:214).
             self._file: IO[bytes] = open(self.path, "wb" if force else "xb")  # noqa: SIM115
         except FileExistsError:
-            raise RecordingError(
-                f"{self.path}: file exists; pass --force to overwrite it"
+            raise RecordingPathError(
+                f"{self.path}: file exists; pass --force to overwrite it or choose another path"
+            ) from None
+        except IsADirectoryError:
+            raise RecordingPathError(
+                f"{self.path}: is a directory; give a file name such as run.mcap"
             ) from None
         except OSError as err:
-            raise RecordingError(f"{self.path}: cannot create: {err.strerror}") from err
+            raise RecordingPathError(
+                f"{self.path}: cannot create: {err.strerror}; choose a writable path"
+            ) from err
         self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp)
         self._flush_interval_ns = flush_interval_ns
         self._last_flush = time.monotonic_ns()
         self._closed = False
+        self._failed: RecordingError | None = None
         self._channels: dict[tuple[str, str], int] = {}
+        self._channel_names: dict[int, str] = {}
+        self._last_seq: dict[int, int] = {}
         self.messages_written = 0
         self.bytes_written = 0
         try:
@@ -83,10 +115,18 @@ class RecordingWriter:
                 "command_line": sys.argv,
             }
             meta.update(context or {})
-            self.add_metadata(fmt.META_RECORDING, meta)
+            self._writer.add_metadata(
+                fmt.META_RECORDING, {k: json.dumps(v) for k, v in meta.items()}
+            )
+            # Identity on disk at once: even a recorder killed in its first second
+            # leaves a file kvtool recognises as a recording.
+            self._file.flush()
         except OSError as err:
-            self._file.close()
-            raise RecordingError(f"{self.path}: cannot write: {err.strerror}") from err
+            self._close_quietly()
+            raise RecordingPathError(
+                f"{self.path}: cannot write: {err.strerror}; choose a writable path "
+                "with free space"
+            ) from err
 
     def __enter__(self) -> RecordingWriter:
         return self
@@ -112,17 +152,27 @@ class RecordingWriter:
         """
         key = (endpoint, topic)
         if key not in self._channels:
+            name = fmt.channel_topic(endpoint, topic)
             meta = {
                 fmt.CHANNEL_ENDPOINT: endpoint,
                 fmt.CHANNEL_TOPIC: topic,
                 fmt.CHANNEL_DP_RANK: "" if dp_rank is None else str(dp_rank),
             }
-            self._channels[key] = self._guard(
+            cid = self._guard(
                 lambda: self._writer.register_channel(
-                    fmt.channel_topic(endpoint, topic), fmt.MESSAGE_ENCODING,
-                    self._schema_id, meta,
+                    name, fmt.MESSAGE_ENCODING, self._schema_id, meta
                 )
             )
+            # The MCAP Channel record travels in the first chunk that uses it; this
+            # copy outside any chunk keeps the channel's messages attributable if that
+            # chunk is damaged.
+            self.add_metadata(
+                fmt.META_CHANNEL,
+                {"id": cid, "name": name, "endpoint": endpoint, "topic": topic,
+                 "dp_rank": dp_rank},
+            )
+            self._channels[key] = cid
+            self._channel_names[cid] = name
         return self._channels[key]
 
     def write(
@@ -143,14 +193,30 @@ class RecordingWriter:
             publish_time: The batch ``ts`` in ns; when None it is read from the payload,
                 falling back to ``log_time``.
         """
+        if channel_id not in self._channel_names:
+            raise RecordingError(
+                f"{self.path}: channel {channel_id} was not added with add_channel()"
+            )
         if publish_time is None:
             ts = peek_ts(payload)
             publish_time = (
                 int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else log_time
             )
+        prev = self._last_seq.get(channel_id)
+        if (seq >> 32) != ((prev if prev is not None else 0) >> 32) or (
+            prev is not None and seq < prev
+        ):
+            # MCAP's sequence is 32-bit: note the full seq (after closing the open
+            # chunk, so the note precedes the message in the file) whenever the high
+            # bits change or the publisher restarts.
+            self._guard(self._writer.flush)
+            self.add_metadata(
+                fmt.META_SEQ, {"channel": channel_id, "seq": seq, "log_time": log_time}
+            )
+        self._last_seq[channel_id] = seq
         self._guard(
             lambda: self._writer.add_message(
-                channel_id, log_time, payload, publish_time, seq & 0xFFFFFFFF
+                channel_id, log_time, payload, publish_time, seq & fmt.SEQ_MASK
             )
         )
         self.messages_written += 1
@@ -188,7 +254,7 @@ class RecordingWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Close the open chunk and push everything to the OS."""
+        """Close the open chunk and push everything to the OS (no fsync)."""
         self._guard(self._writer.flush)
         self._last_flush = time.monotonic_ns()
 
@@ -197,22 +263,47 @@ class RecordingWriter:
 
         Args:
             ledger: The gap ledger for the ``kvtool.gaps`` record.
+
+        Raises:
+            RecordingError: Writing the end of the file failed (the file is closed
+                anyway; what was flushed before stays readable).
         """
         if self._closed:
             return
-        self._closed = True
+        if self._failed is not None:
+            self._closed = True
+            self._close_quietly()
+            return
         try:
             if ledger is not None:
                 self.add_metadata(fmt.META_GAPS, {"ledger": ledger})
             self._guard(self._writer.finish)
+            self._guard(self._file.flush)
         finally:
+            self._closed = True
+            self._close_quietly()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    def _close_quietly(self) -> None:
+        # Buffered bytes that cannot be written (disk full): the error was already
+        # reported; what reached the disk stays readable.
+        with contextlib.suppress(OSError):
             self._file.close()
 
     def _guard(self, fn: Callable[[], T]) -> T:
+        if self._failed is not None:
+            raise self._failed
+        if self._closed:
+            raise RecordingError(f"{self.path}: the recording is already closed")
         try:
             return fn()
         except OSError as err:
-            raise RecordingError(
+            self._failed = RecordingError(
                 f"{self.path}: write failed after {self.messages_written} messages: "
                 f"{err.strerror or err}; what was flushed before stays readable"
-            ) from err
+            )
+            raise self._failed from err
