@@ -911,7 +911,7 @@ class Checker:
 def _kw(kind: str | None, window: int | None) -> str:
     if kind is None:
         return "no kind"
-    return f"{kind}" + (f" window {window}" if window is not None else " (no window)")
+    return f"{kind}" + (f" (window {window})" if window is not None else " (no window)")
 
 
 __all__ = [

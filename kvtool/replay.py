@@ -279,6 +279,7 @@ class ReplayBatch:
         events: The events that passed the event filters (annotated when annotating).
         dp_rank: The batch's rank (its own, else its channel's).
         error: Why the payload did not decode, or None.
+        table: The group metadata that applies to the batch, when annotating.
     """
 
     message: RecordedMessage
@@ -286,6 +287,7 @@ class ReplayBatch:
     events: list[Event]
     dp_rank: int | None
     error: str | None = None
+    table: GroupTable | None = None
 
 
 @dataclass
@@ -368,10 +370,13 @@ class Replay:
         self.channel_tables: dict[tuple[str, str], GroupTable] = {}
         self.learner: GroupLearner | None = None
         self.annotators: dict[int, Annotator] = {}
+        self.given: GroupTable | None = None
+        """The table from ``--groups``/``--group`` flags, when given."""
         if annotate or check:
             given: GroupTable | None = None
             if groups_file is not None or group_flags:
                 given = resolve_groups(groups_file, group_flags, None)
+            self.given = given
             for r in self.readers:
                 table = given
                 if table is None:
@@ -561,7 +566,7 @@ class Replay:
                 continue
             stats.batches += 1
             stats.events += len(events)
-            yield ReplayBatch(msg, batch, events, rank)
+            yield ReplayBatch(msg, batch, events, rank, table=table)
 
     def out_of_range(self) -> list[str]:
         """Return one line per group index that was not in the metadata, with its count.

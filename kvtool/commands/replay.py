@@ -1,0 +1,720 @@
+"""``kvtool replay``: print, filter, annotate, check, copy or re-publish recordings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kvtool.commands import Env, get_env
+from kvtool.errors import ExitStatus, UsageError
+from kvtool.protocol import EVENT_TYPES
+from kvtool.replay import (
+    BatchFilter,
+    EventFilter,
+    Replay,
+    ReplayBatch,
+    parse_group,
+    parse_rank,
+    parse_seq_range,
+    parse_time_bound,
+    parse_window,
+)
+
+if TYPE_CHECKING:
+    from kvtool.publish import PublishItem, PublishStats
+    from kvtool.recording import RecordingWriter
+
+
+class EventFormat(StrEnum):
+    """Output formats of ``kvtool replay``."""
+
+    pretty = "pretty"
+    jsonl = "jsonl"
+
+
+_TYPE_ALIASES = {t.lower(): t for t in EVENT_TYPES} | {
+    "stored": "BlockStored",
+    "store": "BlockStored",
+    "removed": "BlockRemoved",
+    "remove": "BlockRemoved",
+    "cleared": "AllBlocksCleared",
+    "clear": "AllBlocksCleared",
+}
+
+
+def _split(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out.extend(p.strip() for p in v.split(",") if p.strip())
+    return out
+
+
+def _number(text: str | None, option: str, *, integer: bool = False, zero: bool = False) -> float:
+    if text is None:
+        raise UsageError(f"{option}: missing value")
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise UsageError(f"{option} {text!r}: expected {kind}") from None
+    if value < 0 or (value == 0 and not zero) or value != value:
+        raise UsageError(f"{option} {text!r}: must be {'>= 0' if zero else '> 0'}")
+    return value
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
+
+
+def _seconds(text: str | None, option: str) -> float:
+    if text is None:
+        return 0.0
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"{option} {text!r}: expected seconds (e.g. 2, 0.5, 500ms, 1m)")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
+
+
+def replay(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Recordings (.mcap); several merge by receive time.", show_default=False
+        ),
+    ],
+    format: Annotated[
+        EventFormat | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="pretty (default on a terminal) or jsonl "
+            "(default when piped): one JSON object per event.",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE.mcap",
+            help="Write the selected batches, bytes unchanged, to a new recording.",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output.")] = False,
+    annotate: Annotated[
+        bool,
+        typer.Option(
+            "--annotate",
+            help="Set kind and window of each BlockStored from "
+            "the group metadata, as vLLM's KV cache manager does.",
+        ),
+    ] = False,
+    groups: Annotated[
+        Path | None,
+        typer.Option(
+            "--groups",
+            metavar="FILE",
+            help="Group metadata: JSON as get_kv_cache_group_metadata() "
+            "returns it, or a list of spec descriptions.",
+            show_default=False,
+        ),
+    ] = None,
+    group: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group",
+            metavar="IDX=KIND[:WINDOW]",
+            help="IDX=KIND[:WINDOW]: group metadata (repeatable). "
+            "A bare IDX (or 'none') filters on group_idx instead.",
+            show_default=False,
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Compare what the stores say with the group "
+            "metadata; one line per disagreeing group; exit 1 if any.",
+        ),
+    ] = False,
+    type_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--type",
+            metavar="TYPE",
+            help="Keep these event types (BlockStored, BlockRemoved, "
+            "AllBlocksCleared; repeatable or comma-separated).",
+            show_default=False,
+        ),
+    ] = None,
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kind",
+            metavar="KIND",
+            help="Keep stores of these kinds ('unannotated' for none).",
+            show_default=False,
+        ),
+    ] = None,
+    window: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--window",
+            metavar="WINDOW",
+            help="Keep stores with this sliding window ('none': without one).",
+            show_default=False,
+        ),
+    ] = None,
+    channel: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--channel",
+            metavar="CHANNEL",
+            help="Keep these channels (name, endpoint, glob or port).",
+            show_default=False,
+        ),
+    ] = None,
+    rank: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rank", metavar="RANK", help="Keep these data-parallel ranks.", show_default=False
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            metavar="TIME",
+            help="Start at this time: seconds from the start (30, 1.5s, "
+            "2m) or ISO time (UTC unless a zone is given).",
+            show_default=False,
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until", metavar="TIME", help="Stop after this time (as --since).", show_default=False
+        ),
+    ] = None,
+    seq: Annotated[
+        str | None,
+        typer.Option(
+            "--seq",
+            metavar="A:B",
+            help="Keep seqs A:B (inclusive; A: and :B are open).",
+            show_default=False,
+        ),
+    ] = None,
+    publish: Annotated[
+        str | None,
+        typer.Option(
+            "--publish",
+            metavar="ENDPOINT",
+            help="Re-publish on this endpoint with vLLM's framing (a bare port binds 127.0.0.1).",
+            show_default=False,
+        ),
+    ] = None,
+    replay_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-endpoint",
+            metavar="ENDPOINT",
+            help="Serve vLLM's replay ROUTER protocol here.",
+            show_default=False,
+        ),
+    ] = None,
+    legacy_replay: Annotated[
+        bool,
+        typer.Option(
+            "--legacy-replay", help="Replay replies without the topic frame (vLLM < 0.26, SGLang)."
+        ),
+    ] = False,
+    buffer_steps: Annotated[
+        str,
+        typer.Option("--buffer-steps", metavar="N", help="Batches the replay socket can serve."),
+    ] = "10000",
+    renumber: Annotated[
+        bool, typer.Option("--renumber", help="Send seqs from 0 instead of the recorded ones.")
+    ] = False,
+    speed: Annotated[
+        str | None,
+        typer.Option(
+            "--speed",
+            metavar="X",
+            help="Play the recorded pace this many times faster.",
+            show_default=False,
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            "--rate", metavar="N", help="Send this many batches per second.", show_default=False
+        ),
+    ] = None,
+    max_speed: Annotated[
+        bool, typer.Option("--max-speed", help="Send as fast as possible.")
+    ] = False,
+    loop: Annotated[
+        str, typer.Option("--loop", metavar="N|forever", help="Play N times, or 'forever'.")
+    ] = "1",
+    wait_subscribers: Annotated[
+        str,
+        typer.Option(
+            "--wait-subscribers",
+            metavar="N",
+            help="Wait for N subscriptions before the first batch (ZeroMQ slow joiner).",
+        ),
+    ] = "0",
+    wait_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--wait-timeout",
+            metavar="S",
+            help="Give up waiting for subscribers after S seconds (default: wait forever).",
+            show_default=False,
+        ),
+    ] = None,
+    start_delay: Annotated[
+        str | None,
+        typer.Option(
+            "--start-delay",
+            metavar="S",
+            help="Wait S seconds before the first batch.",
+            show_default=False,
+        ),
+    ] = None,
+    hold: Annotated[
+        str,
+        typer.Option(
+            "--hold",
+            metavar="S",
+            help="Keep serving replay requests S seconds after the last batch.",
+        ),
+    ] = "1",
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress or status on stderr.")
+    ] = False,
+) -> ExitStatus:
+    """Replay recordings as events: print, filter, annotate, check, copy or re-publish.
+
+    Several recordings merge by receive time. Event filters (--type, --kind, --window,
+    --group IDX) choose events to print and, for -o and --publish, the batches holding
+    them (whole batches, bytes unchanged). With --annotate the group metadata comes from
+    --groups, --group IDX=KIND[:WINDOW], the recording's metadata record, or else what
+    the recording's annotated stores say, per channel, rank and group (stderr says which).
+    """
+    env = get_env()
+    env.quiet = quiet
+
+    # -- parse and check the flags -------------------------------------------------------
+    group_meta = [g for g in (group or []) if "=" in g]
+    group_filter = [g for g in _split([g for g in (group or []) if "=" not in g])]
+    types: set[str] = set()
+    for t in _split(type_):
+        name = _TYPE_ALIASES.get(t.lower())
+        if name is None:
+            raise UsageError(f"--type {t!r}: expected one of {', '.join(EVENT_TYPES)}")
+        types.add(name)
+    ef = EventFilter(
+        types=frozenset(types) if types else None,
+        kinds=frozenset(_split(kind)) if kind else None,
+        windows=frozenset(parse_window(w) for w in _split(window)) if window else None,
+        groups=frozenset(parse_group(g) for g in group_filter) if group_filter else None,
+    )
+    first, last = parse_seq_range(seq) if seq is not None else (None, None)
+    bf = BatchFilter(
+        channels=tuple(_split(channel)) if channel else None,
+        ranks=frozenset(parse_rank(r) for r in _split(rank)) if rank else None,
+        since=parse_time_bound(since, option="--since") if since is not None else None,
+        until=parse_time_bound(until, option="--until") if until is not None else None,
+        seq_first=first,
+        seq_last=last,
+    )
+    if (groups is not None or group_meta) and not (annotate or check):
+        raise UsageError(
+            "--groups and --group IDX=KIND give metadata for --annotate or --check; add one of them"
+        )
+    if check and (publish is not None or output is not None):
+        raise UsageError("--check only reports; run it without --publish and -o")
+    publishing_only = [
+        ("--replay-endpoint", replay_endpoint is not None),
+        ("--legacy-replay", legacy_replay),
+        ("--renumber", renumber),
+        ("--speed", speed is not None),
+        ("--rate", rate is not None),
+        ("--max-speed", max_speed),
+        ("--loop", loop != "1"),
+        ("--wait-subscribers", wait_subscribers != "0"),
+        ("--start-delay", start_delay is not None),
+    ]
+    if publish is None:
+        for flag, given in publishing_only:
+            if given:
+                raise UsageError(f"{flag} needs --publish ENDPOINT")
+    if sum([speed is not None, rate is not None, max_speed]) > 1:
+        raise UsageError("give only one of --speed, --rate and --max-speed")
+    if replay_endpoint is None and legacy_replay:
+        raise UsageError("--legacy-replay needs --replay-endpoint")
+
+    show_events = format is not None or (publish is None and output is None and not check)
+    fmt = format or (EventFormat.pretty if env.stdout_is_tty else EventFormat.jsonl)
+
+    with Replay(
+        files,
+        event_filter=ef,
+        batch_filter=bf,
+        annotate=annotate,
+        check=check,
+        groups_file=groups,
+        group_flags=group_meta or None,
+        decode=show_events,
+    ) as rp:
+        if (annotate or check) and not quiet:
+            verb = "annotating" if annotate else "checking"
+            env.err.print(
+                f"kvtool: {verb} with group metadata from {rp.metadata_source()}",
+                markup=False,
+                highlight=False,
+            )
+        if check:
+            return _run_check(rp, env)
+        if publish is not None:
+            status = _run_publish(
+                rp,
+                env,
+                publish=publish,
+                replay_endpoint=replay_endpoint,
+                legacy_replay=legacy_replay,
+                buffer_steps=buffer_steps,
+                renumber=renumber,
+                speed=speed,
+                rate=rate,
+                max_speed=max_speed,
+                loop=loop,
+                wait_subscribers=wait_subscribers,
+                wait_timeout=wait_timeout,
+                start_delay=start_delay,
+                hold=hold,
+                output=output,
+                force=force,
+                show_events=show_events,
+                fmt=fmt,
+                annotate=annotate,
+            )
+        else:
+            status = _run_plain(
+                rp, env, output=output, force=force, show_events=show_events, fmt=fmt
+            )
+        return _finish(rp, env, status)
+
+
+# -- the three modes ---------------------------------------------------------------------
+
+
+class _Sinks:
+    """Event printing and the -o recording, fed batch by batch."""
+
+    def __init__(
+        self,
+        rp: Replay,
+        env: Env,
+        *,
+        output: Path | None,
+        force: bool,
+        show_events: bool,
+        fmt: EventFormat,
+    ) -> None:
+        from kvtool.render.events import JsonlWriter, PrettyWriter
+
+        self.writer: RecordingWriter | None = None
+        self.channels: dict[tuple[str, str], int] = {}
+        self.printer: JsonlWriter | PrettyWriter | None = None
+        if show_events:
+            multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
+            self.printer = (
+                JsonlWriter(env.stdout)
+                if fmt is EventFormat.jsonl
+                else PrettyWriter(env.out, multi_channel=multi)
+            )
+        if output is not None:
+            from kvtool.recording import RecordingWriter
+
+            self.writer = RecordingWriter(
+                output,
+                force=force,
+                context={"replayed_from": [str(r.path) for r in rp.readers]},
+            )
+            self._groups(rp)
+        self.written = 0
+
+    def _groups(self, rp: Replay) -> None:
+        assert self.writer is not None
+        if rp.given is not None:
+            self.writer.add_groups(rp.given.to_metadata(), rp.given.source)
+            return
+        from kvtool.recording import format as rfmt
+
+        for r in rp.readers:
+            for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
+                g = rec.get("groups")
+                ch = rec.get("channel")
+                if isinstance(g, list):
+                    self.writer.add_groups(
+                        g, str(rec.get("source") or r.path), ch if isinstance(ch, str) else None
+                    )
+
+    def feed(self, item: ReplayBatch) -> None:
+        if self.printer is not None:
+            self.printer.write(item)
+        if self.writer is not None:
+            m = item.message
+            ch = m.channel
+            key = (ch.endpoint, ch.topic)
+            cid = self.channels.get(key)
+            if cid is None:
+                cid = self.channels[key] = self.writer.add_channel(
+                    ch.endpoint, ch.topic, ch.dp_rank
+                )
+            self.writer.write(cid, m.seq, m.data, m.log_time, m.publish_time)
+            self.written += 1
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _run_plain(
+    rp: Replay, env: Env, *, output: Path | None, force: bool, show_events: bool, fmt: EventFormat
+) -> ExitStatus:
+    sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
+    try:
+        for item in rp:
+            sinks.feed(item)
+            if rp.new_warnings:
+                _warn(rp, env)
+    finally:
+        sinks.close()
+    env.stdout.flush()
+    if output is not None and not env.quiet:
+        env.err.print(
+            f"kvtool: wrote {sinks.written} batches to {output}", markup=False, highlight=False
+        )
+    return ExitStatus.OK
+
+
+def _run_check(rp: Replay, env: Env) -> ExitStatus:
+    for _ in rp:
+        pass
+    assert rp.checker is not None
+    lines = rp.checker.disagreements()
+    for line in lines:
+        env.stdout.write(line + "\n")
+    env.stdout.flush()
+    if not env.quiet:
+        c = rp.checker
+        extra = (
+            f"; {c.stores_without_group} without group_idx (not comparable)"
+            if c.stores_without_group
+            else ""
+        )
+        verdict = f"{len(lines)} group(s) disagree" if lines else "no disagreement"
+        env.err.print(
+            f"kvtool: checked {c.stores} stores{extra}: {verdict}", markup=False, highlight=False
+        )
+    status = _finish(rp, env, ExitStatus.OK)
+    return ExitStatus.FAILED if lines else status
+
+
+def _run_publish(
+    rp: Replay,
+    env: Env,
+    *,
+    publish: str,
+    replay_endpoint: str | None,
+    legacy_replay: bool,
+    buffer_steps: str,
+    renumber: bool,
+    speed: str | None,
+    rate: str | None,
+    max_speed: bool,
+    loop: str,
+    wait_subscribers: str,
+    wait_timeout: str | None,
+    start_delay: str | None,
+    hold: str,
+    output: Path | None,
+    force: bool,
+    show_events: bool,
+    fmt: EventFormat,
+    annotate: bool,
+) -> ExitStatus:
+    from kvtool.publish import Pacing, Publisher, PublishItem, annotate_payload, parse_endpoint
+    from kvtool.publish import publish as do_publish
+
+    endpoint = parse_endpoint(publish)
+    rep_ep = (
+        parse_endpoint(replay_endpoint, option="--replay-endpoint") if replay_endpoint else None
+    )
+    if rep_ep == endpoint:
+        raise UsageError(f"--publish and --replay-endpoint are the same endpoint {endpoint}")
+    loops: int | None
+    if loop.strip().lower() in ("forever", "inf", "infinite"):
+        loops = None
+    else:
+        loops = int(_number(loop, "--loop", integer=True))
+    pacing = Pacing(
+        speed=_number(speed, "--speed") if speed is not None else 1.0,
+        rate=_number(rate, "--rate") if rate is not None else None,
+        max_speed=max_speed,
+    )
+    steps = int(_number(buffer_steps, "--buffer-steps", integer=True))
+    n_wait = int(_number(wait_subscribers, "--wait-subscribers", integer=True, zero=True))
+    wait_s = _seconds(wait_timeout, "--wait-timeout") if wait_timeout is not None else None
+    delay_s = _seconds(start_delay, "--start-delay")
+    hold_s = _seconds(hold, "--hold")
+
+    sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
+    first_loop = [True]
+
+    def items() -> Iterator[PublishItem]:
+        feeding = first_loop[0]
+        first_loop[0] = False
+        for item in rp:
+            if feeding:
+                sinks.feed(item)
+            if rp.new_warnings:
+                _warn(rp, env)
+            m = item.message
+            payload = m.data
+            if annotate and item.table is not None:
+                payload, _bad = annotate_payload(payload, item.table)
+            yield PublishItem(m.channel.name, m.channel.topic.encode(), m.seq, payload, m.log_time)
+
+    progress = _Progress(env)
+
+    def on_wait(n: int) -> None:
+        progress.status(f"waiting for {n_wait} subscriber(s) on {endpoint} ({n} so far)")
+
+    stats: PublishStats | None = None
+    try:
+        with Publisher(endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps) as pub:
+            if not env.quiet:
+                where = endpoint + (f", replay on {rep_ep}" if rep_ep else "")
+                env.err.print(f"kvtool: publishing on {where}", markup=False, highlight=False)
+            try:
+                stats = do_publish(
+                    pub,
+                    items,
+                    pacing=pacing,
+                    loops=loops,
+                    renumber=renumber,
+                    wait_subscribers=n_wait,
+                    wait_timeout_s=wait_s,
+                    start_delay_s=delay_s,
+                    hold_s=hold_s,
+                    on_sent=progress.update,
+                    on_wait=on_wait,
+                )
+            finally:
+                progress.stop()
+            chans = pub.stats
+    except KeyboardInterrupt:
+        sinks.close()
+        env.err.print(
+            f"kvtool: interrupted after {progress.sent} batches", markup=False, highlight=False
+        )
+        return ExitStatus.INTERRUPTED
+    sinks.close()
+    env.stdout.flush()
+    if not env.quiet and stats is not None:
+        eps = ", ".join(
+            c.endpoint
+            + (
+                f" ({c.replay_requests} replay requests, {c.replayed} replayed)"
+                if c.replay_endpoint
+                else ""
+            )
+            for c in chans
+        )
+        env.err.print(
+            f"kvtool: published {stats.sent} batches in {stats.seconds:.2f}s "
+            f"({stats.rate:,.0f}/s) on {eps or endpoint}",
+            markup=False,
+            highlight=False,
+        )
+    return ExitStatus.OK
+
+
+class _Progress:
+    """A progress line on stderr (only on a terminal, never with -q)."""
+
+    def __init__(self, env: Env) -> None:
+        self.sent = 0
+        self._p = None
+        self._task = None
+        if not env.quiet and env.err.is_terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=env.err,
+                transient=True,
+            )
+            self._p.start()
+            self._task = self._p.add_task("starting", total=None)
+
+    def status(self, text: str) -> None:
+        if self._p is not None and self._task is not None:
+            self._p.update(self._task, description=text)
+
+    def update(self, stats: PublishStats) -> None:
+        self.sent = stats.sent
+        self.status(f"published {stats.sent:,} batches ({stats.rate:,.0f}/s)")
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None
+
+
+def _warn(rp: Replay, env: Env) -> None:
+    if not env.quiet:
+        for w in rp.new_warnings:
+            env.err.print(f"kvtool: warning: {w}", markup=False, highlight=False)
+    rp.new_warnings.clear()
+
+
+def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
+    """Say what was damaged or left unannotated; exit 3 when input was damaged."""
+    for line in rp.out_of_range():
+        if not env.quiet:
+            env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
+    damaged = False
+    for rep in rp.recoveries:
+        if not rep.complete:
+            damaged = True
+            env.err.print(f"kvtool: {rep.summary()}", markup=False, highlight=False)
+    st = rp.stats
+    if st.decode_errors or st.skipped_events:
+        damaged = True
+        first = st.first_errors[0] if st.first_errors else ""
+        env.err.print(
+            f"kvtool: {st.decode_errors} payload(s) and {st.skipped_events} event(s) could not "
+            f"be decoded and were skipped (first: {first}); every other batch was replayed",
+            markup=False,
+            highlight=False,
+        )
+    if damaged and status == ExitStatus.OK:
+        return ExitStatus.DAMAGED
+    return status
+
+
+COMMANDS = {"replay": replay}
