@@ -202,6 +202,18 @@ _MAP_EVENT = msgspec.msgpack.Decoder(_MapEvent)
 _ARRAY_EVENT = msgspec.msgpack.Decoder(_ArrayEvent)
 _ANY = msgspec.msgpack.Decoder()
 
+# What a decode of untrusted bytes may raise. msgspec raises RecursionError (not a
+# DecodeError) for nesting deeper than the interpreter's recursion limit, also while
+# merely skipping an unknown field, so a hostile or corrupt payload could otherwise
+# escape as a crash (found by tests/test_properties.py).
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, RecursionError):
+        return "nested too deeply to decode"
+    return str(err)
+
 
 def _batch_encoding(raw: bytes | memoryview) -> EventEncoding:
     if not raw:
@@ -224,8 +236,8 @@ def _describe_event(raw: msgspec.Raw, err: Exception) -> str:
     """Name an undecodable event: its type tag if it has one, and why it failed."""
     try:
         obj = _ANY.decode(raw)
-    except msgspec.DecodeError:
-        return f"undecodable event ({err})"
+    except _DECODE_ERRORS:
+        return f"undecodable event ({_reason(err)})"
     tag: object = None
     if isinstance(obj, dict):
         tag = obj.get("type")
@@ -233,7 +245,7 @@ def _describe_event(raw: msgspec.Raw, err: Exception) -> str:
         tag = obj[0]
     if isinstance(tag, str) and tag not in EVENT_TYPES:
         return f"unknown event type {tag[:64]!r}"
-    return f"malformed {tag if isinstance(tag, str) else 'event'} ({err})"
+    return f"malformed {tag if isinstance(tag, str) else 'event'} ({_reason(err)})"
 
 
 _LAST_EVENT_ENCODING: dict[EventEncoding, EventEncoding] = {"array": "map", "map": "map"}
@@ -244,7 +256,7 @@ def _try_full(
 ) -> KVEventBatch | None:
     try:
         full = _DECODERS[(benc, eenc)].decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except _DECODE_ERRORS:
         return None
     assert isinstance(
         full,
@@ -292,8 +304,8 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         return full
     try:
         rawb = _RAW_DECODERS[benc].decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
-        raise ProtocolError(f"{where}malformed payload: {err}", seq=seq) from err
+    except _DECODE_ERRORS as err:
+        raise ProtocolError(f"{where}malformed payload: {_reason(err)}", seq=seq) from err
     assert isinstance(rawb, _ArrayBatchRaw | _MapBatchRaw)
     eenc: EventEncoding = _event_encoding(rawb.events[0]) if rawb.events else "map"
     if eenc != guess:
@@ -307,8 +319,8 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
     for i, ev_raw in enumerate(rawb.events):
         dec = _ARRAY_EVENT if _event_encoding(ev_raw) == "array" else _MAP_EVENT
         try:
-            events.append(dec.decode(ev_raw))  # type: ignore[arg-type]
-        except (msgspec.DecodeError, msgspec.ValidationError) as err:
+            events.append(dec.decode(ev_raw))
+        except _DECODE_ERRORS as err:
             skipped.append(f"{where}event {i}: {_describe_event(ev_raw, err)}")
     return KVEventBatch(
         ts=rawb.ts,
@@ -331,7 +343,7 @@ def peek_ts(raw: bytes | memoryview) -> float | None:
     """
     try:
         obj = _TS_DECODERS[_batch_encoding(raw)].decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except _DECODE_ERRORS:
         return None
     assert isinstance(obj, _ArrayTs | _MapTs)
     return obj.ts
@@ -372,13 +384,34 @@ def event_to_builtins(event: Event) -> dict[str, object]:
 
 
 def _jsonable(value: object) -> object:
+    # Iterative, not recursive: msgspec decodes nesting almost as deep as the recursion
+    # limit, so a recursive walk of such a value (e.g. in extra_keys) would raise
+    # RecursionError in the caller (found by tests/test_properties.py, issue 5).
     if isinstance(value, bytes):
         return value.hex()
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
+    if not isinstance(value, list | tuple | dict):
+        return value
+    root: list[object] = [None]
+    stack: list[tuple[object, list[object] | dict[str, object], int | str]] = [(value, root, 0)]
+    while stack:
+        src, parent, key = stack.pop()
+        out: object
+        if isinstance(src, bytes):
+            out = src.hex()
+        elif isinstance(src, list | tuple):
+            items: list[object] = [None] * len(src)
+            stack.extend((v, items, i) for i, v in enumerate(src))
+            out = items
+        elif isinstance(src, dict):
+            mapping: dict[str, object] = {}
+            for k, v in src.items():
+                mapping[str(k)] = None  # keep the key order
+                stack.append((v, mapping, str(k)))
+            out = mapping
+        else:
+            out = src
+        parent[key] = out  # type: ignore[index]
+    return root[0]
 
 
 def event_type(event: Event) -> str:
