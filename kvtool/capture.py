@@ -1,0 +1,1333 @@
+"""Live capture: subscribe to vLLM KV-event publishers and record, recovering gaps over replay.
+
+A :class:`Recorder` SUBscribes to one or many endpoints (one socket each, so every
+message is known to come from its endpoint), writes every batch through
+:class:`~kvtool.recording.RecordingWriter` byte for byte, and tracks the publisher's
+``seq`` per channel (one channel per (endpoint, topic)):
+
+- a **gap** (seq jumps ahead) is fetched from the publisher's replay ROUTER over a
+  DEALER socket (``[b"", start_seq]``; replies ``[b"", topic, seq, payload]`` or the
+  older ``[b"", seq, payload]``, then the end marker seq ``-1``). While a request is
+  outstanding every live message of that endpoint is *held*; when the replay ends,
+  replayed and held batches are merged and written in seq order, so a replayed
+  ``BlockStored(A)`` never lands after a live ``BlockRemoved(A)`` that followed it
+  (PROTOCOL.md, "Ordering trap"). What the replay buffer no longer holds is *lost*;
+- a lost **tail** is invisible to gap detection, so a channel quiet for about a second
+  (and every quiet channel at stop) asks the replay socket for anything after its last seq;
+- ``history`` first asks the replay socket for everything it still buffers;
+- a seq going **backwards** is a publisher restart: noted in the ledger (not a gap),
+  tracking restarts at seq 0 (a restarted publisher numbers from 0, so what it sent
+  before we saw it is a gap to recover like any other);
+- a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
+  socket) ends as lost, and the replay socket is left alone for a while.
+
+The gap ledger (``kvtool.gaps`` metadata record, written at close)::
+
+    {"channels": [{"channel", "endpoint", "topic", "dp_rank", "batches", "seq_first",
+                   "seq_last", "gaps": [{"first", "last", "recovered",
+                   "lost_ranges": [[a, b], ...]}],
+                   "restarts": [{"log_time", "from_seq", "to_seq"}]}],
+     "recovered": n, "lost": n, "lost_ranges": [[a, b], ...], "restarts": n}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Literal
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError, ProtocolError
+from kvtool.protocol import decode_batch, event_type
+from kvtool.recording import RecordingWriter
+from kvtool.recording import format as fmt
+
+END_SEQ = b"\xff" * 8
+"""The replay end marker: seq -1 as 8-byte signed big-endian."""
+
+DEFAULT_REPLAY_TIMEOUT_NS = 2_000_000_000
+DEFAULT_QUIET_NS = 1_000_000_000
+REPLAY_BACKOFF_NS = 10_000_000_000
+"""After a replay request timed out, gaps are recorded as lost for this long."""
+STOP_TAIL_QUIET_NS = 50_000_000
+"""At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
+MAX_HELD_BYTES = 256 * 1024 * 1024
+"""Live bytes held while one replay is outstanding; past this the replay is given up."""
+MAX_REMEMBERED = 20_000
+"""Replayed batches remembered per channel, to recognise a late live copy of one."""
+RCVHWM = 200_000
+BURST = 2_000
+"""Messages drained from one socket before the loop looks at its timers again."""
+
+Origin = Literal[0, 1]
+LIVE: Origin = 0
+REPLAY: Origin = 1
+
+# (topic, seq, payload, log_time, origin)
+_Item = tuple[bytes, int, bytes, int, int]
+
+
+class ConnectTimeout(EndpointError):
+    """Nothing connected and nothing arrived on an endpoint within the connect timeout."""
+
+    exit_status = ExitStatus.FAILED
+
+
+# ----------------------------------------------------------------------- endpoints
+
+_TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.%\w]+\]|[^:/\[\]\s]+):(\d+)$")
+
+
+def normalize_endpoint(text: str, *, bind: bool = False) -> str:
+    """Check one endpoint and return it in full form.
+
+    ``5557`` means ``tcp://127.0.0.1:5557``. ``tcp://*:PORT`` is only valid with ``bind``.
+
+    Args:
+        text: ``tcp://HOST:PORT``, ``ipc://PATH``, ``inproc://NAME`` or a bare port.
+        bind: The socket will bind rather than connect.
+
+    Returns:
+        The endpoint, e.g. ``tcp://127.0.0.1:5557``.
+
+    Raises:
+        EndpointError: The text is not a usable endpoint.
+    """
+    t = text.strip()
+    if t.isdigit():
+        t = f"tcp://127.0.0.1:{t}"
+    if t.startswith("tcp://"):
+        m = _TCP.match(t)
+        if not m:
+            raise EndpointError(
+                f"endpoint {text!r}: expected tcp://HOST:PORT (or ipc://PATH, inproc://NAME, "
+                "or a bare port for tcp://127.0.0.1:PORT)"
+            )
+        port = int(m.group(2))
+        if not 0 < port < 65536:
+            raise EndpointError(f"endpoint {text!r}: port {port} is not in 1-65535")
+        if m.group(1) == "*" and not bind:
+            raise EndpointError(
+                f"endpoint {text!r}: cannot connect to '*'; give the publisher's host "
+                "(e.g. tcp://127.0.0.1:5557) or pass --bind"
+            )
+        return t
+    for scheme in ("ipc://", "inproc://"):
+        if t.startswith(scheme):
+            if len(t) == len(scheme):
+                raise EndpointError(f"endpoint {text!r}: {scheme} needs a name after it")
+            return t
+    raise EndpointError(
+        f"endpoint {text!r}: not a ZeroMQ endpoint (use tcp://HOST:PORT, ipc://PATH, "
+        "inproc://NAME or a bare port)"
+    )
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """Return the endpoint data-parallel ``rank`` uses, as vLLM derives it.
+
+    vLLM (``ZmqEventPublisher.offset_endpoint_port``) adds the rank to a tcp port and
+    appends ``_dp{rank}`` to an ``inproc`` (here also ``ipc``) name.
+
+    Args:
+        endpoint: The base endpoint (rank 0's port).
+        rank: The data-parallel rank.
+
+    Returns:
+        The rank's endpoint.
+
+    Raises:
+        EndpointError: The offset port would exceed 65535.
+    """
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        new = int(port) + rank
+        if new > 65535:
+            raise EndpointError(f"endpoint {endpoint}: port + rank {rank} = {new} exceeds 65535")
+        return f"{base}:{new}"
+    return f"{endpoint}_dp{rank}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One publisher to subscribe to.
+
+    Attributes:
+        endpoint: The PUB endpoint.
+        replay: Its replay ROUTER endpoint, if any.
+        dp_rank: The data-parallel rank it serves, when ``dp_size`` was given.
+    """
+
+    endpoint: str
+    replay: str | None = None
+    dp_rank: int | None = None
+
+
+def expand_endpoints(
+    endpoints: Sequence[str],
+    *,
+    replay: Sequence[str] = (),
+    dp_size: int | None = None,
+    bind: bool = False,
+) -> list[Source]:
+    """Validate endpoints and expand data-parallel ranks into one :class:`Source` each.
+
+    Args:
+        endpoints: Publisher endpoints (or bare ports).
+        replay: No replay endpoint, one (for a single endpoint), or one per endpoint.
+        dp_size: Subscribe to ranks ``0..dp_size-1`` of each endpoint (port + rank).
+        bind: The SUB sockets bind instead of connecting.
+
+    Returns:
+        The sources, in order.
+
+    Raises:
+        EndpointError: A malformed endpoint, a replay/endpoint count mismatch, a bad
+            ``dp_size`` or the same endpoint twice.
+    """
+    if not endpoints:
+        raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
+    eps = [normalize_endpoint(e, bind=bind) for e in endpoints]
+    reps = [normalize_endpoint(r) for r in replay]
+    if reps and len(reps) != len(eps):
+        raise EndpointError(
+            f"{len(reps)} replay endpoints for {len(eps)} endpoints; give one --replay per "
+            "endpoint, in the same order"
+        )
+    if dp_size is not None and dp_size < 1:
+        raise EndpointError(f"--dp-size {dp_size}: must be at least 1")
+    out: list[Source] = []
+    for i, ep in enumerate(eps):
+        rep = reps[i] if reps else None
+        if dp_size is None:
+            out.append(Source(ep, rep, None))
+            continue
+        for rank in range(dp_size):
+            out.append(
+                Source(
+                    offset_endpoint(ep, rank),
+                    offset_endpoint(rep, rank) if rep else None,
+                    rank,
+                )
+            )
+    seen: set[str] = set()
+    for s in out:
+        if s.endpoint in seen:
+            raise EndpointError(f"endpoint {s.endpoint} given twice")
+        seen.add(s.endpoint)
+    return out
+
+
+def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """Read and validate a groups file (``get_kv_cache_group_metadata()``'s JSON list).
+
+    Args:
+        path: The JSON file (a metadata list or spec descriptions, see annotate).
+
+    Returns:
+        The list to store, one ``{"group_idx", "kind", "block_size", "sliding_window"}``
+        per group.
+
+    Raises:
+        MetadataError: The file is missing, not JSON or not a valid group list.
+    """
+    from kvtool.annotate import load_groups_file
+
+    return load_groups_file(path).to_metadata()
+
+
+# ------------------------------------------------------------------ stats decoding
+# A lean decode for the live status: event types, group_idx and kind only. Fields the
+# status does not need are skipped as Raw (no allocation), so it costs a fraction of a
+# full decode. Anything it cannot read goes through decode_batch; a payload that fails
+# both is still written, raw.
+
+
+class _SStored(msgspec.Struct, tag_field="type", tag="BlockStored"):
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+class _SRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved"):
+    group_idx: int | None = None
+
+
+class _SCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared"):
+    pass
+
+
+def _raw() -> msgspec.Raw:
+    return msgspec.Raw()
+
+
+class _SStoredA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored"):
+    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f3: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f4: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f5: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f6: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f7: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f8: msgspec.Raw = msgspec.field(default_factory=_raw)
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+class _SRemovedA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved"):
+    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
+    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
+    group_idx: int | None = None
+
+
+class _SClearedA(msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared"):
+    pass
+
+
+_SMap = _SStored | _SRemoved | _SCleared
+_SArr = _SStoredA | _SRemovedA | _SClearedA
+
+
+class _SBatchAM(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_SMap]
+
+
+class _SBatchAA(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_SArr]
+
+
+class _SBatchMM(msgspec.Struct):
+    ts: float
+    events: list[_SMap]
+
+
+class _SBatchMA(msgspec.Struct):
+    ts: float
+    events: list[_SArr]
+
+
+_STAT_DECODERS = {
+    "array": [msgspec.msgpack.Decoder(_SBatchAM), msgspec.msgpack.Decoder(_SBatchAA)],
+    "map": [msgspec.msgpack.Decoder(_SBatchMM), msgspec.msgpack.Decoder(_SBatchMA)],
+}
+
+# (type, group_idx, kind) per event
+_EvStat = tuple[str, int | None, str | None]
+
+
+def _stat_events(payload: bytes, seq: int) -> tuple[float, list[_EvStat]]:
+    """Return ``(ts, [(type, group_idx, kind)])``; raises ProtocolError for garbage."""
+    first = payload[0] if payload else 0
+    benc = "map" if (0x80 <= first <= 0x8F or first in (0xDE, 0xDF)) else "array"
+    decs = _STAT_DECODERS[benc]
+    for i, dec in enumerate(decs):
+        try:
+            b = dec.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if i:  # the stream's layout: try it first next time
+            decs.reverse()
+        out: list[_EvStat] = []
+        for ev in b.events:
+            if isinstance(ev, _SStored | _SStoredA):
+                out.append(("BlockStored", ev.group_idx, ev.kv_cache_spec_kind))
+            elif isinstance(ev, _SRemoved | _SRemovedA):
+                out.append(("BlockRemoved", ev.group_idx, None))
+            else:
+                out.append(("AllBlocksCleared", None, None))
+        return b.ts, out
+    full = decode_batch(payload, seq=seq)
+    evs: list[_EvStat] = []
+    for e in full.events:
+        t = event_type(e)
+        evs.append((t, getattr(e, "group_idx", None), getattr(e, "kv_cache_spec_kind", None)))
+    return full.ts, evs
+
+
+# ---------------------------------------------------------------------- statistics
+
+
+@dataclass
+class CaptureStats:
+    """Counters of a running capture, for a live status and the summary line.
+
+    Attributes:
+        batches: Batches written.
+        events: Events in them (where they decoded).
+        bytes: Payload bytes written.
+        stores: ``BlockStored`` events per kind (``unannotated`` without one).
+        removes: ``BlockRemoved`` events per kind (through group_idx; else ``unattributed``).
+        cleared: ``AllBlocksCleared`` events.
+        gaps: Gaps detected (missing seq ranges, including lost tails that were found).
+        recovered: Batches fetched from a replay socket to fill gaps.
+        lost: Batches neither received nor recovered.
+        history: Batches fetched with ``history`` from before the subscription.
+        restarts: Publisher restarts seen (seq going backwards).
+        duplicates: Batches received twice (live and replay) and written once.
+        malformed: Messages without vLLM's 3-frame shape, dropped.
+        undecodable: Payloads written raw that did not decode as a batch.
+        replay_requests: Requests sent to replay sockets.
+        replay_timeouts: Requests that got no answer in time.
+        start_ns: Wall time the capture started (ns).
+        elapsed_ns: Time since the start, updated by the loop.
+        connected: Endpoints whose SUB socket has a connection.
+    """
+
+    batches: int = 0
+    events: int = 0
+    bytes: int = 0
+    stores: Counter[str] = field(default_factory=Counter)
+    removes: Counter[str] = field(default_factory=Counter)
+    cleared: int = 0
+    gaps: int = 0
+    recovered: int = 0
+    lost: int = 0
+    history: int = 0
+    restarts: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+    undecodable: int = 0
+    replay_requests: int = 0
+    replay_timeouts: int = 0
+    start_ns: int = 0
+    elapsed_ns: int = 0
+    connected: set[str] = field(default_factory=set)
+
+
+@dataclass
+class CaptureResult:
+    """What a finished capture did.
+
+    Attributes:
+        path: The recording written.
+        stats: The final counters.
+        ledger: The gap ledger written into the recording.
+        stop_reason: ``duration``, ``max_batches``, ``signal`` or ``stopped``.
+        file_bytes: Size of the recording on disk.
+    """
+
+    path: str
+    stats: CaptureStats
+    ledger: dict[str, object]
+    stop_reason: str
+    file_bytes: int
+
+
+# ------------------------------------------------------------------ internal state
+
+
+@dataclass
+class _Gap:
+    first: int
+    last: int | None
+    recovered: int = 0
+    lost_ranges: list[list[int]] = field(default_factory=list)
+    max_seq: int = -1
+
+    def covers(self, a: int, b: int) -> bool:
+        return self.first <= a and (self.last is None or b <= self.last)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "first": self.first,
+            "last": self.last,
+            "recovered": self.recovered,
+            "lost_ranges": self.lost_ranges,
+        }
+
+
+@dataclass
+class _Channel:
+    src: _Src
+    topic: bytes
+    topic_str: str
+    name: str
+    channel_id: int
+    expected: int | None = None  # next seq we want
+    last_live: int | None = None  # last seq received live (this epoch)
+    last_live_mono: int = 0
+    tail_checked: bool = True
+    horizon: int | None = None  # a replay answered everything it had up to here
+    open_gap: _Gap | None = None
+    replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
+    # Replayed seqs written ahead of the live stream: a live copy may still come (then
+    # it is a duplicate) or never (then the live stream had lost it: recovered).
+    ahead: deque[int] = field(default_factory=deque)
+    missed_gap: _Gap | None = None
+    batches: int = 0
+    seq_first: int | None = None
+    seq_last: int | None = None
+    gaps: list[_Gap] = field(default_factory=list)
+    restarts: list[dict[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Request:
+    kind: Literal["gap", "tail", "history"]
+    topic: bytes | None
+    start: int
+    sent_mono: int
+    progress_mono: int
+    replies: list[_Item] = field(default_factory=list)
+    gap: _Gap | None = None
+
+
+@dataclass
+class _Src:
+    spec: Source
+    index: int
+    sub: zmq.Socket[bytes]
+    sub_mon: zmq.Socket[bytes] | None
+    dealer: zmq.Socket[bytes] | None = None
+    channels: dict[bytes, _Channel] = field(default_factory=dict)
+    pending: _Request | None = None
+    held: list[_Item] = field(default_factory=list)
+    held_bytes: int = 0
+    replay_dead_until: int = 0
+    connected: bool = False
+    received: int = 0
+
+
+# ------------------------------------------------------------------------ recorder
+
+_Role = tuple[str, _Src]
+
+
+class Recorder:
+    """Records vLLM KV-event streams into one recording, recovering gaps over replay.
+
+    Args:
+        path: The recording to write.
+        sources: What to subscribe to (see :func:`expand_endpoints`).
+        topic: SUB topic filter (vLLM's default topic is ``""``).
+        bind: Bind the SUB sockets instead of connecting them.
+        history: First fetch what each replay buffer still holds.
+        duration_ns: Stop after this long.
+        max_batches: Stop after writing this many batches.
+        connect_timeout_ns: Fail when an endpoint has neither connected nor sent anything
+            within this time (None: wait forever).
+        replay_timeout_ns: Give up a replay request that gets no answer this long.
+        quiet_ns: A channel quiet this long asks its replay socket for a lost tail.
+        groups: KV cache group metadata to store (``get_kv_cache_group_metadata()``).
+        groups_source: Where ``groups`` came from (a file name).
+        force: Overwrite an existing file.
+        status: Called with the live :class:`CaptureStats` every ``status_interval_ns``.
+        status_interval_ns: How often to call ``status``.
+        context: A ZeroMQ context to use (e.g. for ``inproc``); default: a new one.
+        writer_options: Extra keyword arguments for :class:`RecordingWriter`.
+        extra_context: Extra keys for the recording's context metadata.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        sources: Sequence[Source],
+        *,
+        topic: str = "",
+        bind: bool = False,
+        history: bool = False,
+        duration_ns: int | None = None,
+        max_batches: int | None = None,
+        connect_timeout_ns: int | None = None,
+        replay_timeout_ns: int = DEFAULT_REPLAY_TIMEOUT_NS,
+        quiet_ns: int = DEFAULT_QUIET_NS,
+        groups: list[dict[str, object]] | None = None,
+        groups_source: str = "",
+        force: bool = False,
+        status: Callable[[CaptureStats], None] | None = None,
+        status_interval_ns: int = 250_000_000,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        writer_options: dict[str, object] | None = None,
+        extra_context: dict[str, object] | None = None,
+    ) -> None:
+        if not sources:
+            raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
+        self.path = os.fspath(path)
+        self.sources = list(sources)
+        self.topic = topic
+        self._topic_b = topic.encode()
+        self.bind = bind
+        self.history = history
+        self.duration_ns = duration_ns
+        self.max_batches = max_batches
+        self.connect_timeout_ns = connect_timeout_ns
+        self.replay_timeout_ns = replay_timeout_ns
+        self.quiet_ns = quiet_ns
+        self.groups = groups
+        self.groups_source = groups_source
+        self.force = force
+        self._status = status
+        self._status_interval_ns = status_interval_ns
+        self._ctx_given = context
+        self._writer_options = writer_options or {}
+        self._extra_context = extra_context or {}
+        self.stats = CaptureStats()
+        self._stop_flag = threading.Event()
+        self._abort_flag = threading.Event()
+        self._stop_reason = "stopped"
+        self._srcs: list[_Src] = []
+        self._writer: RecordingWriter | None = None
+        self._full = False
+        # group_idx -> kind: from the groups metadata, then learned from annotated stores
+        self._kinds: dict[tuple[int, int], str] = {}
+        self._meta_kinds: dict[int, str] = {}
+        for g in groups or []:
+            gi, kind = g.get("group_idx"), g.get("kind")
+            if isinstance(gi, int) and isinstance(kind, str):
+                self._meta_kinds[gi] = kind
+
+    # ------------------------------------------------------------ control
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the capture to stop (thread- and signal-safe); a second call aborts waiting.
+
+        Args:
+            reason: Recorded as the stop reason.
+        """
+        if self._stop_flag.is_set():
+            self._abort_flag.set()
+            return
+        self._stop_reason = reason
+        self._stop_flag.set()
+
+    @contextlib.contextmanager
+    def _signals(self, install: bool) -> Iterator[None]:
+        if not install or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.stop("signal")
+
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    # ---------------------------------------------------------------- run
+    def run(self, *, handle_signals: bool = True) -> CaptureResult:
+        """Record until a stop condition, then close the file with the gap ledger.
+
+        Args:
+            handle_signals: Let SIGINT and SIGTERM stop the capture cleanly (main thread only).
+
+        Returns:
+            The result, with counters and the ledger.
+
+        Raises:
+            RecordingError: The file cannot be created or written (what was flushed stays
+                readable).
+            ConnectTimeout: Nothing connected within ``connect_timeout_ns``.
+            EndpointError: A socket cannot bind or connect.
+        """
+        ctx_context = {
+            "endpoints": [s.endpoint for s in self.sources],
+            "replay_endpoints": [s.replay for s in self.sources],
+            "topic": self.topic,
+            "bind": self.bind,
+            "history": self.history,
+        }
+        ctx_context.update(self._extra_context)
+        writer = RecordingWriter(
+            self.path, force=self.force, context=ctx_context, **self._writer_options  # type: ignore[arg-type]
+        )
+        self._writer = writer
+        ctx = self._ctx_given or zmq.Context()
+        error: BaseException | None = None
+        try:
+            if self.groups is not None:
+                writer.add_groups(self.groups, self.groups_source or "groups")
+            with self._signals(handle_signals):
+                self._open_sockets(ctx)
+                self._loop()
+                self._finish()
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            self._close_sockets()
+            if self._ctx_given is None:
+                ctx.term()
+            ledger = self.ledger()
+            try:
+                writer.close(ledger=ledger)
+            except (KvtoolError, OSError):
+                if error is None:
+                    raise
+            if isinstance(error, ConnectTimeout) and writer.messages_written == 0:
+                with contextlib.suppress(OSError):
+                    os.remove(self.path)
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            size = 0
+        return CaptureResult(self.path, self.stats, ledger, self._stop_reason, size)
+
+    # ------------------------------------------------------------ sockets
+    def _open_sockets(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
+        for i, spec in enumerate(self.sources):
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, RCVHWM)
+            mon = None
+            if not spec.endpoint.startswith("inproc://"):
+                mon = sub.get_monitor_socket(
+                    zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+                )
+            src = _Src(spec=spec, index=i, sub=sub, sub_mon=mon)
+            if mon is None:
+                src.connected = True
+            self._srcs.append(src)
+            sub.setsockopt(zmq.SUBSCRIBE, self._topic_b)
+            try:
+                if self.bind:
+                    sub.bind(spec.endpoint)
+                else:
+                    sub.connect(spec.endpoint)
+            except zmq.ZMQError as err:
+                how = "bind" if self.bind else "connect"
+                raise EndpointError(f"endpoint {spec.endpoint}: cannot {how}: {err}") from err
+            if spec.replay:
+                self._new_dealer(src, ctx)
+        self._ctx = ctx
+
+    def _new_dealer(self, src: _Src, ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        if src.dealer is not None:
+            src.dealer.close(linger=0)
+        d = (ctx or self._ctx).socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.RCVHWM, 0)
+        assert src.spec.replay is not None
+        try:
+            d.connect(src.spec.replay)
+        except zmq.ZMQError as err:
+            d.close(linger=0)
+            raise EndpointError(
+                f"replay endpoint {src.spec.replay}: cannot connect: {err}"
+            ) from err
+        src.dealer = d
+
+    def _close_sockets(self) -> None:
+        for src in self._srcs:
+            if src.sub_mon is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    src.sub.disable_monitor()
+                src.sub_mon.close(linger=0)
+            src.sub.close(linger=0)
+            if src.dealer is not None:
+                src.dealer.close(linger=0)
+                src.dealer = None
+
+    # --------------------------------------------------------------- loop
+    def _build_poller(self, live: bool) -> tuple[zmq.Poller, dict[zmq.Socket[bytes], _Role]]:
+        poller = zmq.Poller()
+        roles: dict[zmq.Socket[bytes], _Role] = {}
+        for src in self._srcs:
+            if live:
+                poller.register(src.sub, zmq.POLLIN)
+                roles[src.sub] = ("sub", src)
+                if src.sub_mon is not None:
+                    poller.register(src.sub_mon, zmq.POLLIN)
+                    roles[src.sub_mon] = ("mon", src)
+            if src.dealer is not None:
+                poller.register(src.dealer, zmq.POLLIN)
+                roles[src.dealer] = ("dealer", src)
+        return poller, roles
+
+    def _loop(self) -> None:
+        start = time.monotonic_ns()
+        self.stats.start_ns = time.time_ns()
+        deadline = start + self.duration_ns if self.duration_ns else None
+        connect_deadline = start + self.connect_timeout_ns if self.connect_timeout_ns else None
+        next_status = start
+        writer = self._writer
+        assert writer is not None
+        if self.history:
+            for src in self._srcs:
+                if src.dealer is not None:
+                    self._request(src, "history", None, 0)
+        poller, roles = self._build_poller(live=True)
+        dealers_version = self._dealer_ids()
+        busy = False
+        while not self._stop_flag.is_set():
+            if self._dealer_ids() != dealers_version:
+                poller, roles = self._build_poller(live=True)
+                dealers_version = self._dealer_ids()
+            ready = poller.poll(0 if busy else 50)
+            busy = False
+            for sock, _ in ready:
+                role, src = roles[sock]
+                if role == "sub":
+                    busy |= self._drain_sub(src)
+                elif role == "dealer":
+                    self._drain_dealer(src)
+                else:
+                    self._drain_monitor(src)
+                if self._stop_flag.is_set():
+                    break
+            now = time.monotonic_ns()
+            writer.maybe_flush()
+            self._check_replays(now)
+            self._check_quiet(now)
+            self.stats.elapsed_ns = now - start
+            if deadline is not None and now >= deadline:
+                self.stop("duration")
+            if connect_deadline is not None and now >= connect_deadline:
+                self._check_connected()
+                connect_deadline = None
+            if self._status is not None and now >= next_status:
+                self._status(self.stats)
+                next_status = now + self._status_interval_ns
+
+    def _dealer_ids(self) -> tuple[int, ...]:
+        return tuple(id(s.dealer) for s in self._srcs)
+
+    def _finish(self) -> None:
+        """After a stop: complete outstanding replays and ask quiet channels for a tail."""
+        writer = self._writer
+        assert writer is not None
+        end = time.monotonic_ns() + max(2 * self.replay_timeout_ns, 1_000_000_000)
+        # Channels quiet at stop may have lost their tail; a busy one has batches in
+        # flight rather than lost, so it is not asked.
+        tails: dict[int, list[_Channel]] = {}
+        if not self._full:
+            now = time.monotonic_ns()
+            for src in self._srcs:
+                if src.dealer is None:
+                    continue
+                tails[src.index] = [
+                    ch
+                    for ch in src.channels.values()
+                    if not ch.tail_checked
+                    and ch.expected is not None
+                    and now - ch.last_live_mono >= STOP_TAIL_QUIET_NS
+                ]
+        poller, roles = self._build_poller(live=False)
+        version = self._dealer_ids()
+        while True:
+            now = time.monotonic_ns()
+            if not self._full:
+                for src in self._srcs:
+                    todo = tails.get(src.index)
+                    if src.pending is None and todo and self._replay_usable(src, now):
+                        ch = todo.pop(0)
+                        self._settle_ahead(ch, None)
+                        ch.tail_checked = True
+                        self._request(src, "tail", ch.topic, ch.expected or 0)
+            if not any(s.pending is not None for s in self._srcs):
+                break
+            if self._abort_flag.is_set() or now >= end:
+                for src in self._srcs:
+                    src.replay_dead_until = now + REPLAY_BACKOFF_NS
+                    if src.pending is not None:
+                        self.stats.replay_timeouts += 1
+                        self._finish_replay(src, timed_out=True)
+                break
+            if self._dealer_ids() != version:
+                poller, roles = self._build_poller(live=False)
+                version = self._dealer_ids()
+            for sock, _ in poller.poll(50):
+                role, src = roles[sock]
+                if role == "dealer":
+                    self._drain_dealer(src)
+            self._check_replays(time.monotonic_ns())
+            writer.maybe_flush()
+        # Anything still held (no replay could be finished) is written as it stands.
+        for src in self._srcs:
+            held, src.held = src.held, []
+            for item in held:
+                self._feed(src, item)
+        if self._status is not None:
+            self._status(self.stats)
+
+    # ------------------------------------------------------------ receive
+    def _drain_sub(self, src: _Src) -> bool:
+        """Read up to BURST messages; return True when more may be waiting."""
+        recv = src.sub.recv_multipart
+        time_ns = time.time_ns
+        self._mono = time.monotonic_ns()
+        n = 0
+        while n < BURST:
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            n += 1
+            if len(frames) != 3 or len(frames[1]) < 8:
+                self.stats.malformed += 1
+                continue
+            topic, seq_b, payload = frames
+            seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
+            item = (topic, seq, payload, time_ns(), LIVE)
+            if src.pending is not None:
+                self._hold(src, item)
+            else:
+                self._advance(src, item)
+            if self._full:
+                break
+        if n:
+            src.received += n
+            src.connected = True
+            self.stats.connected.add(src.spec.endpoint)
+        return n >= BURST
+
+    def _drain_monitor(self, src: _Src) -> None:
+        assert src.sub_mon is not None
+        while True:
+            try:
+                msg = recv_monitor_message(src.sub_mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ev = msg["event"]
+            if ev in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+                src.connected = True
+                self.stats.connected.add(src.spec.endpoint)
+            elif ev == zmq.EVENT_DISCONNECTED:
+                self.stats.connected.discard(src.spec.endpoint)
+
+    def _check_connected(self) -> None:
+        missing = [s for s in self._srcs if not s.connected and s.received == 0]
+        if not missing:
+            return
+        secs = (self.connect_timeout_ns or 0) / 1e9
+        names = ", ".join(s.spec.endpoint for s in missing)
+        how = "accepted a publisher on" if self.bind else "reached a publisher at"
+        replay = [s.spec.replay for s in missing if s.spec.replay]
+        rep = ""
+        if replay:
+            rep = f" (replay {', '.join(r for r in replay if r)} did not answer either)"
+        raise ConnectTimeout(
+            f"no connection and no batch within {secs:g}s: never {how} {names}{rep}; "
+            "is vLLM running with --kv-events-config publishing there? "
+            "(raise --connect-timeout, or 0 to wait forever)"
+        )
+
+    def _hold(self, src: _Src, item: _Item) -> None:
+        src.held.append(item)
+        src.held_bytes += len(item[2])
+        if src.held_bytes > MAX_HELD_BYTES:
+            # The replay is taking too long for this stream's rate: give it up.
+            src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
+            self._finish_replay(src, timed_out=True)
+
+    # ------------------------------------------------------ seq tracking
+    def _channel(self, src: _Src, topic: bytes) -> _Channel:
+        ch = src.channels.get(topic)
+        if ch is None:
+            writer = self._writer
+            assert writer is not None
+            topic_str = topic.decode("utf-8", "backslashreplace")
+            cid = writer.add_channel(src.spec.endpoint, topic_str, src.spec.dp_rank)
+            ch = _Channel(
+                src=src,
+                topic=topic,
+                topic_str=topic_str,
+                name=fmt.channel_topic(src.spec.endpoint, topic_str),
+                channel_id=cid,
+            )
+            src.channels[topic] = ch
+        return ch
+
+    def _feed(self, src: _Src, item: _Item) -> None:
+        if src.pending is not None:
+            self._hold(src, item)
+        else:
+            self._advance(src, item)
+
+    def _advance(self, src: _Src, item: _Item) -> None:
+        """Place one batch (live or replayed) in its channel's seq order."""
+        topic, seq, payload, t, origin = item
+        ch = src.channels.get(topic) or self._channel(src, topic)
+        e = ch.expected
+        if origin == LIVE:
+            ch.tail_checked = False
+            ch.last_live_mono = self._mono
+            if ch.ahead:
+                self._settle_ahead(ch, seq)
+            if e is not None and seq < e:
+                if ch.replayed.get(seq) == payload:
+                    # A late live copy of a batch the replay already gave us.
+                    self.stats.duplicates += 1
+                    ch.last_live = seq
+                    return
+                self._restart(ch, seq, t)
+                e = ch.expected
+            ch.last_live = seq
+        elif e is not None and seq < e:
+            self.stats.duplicates += 1
+            return
+        if e is None or seq == e:
+            self._write(ch, seq, payload, t, origin)
+            return
+        # seq > e: a gap [e, seq - 1]
+        now = time.monotonic_ns()
+        if (ch.horizon is None or e > ch.horizon) and self._replay_usable(src, now):
+            gap = _Gap(e, seq - 1)
+            ch.gaps.append(gap)
+            ch.open_gap = gap
+            self.stats.gaps += 1
+            self._request(src, "gap", topic, e, gap)
+            self._hold(src, item)
+            return
+        self._lose(ch, e, seq - 1)
+        self._write(ch, seq, payload, t, origin)
+
+    def _restart(self, ch: _Channel, seq: int, t: int) -> None:
+        ch.restarts.append({"log_time": t, "from_seq": ch.seq_last or 0, "to_seq": seq})
+        self.stats.restarts += 1
+        # A restarted publisher numbers from 0: what we did not see of it is a gap.
+        ch.expected = 0
+        ch.last_live = None
+        ch.horizon = None
+        ch.open_gap = None
+        ch.replayed.clear()
+        ch.ahead.clear()
+
+    def _lose(self, ch: _Channel, a: int, b: int) -> None:
+        if b < a:
+            return
+        gap = ch.open_gap
+        if gap is None or not gap.covers(a, b):
+            gap = _Gap(a, b)
+            ch.gaps.append(gap)
+            ch.open_gap = gap
+            self.stats.gaps += 1
+        gap.lost_ranges.append([a, b])
+        gap.max_seq = max(gap.max_seq, b)
+        self.stats.lost += b - a + 1
+
+    def _write(self, ch: _Channel, seq: int, payload: bytes, t: int, origin: int) -> None:
+        if self._full:
+            return
+        st = self.stats
+        ts = None
+        try:
+            ts, evs = _stat_events(payload, seq)
+        except (ProtocolError, msgspec.MsgspecError, IndexError, TypeError, ValueError):
+            st.undecodable += 1
+        else:
+            self._count(ch, evs)
+        pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
+        writer = self._writer
+        assert writer is not None
+        writer.write(ch.channel_id, seq, payload, t, pub)
+        ch.expected = seq + 1
+        ch.batches += 1
+        if ch.seq_first is None:
+            ch.seq_first = seq
+        ch.seq_last = seq
+        st.batches += 1
+        st.bytes += len(payload)
+        if origin == REPLAY:
+            replayed = ch.replayed
+            replayed[seq] = payload
+            if len(replayed) > MAX_REMEMBERED:
+                del replayed[next(iter(replayed))]
+            gap = ch.open_gap
+            if gap is not None and gap.covers(seq, seq):
+                gap.recovered += 1
+                gap.max_seq = max(gap.max_seq, seq)
+                st.recovered += 1
+            elif self._in_history:
+                st.history += 1
+            elif seq < self._merge_live_max:
+                self._recover_missed(ch, seq)
+            else:
+                ch.ahead.append(seq)
+        if self.max_batches is not None and st.batches >= self.max_batches:
+            self._full = True
+            self.stop("max_batches")
+
+    _in_history = False
+    _mono = 0
+    _merge_live_max = -1
+
+    def _recover_missed(self, ch: _Channel, seq: int) -> None:
+        """Note a batch the live stream lost and a replay (asked for another gap) gave."""
+        gap = ch.missed_gap
+        if gap is not None and gap.last == seq - 1 and not gap.lost_ranges and gap in ch.gaps:
+            gap.last = seq
+        else:
+            gap = _Gap(seq, seq)
+            ch.gaps.append(gap)
+            ch.missed_gap = gap
+            self.stats.gaps += 1
+        gap.recovered += 1
+        gap.max_seq = seq
+        self.stats.recovered += 1
+
+    def _settle_ahead(self, ch: _Channel, seq: int | None) -> None:
+        """Account replayed-ahead seqs below ``seq`` (all when None) as recovered."""
+        ahead = ch.ahead
+        while ahead and (seq is None or ahead[0] < seq):
+            self._recover_missed(ch, ahead.popleft())
+        if ahead and ahead[0] == seq:
+            ahead.popleft()
+
+    def _count(self, ch: _Channel, evs: list[_EvStat]) -> None:
+        st = self.stats
+        st.events += len(evs)
+        src_i = ch.src.index
+        for typ, gi, kind in evs:
+            if typ == "BlockStored":
+                if kind is None and gi is not None:
+                    kind = self._meta_kinds.get(gi)
+                if kind is None:
+                    kind = "unannotated"
+                elif gi is not None:
+                    self._kinds[(src_i, gi)] = kind
+                st.stores[kind] += 1
+            elif typ == "BlockRemoved":
+                k = None
+                if gi is not None:
+                    k = self._meta_kinds.get(gi) or self._kinds.get((src_i, gi))
+                st.removes[k or "unattributed"] += 1
+            else:
+                st.cleared += 1
+
+    # -------------------------------------------------------------- replay
+    def _replay_usable(self, src: _Src, now: int) -> bool:
+        return src.dealer is not None and now >= src.replay_dead_until
+
+    def _request(
+        self,
+        src: _Src,
+        kind: Literal["gap", "tail", "history"],
+        topic: bytes | None,
+        start: int,
+        gap: _Gap | None = None,
+    ) -> None:
+        assert src.dealer is not None and src.pending is None
+        now = time.monotonic_ns()
+        if kind == "tail":
+            gap = _Gap(start, None)
+        src.pending = _Request(kind, topic, start, now, now, gap=gap)
+        self.stats.replay_requests += 1
+        with contextlib.suppress(zmq.Again):  # unsent: times out like an unanswered one
+            src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+
+    def _drain_dealer(self, src: _Src) -> None:
+        assert src.dealer is not None
+        while True:
+            try:
+                frames = src.dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            req = src.pending
+            if req is None:
+                continue  # an answer to a request given up on
+            req.progress_mono = time.monotonic_ns()
+            if len(frames) == 4 and not frames[0]:
+                _, topic_f, seq_b, payload = frames
+                topic: bytes | None = topic_f
+            elif len(frames) == 3 and not frames[0]:
+                _, seq_b, payload = frames
+                topic = None
+            else:
+                self.stats.malformed += 1
+                continue
+            if seq_b[:8] == END_SEQ:
+                self._finish_replay(src, timed_out=False)
+                if src.dealer is None:
+                    return
+                continue
+            if len(seq_b) < 8:
+                self.stats.malformed += 1
+                continue
+            seq = int.from_bytes(seq_b[:8], "big")
+            req.replies.append((topic if topic is not None else b"", seq, payload,
+                                time.time_ns(), REPLAY if topic is not None else 2))
+
+    def _check_replays(self, now: int) -> None:
+        for src in self._srcs:
+            req = src.pending
+            if req is not None and now - req.progress_mono > self.replay_timeout_ns:
+                self.stats.replay_timeouts += 1
+                src.replay_dead_until = now + REPLAY_BACKOFF_NS
+                self._new_dealer(src)  # drop whatever the old socket still queues
+                self._finish_replay(src, timed_out=True)
+
+    def _check_quiet(self, now: int) -> None:
+        for src in self._srcs:
+            if src.pending is not None or not self._replay_usable(src, now):
+                continue
+            for ch in src.channels.values():
+                if (
+                    not ch.tail_checked
+                    and ch.expected is not None
+                    and now - ch.last_live_mono >= self.quiet_ns
+                ):
+                    self._settle_ahead(ch, None)
+                    ch.tail_checked = True
+                    self._request(src, "tail", ch.topic, ch.expected)
+                    break
+
+    def _finish_replay(self, src: _Src, *, timed_out: bool) -> None:
+        """Merge a finished replay's batches with the held live ones and write in order."""
+        req = src.pending
+        assert req is not None
+        src.pending = None
+        held, src.held, src.held_bytes = src.held, [], 0
+        self._mono = time.monotonic_ns()
+        # Old-layout replies carry no topic: they belong to the channel that asked, or to
+        # the endpoint's only channel, or to the topic we subscribed to.
+        default_topic = req.topic
+        if default_topic is None:
+            default_topic = next(iter(src.channels)) if len(src.channels) == 1 else self._topic_b
+        by_topic: dict[bytes, list[_Item]] = defaultdict(list)
+        for tp, seq, payload, t, origin in req.replies:
+            if origin == 2:
+                tp = default_topic
+            if not tp.startswith(self._topic_b):
+                continue
+            by_topic[tp].append((tp, seq, payload, t, REPLAY))
+        topics = set(by_topic) if req.kind == "history" else {default_topic}
+        queue: list[_Item] = []
+        others: list[_Item] = []
+        live_by_topic: dict[bytes, list[_Item]] = defaultdict(list)
+        for it in held:
+            (live_by_topic[it[0]] if it[0] in topics else others).append(it)
+        self._in_history = req.kind == "history"
+        try:
+            for tp in topics:
+                ch = self._channel(src, tp)
+                replies = by_topic.get(tp, [])
+                live = live_by_topic.get(tp, [])
+                # Live batches after a restart (seq going backwards) keep their order.
+                cut = len(live)
+                prev = ch.last_live
+                for i, it in enumerate(live):
+                    if prev is not None and it[1] < prev:
+                        cut = i
+                        break
+                    prev = it[1]
+                merged = {it[1]: it for it in replies}
+                for it in live[:cut]:
+                    merged[it[1]] = it  # the live copy has the real receive time
+                ordered = sorted(merged.values(), key=lambda it: it[1])
+                live_max = max((it[1] for it in live[:cut]), default=-1)
+                if replies:
+                    ch.horizon = replies[-1][1]
+                elif live[:cut]:
+                    ch.horizon = live[0][1] - 1
+                if req.kind == "tail" and req.gap is not None:
+                    ch.open_gap = req.gap
+                self._merge_live_max = live_max
+                for item in ordered:
+                    self._feed(src, item)
+                self._merge_live_max = -1
+                queue.extend(live[cut:])
+            queue.extend(others)
+            for item in queue:
+                self._feed(src, item)
+        finally:
+            self._in_history = False
+            self._merge_live_max = -1
+        gap = req.gap
+        if req.kind == "tail" and gap is not None and gap.max_seq >= 0:
+            gap.last = gap.max_seq
+            src.channels[default_topic].gaps.append(gap)
+            self.stats.gaps += 1
+        if timed_out:
+            src.replay_dead_until = max(src.replay_dead_until, time.monotonic_ns() + 1)
+
+    # -------------------------------------------------------------- ledger
+    def ledger(self) -> dict[str, object]:
+        """Return the gap ledger as it stands (the format is in the module docstring).
+
+        Returns:
+            The ledger dict.
+        """
+        chans: list[dict[str, object]] = []
+        lost_ranges: list[list[int]] = []
+        recovered = lost = restarts = 0
+        for src in self._srcs or []:
+            for ch in src.channels.values():
+                chans.append(self._channel_ledger(ch))
+        for ch_d in chans:
+            for g in ch_d["gaps"]:  # type: ignore[attr-defined]
+                recovered += g["recovered"]
+                for a, b in g["lost_ranges"]:
+                    lost += b - a + 1
+                    lost_ranges.append([a, b])
+            restarts += len(ch_d["restarts"])  # type: ignore[arg-type]
+        return {
+            "channels": chans,
+            "recovered": recovered,
+            "lost": lost,
+            "lost_ranges": lost_ranges,
+            "restarts": restarts,
+        }
+
+    def _channel_ledger(self, ch: _Channel) -> dict[str, object]:
+        return {
+            "channel": ch.name,
+            "endpoint": ch.src.spec.endpoint,
+            "topic": ch.topic_str,
+            "dp_rank": ch.src.spec.dp_rank,
+            "batches": ch.batches,
+            "seq_first": ch.seq_first,
+            "seq_last": ch.seq_last,
+            "gaps": [g.to_json() for g in ch.gaps],
+            "restarts": list(ch.restarts),
+        }
+
+
+def capture(
+    path: str | os.PathLike[str],
+    endpoints: Sequence[str],
+    *,
+    replay: Sequence[str] = (),
+    dp_size: int | None = None,
+    bind: bool = False,
+    **options: object,
+) -> CaptureResult:
+    """Record ``endpoints`` into ``path`` (see :class:`Recorder` for every option).
+
+    Args:
+        path: The recording to write.
+        endpoints: Publisher endpoints or bare ports.
+        replay: Replay endpoints (none, or one per endpoint).
+        dp_size: Subscribe to data-parallel ranks ``0..dp_size-1`` of each endpoint.
+        bind: Bind the SUB sockets instead of connecting.
+        **options: Keyword arguments for :class:`Recorder`.
+
+    Returns:
+        The finished capture's result.
+
+    Raises:
+        EndpointError: A malformed endpoint or a socket that cannot connect.
+        RecordingError: The file cannot be created or written.
+        MetadataError: Invalid ``groups``.
+    """
+    sources = expand_endpoints(endpoints, replay=replay, dp_size=dp_size, bind=bind)
+    rec = Recorder(path, sources, bind=bind, **options)  # type: ignore[arg-type]
+    return rec.run()
+
+
+__all__ = [
+    "CaptureResult",
+    "CaptureStats",
+    "ConnectTimeout",
+    "MetadataError",
+    "Recorder",
+    "Source",
+    "capture",
+    "expand_endpoints",
+    "load_groups",
+    "normalize_endpoint",
+    "offset_endpoint",
+]

@@ -1,0 +1,455 @@
+"""A test-side vLLM-like KV-event publisher: PUB framing plus the ROUTER replay protocol.
+
+It speaks what ``vllm.distributed.kv_events.ZmqEventPublisher`` speaks (PROTOCOL.md):
+
+- live stream: ``[topic, seq (8 bytes BE), payload]`` on a publishing socket. It is an
+  XPUB socket, which a subscriber cannot tell from PUB, so the peer can *see* the
+  subscription arrive and start publishing only then (no slow-joiner sleeps in tests);
+- replay: a ROUTER socket answering ``[b"", start_seq]`` with one reply per buffered
+  batch (``[b"", topic, seq, payload]``, or the older ``[b"", seq, payload]``) and the
+  end marker (seq ``-1``, empty payload);
+- faults: chosen seqs (or a random fraction) are kept out of the live stream but stay in
+  the replay buffer, the buffer holds only ``buffer_steps`` batches, the publisher can
+  pause until a replay request is served (so what the buffer holds is deterministic),
+  and it can restart (sockets closed and re-bound, seq back to 0, buffer emptied).
+
+Always loopback, ephemeral ports unless told otherwise. Runs in a thread
+(``with Peer(msgs) as peer: ...``) or as a subprocess
+(``python tests/peer.py tests/data/captures/gemma3.frames``), which prints
+``READY <pub endpoint> <replay endpoint>`` on stdout once bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import zmq
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+HOST = "tcp://127.0.0.1"
+
+Message = tuple[bytes, int, bytes]
+
+
+def read_frames(path: str | Path) -> list[Message]:
+    """Read a ``.frames`` capture as ``(topic, seq, payload)`` tuples."""
+    data = Path(path).read_bytes()
+    off = 0
+    out: list[Message] = []
+    while off < len(data):
+        (count,) = struct.unpack_from(">I", data, off)
+        off += 4
+        frames = []
+        for _ in range(count):
+            (ln,) = struct.unpack_from(">I", data, off)
+            off += 4
+            frames.append(data[off : off + ln])
+            off += ln
+        topic, seq, payload = frames
+        out.append((topic, int.from_bytes(seq[:8], "big"), payload))
+    return out
+
+
+def _loopback(endpoint: str) -> None:
+    if endpoint.startswith("tcp://") and not endpoint.startswith(
+        ("tcp://127.", "tcp://localhost", "tcp://[::1]")
+    ):
+        raise ValueError(f"peer: refusing non-loopback endpoint {endpoint}")
+
+
+class Peer:
+    """A publisher of pre-encoded batches with vLLM's framing and replay protocol.
+
+    Args:
+        messages: ``(topic, seq, payload)`` tuples (the seqs are ignored: the peer
+            numbers what it sends from 0, as a fresh vLLM publisher does) or raw payloads.
+        count: How many batches to publish (default: ``len(messages)``); more than
+            that cycles through the payloads again with growing seqs.
+        endpoint: Where to bind the publishing socket (default: a random loopback port).
+        replay: Serve the replay protocol (``True`` = random loopback port, or an endpoint,
+            or ``False`` for none).
+        buffer_steps: Batches the replay buffer keeps.
+        reply_layout: ``"topic"`` (vLLM >= 0.26: ``[b"", topic, seq, payload]``) or
+            ``"legacy"`` (``[b"", seq, payload]``, older vLLM and SGLang).
+        drop: Seqs kept out of the live stream (still in the replay buffer).
+        drop_rate: Fraction of seqs dropped at random (seeded by ``seed``).
+        pause_for_replay_after: After publishing one of these seqs, wait until a replay
+            request has been served (at most ``pause_timeout`` s).
+        restart_after: Publish this many batches, then restart: close and re-bind both
+            sockets, seq back to 0, buffer emptied; the rest follows in the new epoch.
+        wait_subscribers: Subscriptions to wait for before publishing (0: don't wait).
+        start_delay: Extra seconds to wait before the first batch.
+        rate: Batches per second (0: as fast as possible).
+        linger: Seconds to keep serving replay after the last batch (``stop()`` ends it).
+        topic: Override the topic frame of every message.
+        seq_width: Bytes in the seq frame (8, or 24 as in an unreleased vLLM snapshot).
+        hwm: Send high-water mark.
+    """
+
+    def __init__(
+        self,
+        messages: Sequence[Message] | Sequence[bytes],
+        *,
+        count: int | None = None,
+        endpoint: str | None = None,
+        replay: bool | str = True,
+        buffer_steps: int = 10_000,
+        reply_layout: str = "topic",
+        drop: Iterable[int] = (),
+        drop_rate: float = 0.0,
+        seed: int = 0,
+        pause_for_replay_after: Iterable[int] = (),
+        pause_timeout: float = 5.0,
+        restart_after: int | None = None,
+        wait_subscribers: int = 1,
+        subscribe_timeout: float = 10.0,
+        start_delay: float = 0.0,
+        rate: float = 0.0,
+        linger: float = 30.0,
+        topic: bytes | None = None,
+        seq_width: int = 8,
+        hwm: int = 100_000,
+    ) -> None:
+        if reply_layout not in ("topic", "legacy"):
+            raise ValueError(f"reply_layout must be 'topic' or 'legacy', not {reply_layout!r}")
+        self.payloads: list[tuple[bytes, bytes]] = []
+        for m in messages:
+            if isinstance(m, bytes):
+                self.payloads.append((b"" if topic is None else topic, m))
+            else:
+                self.payloads.append((m[0] if topic is None else topic, m[2]))
+        self.count = len(self.payloads) if count is None else count
+        self.buffer_steps = buffer_steps
+        self.reply_layout = reply_layout
+        self.drop = set(drop)
+        self.drop_rate = drop_rate
+        self._rng = random.Random(seed)
+        self.pause_for_replay_after = set(pause_for_replay_after)
+        self.pause_timeout = pause_timeout
+        self.restart_after = restart_after
+        self.wait_subscribers = wait_subscribers
+        self.subscribe_timeout = subscribe_timeout
+        self.start_delay = start_delay
+        self.rate = rate
+        self.linger = linger
+        self.seq_width = seq_width
+        self.hwm = hwm
+
+        self.ctx = zmq.Context()
+        self._pub: zmq.Socket[bytes] | None = None
+        self._router: zmq.Socket[bytes] | None = None
+        self.endpoint = self._bind_pub(endpoint)
+        self.replay_endpoint: str | None = None
+        if replay:
+            self.replay_endpoint = self._bind_router(None if replay is True else str(replay))
+
+        # What happened, for assertions: every batch as published (epoch, seq, topic,
+        # payload), the seqs kept out of the live stream, replay requests served.
+        self.published: list[tuple[int, int, bytes, bytes]] = []
+        self.dropped: list[tuple[int, int]] = []
+        self.replay_requests: list[int] = []
+        self.replayed = 0
+        self.subscriptions = 0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._served = threading.Event()
+        self._buffer: collections.deque[tuple[int, bytes, bytes]] = collections.deque(
+            maxlen=max(buffer_steps, 1)
+        )
+        self._thread: threading.Thread | None = None
+        self._poller = zmq.Poller()
+        self._register()
+
+    # ----------------------------------------------------------------- sockets
+    def _bind_pub(self, endpoint: str | None) -> str:
+        pub = self.ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, self.hwm)
+        pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        if endpoint is None:
+            port = pub.bind_to_random_port(HOST)
+            endpoint = f"{HOST}:{port}"
+        else:
+            _loopback(endpoint)
+            pub.bind(endpoint)
+        self._pub = pub
+        return endpoint
+
+    def _bind_router(self, endpoint: str | None) -> str:
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.SNDHWM, 2 * (self.buffer_steps + 1) + 10)
+        if endpoint is None:
+            port = router.bind_to_random_port(HOST)
+            endpoint = f"{HOST}:{port}"
+        else:
+            _loopback(endpoint)
+            router.bind(endpoint)
+        self._router = router
+        return endpoint
+
+    def _register(self) -> None:
+        self._poller = zmq.Poller()
+        assert self._pub is not None
+        self._poller.register(self._pub, zmq.POLLIN)
+        if self._router is not None:
+            self._poller.register(self._router, zmq.POLLIN)
+
+    def _close_sockets(self) -> None:
+        for sock in (self._pub, self._router):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = None
+        self._router = None
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> Peer:
+        """Start publishing in a background thread."""
+        self._thread = threading.Thread(target=self._run_guarded, name="peer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the thread to finish (it stops lingering) and wait for it."""
+        self._stop.set()
+        self.join()
+
+    def join(self, timeout: float | None = 30.0) -> None:
+        """Wait for the thread to end."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop and release every socket and the context."""
+        self.stop()
+        self._close_sockets()
+        self.ctx.term()
+
+    def __enter__(self) -> Peer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_done(self, timeout: float = 30.0) -> None:
+        """Wait until every batch was published; re-raise an error of the thread."""
+        if not self.done.wait(timeout):
+            raise TimeoutError("peer: publishing did not finish in time")
+        if self.error is not None:
+            raise self.error
+
+    # ---------------------------------------------------------------- the run
+    def _run_guarded(self) -> None:
+        try:
+            self.run()
+        except BaseException as err:  # surfaced by wait_done()
+            self.error = err
+            self.done.set()
+
+    def run(self) -> None:
+        """Publish every batch (blocking), then serve replay for ``linger`` seconds."""
+        epoch = 0
+        seq = 0
+        self._wait_for_subscribers()
+        if self.start_delay:
+            self._serve(self.start_delay)
+        t0 = time.monotonic()
+        for i in range(self.count):
+            if self._stop.is_set():
+                break
+            if self.restart_after is not None and i == self.restart_after:
+                self._restart()
+                epoch += 1
+                seq = 0
+            topic, payload = self.payloads[i % len(self.payloads)]
+            self._publish(epoch, seq, topic, payload)
+            if seq in self.pause_for_replay_after:
+                self._served.clear()
+                deadline = time.monotonic() + self.pause_timeout
+                while not self._served.is_set() and time.monotonic() < deadline:
+                    self._serve(0.01)
+            seq += 1
+            if self.rate > 0:
+                due = t0 + (i + 1) / self.rate
+                self._serve(max(0.0, due - time.monotonic()))
+            elif self._router is not None and (i & 15) == 15:
+                self._serve(0)
+        self.done.set()
+        deadline = time.monotonic() + self.linger
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            self._serve(0.05)
+
+    def _publish(self, epoch: int, seq: int, topic: bytes, payload: bytes) -> None:
+        self._buffer.append((seq, topic, payload))
+        self.published.append((epoch, seq, topic, payload))
+        if seq in self.drop or (self.drop_rate and self._rng.random() < self.drop_rate):
+            self.dropped.append((epoch, seq))
+            return
+        seq_frame = seq.to_bytes(8, "big") + b"\0" * (self.seq_width - 8)
+        assert self._pub is not None
+        self._pub.send_multipart((topic, seq_frame, payload), copy=False)
+
+    def _wait_for_subscribers(self) -> None:
+        if self.wait_subscribers <= 0:
+            return
+        deadline = time.monotonic() + self.subscribe_timeout
+        seen = 0
+        while seen < self.wait_subscribers:
+            if self._stop.is_set() or time.monotonic() > deadline:
+                raise TimeoutError(f"peer: no subscriber on {self.endpoint}")
+            seen += self._serve(0.02)
+
+    def _restart(self) -> None:
+        """Close and re-bind both sockets on the same endpoints; empty the buffer."""
+        replay = self.replay_endpoint
+        self._close_sockets()
+        self._buffer.clear()
+        for attempt in range(100):
+            try:
+                self._bind_pub(self.endpoint)
+                if replay is not None:
+                    self._bind_router(replay)
+                break
+            except zmq.ZMQError:  # the old listener is not gone yet
+                self._close_sockets()
+                if attempt == 99:
+                    raise
+                time.sleep(0.02)
+        self._register()
+        self._wait_for_subscribers()
+
+    def _serve(self, timeout_s: float) -> int:
+        """Serve replay requests and note subscriptions for up to ``timeout_s``.
+
+        Returns:
+            New subscriptions seen.
+        """
+        subs = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            ready = dict(self._poller.poll(int(left * 1000)))
+            if self._pub is not None and self._pub in ready:
+                while True:
+                    try:
+                        msg = self._pub.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if msg[:1] == b"\x01":
+                        subs += 1
+                        self.subscriptions += 1
+            if self._router is not None and self._router in ready:
+                while True:
+                    try:
+                        req = self._router.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._answer(req)
+            if time.monotonic() >= deadline:
+                return subs
+
+    def _answer(self, req: list[bytes]) -> None:
+        assert self._router is not None
+        if len(req) != 3:
+            return
+        ident, _, start_b = req
+        start = int.from_bytes(start_b[:8], "big")
+        self.replay_requests.append(start)
+        for seq, topic, payload in self._buffer:
+            if seq >= start:
+                seq_b = seq.to_bytes(8, "big")
+                if self.reply_layout == "topic":
+                    self._router.send_multipart((ident, b"", topic, seq_b, payload))
+                else:
+                    self._router.send_multipart((ident, b"", seq_b, payload))
+                self.replayed += 1
+        if self.reply_layout == "topic":
+            self._router.send_multipart((ident, b"", b"", END_SEQ, b""))
+        else:
+            self._router.send_multipart((ident, b"", END_SEQ, b""))
+        self._served.set()
+
+    # ------------------------------------------------------------- for tests
+    def live_payloads(self) -> list[tuple[int, bytes]]:
+        """Every published ``(seq, payload)`` of the last epoch, in seq order."""
+        last = self.published[-1][0] if self.published else 0
+        return [(s, p) for e, s, _, p in self.published if e == last]
+
+
+def _parse_seqs(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.update(range(int(a), int(b) + 1))
+        else:
+            out.add(int(part))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a peer as a process (for tests that need one, and for making recordings)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("frames", help=".frames capture")
+    p.add_argument("--endpoint", default=None, help="bind here (default: random loopback port)")
+    p.add_argument("--replay-endpoint", default=None)
+    p.add_argument("--no-replay", action="store_true")
+    p.add_argument("--legacy-replies", action="store_true")
+    p.add_argument("--buffer-steps", type=int, default=10_000)
+    p.add_argument("--drop", default="", help="seqs to drop, e.g. 5,9,20-25")
+    p.add_argument("--drop-rate", type=float, default=0.0)
+    p.add_argument("--pause-after", default="", help="seqs after which to wait for a replay")
+    p.add_argument("--restart-after", type=int, default=None)
+    p.add_argument("--count", type=int, default=None, help="batches to send (cycles payloads)")
+    p.add_argument("--rate", type=float, default=0.0)
+    p.add_argument("--wait-subscribers", type=int, default=1)
+    p.add_argument("--start-delay", type=float, default=0.0)
+    p.add_argument("--linger", type=float, default=3.0)
+    p.add_argument("--hwm", type=int, default=100_000)
+    a = p.parse_args(argv)
+    peer = Peer(
+        read_frames(a.frames),
+        count=a.count,
+        endpoint=a.endpoint,
+        replay=False if a.no_replay else (a.replay_endpoint or True),
+        buffer_steps=a.buffer_steps,
+        reply_layout="legacy" if a.legacy_replies else "topic",
+        drop=_parse_seqs(a.drop),
+        drop_rate=a.drop_rate,
+        pause_for_replay_after=_parse_seqs(a.pause_after),
+        restart_after=a.restart_after,
+        wait_subscribers=a.wait_subscribers,
+        start_delay=a.start_delay,
+        rate=a.rate,
+        linger=a.linger,
+        hwm=a.hwm,
+    )
+    print(f"READY {peer.endpoint} {peer.replay_endpoint or '-'}", flush=True)
+    try:
+        peer.run()
+    finally:
+        print(
+            f"DONE published={len(peer.published)} dropped={len(peer.dropped)} "
+            f"replay_requests={len(peer.replay_requests)} replayed={peer.replayed}",
+            file=sys.stderr,
+            flush=True,
+        )
+        peer._close_sockets()
+        peer.ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
