@@ -36,8 +36,8 @@ DEFAULT_SNDHWM = 100_000
 DEFAULT_BUFFER_STEPS = 10_000
 """vLLM's default ``buffer_steps``: batches the replay socket can serve."""
 
-_PORT = re.compile(r"^\s*:?(\d{1,5})\s*$")
-_HOSTPORT = re.compile(r"^\s*([A-Za-z0-9.\-_*]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})\s*$")
+_PORT = re.compile(r"^\s*:?(\d{1,5}|\*)\s*$")
+_HOSTPORT = re.compile(r"^\s*([A-Za-z0-9.\-_*]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5}|\*)\s*$")
 
 
 def parse_endpoint(text: str, *, option: str = "--publish") -> str:
@@ -45,7 +45,7 @@ def parse_endpoint(text: str, *, option: str = "--publish") -> str:
 
     Args:
         text: ``5557``, ``:5557``, ``host:5557`` or a full ``tcp://``/``ipc://``/
-            ``inproc://`` endpoint.
+            ``inproc://`` endpoint; the port ``*`` asks the OS for a free one.
         option: The option name, for the error message.
 
     Returns:
@@ -79,6 +79,8 @@ def parse_endpoint(text: str, *, option: str = "--publish") -> str:
                 "(tcp://127.0.0.1:5557, ipc:///tmp/kv)"
             )
         host, port = hm.group(1), hm.group(2)
+    if port == "*":
+        return f"tcp://{host}:*"
     if not 1 <= int(port) <= 65535:
         raise EndpointError(f"{option} {text!r}: port {port} is outside 1..65535")
     return f"tcp://{host}:{int(port)}"
@@ -101,6 +103,8 @@ def offset_endpoint(endpoint: str, offset: int) -> str:
         return endpoint
     if endpoint.startswith("tcp://"):
         head, _, port = endpoint.rpartition(":")
+        if port == "*":
+            return endpoint
         p = int(port) + offset
         if p > 65535:
             raise EndpointError(f"{endpoint}: port + {offset} exceeds 65535")
@@ -467,6 +471,26 @@ class Publisher:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.channels: dict[object, ChannelPublisher] = {}
         self._order: list[ChannelPublisher] = []
+        # The first channel binds now, so a bad endpoint fails before anything is read
+        # and a subscriber can connect (and be waited for) before the first batch.
+        try:
+            self.first: ChannelPublisher = self._new(0)
+        except BaseException:
+            self.context.term()
+            raise
+        self._first_free = True
+
+    def _new(self, n: int) -> ChannelPublisher:
+        pub = ChannelPublisher(
+            self.context,
+            offset_endpoint(self.endpoint, n),
+            offset_endpoint(self.replay_endpoint, n) if self.replay_endpoint else None,
+            legacy_replay=self.legacy_replay,
+            buffer_steps=self.buffer_steps,
+            sndhwm=self.sndhwm,
+        )
+        self._order.append(pub)
+        return pub
 
     def __enter__(self) -> Publisher:
         return self
@@ -493,17 +517,12 @@ class Publisher:
         """
         pub = self.channels.get(key)
         if pub is None:
-            n = len(self._order)
-            pub = ChannelPublisher(
-                self.context,
-                offset_endpoint(self.endpoint, n),
-                offset_endpoint(self.replay_endpoint, n) if self.replay_endpoint else None,
-                legacy_replay=self.legacy_replay,
-                buffer_steps=self.buffer_steps,
-                sndhwm=self.sndhwm,
-            )
+            if self._first_free:
+                pub = self.first
+                self._first_free = False
+            else:
+                pub = self._new(len(self._order))
             self.channels[key] = pub
-            self._order.append(pub)
         return pub
 
     @property
@@ -683,11 +702,18 @@ def publish(
     """
     stats = PublishStats()
     next_seq: dict[object, int] = {}
+    if wait_subscribers > 0:
+        publisher.wait_subscribers(publisher.first, wait_subscribers, wait_timeout_s, on_wait)
+    if start_delay_s > 0:
+        publisher.idle(start_delay_s)
     first = True
-    t0 = 0.0
+    t0 = time.monotonic()
     loop = 0
     period = 1.0 / pacing.rate if pacing.rate else None
     inv_speed = 1.0 / pacing.speed
+    channel = publisher.channel
+    channels = publisher.channels
+    service = publisher.service
     while loops is None or loop < loops:
         if loop > 0 and not renumber:
             for p in publisher.channels.values():
@@ -696,17 +722,12 @@ def publish(
         t_loop = time.monotonic()
         i = 0
         for item in batches():
-            pub = publisher.channels.get(item.key)
+            if first:
+                t0 = t_loop = time.monotonic()
+                first = False
+            pub = channels.get(item.key)
             if pub is None:
-                pub = publisher.channel(item.key)
-                if first:
-                    if wait_subscribers > 0:
-                        publisher.wait_subscribers(pub, wait_subscribers, wait_timeout_s, on_wait)
-                    if start_delay_s > 0:
-                        publisher.idle(start_delay_s)
-                    t_loop = time.monotonic()
-                    t0 = t_loop
-                    first = False
+                pub = channel(item.key)
             if not pacing.max_speed:
                 if period is not None:
                     target = t_loop + i * period
@@ -718,9 +739,9 @@ def publish(
                     left = target - time.monotonic()
                     if left <= 0.0005:
                         break
-                    publisher.service(max(1, int(left * 1000)))
+                    service(max(1, int(left * 1000)))
             elif i & 63 == 0:
-                publisher.service(0)
+                service(0)
             if renumber:
                 seq = next_seq.get(item.key, 0)
                 next_seq[item.key] = seq + 1

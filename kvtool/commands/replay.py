@@ -605,7 +605,10 @@ def _run_publish(
     try:
         with Publisher(endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps) as pub:
             if not env.quiet:
-                where = endpoint + (f", replay on {rep_ep}" if rep_ep else "")
+                first = pub.first.stats
+                where = first.endpoint + (
+                    f", replay on {first.replay_endpoint}" if first.replay_endpoint else ""
+                )
                 env.err.print(f"kvtool: publishing on {where}", markup=False, highlight=False)
             try:
                 stats = do_publish(

@@ -1,0 +1,336 @@
+"""Re-publishing: endpoints, vLLM framing on loopback, wire annotation, the replay ROUTER."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+from typer.testing import CliRunner
+
+from kvtool.annotate import groups_from_list, parse_group_flags
+from kvtool.cli import app
+from kvtool.errors import EndpointError
+from kvtool.protocol import decode_batch, event_to_builtins
+from kvtool.publish import (
+    END_SEQ,
+    Pacing,
+    Publisher,
+    PublishItem,
+    annotate_payload,
+    offset_endpoint,
+    parse_endpoint,
+    publish,
+)
+from tests.conftest import CAPTURES, capture_messages, capture_truth
+from tests.replayutil import capture_recording, strip_payload
+
+ANY_PORT = "tcp://127.0.0.1:*"
+
+
+# -- endpoints ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "endpoint"),
+    [
+        ("5557", "tcp://127.0.0.1:5557"),
+        (":5557", "tcp://127.0.0.1:5557"),
+        ("localhost:6000", "tcp://localhost:6000"),
+        ("tcp://*:5557", "tcp://*:5557"),
+        ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*"),
+        ("ipc:///tmp/kv.sock", "ipc:///tmp/kv.sock"),
+    ],
+)
+def test_parse_endpoint_bare_port_binds_loopback(text: str, endpoint: str) -> None:
+    assert parse_endpoint(text) == endpoint
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("0", "outside 1..65535"), ("70000", "outside"), ("tcp://host", "tcp://HOST:PORT"),
+     ("nonsense", "expected a port")],
+)
+def test_parse_endpoint_rejects(text: str, match: str) -> None:
+    with pytest.raises(EndpointError, match=match):
+        parse_endpoint(text)
+
+
+def test_offset_endpoint_like_vllm_ranks() -> None:
+    assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
+    assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+
+
+# -- wire annotation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_annotate_payload_restores_vllm_bytes(name: str) -> None:
+    """Stripping kind/window and annotating on the wire gives vLLM's own bytes back."""
+    table = groups_from_list(capture_truth(name)["group_metadata"], source="truth")
+    for _topic, _seq, payload in capture_messages(name):
+        again, bad = annotate_payload(strip_payload(payload), table)
+        assert bad == []
+        if name != "gemma3.legacy-array-group-idx":
+            assert again == payload
+
+
+def test_annotate_payload_group_idx_layout_becomes_last_array_layout() -> None:
+    """Array events carrying group_idx but no kinds become vLLM's 12-element layout."""
+    table = groups_from_list(capture_truth("gemma3")["group_metadata"], source="truth")
+    older = capture_messages("gemma3.legacy-array-group-idx")
+    newer = capture_messages("gemma3.legacy-array-spec-kind")
+    for (_, _, old), (_, _, new) in zip(older, newer, strict=True):
+        assert annotate_payload(old, table)[0] == new
+
+
+def test_annotate_payload_keeps_map_and_array_layout() -> None:
+    table = parse_group_flags(["0=full_attention", "1=sliding_window:32"])
+    for name, enc in (("gemma3", "map"), ("gemma3.legacy-array-spec-kind", "array")):
+        for _, _, payload in capture_messages(name)[:5]:
+            out, bad = annotate_payload(payload, table)
+            assert sorted(set(bad)) in ([], [2, 3, 4, 5])
+            batch = decode_batch(out)
+            assert batch.event_encoding == enc
+            for ev in batch.events:
+                if type(ev).__name__.endswith("BlockStored") and ev.group_idx == 1:
+                    assert ev.kv_cache_spec_sliding_window == 32
+
+
+def test_annotate_payload_overwrites_and_omits_none_window_in_maps() -> None:
+    """A full-attention group overwrites a stale window; maps omit the None window key."""
+    ev = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+          "token_ids": [1, 2], "block_size": 16, "lora_id": None, "medium": "GPU",
+          "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "sliding_window",
+          "kv_cache_spec_sliding_window": 64}
+    payload = msgspec.msgpack.encode([1.0, [ev], 0])
+    out, _ = annotate_payload(payload, parse_group_flags(["0=full_attention"]))
+    got = msgspec.msgpack.decode(out)[1][0]
+    assert got["kv_cache_spec_kind"] == "full_attention"
+    assert "kv_cache_spec_sliding_window" not in got
+    assert list(got)[-1] == "kv_cache_spec_kind"
+
+
+def test_annotate_payload_leaves_garbage_alone() -> None:
+    table = parse_group_flags(["0=full_attention"])
+    assert annotate_payload(b"\xc1garbage", table) == (b"\xc1garbage", [])
+    assert annotate_payload(msgspec.msgpack.encode([1.0]), table)[1] == []
+
+
+# -- sockets ------------------------------------------------------------------------------
+
+
+def _sub(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    return sub
+
+
+def _recv_all(sub: zmq.Socket, n: int, timeout_ms: int = 5000) -> list[list[bytes]]:
+    got: list[list[bytes]] = []
+    while len(got) < n and sub.poll(timeout_ms):
+        got.append(sub.recv_multipart())
+    return got
+
+
+def _items(msgs: list[tuple[bytes, int, bytes]]) -> list[PublishItem]:
+    return [PublishItem("ch", t, s, p, 1_000 * i) for i, (t, s, p) in enumerate(msgs)]
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("name", ["gemma3", "full_only.legacy-array-initial.signed"])
+def test_publish_subscribe_byte_identical(name: str) -> None:
+    msgs = capture_messages(name)
+    ctx = zmq.Context()
+    try:
+        with Publisher(ANY_PORT) as pub:
+            sub = _sub(ctx, pub.first.stats.endpoint)
+            try:
+                stats = publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True),
+                                wait_subscribers=1, wait_timeout_s=5)
+                got = _recv_all(sub, len(msgs))
+            finally:
+                sub.close(linger=0)
+    finally:
+        ctx.term()
+    assert stats.sent == len(msgs)
+    assert got == [[t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+
+
+@pytest.mark.zmq
+def test_publish_renumber_and_loop() -> None:
+    msgs = capture_messages("full_only")[:5]
+    msgs = [(t, s + 100, p) for t, s, p in msgs]
+    ctx = zmq.Context()
+    try:
+        with Publisher(ANY_PORT) as pub:
+            sub = _sub(ctx, pub.first.stats.endpoint)
+            try:
+                stats = publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True),
+                                loops=2, renumber=True, wait_subscribers=1, wait_timeout_s=5)
+                got = _recv_all(sub, 10)
+            finally:
+                sub.close(linger=0)
+    finally:
+        ctx.term()
+    assert stats.loops == 2
+    assert [int.from_bytes(f[1], "big") for f in got] == list(range(10))
+    assert [f[2] for f in got] == [p for _, _, p in msgs] * 2
+
+
+@pytest.mark.zmq
+def test_publish_paces_by_rate() -> None:
+    msgs = capture_messages("full_only")[:6]
+    with Publisher(ANY_PORT) as pub:
+        t = time.monotonic()
+        stats = publish(pub, lambda: _items(msgs), pacing=Pacing(rate=50))
+        took = time.monotonic() - t
+    assert stats.sent == 6
+    assert took >= 5 / 50 * 0.9
+
+
+def _replay_request(endpoint: str, start: int, legacy: bool) -> list[list[bytes]]:
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"", start.to_bytes(8, "big")])
+        replies = []
+        while dealer.poll(5000):
+            frames = dealer.recv_multipart()
+            replies.append(frames)
+            seq_frame = frames[1] if legacy else frames[2]
+            if seq_frame == END_SEQ:
+                break
+        return replies
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("legacy", [False, True], ids=["since-0.26", "legacy"])
+def test_replay_router_answers_both_layouts(legacy: bool) -> None:
+    msgs = capture_messages("gemma3")[:20]
+    with Publisher(ANY_PORT, "tcp://127.0.0.1:*", legacy_replay=legacy, buffer_steps=8) as pub:
+        publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True))
+        endpoint = pub.first.stats.replay_endpoint
+        assert endpoint is not None
+        result: list[list[list[bytes]]] = []
+        client = threading.Thread(target=lambda: result.append(_replay_request(endpoint, 15,
+                                                                               legacy)))
+        client.start()
+        deadline = time.monotonic() + 5
+        while client.is_alive() and time.monotonic() < deadline:
+            pub.service(50)
+        client.join(5)
+    replies = result[0]
+    want = msgs[15:]
+    if legacy:
+        assert replies[:-1] == [[b"", s.to_bytes(8, "big"), p] for _, s, p in want]
+        assert replies[-1] == [b"", END_SEQ, b""]
+    else:
+        assert replies[:-1] == [[b"", t, s.to_bytes(8, "big"), p] for t, s, p in want]
+        assert replies[-1] == [b"", b"", END_SEQ, b""]
+    # Older than the buffer (8 batches kept of 20): only what is kept comes back.
+    assert [int.from_bytes(r[-2], "big") for r in replies[:-1]] == [15, 16, 17, 18, 19]
+
+
+@pytest.mark.zmq
+def test_wait_subscribers_times_out_with_a_clear_message() -> None:
+    with Publisher(ANY_PORT) as pub, pytest.raises(EndpointError, match="0 of 1 subscriber"):
+        publish(pub, lambda: [], pacing=Pacing(max_speed=True), wait_subscribers=1,
+                wait_timeout_s=0.2)
+
+
+@pytest.mark.zmq
+def test_bind_conflict_is_an_endpoint_error() -> None:
+    with Publisher(ANY_PORT) as pub:
+        taken = pub.first.stats.endpoint
+        with pytest.raises(EndpointError, match="cannot bind"):
+            Publisher(taken)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli_publish(args: list[str], port: int, n: int) -> tuple[object, list[list[bytes]]]:
+    ctx = zmq.Context()
+    sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
+    got: list[list[bytes]] = []
+    t = threading.Thread(target=lambda: got.extend(_recv_all(sub, n, 10000)))
+    t.start()
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        t.join(15)
+        sub.close(linger=0)
+        ctx.term()
+    return result, got
+
+
+@pytest.mark.zmq
+def test_cli_publish_unchanged_bytes(tmp_path: Path) -> None:
+    rec = capture_recording(tmp_path, "gemma3")
+    msgs = capture_messages("gemma3")
+    port = _free_port()
+    result, got = _cli_publish(
+        ["replay", str(rec), "--publish", str(port), "--max-speed", "--wait-subscribers", "1",
+         "--wait-timeout", "10", "--hold", "0"], port, len(msgs))
+    assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
+    assert result.stdout == ""  # type: ignore[attr-defined]
+    assert f"publishing on tcp://127.0.0.1:{port}" in result.stderr  # type: ignore[attr-defined]
+    assert got == [[t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+
+
+@pytest.mark.zmq
+def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
+    """--annotate --publish of a stripped recording sends vLLM's annotated bytes."""
+    name = "gemma3.legacy-array-spec-kind"
+    rec = capture_recording(tmp_path, name, strip=True)
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps(capture_truth(name)["group_metadata"]))
+    msgs = capture_messages(name)
+    port = _free_port()
+    result, got = _cli_publish(
+        ["replay", str(rec), "--annotate", "--groups", str(groups), "--publish", str(port),
+         "--max-speed", "--wait-subscribers", "1", "--wait-timeout", "10", "--hold", "0"],
+        port, len(msgs))
+    assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
+    assert [f[2] for f in got] == [p for _, _, p in msgs]
+    events = [event_to_builtins(e) for f in got for e in decode_batch(f[2]).events]
+    assert all(e["kv_cache_spec_kind"] for e in events if e["type"] == "BlockStored")
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--replay-endpoint", "5558"], "--replay-endpoint needs --publish"),
+        (["--publish", "5557", "--speed", "2", "--rate", "5"], "only one of"),
+        (["--publish", "5557", "--speed", "fast"], "--speed 'fast': expected a number"),
+        (["--publish", "5557", "--loop", "0"], "--loop '0': must be > 0"),
+        (["--publish", "99999"], "outside 1..65535"),
+    ],
+)
+def test_cli_publish_bad_flags_one_line_exit_2(tmp_path: Path, args: list[str],
+                                               match: str) -> None:
+    rec = capture_recording(tmp_path, "full_only")
+    result = CliRunner().invoke(app, ["replay", str(rec), *args])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert match in result.stderr
