@@ -1,0 +1,910 @@
+"""The one flat columnar table of a recording: one row per block event, built chunk by chunk.
+
+Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
+needs (``token_ids`` stays a :class:`msgspec.Raw` whose length is read from its msgpack
+header, unused fields are skipped), and the events of many batches are turned into
+columns with C-level ``map``/``chain`` passes and polars, never one Python statement
+per block hash. A batch the lean decoder refuses goes through
+:func:`kvtool.protocol.decode_batch`, the one decoder that defines what a payload means
+(unknown event types and malformed events are skipped and counted there), so both paths
+give the same rows for every layout in PROTOCOL.md.
+
+Rows (see :data:`TABLE_SCHEMA`): one per hash of a ``BlockStored`` or ``BlockRemoved``,
+one per ``AllBlocksCleared``, and one (with a null ``hash``) per ``BlockStored`` with
+zero hashes, so that such a store still counts as a store event and its tokens.
+``tokens`` holds the event's ``len(token_ids)`` on its first row (``block_index`` 0)
+and 0 on the others, so summing it counts every token once.
+
+Annotation (:class:`TableAnnotator`) happens on the table with the same metadata sources
+as ``replay --annotate``: a ``--groups`` file, ``--group`` flags, the recording's own
+metadata (:func:`kvtool.annotate.resolve_groups`), else what annotated stores say about
+each group, learned per (channel, data-parallel rank, group_idx): the first annotated
+store of a group fixes it, as :class:`kvtool.annotate.GroupLearner` does, and rows of
+that group after it take its kind and window.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
+from typing import ClassVar
+
+import msgspec
+import polars as pl
+
+from kvtool import protocol
+from kvtool.annotate import GroupTable, resolve_groups
+from kvtool.errors import KvtoolError, ProtocolError
+from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
+
+STORED, REMOVED, CLEARED = 0, 1, 2
+"""Codes of the ``type_code`` column."""
+
+EVENT_TYPE_NAMES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+EVENT_TYPE = pl.Enum(list(EVENT_TYPE_NAMES))
+
+UNANNOTATED = "unannotated"
+"""Kind label of rows no metadata or annotated store gives a kind (not vLLM's ``unknown``)."""
+UNATTRIBUTED = "unattributed"
+"""Kind label of removes without ``group_idx`` whose hash is not live in exactly one group."""
+
+TABLE_SCHEMA: dict[str, pl.DataType] = {
+    "log_time": pl.Int64(),
+    "ts": pl.Float64(),
+    "seq": pl.Int64(),
+    "recording": pl.String(),
+    "channel": pl.String(),
+    "channel_id": pl.UInt32(),
+    "dp_rank": pl.Int64(),
+    "type": EVENT_TYPE,
+    "group_idx": pl.Int64(),
+    "kind": pl.String(),
+    "sliding_window": pl.Int64(),
+    "hash": pl.Int64(),
+    "tokens": pl.Int64(),
+    "medium": pl.String(),
+    "event_index": pl.Int64(),
+    "block_index": pl.Int32(),
+    "block_count": pl.Int32(),
+}
+"""The flat table. ``event_index`` numbers events across the whole read (all files);
+``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
+(recording, channel) pairs across the files of one read; ``kind``/``sliding_window``
+are the wire values until :class:`TableAnnotator` sets them."""
+
+DEFAULT_CHUNK_BYTES = 16 << 20
+"""Payload bytes decoded into one table chunk."""
+
+
+# -- the lean decoder ------------------------------------------------------------------------
+
+_NO_TOKENS = msgspec.Raw(b"\x90")
+
+
+class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    token_ids: msgspec.Raw = _NO_TOKENS
+    medium: str | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    medium: str | None = None
+    group_idx: int | None = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False):
+    block_hashes: ClassVar[list[protocol.Hash]] = []
+    medium: ClassVar[None] = None
+    group_idx: ClassVar[None] = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+# Array-encoded events (vLLM <= 0.23): every declared field in order, see
+# protocol.STORED_ARRAY_INDEX; fields the table does not use stay undecoded (Raw).
+class _StoredArrayLayout(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored",
+                         frozen=True, gc=False):
+    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    parent_block_hash: msgspec.Raw = _NO_TOKENS
+    token_ids: msgspec.Raw = _NO_TOKENS
+    block_size: msgspec.Raw = _NO_TOKENS
+    lora_id: msgspec.Raw = _NO_TOKENS
+    medium: str | None = None
+    lora_name: msgspec.Raw = _NO_TOKENS
+    extra_keys: msgspec.Raw = _NO_TOKENS
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _RemovedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
+                          tag="BlockRemoved", frozen=True, gc=False):
+    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    medium: str | None = None
+    group_idx: int | None = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+class _ClearedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
+                          tag="AllBlocksCleared", frozen=True, gc=False):
+    block_hashes: ClassVar[list[protocol.Hash]] = []
+    medium: ClassVar[None] = None
+    group_idx: ClassVar[None] = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+_LeanMap = _Stored | _Removed | _Cleared
+_LeanArray = _StoredArrayLayout | _RemovedArrayLayout | _ClearedArrayLayout
+
+
+class _ArrayBatchMap(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_LeanMap]
+    data_parallel_rank: int | None = None
+
+
+class _ArrayBatchArray(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_LeanArray]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchMap(msgspec.Struct, gc=False):
+    ts: float
+    events: list[_LeanMap]
+    data_parallel_rank: int | None = None
+
+
+class _MapBatchArray(msgspec.Struct, gc=False):
+    ts: float
+    events: list[_LeanArray]
+    data_parallel_rank: int | None = None
+
+
+_LEAN = {
+    ("array", "map"): msgspec.msgpack.Decoder(_ArrayBatchMap),
+    ("array", "array"): msgspec.msgpack.Decoder(_ArrayBatchArray),
+    ("map", "map"): msgspec.msgpack.Decoder(_MapBatchMap),
+    ("map", "array"): msgspec.msgpack.Decoder(_MapBatchArray),
+}
+
+_TYPE_CODE: dict[type, int] = {
+    _Stored: STORED,
+    _Removed: REMOVED,
+    _Cleared: CLEARED,
+    _StoredArrayLayout: STORED,
+    _RemovedArrayLayout: REMOVED,
+    _ClearedArrayLayout: CLEARED,
+    protocol.BlockStored: STORED,
+    protocol.BlockRemoved: REMOVED,
+    protocol.AllBlocksCleared: CLEARED,
+}
+for _cls in protocol.BlockStored.__subclasses__():
+    _TYPE_CODE[_cls] = STORED
+for _cls in protocol.BlockRemoved.__subclasses__():
+    _TYPE_CODE[_cls] = REMOVED
+for _cls in protocol.AllBlocksCleared.__subclasses__():
+    _TYPE_CODE[_cls] = CLEARED
+
+
+class LeanBatch(msgspec.Struct):
+    """One payload decoded for the table.
+
+    Attributes:
+        ts: The batch timestamp (publisher clock, float seconds).
+        events: Events with ``block_hashes``, ``token_ids``, ``medium``, ``group_idx``,
+            ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` attributes.
+        data_parallel_rank: The rank the batch names.
+        skipped: Messages of events the decoder had to skip.
+    """
+
+    ts: float
+    events: list[object]
+    data_parallel_rank: int | None = None
+    skipped: tuple[str, ...] = ()
+
+
+_last_event_encoding = {"array": "map", "map": "map"}
+
+
+def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch:
+    """Decode one payload keeping only what the flat table needs.
+
+    Tries the lean decoders (event encoding as last seen first); any payload they refuse
+    goes through :func:`kvtool.protocol.decode_batch`, which skips (and names) bad events.
+
+    Args:
+        raw: The payload.
+        seq: Its seq, for error messages.
+
+    Returns:
+        The batch.
+
+    Raises:
+        ProtocolError: The payload is not a batch at all.
+    """
+    if raw:
+        first = raw[0]
+        benc = "map" if (0x80 <= first <= 0x8F or first in (0xDE, 0xDF)) else "array"
+        guess = _last_event_encoding[benc]
+        for eenc in (guess, "array" if guess == "map" else "map"):
+            try:
+                b = _LEAN[(benc, eenc)].decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            _last_event_encoding[benc] = eenc
+            return LeanBatch(b.ts, b.events, b.data_parallel_rank)  # type: ignore[attr-defined]
+    full = protocol.decode_batch(raw, seq=seq)
+    return LeanBatch(
+        full.ts, [_lean_event(e) for e in full.events], full.data_parallel_rank, full.skipped
+    )
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 + n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _lean_event(e: protocol.Event) -> object:
+    """Convert an event of the full decoder into its lean form (token_ids: a header)."""
+    if isinstance(e, protocol.BlockStored):
+        return _Stored(
+            block_hashes=e.block_hashes,
+            token_ids=msgspec.Raw(_array_header(len(e.token_ids))),
+            medium=e.medium,
+            group_idx=e.group_idx,
+            kv_cache_spec_kind=e.kv_cache_spec_kind,
+            kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
+        )
+    if isinstance(e, protocol.BlockRemoved):
+        return _Removed(block_hashes=e.block_hashes, medium=e.medium, group_idx=e.group_idx)
+    return _Cleared()
+
+
+def token_counts(raws: list[bytes]) -> pl.Series:
+    """Return the element count of each msgpack array, read from its header (vectorised).
+
+    Args:
+        raws: Encoded msgpack values (``token_ids`` as sent): an array, or nil.
+
+    Returns:
+        An Int64 series: the array lengths, 0 for nil or anything that is not an array.
+    """
+    b = pl.Series("tokens", raws, dtype=pl.Binary)
+    h = b.bin.get(0, null_on_oob=True).cast(pl.Int64)
+    fix = h - 0x90
+    u16 = b.bin.slice(1, 2).bin.reinterpret(dtype=pl.UInt16, endianness="big").cast(pl.Int64)
+    u32 = b.bin.slice(1, 4).bin.reinterpret(dtype=pl.UInt32, endianness="big").cast(pl.Int64)
+    return (
+        pl.select(
+            pl.when((h >= 0x90) & (h <= 0x9F))
+            .then(fix)
+            .when(h == 0xDC)
+            .then(u16)
+            .when(h == 0xDD)
+            .then(u32)
+            .otherwise(0)
+            .fill_null(0)
+        )
+        .to_series()
+        .rename("tokens")
+    )
+
+
+# -- hashes -------------------------------------------------------------------------------
+
+
+def hash_series(hashes: list[object]) -> pl.Series:
+    """Turn a flat list of block hashes into signed 64-bit keys (:func:`protocol.hash_key`).
+
+    Vectorised for the common cases (all unsigned ints, all signed ints, all bytes);
+    a mixture goes through :func:`protocol.hash_key` one by one.
+
+    Args:
+        hashes: Ints (unsigned 64-bit or signed) or bytes.
+
+    Returns:
+        An Int64 series.
+    """
+    if not hashes:
+        return pl.Series("hash", [], dtype=pl.Int64)
+    for dtype in (pl.UInt64, pl.Int64):
+        try:
+            s = pl.Series("hash", hashes, dtype=dtype, strict=True)
+        except (TypeError, OverflowError, pl.exceptions.PolarsError, ValueError):
+            continue
+        return s.reinterpret(signed=True) if dtype == pl.UInt64 else s
+    try:
+        b = pl.Series("hash", hashes, dtype=pl.Binary, strict=True)
+    except (TypeError, pl.exceptions.PolarsError, ValueError):
+        pass
+    else:
+        # vLLM's conversion: the last 8 bytes, big-endian; shorter hashes left-padded.
+        if b.bin.size().min() == b.bin.size().max() and (b.bin.size().min() or 0) >= 8:
+            return b.bin.slice(-8).bin.reinterpret(dtype=pl.UInt64, endianness="big").reinterpret(
+                signed=True
+            ).rename("hash")
+    return pl.Series("hash", [protocol.hash_key(h) for h in hashes], dtype=pl.Int64)  # type: ignore[arg-type]
+
+
+# -- reading recordings --------------------------------------------------------------------
+
+
+@dataclass
+class ChannelRef:
+    """One (recording, channel) of a read, numbered across files.
+
+    Attributes:
+        id: The ``channel_id`` of its rows.
+        recording: The recording's path.
+        info: The channel as the recording names it.
+    """
+
+    id: int
+    recording: str
+    info: ChannelInfo
+
+
+@dataclass
+class ReadStats:
+    """What a read decoded and what it had to skip.
+
+    Attributes:
+        recordings: Paths read.
+        messages: Messages (batches) read.
+        events: Events decoded.
+        rows: Table rows built.
+        payload_bytes: Payload bytes decoded.
+        bad_batches: Payloads that were not a batch at all (skipped).
+        skipped_events: Events skipped by the decoder.
+        problems: The first few messages naming skipped batches/events.
+        damaged: One line per recording that was truncated or damaged.
+        groups: ``group_idx`` metadata stored in each recording (path → list or None).
+        channels: Every channel, by ``channel_id``.
+    """
+
+    recordings: list[str] = field(default_factory=list)
+    messages: int = 0
+    events: int = 0
+    rows: int = 0
+    payload_bytes: int = 0
+    bad_batches: int = 0
+    skipped_events: int = 0
+    problems: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)
+    groups: dict[str, list[dict[str, object]] | None] = field(default_factory=dict)
+    channels: dict[int, ChannelRef] = field(default_factory=dict)
+
+    def note(self, msg: str) -> None:
+        """Keep a problem message (the first 20 only)."""
+        if len(self.problems) < 20:
+            self.problems.append(msg)
+
+
+class _Pending:
+    """Batches decoded but not yet turned into a table chunk."""
+
+    def __init__(self) -> None:
+        self.log_time: list[int] = []
+        self.ts: list[float] = []
+        self.seq: list[int] = []
+        self.chan: list[int] = []
+        self.rank: list[int | None] = []
+        self.events: list[list[object]] = []
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+_get_hashes = attrgetter("block_hashes")
+_get_group = attrgetter("group_idx")
+_get_kind = attrgetter("kv_cache_spec_kind")
+_get_window = attrgetter("kv_cache_spec_sliding_window")
+_get_medium = attrgetter("medium")
+_get_tokens = attrgetter("token_ids")
+
+
+def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
+    """Turn pending batches into one table chunk (vectorised; no Python per hash)."""
+    evlists = p.events
+    n_per_batch = list(map(len, evlists))
+    events = list(chain.from_iterable(evlists))
+    n_ev = len(events)
+    types = list(map(_TYPE_CODE.__getitem__, map(type, events)))
+    hash_lists = list(map(_get_hashes, events))
+    n_hash = list(map(len, hash_lists))
+    flat_hashes = list(chain.from_iterable(hash_lists))
+    # Tokens: len(token_ids), read from the msgpack header of each (undecoded) list.
+    tokens = token_counts(list(map(bytes, map(_get_tokens, events))))
+    batches = pl.DataFrame(
+        {
+            "log_time": p.log_time,
+            "ts": p.ts,
+            "seq": p.seq,
+            "channel_id": p.chan,
+            "dp_rank": p.rank,
+            "n": n_per_batch,
+        },
+        schema={
+            "log_time": pl.Int64,
+            "ts": pl.Float64,
+            "seq": pl.Int64,
+            "channel_id": pl.UInt32,
+            "dp_rank": pl.Int64,
+            "n": pl.Int64,
+        },
+    )
+    ev = pl.DataFrame(
+        {
+            "type_code": types,
+            "group_idx": list(map(_get_group, events)),
+            "kind": list(map(_get_kind, events)),
+            "sliding_window": list(map(_get_window, events)),
+            "medium": list(map(_get_medium, events)),
+            "tokens": tokens,
+            "block_count": n_hash,
+        },
+        schema={
+            "type_code": pl.UInt8,
+            "group_idx": pl.Int64,
+            "kind": pl.String,
+            "sliding_window": pl.Int64,
+            "medium": pl.String,
+            "tokens": pl.Int64,
+            "block_count": pl.Int32,
+        },
+    )
+    # event -> batch
+    batch_of_event = (
+        batches.select(pl.int_range(pl.len(), dtype=pl.UInt32).repeat_by(pl.col("n")).explode())
+        .to_series()
+        .drop_nulls()
+    )
+    ev = pl.concat(
+        [ev, batches.drop("n")[batch_of_event]], how="horizontal"
+    ).with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
+    # event -> rows: one per hash, one for an event without hashes.
+    rows_per_event = ev["block_count"].clip(lower_bound=1)
+    row_event = pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(rows_per_event).explode()
+    df = ev[row_event]
+    n_rows = df.height
+    starts = (rows_per_event.cum_sum() - rows_per_event).cast(pl.Int64)
+    block_index = (pl.int_range(0, n_rows, eager=True, dtype=pl.Int64) - starts[row_event]).cast(
+        pl.Int32
+    )
+    hashes = hash_series(flat_hashes)
+    if len(hashes) == n_rows:
+        hash_col = hashes
+    else:
+        has = df["block_count"] > 0
+        hash_col = pl.Series("hash", [None] * n_rows, dtype=pl.Int64).scatter(
+            has.arg_true(), hashes
+        )
+    df = df.with_columns(
+        hash=hash_col,
+        block_index=block_index,
+        tokens=pl.when(block_index == 0).then(pl.col("tokens")).otherwise(0),
+    )
+    stats.rows += n_rows
+    stats.events += n_ev
+    return df
+
+
+def _finish(df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
+    names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
+    recs = pl.DataFrame(
+        {
+            "channel_id": list(names),
+            "recording": [v[0] for v in names.values()],
+            "channel": [v[1] for v in names.values()],
+        },
+        schema={"channel_id": pl.UInt32, "recording": pl.String, "channel": pl.String},
+    )
+    df = df.join(recs, on="channel_id", how="left", maintain_order="left").with_columns(
+        type=pl.col("type_code").cast(pl.Int64).replace_strict(
+            [0, 1, 2], list(EVENT_TYPE_NAMES), return_dtype=EVENT_TYPE
+        )
+    )
+    return df.select([*TABLE_SCHEMA, "type_code"])
+
+
+def _merged_messages(
+    readers: list[Iterator[RecordedMessage]],
+) -> Iterator[tuple[int, RecordedMessage]]:
+    """One recording: its file order. Several: merged by publish time (streams stay lazy)."""
+    if len(readers) == 1:
+        for m in readers[0]:
+            yield 0, m
+        return
+    keyed = [((m.publish_time, i, n, m) for n, m in enumerate(it)) for i, it in enumerate(readers)]
+    for _, i, _, m in heapq.merge(*keyed):
+        yield i, m
+
+
+def iter_tables(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    stats: ReadStats | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[pl.DataFrame]:
+    """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
+
+    Each recording is read chunk by chunk; several recordings are merged by publish time
+    so that their streams interleave as they happened. A payload that is not a batch is
+    skipped and counted in ``stats`` (with its seq), as is every undecodable event.
+
+    Args:
+        paths: Recordings.
+        stats: Receives counts, channels, problems and damage; pass one to read them.
+        chunk_bytes: Payload bytes per chunk (memory is bounded by about a chunk's table).
+
+    Yields:
+        Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
+        stream order; row order inside a chunk is stream order.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+    """
+    st = stats if stats is not None else ReadStats()
+    opened = []
+    gc_was = gc.isenabled()
+    try:
+        for path in paths:
+            reader = open_recording(path)
+            opened.append(reader)
+        iters: list[Iterator[RecordedMessage]] = []
+        for reader in opened:
+            st.recordings.append(reader.path)
+            st.groups[reader.path] = reader.groups
+            iters.append(reader.messages())
+        chan_ids: dict[tuple[int, int], int] = {}
+        pending = _Pending()
+        # The cyclic GC would walk every decoded event again and again while a chunk
+        # accumulates (nothing here makes cycles): pause it while decoding.
+        gc_was = gc.isenabled()
+        gc.disable()
+        for i, m in _merged_messages(iters):
+            key = (i, m.channel.id)
+            cid = chan_ids.get(key)
+            if cid is None:
+                cid = chan_ids[key] = len(chan_ids)
+                st.channels[cid] = ChannelRef(cid, opened[i].path, m.channel)
+            st.messages += 1
+            try:
+                b = decode_lean(m.data, seq=m.seq)
+            except ProtocolError as err:
+                st.bad_batches += 1
+                st.note(f"{m.channel.path}: {m.channel.name}: {err}")
+                continue
+            if b.skipped:
+                st.skipped_events += len(b.skipped)
+                for s in b.skipped:
+                    st.note(f"{m.channel.path}: {m.channel.name}: {s}")
+            pending.log_time.append(m.log_time)
+            pending.ts.append(b.ts)
+            pending.seq.append(m.seq)
+            pending.chan.append(cid)
+            pending.rank.append(
+                b.data_parallel_rank if b.data_parallel_rank is not None else m.channel.dp_rank
+            )
+            pending.events.append(b.events)
+            pending.bytes += len(m.data)
+            st.payload_bytes += len(m.data)
+            if pending.bytes >= chunk_bytes:
+                df = _build(pending, st.events, st)
+                pending = _Pending()
+                if gc_was:
+                    gc.enable()
+                yield _finish(df, st)
+                gc.disable()
+        if gc_was:
+            gc.enable()
+        if len(pending):
+            df = _build(pending, st.events, st)
+            yield _finish(df, st)
+        for reader in opened:
+            rec = reader.recovery
+            if not rec.complete:
+                st.damaged.append(rec.summary())
+    finally:
+        if gc_was:
+            gc.enable()
+        for reader in opened:
+            reader.close()
+
+
+def read_table(
+    paths: Sequence[str | os.PathLike[str]], *, stats: ReadStats | None = None
+) -> pl.DataFrame:
+    """Read recordings into one flat table (wire kinds, not annotated); for tests and small files.
+
+    Args:
+        paths: Recordings.
+        stats: Receives counts and problems.
+
+    Returns:
+        The whole table.
+    """
+    chunks = list(iter_tables(paths, stats=stats))
+    if not chunks:
+        return empty_table()
+    return pl.concat(chunks)
+
+
+def empty_table() -> pl.DataFrame:
+    """Return a table with no rows and the columns of :data:`TABLE_SCHEMA` (+ ``type_code``).
+
+    Returns:
+        The empty frame.
+    """
+    return pl.DataFrame(schema={**TABLE_SCHEMA, "type_code": pl.UInt8()})
+
+
+# -- annotation ------------------------------------------------------------------------------
+
+
+_META_SCHEMA = {
+    "channel_id": pl.UInt32,
+    "group_idx": pl.Int64,
+    "m_kind": pl.String,
+    "m_window": pl.Int64,
+}
+
+
+@dataclass
+class TableAnnotator:
+    """Annotates table chunks in stream order: metadata first, else learned from stores.
+
+    Stores whose ``group_idx`` is in the channel's metadata table get kind and window
+    from it (vLLM's ``take_events`` rule, overwriting what the wire says); so do removes.
+    Rows the metadata does not cover take what the first annotated store of their
+    (channel, rank, group) said, once that store has been seen; stores keep their own
+    wire annotation. Removes without ``group_idx`` are left for the report's hash
+    state (see :mod:`kvtool.report`).
+
+    Attributes:
+        tables: Metadata per recording path (None: learn from the stream).
+        learned: (channel_id, group_idx) → (kind, window), first annotated store wins.
+        changes: (channel_id, group_idx, (kind, window) before, after) seen.
+        out_of_range: Stores per group index not in a given metadata table.
+    """
+
+    tables: dict[str, GroupTable | None] = field(default_factory=dict)
+    learned: dict[tuple[int, int | None], tuple[str, int | None]] = field(default_factory=dict)
+    changes: set[tuple[int, int | None, tuple[str, int | None], tuple[str, int | None]]] = field(
+        default_factory=set
+    )
+    out_of_range: dict[int, int] = field(default_factory=dict)
+
+    def sources(self) -> list[str]:
+        """Return the metadata sources used, one per distinct source."""
+        out: list[str] = []
+        for t in self.tables.values():
+            s = t.source if t is not None else "learned from annotated stores"
+            if s not in out:
+                out.append(s)
+        return out or ["learned from annotated stores"]
+
+    def _meta_frame(self, stats: ReadStats) -> pl.DataFrame:
+        rows: list[tuple[int, int, str, int | None]] = []
+        for cid, ref in stats.channels.items():
+            table = self.tables.get(ref.recording)
+            if table is None:
+                continue
+            for g in table.groups.values():
+                rows.append((cid, g.group_idx, g.kind, g.sliding_window))
+        return pl.DataFrame(rows, schema=_META_SCHEMA, orient="row")
+
+    def __call__(self, df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
+        """Annotate one chunk (stream order), updating what was learned.
+
+        Args:
+            df: A chunk from :func:`iter_tables`.
+            stats: The read's stats (channels).
+
+        Returns:
+            The chunk with ``kind``/``sliding_window`` set where known.
+        """
+        if df.height == 0:
+            return df
+        meta = self._meta_frame(stats)
+        df = df.join(meta, on=["channel_id", "group_idx"], how="left", maintain_order="left")
+        is_store = pl.col("type_code") == STORED
+        in_meta = pl.col("m_kind").is_not_null()
+        # Out-of-range stores: a table exists for the channel but lacks the index.
+        covered = {ref.id for ref in stats.channels.values() if self.tables.get(ref.recording)}
+        if covered:
+            oor = df.filter(
+                is_store
+                & pl.col("group_idx").is_not_null()
+                & ~in_meta
+                & pl.col("channel_id").is_in(list(covered))
+                & (pl.col("block_index") == 0)
+            )["group_idx"].value_counts()
+            for g, n in oor.iter_rows():
+                self.out_of_range[g] = self.out_of_range.get(g, 0) + n
+        df = df.with_columns(
+            kind=pl.when(in_meta).then(pl.col("m_kind")).otherwise(pl.col("kind")),
+            sliding_window=pl.when(in_meta)
+            .then(pl.col("m_window"))
+            .otherwise(pl.col("sliding_window")),
+        ).drop("m_kind", "m_window")
+        # Learn: first annotated store per (channel, group), in stream order.
+        ann = (
+            df.filter(is_store & pl.col("kind").is_not_null() & (pl.col("block_index") == 0))
+            .select("channel_id", "group_idx", "kind", "sliding_window", "event_index")
+        )
+        if ann.height:
+            distinct = ann.unique(
+                ["channel_id", "group_idx", "kind", "sliding_window"], keep="first",
+                maintain_order=True,
+            )
+            firsts: dict[tuple[int, int | None], int] = {}
+            for cid, g, k, w, e in distinct.iter_rows():
+                key = (cid, g)
+                known = self.learned.get(key)
+                if known is None:
+                    self.learned[key] = (k, w)
+                    firsts[key] = e
+                elif known != (k, w):
+                    self.changes.add((cid, g, known, (k, w)))
+        else:
+            firsts = {}
+        if not self.learned:
+            return df
+        lr = pl.DataFrame(
+            [
+                (cid, g, k, w, firsts.get((cid, g), -1))
+                for (cid, g), (k, w) in self.learned.items()
+            ],
+            schema={
+                "channel_id": pl.UInt32,
+                "group_idx": pl.Int64,
+                "l_kind": pl.String,
+                "l_window": pl.Int64,
+                "l_from": pl.Int64,
+            },
+            orient="row",
+        )
+        df = df.join(
+            lr, on=["channel_id", "group_idx"], how="left", maintain_order="left", nulls_equal=True
+        )
+        use = (
+            pl.col("kind").is_null()
+            & pl.col("l_kind").is_not_null()
+            & (pl.col("event_index") > pl.col("l_from"))
+            & (pl.col("type_code") != CLEARED)
+        )
+        return df.with_columns(
+            kind=pl.when(use).then(pl.col("l_kind")).otherwise(pl.col("kind")),
+            sliding_window=pl.when(use)
+            .then(pl.col("l_window"))
+            .otherwise(pl.col("sliding_window")),
+        ).drop("l_kind", "l_window", "l_from")
+
+
+def make_annotator(
+    recording_groups: dict[str, list[dict[str, object]] | None],
+    *,
+    groups_file: str | os.PathLike[str] | None = None,
+    group_flags: Sequence[str] | None = None,
+) -> TableAnnotator:
+    """Pick the metadata per recording with :func:`kvtool.annotate.resolve_groups`.
+
+    Args:
+        recording_groups: Each recording's stored group metadata (path → list or None).
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+
+    Returns:
+        The annotator.
+
+    Raises:
+        MetadataError: Invalid metadata, or both a file and flags.
+    """
+    tables = {
+        path: resolve_groups(groups_file, group_flags, groups, recording=os.path.basename(path))
+        for path, groups in recording_groups.items()
+    }
+    return TableAnnotator(tables=tables)
+
+
+def recording_groups(paths: Iterable[str | os.PathLike[str]]) -> dict[str, list[dict[str, object]] | None]:
+    """Read each recording's stored group metadata (cheap: headers only).
+
+    Args:
+        paths: Recordings.
+
+    Returns:
+        Path (as :func:`open_recording` names it) → the metadata list or None.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+    """
+    out: dict[str, list[dict[str, object]] | None] = {}
+    for p in paths:
+        with open_recording(p) as r:
+            out[r.path] = r.groups
+    return out
+
+
+def iter_annotated(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    groups_file: str | os.PathLike[str] | None = None,
+    group_flags: Sequence[str] | None = None,
+    stats: ReadStats | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    annotator: TableAnnotator | None = None,
+) -> Iterator[pl.DataFrame]:
+    """Read and annotate: :func:`iter_tables` followed by a :class:`TableAnnotator`.
+
+    Args:
+        paths: Recordings.
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group`` flags.
+        stats: Receives counts and problems.
+        chunk_bytes: Payload bytes per chunk.
+        annotator: Use this annotator (to read what it learned afterwards).
+
+    Yields:
+        Annotated chunks.
+
+    Raises:
+        MetadataError: Invalid metadata.
+        RecordingError: A recording cannot be opened.
+    """
+    st = stats if stats is not None else ReadStats()
+    ann = annotator
+    if ann is None:
+        ann = make_annotator(recording_groups(paths), groups_file=groups_file,
+                             group_flags=group_flags)
+    for df in iter_tables(paths, stats=st, chunk_bytes=chunk_bytes):
+        yield ann(df, st)
+
+
+__all__ = [
+    "CLEARED",
+    "DEFAULT_CHUNK_BYTES",
+    "EVENT_TYPE",
+    "REMOVED",
+    "STORED",
+    "TABLE_SCHEMA",
+    "UNANNOTATED",
+    "UNATTRIBUTED",
+    "ChannelRef",
+    "KvtoolError",
+    "LeanBatch",
+    "ReadStats",
+    "TableAnnotator",
+    "decode_lean",
+    "empty_table",
+    "hash_series",
+    "iter_annotated",
+    "iter_tables",
+    "make_annotator",
+    "read_table",
+    "recording_groups",
+    "token_counts",
+]

@@ -1,0 +1,891 @@
+"""Per-kind, per-window and per-group tables of block stores and evictions, built streaming.
+
+Pure: chunks of the flat table (:mod:`kvtool.columns`) in, a :class:`Report` of polars
+DataFrames out; nothing here prints.
+
+Semantics (DESIGN.md "Report semantics"):
+
+- Live blocks are a multiset keyed by (channel, group_idx, hash): +1 per stored hash,
+  -1 per removed hash; ``AllBlocksCleared`` empties the channel and the blocks it drops
+  count as ``blocks_cleared``. A store of a live key counts in ``restored_blocks``; a
+  remove of a key that is not live counts in ``orphan_removes`` and changes nothing.
+- A remove's kind and window come from its ``group_idx`` (metadata, else learned from
+  annotated stores, see :class:`kvtool.columns.TableAnnotator`). A remove without
+  ``group_idx`` (older vLLM) goes to the one group in which its hash is live; when the
+  hash is live in no group or in several, it is ``unattributed`` (never guessed).
+- An event counts once (``store_events``/``remove_events``) under the kind of its first
+  block.
+- Lifetimes pair the j-th effective remove of a key with its j-th store since the key
+  was last empty (first in, first out), on the publisher clock (``ts``). Percentiles are
+  exact (linear interpolation) up to :data:`EXACT_LIFETIMES` lifetimes; beyond that, a
+  log histogram with 64 bins per doubling (relative error below 0.6 %).
+
+Vectorised per chunk: rows are sorted by (key, clear epoch, stream position); per key a
+prefix sum with a running minimum gives the clamped multiset count, from which orphans,
+restores, FIFO pairs and the blocks still live follow. Between chunks only the live
+entries (key, store time, group), the per-group totals, the distinct hashes stored and
+the lifetimes (or their histogram) are carried, so memory does not grow with the
+recording's length beyond that state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from kvtool.columns import (
+    CLEARED,
+    DEFAULT_CHUNK_BYTES,
+    REMOVED,
+    STORED,
+    UNANNOTATED,
+    UNATTRIBUTED,
+    ReadStats,
+    TableAnnotator,
+    iter_tables,
+    make_annotator,
+    recording_groups,
+)
+
+COUNT_COLUMNS = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "distinct_hashes",
+    "restored_blocks",
+    "orphan_removes",
+)
+LIFETIME_COLUMNS = ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s")
+COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
+"""Report columns, in DESIGN.md's names and order."""
+
+TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
+
+EXACT_LIFETIMES = 2_000_000
+"""Lifetimes kept exactly; past this many, a log histogram replaces them."""
+_HIST_BINS_PER_OCTAVE = 64
+
+_ADDITIVE = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "restored_blocks",
+    "orphan_removes",
+)
+_NOGROUP = -1  # group_idx null inside state keys
+
+
+@dataclass
+class Report:
+    """A finished report.
+
+    Attributes:
+        source: What was read: recordings, channels, metadata source, counts.
+        totals: One row with every column.
+        by_kind: One row per kind (``unannotated``/``unattributed`` included).
+        by_window: One row per sliding window (null: none or unknown).
+        by_group: One row per (group_idx, kind, sliding_window).
+        timeline: Per time bucket and kind (with ``every``), else None.
+        findings: One line each for things that look wrong.
+        damaged: True when input was skipped or a recording was damaged.
+        every_s: The timeline bucket in seconds, or None.
+    """
+
+    source: dict[str, object]
+    totals: pl.DataFrame
+    by_kind: pl.DataFrame
+    by_window: pl.DataFrame
+    by_group: pl.DataFrame
+    timeline: pl.DataFrame | None = None
+    findings: list[str] = field(default_factory=list)
+    damaged: bool = False
+    every_s: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the JSON contract: source, totals, by_kind, by_window, by_group (+ timeline).
+
+        Returns:
+            Plain Python objects (numbers, strings, None).
+        """
+        out: dict[str, object] = {
+            "source": self.source,
+            "totals": self.totals.to_dicts()[0] if self.totals.height else {},
+            "by_kind": self.by_kind.to_dicts(),
+            "by_window": self.by_window.to_dicts(),
+            "by_group": self.by_group.to_dicts(),
+        }
+        if self.timeline is not None:
+            out["timeline"] = self.timeline.to_dicts()
+        return out
+
+
+_LIVE_SCHEMA = {
+    "channel_id": pl.UInt32,
+    "gk": pl.Int64,
+    "hash": pl.Int64,
+    "t": pl.Float64,
+    "gkey": pl.UInt32,
+}
+
+
+class ReportBuilder:
+    """Feeds annotated table chunks through the live-block state and keeps the totals.
+
+    Args:
+        every_ns: Timeline bucket (ns), or None for no timeline.
+    """
+
+    def __init__(self, every_ns: int | None = None) -> None:
+        self.every_ns = every_ns
+        self.rows = 0
+        self.registry: dict[tuple[int | None, str, int | None], int] = {}
+        self.live = pl.DataFrame(schema=_LIVE_SCHEMA)
+        self.counts = pl.DataFrame(schema={"gkey": pl.UInt32, **{c: pl.Int64 for c in _ADDITIVE}})
+        self.distinct = pl.DataFrame(schema={"gkey": pl.UInt32, "hash": pl.Int64})
+        self.lifetimes: list[pl.DataFrame] = []
+        self.n_lifetimes = 0
+        self.hist: pl.DataFrame | None = None
+        self.levels: dict[str, dict[object, tuple[int, int]]] = {
+            "kind": {},
+            "window": {},
+            "group": {},
+            "total": {},
+        }
+        self.timeline = pl.DataFrame(
+            schema={"bucket": pl.Int64, "gkey": pl.UInt32, "stores": pl.Int64,
+                    "removes": pl.Int64, "delta": pl.Int64}
+        )
+        self.grouped_channels: set[int] = set()
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self.ambiguous_removes = 0
+
+    # -- registry of (group_idx, kind, window) ----------------------------------------------
+
+    def _gkeys(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Return df with ``gkey`` from (group_idx, kind_final, sliding_window)."""
+        keys = df.select("group_idx", "kind_final", "sliding_window").unique()
+        for g, k, w in keys.iter_rows():
+            if (g, k, w) not in self.registry:
+                self.registry[(g, k, w)] = len(self.registry)
+        return df.join(self._registry_frame(), on=["group_idx", "kind_final", "sliding_window"],
+                       how="left", nulls_equal=True, maintain_order="left")
+
+    def _registry_frame(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            [(g, k, w, i) for (g, k, w), i in self.registry.items()],
+            schema={"group_idx": pl.Int64, "kind_final": pl.String, "sliding_window": pl.Int64,
+                    "gkey": pl.UInt32},
+            orient="row",
+        )
+
+    # -- one chunk ---------------------------------------------------------------------------
+
+    def add(self, df: pl.DataFrame) -> None:
+        """Process one annotated chunk (in stream order).
+
+        Args:
+            df: A chunk from :func:`kvtool.columns.iter_annotated`.
+        """
+        if df.height == 0:
+            return
+        n = df.height
+        df = df.with_columns(
+            r=pl.int_range(self.rows, self.rows + n, dtype=pl.Int64),
+            gk=pl.col("group_idx").fill_null(_NOGROUP),
+        )
+        self.rows += n
+        ts = df["ts"]
+        lo, hi = ts.min(), ts.max()
+        if isinstance(lo, float):
+            self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+        if isinstance(hi, float):
+            self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        tc = pl.col("type_code")
+        # Channels whose stores carry group_idx: there a remove without one needs the
+        # (hash -> group) state; elsewhere (old vLLM: no group_idx at all) it is keyed
+        # by (channel, no group, hash) like its stores.
+        self.grouped_channels |= set(
+            df.filter((tc == STORED) & pl.col("group_idx").is_not_null())["channel_id"].unique()
+        )
+        needs = df.filter(
+            (tc == REMOVED)
+            & pl.col("group_idx").is_null()
+            & pl.col("hash").is_not_null()
+            & pl.col("channel_id").is_in(list(self.grouped_channels))
+        )
+        resolved: pl.DataFrame | None = None
+        if needs.height:
+            resolved = self._resolve_ungrouped(df)
+            df = df.join(resolved, on="r", how="left", maintain_order="left").with_columns(
+                gk=pl.coalesce("res_gk", "gk"),
+                kind=pl.when(pl.col("res_gk").is_not_null())
+                .then(pl.col("res_kind"))
+                .otherwise(pl.col("kind")),
+                sliding_window=pl.when(pl.col("res_gk").is_not_null())
+                .then(pl.col("res_window"))
+                .otherwise(pl.col("sliding_window")),
+                group_idx=pl.when(pl.col("res_gk").is_not_null() & (pl.col("res_gk") >= 0))
+                .then(pl.col("res_gk"))
+                .otherwise(pl.col("group_idx")),
+                exempt=pl.col("res_exempt").fill_null(False),
+            )
+        else:
+            df = df.with_columns(exempt=pl.lit(False))
+        # Clear epochs per channel.
+        df = df.with_columns(
+            epoch=(tc == CLEARED).cast(pl.Int64).cum_sum().over("channel_id"),
+        )
+        # Stores' gkey now (their kind never depends on state).
+        df = df.with_columns(
+            kind_final=pl.when(pl.col("kind").is_null())
+            .then(pl.lit(UNANNOTATED))
+            .otherwise(pl.col("kind"))
+        )
+        stores = df.filter(tc == STORED)
+        stores = self._gkeys(stores)
+        # -- the multiset state, vectorised ---------------------------------------------------
+        blocks = pl.concat(
+            [
+                stores.filter(pl.col("hash").is_not_null()).select(
+                    "r", "channel_id", "gk", "hash", "epoch", t="ts", d=pl.lit(1, pl.Int64),
+                    carry=pl.lit(False), gkey="gkey",
+                ),
+                df.filter((tc == REMOVED) & pl.col("hash").is_not_null() & ~pl.col("exempt"))
+                .select(
+                    "r", "channel_id", "gk", "hash", "epoch", t="ts", d=pl.lit(-1, pl.Int64),
+                    carry=pl.lit(False), gkey=pl.lit(None, pl.UInt32),
+                ),
+                self.live.select(
+                    r=pl.lit(-1, pl.Int64), channel_id="channel_id", gk="gk", hash="hash",
+                    epoch=pl.lit(0, pl.Int64), t="t", d=pl.lit(1, pl.Int64),
+                    carry=pl.lit(True), gkey="gkey",
+                ),
+            ]
+        ).sort(["channel_id", "gk", "hash", "epoch", "r"])
+        m = blocks.height
+        big = 2 * m + 2
+        is_add = pl.col("d") > 0
+        blocks = blocks.with_columns(
+            seg_start=(
+                (pl.col("channel_id") != pl.col("channel_id").shift(1))
+                | (pl.col("gk") != pl.col("gk").shift(1))
+                | (pl.col("hash") != pl.col("hash").shift(1))
+                | (pl.col("epoch") != pl.col("epoch").shift(1))
+            ).fill_null(True),
+            cs=pl.col("d").cum_sum(),
+            cadd=is_add.cast(pl.Int64).cum_sum(),
+        ).with_columns(
+            seg=pl.col("seg_start").cast(pl.Int64).cum_sum(),
+            base=pl.when("seg_start").then(pl.col("cs") - pl.col("d")).forward_fill(),
+            base_add=pl.when("seg_start")
+            .then(pl.col("cadd") - is_add.cast(pl.Int64))
+            .forward_fill(),
+        ).with_columns(
+            p=pl.col("cs") - pl.col("base"),
+            srank=pl.col("cadd") - pl.col("base_add") - 1,
+        ).with_columns(
+            cm=(pl.col("p") - pl.col("seg") * big).cum_min() + pl.col("seg") * big,
+        ).with_columns(
+            c=pl.col("p") - pl.min_horizontal(pl.col("cm"), pl.lit(0)),
+        ).with_columns(
+            c_prev=pl.when("seg_start").then(0).otherwise(pl.col("c").shift(1)),
+        ).with_columns(
+            orphan=(pl.col("d") < 0) & (pl.col("c_prev") == 0),
+            restored=is_add & ~pl.col("carry") & (pl.col("c_prev") > 0),
+        ).with_columns(
+            eff_rm=((pl.col("d") < 0) & ~pl.col("orphan")).cast(pl.Int64),
+        ).with_columns(
+            rrank=pl.col("eff_rm").cum_sum()
+            - pl.when("seg_start").then(pl.col("eff_rm").cum_sum() - pl.col("eff_rm"))
+            .forward_fill()
+            - 1,
+        ).with_columns(
+            n_rm=pl.col("eff_rm").sum().over("seg"),
+        )
+        adds = blocks.filter(is_add).select("seg", "srank", "t", "gkey", "channel_id", "gk",
+                                            "hash", "epoch", "n_rm")
+        rms = blocks.filter(pl.col("eff_rm") == 1).select("seg", "rrank", "r", t_rm="t")
+        pairs = rms.join(
+            adds.select("seg", "srank", "t", "gkey"),
+            left_on=["seg", "rrank"], right_on=["seg", "srank"], how="inner",
+        )
+        survivors = adds.filter(pl.col("srank") >= pl.col("n_rm"))
+        final_epoch = (
+            df.group_by("channel_id").agg(final=pl.col("epoch").max())
+        )
+        survivors = survivors.join(final_epoch, on="channel_id", how="left").with_columns(
+            pl.col("final").fill_null(0)
+        )
+        keep = survivors.filter(pl.col("epoch") == pl.col("final"))
+        cleared = survivors.filter(pl.col("epoch") < pl.col("final"))
+        self.live = keep.select(list(_LIVE_SCHEMA))
+        # The clear that ended each epoch: its row and time.
+        clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "r", "ts")
+        cleared = cleared.with_columns(epoch=pl.col("epoch") + 1).join(
+            clears, on=["channel_id", "epoch"], how="left"
+        )
+        # -- remove attribution ------------------------------------------------------------
+        flags = blocks.filter(~pl.col("carry")).select("r", "orphan", "restored")
+        df = df.join(flags, on="r", how="left", maintain_order="left").with_columns(
+            pl.col("orphan").fill_null(False),
+            pl.col("restored").fill_null(False),
+        )
+        stores = stores.join(flags.select("r", "restored"), on="r", how="left",
+                             maintain_order="left").with_columns(
+            pl.col("restored").fill_null(False)
+        )
+        if resolved is not None:
+            df = df.with_columns(
+                orphan=pl.col("orphan") | pl.col("res_orphan").fill_null(False)
+            )
+        unattr = (
+            (tc == REMOVED)
+            & pl.col("group_idx").is_null()
+            & (pl.col("orphan") | pl.col("exempt"))
+        )
+        removes = df.filter(tc == REMOVED).with_columns(
+            kind_final=pl.when(unattr)
+            .then(pl.lit(UNATTRIBUTED))
+            .when(pl.col("kind").is_null())
+            .then(pl.lit(UNANNOTATED))
+            .otherwise(pl.col("kind")),
+            sliding_window=pl.when(unattr).then(None).otherwise(pl.col("sliding_window")),
+        )
+        removes = self._gkeys(removes)
+        # -- additive counts per gkey ------------------------------------------------------
+        first = pl.col("block_index") == 0
+        has = pl.col("hash").is_not_null()
+        c_st = stores.group_by("gkey").agg(
+            store_events=first.sum().cast(pl.Int64),
+            blocks_stored=has.sum().cast(pl.Int64),
+            tokens_stored=pl.col("tokens").sum().cast(pl.Int64),
+            restored_blocks=pl.col("restored").sum().cast(pl.Int64),
+        )
+        c_rm = removes.group_by("gkey").agg(
+            remove_events=first.sum().cast(pl.Int64),
+            blocks_removed=has.sum().cast(pl.Int64),
+            orphan_removes=(pl.col("orphan") & has).sum().cast(pl.Int64),
+        )
+        c_cl = cleared.group_by("gkey").agg(blocks_cleared=pl.len().cast(pl.Int64))
+        parts = [
+            c.select("gkey", *[pl.col(x) for x in c.columns if x != "gkey"])
+            for c in (c_st, c_rm, c_cl)
+        ]
+        chunk_counts = pl.concat(parts, how="diagonal").fill_null(0)
+        self.counts = (
+            pl.concat([self.counts, chunk_counts], how="diagonal")
+            .fill_null(0)
+            .group_by("gkey")
+            .agg(*[pl.col(c).sum() for c in _ADDITIVE])
+        )
+        # -- distinct hashes -----------------------------------------------------------------
+        self.distinct = pl.concat(
+            [self.distinct, stores.filter(has).select("gkey", "hash")]
+        ).unique()
+        # -- lifetimes (by the remove's attribution) ------------------------------------------
+        rm_gkey = removes.select("r", "gkey")
+        lt = pairs.join(rm_gkey, on="r", how="left", suffix="_rm").select(
+            gkey=pl.col("gkey_rm"), lifetime_s=pl.col("t_rm") - pl.col("t")
+        )
+        self._add_lifetimes(lt)
+        # -- live deltas in stream order: peaks and timeline ---------------------------------
+        deltas = pl.concat(
+            [
+                stores.filter(has).select("r", "gkey", t="ts", delta=pl.lit(1, pl.Int64)),
+                pairs.select("r", "gkey", t="t_rm", delta=pl.lit(-1, pl.Int64)),
+                cleared.select("r", "gkey", t="ts", delta=pl.lit(-1, pl.Int64)),
+            ]
+        ).sort("r", maintain_order=True)
+        self._peaks(deltas)
+        if self.every_ns is not None:
+            self._timeline(stores, removes, deltas)
+
+    def _add_lifetimes(self, lt: pl.DataFrame) -> None:
+        if lt.height == 0:
+            return
+        if self.hist is None and self.n_lifetimes + lt.height <= EXACT_LIFETIMES:
+            self.lifetimes.append(lt)
+            self.n_lifetimes += lt.height
+            return
+        parts = [*self.lifetimes, lt]
+        self.lifetimes = []
+        self.n_lifetimes += lt.height
+        h = pl.concat(parts).select("gkey", bin=_hist_bin(pl.col("lifetime_s"))).group_by(
+            "gkey", "bin"
+        ).agg(n=pl.len().cast(pl.Int64))
+        if self.hist is not None:
+            h = pl.concat([self.hist, h]).group_by("gkey", "bin").agg(pl.col("n").sum())
+        self.hist = h
+
+    def _level_map(self) -> pl.DataFrame:
+        return self._registry_frame().with_columns(
+            L_kind=pl.col("kind_final"),
+            L_window=pl.col("sliding_window"),
+            L_group=pl.col("gkey").cast(pl.Int64),
+            L_total=pl.lit(0, pl.Int64),
+        )
+
+    def _peaks(self, deltas: pl.DataFrame) -> None:
+        if deltas.height == 0:
+            return
+        lm = self._level_map()
+        d = deltas.join(lm.select("gkey", "L_kind", "L_window", "L_group", "L_total"),
+                        on="gkey", how="left", maintain_order="left")
+        for level in ("kind", "window", "group", "total"):
+            col = f"L_{level}"
+            state = self.levels[level]
+            start = pl.DataFrame(
+                {"key": list(state), "start": [v[0] for v in state.values()]},
+                schema={"key": d.schema[col], "start": pl.Int64},
+            )
+            run = d.select(key=pl.col(col), delta="delta").with_columns(
+                run=pl.col("delta").cum_sum().over("key")
+            )
+            agg = run.group_by("key").agg(
+                hi=pl.col("run").max(), end=pl.col("run").last()
+            ).join(start, on="key", how="left", nulls_equal=True).with_columns(
+                pl.col("start").fill_null(0)
+            )
+            for key, hi, end, st in agg.iter_rows():
+                old = state.get(key, (0, 0))
+                state[key] = (st + end, max(old[1], st + hi, st))
+
+    def _timeline(self, stores: pl.DataFrame, removes: pl.DataFrame, deltas: pl.DataFrame) -> None:
+        assert self.every_ns is not None
+        ev = self.every_ns
+
+        def bucket(c: str) -> pl.Expr:
+            return (pl.col(c) * 1e9 / ev).floor().cast(pl.Int64)
+
+        has = pl.col("hash").is_not_null()
+        parts = [
+            stores.filter(has).group_by(bucket("ts").alias("bucket"), "gkey").agg(
+                stores=pl.len().cast(pl.Int64)
+            ),
+            removes.filter(has).group_by(bucket("ts").alias("bucket"), "gkey").agg(
+                removes=pl.len().cast(pl.Int64)
+            ),
+            deltas.group_by(bucket("t").alias("bucket"), "gkey").agg(
+                delta=pl.col("delta").sum()
+            ),
+        ]
+        chunk = pl.concat(parts, how="diagonal").fill_null(0)
+        self.timeline = (
+            pl.concat([self.timeline, chunk], how="diagonal")
+            .fill_null(0)
+            .group_by("bucket", "gkey")
+            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+        )
+
+    # -- removes without group_idx on channels whose stores have one ----------------------
+
+    def _resolve_ungrouped(self, df: pl.DataFrame) -> pl.DataFrame:
+        """Sequentially attribute removes without group_idx by the (hash → group) state."""
+        chans = list(self.grouped_channels)
+        rows = df.filter(pl.col("channel_id").is_in(chans) & (
+            (pl.col("type_code") == CLEARED) | pl.col("hash").is_not_null()
+        )).select("r", "channel_id", "type_code", "gk", "group_idx", "hash", "kind",
+                  "sliding_window")
+        count: dict[tuple[int, int, int], int] = {}
+        kinds: dict[tuple[int, int, int], tuple[str | None, int | None]] = {}
+        groups_of: dict[tuple[int, int], set[int]] = {}
+        for cid, gk, h in self.live.filter(pl.col("channel_id").is_in(chans)).select(
+            "channel_id", "gk", "hash"
+        ).iter_rows():
+            count[(cid, gk, h)] = count.get((cid, gk, h), 0) + 1
+            groups_of.setdefault((cid, h), set()).add(gk)
+        out: list[tuple[int, int | None, str | None, int | None, bool, bool]] = []
+        for r, cid, t, gk, g, h, k, w in rows.iter_rows():
+            if t == CLEARED:
+                for key in [key for key in count if key[0] == cid]:
+                    del count[key]
+                for key in [key for key in groups_of if key[0] == cid]:
+                    del groups_of[key]
+                continue
+            if t == STORED:
+                key = (cid, gk, h)
+                count[key] = count.get(key, 0) + 1
+                kinds[key] = (k, w)
+                groups_of.setdefault((cid, h), set()).add(gk)
+                continue
+            if g is None:
+                cands = [x for x in groups_of.get((cid, h), ()) if count.get((cid, x, h), 0) > 0]
+                if len(cands) == 1:
+                    gk = cands[0]
+                    k2, w2 = kinds.get((cid, gk, h), (k, w))
+                    out.append((r, gk, k2, w2, False, False))
+                else:
+                    # Live in no group (orphan) or several (ambiguous): unattributed.
+                    if len(cands) > 1:
+                        self.ambiguous_removes += 1
+                    out.append((r, None, None, None, True, not cands))
+                    continue
+            key = (cid, gk, h)
+            c = count.get(key, 0)
+            if c > 0:
+                count[key] = c - 1
+                if c == 1:
+                    groups_of.get((cid, h), set()).discard(gk)
+        return pl.DataFrame(
+            out,
+            schema={"r": pl.Int64, "res_gk": pl.Int64, "res_kind": pl.String,
+                    "res_window": pl.Int64, "res_exempt": pl.Boolean, "res_orphan": pl.Boolean},
+            orient="row",
+        )
+
+    # -- the result ----------------------------------------------------------------------
+
+    def _lifetime_frame(self) -> pl.DataFrame:
+        """(gkey, lifetime_s, n) rows: exact values (n=1) or histogram bin centres."""
+        if self.hist is not None:
+            return self.hist.select(
+                "gkey", lifetime_s=_hist_centre(pl.col("bin")), n="n"
+            )
+        if not self.lifetimes:
+            return pl.DataFrame(schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64,
+                                        "n": pl.Int64})
+        return pl.concat(self.lifetimes).with_columns(n=pl.lit(1, pl.Int64))
+
+    def tables(self) -> dict[str, pl.DataFrame]:
+        """Return totals, by_kind, by_window, by_group as DataFrames.
+
+        Returns:
+            The four tables (totals: one row).
+        """
+        reg = self._level_map()
+        live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
+        base = reg.join(self.counts, on="gkey", how="left").join(
+            live_end, on="gkey", how="left"
+        ).fill_null(0) if reg.height else reg.with_columns(
+            *[pl.lit(0, pl.Int64).alias(c) for c in (*_ADDITIVE, "live_blocks_end")]
+        )
+        lts = self._lifetime_frame().join(reg.select("gkey", "L_kind", "L_window", "L_group",
+                                                     "L_total"), on="gkey", how="left")
+        dist = self.distinct.join(reg.select("gkey", "L_kind", "L_window", "L_group",
+                                             "L_total"), on="gkey", how="left")
+        out: dict[str, pl.DataFrame] = {}
+        for level, name in (("total", "totals"), ("kind", "by_kind"), ("window", "by_window"),
+                            ("group", "by_group")):
+            col = f"L_{level}"
+            agg = base.group_by(col).agg(
+                *[pl.col(c).sum().cast(pl.Int64) for c in (*_ADDITIVE, "live_blocks_end")]
+            )
+            d = dist.group_by(col).agg(distinct_hashes=pl.col("hash").n_unique().cast(pl.Int64))
+            q = _quantiles(lts, col)
+            state = self.levels[level]
+            peaks = pl.DataFrame(
+                {col: list(state), "peak_live_blocks": [v[1] for v in state.values()]},
+                schema={col: agg.schema[col], "peak_live_blocks": pl.Int64},
+            )
+            t = (
+                agg.join(d, on=col, how="left", nulls_equal=True)
+                .join(peaks, on=col, how="left", nulls_equal=True)
+                .join(q, on=col, how="left", nulls_equal=True)
+                .with_columns(
+                    pl.col("distinct_hashes").fill_null(0), pl.col("peak_live_blocks").fill_null(0)
+                )
+            )
+            if level == "total":
+                if t.height == 0:
+                    t = pl.DataFrame({c: [0] for c in COUNT_COLUMNS}).with_columns(
+                        *[pl.lit(None, pl.Float64).alias(c) for c in LIFETIME_COLUMNS]
+                    )
+                out[name] = t.select(*COLUMNS)
+            elif level == "kind":
+                out[name] = t.rename({col: "kind"}).select("kind", *COLUMNS).sort("kind")
+            elif level == "window":
+                out[name] = (
+                    t.rename({col: "sliding_window"})
+                    .select("sliding_window", *COLUMNS)
+                    .sort("sliding_window", nulls_last=False)
+                )
+            else:
+                keys = reg.select(col, "group_idx", kind="kind_final", sw="sliding_window")
+                out[name] = (
+                    t.join(keys, on=col, how="left")
+                    .select("group_idx", "kind", pl.col("sw").alias("sliding_window"), *COLUMNS)
+                    .sort(["group_idx", "kind"], nulls_last=True)
+                )
+        return out
+
+    def timeline_frame(self) -> pl.DataFrame | None:
+        """Return the timeline: per bucket and kind, stores, removes, live blocks at its end.
+
+        Returns:
+            ``time_s`` (bucket start, seconds after the first bucket), ``kind``, ``stores``,
+            ``removes``, ``live_blocks``; None without ``every``.
+        """
+        if self.every_ns is None:
+            return None
+        reg = self._level_map().select("gkey", "L_kind")
+        tl = self.timeline.join(reg, on="gkey", how="left").group_by("bucket", "L_kind").agg(
+            pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum()
+        )
+        if tl.height == 0:
+            return pl.DataFrame(schema={"time_s": pl.Float64, "kind": pl.String,
+                                        "stores": pl.Int64, "removes": pl.Int64,
+                                        "live_blocks": pl.Int64})
+        b0, b1 = tl["bucket"].min(), tl["bucket"].max()
+        assert isinstance(b0, int) and isinstance(b1, int)
+        kinds = tl["L_kind"].unique().sort()
+        grid = pl.DataFrame({"bucket": pl.int_range(b0, b1 + 1, eager=True)}).join(
+            pl.DataFrame({"L_kind": kinds}), how="cross"
+        )
+        full = (
+            grid.join(tl, on=["bucket", "L_kind"], how="left")
+            .fill_null(0)
+            .sort("L_kind", "bucket")
+            .with_columns(live_blocks=pl.col("delta").cum_sum().over("L_kind"))
+        )
+        return full.select(
+            time_s=((pl.col("bucket") - b0) * self.every_ns / 1e9),
+            kind=pl.col("L_kind"),
+            stores="stores",
+            removes="removes",
+            live_blocks="live_blocks",
+        ).sort("time_s", "kind")
+
+
+def _hist_bin(lifetime_s: pl.Expr) -> pl.Expr:
+    ns = (lifetime_s * 1e9).round().clip(lower_bound=0)
+    return (
+        pl.when(ns < 1)
+        .then(pl.lit(-1, pl.Int64))
+        .otherwise((ns.log(2) * _HIST_BINS_PER_OCTAVE).floor().cast(pl.Int64))
+    )
+
+
+def _hist_centre(b: pl.Expr) -> pl.Expr:
+    return (
+        pl.when(b < 0)
+        .then(0.0)
+        .otherwise((2.0 ** ((b.cast(pl.Float64) + 0.5) / _HIST_BINS_PER_OCTAVE)) / 1e9)
+    )
+
+
+def _quantiles(lts: pl.DataFrame, col: str) -> pl.DataFrame:
+    """p50/p90/p99 per level key from (lifetime_s, n) rows."""
+    if lts.height == 0:
+        return pl.DataFrame(schema={col: lts.schema[col],
+                                    **{c: pl.Float64 for c in LIFETIME_COLUMNS}})
+    if lts["n"].max() == 1 and lts["n"].min() == 1:
+        return lts.group_by(col).agg(
+            lifetime_p50_s=pl.col("lifetime_s").quantile(0.5, "linear"),
+            lifetime_p90_s=pl.col("lifetime_s").quantile(0.9, "linear"),
+            lifetime_p99_s=pl.col("lifetime_s").quantile(0.99, "linear"),
+        )
+    # Histogram: the first bin whose cumulative count reaches q of the total.
+    s = lts.sort(col, "lifetime_s").with_columns(
+        cum=pl.col("n").cum_sum().over(col), tot=pl.col("n").sum().over(col)
+    )
+    exprs = []
+    for q, name in ((0.5, "lifetime_p50_s"), (0.9, "lifetime_p90_s"), (0.99, "lifetime_p99_s")):
+        exprs.append(
+            pl.col("lifetime_s").filter(pl.col("cum") >= pl.col("tot") * q).first().alias(name)
+        )
+    return s.group_by(col).agg(*exprs)
+
+
+def _findings(rep: dict[str, pl.DataFrame], builder: ReportBuilder,
+              annotator: TableAnnotator, stats: ReadStats) -> list[str]:
+    out: list[str] = []
+    tot = rep["totals"].to_dicts()[0]
+    by_kind = {r["kind"]: r for r in rep["by_kind"].to_dicts()}
+    stored = tot["blocks_stored"]
+    un = by_kind.get(UNANNOTATED, {})
+    if stored and un.get("blocks_stored", 0) == stored:
+        if builder.grouped_channels:
+            out.append(
+                "no store was annotated with a kind: pass the group metadata with "
+                "--groups FILE (get_kv_cache_group_metadata()) or --group IDX=KIND[:WINDOW]"
+            )
+        else:
+            out.append(
+                "no store carries group_idx or a kind (vLLM < 0.21): kinds cannot be known; "
+                "every block is reported as unannotated"
+            )
+    removed = tot["blocks_removed"]
+    unattr = by_kind.get(UNATTRIBUTED, {}).get("blocks_removed", 0)
+    unann = by_kind.get(UNANNOTATED, {}).get("blocks_removed", 0)
+    if removed and unattr + unann == removed:
+        out.append(
+            f"no remove could be attributed to a kind ({unattr} unattributed, {unann} "
+            "unannotated): give the group metadata (--groups/--group)"
+        )
+    elif unattr:
+        out.append(
+            f"{unattr} removed block(s) without group_idx could not be attributed "
+            "(hash live in no group or in several): reported as unattributed"
+        )
+    names = {cid: ref.info.name for cid, ref in stats.channels.items()}
+    for cid, g, before, after in sorted(annotator.changes, key=str):
+        out.append(
+            f"group {g} on {names.get(cid, cid)} changes kind mid-stream: "
+            f"{_kw(before)} -> {_kw(after)}"
+        )
+    evicting = {k: r["blocks_removed"] for k, r in by_kind.items()
+                if r["blocks_removed"] and k not in (UNATTRIBUTED, UNANNOTATED)}
+    if evicting:
+        for k, r in by_kind.items():
+            if k in (UNATTRIBUTED, UNANNOTATED) or k in evicting or not r["blocks_stored"]:
+                continue
+            other = ", ".join(f"{o} {n}" for o, n in sorted(evicting.items()))
+            out.append(
+                f"{k} stored {r['blocks_stored']} blocks but none was evicted while others "
+                f"evicted ({other}): its removes may be missing from the stream"
+            )
+    if tot["orphan_removes"]:
+        out.append(
+            f"{tot['orphan_removes']} removed block(s) were not live (the stream began "
+            "mid-way or batches were lost): counted as orphan_removes"
+        )
+    for g, n in sorted(annotator.out_of_range.items()):
+        out.append(f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)")
+    if stats.bad_batches or stats.skipped_events:
+        out.append(
+            f"skipped {stats.bad_batches} malformed payload(s) and {stats.skipped_events} "
+            "undecodable event(s)" + (f"; first: {stats.problems[0]}" if stats.problems else "")
+        )
+    out.extend(stats.damaged)
+    return out
+
+
+def _kw(kw: tuple[str, int | None]) -> str:
+    k, w = kw
+    return k + (f" window {w}" if w is not None else "")
+
+
+def build_report(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    groups_file: str | os.PathLike[str] | None = None,
+    group_flags: Sequence[str] | None = None,
+    every_ns: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Report:
+    """Read recordings (several: one combined report) and build the report, streaming.
+
+    Args:
+        paths: Recordings.
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        every_ns: Timeline bucket in ns, or None.
+        chunk_bytes: Payload bytes per chunk.
+
+    Returns:
+        The report.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+        MetadataError: Invalid group metadata.
+    """
+    stats = ReadStats()
+    annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
+                               group_flags=group_flags)
+    builder = ReportBuilder(every_ns)
+    for chunk in iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes):
+        builder.add(annotator(chunk, stats))
+    return finish_report(builder, annotator, stats)
+
+
+def report_from_chunks(
+    chunks: Iterable[pl.DataFrame],
+    *,
+    stats: ReadStats | None = None,
+    annotator: TableAnnotator | None = None,
+    every_ns: int | None = None,
+) -> Report:
+    """Build a report from table chunks already read (tests, other front ends).
+
+    Args:
+        chunks: Chunks of :func:`kvtool.columns.iter_tables`, in stream order.
+        stats: The read's stats.
+        annotator: Annotates each chunk (default: learn from the stream).
+        every_ns: Timeline bucket in ns.
+
+    Returns:
+        The report.
+    """
+    st = stats if stats is not None else ReadStats()
+    ann = annotator if annotator is not None else TableAnnotator()
+    builder = ReportBuilder(every_ns)
+    for chunk in chunks:
+        builder.add(ann(chunk, st))
+    return finish_report(builder, ann, st)
+
+
+def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: ReadStats) -> Report:
+    """Turn a fed :class:`ReportBuilder` into a :class:`Report`.
+
+    Args:
+        builder: The builder, after the last chunk.
+        annotator: The annotator used (metadata source, learned kinds).
+        stats: The read's stats.
+
+    Returns:
+        The report.
+    """
+    tabs = builder.tables()
+    findings = _findings(tabs, builder, annotator, stats)
+    dur = None
+    if builder.first_ts is not None and builder.last_ts is not None:
+        dur = builder.last_ts - builder.first_ts
+    source: dict[str, object] = {
+        "recordings": list(stats.recordings),
+        "channels": [
+            {"recording": ref.recording, "channel": ref.info.name,
+             "endpoint": ref.info.endpoint, "topic": ref.info.topic,
+             "dp_rank": ref.info.dp_rank}
+            for ref in stats.channels.values()
+        ],
+        "group_metadata": annotator.sources(),
+        "batches": stats.messages,
+        "events": stats.events,
+        "block_rows": stats.rows,
+        "duration_s": dur,
+        "lifetimes": "exact" if builder.hist is None else
+        f"log histogram, {_HIST_BINS_PER_OCTAVE} bins per doubling",
+        "skipped_batches": stats.bad_batches,
+        "skipped_events": stats.skipped_events,
+        "damaged": list(stats.damaged),
+    }
+    every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
+    return Report(
+        source=source,
+        totals=tabs["totals"],
+        by_kind=tabs["by_kind"],
+        by_window=tabs["by_window"],
+        by_group=tabs["by_group"],
+        timeline=builder.timeline_frame(),
+        findings=findings,
+        damaged=bool(stats.damaged or stats.bad_batches or stats.skipped_events),
+        every_s=every_s,
+    )
+
+
+__all__ = [
+    "COLUMNS",
+    "COUNT_COLUMNS",
+    "EXACT_LIFETIMES",
+    "LIFETIME_COLUMNS",
+    "Report",
+    "ReportBuilder",
+    "build_report",
+    "finish_report",
+    "report_from_chunks",
+]
+
+_ = math  # reserved for future percentile helpers
