@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from kvtool.annotate import Annotator, Checker, GroupLearner, GroupTable, resolve_groups
-from kvtool.errors import KvtoolError, ProtocolError, UsageError
+from kvtool.errors import ProtocolError, UsageError
 from kvtool.protocol import BlockRemoved, BlockStored, Event, KVEventBatch, decode_batch
 from kvtool.recording import RecordedMessage, RecordingReader, RecoveryReport, open_recording
 from kvtool.recording import format as fmt
@@ -353,17 +353,25 @@ class Replay:
         self.annotate = annotate
         self.check = check
         self.stats = ReplayStats()
-        self.readers: list[RecordingReader] = []
-        try:
-            for p in paths:
-                self.readers.append(open_recording(p))
-        except KvtoolError:
-            self.close()
-            raise
         self.decode = (
             decode or annotate or check or self.event_filter.active
             or self.batch_filter.ranks is not None
         )
+        self.readers: list[RecordingReader] = []
+        # A --groups file or --group flags are validated before anything is opened.
+        given: GroupTable | None = None
+        if (annotate or check) and (groups_file is not None or group_flags):
+            given = resolve_groups(groups_file, group_flags, None)
+        try:
+            for p in paths:
+                self.readers.append(open_recording(p))
+            self._setup(given)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, given: GroupTable | None) -> None:
+        annotate, check = self.annotate, self.check
         # Group metadata: one table per recording (a --groups file or --group flags apply
         # to every recording; otherwise each recording's own metadata record).
         self.tables: dict[str, GroupTable | None] = {}
@@ -373,9 +381,6 @@ class Replay:
         self.given: GroupTable | None = None
         """The table from ``--groups``/``--group`` flags, when given."""
         if annotate or check:
-            given: GroupTable | None = None
-            if groups_file is not None or group_flags:
-                given = resolve_groups(groups_file, group_flags, None)
             self.given = given
             for r in self.readers:
                 table = given
