@@ -537,9 +537,16 @@ def _merged_messages(
         for m in readers[0]:
             yield 0, m
         return
-    keyed = [((m.publish_time, i, n, m) for n, m in enumerate(it)) for i, it in enumerate(readers)]
+    keyed = [_keyed(i, it) for i, it in enumerate(readers)]
     for _, i, _, m in heapq.merge(*keyed):
         yield i, m
+
+
+def _keyed(
+    i: int, it: Iterator[RecordedMessage]
+) -> Iterator[tuple[int, int, int, RecordedMessage]]:
+    for n, m in enumerate(it):
+        yield m.publish_time, i, n, m
 
 
 def iter_tables(

@@ -397,8 +397,11 @@ class ReportBuilder:
         ).unique()
         # -- lifetimes (by the remove's attribution) ------------------------------------------
         rm_gkey = removes.select("r", "gkey")
+        # ts is float seconds since the epoch: difference at microsecond resolution so that
+        # float rounding of large timestamps does not show up in the lifetimes.
         lt = pairs.join(rm_gkey, on="r", how="left", suffix="_rm").select(
-            gkey=pl.col("gkey_rm"), lifetime_s=pl.col("t_rm") - pl.col("t")
+            gkey=pl.col("gkey_rm"),
+            lifetime_s=((pl.col("t_rm") * 1e6).round() - (pl.col("t") * 1e6).round()) / 1e6,
         )
         self._add_lifetimes(lt)
         # -- live deltas in stream order: peaks and timeline ---------------------------------
@@ -569,7 +572,9 @@ class ReportBuilder:
         live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
         base = reg.join(self.counts, on="gkey", how="left").join(
             live_end, on="gkey", how="left"
-        ).fill_null(0) if reg.height else reg.with_columns(
+        ).with_columns(
+            *[pl.col(c).fill_null(0) for c in (*_ADDITIVE, "live_blocks_end")]
+        ) if reg.height else reg.with_columns(
             *[pl.lit(0, pl.Int64).alias(c) for c in (*_ADDITIVE, "live_blocks_end")]
         )
         lts = self._lifetime_frame().join(reg.select("gkey", "L_kind", "L_window", "L_group",
@@ -651,7 +656,7 @@ class ReportBuilder:
             .with_columns(live_blocks=pl.col("delta").cum_sum().over("L_kind"))
         )
         return full.select(
-            time_s=((pl.col("bucket") - b0) * self.every_ns / 1e9),
+            time_s=((pl.col("bucket") - b0) * self.every_ns / 1e9).round(9),
             kind=pl.col("L_kind"),
             stores="stores",
             removes="removes",
@@ -683,9 +688,9 @@ def _quantiles(lts: pl.DataFrame, col: str) -> pl.DataFrame:
                                     **{c: pl.Float64 for c in LIFETIME_COLUMNS}})
     if lts["n"].max() == 1 and lts["n"].min() == 1:
         return lts.group_by(col).agg(
-            lifetime_p50_s=pl.col("lifetime_s").quantile(0.5, "linear"),
-            lifetime_p90_s=pl.col("lifetime_s").quantile(0.9, "linear"),
-            lifetime_p99_s=pl.col("lifetime_s").quantile(0.99, "linear"),
+            lifetime_p50_s=pl.col("lifetime_s").quantile(0.5, "linear").round(6),
+            lifetime_p90_s=pl.col("lifetime_s").quantile(0.9, "linear").round(6),
+            lifetime_p99_s=pl.col("lifetime_s").quantile(0.99, "linear").round(6),
         )
     # Histogram: the first bin whose cumulative count reaches q of the total.
     s = lts.sort(col, "lifetime_s").with_columns(
