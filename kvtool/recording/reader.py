@@ -184,7 +184,9 @@ class RecoveryReport(msgspec.Struct):
         if self.complete:
             return f"{self.path}: complete, {self.messages} messages"
         seqs = ""
-        if self.seq_first is not None and self.messages:
+        # A seq range reads as "everything in between": only when nothing is missing
+        # inside it (a clean prefix, or the whole data section).
+        if self.seq_first is not None and self.messages and self.damaged_chunks == 0:
             seqs = f" (seq {self.seq_first}-{self.seq_last})"
         if self.data_complete:
             return (
@@ -357,6 +359,7 @@ class RecordingReader:
         self._expected: int | None = None
         self._unknown_messages = 0
         self._foreign_messages = 0
+        self._chunked = False
         try:
             self._check_identity()
             self._read_tail()
@@ -427,9 +430,7 @@ class RecordingReader:
             self.profile = b.string()
             self.library = b.string()
         except (struct.error, UnicodeDecodeError) as err:
-            raise RecordingError(
-                f"{self.path}: MCAP header at byte 8 is damaged ({err})"
-            ) from err
+            raise RecordingError(f"{self.path}: MCAP header at byte 8 is damaged ({err})") from err
         self._data_start = len(MAGIC) + _REC.size + ln
         if self.profile != fmt.PROFILE:
             what = f"of profile {self.profile!r}" if self.profile else "without a profile"
@@ -452,22 +453,31 @@ class RecordingReader:
         if op != OP_FOOTER or ln != _FOOTER.size - _REC.size:
             self._tail_reason = f"footer at byte {footer_pos} is damaged"
             return
+        if summary_start != 0 and (
+            not self._data_start <= summary_start <= footer_pos
+            or not (
+                summary_offset_start == 0 or summary_start <= summary_offset_start <= footer_pos
+            )
+        ):
+            self._tail_reason = f"footer at byte {footer_pos} points outside the file"
+            return
+        section = summary_start or footer_pos
+        if section < self._data_start + _DATA_END_LEN or self._pread(
+            section - _DATA_END_LEN, _REC.size
+        ) != _REC.pack(OP_DATA_END, 4):
+            self._tail_reason = (
+                f"footer at byte {footer_pos} does not point at the end of the data section"
+            )
+            return
         if summary_start == 0:
             self._tail_ok = True
             self._data_limit = footer_pos
-            return
-        if not self._data_start <= summary_start <= footer_pos or not (
-            summary_offset_start == 0 or summary_start <= summary_offset_start <= footer_pos
-        ):
-            self._tail_reason = f"footer at byte {footer_pos} points outside the file"
             return
         self._data_limit = summary_start
         self._tail_ok = True
         body = self._pread(summary_start, footer_pos + _FOOTER.size - 4 - summary_start)
         if crc and zlib.crc32(body) != crc:
-            self._tail_reason = (
-                f"summary section at byte {summary_start} is damaged (CRC mismatch)"
-            )
+            self._tail_reason = f"summary section at byte {summary_start} is damaged (CRC mismatch)"
         summary = memoryview(body)[: footer_pos - summary_start]
         pos = 0
         try:
@@ -476,20 +486,29 @@ class RecordingReader:
                 start = pos + _REC.size
                 end = start + sln
                 if sop not in _SUMMARY_OPS or end > len(summary):
-                    raise struct.error(f"bad record (opcode 0x{sop:02x}) at byte {pos}")
+                    raise struct.error(
+                        f"bad record (opcode 0x{sop:02x}) at byte {summary_start + pos}"
+                    )
                 if self._tail_reason is None:
                     # Trust the summary's records only when its CRC checked out.
                     if sop == OP_SCHEMA:
                         self._schema(summary[start:end])
                     elif sop == OP_CHANNEL:
                         self._channel(summary[start:end])
+                    elif sop == OP_CHUNK_INDEX:
+                        self._chunked = True
                     elif sop == OP_STATISTICS:
                         (self._expected,) = struct.unpack_from("<Q", summary, start)
                 pos = end
         except (struct.error, UnicodeDecodeError) as err:
-            self._tail_reason = f"summary section at byte {summary_start} is damaged ({err})"
+            self._tail_reason = self._tail_reason or (
+                f"summary section at byte {summary_start} is damaged ({err})"
+            )
         if self._tail_reason is not None:
+            # An index that fails its check bounds nothing: scan to the data end record.
             self._expected = None
+            self._tail_ok = False
+            self._data_limit = self._size
 
     def _check_version(self) -> None:
         """Find the ``kvtool.recording`` record near the start and check its version."""
@@ -508,13 +527,22 @@ class RecordingReader:
                     break
                 if name == fmt.META_RECORDING:
                     if "format_version" in values:
-                        fmt.check_format_version(self.path, values["format_version"])
+                        self._check_version_value(values["format_version"])
                     return
             pos += _REC.size + ln
         # Not where the writer puts it: look through all metadata records.
         ctx = self.context
         if "format_version" in ctx:
-            fmt.check_format_version(self.path, ctx["format_version"])
+            self._check_version_value(ctx["format_version"])
+
+    def _check_version_value(self, value: object) -> None:
+        try:
+            fmt.parse_format_version(self.path, value)
+        except RecordingError:
+            # A damaged value in an otherwise readable record: read the file as the
+            # current version rather than refuse every intact message in it.
+            return
+        fmt.check_format_version(self.path, value)
 
     # -- metadata ---------------------------------------------------------------------
 
@@ -607,11 +635,15 @@ class RecordingReader:
             end: int | None = body_at + ln
             try:
                 if op == OP_CHUNK:
-                    msgs, true_end = self._read_chunk(pos, ln, limit, want=want_messages)
+                    self._chunked = True
+                    msgs, true_end, mismatch = self._read_chunk(pos, ln, limit, want=want_messages)
                     end = true_end
-                    if true_end != body_at + ln:
+                    if mismatch:
                         self._damage(
-                            rep, pos, f"chunk at byte {pos} has a damaged length", chunk=False
+                            rep,
+                            pos,
+                            f"chunk at byte {pos} has a damaged length field",
+                            chunk=False,
                         )
                     for m in msgs:
                         channels_seen.add(m.channel.id)
@@ -627,9 +659,7 @@ class RecordingReader:
                 if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
                     raise _Damage(f"record at byte {pos} runs past the end of the file")
                 if op not in _DATA_OPS:
-                    raise _Damage(
-                        f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end
-                    )
+                    raise _Damage(f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end)
                 body = self._pread(body_at, ln)
                 if op == OP_METADATA:
                     name, values = self._metadata(body)
@@ -639,6 +669,8 @@ class RecordingReader:
                     elif name == fmt.META_SEQ and want_messages:
                         self._seq_note(values)
                 elif op == OP_MESSAGE:
+                    if self._chunked:
+                        raise _Damage(f"message record outside a chunk at byte {pos}", end)
                     if want_messages:
                         one = self._message(memoryview(body), 0, len(body), pos)
                         if one is not None:
@@ -655,8 +687,10 @@ class RecordingReader:
                 elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
                     raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
             except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
-                damage = err if isinstance(err, _Damage) else _Damage(
-                    f"record at byte {pos} is damaged ({err})", end
+                damage = (
+                    err
+                    if isinstance(err, _Damage)
+                    else _Damage(f"record at byte {pos} is damaged ({err})", end)
                 )
                 is_chunk = op == OP_CHUNK and damage.end is not None
                 if damage.partial:
@@ -730,7 +764,28 @@ class RecordingReader:
             return bool(ln == 4)
         if op in (OP_CHUNK, OP_METADATA, OP_MESSAGE_INDEX):
             return self._strong(pos, op, ln)
-        return op in _DATA_OPS and pos + _REC.size + ln <= self._data_limit
+        if pos + _REC.size + ln > self._data_limit:
+            return False
+        if op == OP_MESSAGE:
+            # Messages outside chunks only in an unchunked file (no CRC protects them).
+            return not self._chunked and ln >= _MSG.size
+        if op in (OP_SCHEMA, OP_CHANNEL) and ln <= fmt.MAX_STRING_BYTES:
+            try:
+                b = _Buf(self._pread(pos + _REC.size, ln))
+                b.u16()
+                if op == OP_SCHEMA:
+                    b.string()
+                    b.string()
+                    b.raw(b.u32())
+                else:
+                    b.u16()
+                    b.string()
+                    b.string()
+                    b.str_map()
+                return bool(b.pos == ln)
+            except (struct.error, UnicodeDecodeError):
+                return False
+        return False
 
     def _strong(self, pos: int, op: int, ln: int) -> bool:
         """Check a chunk/metadata/message-index record's inner lengths against its length."""
@@ -781,7 +836,7 @@ class RecordingReader:
         # The data section's end record sits right before the summary.
         if self._tail_ok:
             cand = limit - _DATA_END_LEN
-            if cand >= start and self._pread(cand, _DATA_END_LEN)[:_REC.size] == _REC.pack(
+            if cand >= start and self._pread(cand, _DATA_END_LEN)[: _REC.size] == _REC.pack(
                 OP_DATA_END, 4
             ):
                 return cand
@@ -793,6 +848,8 @@ class RecordingReader:
         b = _Buf(body)
         name = b.string()
         values = {k: _decode_meta_value(v) for k, v in b.str_map().items()}
+        if b.pos != len(body):
+            raise struct.error("metadata record has bytes after its map")
         return name, values
 
     @staticmethod
@@ -820,8 +877,13 @@ class RecordingReader:
         if encoding != fmt.MESSAGE_ENCODING or (schema is not None and schema != fmt.SCHEMA_NAME):
             self._foreign.add(cid)
             return
-        self._define(cid, name, md.get(fmt.CHANNEL_ENDPOINT, name),
-                     md.get(fmt.CHANNEL_TOPIC, ""), md.get(fmt.CHANNEL_DP_RANK, ""))
+        self._define(
+            cid,
+            name,
+            md.get(fmt.CHANNEL_ENDPOINT, name),
+            md.get(fmt.CHANNEL_TOPIC, ""),
+            md.get(fmt.CHANNEL_DP_RANK, ""),
+        )
 
     def _channel_note(self, values: dict[str, object]) -> None:
         cid = values.get("id")
@@ -829,8 +891,13 @@ class RecordingReader:
             return
         name = str(values.get("name", f"channel {cid}"))
         rank = values.get("dp_rank")
-        self._define(cid, name, str(values.get("endpoint", name)), str(values.get("topic", "")),
-                     "" if rank is None else str(rank))
+        self._define(
+            cid,
+            name,
+            str(values.get("endpoint", name)),
+            str(values.get("topic", "")),
+            "" if rank is None else str(rank),
+        )
 
     def _define(self, cid: int, name: str, endpoint: str, topic: str, rank: str) -> None:
         self.channels[cid] = ChannelInfo(
@@ -862,8 +929,12 @@ class RecordingReader:
                 return None
             # Its channel record was lost with a damaged chunk: keep the message.
             ch = ChannelInfo(
-                id=cid, name=f"channel {cid}", endpoint=f"unknown (channel {cid})",
-                topic="", dp_rank=None, path=self.path,
+                id=cid,
+                name=f"channel {cid}",
+                endpoint=f"unknown (channel {cid})",
+                topic="",
+                dp_rank=None,
+                path=self.path,
             )
             self.channels[cid] = ch
             self._placeholders.add(cid)
@@ -890,8 +961,12 @@ class RecordingReader:
 
     def _read_chunk(
         self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[list[RecordedMessage], int]:
-        """Read the chunk at ``pos`` by its inner lengths; return messages and its end."""
+    ) -> tuple[list[RecordedMessage], int, bool]:
+        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
+
+        The flag is set when the record length disagrees with the chunk's inner lengths
+        (one of them is damaged).
+        """
         body_at = pos + _REC.size
         head = self._pread(body_at, _CHUNK.size + 4 + 16 + 8)
         if len(head) < _CHUNK.size + 4:
@@ -906,12 +981,22 @@ class RecordingReader:
             raise _Damage(f"chunk at byte {pos} has a damaged header") from None
         (n,) = struct.unpack_from("<Q", head, _CHUNK.size + 4 + clen)
         true_end = body_at + _CHUNK_FIXED + clen + n
+        outer_end = body_at + ln
+        mismatch = true_end != outer_end
+        if mismatch:
+            # The record length and the records length disagree: follow whichever one
+            # leads to an intact-looking next record.
+            outer_n = ln - _CHUNK_FIXED - clen
+            if outer_end <= limit and outer_n >= 0 and self._plausible(outer_end):
+                n, true_end = outer_n, outer_end
+            elif true_end > limit or not self._plausible(true_end):
+                raise _Damage(
+                    f"chunk at byte {pos} runs past the end of the file"
+                    if outer_end > limit and true_end > limit
+                    else f"chunk at byte {pos} has a damaged length"
+                )
         if true_end > limit or n > fmt.MAX_RECORD_BYTES:
-            raise _Damage(
-                f"chunk at byte {pos} runs past the end of the file"
-                if body_at + ln > limit
-                else f"chunk at byte {pos} has a damaged length"
-            )
+            raise _Damage(f"chunk at byte {pos} runs past the end of the file")
         if usize > fmt.MAX_RECORD_BYTES:
             raise _Damage(f"chunk at byte {pos} states an impossible size {usize}", true_end)
         if compression not in fmt.COMPRESSIONS:
@@ -921,7 +1006,7 @@ class RecordingReader:
                 true_end,
             )
         if not want:
-            return [], true_end
+            return [], true_end, mismatch
         data = self._pread(body_at + _CHUNK_FIXED + clen, n)
         try:
             records = _decompress(compression, data, usize)
@@ -962,7 +1047,7 @@ class RecordingReader:
             raise _Damage(
                 f"chunk at byte {pos} holds a damaged record ({err})", true_end, out
             ) from None
-        return out, true_end
+        return out, true_end, mismatch
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:

@@ -67,12 +67,13 @@ class RecordingWriter:
     ) -> None:
         self.path = os.fspath(path)
         try:
-            comp = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4,
-                    "none": CompressionType.NONE}[compression]
+            comp = {
+                "zstd": CompressionType.ZSTD,
+                "lz4": CompressionType.LZ4,
+                "none": CompressionType.NONE,
+            }[compression]
         except KeyError:
-            raise RecordingError(
-                f"unknown compression {compression!r} (zstd, lz4, none)"
-            ) from None
+            raise RecordingError(f"unknown compression {compression!r} (zstd, lz4, none)") from None
         if chunk_size <= 0 or flush_interval_ns <= 0:
             raise RecordingError(
                 f"chunk_size ({chunk_size}) and flush_interval_ns ({flush_interval_ns}) "
@@ -124,8 +125,7 @@ class RecordingWriter:
         except OSError as err:
             self._close_quietly()
             raise RecordingPathError(
-                f"{self.path}: cannot write: {err.strerror}; choose a writable path "
-                "with free space"
+                f"{self.path}: cannot write: {err.strerror}; choose a writable path with free space"
             ) from err
 
     def __enter__(self) -> RecordingWriter:
@@ -168,8 +168,7 @@ class RecordingWriter:
             # chunk is damaged.
             self.add_metadata(
                 fmt.META_CHANNEL,
-                {"id": cid, "name": name, "endpoint": endpoint, "topic": topic,
-                 "dp_rank": dp_rank},
+                {"id": cid, "name": name, "endpoint": endpoint, "topic": topic, "dp_rank": dp_rank},
             )
             self._channels[key] = cid
             self._channel_names[cid] = name
@@ -199,9 +198,7 @@ class RecordingWriter:
             )
         if publish_time is None:
             ts = peek_ts(payload)
-            publish_time = (
-                int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else log_time
-            )
+            publish_time = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else log_time
         prev = self._last_seq.get(channel_id)
         if (seq >> 32) != ((prev if prev is not None else 0) >> 32) or (
             prev is not None and seq < prev
