@@ -526,6 +526,8 @@ class Recorder:
         status: Called with the live :class:`CaptureStats` every ``status_interval_ns``.
         status_interval_ns: How often to call ``status``.
         context: A ZeroMQ context to use (e.g. for ``inproc``); default: a new one.
+        rcvhwm: Receive high-water mark of each SUB socket (messages queued before ZeroMQ
+            drops; gaps are then recovered over replay).
         writer_options: Extra keyword arguments for :class:`RecordingWriter`.
         extra_context: Extra keys for the recording's context metadata.
     """
@@ -549,6 +551,7 @@ class Recorder:
         status: Callable[[CaptureStats], None] | None = None,
         status_interval_ns: int = 250_000_000,
         context: zmq.Context[zmq.Socket[bytes]] | None = None,
+        rcvhwm: int = RCVHWM,
         writer_options: dict[str, object] | None = None,
         extra_context: dict[str, object] | None = None,
     ) -> None:
@@ -571,6 +574,7 @@ class Recorder:
         self._status = status
         self._status_interval_ns = status_interval_ns
         self._ctx_given = context
+        self._rcvhwm = rcvhwm
         self._writer_options = writer_options or {}
         self._extra_context = extra_context or {}
         self.stats = CaptureStats()
@@ -681,7 +685,7 @@ class Recorder:
         for i, spec in enumerate(self.sources):
             sub = ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.RCVHWM, RCVHWM)
+            sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
             mon = None
             if not spec.endpoint.startswith("inproc://"):
                 mon = sub.get_monitor_socket(

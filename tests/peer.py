@@ -86,6 +86,8 @@ class Peer:
         restart_after: Publish this many batches, then restart: close and re-bind both
             sockets, seq back to 0, buffer emptied; the rest follows in the new epoch.
         wait_subscribers: Subscriptions to wait for before publishing (0: don't wait).
+        publish_before_wait: Publish this many batches (to nobody) before waiting for
+            subscribers: what a late subscriber can only get with ``history``.
         start_delay: Extra seconds to wait before the first batch.
         rate: Batches per second (0: as fast as possible).
         linger: Seconds to keep serving replay after the last batch (``stop()`` ends it).
@@ -110,6 +112,7 @@ class Peer:
         pause_timeout: float = 5.0,
         restart_after: int | None = None,
         wait_subscribers: int = 1,
+        publish_before_wait: int = 0,
         subscribe_timeout: float = 10.0,
         start_delay: float = 0.0,
         rate: float = 0.0,
@@ -136,6 +139,7 @@ class Peer:
         self.pause_timeout = pause_timeout
         self.restart_after = restart_after
         self.wait_subscribers = wait_subscribers
+        self.publish_before_wait = publish_before_wait
         self.subscribe_timeout = subscribe_timeout
         self.start_delay = start_delay
         self.rate = rate
@@ -146,10 +150,15 @@ class Peer:
         self.ctx = zmq.Context()
         self._pub: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
-        self.endpoint = self._bind_pub(endpoint)
         self.replay_endpoint: str | None = None
-        if replay:
-            self.replay_endpoint = self._bind_router(None if replay is True else str(replay))
+        try:
+            self.endpoint = self._bind_pub(endpoint)
+            if replay:
+                self.replay_endpoint = self._bind_router(None if replay is True else str(replay))
+        except BaseException:
+            self._close_sockets()
+            self.ctx.term()
+            raise
 
         # What happened, for assertions: every batch as published (epoch, seq, topic,
         # payload), the seqs kept out of the live stream, replay requests served.
@@ -172,6 +181,7 @@ class Peer:
     # ----------------------------------------------------------------- sockets
     def _bind_pub(self, endpoint: str | None) -> str:
         pub = self.ctx.socket(zmq.XPUB)
+        self._pub = pub
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -186,6 +196,7 @@ class Peer:
 
     def _bind_router(self, endpoint: str | None) -> str:
         router = self.ctx.socket(zmq.ROUTER)
+        self._router = router
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.SNDHWM, 2 * (self.buffer_steps + 1) + 10)
         if endpoint is None:
@@ -259,13 +270,17 @@ class Peer:
         """Publish every batch (blocking), then serve replay for ``linger`` seconds."""
         epoch = 0
         seq = 0
-        self._wait_for_subscribers()
+        if not self.publish_before_wait:
+            self._wait_for_subscribers()
         if self.start_delay:
             self._serve(self.start_delay)
         t0 = time.monotonic()
         for i in range(self.count):
             if self._stop.is_set():
                 break
+            if self.publish_before_wait and i == self.publish_before_wait:
+                self._wait_for_subscribers()
+                t0 = time.monotonic() - i / self.rate if self.rate > 0 else t0
             if self.restart_after is not None and i == self.restart_after:
                 self._restart()
                 epoch += 1
@@ -298,19 +313,20 @@ class Peer:
         assert self._pub is not None
         self._pub.send_multipart((topic, seq_frame, payload), copy=False)
 
-    def _wait_for_subscribers(self) -> None:
+    def _wait_for_subscribers(self, since: int = 0) -> None:
+        """Wait until ``wait_subscribers`` subscriptions arrived (counted from ``since``)."""
         if self.wait_subscribers <= 0:
             return
         deadline = time.monotonic() + self.subscribe_timeout
-        seen = 0
-        while seen < self.wait_subscribers:
+        while self.subscriptions - since < self.wait_subscribers:
             if self._stop.is_set() or time.monotonic() > deadline:
                 raise TimeoutError(f"peer: no subscriber on {self.endpoint}")
-            seen += self._serve(0.02)
+            self._serve(0.02)
 
     def _restart(self) -> None:
         """Close and re-bind both sockets on the same endpoints; empty the buffer."""
         replay = self.replay_endpoint
+        since = self.subscriptions
         self._close_sockets()
         self._buffer.clear()
         for attempt in range(100):
@@ -325,7 +341,7 @@ class Peer:
                     raise
                 time.sleep(0.02)
         self._register()
-        self._wait_for_subscribers()
+        self._wait_for_subscribers(since)
 
     def _serve(self, timeout_s: float) -> int:
         """Serve replay requests and note subscriptions for up to ``timeout_s``.
