@@ -224,7 +224,7 @@ def _spec_class(spec: Mapping[str, object], where: str) -> str:
     name = spec.get("spec", spec.get("type"))
     if not isinstance(name, str):
         raise MetadataError(
-            f"{where}: a spec description needs \"spec\": a vLLM KV cache spec class name "
+            f'{where}: a spec description needs "spec": a vLLM KV cache spec class name '
             f"(one of {', '.join(SPEC_PARENTS)})"
         )
     if name not in SPEC_PARENTS:
@@ -253,7 +253,7 @@ def _inner_specs(spec: Mapping[str, object], where: str) -> list[Mapping[str, ob
         inner = list(inner.values())
     if not isinstance(inner, list) or not inner:
         raise MetadataError(
-            f"{where}: {UNIFORM_SPEC} needs \"specs\": a non-empty list (or layer→spec map) "
+            f'{where}: {UNIFORM_SPEC} needs "specs": a non-empty list (or layer→spec map) '
             "of spec descriptions"
         )
     out: list[Mapping[str, object]] = []
@@ -325,15 +325,14 @@ def spec_sliding_window(spec: Mapping[str, object], *, where: str = "spec") -> i
     if name == UNIFORM_SPEC:
         inner = _inner_specs(spec, where)
         windows = {
-            spec_sliding_window(s, where=f"{where}, inner spec {j}")
-            for j, s in enumerate(inner)
+            spec_sliding_window(s, where=f"{where}, inner spec {j}") for j, s in enumerate(inner)
         }
         return next(iter(windows)) if len(windows) == 1 else None
     if _isinstance(name, "SlidingWindowSpec"):
         w = spec.get("sliding_window")
         if not _is_int(w) or w <= 0:  # type: ignore[operator]
             raise MetadataError(
-                f"{where}: {name} needs \"sliding_window\": a positive integer (tokens)"
+                f'{where}: {name} needs "sliding_window": a positive integer (tokens)'
             )
         assert isinstance(w, int)
         return w
@@ -346,7 +345,7 @@ def _spec_block_size(spec: Mapping[str, object], where: str) -> int | None:
         sizes = {_spec_block_size(s, where) for s in _inner_specs(spec, where)}
         return next(iter(sizes)) if len(sizes) == 1 else None
     if bs is not None and not _is_int(bs):
-        raise MetadataError(f"{where}: \"block_size\" must be an integer, got {bs!r}")
+        raise MetadataError(f'{where}: "block_size" must be an integer, got {bs!r}')
     return bs  # type: ignore[return-value]
 
 
@@ -376,8 +375,8 @@ def groups_from_list(entries: object, *, source: str) -> GroupTable:
         entries = entries["groups"]
     if not isinstance(entries, list):
         raise MetadataError(
-            f"{source}: expected a JSON list of groups ({{\"group_idx\", \"kind\", "
-            f"\"block_size\", \"sliding_window\"}} or spec descriptions), "
+            f'{source}: expected a JSON list of groups ({{"group_idx", "kind", '
+            f'"block_size", "sliding_window"}} or spec descriptions), '
             f"got {type(entries).__name__}"
         )
     if not entries:
@@ -397,29 +396,27 @@ def groups_from_list(entries: object, *, source: str) -> GroupTable:
         else:
             if idx is None:
                 raise MetadataError(
-                    f"{where}: missing \"group_idx\" (a metadata entry needs group_idx and "
-                    "kind; a spec description needs \"spec\")"
+                    f'{where}: missing "group_idx" (a metadata entry needs group_idx and '
+                    'kind; a spec description needs "spec")'
                 )
             kind_v = entry.get("kind")
             if not isinstance(kind_v, str) or not kind_v:
-                raise MetadataError(
-                    f"{where}: \"kind\" must be a non-empty string, got {kind_v!r}"
-                )
+                raise MetadataError(f'{where}: "kind" must be a non-empty string, got {kind_v!r}')
             kind = kind_v
             window_v = entry.get("sliding_window")
             if window_v is not None and not _is_int(window_v):
                 raise MetadataError(
-                    f"{where}: \"sliding_window\" must be an integer or null, got {window_v!r}"
+                    f'{where}: "sliding_window" must be an integer or null, got {window_v!r}'
                 )
             window = window_v if isinstance(window_v, int) else None
             bs_v = entry.get("block_size")
             if bs_v is not None and not _is_int(bs_v):
                 raise MetadataError(
-                    f"{where}: \"block_size\" must be an integer or null, got {bs_v!r}"
+                    f'{where}: "block_size" must be an integer or null, got {bs_v!r}'
                 )
             block_size = bs_v if isinstance(bs_v, int) else None
         if not _is_int(idx) or idx < 0:
-            raise MetadataError(f"{where}: \"group_idx\" must be an integer >= 0, got {idx!r}")
+            raise MetadataError(f'{where}: "group_idx" must be an integer >= 0, got {idx!r}')
         assert isinstance(idx, int)
         if idx in groups:
             raise MetadataError(f"{where}: duplicate group_idx {idx}")
@@ -748,8 +745,12 @@ class GroupLearner:
                     self._seen_changes.add(mark)
                     self.changes.append(
                         KindChange(
-                            channel, dp_rank, idx, seq,
-                            (known.kind, known.sliding_window), (kind, window),
+                            channel,
+                            dp_rank,
+                            idx,
+                            seq,
+                            (known.kind, known.sliding_window),
+                            (kind, window),
                         )
                     )
 

@@ -65,7 +65,7 @@ def parse_endpoint(text: str, *, option: str = "--publish") -> str:
             raise EndpointError(f"{option} {text!r}: the endpoint has no path")
         return t
     elif t.startswith("tcp://"):
-        hm = _HOSTPORT.match(t[len("tcp://"):])
+        hm = _HOSTPORT.match(t[len("tcp://") :])
         if not hm:
             raise EndpointError(
                 f"{option} {text!r}: expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5557)"
@@ -125,10 +125,24 @@ _LAST_ARRAY_LEN = _WINDOW_I + 1  # 12: tag + 11 fields, the last array layout
 _MAP_ORDER = {
     name: i
     for i, name in enumerate(
-        ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-         "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-         "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
-         "lookahead_token_ids"]
+        [
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium",
+            "lora_name",
+            "extra_keys",
+            "group_idx",
+            "kv_cache_spec_kind",
+            "kv_cache_spec_sliding_window",
+            "locality",
+            "ownership",
+            "session_id",
+            "lookahead_token_ids",
+        ]
     )
 }
 
@@ -147,7 +161,8 @@ def _patch_map(ev: dict[object, object], info: GroupInfo) -> bool:
     else:
         ev["kv_cache_spec_sliding_window"] = info.sliding_window
     items = sorted(
-        ev.items(), key=lambda kv: _MAP_ORDER.get(kv[0], len(_MAP_ORDER))  # type: ignore[call-overload]
+        ev.items(),
+        key=lambda kv: _MAP_ORDER.get(kv[0], len(_MAP_ORDER)),  # type: ignore[call-overload]
     )
     ev.clear()
     ev.update(items)
@@ -155,11 +170,7 @@ def _patch_map(ev: dict[object, object], info: GroupInfo) -> bool:
 
 
 def _patch_array(ev: list[object], info: GroupInfo) -> bool:
-    if (
-        len(ev) > _WINDOW_I
-        and ev[_KIND_I] == info.kind
-        and ev[_WINDOW_I] == info.sliding_window
-    ):
+    if len(ev) > _WINDOW_I and ev[_KIND_I] == info.kind and ev[_WINDOW_I] == info.sliding_window:
         return False
     if len(ev) < _LAST_ARRAY_LEN:
         ev.extend([None] * (_LAST_ARRAY_LEN - len(ev)))

@@ -104,8 +104,14 @@ class TimeBound:
 
 
 _REL = re.compile(r"^\s*\+?(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
-_UNIT = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000,
-         "h": 3_600_000_000_000}
+_UNIT = {
+    "ns": 1,
+    "us": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
 
 
 def parse_time_bound(text: str, *, option: str = "--since") -> TimeBound:
@@ -135,7 +141,10 @@ def parse_time_bound(text: str, *, option: str = "--since") -> TimeBound:
         ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return TimeBound(absolute_ns=int(dt.timestamp() * 1_000_000_000))
+    # Integer arithmetic: a float timestamp loses the sub-microsecond ns at this scale.
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    us = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return TimeBound(absolute_ns=us * 1_000)
 
 
 def parse_seq_range(text: str) -> tuple[int | None, int | None]:
@@ -354,7 +363,10 @@ class Replay:
         self.check = check
         self.stats = ReplayStats()
         self.decode = (
-            decode or annotate or check or self.event_filter.active
+            decode
+            or annotate
+            or check
+            or self.event_filter.active
             or self.batch_filter.ranks is not None
         )
         self.readers: list[RecordingReader] = []
@@ -554,9 +566,7 @@ class Replay:
                 rank = batch.data_parallel_rank
             if bf.ranks is not None and rank not in bf.ranks:
                 continue
-            table = (
-                self._table_for(msg, rank) if (self.annotate or self.check) else None
-            )
+            table = self._table_for(msg, rank) if (self.annotate or self.check) else None
             if self.checker is not None:
                 self.checker.observe(ch.name, rank, batch.events, msg.seq, table=table)
             if self.annotate and table is not None:

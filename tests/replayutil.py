@@ -27,8 +27,10 @@ _RAW_LIST = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 def _encode_map16(ev: dict) -> bytes:
     # vLLM's msgspec writes map events (omit_defaults Structs) under a map16 header.
-    return b"\xde" + len(ev).to_bytes(2, "big") + b"".join(
-        _ENC.encode(k) + _ENC.encode(v) for k, v in ev.items()
+    return (
+        b"\xde"
+        + len(ev).to_bytes(2, "big")
+        + b"".join(_ENC.encode(k) + _ENC.encode(v) for k, v in ev.items())
     )
 
 
@@ -68,9 +70,11 @@ def write_recording(
     dp_rank: int | None = 0,
     base_ns: int = BASE_NS,
     step_ns: int = STEP_NS,
+    chunk_size: int | None = None,
 ) -> Path:
     """Write ``(topic, seq, payload)`` messages into a recording, 1 ms apart."""
-    with RecordingWriter(path) as w:
+    kw = {} if chunk_size is None else {"chunk_size": chunk_size}
+    with RecordingWriter(path, **kw) as w:  # type: ignore[arg-type]
         channels: dict[str, int] = {}
         for i, (topic, seq, payload) in enumerate(messages):
             t = topic.decode()
@@ -96,5 +100,8 @@ def capture_recording(
         msgs = [(t, s, strip_payload(p)) for t, s, p in msgs]
     suffix = ".stripped" if strip else ""
     return write_recording(
-        tmp_path / f"{name}{suffix}.mcap", msgs, groups=groups, **kw  # type: ignore[arg-type]
+        tmp_path / f"{name}{suffix}.mcap",
+        msgs,
+        groups=groups,
+        **kw,  # type: ignore[arg-type]
     )

@@ -40,11 +40,19 @@ from tests.replayutil import capture_recording
 GROUPS = Path(__file__).parent / "data" / "groups"
 
 
-def _stored(group_idx: int | None, kind: str | None = None, window: int | None = None,
-            ) -> BlockStored:
-    return BlockStored(block_hashes=[1, 2], token_ids=[1] * 32, block_size=16,
-                       group_idx=group_idx, kv_cache_spec_kind=kind,
-                       kv_cache_spec_sliding_window=window)
+def _stored(
+    group_idx: int | None,
+    kind: str | None = None,
+    window: int | None = None,
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=[1, 2],
+        token_ids=[1] * 32,
+        block_size=16,
+        group_idx=group_idx,
+        kv_cache_spec_kind=kind,
+        kv_cache_spec_sliding_window=window,
+    )
 
 
 def _batch(*events: object) -> KVEventBatch:
@@ -110,8 +118,10 @@ def test_annotator_counts_and_warns_once_per_index() -> None:
     ann = Annotator(TABLE)
     _, w1 = ann(_batch(_stored(5), _stored(5), _stored(0), _stored(6)))
     _, w2 = ann(_batch(_stored(5), _stored(6), _stored(7)))
-    assert w1 == ["Group index `5` not in KV cache metadata",
-                  "Group index `6` not in KV cache metadata"]
+    assert w1 == [
+        "Group index `5` not in KV cache metadata",
+        "Group index `6` not in KV cache metadata",
+    ]
     assert w2 == ["Group index `7` not in KV cache metadata"]
     assert dict(ann.out_of_range) == {5: 3, 6: 2, 7: 1}
     assert ann.summary()[0] == (
@@ -120,8 +130,10 @@ def test_annotator_counts_and_warns_once_per_index() -> None:
 
 
 def test_unknown_kind_string_is_a_kind() -> None:
-    table = groups_from_list([{"group_idx": 0, "kind": "linear_attention_v9",
-                               "block_size": 16, "sliding_window": None}], source="t")
+    table = groups_from_list(
+        [{"group_idx": 0, "kind": "linear_attention_v9", "block_size": 16, "sliding_window": None}],
+        source="t",
+    )
     out, _ = annotate(_batch(_stored(0)), table)
     assert out.events[0].kv_cache_spec_kind == "linear_attention_v9"  # type: ignore[union-attr]
 
@@ -153,8 +165,11 @@ SPEC_CASES = [
     (SINK, "sink_full_attention", None),
     (_sw(1024), "sliding_window", 1024),
     (_sw(128, "SlidingWindowMLASpec"), "sliding_window_mla", 128),
-    ({"spec": "ChunkedLocalAttentionSpec", "attention_chunk_size": 8192},
-     "chunked_local_attention", None),
+    (
+        {"spec": "ChunkedLocalAttentionSpec", "attention_chunk_size": 8192},
+        "chunked_local_attention",
+        None,
+    ),
     (MAMBA, "mamba", None),
     ({"spec": "EncoderOnlyAttentionSpec"}, "encoder_only_attention", None),
     ({"spec": "CrossAttentionSpec"}, "cross_attention", None),
@@ -177,17 +192,21 @@ SPEC_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("spec", "kind", "window"), SPEC_CASES,
-                         ids=[f"{i}-{c[1]}" for i, c in enumerate(SPEC_CASES)])
-def test_spec_kind_and_window_follow_vllm(spec: dict[str, object], kind: str,
-                                          window: int | None) -> None:
+@pytest.mark.parametrize(
+    ("spec", "kind", "window"), SPEC_CASES, ids=[f"{i}-{c[1]}" for i, c in enumerate(SPEC_CASES)]
+)
+def test_spec_kind_and_window_follow_vllm(
+    spec: dict[str, object], kind: str, window: int | None
+) -> None:
     assert spec_kind(spec) == kind
     assert spec_sliding_window(spec) == window
 
 
 def test_uniform_accepts_layer_map() -> None:
-    spec = {"spec": "UniformTypeKVCacheSpecs",
-            "kv_cache_specs": {"layers.0": MLA, "layers.1": FULL}}
+    spec = {
+        "spec": "UniformTypeKVCacheSpecs",
+        "kv_cache_specs": {"layers.0": MLA, "layers.1": FULL},
+    }
     assert spec_kind(spec) == "full_attention"
 
 
@@ -212,8 +231,7 @@ def test_spec_description_file_every_class() -> None:
 
 
 def test_spec_descriptions_may_carry_group_idx() -> None:
-    table = groups_from_list([{**_sw(64), "group_idx": 1}, {**FULL, "group_idx": 0}],
-                             source="t")
+    table = groups_from_list([{**_sw(64), "group_idx": 1}, {**FULL, "group_idx": 0}], source="t")
     assert table.describe() == "0=full_attention 1=sliding_window:64"
 
 
@@ -239,17 +257,20 @@ def test_truth_metadata_file_loads(tmp_path: Path) -> None:
         ("[]", "the list of groups is empty"),
         ("[3]", "entry 0: expected an object"),
         ('[{"spec": "FlashSpec"}]', "unknown spec class 'FlashSpec'"),
-        ('[{"spec": "SlidingWindowSpec"}]', "needs \"sliding_window\""),
-        ('[{"spec": "UniformTypeKVCacheSpecs", "specs": []}]', "needs \"specs\""),
-        ('[{"kind": "full_attention"}]', "missing \"group_idx\""),
-        ('[{"group_idx": 0, "kind": "a"}, {"group_idx": 0, "kind": "b"}]',
-         "duplicate group_idx 0"),
-        ('[{"group_idx": 0, "kind": "a"}, {"group_idx": 2, "kind": "b"}]',
-         "group_idx 1 is missing"),
-        ('[{"group_idx": "0", "kind": "a"}]', "\"group_idx\" must be an integer"),
-        ('[{"group_idx": 0, "kind": 5}]', "\"kind\" must be a non-empty string"),
-        ('[{"group_idx": 0, "kind": "a", "sliding_window": "64"}]',
-         "\"sliding_window\" must be an integer"),
+        ('[{"spec": "SlidingWindowSpec"}]', 'needs "sliding_window"'),
+        ('[{"spec": "UniformTypeKVCacheSpecs", "specs": []}]', 'needs "specs"'),
+        ('[{"kind": "full_attention"}]', 'missing "group_idx"'),
+        ('[{"group_idx": 0, "kind": "a"}, {"group_idx": 0, "kind": "b"}]', "duplicate group_idx 0"),
+        (
+            '[{"group_idx": 0, "kind": "a"}, {"group_idx": 2, "kind": "b"}]',
+            "group_idx 1 is missing",
+        ),
+        ('[{"group_idx": "0", "kind": "a"}]', '"group_idx" must be an integer'),
+        ('[{"group_idx": 0, "kind": 5}]', '"kind" must be a non-empty string'),
+        (
+            '[{"group_idx": 0, "kind": "a", "sliding_window": "64"}]',
+            '"sliding_window" must be an integer',
+        ),
     ],
 )
 def test_bad_groups_file_names_file_and_problem(tmp_path: Path, content: str, match: str) -> None:
@@ -273,8 +294,11 @@ def test_bad_groups_file_cli_one_line_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["replay", str(rec), "--annotate", "--groups", str(f)])
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == f"kvtool: {f}: entry 0: unknown spec class 'FlashSpec' (known: " + \
-        result.stderr.split("(known: ", 1)[1]
+    assert (
+        result.stderr
+        == f"kvtool: {f}: entry 0: unknown spec class 'FlashSpec' (known: "
+        + result.stderr.split("(known: ", 1)[1]
+    )
     assert result.stderr.count("\n") == 1
 
 
@@ -293,8 +317,12 @@ def test_parse_group_flags() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "match"),
-    [("full_attention", "expected IDX=KIND"), ("x=full_attention", "expected IDX=KIND"),
-     ("0=", "expected IDX=KIND"), ("1=sliding_window:wide", "window 'wide' is not an integer")],
+    [
+        ("full_attention", "expected IDX=KIND"),
+        ("x=full_attention", "expected IDX=KIND"),
+        ("0=", "expected IDX=KIND"),
+        ("1=sliding_window:wide", "window 'wide' is not an integer"),
+    ],
 )
 def test_parse_group_flags_rejects(flag: str, match: str) -> None:
     with pytest.raises(MetadataError, match=match):
@@ -324,10 +352,18 @@ def test_resolve_groups_precedence(tmp_path: Path) -> None:
 def test_to_frame_schema() -> None:
     frame = TABLE.to_frame()
     expected = pl.DataFrame(
-        {"group_idx": [0, 1], "kind": ["full_attention", "sliding_window"],
-         "sliding_window": [None, 64], "block_size": [None, None]},
-        schema={"group_idx": pl.Int64, "kind": pl.Utf8, "sliding_window": pl.Int64,
-                "block_size": pl.Int64},
+        {
+            "group_idx": [0, 1],
+            "kind": ["full_attention", "sliding_window"],
+            "sliding_window": [None, 64],
+            "block_size": [None, None],
+        },
+        schema={
+            "group_idx": pl.Int64,
+            "kind": pl.Utf8,
+            "sliding_window": pl.Int64,
+            "block_size": pl.Int64,
+        },
     )
     assert_frame_equal(frame, expected)
     assert GroupTable({}, "empty").to_frame().schema == expected.schema
@@ -352,14 +388,27 @@ def test_learner_per_channel_and_rank_and_changes() -> None:
 
 
 def test_checker_reports_each_kind_of_disagreement() -> None:
-    checker = Checker(parse_group_flags(["0=full_attention", "1=sliding_window:64",
-                                         "2=sliding_window:64"]))
-    checker.observe("a", 0, [_stored(0, "full_attention"), _stored(1, "sliding_window", 32),
-                             _stored(2), _stored(4, "mamba"), _stored(None)], seq=3)
+    checker = Checker(
+        parse_group_flags(["0=full_attention", "1=sliding_window:64", "2=sliding_window:64"])
+    )
+    checker.observe(
+        "a",
+        0,
+        [
+            _stored(0, "full_attention"),
+            _stored(1, "sliding_window", 32),
+            _stored(2),
+            _stored(4, "mamba"),
+            _stored(None),
+        ],
+        seq=3,
+    )
     lines = checker.disagreements()
     assert [ln.split(":")[0] for ln in lines] == ["group 1", "group 2", "group 4"]
-    assert "metadata says sliding_window (window 64), but 1 store(s) say sliding_window " \
+    assert (
+        "metadata says sliding_window (window 64), but 1 store(s) say sliding_window "
         "(window 32)" in lines[0]
+    )
     assert "1 store(s) left unannotated" in lines[1]
     assert "carry group_idx 4, which is not in the metadata" in lines[2]
     assert checker.stores_without_group == 1
@@ -378,8 +427,9 @@ def test_checker_learned_mode_flags_mid_stream_change() -> None:
     assert "at seq 2" in lines[0]
 
 
-@pytest.mark.parametrize("name", ["gemma3", "gemma3.byteshash", "gemma3.legacy-array-spec-kind",
-                                  "full_only"])
+@pytest.mark.parametrize(
+    "name", ["gemma3", "gemma3.byteshash", "gemma3.legacy-array-spec-kind", "full_only"]
+)
 def test_annotating_a_capture_with_its_metadata_changes_nothing(name: str) -> None:
     """vLLM's own annotation is reproduced: annotate() keeps every event object."""
     table = groups_from_list(capture_truth(name)["group_metadata"], source="t")

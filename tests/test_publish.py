@@ -53,8 +53,12 @@ def test_parse_endpoint_bare_port_binds_loopback(text: str, endpoint: str) -> No
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("0", "outside 1..65535"), ("70000", "outside"), ("tcp://host", "tcp://HOST:PORT"),
-     ("nonsense", "expected a port")],
+    [
+        ("0", "outside 1..65535"),
+        ("70000", "outside"),
+        ("tcp://host", "tcp://HOST:PORT"),
+        ("nonsense", "expected a port"),
+    ],
 )
 def test_parse_endpoint_rejects(text: str, match: str) -> None:
     with pytest.raises(EndpointError, match=match):
@@ -105,10 +109,19 @@ def test_annotate_payload_keeps_map_and_array_layout() -> None:
 
 def test_annotate_payload_overwrites_and_omits_none_window_in_maps() -> None:
     """A full-attention group overwrites a stale window; maps omit the None window key."""
-    ev = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
-          "token_ids": [1, 2], "block_size": 16, "lora_id": None, "medium": "GPU",
-          "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "sliding_window",
-          "kv_cache_spec_sliding_window": 64}
+    ev = {
+        "type": "BlockStored",
+        "block_hashes": [1],
+        "parent_block_hash": None,
+        "token_ids": [1, 2],
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "group_idx": 0,
+        "kv_cache_spec_kind": "sliding_window",
+        "kv_cache_spec_sliding_window": 64,
+    }
     payload = msgspec.msgpack.encode([1.0, [ev], 0])
     out, _ = annotate_payload(payload, parse_group_flags(["0=full_attention"]))
     got = msgspec.msgpack.decode(out)[1][0]
@@ -154,8 +167,13 @@ def test_publish_subscribe_byte_identical(name: str) -> None:
         with Publisher(ANY_PORT) as pub:
             sub = _sub(ctx, pub.first.stats.endpoint)
             try:
-                stats = publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True),
-                                wait_subscribers=1, wait_timeout_s=5)
+                stats = publish(
+                    pub,
+                    lambda: _items(msgs),
+                    pacing=Pacing(max_speed=True),
+                    wait_subscribers=1,
+                    wait_timeout_s=5,
+                )
                 got = _recv_all(sub, len(msgs))
             finally:
                 sub.close(linger=0)
@@ -174,8 +192,15 @@ def test_publish_renumber_and_loop() -> None:
         with Publisher(ANY_PORT) as pub:
             sub = _sub(ctx, pub.first.stats.endpoint)
             try:
-                stats = publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True),
-                                loops=2, renumber=True, wait_subscribers=1, wait_timeout_s=5)
+                stats = publish(
+                    pub,
+                    lambda: _items(msgs),
+                    pacing=Pacing(max_speed=True),
+                    loops=2,
+                    renumber=True,
+                    wait_subscribers=1,
+                    wait_timeout_s=5,
+                )
                 got = _recv_all(sub, 10)
             finally:
                 sub.close(linger=0)
@@ -226,8 +251,9 @@ def test_replay_router_answers_both_layouts(legacy: bool) -> None:
         endpoint = pub.first.stats.replay_endpoint
         assert endpoint is not None
         result: list[list[list[bytes]]] = []
-        client = threading.Thread(target=lambda: result.append(_replay_request(endpoint, 15,
-                                                                               legacy)))
+        client = threading.Thread(
+            target=lambda: result.append(_replay_request(endpoint, 15, legacy))
+        )
         client.start()
         deadline = time.monotonic() + 5
         while client.is_alive() and time.monotonic() < deadline:
@@ -248,8 +274,9 @@ def test_replay_router_answers_both_layouts(legacy: bool) -> None:
 @pytest.mark.zmq
 def test_wait_subscribers_times_out_with_a_clear_message() -> None:
     with Publisher(ANY_PORT) as pub, pytest.raises(EndpointError, match="0 of 1 subscriber"):
-        publish(pub, lambda: [], pacing=Pacing(max_speed=True), wait_subscribers=1,
-                wait_timeout_s=0.2)
+        publish(
+            pub, lambda: [], pacing=Pacing(max_speed=True), wait_subscribers=1, wait_timeout_s=0.2
+        )
 
 
 @pytest.mark.zmq
@@ -290,8 +317,22 @@ def test_cli_publish_unchanged_bytes(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     port = _free_port()
     result, got = _cli_publish(
-        ["replay", str(rec), "--publish", str(port), "--max-speed", "--wait-subscribers", "1",
-         "--wait-timeout", "10", "--hold", "0"], port, len(msgs))
+        [
+            "replay",
+            str(rec),
+            "--publish",
+            str(port),
+            "--max-speed",
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "10",
+            "--hold",
+            "0",
+        ],
+        port,
+        len(msgs),
+    )
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     assert result.stdout == ""  # type: ignore[attr-defined]
     assert f"publishing on tcp://127.0.0.1:{port}" in result.stderr  # type: ignore[attr-defined]
@@ -308,9 +349,25 @@ def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
     msgs = capture_messages(name)
     port = _free_port()
     result, got = _cli_publish(
-        ["replay", str(rec), "--annotate", "--groups", str(groups), "--publish", str(port),
-         "--max-speed", "--wait-subscribers", "1", "--wait-timeout", "10", "--hold", "0"],
-        port, len(msgs))
+        [
+            "replay",
+            str(rec),
+            "--annotate",
+            "--groups",
+            str(groups),
+            "--publish",
+            str(port),
+            "--max-speed",
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "10",
+            "--hold",
+            "0",
+        ],
+        port,
+        len(msgs),
+    )
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     assert [f[2] for f in got] == [p for _, _, p in msgs]
     events = [event_to_builtins(e) for f in got for e in decode_batch(f[2]).events]
@@ -327,8 +384,7 @@ def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
         (["--publish", "99999"], "outside 1..65535"),
     ],
 )
-def test_cli_publish_bad_flags_one_line_exit_2(tmp_path: Path, args: list[str],
-                                               match: str) -> None:
+def test_cli_publish_bad_flags_one_line_exit_2(tmp_path: Path, args: list[str], match: str) -> None:
     rec = capture_recording(tmp_path, "full_only")
     result = CliRunner().invoke(app, ["replay", str(rec), *args])
     assert result.exit_code == 2

@@ -64,8 +64,12 @@ def batch_records(item: ReplayBatch) -> list[dict[str, object]]:
     ts = item.batch.ts if item.batch is not None else None
     return [
         event_record(
-            seq=msg.seq, ts=ts, log_time=msg.log_time, channel=msg.channel.name,
-            dp_rank=item.dp_rank, event=ev,
+            seq=msg.seq,
+            ts=ts,
+            log_time=msg.log_time,
+            channel=msg.channel.name,
+            dp_rank=item.dp_rank,
+            event=ev,
         )
         for ev in item.events
     ]
@@ -91,9 +95,7 @@ class JsonlWriter:
         if not item.events:
             return
         recs = batch_records(item)
-        self.stream.write(
-            "".join(_JSON.encode(r).decode() + "\n" for r in recs)
-        )
+        self.stream.write("".join(_JSON.encode(r).decode() + "\n" for r in recs))
         self.lines += len(recs)
 
 
