@@ -6,6 +6,7 @@ what was recovered), and nothing but a ``KvtoolError`` ever comes out.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from pathlib import Path
@@ -91,15 +92,14 @@ def test_truncation_at_every_byte(
     data = path.read_bytes()
     bodies = chunk_bodies(path)
     per_chunk = _chunk_seqs(path)
-    data_end = len(data) - FOOTER_AT  # anything past the summary start also reads all
-    # Every byte of the first 2 KiB (header, metadata, first chunks), then every 7th.
-    cuts = (
-        list(range(len(data) + 1))
-        if len(data) < 4096
-        else [*range(0, 2048), *range(2048, len(data) + 1, 7), *range(data_end - 64, len(data) + 1)]
-    )
-    for cut in cuts:
-        q = _write(tmp_path, data[:cut])
+    tail = len(data) - FOOTER_AT - 64
+    # Every byte of the start (magic, header, metadata, first chunks) and of the end
+    # (data end, summary, footer), every 7th in between; from the end down, truncating
+    # one copy in place.
+    cuts = {*range(1200), *range(1200, tail, 7), *range(tail, len(data) + 1)}
+    q = _write(tmp_path, data)
+    for cut in sorted(cuts, reverse=True):
+        os.truncate(q, cut)
         try:
             msgs, rep = _read(q)
         except TruncatedRecording as err:
