@@ -1,0 +1,296 @@
+"""``kvtool info``: the library summary and the command, on recordings of real captures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.info import summarize
+from kvtool.recording import RecordingWriter
+from tests.conftest import capture_messages, capture_truth
+from tests.recutil import BASE_NS, ENDPOINT, STEP_NS, chunk_bodies, write_capture
+
+runner = CliRunner()
+
+GROUPS: list[dict[str, object]] = [
+    {"group_idx": 0, "kind": "full_attention", "block_size": 16, "sliding_window": None},
+    {"group_idx": 1, "kind": "sliding_window", "block_size": 16, "sliding_window": 64},
+]
+
+
+def _info_json(*args: str) -> tuple[int, object, str]:
+    result = runner.invoke(app, ["info", "--format", "json", *args])
+    return result.exit_code, json.loads(result.stdout) if result.stdout else None, result.stderr
+
+
+def test_info_json_matches_truth(tmp_path: Path, capture: str) -> None:
+    truth = capture_truth(capture)
+    path = tmp_path / f"{capture}.mcap"
+    write_capture(path, capture, chunk_size=8192)
+    code, out, err = _info_json(str(path))
+    assert code == 0, err
+    assert err == ""
+    assert isinstance(out, dict)
+    assert out["batches"] == truth["num_batches"]
+    assert out["events"] == truth["events_by_type"]
+    assert out["blocks_stored"] == truth["block_stored"]["total"]["blocks"]
+    assert out["blocks_removed"] == truth["block_removed"]["total"]["blocks"]
+    assert out["tokens_stored"] == truth["block_stored"]["total"]["tokens"]
+    wire = truth["wire"]
+    assert out["channels"] == [
+        {
+            "endpoint": ENDPOINT,
+            "topic": "",
+            "dp_rank": 0,
+            "batches": truth["num_batches"],
+            "seq_first": wire["seq_first"],
+            "seq_last": wire["seq_last"],
+            "name": ENDPOINT,
+            "start_time_ns": BASE_NS,
+            "end_time_ns": BASE_NS + (truth["num_batches"] - 1) * STEP_NS,
+        }
+    ]
+    assert out["gaps"] == {"recovered": 0, "lost": 0, "lost_ranges": [], "source": "file"}
+    assert out["restarts"] == 0
+    assert out["duration_s"] == pytest.approx((truth["num_batches"] - 1) * STEP_NS / 1e9)
+    assert out["groups"] is None
+    assert out["truncated"] is False
+    assert out["complete"] is True
+    assert out["undecodable"] == 0
+    assert out["size_bytes"] == os.path.getsize(path)
+
+
+def test_required_json_keys(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    write_capture(path, "gemma3", limit=5)
+    _code, out, _err = _info_json(str(path))
+    assert isinstance(out, dict)
+    required = {
+        "batches",
+        "events",
+        "blocks_stored",
+        "blocks_removed",
+        "channels",
+        "gaps",
+        "restarts",
+        "duration_s",
+        "groups",
+        "truncated",
+    }
+    assert required <= set(out)
+    assert set(out["events"]) == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    assert {"recovered", "lost", "lost_ranges"} <= set(out["gaps"])
+    assert set(out["channels"][0]) >= {
+        "endpoint",
+        "topic",
+        "dp_rank",
+        "batches",
+        "seq_first",
+        "seq_last",
+    }
+
+
+def test_gaps_from_file_without_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    write_capture(path, "gemma3", skip={10, 11, 12, 40})
+    info = summarize(path)
+    assert info.batches == 60
+    assert info.gaps.lost == 4
+    assert info.gaps.lost_ranges == [[10, 12], [40, 40]]
+    assert info.gaps.recovered == 0
+    assert info.gaps.source == "file"
+
+
+def test_gaps_from_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    ledger: dict[str, object] = {
+        "channels": [],
+        "recovered": 7,
+        "lost": 4,
+        "lost_ranges": [[10, 12], [40, 40]],
+        "restarts": 1,
+    }
+    write_capture(path, "gemma3", skip={10, 11, 12, 40}, ledger=ledger, groups=GROUPS)
+    info = summarize(path)
+    assert (info.gaps.recovered, info.gaps.lost) == (7, 4)
+    assert info.gaps.lost_ranges == [[10, 12], [40, 40]]
+    assert info.gaps.source == "ledger"
+    assert info.restarts == 1
+    assert info.groups == GROUPS
+    assert info.groups_source == "groups.json"
+
+
+def test_restart_counted_not_a_gap(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    msgs = capture_messages("full_only")
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        for i, seq in enumerate([0, 1, 2, 3, 0, 1, 2]):
+            w.write(ch, seq, msgs[i][2], BASE_NS + i)
+    info = summarize(path)
+    assert info.restarts == 1
+    assert info.gaps.lost == 0
+    assert info.channels[0].seq_first == 0 and info.channels[0].seq_last == 2
+
+
+def test_several_channels_and_ranks(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    msgs = capture_messages("gemma3")
+    with RecordingWriter(path) as w:
+        a = w.add_channel("tcp://h:5557", "", 0)
+        b = w.add_channel("tcp://h:5558", "", None)  # rank learnt from the batches
+        w.add_channel("tcp://h:5559", "", 2)  # never sent anything
+        for i, (_t, seq, payload) in enumerate(msgs):
+            w.write(a if i % 2 == 0 else b, seq // 2, payload, BASE_NS + i)
+    info = summarize(path)
+    assert [(c.endpoint, c.dp_rank, c.batches, c.seq_first, c.seq_last) for c in info.channels] == [
+        ("tcp://h:5557", 0, 32, 0, 31),
+        ("tcp://h:5558", 0, 32, 0, 31),
+        ("tcp://h:5559", 2, 0, None, None),
+    ]
+    assert info.batches == 64 and info.gaps.lost == 0
+
+
+def test_undecodable_payloads_are_counted(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    msgs = capture_messages("full_only")
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        w.write(ch, 0, msgs[0][2], BASE_NS)
+        w.write(ch, 1, b"\xc1 not msgpack", BASE_NS + 1)
+        w.write(ch, 2, msgs[2][2], BASE_NS + 2)
+    result = runner.invoke(app, ["info", "-f", "json", str(path)])
+    assert result.exit_code == 0
+    out = json.loads(result.stdout)
+    assert out["undecodable"] == 1 and out["batches"] == 3
+
+
+def test_truncated_file_prints_what_was_recovered_and_exits_3(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    written = write_capture(path, "gemma3", chunk_size=2048)
+    data = path.read_bytes()
+    start, length = chunk_bodies(path)[4]
+    cut = start + length + 100
+    path.write_bytes(data[:cut])
+    result = runner.invoke(app, ["info", "--format", "json", str(path)])
+    assert result.exit_code == 3
+    assert "Traceback" not in result.output
+    out = json.loads(result.stdout)
+    assert out["truncated"] is True and out["complete"] is False
+    assert 0 < out["batches"] < len(written)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"kvtool: {path}: recording is truncated at byte ")
+    assert f"recovered {out['batches']} messages (seq 0-{out['batches'] - 1})" in lines[0]
+    assert out["recovery"] == lines[0].removeprefix("kvtool: ")
+    # The table says it too, and the same single stderr line.
+    table = runner.invoke(app, ["info", str(path)])
+    assert table.exit_code == 3
+    assert "TRUNCATED" in table.stdout
+    assert len(table.stderr.splitlines()) == 1
+
+
+def test_damaged_chunk_in_middle_with_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    ledger: dict[str, object] = {"recovered": 3, "lost": 0, "lost_ranges": [], "restarts": 0}
+    write_capture(path, "gemma3", chunk_size=2048, ledger=ledger)
+    data = bytearray(path.read_bytes())
+    start, length = chunk_bodies(path)[2]
+    data[start + length - 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    info = summarize(path)
+    assert not info.complete and not info.truncated
+    assert info.gaps.source == "ledger+file"
+    assert info.gaps.recovered == 3
+    assert info.gaps.lost == 64 - info.batches
+    assert len(info.gaps.lost_ranges) == 1
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 3
+    assert "DAMAGED" in result.stdout
+    assert result.stderr.count("\n") == 1 and "1 damaged chunk(s)" in result.stderr
+
+
+def test_table_output(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    write_capture(path, "gemma3", groups=GROUPS)
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    for needle in (
+        f"File:      {path}",
+        "Batches:   64",
+        "Events:    1925 (BlockStored 396, BlockRemoved 1528, AllBlocksCleared 1)",
+        "Blocks:    stored 1890 (30240 tokens), removed 1528",
+        "Gaps:      none [from file]",
+        "Restarts:  0",
+        "Groups:    2 group(s) (from groups.json): 0=full_attention, 1=sliding_window:64",
+        "Status:    complete",
+        "Duration:  0.630 s",
+        "  tcp://127.0.0.1:5557  ''        0       64  0-63",
+    ):
+        assert needle in out, needle
+    assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_several_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
+    write_capture(a, "gemma3", limit=3)
+    write_capture(b, "full_only", limit=4)
+    code, out, err = _info_json(str(a), str(b))
+    assert code == 0 and err == ""
+    assert isinstance(out, list) and [o["batches"] for o in out] == [3, 4]
+    bad = tmp_path / "bad.mcap"
+    bad.write_text("nope")
+    result = runner.invoke(app, ["info", "-f", "json", str(a), str(bad)])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["batches"] == 3  # the readable file is still reported
+    assert result.stderr.splitlines() == [
+        f"kvtool: {bad}: not an MCAP file (starts with b'nope', not the MCAP magic); "
+        "kvtool reads recordings written by `kvtool record`"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "file is empty (0 bytes)"),
+        (b"PK\x03\x04 zip", "not an MCAP file"),
+    ],
+)
+def test_unreadable_file_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "x.mcap"
+    path.write_bytes(content)
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvtool: {path}: ") and message in lines[0]
+
+
+def test_newer_version_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "new.mcap"
+    with RecordingWriter(path, context={"format_version": 3}) as w:
+        w.add_channel(ENDPOINT)
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"kvtool: {path}: recording format version 3.0 is newer than this kvtool reads "
+        "(up to 1); upgrade kvtool (pip install -U kvtool)\n"
+    )
+
+
+def test_empty_recording(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path):
+        pass
+    info = summarize(path)
+    assert info.batches == 0 and info.channels == [] and info.duration_s == 0.0
+    assert info.complete and info.start_time is None
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 0 and "Batches:   0" in result.stdout
