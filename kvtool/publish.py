@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -277,6 +277,7 @@ class ChannelStats:
         endpoint: Where it published.
         replay_endpoint: Where it served replay requests, if anywhere.
         sent: Batches published.
+        dropped: Batches kept out of the live stream on purpose (``drop``).
         replay_requests: Replay requests answered.
         replayed: Batches sent in replay replies.
         subscribers: Subscriptions currently counted.
@@ -285,6 +286,7 @@ class ChannelStats:
     endpoint: str
     replay_endpoint: str | None
     sent: int = 0
+    dropped: int = 0
     replay_requests: int = 0
     replayed: int = 0
     subscribers: int = 0
@@ -345,17 +347,22 @@ class ChannelPublisher:
             raise
         self._send = self.pub.send_multipart
 
-    def send(self, topic: bytes, seq: int, payload: bytes) -> None:
+    def send(self, topic: bytes, seq: int, payload: bytes, *, live: bool = True) -> None:
         """Publish one batch and keep it for replay.
 
         Args:
             topic: The ZeroMQ topic frame.
             seq: The sequence number (sent as 8 bytes big-endian).
             payload: The msgpack payload.
+            live: False keeps the batch out of the live stream (it is only in the replay
+                buffer), to exercise a subscriber's gap recovery.
         """
-        self._send((topic, seq.to_bytes(8, "big"), payload), copy=len(payload) < 65536)
+        if live:
+            self._send((topic, seq.to_bytes(8, "big"), payload), copy=len(payload) < 65536)
+            self.stats.sent += 1
+        else:
+            self.stats.dropped += 1
         self.buffer.append((seq, topic, payload))
-        self.stats.sent += 1
 
     def restart(self) -> None:
         """Forget the replay buffer, as a restarted publisher does (seq goes back)."""
@@ -690,6 +697,7 @@ def publish(
     hold_s: float = 0.0,
     on_sent: Callable[[PublishStats], None] | None = None,
     on_wait: Callable[[int], None] | None = None,
+    drop: Collection[int] = (),
 ) -> PublishStats:
     """Publish batches with vLLM's framing, paced, looped, serving replay meanwhile.
 
@@ -707,6 +715,8 @@ def publish(
         hold_s: After the last batch, keep serving replay requests this long.
         on_sent: Progress callback, called about every 1000 batches and at the end.
         on_wait: Called while waiting for subscribers.
+        drop: Seqs (as sent) kept out of the live stream but put in the replay buffer,
+            so a subscriber has to recover them (vLLM's PUB drops under load likewise).
 
     Returns:
         What was published.
@@ -758,7 +768,7 @@ def publish(
                 next_seq[item.key] = seq + 1
             else:
                 seq = item.seq
-            pub.send(item.topic, seq, item.payload)
+            pub.send(item.topic, seq, item.payload, live=not drop or seq not in drop)
             stats.sent += 1
             i += 1
             if on_sent is not None and stats.sent % 1000 == 0:

@@ -79,6 +79,16 @@ def _seconds(text: str | None, option: str) -> float:
     return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
 
 
+def _seq_set(text: str | None) -> frozenset[int]:
+    out: set[int] = set()
+    for part in _split([text] if text else None):
+        a, b = parse_seq_range(part)
+        if a is None or b is None or b - a > 10_000_000:
+            raise UsageError(f"--drop {part!r}: expected seqs like 5,9,20:30")
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
 def replay(
     files: Annotated[
         list[Path],
@@ -297,6 +307,16 @@ def replay(
             help="Keep serving replay requests S seconds after the last batch.",
         ),
     ] = "1",
+    drop: Annotated[
+        str | None,
+        typer.Option(
+            "--drop",
+            metavar="SEQS",
+            help="Keep these seqs (e.g. 5,9,20:30) out of the live stream; they stay in "
+            "the replay buffer, so a subscriber must recover them.",
+            show_default=False,
+        ),
+    ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress or status on stderr.")
     ] = False,
@@ -352,6 +372,7 @@ def replay(
         ("--loop", loop != "1"),
         ("--wait-subscribers", wait_subscribers != "0"),
         ("--start-delay", start_delay is not None),
+        ("--drop", drop is not None),
     ]
     if publish is None:
         for flag, given in publishing_only:
@@ -401,6 +422,7 @@ def replay(
                 wait_timeout=wait_timeout,
                 start_delay=start_delay,
                 hold=hold,
+                drop=drop,
                 output=output,
                 force=force,
                 show_events=show_events,
@@ -548,6 +570,7 @@ def _run_publish(
     wait_timeout: str | None,
     start_delay: str | None,
     hold: str,
+    drop: str | None,
     output: Path | None,
     force: bool,
     show_events: bool,
@@ -557,6 +580,7 @@ def _run_publish(
     from kvtool.publish import Pacing, Publisher, PublishItem, annotate_payload, parse_endpoint
     from kvtool.publish import publish as do_publish
 
+    drop_set = _seq_set(drop)
     endpoint = parse_endpoint(publish)
     rep_ep = (
         parse_endpoint(replay_endpoint, option="--replay-endpoint") if replay_endpoint else None
@@ -623,6 +647,7 @@ def _run_publish(
                     hold_s=hold_s,
                     on_sent=progress.update,
                     on_wait=on_wait,
+                    drop=drop_set,
                 )
             finally:
                 progress.stop()
