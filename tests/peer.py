@@ -79,7 +79,8 @@ class Peer:
         buffer_steps: Batches the replay buffer keeps.
         reply_layout: ``"topic"`` (vLLM >= 0.26: ``[b"", topic, seq, payload]``) or
             ``"legacy"`` (``[b"", seq, payload]``, older vLLM and SGLang).
-        drop: Seqs kept out of the live stream (still in the replay buffer).
+        drop: Seqs kept out of the live stream (still in the replay buffer): ``seq`` in
+            any epoch, or ``(epoch, seq)`` (the epoch counts restarts).
         drop_rate: Fraction of seqs dropped at random (seeded by ``seed``).
         pause_for_replay_after: After publishing one of these seqs, wait until a replay
             request has been served (at most ``pause_timeout`` s).
@@ -105,7 +106,7 @@ class Peer:
         replay: bool | str = True,
         buffer_steps: int = 10_000,
         reply_layout: str = "topic",
-        drop: Iterable[int] = (),
+        drop: Iterable[int | tuple[int, int]] = (),
         drop_rate: float = 0.0,
         seed: int = 0,
         pause_for_replay_after: Iterable[int] = (),
@@ -215,10 +216,10 @@ class Peer:
         if self._router is not None:
             self._poller.register(self._router, zmq.POLLIN)
 
-    def _close_sockets(self) -> None:
+    def _close_sockets(self, linger: int = 0) -> None:
         for sock in (self._pub, self._router):
             if sock is not None:
-                sock.close(linger=0)
+                sock.close(linger=linger)
         self._pub = None
         self._router = None
 
@@ -306,7 +307,7 @@ class Peer:
     def _publish(self, epoch: int, seq: int, topic: bytes, payload: bytes) -> None:
         self._buffer.append((seq, topic, payload))
         self.published.append((epoch, seq, topic, payload))
-        if seq in self.drop or (self.drop_rate and self._rng.random() < self.drop_rate):
+        if seq in self.drop or (epoch, seq) in self.drop or (self.drop_rate and self._rng.random() < self.drop_rate):
             self.dropped.append((epoch, seq))
             return
         seq_frame = seq.to_bytes(8, "big") + b"\0" * (self.seq_width - 8)
@@ -327,7 +328,8 @@ class Peer:
         """Close and re-bind both sockets on the same endpoints; empty the buffer."""
         replay = self.replay_endpoint
         since = self.subscriptions
-        self._close_sockets()
+        # A graceful shutdown: what is queued for the subscriber still goes out.
+        self._close_sockets(linger=2000)
         self._buffer.clear()
         for attempt in range(100):
             try:

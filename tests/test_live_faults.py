@@ -1,0 +1,282 @@
+"""Live and resource faults (issue 5): drops, old gaps, restarts, dead peers, SIGKILL, disk full."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from kvtool.capture import ConnectTimeout, Recorder, Source
+from kvtool.recording import open_recording
+from tests.conftest import capture_messages
+from tests.peer import Peer
+from tests.test_capture import SECOND, assert_truth, read_back, record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUB)
+    port = s.bind_to_random_port("tcp://127.0.0.1")
+    s.close(linger=0)
+    ctx.term()
+    return port
+
+
+@pytest.mark.zmq
+def test_gap_older_than_replay_buffer_exactly_that_range_lost(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    # 10-20 never reach the live stream; the peer pauses after 21 until the replay request
+    # is served, so its 5-batch buffer then holds exactly 17-21.
+    with Peer(msgs, drop=range(10, 21), buffer_steps=5, pause_for_replay_after={21}) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=len(msgs) - 7)
+        assert peer.replay_requests[0] == 10
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == [s for s in range(len(msgs)) if not 10 <= s <= 16]
+    assert [d for _, d in got] == [p for _, s, p in msgs if not 10 <= s <= 16]
+    assert (res.stats.recovered, res.stats.lost, res.stats.gaps) == (4, 7, 1)
+    (gap,) = res.ledger["channels"][0]["gaps"]  # type: ignore[index]
+    assert gap == {"first": 10, "last": 20, "recovered": 4, "lost_ranges": [[10, 16]]}
+    assert res.ledger["lost_ranges"] == [[10, 16]]
+    with open_recording(tmp_path / "r.mcap") as r:
+        assert r.ledger == res.ledger
+
+
+@pytest.mark.zmq
+def test_publisher_restart_is_noted_and_recording_continues(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    with Peer(msgs, restart_after=30) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=len(msgs))
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(30)) + list(range(len(msgs) - 30))
+    assert [d for _, d in got] == [p for _, _, p in msgs]  # every payload, in order
+    assert res.stats.restarts == 1 and res.stats.lost == 0
+    (ch,) = res.ledger["channels"]  # type: ignore[misc]
+    (rs,) = ch["restarts"]
+    assert (rs["from_seq"], rs["to_seq"]) == (29, 0)
+    assert ch["gaps"] == []
+    assert res.ledger["restarts"] == 1
+    assert_truth(tmp_path / "r.mcap", "gemma3")
+
+
+@pytest.mark.zmq
+def test_restart_batches_missed_while_reconnecting_come_from_replay(tmp_path: Path) -> None:
+    """After a restart the first batches of the new epoch are missed live: a gap from 0."""
+    msgs = capture_messages("gemma3")
+    with Peer(msgs, restart_after=30, drop={(1, 0), (1, 1), (1, 2)}) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=len(msgs))
+    got = read_back(tmp_path / "r.mcap")
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert res.stats.restarts == 1
+    assert (res.stats.recovered, res.stats.lost) == (3, 0)
+    (rs,) = res.ledger["channels"][0]["restarts"]  # type: ignore[index]
+    assert (rs["from_seq"], rs["to_seq"]) == (29, 3)
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_five_percent_random_live_drops_all_recovered(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    n = 10 * len(msgs)
+    with Peer(msgs, count=n, drop_rate=0.05, seed=7, rate=2000) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n, quiet_ns=SECOND // 4)
+        dropped = len(peer.dropped)
+    assert dropped > 20
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [msgs[i % len(msgs)][2] for i in range(n)]
+    assert res.stats.lost == 0
+    assert res.ledger["lost"] == 0
+    assert 0 < res.stats.recovered <= dropped
+
+
+@pytest.mark.zmq
+def test_dead_replay_socket_cannot_hang_recording(tmp_path: Path) -> None:
+    msgs = capture_messages("full_only")
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    with Peer(msgs, drop={5}, replay=False) as peer:
+        t0 = time.monotonic()
+        res = Recorder(
+            tmp_path / "r.mcap", [Source(peer.endpoint, dead)], max_batches=len(msgs) - 1,
+            replay_timeout_ns=SECOND // 4, duration_ns=20 * SECOND,
+        ).run(handle_signals=False)
+        assert time.monotonic() - t0 < 5
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == [s for s in range(len(msgs)) if s != 5]
+    assert (res.stats.lost, res.stats.replay_timeouts) == (1, 1)
+    assert res.ledger["lost_ranges"] == [[5, 5]]
+
+
+@pytest.mark.zmq
+def test_without_replay_gaps_are_lost_not_silent(tmp_path: Path) -> None:
+    msgs = capture_messages("full_only")
+    with Peer(msgs, drop={3, 4, 40}, replay=False) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=len(msgs) - 3)
+    assert res.ledger["lost_ranges"] == [[3, 4], [40, 40]]
+    assert res.stats.lost == 3 and res.stats.gaps == 2
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_subscriber_slower_than_publisher_hwm_overflow(tmp_path: Path) -> None:
+    """Tiny high-water marks and a recorder that stalls: ZeroMQ drops, replay refills."""
+    msgs = capture_messages("gemma3")
+    n = 1500
+
+    def stall(_: object) -> None:
+        time.sleep(0.05)
+
+    with Peer(msgs, count=n, hwm=20) as peer:
+        res = record(
+            tmp_path / "r.mcap", peer, max_batches=n, rcvhwm=20, status=stall,
+            status_interval_ns=0, quiet_ns=SECOND // 4,
+        )
+        assert peer.dropped == []  # whatever is missing, ZeroMQ dropped
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert res.stats.gaps > 0, "the stall should have overflowed the high-water marks"
+    assert res.stats.lost == 0 and res.stats.recovered > 0
+
+
+@pytest.mark.zmq
+def test_publisher_never_comes_up(tmp_path: Path) -> None:
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    out = tmp_path / "r.mcap"
+    t0 = time.monotonic()
+    with pytest.raises(ConnectTimeout, match=rf"never reached a publisher at {ep}"):
+        Recorder(out, [Source(ep)], connect_timeout_ns=SECOND // 2).run(handle_signals=False)
+    assert time.monotonic() - t0 < 3
+    assert not out.exists()  # nothing was recorded: no empty file left behind
+
+
+@pytest.mark.zmq
+def test_idle_but_connected_publisher_is_not_a_timeout(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        res = Recorder(
+            tmp_path / "r.mcap", [Source(f"tcp://127.0.0.1:{port}")],
+            connect_timeout_ns=SECOND // 5, duration_ns=SECOND // 2,
+        ).run(handle_signals=False)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    assert res.stop_reason == "duration" and res.stats.batches == 0
+    with open_recording(tmp_path / "r.mcap") as r:
+        assert list(r.messages()) == [] and r.recovery.complete
+
+
+# ------------------------------------------------------------ process faults
+
+
+def _record_proc(args: list[str], **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvtool", "record", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        **kw,  # type: ignore[call-overload]
+    )
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_sigkill_mid_record_loses_at_most_about_a_second(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    rate = 200
+    out = tmp_path / "killed.mcap"
+    with Peer(msgs, count=100_000, rate=rate, replay=False) as peer:
+        proc = _record_proc([peer.endpoint, "-o", str(out), "-q"])
+        try:
+            deadline = time.monotonic() + 20
+            while len(peer.published) < int(2.5 * rate):
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+            sent = len(peer.published)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    with open_recording(out) as r:
+        got = [(m.seq, m.data) for m in r.messages()]
+        rep = r.recovery
+    assert rep.truncated and not rep.complete
+    assert [s for s, _ in got] == list(range(len(got)))
+    assert [d for _, d in got] == [msgs[s % len(msgs)][2] for s, _ in got]
+    # What was flushed: everything but at most ~1 s (the flush interval) plus slack.
+    assert sent - len(got) <= int(1.5 * rate), (sent, len(got))
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_with_closed_file_and_summary(tmp_path: Path, sig: int) -> None:
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "r.mcap"
+    with Peer(msgs, count=100_000, rate=200) as peer:
+        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o",
+                             str(out)])
+        try:
+            deadline = time.monotonic() + 20
+            while len(peer.published) < 100:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "batches" in lines[0] and "(signal)" in lines[0], err
+    with open_recording(out) as r:
+        got = [m.seq for m in r.messages()]
+        assert r.recovery.complete and r.ledger is not None
+    assert got == list(range(len(got))) and len(got) >= 100
+
+
+def _limit_file_size(limit: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_disk_full_one_line_error_and_written_part_readable(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "full.mcap"
+    limit = 60_000
+    with Peer(msgs, count=100_000, rate=400, replay=False) as peer:
+        proc = _record_proc(
+            [peer.endpoint, "-o", str(out), "-q"],
+            preexec_fn=lambda: _limit_file_size(limit),
+        )
+        try:
+            _, err = proc.communicate(timeout=40)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"kvtool: {out}: write failed after ")
+    assert "File too large" in lines[0] and "stays readable" in lines[0]
+    assert os.path.getsize(out) <= limit
+    with open_recording(out) as r:
+        got = [(m.seq, m.data) for m in r.messages()]
+        assert r.recovery.truncated
+    assert len(got) > 0
+    assert [s for s, _ in got] == list(range(len(got)))
+    assert [d for _, d in got] == [msgs[s % len(msgs)][2] for s, _ in got]
