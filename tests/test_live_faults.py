@@ -82,7 +82,6 @@ def test_restart_batches_missed_while_reconnecting_come_from_replay(tmp_path: Pa
 
 
 @pytest.mark.zmq
-@pytest.mark.slow
 def test_five_percent_random_live_drops_all_recovered(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     n = 10 * len(msgs)
@@ -125,7 +124,6 @@ def test_without_replay_gaps_are_lost_not_silent(tmp_path: Path) -> None:
 
 
 @pytest.mark.zmq
-@pytest.mark.slow
 def test_subscriber_slower_than_publisher_hwm_overflow(tmp_path: Path) -> None:
     """Tiny high-water marks and a recorder that stalls: ZeroMQ drops, replay refills."""
     msgs = capture_messages("gemma3")

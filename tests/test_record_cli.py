@@ -1,0 +1,166 @@
+"""`kvtool record` on the command line: exit statuses, one-line errors, summary, overwrite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.recording import open_recording
+from tests.conftest import capture_messages, capture_truth
+from tests.peer import Peer
+from tests.test_live_faults import free_port
+
+runner = CliRunner()
+
+
+def one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.mark.zmq
+def test_record_summary_and_exit_0(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "run.mcap"
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps(capture_truth("gemma3")["group_metadata"]))
+    with Peer(msgs, drop={7}) as peer:
+        res = runner.invoke(
+            app,
+            ["record", peer.endpoint, "--replay", peer.replay_endpoint or "", "-o", str(out),
+             "--max-batches", str(len(msgs)), "--duration", "20s", "--groups", str(groups)],
+        )
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout == ""
+    line = one_line(res.stderr)
+    assert line.startswith(f"{out}: 64 batches, 1925 events, 1 gaps (1 recovered, 0 lost), ")
+    assert line.endswith("(max_batches)")
+    with open_recording(out) as r:
+        assert [m.data for m in r.messages()] == [p for _, _, p in msgs]
+        assert r.groups == capture_truth("gemma3")["group_metadata"]
+        assert r.context["endpoints"] == [peer.endpoint]
+
+
+@pytest.mark.zmq
+def test_quiet_prints_nothing(tmp_path: Path) -> None:
+    msgs = capture_messages("full_only")
+    with Peer(msgs) as peer:
+        res = runner.invoke(
+            app, ["record", peer.endpoint, "-o", str(tmp_path / "r.mcap"), "-q",
+                  "-n", str(len(msgs))],
+        )
+    assert (res.exit_code, res.stdout, res.stderr) == (0, "", "")
+
+
+@pytest.mark.zmq
+def test_lost_batches_exit_3(tmp_path: Path) -> None:
+    msgs = capture_messages("full_only")
+    with Peer(msgs, drop={10, 11}, replay=False) as peer:
+        res = runner.invoke(
+            app, ["record", peer.endpoint, "-o", str(tmp_path / "r.mcap"),
+                  "-n", str(len(msgs) - 2)],
+        )
+    assert res.exit_code == 3, res.stderr
+    summary, lost = res.stderr.strip().splitlines()
+    assert "2 lost" in summary
+    assert lost == "kvtool: 2 batches lost (seq 10-11); the gap ledger in the recording lists them"
+
+
+@pytest.mark.zmq
+def test_publisher_never_comes_up_exit_1(tmp_path: Path) -> None:
+    port = free_port()
+    res = runner.invoke(
+        app, ["record", str(port), "-o", str(tmp_path / "r.mcap"), "--connect-timeout", "0.3s"],
+    )
+    assert res.exit_code == 1
+    line = one_line(res.stderr)
+    assert line.startswith("kvtool: no connection and no batch within 0.3s: never reached a "
+                           f"publisher at tcp://127.0.0.1:{port};")
+    assert not (tmp_path / "r.mcap").exists()
+
+
+def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    out.write_bytes(b"precious")
+    res = runner.invoke(app, ["record", "5557", "-o", str(out)])
+    assert res.exit_code == 2
+    assert one_line(res.stderr) == f"kvtool: {out}: file exists; pass --force to overwrite it"
+    assert out.read_bytes() == b"precious"
+
+
+@pytest.mark.zmq
+def test_force_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    out.write_bytes(b"old")
+    msgs = capture_messages("full_only")[:5]
+    with Peer(msgs) as peer:
+        res = runner.invoke(app, ["record", peer.endpoint, "-o", str(out), "--force", "-q",
+                                  "-n", "5"])
+    assert res.exit_code == 0, res.stderr
+    with open_recording(out) as r:
+        assert len(list(r.messages())) == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["tcp://127.0.0.1"], "kvtool: endpoint 'tcp://127.0.0.1': expected tcp://HOST:PORT"),
+        (["http://x:1"], "kvtool: endpoint 'http://x:1': not a ZeroMQ endpoint"),
+        (["tcp://*:5557"], "kvtool: endpoint 'tcp://*:5557': cannot connect to '*'"),
+        (["5557", "5558", "--replay", "5600"], "kvtool: 1 replay endpoints for 2 endpoints"),
+        (["5557", "--duration", "soon"], "kvtool: --duration: 'soon' is not a duration"),
+        (["5557", "--connect-timeout", "x"], "kvtool: --connect-timeout: 'x' is not a duration"),
+    ],
+)
+def test_usage_errors_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "r.mcap"
+    res = runner.invoke(app, ["record", *args, "-o", str(out)])
+    assert res.exit_code == 2
+    assert one_line(res.stderr).startswith(message)
+    assert res.stdout == ""
+    assert not out.exists()
+
+
+def test_unwritable_paths_exit_2(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["record", "5557", "-o", str(tmp_path / "no" / "such" / "r.mcap")])
+    assert res.exit_code == 2
+    assert one_line(res.stderr) == (
+        f"kvtool: {tmp_path / 'no' / 'such' / 'r.mcap'}: directory "
+        f"{tmp_path / 'no' / 'such'} does not exist"
+    )
+    res = runner.invoke(app, ["record", "5557", "-o", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "is a directory" in one_line(res.stderr)
+    # /sys refuses new files even to root: an unwritable directory on any Linux.
+    res = runner.invoke(app, ["record", "5557", "-o", "/sys/kvtool-test.mcap"])
+    assert res.exit_code == 2
+    assert one_line(res.stderr).startswith(
+        "kvtool: /sys/kvtool-test.mcap: cannot create: Permission denied"
+    )
+
+
+def test_bad_groups_file_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "groups.json"
+    bad.write_text('[{"group_idx": 0}]')
+    res = runner.invoke(app, ["record", "5557", "-o", str(tmp_path / "r.mcap"), "--groups",
+                              str(bad)])
+    assert res.exit_code == 2
+    assert one_line(res.stderr).startswith(f"kvtool: {bad}")
+    assert not (tmp_path / "r.mcap").exists()
+    res = runner.invoke(app, ["record", "5557", "-o", str(tmp_path / "r.mcap"), "--groups",
+                              str(tmp_path / "missing.json")])
+    assert res.exit_code == 2
+    assert "cannot read groups file" in one_line(res.stderr)
+
+
+def test_help_lists_the_options() -> None:
+    res = runner.invoke(app, ["record", "--help"])
+    assert res.exit_code == 0
+    for opt in ("--bind", "--topic", "--dp-size", "--replay", "--history", "--duration",
+                "--max-batches", "--groups", "--force", "--quiet", "--connect-timeout"):
+        assert opt in res.stdout
