@@ -34,6 +34,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_SNDHWM = 100_000
 """vLLM's default ``hwm`` for its PUB socket."""
 DEFAULT_BUFFER_STEPS = 10_000
+_SNDMORE = int(zmq.SNDMORE)
+_COPY_THRESHOLD = 65_536  # larger payloads are sent zero-copy
 """vLLM's default ``buffer_steps``: batches the replay socket can serve."""
 
 _PORT = re.compile(r"^\s*:?(\d{1,5}|\*)\s*$")
@@ -345,7 +347,9 @@ class ChannelPublisher:
         except BaseException:
             self.close(linger_ms=0)
             raise
-        self._send = self.pub.send_multipart
+        # The backend's send, without the sugar layer's per-call work (flag enums,
+        # routing-id checks): the publish loop is bound by per-frame overhead.
+        self._raw_send: Callable[..., object] = zmq.backend.Socket.send
 
     def send(self, topic: bytes, seq: int, payload: bytes, *, live: bool = True) -> None:
         """Publish one batch and keep it for replay.
@@ -358,7 +362,11 @@ class ChannelPublisher:
                 buffer), to exercise a subscriber's gap recovery.
         """
         if live:
-            self._send((topic, seq.to_bytes(8, "big"), payload), copy=len(payload) < 65536)
+            send = self._raw_send
+            pub = self.pub
+            send(pub, topic, _SNDMORE, True, False)
+            send(pub, seq.to_bytes(8, "big"), _SNDMORE, True, False)
+            send(pub, payload, 0, len(payload) < _COPY_THRESHOLD, False)
             self.stats.sent += 1
         else:
             self.stats.dropped += 1
