@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from mcap.reader import make_reader
 from mcap.writer import Writer
 
 from kvtool.errors import RecordingError, TruncatedRecording, UnsupportedVersion
+from kvtool.info import summarize
 from kvtool.recording import RecordingWriter, open_recording
 from kvtool.recording import format as fmt
 from tests.recutil import write_capture
@@ -61,7 +63,9 @@ def test_parse_format_version_rejects_garbage(value: object) -> None:
 def test_newer_major_version_is_refused_with_upgrade_hint(tmp_path: Path) -> None:
     path = tmp_path / "future.mcap"
     with RecordingWriter(path, context={"format_version": 2}) as w:
-        w.write(w.add_channel("tcp://h:1"), 0, b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\xc0", 1)
+        w.write(
+            w.add_channel("tcp://h:1"), 0, b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\xc0", 1
+        )
     with pytest.raises(
         UnsupportedVersion,
         match=r"future\.mcap: recording format version 2\.0 is newer than this kvtool reads "
@@ -181,5 +185,25 @@ def test_damaged_header(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[8] = 0x33
     path.write_bytes(bytes(data))
-    with pytest.raises(RecordingError, match=r"hdr\.mcap: not a valid MCAP file \(the record at byte 8"):
+    with pytest.raises(
+        RecordingError, match=r"hdr\.mcap: not a valid MCAP file \(the record at byte 8"
+    ):
         open_recording(path)
+
+
+GOLDEN = Path(__file__).parent / "data" / "recordings"
+
+
+def test_golden_v1_recording_still_reads() -> None:
+    # A format-1 file written by kvtool 0.1.0: every later kvtool must read it the same.
+    path = GOLDEN / "full_only-v1.mcap"
+    expected = json.loads((GOLDEN / "full_only-v1.expected.json").read_text())
+    with open_recording(path) as r:
+        msgs = list(r.messages())
+        assert r.recovery.complete
+    assert [m.seq for m in msgs] == expected["seqs"]
+    assert [hashlib.sha256(m.data).hexdigest() for m in msgs] == expected["payload_sha256"]
+    got = summarize(path).to_json()
+    for key in ("file", "command_line", "recorded_at"):
+        got.pop(key)
+    assert got == {k: v for k, v in expected.items() if k not in ("seqs", "payload_sha256")}
