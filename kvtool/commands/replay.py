@@ -300,13 +300,15 @@ def replay(
         ),
     ] = None,
     hold: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--hold",
             metavar="S",
-            help="Keep serving replay requests S seconds after the last batch.",
+            help="Keep serving replay requests S seconds after the last batch "
+            "(default: 1 with --replay-endpoint, else 0).",
+            show_default=False,
         ),
-    ] = "1",
+    ] = None,
     drop: Annotated[
         str | None,
         typer.Option(
@@ -569,7 +571,7 @@ def _run_publish(
     wait_subscribers: str,
     wait_timeout: str | None,
     start_delay: str | None,
-    hold: str,
+    hold: str | None,
     drop: str | None,
     output: Path | None,
     force: bool,
@@ -601,7 +603,7 @@ def _run_publish(
     n_wait = int(_number(wait_subscribers, "--wait-subscribers", integer=True, zero=True))
     wait_s = _seconds(wait_timeout, "--wait-timeout") if wait_timeout is not None else None
     delay_s = _seconds(start_delay, "--start-delay")
-    hold_s = _seconds(hold, "--hold")
+    hold_s = _seconds(hold, "--hold") if hold is not None else (1.0 if rep_ep else 0.0)
 
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
     first_loop = [True]

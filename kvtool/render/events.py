@@ -47,8 +47,49 @@ def event_record(
         "channel": channel,
         "dp_rank": dp_rank,
     }
-    rec.update(event_to_builtins(event))
+    if _has_bytes(event):
+        rec.update(event_to_builtins(event))
+    else:
+        # Fast path (C): the struct's fields as they are; JSON encodes them directly.
+        rec["type"] = type(event).__struct_config__.tag
+        rec.update(_asdict(event))
     return rec
+
+
+_asdict = msgspec.structs.asdict
+
+
+_PLAIN = frozenset({int, str, float, bool, type(None)})
+
+
+def _deep_bytes(obj: object) -> bool:
+    if isinstance(obj, bytes):
+        return True
+    if isinstance(obj, list | tuple):
+        types = set(map(type, obj))
+        if types <= _PLAIN:
+            return False
+        return bytes in types or any(_deep_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(_deep_bytes(k) or _deep_bytes(v) for k, v in obj.items())
+    return False
+
+
+def _has_bytes(event: Event) -> bool:
+    """True when a field holds bytes (which JSON must show as hex, not base64)."""
+    if isinstance(event, BlockStored | BlockRemoved):
+        if bytes in set(map(type, event.block_hashes)):
+            return True
+        if isinstance(event, BlockStored):
+            if isinstance(event.parent_block_hash, bytes):
+                return True
+            if event.extra_keys is not None and _deep_bytes(event.extra_keys):
+                return True
+            if isinstance(event.lora_name, dict) and _deep_bytes(event.lora_name):
+                return True
+            if event.lookahead_token_ids is not None and _deep_bytes(event.lookahead_token_ids):
+                return True
+    return False
 
 
 def batch_records(item: ReplayBatch) -> list[dict[str, object]]:
@@ -95,7 +136,7 @@ class JsonlWriter:
         if not item.events:
             return
         recs = batch_records(item)
-        self.stream.write("".join(_JSON.encode(r).decode() + "\n" for r in recs))
+        self.stream.write(_JSON.encode_lines(recs).decode())
         self.lines += len(recs)
 
 
