@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import time
 from typing import TYPE_CHECKING, TextIO
 
@@ -83,6 +85,12 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
         if info.kvtool_version:
             fmt += f", written by kvtool {info.kvtool_version}"
         row("Format:", fmt)
+        if info.recorded_at or info.command_line:
+            argv = list(info.command_line or [])
+            if argv and os.path.basename(argv[0]) in ("kvtool", "__main__.py", "kvtool.exe"):
+                argv[0] = "kvtool"
+            by = f" by: {shlex.join(argv)}" if argv else ""
+            row("Recorded:", f"{info.recorded_at or 'unknown time'}{by}")
         row("Duration:", f"{info.duration_s:.3f} s")
         row("Start:", _time(info.start_time))
         row("End:", _time(info.end_time))
