@@ -38,7 +38,7 @@ import re
 import signal
 import threading
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -67,7 +67,7 @@ MAX_HELD_BYTES = 256 * 1024 * 1024
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel, to recognise a late live copy of one."""
 RCVHWM = 200_000
-BURST = 2_000
+BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
 
 Origin = Literal[0, 1]
@@ -434,7 +434,6 @@ class _Gap:
     last: int | None
     recovered: int = 0
     lost_ranges: list[list[int]] = field(default_factory=list)
-    max_seq: int = -1
 
     def covers(self, a: int, b: int) -> bool:
         return self.first <= a and (self.last is None or b <= self.last)
@@ -459,13 +458,13 @@ class _Channel:
     last_live: int | None = None  # last seq received live (this epoch)
     last_live_mono: int = 0
     tail_checked: bool = True
-    horizon: int | None = None  # a replay answered everything it had up to here
+    # Batches a replay gave that are not written yet: they fill a hole when the live
+    # stream skips them, or are written at a quiet moment if it never delivers them.
+    reserve: dict[int, tuple[bytes, int]] = field(default_factory=dict)
+    # The replay buffer no longer holds seqs below this (it only moves forward).
+    floor: int = 0
     open_gap: _Gap | None = None
     replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
-    # Replayed seqs written ahead of the live stream: a live copy may still come (then
-    # it is a duplicate) or never (then the live stream had lost it: recovered).
-    ahead: deque[int] = field(default_factory=deque)
-    missed_gap: _Gap | None = None
     batches: int = 0
     seq_first: int | None = None
     seq_last: int | None = None
@@ -481,7 +480,8 @@ class _Request:
     sent_mono: int
     progress_mono: int
     replies: list[_Item] = field(default_factory=list)
-    gap: _Gap | None = None
+    trigger: int | None = None  # the live seq that revealed the gap
+    abandon: bool = False
 
 
 @dataclass
@@ -828,7 +828,7 @@ class Recorder:
                     todo = tails.get(src.index)
                     if src.pending is None and todo and self._replay_usable(src, now):
                         ch = todo.pop(0)
-                        self._settle_ahead(ch, None)
+                        self._fill(ch, None, tail=True)
                         ch.tail_checked = True
                         self._request(src, "tail", ch.topic, ch.expected or 0)
             if not any(s.pending is not None for s in self._srcs):
@@ -851,6 +851,7 @@ class Recorder:
             writer.maybe_flush()
         # Anything still held (no replay could be finished) is written as it stands.
         for src in self._srcs:
+            src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
             held, src.held = src.held, []
             for item in held:
                 self._feed(src, item)
@@ -862,7 +863,7 @@ class Recorder:
         """Read up to BURST messages; return True when more may be waiting."""
         recv = src.sub.recv_multipart
         time_ns = time.time_ns
-        self._mono = time.monotonic_ns()
+        self._mono = start = time.monotonic_ns()
         n = 0
         while n < BURST:
             try:
@@ -883,6 +884,11 @@ class Recorder:
             if self._full:
                 break
         if n:
+            # A long drain must not make its channels look quiet.
+            self._mono = time.monotonic_ns()
+            for ch in src.channels.values():
+                if ch.last_live_mono == start:
+                    ch.last_live_mono = self._mono
             src.received += n
             src.connected = True
             self.stats.connected.add(src.spec.endpoint)
@@ -922,10 +928,10 @@ class Recorder:
     def _hold(self, src: _Src, item: _Item) -> None:
         src.held.append(item)
         src.held_bytes += len(item[2])
-        if src.held_bytes > MAX_HELD_BYTES:
-            # The replay is taking too long for this stream's rate: give it up.
-            src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
-            self._finish_replay(src, timed_out=True)
+        if src.held_bytes > MAX_HELD_BYTES and src.pending is not None:
+            # The replay is taking too long for this stream's rate: give it up (from the
+            # loop, never from inside a merge that is still feeding).
+            src.pending.abandon = True
 
     # ------------------------------------------------------ seq tracking
     def _channel(self, src: _Src, topic: bytes) -> _Channel:
@@ -952,42 +958,82 @@ class Recorder:
             self._advance(src, item)
 
     def _advance(self, src: _Src, item: _Item) -> None:
-        """Place one batch (live or replayed) in its channel's seq order."""
-        topic, seq, payload, t, origin = item
+        """Place one live batch in its channel's seq order (filling holes first)."""
+        if self._full:
+            return
+        topic, seq, payload, t, _ = item
         ch = src.channels.get(topic) or self._channel(src, topic)
+        ch.tail_checked = False
+        ch.last_live_mono = self._mono
         e = ch.expected
-        if origin == LIVE:
-            ch.tail_checked = False
-            ch.last_live_mono = self._mono
-            if ch.ahead:
-                self._settle_ahead(ch, seq)
-            if e is not None and seq < e:
-                if ch.replayed.get(seq) == payload:
-                    # A late live copy of a batch the replay already gave us.
-                    self.stats.duplicates += 1
-                    ch.last_live = seq
-                    return
-                self._restart(ch, seq, t)
-                e = ch.expected
-            ch.last_live = seq
-        elif e is not None and seq < e:
-            self.stats.duplicates += 1
-            return
         if e is None or seq == e:
-            self._write(ch, seq, payload, t, origin)
+            ch.last_live = seq
+            self._write(ch, seq, payload, t, LIVE)
             return
-        # seq > e: a gap [e, seq - 1]
-        now = time.monotonic_ns()
-        if (ch.horizon is None or e > ch.horizon) and self._replay_usable(src, now):
+        if seq < e:
+            if ch.replayed.get(seq) == payload:
+                # A late live copy of a batch the replay already gave us.
+                self.stats.duplicates += 1
+                ch.last_live = seq
+                return
+            self._restart(ch, seq, t)
+            e = 0
+            if seq == 0:
+                ch.last_live = seq
+                self._write(ch, seq, payload, t, LIVE)
+                return
+        # A hole [e, seq - 1]: the live stream skipped it (ZeroMQ keeps order, so it
+        # will not come live any more).
+        gap = ch.open_gap
+        if gap is None or gap.last != seq - 1 or gap.first > e:
             gap = _Gap(e, seq - 1)
             ch.gaps.append(gap)
             ch.open_gap = gap
             self.stats.gaps += 1
-            self._request(src, "gap", topic, e, gap)
+        while True:
+            self._fill(ch, seq - 1)
+            e = ch.expected
+            assert e is not None
+            if e >= seq:
+                break
+            nxt = min((k for k in ch.reserve if e < k < seq), default=seq)
+            if e < ch.floor or not self._replay_usable(src, time.monotonic_ns()):
+                end = min(nxt, seq, ch.floor if e < ch.floor else seq) - 1
+                self._lose(ch, e, end)
+                continue
+            self._request(src, "gap", topic, e, trigger=seq)
             self._hold(src, item)
             return
-        self._lose(ch, e, seq - 1)
-        self._write(ch, seq, payload, t, origin)
+        ch.last_live = seq
+        if ch.expected == seq:
+            self._write(ch, seq, payload, t, LIVE)
+
+    def _fill(self, ch: _Channel, upto: int | None, *, tail: bool = False) -> None:
+        """Write reserve batches contiguous from ``expected`` (up to ``upto``, inclusive).
+
+        With ``tail``, what is written is a lost tail (or batches the live stream
+        never delivered) and gets its own gap record.
+        """
+        reserve = ch.reserve
+        if not reserve or ch.expected is None:
+            return
+        first = ch.expected
+        while (upto is None or ch.expected <= upto) and ch.expected in reserve:
+            if self._full:
+                return
+            if tail and ch.expected == first:
+                gap = _Gap(first, None)
+                ch.gaps.append(gap)
+                ch.open_gap = gap
+                self.stats.gaps += 1
+            seq = ch.expected
+            payload, t = reserve.pop(seq)
+            self._write(ch, seq, payload, t, REPLAY)
+        if tail and ch.expected != first and ch.open_gap is not None:
+            ch.open_gap.last = ch.expected - 1
+        if reserve and len(reserve) > MAX_REMEMBERED:
+            for k in [k for k in reserve if k < ch.expected]:
+                del reserve[k]
 
     def _restart(self, ch: _Channel, seq: int, t: int) -> None:
         ch.restarts.append({"log_time": t, "from_seq": ch.seq_last or 0, "to_seq": seq})
@@ -995,10 +1041,10 @@ class Recorder:
         # A restarted publisher numbers from 0: what we did not see of it is a gap.
         ch.expected = 0
         ch.last_live = None
-        ch.horizon = None
+        ch.floor = 0
         ch.open_gap = None
         ch.replayed.clear()
-        ch.ahead.clear()
+        ch.reserve.clear()
 
     def _lose(self, ch: _Channel, a: int, b: int) -> None:
         if b < a:
@@ -1010,8 +1056,12 @@ class Recorder:
             ch.open_gap = gap
             self.stats.gaps += 1
         gap.lost_ranges.append([a, b])
-        gap.max_seq = max(gap.max_seq, b)
         self.stats.lost += b - a + 1
+        ch.expected = b + 1
+        reserve = ch.reserve
+        if reserve:
+            for k in [k for k in reserve if k <= b]:
+                del reserve[k]
 
     def _write(self, ch: _Channel, seq: int, payload: bytes, t: int, origin: int) -> None:
         if self._full:
@@ -1035,72 +1085,26 @@ class Recorder:
         ch.seq_last = seq
         st.batches += 1
         st.bytes += len(payload)
+        if ch.reserve and origin == LIVE:
+            ch.reserve.pop(seq, None)
         if origin == REPLAY:
             replayed = ch.replayed
             replayed[seq] = payload
             if len(replayed) > MAX_REMEMBERED:
                 del replayed[next(iter(replayed))]
-            gap = ch.open_gap
-            if gap is not None and gap.covers(seq, seq):
-                gap.recovered += 1
-                gap.max_seq = max(gap.max_seq, seq)
-                st.recovered += 1
-            elif self._in_history:
+            if self._in_history:
                 st.history += 1
-            elif seq < self._merge_live_max:
-                self._recover_missed(ch, seq)
             else:
-                ch.ahead.append(seq)
+                st.recovered += 1
+                gap = ch.open_gap
+                if gap is not None and gap.covers(seq, seq):
+                    gap.recovered += 1
         if self.max_batches is not None and st.batches >= self.max_batches:
             self._full = True
             self.stop("max_batches")
 
     _in_history = False
     _mono = 0
-    _merge_live_max = -1
-
-    def _recover_missed(self, ch: _Channel, seq: int) -> None:
-        """Note a batch the live stream lost and a replay (asked for another gap) gave."""
-        gap = ch.missed_gap
-        if gap is not None and gap.last == seq - 1 and not gap.lost_ranges and gap in ch.gaps:
-            gap.last = seq
-        else:
-            gap = _Gap(seq, seq)
-            ch.gaps.append(gap)
-            ch.missed_gap = gap
-            self.stats.gaps += 1
-        gap.recovered += 1
-        gap.max_seq = seq
-        self.stats.recovered += 1
-
-    def _settle_ahead(self, ch: _Channel, seq: int | None) -> None:
-        """Account replayed-ahead seqs below ``seq`` (all when None) as recovered."""
-        ahead = ch.ahead
-        while ahead and (seq is None or ahead[0] < seq):
-            self._recover_missed(ch, ahead.popleft())
-        if ahead and ahead[0] == seq:
-            ahead.popleft()
-
-    def _count(self, ch: _Channel, evs: list[_EvStat]) -> None:
-        st = self.stats
-        st.events += len(evs)
-        src_i = ch.src.index
-        for typ, gi, kind in evs:
-            if typ == "BlockStored":
-                if kind is None and gi is not None:
-                    kind = self._meta_kinds.get(gi)
-                if kind is None:
-                    kind = "unannotated"
-                elif gi is not None:
-                    self._kinds[(src_i, gi)] = kind
-                st.stores[kind] += 1
-            elif typ == "BlockRemoved":
-                k = None
-                if gi is not None:
-                    k = self._meta_kinds.get(gi) or self._kinds.get((src_i, gi))
-                st.removes[k or "unattributed"] += 1
-            else:
-                st.cleared += 1
 
     # -------------------------------------------------------------- replay
     def _replay_usable(self, src: _Src, now: int) -> bool:
@@ -1112,13 +1116,11 @@ class Recorder:
         kind: Literal["gap", "tail", "history"],
         topic: bytes | None,
         start: int,
-        gap: _Gap | None = None,
+        trigger: int | None = None,
     ) -> None:
         assert src.dealer is not None and src.pending is None
         now = time.monotonic_ns()
-        if kind == "tail":
-            gap = _Gap(start, None)
-        src.pending = _Request(kind, topic, start, now, now, gap=gap)
+        src.pending = _Request(kind, topic, start, now, now, trigger=trigger)
         self.stats.replay_requests += 1
         with contextlib.suppress(zmq.Again):  # unsent: times out like an unanswered one
             src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
@@ -1158,7 +1160,9 @@ class Recorder:
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
             req = src.pending
-            if req is not None and now - req.progress_mono > self.replay_timeout_ns:
+            if req is not None and (
+                req.abandon or now - req.progress_mono > self.replay_timeout_ns
+            ):
                 self.stats.replay_timeouts += 1
                 src.replay_dead_until = now + REPLAY_BACKOFF_NS
                 self._new_dealer(src)  # drop whatever the old socket still queues
@@ -1174,13 +1178,18 @@ class Recorder:
                     and ch.expected is not None
                     and now - ch.last_live_mono >= self.quiet_ns
                 ):
-                    self._settle_ahead(ch, None)
+                    # Replayed batches the live stream never delivered, then the tail.
+                    self._fill(ch, None, tail=True)
                     ch.tail_checked = True
                     self._request(src, "tail", ch.topic, ch.expected)
                     break
 
     def _finish_replay(self, src: _Src, *, timed_out: bool) -> None:
-        """Merge a finished replay's batches with the held live ones and write in order."""
+        """File a finished replay's batches in the reserve, then release the held ones.
+
+        The held live batches are placed in seq order as they would have been: each hole
+        the live stream has is filled from the reserve; what neither has is lost.
+        """
         req = src.pending
         assert req is not None
         src.pending = None
@@ -1191,62 +1200,75 @@ class Recorder:
         default_topic = req.topic
         if default_topic is None:
             default_topic = next(iter(src.channels)) if len(src.channels) == 1 else self._topic_b
-        by_topic: dict[bytes, list[_Item]] = defaultdict(list)
+        first_reply: dict[bytes, int] = {}
+        touched: list[_Channel] = []
         for tp, seq, payload, t, origin in req.replies:
             if origin == 2:
                 tp = default_topic
             if not tp.startswith(self._topic_b):
                 continue
-            by_topic[tp].append((tp, seq, payload, t, REPLAY))
-        topics = set(by_topic) if req.kind == "history" else {default_topic}
-        queue: list[_Item] = []
-        others: list[_Item] = []
-        live_by_topic: dict[bytes, list[_Item]] = defaultdict(list)
-        for it in held:
-            (live_by_topic[it[0]] if it[0] in topics else others).append(it)
-        self._in_history = req.kind == "history"
-        try:
-            for tp in topics:
+            ch = src.channels.get(tp)
+            if ch is None:
+                if req.kind != "history" and tp != default_topic:
+                    continue
                 ch = self._channel(src, tp)
-                replies = by_topic.get(tp, [])
-                live = live_by_topic.get(tp, [])
-                # Live batches after a restart (seq going backwards) keep their order.
-                cut = len(live)
-                prev = ch.last_live
-                for i, it in enumerate(live):
-                    if prev is not None and it[1] < prev:
-                        cut = i
-                        break
-                    prev = it[1]
-                merged = {it[1]: it for it in replies}
-                for it in live[:cut]:
-                    merged[it[1]] = it  # the live copy has the real receive time
-                ordered = sorted(merged.values(), key=lambda it: it[1])
-                live_max = max((it[1] for it in live[:cut]), default=-1)
-                if replies:
-                    ch.horizon = replies[-1][1]
-                elif live[:cut]:
-                    ch.horizon = live[0][1] - 1
-                if req.kind == "tail" and req.gap is not None:
-                    ch.open_gap = req.gap
-                self._merge_live_max = live_max
-                for item in ordered:
-                    self._feed(src, item)
-                self._merge_live_max = -1
-                queue.extend(live[cut:])
-            queue.extend(others)
-            for item in queue:
-                self._feed(src, item)
-        finally:
-            self._in_history = False
-            self._merge_live_max = -1
-        gap = req.gap
-        if req.kind == "tail" and gap is not None and gap.max_seq >= 0:
-            gap.last = gap.max_seq
-            src.channels[default_topic].gaps.append(gap)
-            self.stats.gaps += 1
+            if tp not in first_reply:
+                first_reply[tp] = seq
+                touched.append(ch)
+            if ch.expected is None or seq >= ch.expected:
+                ch.reserve[seq] = (payload, t)
+        # What the buffer no longer holds: below its first reply (when that is past the
+        # start asked for) or, for a gap, everything before the live batch that showed it.
+        if not timed_out:
+            for ch in touched:
+                r0 = first_reply[ch.topic]
+                if r0 > req.start:
+                    ch.floor = max(ch.floor, r0)
+            if req.kind == "gap" and req.trigger is not None:
+                # Whatever the replay had before the batch that revealed the gap is in
+                # the reserve now; the rest of the hole is gone.
+                ch = src.channels.get(default_topic)
+                if ch is not None:
+                    ch.floor = max(ch.floor, req.trigger)
+        if req.kind == "history":
+            self._in_history = True
+            try:
+                for ch in touched:
+                    if ch.expected is None and ch.reserve:
+                        ch.expected = min(ch.reserve)
+                    first_live = next((it[1] for it in held if it[0] == ch.topic), None)
+                    self._fill(ch, None if first_live is None else first_live - 1)
+            finally:
+                self._in_history = False
+        for item in held:
+            self._feed(src, item)
+        if req.kind == "tail" and src.pending is None:
+            ch = src.channels.get(default_topic)
+            if ch is not None:
+                self._fill(ch, None, tail=True)
         if timed_out:
             src.replay_dead_until = max(src.replay_dead_until, time.monotonic_ns() + 1)
+
+    def _count(self, ch: _Channel, evs: list[_EvStat]) -> None:
+        st = self.stats
+        st.events += len(evs)
+        src_i = ch.src.index
+        for typ, gi, kind in evs:
+            if typ == "BlockStored":
+                if kind is None and gi is not None:
+                    kind = self._meta_kinds.get(gi)
+                if kind is None:
+                    kind = "unannotated"
+                elif gi is not None:
+                    self._kinds[(src_i, gi)] = kind
+                st.stores[kind] += 1
+            elif typ == "BlockRemoved":
+                k = None
+                if gi is not None:
+                    k = self._meta_kinds.get(gi) or self._kinds.get((src_i, gi))
+                st.removes[k or "unattributed"] += 1
+            else:
+                st.cleared += 1
 
     # -------------------------------------------------------------- ledger
     def ledger(self) -> dict[str, object]:
