@@ -450,3 +450,45 @@ def test_replay_publish_into_record_is_byte_identical(tmp_path: Path, legacy: bo
     assert got == [(s, p) for _, s, p in msgs]
     assert ledger is not None
     assert ledger["recovered"] == 5 and ledger["lost"] == 0
+
+
+@pytest.mark.zmq
+def test_ctrl_c_stops_publishing_cleanly(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    rec = capture_recording(tmp_path, "full_only")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvtool",
+            "replay",
+            str(rec),
+            "--publish",
+            "tcp://127.0.0.1:*",
+            "--loop",
+            "forever",
+            "--rate",
+            "200",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("kvtool: publishing on tcp://127.0.0.1:")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    assert out == ""
+    assert err.startswith("kvtool: interrupted after ")
+    assert "Traceback" not in err
