@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvtool.errors import KvtoolError, RecordingError, TruncatedRecording
-from kvtool.recording import RecordedMessage, RecoveryReport, open_recording
+from kvtool.recording import RecordedMessage, RecordingWriter, RecoveryReport, open_recording
+from tests.conftest import capture_messages
 from tests.recutil import chunk_bodies, write_capture
 
 FOOTER_AT = 8 + 29  # footer record + trailing magic
@@ -290,3 +291,26 @@ def test_truncated_and_damaged(small: tuple[Path, list[tuple[int, bytes]]], tmp_
     assert [m.seq for m in msgs] == expected
     assert rep.truncated and rep.damaged_chunks == 1
     assert "1 damaged chunk(s) skipped before that" in rep.summary()
+
+
+def test_resync_across_a_long_damaged_chunk(tmp_path: Path) -> None:
+    # A damaged length on a chunk of more than the 1 MiB search window: the scan
+    # searches past the window edge and finds the next chunk.
+    path = tmp_path / "big.mcap"
+    payloads = [p for _t, _s, p in capture_messages("gemma3")] * 10
+    written = list(enumerate(payloads))
+    with RecordingWriter(path, chunk_size=1_500_000, compression="none") as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        for seq, payload in written:
+            w.write(ch, seq, payload, seq)
+    bodies = chunk_bodies(path)
+    assert len(bodies) >= 2 and bodies[1][0] - bodies[0][0] > (1 << 20) + 64
+    data = bytearray(path.read_bytes())
+    start = bodies[0][0]
+    data[start + 1 : start + 9] = b"\xff" * 8  # record length: impossible
+    data[start + 9 + 36] ^= 0x01  # records length: disagrees
+    msgs, rep = _read(_write(tmp_path, bytes(data)))
+    per_chunk = _chunk_seqs(path)
+    assert [m.seq for m in msgs] == [s for s, _ in written if s not in per_chunk[start]]
+    assert rep.skipped_bytes == bodies[0][1]  # up to its message index, which checks out
+    assert not rep.truncated and not rep.complete

@@ -827,7 +827,11 @@ class RecordingReader:
         pos = start
         while pos < limit:
             window = self._pread(pos, min(_SYNC_WINDOW + 16, limit - pos))
-            for m in _SYNC.finditer(window, 0, min(_SYNC_WINDOW, len(window))):
+            # The window overlaps the next by 16 bytes so that a candidate's lookahead
+            # never ends at the window's edge; candidates there are taken next time.
+            for m in _SYNC.finditer(window):
+                if m.start() >= _SYNC_WINDOW:
+                    break
                 cand = pos + m.start()
                 op, ln = _REC.unpack(self._pread(cand, _REC.size))
                 if self._strong(cand, op, ln):
