@@ -142,6 +142,7 @@ class RecoveryReport(msgspec.Struct):
             returned on a placeholder channel.
         seq_first: Seq of the first message read, when all messages are on one channel.
         seq_last: Seq of the last message read, when all are on one channel.
+        stop_reason: Why the scan stopped before the data section's end, or None.
     """
 
     path: str
@@ -162,6 +163,7 @@ class RecoveryReport(msgspec.Struct):
     unknown_channel_messages: int = 0
     seq_first: int | None = None
     seq_last: int | None = None
+    stop_reason: str | None = None
 
     @property
     def damaged(self) -> bool:
@@ -197,7 +199,7 @@ class RecoveryReport(msgspec.Struct):
         if self.truncated:
             parts.append(
                 f"recording is truncated at byte {self.last_good_offset} of {self.file_size}"
-                f" ({self.reason or 'no footer'});"
+                f" ({self.stop_reason or self.reason or 'no footer'});"
             )
             if self.damaged_chunks or self.damaged_records:
                 parts.append(f"{self._damage_text()} before that;")
@@ -381,8 +383,13 @@ class RecordingReader:
     # -- opening ----------------------------------------------------------------------
 
     def _pread(self, pos: int, n: int) -> bytes:
-        self._file.seek(pos)
-        return self._file.read(n)
+        try:
+            self._file.seek(pos)
+            return self._file.read(n)
+        except OSError as err:
+            raise RecordingError(
+                f"{self.path}: read failed at byte {pos}: {err.strerror or err}"
+            ) from err
 
     def _check_identity(self) -> None:
         """Magic at byte 0, then a Header record of profile ``kvtool``."""
@@ -620,11 +627,12 @@ class RecordingReader:
         while True:
             if pos + _REC.size > limit:
                 if pos == size:
-                    rep.reason = rep.reason or "file ends before its footer"
+                    rep.stop_reason = "file ends before its footer"
                 elif pos < limit:
-                    rep.reason = rep.reason or f"file ends mid-record at byte {pos}"
+                    rep.stop_reason = f"file ends mid-record at byte {pos}"
                 else:
-                    rep.reason = rep.reason or "data section has no end record"
+                    rep.stop_reason = "data section has no end record"
+                rep.reason = rep.reason or rep.stop_reason
                 break
             op, ln = _REC.unpack(self._pread(pos, _REC.size))
             body_at = pos + _REC.size
@@ -704,11 +712,12 @@ class RecordingReader:
                         # Nothing intact follows and the file has no footer: the writer
                         # died while writing this record.
                         rep.truncated = True
-                        rep.reason = rep.reason or (
+                        rep.stop_reason = (
                             f"file ends mid-record at byte {pos}"
                             if op in _DATA_OPS
                             else f"record at byte {pos} is damaged and nothing intact follows"
                         )
+                        rep.reason = rep.reason or rep.stop_reason
                         if op not in _DATA_OPS or is_chunk:
                             self._damage(rep, pos, damage.reason, chunk=is_chunk)
                         break
