@@ -66,8 +66,13 @@ def test_metadata_context_groups_ledger(tmp_path: Path) -> None:
         {"group_idx": 0, "kind": "full_attention", "block_size": 16, "sliding_window": None},
         {"group_idx": 1, "kind": "sliding_window", "block_size": 16, "sliding_window": 64},
     ]
-    ledger: dict[str, object] = {"channels": [], "recovered": 2, "lost": 0, "lost_ranges": [],
-                                 "restarts": 0}
+    ledger: dict[str, object] = {
+        "channels": [],
+        "recovered": 2,
+        "lost": 0,
+        "lost_ranges": [],
+        "restarts": 0,
+    }
     write_capture(path, limit=4, groups=groups, ledger=ledger)
     with open_recording(path) as r:
         assert r.groups == groups
@@ -95,7 +100,10 @@ def test_channels_one_per_endpoint_topic(tmp_path: Path) -> None:
         "tcp://h:5557#kv": ("tcp://h:5557", "kv", None),
     }
     assert [m.channel.name for m in msgs] == [
-        "tcp://h:5557", "tcp://h:5558", "tcp://h:5557#kv", "tcp://h:5557"
+        "tcp://h:5557",
+        "tcp://h:5558",
+        "tcp://h:5557#kv",
+        "tcp://h:5557",
     ]
 
 
@@ -177,8 +185,11 @@ def test_file_size_limit_keeps_flushed_part_readable(tmp_path: Path) -> None:
     ch = w.add_channel(ENDPOINT, "", 0)
     resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, hard))
     try:
-        with pytest.raises(RecordingError, match=r"write failed after \d+ messages: File too large; "
-                           r"what was flushed before stays readable"):
+        with pytest.raises(
+            RecordingError,
+            match=r"write failed after \d+ messages: File too large; "
+            r"what was flushed before stays readable",
+        ):
             for i, (_t, seq, payload) in enumerate(msgs * 4):
                 w.write(ch, seq + 64 * (i // 64), payload, BASE_NS + i)
                 w.flush()
@@ -252,3 +263,16 @@ def test_reader_streams_and_rereads(tmp_path: Path) -> None:
         again = list(r)
     assert [first.data] + [m.data for m in rest] == [p for _s, p in written]
     assert [m.data for m in again] == [p for _s, p in written]
+
+
+def test_out_of_range_values(tmp_path: Path) -> None:
+    with RecordingWriter(tmp_path / "r.mcap") as w:
+        ch = w.add_channel("tcp://h:1")
+        with pytest.raises(RecordingError, match=r"seq -1 / log_time 5 out of range"):
+            w.write(ch, -1, EMPTY_BATCH, 5)
+        with pytest.raises(RecordingError, match=r"out of range"):
+            w.write(ch, 0, EMPTY_BATCH, 2**64)
+        w.write(ch, 2**64 - 1, EMPTY_BATCH, 1, publish_time=-3)  # publish_time falls back
+    with open_recording(tmp_path / "r.mcap") as r:
+        (m,) = list(r.messages())
+    assert (m.seq, m.publish_time) == (2**64 - 1, 1)

@@ -19,6 +19,7 @@ from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 
 T = TypeVar("T")
+_U64 = 1 << 64
 
 
 class RecordingPathError(RecordingError):
@@ -186,19 +187,31 @@ class RecordingWriter:
 
         Args:
             channel_id: From :meth:`add_channel`.
-            seq: The publisher's sequence number (its low 32 bits are stored).
+            seq: The publisher's full sequence number. MCAP's ``sequence`` holds its
+                low 32 bits; a ``kvtool.seq`` note before the message keeps the high bits
+                whenever they change or the seq goes backwards (publisher restart).
             payload: The msgpack payload frame as received.
             log_time: Receive time, ns since the epoch.
             publish_time: The batch ``ts`` in ns; when None it is read from the payload,
                 falling back to ``log_time``.
+
+        Raises:
+            RecordingError: The write failed (see the class docstring), the channel is
+                unknown, or seq or a time does not fit in 64 unsigned bits.
         """
         if channel_id not in self._channel_names:
             raise RecordingError(
                 f"{self.path}: channel {channel_id} was not added with add_channel()"
             )
+        if not 0 <= seq < _U64 or not 0 <= log_time < _U64:
+            raise RecordingError(
+                f"{self.path}: seq {seq} / log_time {log_time} out of range (0 to 2**64-1)"
+            )
         if publish_time is None:
             ts = peek_ts(payload)
             publish_time = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else log_time
+        if not 0 <= publish_time < _U64:
+            publish_time = log_time
         prev = self._last_seq.get(channel_id)
         if (seq >> 32) != ((prev if prev is not None else 0) >> 32) or (
             prev is not None and seq < prev
