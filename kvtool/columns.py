@@ -486,7 +486,9 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     ).with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
     # event -> rows: one per hash, one for an event without hashes.
     rows_per_event = ev["block_count"].clip(lower_bound=1)
-    row_event = pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(rows_per_event).explode()
+    row_event = (
+        pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(rows_per_event).explode()
+    )
     df = ev[row_event]
     n_rows = df.height
     starts = (rows_per_event.cum_sum() - rows_per_event).cast(pl.Int64)
@@ -837,7 +839,9 @@ def make_annotator(
     return TableAnnotator(tables=tables)
 
 
-def recording_groups(paths: Iterable[str | os.PathLike[str]]) -> dict[str, list[dict[str, object]] | None]:
+def recording_groups(
+    paths: Iterable[str | os.PathLike[str]],
+) -> dict[str, list[dict[str, object]] | None]:
     """Read each recording's stored group metadata (cheap: headers only).
 
     Args:

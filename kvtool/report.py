@@ -132,6 +132,7 @@ class Report:
 
 
 _LIVE_SCHEMA = {
+    "r": pl.Int64,
     "channel_id": pl.UInt32,
     "gk": pl.Int64,
     "hash": pl.Int64,
@@ -269,7 +270,7 @@ class ReportBuilder:
                     carry=pl.lit(False), gkey=pl.lit(None, pl.UInt32),
                 ),
                 self.live.select(
-                    r=pl.lit(-1, pl.Int64), channel_id="channel_id", gk="gk", hash="hash",
+                    r="r", channel_id="channel_id", gk="gk", hash="hash",
                     epoch=pl.lit(0, pl.Int64), t="t", d=pl.lit(1, pl.Int64),
                     carry=pl.lit(True), gkey="gkey",
                 ),
@@ -316,7 +317,7 @@ class ReportBuilder:
             n_rm=pl.col("eff_rm").sum().over("seg"),
         )
         adds = blocks.filter(is_add).select("seg", "srank", "t", "gkey", "channel_id", "gk",
-                                            "hash", "epoch", "n_rm")
+                                            "hash", "epoch", "n_rm", "r")
         rms = blocks.filter(pl.col("eff_rm") == 1).select("seg", "rrank", "r", t_rm="t")
         pairs = rms.join(
             adds.select("seg", "srank", "t", "gkey"),
@@ -334,7 +335,7 @@ class ReportBuilder:
         self.live = keep.select(list(_LIVE_SCHEMA))
         # The clear that ended each epoch: its row and time.
         clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "r", "ts")
-        cleared = cleared.with_columns(epoch=pl.col("epoch") + 1).join(
+        cleared = cleared.drop("r").with_columns(epoch=pl.col("epoch") + 1).join(
             clears, on=["channel_id", "epoch"], how="left"
         )
         # -- remove attribution ------------------------------------------------------------
@@ -471,7 +472,9 @@ class ReportBuilder:
         ev = self.every_ns
 
         def bucket(c: str) -> pl.Expr:
-            return (pl.col(c) * 1e9 / ev).floor().cast(pl.Int64)
+            # Integer arithmetic on microseconds: float division would put rows right at a
+            # bucket edge on either side depending on how polars evaluates it.
+            return ((pl.col(c) * 1e6).round().cast(pl.Int64) * 1000).floordiv(ev)
 
         has = pl.col("hash").is_not_null()
         parts = [
@@ -504,12 +507,16 @@ class ReportBuilder:
                   "sliding_window")
         count: dict[tuple[int, int, int], int] = {}
         kinds: dict[tuple[int, int, int], tuple[str | None, int | None]] = {}
+
         groups_of: dict[tuple[int, int], set[int]] = {}
-        for cid, gk, h in self.live.filter(pl.col("channel_id").is_in(chans)).select(
-            "channel_id", "gk", "hash"
+        by_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
+        for cid, gk, h, gkey in self.live.filter(pl.col("channel_id").is_in(chans)).select(
+            "channel_id", "gk", "hash", "gkey"
         ).iter_rows():
             count[(cid, gk, h)] = count.get((cid, gk, h), 0) + 1
             groups_of.setdefault((cid, h), set()).add(gk)
+            k0, w0 = by_gkey[gkey]
+            kinds[(cid, gk, h)] = (None if k0 == UNANNOTATED else k0, w0)
         out: list[tuple[int, int | None, str | None, int | None, bool, bool]] = []
         for r, cid, t, gk, g, h, k, w in rows.iter_rows():
             if t == CLEARED:

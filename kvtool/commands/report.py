@@ -76,7 +76,9 @@ def report(
         list[str] | None,
         typer.Option("--group", help="Group metadata as IDX=KIND[:WINDOW]; repeat per group."),
     ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")
+    ] = False,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
