@@ -36,9 +36,10 @@ import contextlib
 import os
 import re
 import signal
+import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
@@ -49,7 +50,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError, ProtocolError
-from kvtool.protocol import decode_batch, event_type
+from kvtool.protocol import decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
 from kvtool.recording import format as fmt
 
@@ -64,6 +65,8 @@ STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
 MAX_HELD_BYTES = 256 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
+MAX_STATS_BACKLOG = 1_000_000
+"""Batches whose status decoding may wait for an idle moment; past this it is skipped."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel, to recognise a late live copy of one."""
 RCVHWM = 200_000
@@ -323,15 +326,36 @@ _STAT_DECODERS = {
     "map": [msgspec.msgpack.Decoder(_SBatchMM), msgspec.msgpack.Decoder(_SBatchMA)],
 }
 
-# (type, group_idx, kind) per event
-_EvStat = tuple[str, int | None, str | None]
+_F64 = struct.Struct(">d")
+_F32 = struct.Struct(">f")
 
 
-def _stat_events(payload: bytes, seq: int) -> tuple[float, list[_EvStat]]:
-    """Return ``(ts, [(type, group_idx, kind)])``; raises ProtocolError for garbage."""
+def _fast_ts(payload: bytes) -> float | None:
+    """The batch ``ts`` read straight from the msgpack header (``[ts, …]``), else decoded."""
+    if len(payload) >= 10 and payload[0] in (0x92, 0x93):
+        kind = payload[1]
+        if kind == 0xCB:
+            return float(_F64.unpack_from(payload, 2)[0])
+        if kind == 0xCA:
+            return float(_F32.unpack_from(payload, 2)[0])
+    return peek_ts(payload)
+
+
+# (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
+_EvStat = tuple[int, int | None, str | None]
+_CLEARED: _EvStat = (2, None, None)
+
+
+def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
+    """Return ``(events, {(type, group_idx, kind): count})``; ProtocolError for garbage.
+
+    Types are 0 (BlockStored), 1 (BlockRemoved), 2 (AllBlocksCleared).
+    """
     first = payload[0] if payload else 0
     benc = "map" if (0x80 <= first <= 0x8F or first in (0xDE, 0xDF)) else "array"
     decs = _STAT_DECODERS[benc]
+    agg: dict[_EvStat, int] = {}
+    get = agg.get
     for i, dec in enumerate(decs):
         try:
             b = dec.decode(payload)
@@ -339,21 +363,27 @@ def _stat_events(payload: bytes, seq: int) -> tuple[float, list[_EvStat]]:
             continue
         if i:  # the stream's layout: try it first next time
             decs.reverse()
-        out: list[_EvStat] = []
+        key: _EvStat
         for ev in b.events:
-            if isinstance(ev, _SStored | _SStoredA):
-                out.append(("BlockStored", ev.group_idx, ev.kv_cache_spec_kind))
-            elif isinstance(ev, _SRemoved | _SRemovedA):
-                out.append(("BlockRemoved", ev.group_idx, None))
+            cls = ev.__class__
+            if cls is _SRemoved or cls is _SRemovedA:
+                key = (1, ev.group_idx, None)  # type: ignore[union-attr]
+            elif cls is _SStored or cls is _SStoredA:
+                key = (0, ev.group_idx, ev.kv_cache_spec_kind)  # type: ignore[union-attr]
             else:
-                out.append(("AllBlocksCleared", None, None))
-        return b.ts, out
+                key = _CLEARED
+            agg[key] = get(key, 0) + 1
+        return len(b.events), agg
     full = decode_batch(payload, seq=seq)
-    evs: list[_EvStat] = []
     for e in full.events:
         t = event_type(e)
-        evs.append((t, getattr(e, "group_idx", None), getattr(e, "kv_cache_spec_kind", None)))
-    return full.ts, evs
+        key = (
+            0 if t == "BlockStored" else 1 if t == "BlockRemoved" else 2,
+            getattr(e, "group_idx", None),
+            getattr(e, "kv_cache_spec_kind", None),
+        )
+        agg[key] = get(key, 0) + 1
+    return len(full.events), agg
 
 
 # ---------------------------------------------------------------------- statistics
@@ -378,6 +408,8 @@ class CaptureStats:
         duplicates: Batches received twice (live and replay) and written once.
         malformed: Messages without vLLM's 3-frame shape, dropped.
         undecodable: Payloads written raw that did not decode as a batch.
+        unsampled: Batches left out of the event counts (the recorder was overloaded
+            for long); they are in the recording all the same.
         replay_requests: Requests sent to replay sockets.
         replay_timeouts: Requests that got no answer in time.
         start_ns: Wall time the capture started (ns).
@@ -399,6 +431,7 @@ class CaptureStats:
     duplicates: int = 0
     malformed: int = 0
     undecodable: int = 0
+    unsampled: int = 0
     replay_requests: int = 0
     replay_timeouts: int = 0
     start_ns: int = 0
@@ -584,6 +617,7 @@ class Recorder:
         self._srcs: list[_Src] = []
         self._writer: RecordingWriter | None = None
         self._full = False
+        self._stats_backlog: deque[tuple[_Channel, int, bytes]] = deque()
         # group_idx -> kind: from the groups metadata, then learned from annotated stores
         self._kinds: dict[tuple[int, int], str] = {}
         self._meta_kinds: dict[int, str] = {}
@@ -770,7 +804,10 @@ class Recorder:
             if self._dealer_ids() != dealers_version:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
-            ready = poller.poll(0 if busy else 50)
+            self._defer_stats = busy
+            ready = poller.poll(0 if busy or self._stats_backlog else 50)
+            if not ready and not busy:
+                self._catch_up_stats(10_000_000)
             busy = False
             for sock, _ in ready:
                 role, src = roles[sock]
@@ -855,6 +892,8 @@ class Recorder:
             held, src.held = src.held, []
             for item in held:
                 self._feed(src, item)
+        self._defer_stats = False
+        self._catch_up_stats(None)
         if self._status is not None:
             self._status(self.stats)
 
@@ -1067,14 +1106,17 @@ class Recorder:
         if self._full:
             return
         st = self.stats
-        ts = None
-        try:
-            ts, evs = _stat_events(payload, seq)
-        except (ProtocolError, msgspec.MsgspecError, IndexError, TypeError, ValueError):
-            st.undecodable += 1
-        else:
-            self._count(ch, evs)
+        ts = _fast_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
+        # Decoding for the status never delays writing: under a backlog it waits for
+        # an idle moment (and at worst for the stop).
+        if self._defer_stats:
+            if len(self._stats_backlog) < MAX_STATS_BACKLOG:
+                self._stats_backlog.append((ch, seq, payload))
+            else:
+                st.unsampled += 1
+        else:
+            self._decode_stats(ch, seq, payload)
         writer = self._writer
         assert writer is not None
         writer.write(ch.channel_id, seq, payload, t, pub)
@@ -1105,6 +1147,30 @@ class Recorder:
 
     _in_history = False
     _mono = 0
+    _defer_stats = False
+
+    def _decode_stats(self, ch: _Channel, seq: int, payload: bytes) -> None:
+        try:
+            n, agg = _stat_events(payload, seq)
+        except (ProtocolError, msgspec.MsgspecError, IndexError, TypeError, ValueError):
+            self.stats.undecodable += 1
+        else:
+            self._count(ch, n, agg)
+
+    def _catch_up_stats(self, budget_ns: int | None) -> bool:
+        """Decode deferred batches for the status; return True while some are left."""
+        backlog = self._stats_backlog
+        if not backlog:
+            return False
+        end = None if budget_ns is None else time.monotonic_ns() + budget_ns
+        while backlog:
+            for _ in range(64):
+                if not backlog:
+                    break
+                self._decode_stats(*backlog.popleft())
+            if end is not None and time.monotonic_ns() >= end:
+                break
+        return bool(backlog)
 
     # -------------------------------------------------------------- replay
     def _replay_usable(self, src: _Src, now: int) -> bool:
@@ -1249,26 +1315,26 @@ class Recorder:
         if timed_out:
             src.replay_dead_until = max(src.replay_dead_until, time.monotonic_ns() + 1)
 
-    def _count(self, ch: _Channel, evs: list[_EvStat]) -> None:
+    def _count(self, ch: _Channel, n_events: int, agg: dict[_EvStat, int]) -> None:
         st = self.stats
-        st.events += len(evs)
+        st.events += n_events
         src_i = ch.src.index
-        for typ, gi, kind in evs:
-            if typ == "BlockStored":
+        for (typ, gi, kind), n in agg.items():
+            if typ == 0:
                 if kind is None and gi is not None:
                     kind = self._meta_kinds.get(gi)
                 if kind is None:
                     kind = "unannotated"
                 elif gi is not None:
                     self._kinds[(src_i, gi)] = kind
-                st.stores[kind] += 1
-            elif typ == "BlockRemoved":
+                st.stores[kind] += n
+            elif typ == 1:
                 k = None
                 if gi is not None:
                     k = self._meta_kinds.get(gi) or self._kinds.get((src_i, gi))
-                st.removes[k or "unattributed"] += 1
+                st.removes[k or "unattributed"] += n
             else:
-                st.cleared += 1
+                st.cleared += n
 
     # -------------------------------------------------------------- ledger
     def ledger(self) -> dict[str, object]:
