@@ -116,6 +116,10 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     def to_json(self) -> dict[str, object]:
         """Return the ``--format json`` object (the keys issue 2 names, plus extras).
 
+        ``channels`` entries and ``gaps`` hold exactly the keys issue 2 names; the
+        extras (``file``, ``size_bytes``, times, ``gaps_source``, ``undecodable``,
+        ``complete``, ``recovery`` …) are top-level keys.
+
         Returns:
             A JSON-serialisable dict.
         """
@@ -135,9 +139,6 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
                     "batches": c.batches,
                     "seq_first": c.seq_first,
                     "seq_last": c.seq_last,
-                    "name": c.name,
-                    "start_time_ns": c.start_time,
-                    "end_time_ns": c.end_time,
                 }
                 for c in self.channels
             ],
@@ -145,8 +146,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
                 "recovered": self.gaps.recovered,
                 "lost": self.gaps.lost,
                 "lost_ranges": [list(r) for r in self.gaps.lost_ranges],
-                "source": self.gaps.source,
             },
+            "gaps_source": self.gaps.source,
             "restarts": self.restarts,
             "duplicates": self.duplicates,
             "duration_s": self.duration_s,
