@@ -7,7 +7,7 @@ import os
 import msgspec
 
 from kvtool.errors import ProtocolError
-from kvtool.protocol import EVENT_TYPES, BlockRemoved, BlockStored, decode_batch, event_type
+from kvtool.protocol import EVENT_TYPES, BlockRemoved, BlockStored, decode_batch
 from kvtool.recording import format as fmt
 from kvtool.recording import open_recording
 
@@ -243,6 +243,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         start: int | None = None
         end: int | None = None
         stored = removed = tokens = 0
+        by_class: dict[type, int] = {}
         for msg in reader.messages():
             ch = msg.channel
             cs = chans.get(ch.id)
@@ -269,13 +270,18 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
             if cs.dp_rank is None and batch.data_parallel_rank is not None:
                 cs.dp_rank = batch.data_parallel_rank
             info.skipped_events += len(batch.skipped)
+            # Hot loop (one pass per event): count by class, map classes to tags at the end.
             for ev in batch.events:
-                events[event_type(ev)] = events.get(event_type(ev), 0) + 1
-                if isinstance(ev, BlockStored):
+                cls = type(ev)
+                by_class[cls] = by_class.get(cls, 0) + 1
+                if isinstance(ev, BlockRemoved):
+                    removed += len(ev.block_hashes)
+                elif isinstance(ev, BlockStored):
                     stored += len(ev.block_hashes)
                     tokens += len(ev.token_ids)
-                elif isinstance(ev, BlockRemoved):
-                    removed += len(ev.block_hashes)
+        for cls, n in by_class.items():
+            tag = cls.__struct_config__.tag
+            events[str(tag)] = events.get(str(tag), 0) + n
         rec = reader.recovery
         info.batches = sum(c.batches for c in chans.values())
         info.events = events
