@@ -125,7 +125,7 @@ def test_cut_after_data_section_reads_everything(
     (summary_start,) = struct.unpack_from("<Q", data, len(data) - FOOTER_AT + 9)
     msgs, rep = _read(_write(tmp_path, data[: summary_start + 10]))
     assert [m.seq for m in msgs] == [s for s, _ in written]
-    assert rep.data_complete and not rep.complete and not rep.truncated
+    assert rep.data_complete and not rep.complete and rep.truncated
     assert rep.summary() == (
         f"{tmp_path / 'cut.mcap'}: file ends after its data section; its summary and footer "
         f"are missing; the data section is intact and all {len(written)} messages were read "

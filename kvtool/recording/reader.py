@@ -733,7 +733,8 @@ class RecordingReader:
             assert end is not None
             pos = end
             rep.last_good_offset = pos
-        rep.truncated = not data_end and not self._tail_ok
+        # Truncated: the file ends before its footer, whether or not data was lost.
+        rep.truncated = (not data_end and not self._tail_ok) or self._tail_reason == "no footer"
         if not data_end and self._tail_ok and rep.damaged_chunks + rep.damaged_records == 0:
             self._damage(rep, pos, rep.reason or "data section has no end record", chunk=False)
         rep.unknown_channel_messages = self._unknown_messages
