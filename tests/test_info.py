@@ -294,3 +294,18 @@ def test_empty_recording(tmp_path: Path) -> None:
     assert info.complete and info.start_time is None
     result = runner.invoke(app, ["info", str(path)])
     assert result.exit_code == 0 and "Batches:   0" in result.stdout
+
+
+def test_directory_means_its_recordings(tmp_path: Path) -> None:
+    write_capture(tmp_path / "b.mcap", "gemma3", limit=2)
+    write_capture(tmp_path / "a.mcap", "full_only", limit=3)
+    (tmp_path / "notes.txt").write_text("not a recording")
+    code, out, err = _info_json(str(tmp_path))
+    assert code == 0, err
+    assert isinstance(out, list)
+    assert [(Path(o["file"]).name, o["batches"]) for o in out] == [("a.mcap", 3), ("b.mcap", 2)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = runner.invoke(app, ["info", str(empty)])
+    assert result.exit_code == 2
+    assert result.stderr == f"kvtool: {empty}: directory holds no .mcap recordings\n"

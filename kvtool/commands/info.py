@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import get_env
-from kvtool.errors import ExitStatus, KvtoolError
+from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
 
@@ -24,7 +24,10 @@ class InfoFormat(StrEnum):
 def info(
     files: Annotated[
         list[Path],
-        typer.Argument(help="Recordings (.mcap) to summarise.", show_default=False),
+        typer.Argument(
+            help="Recordings (.mcap) to summarise; a directory means its .mcap files.",
+            show_default=False,
+        ),
     ],
     format: Annotated[
         InfoFormat,
@@ -38,6 +41,17 @@ def info(
     With --format json one file gives one object, several files a list.
     """
     env = get_env()
+    # A directory (as `ros2 bag info` takes a bag folder) stands for its .mcap files.
+    expanded: list[Path] = []
+    for path in files:
+        if path.is_dir():
+            found = sorted(path.glob("*.mcap"))
+            if not found:
+                raise UsageError(f"{path}: directory holds no .mcap recordings")
+            expanded += found
+        else:
+            expanded.append(path)
+    files = expanded
     infos: list[RecordingInfo] = []
     status = ExitStatus.OK
     errors: list[KvtoolError] = []
