@@ -405,6 +405,7 @@ class Replay:
         self.checker: Checker | None = Checker() if check else None
         self._learned = False
         self._learned_tables: dict[tuple[str, int | None], GroupTable] = {}
+        self._learned_ids: set[int] = set()
         self.new_warnings: list[str] = []
         """Out-of-range warnings not yet shown (one per index); the caller drains it."""
 
@@ -488,6 +489,7 @@ class Replay:
             table = self._learned_tables.get(key)
             if table is None:
                 table = self._learned_tables[key] = self.learner.table(*key)
+                self._learned_ids.add(id(table))
         return table
 
     def _learn(self) -> None:
@@ -574,7 +576,9 @@ class Replay:
                 if ann is None:
                     ann = self.annotators[id(table)] = Annotator(table)
                 batch, fresh = ann(batch)
-                if fresh:
+                # A learned table knows only the groups some store annotated: vLLM's
+                # out-of-range warning is about real metadata, so it is not given here.
+                if fresh and id(table) not in self._learned_ids:
                     self.new_warnings.extend(f"seq {msg.seq}: {w}" for w in fresh)
             events = [ev for ev in batch.events if ef.match(ev)] if ef.active else batch.events
             if ef.active and not events:
@@ -583,6 +587,28 @@ class Replay:
             stats.events += len(events)
             yield ReplayBatch(msg, batch, events, rank, table=table)
 
+    def unlearned(self) -> list[str]:
+        """Name the recordings whose stores had nothing to learn from (no annotated store).
+
+        Returns:
+            One line per such recording (empty unless annotating with learned metadata).
+        """
+        if self.learner is None or not self._learned:
+            return []
+        learned_channels = {ch for ch, _rank in self.learner.learned}
+        out = []
+        for r in self.readers:
+            if self.tables.get(r.path) is not None:
+                continue
+            names = {c.name for c in r.channels.values()}
+            if not names & learned_channels:
+                out.append(
+                    f"{r.path}: no store carries a kind to learn from and there is no group "
+                    "metadata; stores stay unannotated (give --groups FILE or --group "
+                    "IDX=KIND[:WINDOW])"
+                )
+        return out
+
     def out_of_range(self) -> list[str]:
         """Return one line per group index that was not in the metadata, with its count.
 
@@ -590,8 +616,9 @@ class Replay:
             vLLM's warning per index plus how many stores it left unannotated.
         """
         lines: list[str] = []
-        for ann in self.annotators.values():
-            lines.extend(ann.summary())
+        for key, ann in self.annotators.items():
+            if key not in self._learned_ids:
+                lines.extend(ann.summary())
         return lines
 
 

@@ -492,3 +492,15 @@ def test_ctrl_c_stops_publishing_cleanly(tmp_path: Path) -> None:
     assert out == ""
     assert err.startswith("kvtool: interrupted after ")
     assert "Traceback" not in err
+
+
+def test_annotate_payload_map_encoded_batch() -> None:
+    """The development revision with a map-encoded batch stays a map."""
+    ev = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1], "group_idx": 1}
+    payload = msgspec.msgpack.encode({"ts": 1.0, "events": [ev], "data_parallel_rank": None})
+    out, bad = annotate_payload(payload, parse_group_flags(["0=full_attention", "1=mamba"]))
+    assert bad == []
+    got = msgspec.msgpack.decode(out)
+    assert isinstance(got, dict) and got["ts"] == 1.0
+    assert got["events"][0]["kv_cache_spec_kind"] == "mamba"
+    assert decode_batch(out).batch_encoding == "map"

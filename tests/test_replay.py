@@ -427,3 +427,13 @@ def test_undecodable_payload_is_skipped_exit_3(tmp_path: Path) -> None:
     assert result.exit_code == 3
     assert {e["seq"] for e in _jsonl(result)} == {0, 2, 3}
     assert "1 payload(s) and 0 event(s) could not be decoded" in result.stderr  # type: ignore[attr-defined]
+
+
+def test_learned_mode_with_nothing_to_learn_says_so(tmp_path: Path) -> None:
+    rec = capture_recording(tmp_path, "gemma3.legacy-array-group-idx")
+    result = _run(rec, "--annotate", "-f", "jsonl", "--seq", "0")
+    assert result.exit_code == 0
+    err = result.stderr  # type: ignore[attr-defined]
+    assert "no store carries a kind to learn from" in err
+    assert "not in KV cache metadata" not in err  # vLLM's warning is about real metadata
+    assert {e.get("kv_cache_spec_kind") for e in _jsonl(result)} == {None}

@@ -724,7 +724,7 @@ def _warn(rp: Replay, env: Env) -> None:
 
 def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
     """Say what was damaged or left unannotated; exit 3 when input was damaged."""
-    for line in rp.out_of_range():
+    for line in rp.unlearned() + rp.out_of_range():
         if not env.quiet:
             env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
     damaged = False
