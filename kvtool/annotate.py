@@ -179,7 +179,7 @@ class GroupTable:
 
         Returns:
             Columns ``group_idx`` (Int64), ``kind`` (Utf8), ``sliding_window`` (Int64),
-            ``block_size`` (Int64), one row per group ordered by ``group_idx``.
+            one row per group ordered by ``group_idx``.
         """
         import polars as pl
 
@@ -189,14 +189,8 @@ class GroupTable:
                 "group_idx": [g.group_idx for g in rows],
                 "kind": [g.kind for g in rows],
                 "sliding_window": [g.sliding_window for g in rows],
-                "block_size": [g.block_size for g in rows],
             },
-            schema={
-                "group_idx": pl.Int64,
-                "kind": pl.Utf8,
-                "sliding_window": pl.Int64,
-                "block_size": pl.Int64,
-            },
+            schema={"group_idx": pl.Int64, "kind": pl.Utf8, "sliding_window": pl.Int64},
         )
 
     def describe(self) -> str:

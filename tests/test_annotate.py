@@ -356,14 +356,8 @@ def test_to_frame_schema() -> None:
             "group_idx": [0, 1],
             "kind": ["full_attention", "sliding_window"],
             "sliding_window": [None, 64],
-            "block_size": [None, None],
         },
-        schema={
-            "group_idx": pl.Int64,
-            "kind": pl.Utf8,
-            "sliding_window": pl.Int64,
-            "block_size": pl.Int64,
-        },
+        schema={"group_idx": pl.Int64, "kind": pl.Utf8, "sliding_window": pl.Int64},
     )
     assert_frame_equal(frame, expected)
     assert GroupTable({}, "empty").to_frame().schema == expected.schema
