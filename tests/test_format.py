@@ -104,7 +104,10 @@ def test_not_mcap(tmp_path: Path) -> None:
 def test_empty_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.mcap"
     path.write_bytes(b"")
-    with pytest.raises(RecordingError, match=r"empty\.mcap: file is empty \(0 bytes\)"):
+    with pytest.raises(
+        TruncatedRecording,
+        match=r"empty\.mcap: recording is truncated at byte 0 \(the file is empty\); nothing",
+    ):
         open_recording(path)
 
 

@@ -257,17 +257,20 @@ def test_several_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    ("content", "message", "status"),
     [
-        (b"", "file is empty (0 bytes)"),
-        (b"PK\x03\x04 zip", "not an MCAP file"),
+        (b"", "recording is truncated at byte 0 (the file is empty)", 3),
+        (b"\x89MCAP0\r\n\x01", "recording is truncated at byte 9, before its MCAP header", 3),
+        (b"PK\x03\x04 zip", "not an MCAP file", 1),
     ],
 )
-def test_unreadable_file_one_line(tmp_path: Path, content: bytes, message: str) -> None:
+def test_unreadable_file_one_line(
+    tmp_path: Path, content: bytes, message: str, status: int
+) -> None:
     path = tmp_path / "x.mcap"
     path.write_bytes(content)
     result = runner.invoke(app, ["info", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == status
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"kvtool: {path}: ") and message in lines[0]

@@ -395,9 +395,9 @@ class RecordingReader:
         """Magic at byte 0, then a Header record of profile ``kvtool``."""
         size = self._size
         if size == 0:
-            raise RecordingError(
-                f"{self.path}: file is empty (0 bytes), not a kvtool recording "
-                "(a recorder killed before its first write leaves such a file)"
+            raise TruncatedRecording(
+                f"{self.path}: recording is truncated at byte 0 (the file is empty); "
+                "nothing to recover"
             )
         head = self._pread(0, len(MAGIC))
         if head != MAGIC:
