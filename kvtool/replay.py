@@ -570,7 +570,12 @@ class Replay:
                 continue
             table = self._table_for(msg, rank) if (self.annotate or self.check) else None
             if self.checker is not None:
-                self.checker.observe(ch.name, rank, batch.events, msg.seq, table=table)
+                # Learned metadata is checked by the checker's own learning (mid-stream
+                # changes, unannotated stores), not as if it were a metadata table.
+                learned = table is not None and id(table) in self._learned_ids
+                self.checker.observe(
+                    ch.name, rank, batch.events, msg.seq, table=None if learned else table
+                )
             if self.annotate and table is not None:
                 ann = self.annotators.get(id(table))
                 if ann is None:
