@@ -8,6 +8,8 @@ from pathlib import Path
 import msgspec
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
@@ -33,7 +35,9 @@ from kvtool.protocol import (
     BlockStored,
     KVEventBatch,
     decode_batch,
+    event_to_builtins,
 )
+from kvtool.publish import annotate_payload
 from tests.conftest import capture_messages, capture_truth
 from tests.replayutil import capture_recording
 
@@ -433,3 +437,79 @@ def test_annotating_a_capture_with_its_metadata_changes_nothing(name: str) -> No
         assert out is batch
         assert warnings == []
     assert msgspec.json.encode(table.to_metadata())
+
+
+# -- one rule: decoded structs and the wire agree ---------------------------------------------
+
+
+_kinds = st.sampled_from(["full_attention", "sliding_window", "mamba", "x_new_kind"])
+_windows = st.one_of(st.none(), st.integers(1, 4096))
+_group = st.one_of(st.none(), st.integers(-1, 6))
+
+
+@st.composite
+def _wire_event(draw: st.DrawFn, array: bool) -> object:
+    tag = draw(st.sampled_from(["BlockStored", "BlockStored", "BlockRemoved", "AllBlocksCleared"]))
+    hashes = draw(st.lists(st.integers(0, 2**64 - 1), max_size=3))
+    if tag == "AllBlocksCleared":
+        return [tag] if array else {"type": tag}
+    group = draw(_group)
+    if tag == "BlockRemoved":
+        return (
+            [tag, hashes, "GPU", group]
+            if array
+            else {"type": tag, "block_hashes": hashes, "medium": "GPU", "group_idx": group}
+        )
+    kind = draw(st.one_of(st.none(), _kinds))
+    window = draw(_windows)
+    if array:
+        ev = [tag, hashes, None, [1, 2], 16, None, "GPU", None, None, group]
+        if draw(st.booleans()):
+            ev += [kind, window]
+        return ev
+    ev = {
+        "type": tag,
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": [1],
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+    if group is not None:
+        ev["group_idx"] = group
+    if kind is not None:
+        ev["kv_cache_spec_kind"] = kind
+    if window is not None:
+        ev["kv_cache_spec_sliding_window"] = window
+    return ev
+
+
+@st.composite
+def _table(draw: st.DrawFn) -> GroupTable:
+    n = draw(st.integers(1, 5))
+    return groups_from_list(
+        [
+            {"group_idx": i, "kind": draw(_kinds), "sliding_window": draw(_windows)}
+            for i in range(n)
+        ],
+        source="t",
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(array=st.booleans(), data=st.data(), table=_table())
+def test_wire_annotation_equals_struct_annotation(
+    array: bool, data: st.DataObject, table: GroupTable
+) -> None:
+    events = data.draw(st.lists(_wire_event(array), max_size=6))
+    payload = msgspec.msgpack.encode([1.5, events, 0])
+    by_struct, warnings = annotate(decode_batch(payload), table)
+    on_wire, bad = annotate_payload(payload, table)
+    by_wire = decode_batch(on_wire)
+    assert by_wire.event_encoding == by_struct.event_encoding
+    assert [event_to_builtins(e) for e in by_wire.events] == [
+        event_to_builtins(e) for e in by_struct.events
+    ]
+    assert [f"Group index `{i}` not in KV cache metadata" for i in bad] == warnings
