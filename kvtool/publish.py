@@ -198,6 +198,31 @@ def _encode_map(ev: dict[object, object], map16: bool) -> bytes:
     return b"".join(parts)
 
 
+def _annotate_raw_event(raw: msgspec.Raw, table: GroupTable, bad: list[int]) -> msgspec.Raw | None:
+    """Patch one raw event by the rule; return its new bytes, or None when unchanged."""
+    view = memoryview(raw)
+    if not len(view):
+        return None
+    first = view[0]
+    ev = _ANY.decode(raw)
+    if isinstance(ev, dict):
+        decision = annotation_for(str(ev.get("type")), ev.get("group_idx"), table)
+        if isinstance(decision, GroupInfo):
+            if _patch_map(ev, decision):
+                return msgspec.Raw(_encode_map(ev, first == 0xDE))
+        elif decision is not None:
+            bad.append(decision)
+    elif isinstance(ev, list) and ev:
+        group = ev[_GROUP_I] if len(ev) > _GROUP_I else None
+        decision = annotation_for(str(ev[0]), group, table)
+        if isinstance(decision, GroupInfo):
+            if _patch_array(ev, decision):
+                return msgspec.Raw(_ENC.encode(ev))
+        elif decision is not None:
+            bad.append(decision)
+    return None
+
+
 def annotate_payload(payload: bytes, table: GroupTable) -> tuple[bytes, list[int]]:
     """Annotate a payload on the wire, re-encoding it in the layout it was recorded in.
 
@@ -227,37 +252,19 @@ def annotate_payload(payload: bytes, table: GroupTable) -> tuple[bytes, list[int
             if raw_events is None:
                 return payload, []
         events = _RAW_LIST.decode(raw_events)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return payload, []
     changed = False
     bad: list[int] = []
     for i, raw in enumerate(events):
-        view = memoryview(raw)
-        if not len(view):
-            continue
-        first = view[0]
-        is_array = 0x90 <= first <= 0x9F or first in (0xDC, 0xDD)
         try:
-            ev = _ANY.decode(raw)
-        except msgspec.DecodeError:
+            patched = _annotate_raw_event(raw, table, bad)
+        except (msgspec.MsgspecError, TypeError, ValueError, RecursionError):
+            # An event the generic codec cannot round-trip is sent as recorded.
             continue
-        if isinstance(ev, dict):
-            decision = annotation_for(str(ev.get("type")), ev.get("group_idx"), table)
-            if isinstance(decision, GroupInfo):
-                if _patch_map(ev, decision):
-                    events[i] = msgspec.Raw(_encode_map(ev, first == 0xDE))
-                    changed = True
-            elif decision is not None:
-                bad.append(decision)
-        elif is_array and isinstance(ev, list) and ev:
-            group = ev[_GROUP_I] if len(ev) > _GROUP_I else None
-            decision = annotation_for(str(ev[0]), group, table)
-            if isinstance(decision, GroupInfo):
-                if _patch_array(ev, decision):
-                    events[i] = msgspec.Raw(_ENC.encode(ev))
-                    changed = True
-            elif decision is not None:
-                bad.append(decision)
+        if patched is not None:
+            events[i] = patched
+            changed = True
     if not changed:
         return payload, bad
     new_events = msgspec.Raw(_ENC.encode(events))

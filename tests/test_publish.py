@@ -11,6 +11,8 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvtool.annotate import groups_from_list, parse_group_flags
@@ -504,3 +506,36 @@ def test_annotate_payload_map_encoded_batch() -> None:
     assert isinstance(got, dict) and got["ts"] == 1.0
     assert got["events"][0]["kv_cache_spec_kind"] == "mamba"
     assert decode_batch(out).batch_encoding == "map"
+
+
+_FUZZ_TABLE = parse_group_flags(["0=full_attention", "1=sliding_window:64", "2=mamba"])
+_REAL = [p for _, _, p in capture_messages("gemma3")[:8]] + [
+    p for _, _, p in capture_messages("gemma3.legacy-array-group-idx")[:8]
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_annotate_payload_never_raises_on_garbage(data: bytes) -> None:
+    out, bad = annotate_payload(data, _FUZZ_TABLE)
+    assert isinstance(out, bytes) and isinstance(bad, list)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    which=st.integers(0, len(_REAL) - 1),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+)
+def test_annotate_payload_never_raises_on_flipped_real_payloads(
+    which: int, flips: list[tuple[int, int]]
+) -> None:
+    buf = bytearray(_REAL[which])
+    for pos, val in flips:
+        buf[pos % len(buf)] = val
+    out, _ = annotate_payload(bytes(buf), _FUZZ_TABLE)
+    assert isinstance(out, bytes)
+
+
+def test_annotate_payload_deep_nesting() -> None:
+    deep = b"\x93\xcb" + b"\x00" * 8 + b"\x91" * 100_000 + b"\xc0" + b"\x00"
+    assert annotate_payload(deep, _FUZZ_TABLE)[0] == deep
