@@ -539,3 +539,34 @@ def test_annotate_payload_never_raises_on_flipped_real_payloads(
 def test_annotate_payload_deep_nesting() -> None:
     deep = b"\x93\xcb" + b"\x00" * 8 + b"\x91" * 100_000 + b"\xc0" + b"\x00"
     assert annotate_payload(deep, _FUZZ_TABLE)[0] == deep
+
+
+@pytest.mark.zmq
+def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
+    """Two recorded engines go out on endpoint and endpoint_dp1, as vLLM offsets ranks."""
+    base = f"ipc://{tmp_path}/kv"
+    a = capture_messages("full_only")[:3]
+    b = capture_messages("gemma3")[:3]
+    items = [PublishItem("a", t, s, p, i) for i, (t, s, p) in enumerate(a)] + [
+        PublishItem("b", t, s, p, 10 + i) for i, (t, s, p) in enumerate(b)
+    ]
+    ctx = zmq.Context()
+    try:
+        with Publisher(base) as pub:
+            sa = _sub(ctx, base)
+            sb = _sub(ctx, base + "_dp1")
+            try:
+                pub.channel("a")
+                pub.channel("b")
+                time.sleep(0.2)  # both SUBs joined before the first batch
+                publish(pub, lambda: items, pacing=Pacing(max_speed=True))
+                got_a = _recv_all(sa, 3)
+                got_b = _recv_all(sb, 3)
+            finally:
+                sa.close(linger=0)
+                sb.close(linger=0)
+            assert [c.endpoint for c in pub.stats] == [base, base + "_dp1"]
+    finally:
+        ctx.term()
+    assert [f[2] for f in got_a] == [p for _, _, p in a]
+    assert [f[2] for f in got_b] == [p for _, _, p in b]
