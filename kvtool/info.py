@@ -218,6 +218,24 @@ def _ledger_ranges(value: object) -> list[list[int]]:
     return out
 
 
+def _ledger_by_channel(ledger: dict[str, object]) -> dict[str, list[list[int]]]:
+    """The ledger's lost ranges per MCAP channel name (top-level ones under ``""``)."""
+    out: dict[str, list[list[int]]] = {}
+    chans = ledger.get("channels")
+    if isinstance(chans, list) and chans:
+        for ch in chans:
+            if not isinstance(ch, dict):
+                continue
+            name = str(ch.get("channel", ""))
+            gaps = ch.get("gaps")
+            for g in gaps if isinstance(gaps, list) else []:
+                if isinstance(g, dict):
+                    out.setdefault(name, []).extend(_ledger_ranges(g.get("lost_ranges")))
+    else:
+        out[""] = _ledger_ranges(ledger.get("lost_ranges"))
+    return out
+
+
 def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
     """Read a recording once and summarise it, decoding each payload once.
 
@@ -299,27 +317,32 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         info.complete = rec.complete
         info.recovery = None if rec.complete else rec.summary()
 
-        file_ranges = [r for tr in tracks.values() for r in tr.lost_ranges]
+        # Seq ranges are per channel: never merged across channels.
+        file_by_chan = {chans[cid].name: tr.lost_ranges for cid, tr in tracks.items()}
         file_restarts = sum(tr.restarts for tr in tracks.values())
         info.duplicates = sum(tr.duplicates for tr in tracks.values())
         ledger = reader.ledger
         if ledger is None:
-            ranges = _merge_ranges(file_ranges)
+            ranges = sorted(r for rs in file_by_chan.values() for r in rs)
             info.gaps = GapSummary(
                 recovered=0, lost=sum(b - a + 1 for a, b in ranges), lost_ranges=ranges
             )
             info.restarts = file_restarts
         else:
-            ledger_ranges = _ledger_ranges(ledger.get("lost_ranges"))
             if rec.complete:
                 info.gaps = GapSummary(
                     recovered=_int(ledger.get("recovered")),
                     lost=_int(ledger.get("lost")),
-                    lost_ranges=_merge_ranges(ledger_ranges),
+                    lost_ranges=sorted(_ledger_ranges(ledger.get("lost_ranges"))),
                     source="ledger",
                 )
             else:
-                ranges = _merge_ranges(ledger_ranges + file_ranges)
+                # A damaged file whose ledger survived: the ledger's losses plus what the
+                # damage cost, merged channel by channel.
+                by_chan = _ledger_by_channel(ledger)
+                for name, rs in file_by_chan.items():
+                    by_chan[name] = by_chan.get(name, []) + rs
+                ranges = sorted(r for rs in by_chan.values() for r in _merge_ranges(rs))
                 info.gaps = GapSummary(
                     recovered=_int(ledger.get("recovered")),
                     lost=sum(b - a + 1 for a, b in ranges),

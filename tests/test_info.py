@@ -312,3 +312,19 @@ def test_directory_means_its_recordings(tmp_path: Path) -> None:
     result = runner.invoke(app, ["info", str(empty)])
     assert result.exit_code == 2
     assert result.stderr == f"kvtool: {empty}: directory holds no .mcap recordings\n"
+
+
+def test_gaps_are_per_channel(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    payload = capture_messages("full_only")[0][2]
+    with RecordingWriter(path) as w:
+        a = w.add_channel("tcp://h:5557", "", 0)
+        b = w.add_channel("tcp://h:5558", "", 1)
+        for seq in range(10):
+            if seq not in (5, 6):
+                w.write(a, seq, payload, BASE_NS + seq)
+            if seq not in (6, 7):
+                w.write(b, seq, payload, BASE_NS + seq)
+    info = summarize(path)
+    assert info.gaps.lost == 4
+    assert info.gaps.lost_ranges == [[5, 6], [6, 7]]
