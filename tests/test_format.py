@@ -210,3 +210,21 @@ def test_golden_v1_recording_still_reads() -> None:
     for key in ("file", "command_line", "recorded_at"):
         got.pop(key)
     assert got == {k: v for k, v in expected.items() if k not in ("seqs", "payload_sha256")}
+
+
+def test_seq_wrap_without_notes_from_another_writer(tmp_path: Path) -> None:
+    # A kvtool-profile file from a writer that leaves no kvtool.seq notes: a drop from
+    # the top quarter of the 32-bit range to the bottom quarter is a wrap, any other
+    # drop a publisher restart.
+    path = tmp_path / "other.mcap"
+    with open(path, "wb") as f:
+        w = Writer(f)
+        w.start(profile="kvtool", library="another writer")
+        sid = w.register_schema(fmt.SCHEMA_NAME, fmt.SCHEMA_ENCODING, fmt.SCHEMA_DATA)
+        cid = w.register_channel("tcp://h:1", "msgpack", sid, {"endpoint": "tcp://h:1"})
+        for i, seq32 in enumerate([2**32 - 2, 2**32 - 1, 0, 1, 5, 2]):
+            w.add_message(cid, i, b"\x93\x00\x90\xc0", i, seq32)
+        w.finish()
+    with open_recording(path) as r:
+        seqs = [m.seq for m in r.messages()]
+    assert seqs == [2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1, 2**32 + 5, 2]
