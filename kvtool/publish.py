@@ -313,6 +313,8 @@ class ChannelPublisher:
             ``[b"", topic, seq, payload]``.
         buffer_steps: Batches kept for replay.
         sndhwm: Send high-water mark of the publishing socket.
+        connect: Connect the publishing socket to ``endpoint`` (a subscriber that binds)
+            instead of binding it.
 
     Raises:
         EndpointError: A socket cannot be bound.
@@ -327,6 +329,7 @@ class ChannelPublisher:
         legacy_replay: bool = False,
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         sndhwm: int = DEFAULT_SNDHWM,
+        connect: bool = False,
     ) -> None:
         self.stats = ChannelStats(endpoint, replay_endpoint)
         self.legacy_replay = legacy_replay
@@ -341,8 +344,18 @@ class ChannelPublisher:
             self.pub.setsockopt(zmq.SNDHWM, sndhwm)
             self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
             self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)
-            _bind(self.pub, endpoint, "--publish")
-            self.stats.endpoint = _last_endpoint(self.pub, endpoint)
+            if connect:
+                # A subscriber that binds (e.g. a KV-cache indexer): connect to it, as
+                # vLLM's publisher does for a non-wildcard address.
+                try:
+                    self.pub.connect(endpoint)
+                except zmq.ZMQError as err:
+                    raise EndpointError(
+                        f"{endpoint}: cannot connect (--publish --connect): {err.strerror}"
+                    ) from err
+            else:
+                _bind(self.pub, endpoint, "--publish")
+                self.stats.endpoint = _last_endpoint(self.pub, endpoint)
             self.poller.register(self.pub, zmq.POLLIN)
             if replay_endpoint is not None:
                 self.router = context.socket(zmq.ROUTER)
@@ -481,6 +494,7 @@ class Publisher:
         buffer_steps: Batches kept for replay per channel.
         sndhwm: Send high-water mark.
         linger_ms: How long closing may take to flush queued batches.
+        connect: Connect the publishing sockets instead of binding them.
     """
 
     def __init__(
@@ -492,6 +506,7 @@ class Publisher:
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         sndhwm: int = DEFAULT_SNDHWM,
         linger_ms: int = 1000,
+        connect: bool = False,
     ) -> None:
         if buffer_steps < 1:
             raise UsageError(f"--buffer-steps {buffer_steps}: must be at least 1")
@@ -501,6 +516,7 @@ class Publisher:
         self.buffer_steps = buffer_steps
         self.sndhwm = sndhwm
         self.linger_ms = linger_ms
+        self.connect = connect
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.channels: dict[object, ChannelPublisher] = {}
         self._order: list[ChannelPublisher] = []
@@ -521,6 +537,7 @@ class Publisher:
             legacy_replay=self.legacy_replay,
             buffer_steps=self.buffer_steps,
             sndhwm=self.sndhwm,
+            connect=self.connect,
         )
         self._order.append(pub)
         return pub

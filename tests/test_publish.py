@@ -570,3 +570,41 @@ def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
         ctx.term()
     assert [f[2] for f in got_a] == [p for _, _, p in a]
     assert [f[2] for f in got_b] == [p for _, _, p in b]
+
+
+@pytest.mark.zmq
+def test_cli_publish_connect_to_a_binding_subscriber(tmp_path: Path) -> None:
+    """--connect feeds a subscriber that binds (as a KV-cache indexer does)."""
+    rec = capture_recording(tmp_path, "full_only")
+    msgs = capture_messages("full_only")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    got: list[list[bytes]] = []
+    t = threading.Thread(target=lambda: got.extend(_recv_all(sub, len(msgs), 10000)))
+    t.start()
+    try:
+        result = CliRunner().invoke(
+            app,
+            [
+                "replay",
+                str(rec),
+                "--publish",
+                f"tcp://127.0.0.1:{port}",
+                "--connect",
+                "--max-speed",
+                "--wait-subscribers",
+                "1",
+                "--wait-timeout",
+                "10",
+            ],
+        )
+    finally:
+        t.join(15)
+        sub.close(linger=0)
+        ctx.term()
+    assert result.exit_code == 0, result.stderr
+    assert f"publishing to tcp://127.0.0.1:{port}" in result.stderr
+    assert got == [[tp, s.to_bytes(8, "big"), p] for tp, s, p in msgs]

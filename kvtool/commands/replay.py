@@ -230,6 +230,14 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    connect: Annotated[
+        bool,
+        typer.Option(
+            "--connect",
+            help="Connect to the --publish endpoint (a subscriber that binds, e.g. a "
+            "KV-cache indexer) instead of binding it.",
+        ),
+    ] = False,
     replay_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -375,6 +383,7 @@ def replay(
         ("--wait-subscribers", wait_subscribers != "0"),
         ("--start-delay", start_delay is not None),
         ("--drop", drop is not None),
+        ("--connect", connect),
     ]
     if publish is None:
         for flag, given in publishing_only:
@@ -425,6 +434,7 @@ def replay(
                 start_delay=start_delay,
                 hold=hold,
                 drop=drop,
+                connect=connect,
                 output=output,
                 force=force,
                 show_events=show_events,
@@ -573,6 +583,7 @@ def _run_publish(
     start_delay: str | None,
     hold: str | None,
     drop: str | None,
+    connect: bool,
     output: Path | None,
     force: bool,
     show_events: bool,
@@ -629,13 +640,16 @@ def _run_publish(
 
     stats: PublishStats | None = None
     try:
-        with Publisher(endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps) as pub:
+        with Publisher(
+            endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps, connect=connect
+        ) as pub:
             if not env.quiet:
                 first = pub.first.stats
                 where = first.endpoint + (
                     f", replay on {first.replay_endpoint}" if first.replay_endpoint else ""
                 )
-                env.err.print(f"kvtool: publishing on {where}", markup=False, highlight=False)
+                verb = "publishing to" if connect else "publishing on"
+                env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
             try:
                 stats = do_publish(
                     pub,
