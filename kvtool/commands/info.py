@@ -27,6 +27,7 @@ def info(
         typer.Argument(
             help="Recordings (.mcap) to summarise; a directory means its .mcap files.",
             show_default=False,
+            metavar="FILE",
         ),
     ],
     format: Annotated[
