@@ -85,6 +85,7 @@ _ADDITIVE = (
     "orphan_removes",
 )
 _NOGROUP = -1  # group_idx null inside state keys
+_CK = 1 << 24  # state key: channel_id * _CK + group_idx + 1
 
 
 @dataclass
@@ -133,8 +134,7 @@ class Report:
 
 _LIVE_SCHEMA = {
     "r": pl.Int64,
-    "channel_id": pl.UInt32,
-    "gk": pl.Int64,
+    "ck": pl.Int64,
     "hash": pl.Int64,
     "t": pl.Float64,
     "gkey": pl.UInt32,
@@ -155,6 +155,8 @@ class ReportBuilder:
         self.live = pl.DataFrame(schema=_LIVE_SCHEMA)
         self.counts = pl.DataFrame(schema={"gkey": pl.UInt32, **{c: pl.Int64 for c in _ADDITIVE}})
         self.distinct = pl.DataFrame(schema={"gkey": pl.UInt32, "hash": pl.Int64})
+        self._distinct_parts: list[pl.DataFrame] = []
+        self._distinct_rows = 0
         self.lifetimes: list[pl.DataFrame] = []
         self.n_lifetimes = 0
         self.hist: pl.DataFrame | None = None
@@ -177,12 +179,27 @@ class ReportBuilder:
 
     def _gkeys(self, df: pl.DataFrame) -> pl.DataFrame:
         """Return df with ``gkey`` from (group_idx, kind_final, sliding_window)."""
-        keys = df.select("group_idx", "kind_final", "sliding_window").unique()
+        keys = (
+            df.filter(pl.col("type_code") != CLEARED)
+            .select("group_idx", "kind_final", "sliding_window")
+            .unique()
+        )
         for g, k, w in keys.iter_rows():
             if (g, k, w) not in self.registry:
                 self.registry[(g, k, w)] = len(self.registry)
-        return df.join(self._registry_frame(), on=["group_idx", "kind_final", "sliding_window"],
-                       how="left", nulls_equal=True, maintain_order="left")
+        gkey = (
+            df.select("group_idx", "kind_final", "sliding_window")
+            .join(self._registry_frame(), on=["group_idx", "kind_final", "sliding_window"],
+                  how="left", nulls_equal=True, maintain_order="left")
+            .get_column("gkey")
+        )
+        return df.with_columns(gkey=gkey)
+
+    def _gkey_of(self, g: int | None, kind: str, window: int | None) -> int:
+        key = (g, kind, window)
+        if key not in self.registry:
+            self.registry[key] = len(self.registry)
+        return self.registry[key]
 
     def _registry_frame(self) -> pl.DataFrame:
         return pl.DataFrame(
@@ -246,118 +263,16 @@ class ReportBuilder:
         else:
             df = df.with_columns(exempt=pl.lit(False))
         # Clear epochs per channel.
+        is_clear = (tc == CLEARED).cast(pl.Int64)
+        one_channel = df["channel_id"].n_unique() == 1
         df = df.with_columns(
-            epoch=(tc == CLEARED).cast(pl.Int64).cum_sum().over("channel_id"),
+            epoch=is_clear.cum_sum() if one_channel else is_clear.cum_sum().over("channel_id"),
+            ck=pl.col("channel_id").cast(pl.Int64) * _CK + pl.col("gk") + 1,
         )
-        # Stores' gkey now (their kind never depends on state).
+        # Attribution before the state: stores by their own kind; removes by their group's
+        # (an orphan remove without group_idx becomes unattributed after the state step).
+        unattr = pl.col("exempt") & (tc == REMOVED)
         df = df.with_columns(
-            kind_final=pl.when(pl.col("kind").is_null())
-            .then(pl.lit(UNANNOTATED))
-            .otherwise(pl.col("kind"))
-        )
-        stores = df.filter(tc == STORED)
-        stores = self._gkeys(stores)
-        # -- the multiset state, vectorised ---------------------------------------------------
-        blocks = pl.concat(
-            [
-                stores.filter(pl.col("hash").is_not_null()).select(
-                    "r", "channel_id", "gk", "hash", "epoch", t="ts", d=pl.lit(1, pl.Int64),
-                    carry=pl.lit(False), gkey="gkey",
-                ),
-                df.filter((tc == REMOVED) & pl.col("hash").is_not_null() & ~pl.col("exempt"))
-                .select(
-                    "r", "channel_id", "gk", "hash", "epoch", t="ts", d=pl.lit(-1, pl.Int64),
-                    carry=pl.lit(False), gkey=pl.lit(None, pl.UInt32),
-                ),
-                self.live.select(
-                    r="r", channel_id="channel_id", gk="gk", hash="hash",
-                    epoch=pl.lit(0, pl.Int64), t="t", d=pl.lit(1, pl.Int64),
-                    carry=pl.lit(True), gkey="gkey",
-                ),
-            ]
-        ).sort(["channel_id", "gk", "hash", "epoch", "r"])
-        m = blocks.height
-        big = 2 * m + 2
-        is_add = pl.col("d") > 0
-        blocks = blocks.with_columns(
-            seg_start=(
-                (pl.col("channel_id") != pl.col("channel_id").shift(1))
-                | (pl.col("gk") != pl.col("gk").shift(1))
-                | (pl.col("hash") != pl.col("hash").shift(1))
-                | (pl.col("epoch") != pl.col("epoch").shift(1))
-            ).fill_null(True),
-            cs=pl.col("d").cum_sum(),
-            cadd=is_add.cast(pl.Int64).cum_sum(),
-        ).with_columns(
-            seg=pl.col("seg_start").cast(pl.Int64).cum_sum(),
-            base=pl.when("seg_start").then(pl.col("cs") - pl.col("d")).forward_fill(),
-            base_add=pl.when("seg_start")
-            .then(pl.col("cadd") - is_add.cast(pl.Int64))
-            .forward_fill(),
-        ).with_columns(
-            p=pl.col("cs") - pl.col("base"),
-            srank=pl.col("cadd") - pl.col("base_add") - 1,
-        ).with_columns(
-            cm=(pl.col("p") - pl.col("seg") * big).cum_min() + pl.col("seg") * big,
-        ).with_columns(
-            c=pl.col("p") - pl.min_horizontal(pl.col("cm"), pl.lit(0)),
-        ).with_columns(
-            c_prev=pl.when("seg_start").then(0).otherwise(pl.col("c").shift(1)),
-        ).with_columns(
-            orphan=(pl.col("d") < 0) & (pl.col("c_prev") == 0),
-            restored=is_add & ~pl.col("carry") & (pl.col("c_prev") > 0),
-        ).with_columns(
-            eff_rm=((pl.col("d") < 0) & ~pl.col("orphan")).cast(pl.Int64),
-        ).with_columns(
-            rrank=pl.col("eff_rm").cum_sum()
-            - pl.when("seg_start").then(pl.col("eff_rm").cum_sum() - pl.col("eff_rm"))
-            .forward_fill()
-            - 1,
-        ).with_columns(
-            n_rm=pl.col("eff_rm").sum().over("seg"),
-        )
-        adds = blocks.filter(is_add).select("seg", "srank", "t", "gkey", "channel_id", "gk",
-                                            "hash", "epoch", "n_rm", "r")
-        rms = blocks.filter(pl.col("eff_rm") == 1).select("seg", "rrank", "r", t_rm="t")
-        pairs = rms.join(
-            adds.select("seg", "srank", "t", "gkey"),
-            left_on=["seg", "rrank"], right_on=["seg", "srank"], how="inner",
-        )
-        survivors = adds.filter(pl.col("srank") >= pl.col("n_rm"))
-        final_epoch = (
-            df.group_by("channel_id").agg(final=pl.col("epoch").max())
-        )
-        survivors = survivors.join(final_epoch, on="channel_id", how="left").with_columns(
-            pl.col("final").fill_null(0)
-        )
-        keep = survivors.filter(pl.col("epoch") == pl.col("final"))
-        cleared = survivors.filter(pl.col("epoch") < pl.col("final"))
-        self.live = keep.select(list(_LIVE_SCHEMA))
-        # The clear that ended each epoch: its row and time.
-        clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "r", "ts")
-        cleared = cleared.drop("r").with_columns(epoch=pl.col("epoch") + 1).join(
-            clears, on=["channel_id", "epoch"], how="left"
-        )
-        # -- remove attribution ------------------------------------------------------------
-        flags = blocks.filter(~pl.col("carry")).select("r", "orphan", "restored")
-        df = df.join(flags, on="r", how="left", maintain_order="left").with_columns(
-            pl.col("orphan").fill_null(False),
-            pl.col("restored").fill_null(False),
-        )
-        stores = stores.join(flags.select("r", "restored"), on="r", how="left",
-                             maintain_order="left").with_columns(
-            pl.col("restored").fill_null(False)
-        )
-        if resolved is not None:
-            df = df.with_columns(
-                orphan=pl.col("orphan") | pl.col("res_orphan").fill_null(False)
-            )
-        unattr = (
-            (tc == REMOVED)
-            & pl.col("group_idx").is_null()
-            & (pl.col("orphan") | pl.col("exempt"))
-        )
-        removes = df.filter(tc == REMOVED).with_columns(
             kind_final=pl.when(unattr)
             .then(pl.lit(UNATTRIBUTED))
             .when(pl.col("kind").is_null())
@@ -365,57 +280,202 @@ class ReportBuilder:
             .otherwise(pl.col("kind")),
             sliding_window=pl.when(unattr).then(None).otherwise(pl.col("sliding_window")),
         )
-        removes = self._gkeys(removes)
-        # -- additive counts per gkey ------------------------------------------------------
-        first = pl.col("block_index") == 0
+        df = self._gkeys(df)
         has = pl.col("hash").is_not_null()
-        c_st = stores.group_by("gkey").agg(
-            store_events=first.sum().cast(pl.Int64),
-            blocks_stored=has.sum().cast(pl.Int64),
-            tokens_stored=pl.col("tokens").sum().cast(pl.Int64),
+        first = pl.col("block_index") == 0
+        # -- the multiset state, vectorised ---------------------------------------------------
+        blk = df.filter(has & (tc != CLEARED) & ~pl.col("exempt")).select(
+            "r", "ck", "hash", "epoch", t="ts",
+            d=pl.when(tc == STORED).then(pl.lit(1, pl.Int64)).otherwise(pl.lit(-1, pl.Int64)),
+            carry=pl.lit(False), gkey="gkey",
+            nogroup=pl.col("group_idx").is_null(), first=first,
+        )
+        carry = self.live.select(
+            "r", "ck", "hash", epoch=pl.lit(0, pl.Int64), t="t", d=pl.lit(1, pl.Int64),
+            carry=pl.lit(True), gkey="gkey", nogroup=pl.lit(False), first=pl.lit(False),
+        )
+        # Both parts are in stream order (carried entries are older): two stable
+        # single-column sorts (least significant key first) group the keys and keep that
+        # order inside each key -- much cheaper than one multi-column sort.
+        b = (
+            pl.concat([carry, blk])
+            .sort("ck", maintain_order=True)
+            .sort("hash", maintain_order=True)
+        )
+        big = 2 * b.height + 2
+        add = (pl.col("d") > 0).cast(pl.Int64)
+        b = (
+            b.lazy()
+            .with_columns(
+                seg_start=(
+                    (pl.col("hash") != pl.col("hash").shift(1))
+                    | (pl.col("ck") != pl.col("ck").shift(1))
+                    | (pl.col("epoch") != pl.col("epoch").shift(1))
+                ).fill_null(True),
+                cs=pl.col("d").cum_sum(),
+                cadd=add.cum_sum(),
+            )
+            .with_columns(
+                seg_end=pl.col("seg_start").shift(-1).fill_null(True),
+                seg=pl.col("seg_start").cast(pl.Int64).cum_sum(),
+                base=pl.when("seg_start").then(pl.col("cs") - pl.col("d")).forward_fill(),
+                base_add=pl.when("seg_start").then(pl.col("cadd") - add).forward_fill(),
+            )
+            .with_columns(p=pl.col("cs") - pl.col("base"))
+            .with_columns(cm=(pl.col("p") - pl.col("seg") * big).cum_min() + pl.col("seg") * big)
+            .with_columns(c=pl.col("p") - pl.min_horizontal(pl.col("cm"), pl.lit(0)))
+            .with_columns(c_prev=pl.when("seg_start").then(0).otherwise(pl.col("c").shift(1)))
+            .with_columns(
+                orphan=(pl.col("d") < 0) & (pl.col("c_prev") == 0),
+                restored=(pl.col("d") > 0) & ~pl.col("carry") & (pl.col("c_prev") > 0),
+            )
+            .with_columns(eff=((pl.col("d") < 0) & ~pl.col("orphan")).cast(pl.Int64))
+            .with_columns(ceff=pl.col("eff").cum_sum())
+            .with_columns(
+                base_eff=pl.when("seg_start").then(pl.col("ceff") - pl.col("eff")).forward_fill()
+            )
+            .with_columns(
+                # The j-th effective remove of a key pairs with its j-th entry (FIFO): the
+                # index of that entry among all entries of the chunk.
+                pair=pl.col("base_add") + pl.col("ceff") - pl.col("base_eff") - 1,
+                n_rm=pl.when("seg_end").then(pl.col("ceff")).backward_fill()
+                - pl.col("base_eff"),
+            )
+            .select("r", "ck", "hash", "epoch", "t", "d", "carry", "gkey", "nogroup", "first",
+                    "cadd", "base_add", "orphan", "restored", "eff", "pair", "n_rm")
+            .collect()
+        )
+        adds = b.filter(pl.col("d") > 0)
+        survive = adds.filter((pl.col("cadd") - 1 - pl.col("base_add")) >= pl.col("n_rm"))
+        rms = b.filter(pl.col("eff") == 1)
+        pair_idx = rms["pair"]
+        pairs = pl.DataFrame(
+            {
+                "r": rms["r"],
+                "t_rm": rms["t"],
+                "rgkey": rms["gkey"],
+                "t": adds["t"].gather(pair_idx),
+                "gkey": adds["gkey"].gather(pair_idx),
+            }
+        )
+        survive = survive.with_columns(channel_id=(pl.col("ck") // _CK).cast(pl.UInt32))
+        final = df.group_by("channel_id").agg(final=pl.col("epoch").max())
+        survive = survive.join(final, on="channel_id", how="left").with_columns(
+            pl.col("final").fill_null(0)
+        )
+        self.live = survive.filter(pl.col("epoch") == pl.col("final")).select(
+            list(_LIVE_SCHEMA)
+        ).sort("r")
+        cleared = survive.filter(pl.col("epoch") < pl.col("final"))
+        if cleared.height:
+            clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "r", "ts")
+            cleared = cleared.drop("r").with_columns(epoch=pl.col("epoch") + 1).join(
+                clears, on=["channel_id", "epoch"], how="left"
+            )
+        else:
+            cleared = cleared.with_columns(ts=pl.col("t"))
+        # -- additive counts per gkey --------------------------------------------------------
+        c_rows = (
+            df.filter(tc != CLEARED)
+            .group_by(gt=pl.col("gkey").cast(pl.Int64) * 4 + tc.cast(pl.Int64))
+            .agg(
+                ev=first.sum().cast(pl.Int64),
+                blocks=has.sum().cast(pl.Int64),
+                tokens=pl.col("tokens").sum().cast(pl.Int64),
+            )
+            .with_columns(
+                gkey=(pl.col("gt") // 4).cast(pl.UInt32),
+                type_code=(pl.col("gt") % 4).cast(pl.UInt8),
+            )
+            .drop("gt")
+        )
+        c_rows = c_rows.with_columns(
+            store_events=pl.when(tc == STORED).then("ev").otherwise(0),
+            blocks_stored=pl.when(tc == STORED).then("blocks").otherwise(0),
+            tokens_stored=pl.when(tc == STORED).then("tokens").otherwise(0),
+            remove_events=pl.when(tc == REMOVED).then("ev").otherwise(0),
+            blocks_removed=pl.when(tc == REMOVED).then("blocks").otherwise(0),
+        ).drop("ev", "blocks", "tokens", "type_code")
+        if resolved is not None:
+            # Removes without group_idx live in no group: unattributed orphans.
+            ex = df.filter(pl.col("res_orphan").fill_null(False) & has).group_by("gkey").agg(
+                orphan_removes=pl.len().cast(pl.Int64)
+            )
+        else:
+            ex = pl.DataFrame(schema={"gkey": pl.UInt32, "orphan_removes": pl.Int64})
+        flags = b.group_by("gkey").agg(
             restored_blocks=pl.col("restored").sum().cast(pl.Int64),
+            orphan_removes=(pl.col("orphan") & ~pl.col("nogroup")).sum().cast(pl.Int64),
         )
-        c_rm = removes.group_by("gkey").agg(
-            remove_events=first.sum().cast(pl.Int64),
-            blocks_removed=has.sum().cast(pl.Int64),
-            orphan_removes=(pl.col("orphan") & has).sum().cast(pl.Int64),
+        # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
+        # the remove is unattributed -- move it off the group it was keyed under.
+        moved = b.filter(pl.col("orphan") & pl.col("nogroup")).group_by("gkey").agg(
+            n=pl.len().cast(pl.Int64), ev=pl.col("first").sum().cast(pl.Int64)
         )
+        adj = []
+        if moved.height:
+            unattributed_gkey = self._gkey_of(None, UNATTRIBUTED, None)
+            adj = [
+                moved.select("gkey", blocks_removed=-pl.col("n"), remove_events=-pl.col("ev")),
+                moved.select(
+                    gkey=pl.lit(unattributed_gkey, pl.UInt32),
+                    blocks_removed=pl.col("n"),
+                    remove_events=pl.col("ev"),
+                    orphan_removes=pl.col("n"),
+                ),
+            ]
         c_cl = cleared.group_by("gkey").agg(blocks_cleared=pl.len().cast(pl.Int64))
-        parts = [
-            c.select("gkey", *[pl.col(x) for x in c.columns if x != "gkey"])
-            for c in (c_st, c_rm, c_cl)
-        ]
-        chunk_counts = pl.concat(parts, how="diagonal").fill_null(0)
+        chunk_counts = pl.concat([c_rows, flags, c_cl, ex, *adj], how="diagonal_relaxed")
         self.counts = (
-            pl.concat([self.counts, chunk_counts], how="diagonal")
+            pl.concat([self.counts, chunk_counts], how="diagonal_relaxed")
             .fill_null(0)
             .group_by("gkey")
-            .agg(*[pl.col(c).sum() for c in _ADDITIVE])
+            .agg(*[pl.col(c).sum().cast(pl.Int64) for c in _ADDITIVE])
         )
-        # -- distinct hashes -----------------------------------------------------------------
-        self.distinct = pl.concat(
-            [self.distinct, stores.filter(has).select("gkey", "hash")]
-        ).unique()
-        # -- lifetimes (by the remove's attribution) ------------------------------------------
-        rm_gkey = removes.select("r", "gkey")
+        # -- distinct hashes (merged now and then: amortised) -------------------------------
+        new = adds.filter(~pl.col("carry")).select("gkey", "hash").unique()
+        self._distinct_parts.append(new)
+        self._distinct_rows += new.height
+        if self._distinct_rows > max(1 << 20, 2 * self.distinct.height):
+            self._merge_distinct()
+        # -- lifetimes (by the remove's attribution) ----------------------------------------
         # ts is float seconds since the epoch: difference at microsecond resolution so that
         # float rounding of large timestamps does not show up in the lifetimes.
-        lt = pairs.join(rm_gkey, on="r", how="left", suffix="_rm").select(
-            gkey=pl.col("gkey_rm"),
+        lt = pairs.select(
+            gkey=pl.col("rgkey"),
             lifetime_s=((pl.col("t_rm") * 1e6).round() - (pl.col("t") * 1e6).round()) / 1e6,
         )
         self._add_lifetimes(lt)
-        # -- live deltas in stream order: peaks and timeline ---------------------------------
-        deltas = pl.concat(
-            [
-                stores.filter(has).select("r", "gkey", t="ts", delta=pl.lit(1, pl.Int64)),
-                pairs.select("r", "gkey", t="t_rm", delta=pl.lit(-1, pl.Int64)),
-                cleared.select("r", "gkey", t="ts", delta=pl.lit(-1, pl.Int64)),
-            ]
-        ).sort("r", maintain_order=True)
+        # -- live deltas in stream order: peaks and timeline -------------------------------
+        # One delta per row, in stream order: +1 per stored block, -1 per effective remove
+        # (counted against the entry it removes); each clear adds its drops at its row.
+        r0 = self.rows - n
+        delta = df.select(
+            pl.when((tc == STORED) & has).then(pl.lit(1, pl.Int64)).otherwise(pl.lit(0, pl.Int64))
+        ).to_series()
+        dgkey = df["gkey"]
+        if pairs.height:
+            idx = pairs["r"] - r0
+            delta = delta.scatter(idx, -1)
+            dgkey = dgkey.scatter(idx, pairs["gkey"])
+        deltas = pl.DataFrame({"r": df["r"], "gkey": dgkey, "t": df["ts"], "delta": delta})
+        if cleared.height:
+            drops = (
+                cleared.group_by("r", "gkey")
+                .agg(t=pl.col("ts").first(), delta=-pl.len().cast(pl.Int64))
+                .sort("r")
+                .select("r", "gkey", "t", "delta")
+            )
+            deltas = deltas.merge_sorted(drops, key="r")
         self._peaks(deltas)
         if self.every_ns is not None:
-            self._timeline(stores, removes, deltas)
+            self._timeline(df.filter(tc == STORED), df.filter(tc == REMOVED), deltas)
+
+    def _merge_distinct(self) -> None:
+        if self._distinct_parts:
+            self.distinct = pl.concat([self.distinct, *self._distinct_parts]).unique()
+            self._distinct_parts = []
+            self._distinct_rows = 0
 
     def _add_lifetimes(self, lt: pl.DataFrame) -> None:
         if lt.height == 0:
@@ -445,27 +505,31 @@ class ReportBuilder:
     def _peaks(self, deltas: pl.DataFrame) -> None:
         if deltas.height == 0:
             return
-        lm = self._level_map()
-        d = deltas.join(lm.select("gkey", "L_kind", "L_window", "L_group", "L_total"),
-                        on="gkey", how="left", maintain_order="left")
-        for level in ("kind", "window", "group", "total"):
-            col = f"L_{level}"
-            state = self.levels[level]
-            start = pl.DataFrame(
-                {"key": list(state), "start": [v[0] for v in state.values()]},
-                schema={"key": d.schema[col], "start": pl.Int64},
+        by_gkey = {i: key for key, i in self.registry.items()}
+        members: dict[tuple[str, object], list[int]] = {}
+        for i in deltas["gkey"].drop_nulls().unique().to_list():
+            _g, k, w = by_gkey[i]
+            for level, key in (("kind", k), ("window", w), ("group", i), ("total", 0)):
+                members.setdefault((level, key), []).append(i)
+        if not members:
+            return
+        exprs = []
+        names = []
+        for n, ((level, key), ids) in enumerate(members.items()):
+            start = self.levels[level].get(key, (0, 0))[0]
+            part = (
+                pl.when(pl.col("gkey").is_in(ids)).then(pl.col("delta")).otherwise(0)
+                if level != "total"
+                else pl.col("delta")
             )
-            run = d.select(key=pl.col(col), delta="delta").with_columns(
-                run=pl.col("delta").cum_sum().over("key")
-            )
-            agg = run.group_by("key").agg(
-                hi=pl.col("run").max(), end=pl.col("run").last()
-            ).join(start, on="key", how="left", nulls_equal=True).with_columns(
-                pl.col("start").fill_null(0)
-            )
-            for key, hi, end, st in agg.iter_rows():
-                old = state.get(key, (0, 0))
-                state[key] = (st + end, max(old[1], st + hi, st))
+            run = part.cum_sum()
+            exprs += [(run.max() + start).alias(f"hi{n}"), (part.sum() + start).alias(f"end{n}")]
+            names.append((level, key))
+        got = deltas.lazy().select(exprs).collect().row(0)
+        for n, (level, key) in enumerate(names):
+            hi, end = got[2 * n], got[2 * n + 1]
+            old = self.levels[level].get(key, (0, 0))
+            self.levels[level][key] = (end, max(old[1], hi, old[0]))
 
     def _timeline(self, stores: pl.DataFrame, removes: pl.DataFrame, deltas: pl.DataFrame) -> None:
         assert self.every_ns is not None
@@ -510,9 +574,13 @@ class ReportBuilder:
 
         groups_of: dict[tuple[int, int], set[int]] = {}
         by_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
-        for cid, gk, h, gkey in self.live.filter(pl.col("channel_id").is_in(chans)).select(
-            "channel_id", "gk", "hash", "gkey"
-        ).iter_rows():
+        live = self.live.select(
+            channel_id=(pl.col("ck") // _CK).cast(pl.UInt32),
+            gk=pl.col("ck") % _CK - 1,
+            hash="hash",
+            gkey="gkey",
+        )
+        for cid, gk, h, gkey in live.filter(pl.col("channel_id").is_in(chans)).iter_rows():
             count[(cid, gk, h)] = count.get((cid, gk, h), 0) + 1
             groups_of.setdefault((cid, h), set()).add(gk)
             k0, w0 = by_gkey[gkey]
@@ -575,12 +643,19 @@ class ReportBuilder:
         Returns:
             The four tables (totals: one row).
         """
+        self._merge_distinct()
         reg = self._level_map()
         live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
         base = reg.join(self.counts, on="gkey", how="left").join(
             live_end, on="gkey", how="left"
         ).with_columns(
             *[pl.col(c).fill_null(0) for c in (*_ADDITIVE, "live_blocks_end")]
+        ).filter(
+            # A key every row of which moved elsewhere (e.g. orphans without group_idx).
+            pl.any_horizontal(
+                pl.col(c) != 0 for c in ("store_events", "blocks_stored", "remove_events",
+                                         "blocks_removed", "blocks_cleared", "live_blocks_end")
+            )
         ) if reg.height else reg.with_columns(
             *[pl.lit(0, pl.Int64).alias(c) for c in (*_ADDITIVE, "live_blocks_end")]
         )
