@@ -1,0 +1,118 @@
+"""Shared helpers for the benches: timing children, medians, machine facts, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+RESULTS_DIR = DATA / "results"
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class Run:
+    """One measured child process."""
+
+    wall_s: float
+    cpu_s: float
+    maxrss_mb: float
+    returncode: int
+
+
+def run_child(cmd: list[str], *, cpus: str | None = None, env: dict[str, str] | None = None,
+              stdout: Any = subprocess.DEVNULL, stderr: Any = None) -> Run:
+    """Run ``cmd`` and measure wall time, CPU time and peak RSS of that child (wait4)."""
+    if cpus:
+        cmd = ["taskset", "-c", cpus, *cmd]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=full_env)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0, proc.returncode)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    ram_gb = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram_gb = int(line.split()[1]) / 1024 / 1024
+    except OSError:
+        pass
+    import msgspec
+    import polars
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (0.0, 0.0, 0.0)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram_gb": round(ram_gb, 1),
+        "python": platform.python_version(),
+        "polars": polars.__version__,
+        "msgspec": msgspec.__version__,
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "git": git_head(),
+    }
+
+
+def git_head() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+                             capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+    except OSError:
+        return "?"
+
+
+def save_result(name: str, result: dict[str, Any]) -> Path:
+    """Write one bench's figures to bench/data/results/NAME.json (RESULTS.md is built from them)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    result = {"machine": machine(), "command": " ".join(sys.argv), **result}
+    path.write_text(json.dumps(result, indent=1, default=_default) + "\n")
+    return path
+
+
+def _default(o: Any) -> Any:
+    if isinstance(o, Run):
+        return asdict(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o))
+
+
+def kvtool_cmd() -> list[str]:
+    """The kvtool CLI, run from this checkout."""
+    return [sys.executable, "-m", "kvtool"]

@@ -1,0 +1,361 @@
+"""Report throughput: ``kvtool report --format json`` against the decode floor and a hand loop.
+
+Each of the three is run ``--runs`` times as its own process (same conditions: a fresh
+interpreter, imports included), interleaved, and the medians compared:
+
+- floor: read every payload with ``kvtool.recording.open_recording`` and decode it once
+  with a minimal typed msgspec decoder (only the fields a report needs);
+- hand: a straightforward Python loop computing the report's numbers (decode each batch
+  into kvtool's structs with ``decode_batch``; dict updates per event and per hash for
+  the multiset live state; FIFO lifetimes; peaks per group/kind/window/total);
+- report: ``python -m kvtool report FILE --format json -q``.
+
+The report's counts are checked against the hand loop's and against the generator's
+truth file. Goals (issue 5): report <= 3x floor, <= 0.3x hand, >= 2 M block events/s.
+
+    python3 bench/bench_report.py bench/data/big1.mcap --runs 5 [--cpus 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from _common import ROOT, kvtool_cmd, median, run_child, save_result
+
+COUNT_COLUMNS = ("store_events", "blocks_stored", "tokens_stored", "remove_events",
+                 "blocks_removed", "blocks_cleared", "live_blocks_end", "peak_live_blocks",
+                 "distinct_hashes", "restored_blocks", "orphan_removes")
+
+
+# --- floor: the cheapest decode that still looks at every field a report needs -----------
+
+class _FStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
+    block_hashes: list[int | bytes] = []
+    token_ids: list[int | list[int]] = []
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _FRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type"):
+    block_hashes: list[int | bytes] = []
+    group_idx: int | None = None
+
+
+class _FCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+class _FStoredA(msgspec.Struct, tag="BlockStored", array_like=True):
+    block_hashes: list[int | bytes] = []
+    parent_block_hash: int | bytes | None = None
+    token_ids: list[int | list[int]] = []
+    block_size: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: object = None
+    extra_keys: object = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _FRemovedA(msgspec.Struct, tag="BlockRemoved", array_like=True):
+    block_hashes: list[int | bytes] = []
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _FClearedA(msgspec.Struct, tag="AllBlocksCleared", array_like=True):
+    pass
+
+
+class _FBatch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_FStored | _FRemoved | _FCleared]
+    data_parallel_rank: int | None = None
+
+
+class _FBatchA(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_FStoredA | _FRemovedA | _FClearedA]
+    data_parallel_rank: int | None = None
+
+
+def floor(path: str) -> dict[str, Any]:
+    from kvtool.recording import open_recording
+
+    dec_map = msgspec.msgpack.Decoder(_FBatch)
+    dec_arr = msgspec.msgpack.Decoder(_FBatchA)
+    dec = dec_map
+    batches = blocks = 0
+    with open_recording(path) as rec:
+        for m in rec.messages():
+            try:
+                b = dec.decode(m.data)
+            except msgspec.ValidationError:
+                dec = dec_arr if dec is dec_map else dec_map
+                b = dec.decode(m.data)
+            batches += 1
+            for e in b.events:
+                if type(e) is not _FCleared and type(e) is not _FClearedA:
+                    blocks += len(e.block_hashes)
+    return {"batches": batches, "block_events": blocks}
+
+
+# --- hand loop -----------------------------------------------------------------------------
+
+def _pct(sorted_xs: list[float], q: float) -> float | None:
+    if not sorted_xs:
+        return None
+    pos = (len(sorted_xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def hand(path: str) -> dict[str, Any]:
+    from kvtool.protocol import AllBlocksCleared, BlockStored, decode_batch
+    from kvtool.recording import open_recording
+
+    with open_recording(path) as rec:
+        meta = {int(g["group_idx"]): (g["kind"], g.get("sliding_window"))  # type: ignore[call-overload]
+                for g in (rec.groups or [])}
+        rows: dict[int, dict[str, int]] = {}
+        live: dict[tuple[int, Any], int] = {}
+        stores: dict[tuple[int, Any], deque[float]] = {}
+        live_g: dict[int, int] = {}
+        peak_g: dict[int, int] = {}
+        live_k: dict[Any, int] = {}
+        peak_k: dict[Any, int] = {}
+        live_w: dict[Any, int] = {}
+        peak_w: dict[Any, int] = {}
+        total = [0, 0]
+        distinct: dict[int, set[Any]] = {}
+        lifetimes: dict[int, list[float]] = {}
+        learned: dict[int, tuple[str | None, int | None]] = {}
+
+        def kw(g: int) -> tuple[Any, Any]:
+            if g in meta:
+                return meta[g]
+            return learned.get(g, ("unannotated", None))
+
+        def row(g: int) -> dict[str, int]:
+            r = rows.get(g)
+            if r is None:
+                r = rows[g] = dict.fromkeys(COUNT_COLUMNS, 0)
+                distinct[g] = set()
+                lifetimes[g] = []
+                live_g[g] = peak_g[g] = 0
+            return r
+
+        def bump(g: int, d: int) -> None:
+            k, w = kw(g)
+            live_g[g] += d
+            live_k[k] = live_k.get(k, 0) + d
+            live_w[w] = live_w.get(w, 0) + d
+            total[0] += d
+            if d > 0:
+                if live_g[g] > peak_g[g]:
+                    peak_g[g] = live_g[g]
+                if live_k[k] > peak_k.get(k, 0):
+                    peak_k[k] = live_k[k]
+                if live_w[w] > peak_w.get(w, 0):
+                    peak_w[w] = live_w[w]
+                if total[0] > total[1]:
+                    total[1] = total[0]
+
+        for m in rec.messages():
+            batch = decode_batch(m.data, seq=m.seq)
+            ts = batch.ts
+            for ev in batch.events:
+                if isinstance(ev, BlockStored):
+                    g = ev.group_idx if ev.group_idx is not None else -1
+                    if g not in meta and ev.kv_cache_spec_kind is not None:
+                        learned[g] = (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+                    r = row(g)
+                    r["store_events"] += 1
+                    r["blocks_stored"] += len(ev.block_hashes)
+                    r["tokens_stored"] += len(ev.token_ids)
+                    dset = distinct[g]
+                    for h in ev.block_hashes:
+                        key = (g, h)
+                        n = live.get(key, 0)
+                        if n:
+                            r["restored_blocks"] += 1
+                            stores[key].append(ts)
+                        else:
+                            stores[key] = deque((ts,))
+                        live[key] = n + 1
+                        dset.add(h)
+                        bump(g, 1)
+                elif isinstance(ev, AllBlocksCleared):
+                    for g, n in live_g.items():
+                        rows[g]["blocks_cleared"] += n
+                        bump(g, -n)
+                    live.clear()
+                    stores.clear()
+                else:
+                    g = ev.group_idx if ev.group_idx is not None else -1
+                    r = row(g)
+                    r["remove_events"] += 1
+                    r["blocks_removed"] += len(ev.block_hashes)
+                    lts = lifetimes[g]
+                    for h in ev.block_hashes:
+                        key = (g, h)
+                        n = live.get(key, 0)
+                        if n == 0:
+                            r["orphan_removes"] += 1
+                            continue
+                        if n == 1:
+                            del live[key]
+                        else:
+                            live[key] = n - 1
+                        lts.append(ts - stores[key].popleft())
+                        bump(g, -1)
+
+    def agg(groups: list[int], peak: int) -> dict[str, Any]:
+        out: dict[str, Any] = {c: sum(rows[g][c] for g in groups) for c in COUNT_COLUMNS}
+        out["live_blocks_end"] = sum(live_g[g] for g in groups)
+        out["peak_live_blocks"] = peak
+        out["distinct_hashes"] = len(set().union(*(distinct[g] for g in groups)))
+        lts = sorted(x for g in groups for x in lifetimes[g])
+        for q in (50, 90, 99):
+            out[f"lifetime_p{q}_s"] = _pct(lts, q / 100)
+        return out
+
+    by_group = [{"group_idx": g, **agg([g], peak_g[g])} for g in sorted(rows)]
+    kinds = sorted({kw(g)[0] for g in rows}, key=str)
+    wins = sorted({kw(g)[1] for g in rows}, key=lambda w: (w is not None, w or 0))
+    by_kind = [{"kind": k, **agg([g for g in rows if kw(g)[0] == k], peak_k.get(k, 0))}
+               for k in kinds]
+    by_window = [{"sliding_window": w, **agg([g for g in rows if kw(g)[1] == w],
+                                             peak_w.get(w, 0))} for w in wins]
+    return {"totals": agg(list(rows), total[1]), "by_kind": by_kind, "by_window": by_window,
+            "by_group": by_group}
+
+
+# --- comparison ----------------------------------------------------------------------------
+
+def compare(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str,
+            columns: tuple[str, ...] = COUNT_COLUMNS) -> list[str]:
+    """Differences between two report dicts in the count columns (and lifetimes, 1 %)."""
+    diffs: list[str] = []
+
+    def cmp(where: str, ra: dict[str, Any], rb: dict[str, Any]) -> None:
+        for c in columns:
+            if c in ra and c in rb and ra[c] != rb[c]:
+                diffs.append(f"{where}.{c}: {a_name}={ra[c]} {b_name}={rb[c]}")
+        for c in ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s"):
+            va, vb = ra.get(c), rb.get(c)
+            if isinstance(va, float) and isinstance(vb, float) and not math.isclose(
+                va, vb, rel_tol=0.01, abs_tol=1e-3
+            ):
+                diffs.append(f"{where}.{c}: {a_name}={va:.4f} {b_name}={vb:.4f}")
+
+    cmp("totals", a["totals"], b["totals"])
+    for table, key in (("by_kind", "kind"), ("by_window", "sliding_window"),
+                       ("by_group", "group_idx")):
+        ia = {r[key]: r for r in a.get(table, [])}
+        ib = {r[key]: r for r in b.get(table, [])}
+        for k in sorted(set(ia) | set(ib), key=str):
+            if k not in ia or k not in ib:
+                diffs.append(f"{table}[{k}]: only in {a_name if k in ia else b_name}")
+                continue
+            cmp(f"{table}[{k}]", ia[k], ib[k])
+    return diffs
+
+
+def _child(mode: str, path: str, out: str) -> None:
+    res = floor(path) if mode == "floor" else hand(path)
+    Path(out).write_text(json.dumps(res))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="report throughput vs floor and hand loop")
+    ap.add_argument("recording", nargs="?", default=str(ROOT / "bench/data/big1.mcap"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cpus", default=None, help="taskset CPU list, e.g. 1 (one core)")
+    ap.add_argument("--no-hand", action="store_true", help="skip the (slow) hand loop")
+    ap.add_argument("--child", nargs=3, metavar=("MODE", "PATH", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(*args.child)
+        return 0
+    rec = Path(args.recording)
+    truth_path = rec.with_suffix(".truth.json")
+    truth = json.loads(truth_path.read_text()) if truth_path.exists() else None
+    tmp = Path(tempfile.mkdtemp(prefix="kvbench-"))
+    modes = ["floor", "report"] + ([] if args.no_hand else ["hand"])
+    runs: dict[str, list[Any]] = {m: [] for m in modes}
+    outputs: dict[str, Any] = {}
+    for i in range(args.runs):
+        for mode in modes:
+            out = tmp / f"{mode}.json"
+            if mode == "report":
+                cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q",
+                       "-o", str(out)]
+                if out.exists():
+                    out.unlink()
+            else:
+                cmd = [sys.executable, __file__, "--child", mode, str(rec), str(out)]
+            r = run_child(cmd, cpus=args.cpus, stderr=subprocess.PIPE)
+            if r.returncode not in (0,):
+                print(f"{mode}: exit status {r.returncode}", file=sys.stderr)
+            runs[mode].append(r)
+            print(f"run {i + 1} {mode:6s} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
+                  f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}", file=sys.stderr)
+            if out.exists():
+                outputs[mode] = json.loads(out.read_text())
+    med = {m: median([r.wall_s for r in runs[m]]) for m in modes}
+    block_events = (truth or {}).get("generator", {}).get("block_events") or outputs.get(
+        "floor", {}).get("block_events")
+    result: dict[str, Any] = {
+        "recording": str(rec),
+        "recording_bytes": rec.stat().st_size,
+        "block_events": block_events,
+        "runs": {m: runs[m] for m in modes},
+        "median_wall_s": med,
+        "ratio_report_over_floor": med["report"] / med["floor"],
+        "report_block_events_per_s": block_events / med["report"] if block_events else None,
+        "floor_block_events_per_s": block_events / med["floor"] if block_events else None,
+    }
+    if "hand" in med:
+        result["ratio_report_over_hand"] = med["report"] / med["hand"]
+    checks: dict[str, list[str]] = {}
+    rep = outputs.get("report")
+    if rep is not None and "hand" in outputs:
+        checks["report_vs_hand"] = compare(rep, outputs["hand"], "report", "hand")
+    if rep is not None and truth is not None:
+        checks["report_vs_truth"] = compare(rep, truth, "report", "truth")
+    if "hand" in outputs and truth is not None:
+        checks["hand_vs_truth"] = compare(outputs["hand"], truth, "hand", "truth")
+    result["checks"] = checks
+    save_result("report", result)
+    print(f"\nblock events: {block_events}")
+    for m in modes:
+        print(f"{m:7s} median wall {med[m]:.2f} s")
+    print(f"report / floor = {result['ratio_report_over_floor']:.2f}  (goal <= 3)")
+    if "hand" in med:
+        print(f"report / hand  = {result['ratio_report_over_hand']:.2f}  (goal <= 0.3)")
+    if block_events:
+        print(f"report: {result['report_block_events_per_s'] / 1e6:.2f} M block events/s "
+              f"(goal >= 2)")
+    for name, diffs in checks.items():
+        print(f"{name}: {'equal' if not diffs else f'{len(diffs)} differences'}")
+        for d in diffs[:20]:
+            print(f"  {d}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
