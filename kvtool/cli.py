@@ -8,10 +8,16 @@ from collections.abc import Callable
 from typing import Annotated, ParamSpec
 
 import typer
+import typer.main
 
 import kvtool
 from kvtool.commands import get_env
 from kvtool.errors import ExitStatus, KvtoolError
+
+try:  # typer >= 0.22 vendors its own click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as click_exc  # type: ignore[no-redef]
 
 P = ParamSpec("P")
 
@@ -111,5 +117,25 @@ _register()
 
 
 def main() -> None:
-    """Entry point of the ``kvtool`` console script."""
-    app()
+    """Entry point of the ``kvtool`` console script.
+
+    Click's own usage errors (unknown option, missing argument, bad value) become one
+    line on stderr and exit status 2, like every other kvtool error.
+    """
+    cmd = typer.main.get_command(app)
+    try:
+        rv = cmd.main(prog_name="kvtool", standalone_mode=False)
+    except click_exc.NoArgsIsHelpError as err:
+        err.show()
+        sys.exit(int(ExitStatus.USAGE))
+    except click_exc.UsageError as err:
+        where = err.ctx.command_path if err.ctx is not None else "kvtool"
+        sys.stderr.write(f"{where}: {err.format_message()} (see '{where} --help')\n")
+        sys.exit(int(ExitStatus.USAGE))
+    except click_exc.Abort:
+        sys.stderr.write("kvtool: interrupted\n")
+        sys.exit(int(ExitStatus.INTERRUPTED))
+    except click_exc.ClickException as err:
+        sys.stderr.write(f"kvtool: {err.format_message()}\n")
+        sys.exit(err.exit_code)
+    sys.exit(rv if isinstance(rv, int) else int(ExitStatus.OK))

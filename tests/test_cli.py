@@ -126,3 +126,23 @@ def test_traceback_flag_reraises(tmp_path: Path) -> None:
     loud = runner.invoke(app, ["--traceback", "info", str(path)])
     assert loud.exit_code == 1
     assert type(loud.exception).__name__ == "RecordingError"
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["replay", "--no-such-flag", "x.mcap"], "kvtool replay: No such option: --no-such-flag"),
+        (["report"], "kvtool report: Missing argument"),
+        (["record", "--dp-size", "0", "-o", "x.mcap", "5557"], "kvtool record: Invalid value"),
+        (["nosuch"], "kvtool: No such command 'nosuch'"),
+    ],
+)
+def test_console_script_usage_errors_are_one_line(args: list[str], expect: str) -> None:
+    """Click's usage errors reach a user of the real entry point as one line, exit 2."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtool", *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(expect)
