@@ -1,0 +1,260 @@
+"""Record capacity: a max-speed pre-encoded publisher into ``kvtool record --replay``.
+
+The publisher (this script with ``--publisher``, its own process) sends the big stream's
+pre-encoded payloads with vLLM's framing (topic, 8-byte seq, payload) as fast as ZeroMQ
+takes them, from an XPUB socket (PUB semantics; XPUB only so it can wait for the
+recorder's subscription instead of losing the first batches to the slow joiner) with
+``SNDHWM`` = vLLM's default 100,000 or a small 1,000, and serves vLLM's replay protocol
+on a ROUTER socket from a buffer of the last 10,000 batches (vLLM's ``buffer_steps``),
+polling it between sends as vLLM's publisher thread does. ``kvtool record`` subscribes
+with ``--replay`` and stops after the stream's number of batches (``-n``).
+
+Measured per run: the publisher's send time and rate; the recorder's sustained rate
+(batches / time from the first send until the recorder has them all and exits) and its
+ratio to the publisher's; lost and recovered batches (from the recording's gap ledger,
+and by checking every seq's payload is there byte for byte); the recorder's CPU per
+batch (its rusage, minus its start-up CPU measured separately).
+
+    python3 bench/bench_record.py bench/data/big1.frames --loops 3 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, kvtool_cmd, median, run_child, save_result
+
+BUFFER_STEPS = 10_000
+END = b"\xff" * 8
+
+
+def read_frames(path: Path) -> list[tuple[bytes, bytes]]:
+    """(topic, payload) per message of a ``.frames`` file."""
+    data = path.read_bytes()
+    off = 0
+    out: list[tuple[bytes, bytes]] = []
+    while off < len(data):
+        (count,) = struct.unpack_from(">I", data, off)
+        off += 4
+        frames = []
+        for _ in range(count):
+            (ln,) = struct.unpack_from(">I", data, off)
+            off += 4
+            frames.append(data[off : off + ln])
+            off += ln
+        out.append((frames[0], frames[2]))
+    return out
+
+
+def stream(path: Path, loops: int) -> list[tuple[bytes, int, bytes]]:
+    msgs = read_frames(path)
+    return [(t, i, p) for i, (t, p) in enumerate(msgs * loops)]
+
+
+def publisher(path: Path, loops: int, hwm: int) -> int:
+    """Child process: publish the stream at max speed and serve replay until SIGTERM."""
+    import zmq
+
+    msgs = stream(path, loops)
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.set_hwm(hwm)  # what vLLM does with its hwm setting
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.SNDHWM, 2 * (BUFFER_STEPS + 1))
+    router.setsockopt(zmq.LINGER, 0)
+    rport = router.bind_to_random_port("tcp://127.0.0.1")
+    buf: deque[tuple[bytes, bytes, bytes]] = deque(maxlen=BUFFER_STEPS)
+    replays = [0, 0]
+
+    def serve() -> None:
+        ident, _empty, start = router.recv_multipart()
+        start_seq = int.from_bytes(start, "big")
+        replays[0] += 1
+        for topic, seqb, payload in buf:
+            if int.from_bytes(seqb, "big") >= start_seq:
+                router.send_multipart((ident, b"", topic, seqb, payload))
+                replays[1] += 1
+        router.send_multipart((ident, b"", b"", END, b""))
+
+    print(json.dumps({"port": port, "replay_port": rport, "batches": len(msgs)}), flush=True)
+    if not pub.poll(60_000):
+        print(json.dumps({"error": "no subscriber"}), flush=True)
+        return 1
+    pub.recv()  # the subscription
+    time.sleep(0.3)
+    wall0 = time.time()
+    t0 = time.perf_counter()
+    for i, (topic, seq, payload) in enumerate(msgs):
+        if i & 7 == 0 and router.poll(0):
+            serve()
+        seqb = seq.to_bytes(8, "big")
+        pub.send_multipart((topic, seqb, payload), copy=False)
+        buf.append((topic, seqb, payload))
+    t1 = time.perf_counter()
+    print(json.dumps({"first_send": wall0, "send_s": t1 - t0, "sent": len(msgs)}), flush=True)
+    while not stop:
+        if router.poll(100):
+            serve()
+    print(json.dumps({"replay_requests": replays[0], "replayed": replays[1]}), flush=True)
+    pub.close()
+    router.close()
+    ctx.term()
+    return 0
+
+
+def check_recording(out: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str, Any]:
+    from kvtool.recording import open_recording
+
+    want = {seq: hashlib.blake2b(p, digest_size=16).digest() for _t, seq, p in msgs}
+    seen: dict[int, bytes] = {}
+    first_log = last_log = None
+    dup = 0
+    with open_recording(out) as rec:
+        for m in rec.messages():
+            if m.seq in seen:
+                dup += 1
+            seen[m.seq] = hashlib.blake2b(m.data, digest_size=16).digest()
+            first_log = m.log_time if first_log is None else min(first_log, m.log_time)
+            last_log = m.log_time if last_log is None else max(last_log, m.log_time)
+        ledger = rec.ledger or {}
+    missing = [s for s in want if s not in seen]
+    wrong = [s for s in want if s in seen and seen[s] != want[s]]
+    return {
+        "recorded": len(seen),
+        "duplicates": dup,
+        "missing": len(missing),
+        "payload_mismatch": len(wrong),
+        "ledger_lost": ledger.get("lost"),
+        "ledger_recovered": ledger.get("recovered"),
+        "log_time_span_s": (last_log - first_log) / 1e9 if first_log is not None else None,
+    }
+
+
+def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: str | None,
+            tmp: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str, Any]:
+    out = tmp / f"rec-{hwm}-{time.time_ns()}.mcap"
+    pub_cmd = [sys.executable, __file__, "--publisher", str(frames), str(loops), str(hwm)]
+    if cpus_pub:
+        pub_cmd = ["taskset", "-c", cpus_pub, *pub_cmd]
+    pub = subprocess.Popen(pub_cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert pub.stdout is not None
+        hello = json.loads(pub.stdout.readline())
+        n = hello["batches"]
+        rec_cmd = [*kvtool_cmd(), "record", f"tcp://127.0.0.1:{hello['port']}",
+                   "--replay", f"tcp://127.0.0.1:{hello['replay_port']}", "-o", str(out),
+                   "-n", str(n), "--duration", "300s", "-q"]
+        rec = run_child(rec_cmd, cpus=cpus_rec, stderr=subprocess.PIPE)
+        done = time.time()
+        sent = json.loads(pub.stdout.readline())
+    finally:
+        pub.send_signal(signal.SIGTERM)
+        try:
+            tail = pub.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            pub.kill()
+            tail = pub.communicate()[0]
+    replay = json.loads(tail.strip().splitlines()[-1]) if tail.strip() else {}
+    check = check_recording(out, msgs)
+    out.unlink(missing_ok=True)
+    rec_s = done - sent["first_send"]
+    return {
+        "hwm": hwm,
+        "batches": n,
+        "publisher_send_s": sent["send_s"],
+        "publisher_batches_per_s": n / sent["send_s"],
+        "recorder_s": rec_s,
+        "recorder_batches_per_s": n / rec_s,
+        "ratio_recorder_over_publisher": sent["send_s"] / rec_s,
+        "recorder": rec,
+        **check,
+        **replay,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="record capacity")
+    ap.add_argument("frames", nargs="?", default=str(ROOT / "bench/data/big1.frames"))
+    ap.add_argument("--loops", type=int, default=3,
+                    help="play the stream this many times (seq renumbered), to exceed the "
+                         "replay buffer")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hwm", type=int, nargs="+", default=[100_000, 1000])
+    ap.add_argument("--cpus-pub", default=None, help="taskset CPU list for the publisher")
+    ap.add_argument("--cpus-rec", default=None, help="taskset CPU list for the recorder")
+    ap.add_argument("--publisher", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.publisher:
+        return publisher(Path(args.publisher[0]), int(args.publisher[1]),
+                         int(args.publisher[2]))
+    frames = Path(args.frames)
+    msgs = stream(frames, args.loops)
+    tmp = Path(tempfile.mkdtemp(prefix="kvbench-rec-"))
+    # The recorder's start-up CPU (interpreter, imports), subtracted for CPU per batch.
+    startup = median([run_child([*kvtool_cmd(), "record", "--help"], cpus=args.cpus_rec).cpu_s
+                      for _ in range(3)])
+    runs: dict[int, list[dict[str, Any]]] = {h: [] for h in args.hwm}
+    for i in range(args.runs):
+        for hwm in args.hwm:
+            r = one_run(frames, args.loops, hwm, args.cpus_pub, args.cpus_rec, tmp, msgs)
+            r["recorder_cpu_per_batch_us"] = (r["recorder"].cpu_s - startup) / r["batches"] * 1e6
+            runs[hwm].append(r)
+            print(f"run {i + 1} hwm {hwm:6d}: publisher {r['publisher_batches_per_s']:8.0f}/s, "
+                  f"recorder {r['recorder_batches_per_s']:8.0f}/s (x{r['ratio_recorder_over_publisher']:.2f}),"
+                  f" lost {r['ledger_lost']} missing {r['missing']} recovered "
+                  f"{r['ledger_recovered']} replayed {r.get('replayed')}, cpu/batch "
+                  f"{r['recorder_cpu_per_batch_us']:.0f} us, rc {r['recorder'].returncode}",
+                  file=sys.stderr)
+    summary: dict[str, Any] = {}
+    for hwm, rs in runs.items():
+        summary[str(hwm)] = {
+            "batches": rs[0]["batches"],
+            "median_publisher_batches_per_s": median([r["publisher_batches_per_s"] for r in rs]),
+            "median_recorder_batches_per_s": median([r["recorder_batches_per_s"] for r in rs]),
+            "median_ratio_recorder_over_publisher": median(
+                [r["ratio_recorder_over_publisher"] for r in rs]),
+            "median_recorder_cpu_per_batch_us": median(
+                [r["recorder_cpu_per_batch_us"] for r in rs]),
+            "lost_per_run": [r["ledger_lost"] for r in rs],
+            "missing_per_run": [r["missing"] for r in rs],
+            "payload_mismatch_per_run": [r["payload_mismatch"] for r in rs],
+            "recovered_per_run": [r["ledger_recovered"] for r in rs],
+        }
+    payload_mb = sum(len(p) for _t, _s, p in msgs) / 1e6
+    save_result("record", {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
+                           "startup_cpu_s": startup, "runs": runs, "summary": summary})
+    print(f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU "
+          f"{startup:.2f} s")
+    for hwm, s in summary.items():
+        print(f"SNDHWM {hwm:>6}: publisher {s['median_publisher_batches_per_s']:.0f} batches/s, "
+              f"recorder {s['median_recorder_batches_per_s']:.0f} batches/s, ratio "
+              f"{s['median_ratio_recorder_over_publisher']:.2f} (goal >= 1.0); lost "
+              f"{s['lost_per_run']} missing {s['missing_per_run']} (goal 0); recovered "
+              f"{s['recovered_per_run']}; CPU {s['median_recorder_cpu_per_batch_us']:.0f} us/batch")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
