@@ -43,7 +43,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 import zmq
@@ -65,11 +65,16 @@ STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
 MAX_HELD_BYTES = 256 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
-MAX_STATS_BACKLOG = 1_000_000
+LEDGER_LIST_CAP = 2_000
+"""Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
+MAX_STATS_BACKLOG = 50_000
 """Batches whose status decoding may wait for an idle moment; past this it is skipped."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel, to recognise a late live copy of one."""
-RCVHWM = 200_000
+RCVHWM = 5_000
+"""Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
+a recorder that falls behind must see a gap while the replay buffer still holds it; a
+deep receive queue would only delay the gap past recovery."""
 BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
 
@@ -1340,32 +1345,39 @@ class Recorder:
     def ledger(self) -> dict[str, object]:
         """Return the gap ledger as it stands (the format is in the module docstring).
 
+        The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries:
+        the first and last halves) so the record stays small; what a list leaves out
+        is counted under ``gaps_omitted`` / ``restarts_omitted`` /
+        ``lost_ranges_omitted``.
+
         Returns:
             The ledger dict.
         """
         chans: list[dict[str, object]] = []
         lost_ranges: list[list[int]] = []
         recovered = lost = restarts = 0
-        for src in self._srcs or []:
+        for src in self._srcs:
             for ch in src.channels.values():
+                for g in ch.gaps:
+                    recovered += g.recovered
+                    for a, b in g.lost_ranges:
+                        lost += b - a + 1
+                        lost_ranges.append([a, b])
+                restarts += len(ch.restarts)
                 chans.append(self._channel_ledger(ch))
-        for ch_d in chans:
-            for g in ch_d["gaps"]:  # type: ignore[attr-defined]
-                recovered += g["recovered"]
-                for a, b in g["lost_ranges"]:
-                    lost += b - a + 1
-                    lost_ranges.append([a, b])
-            restarts += len(ch_d["restarts"])  # type: ignore[arg-type]
-        return {
+        out: dict[str, object] = {
             "channels": chans,
             "recovered": recovered,
             "lost": lost,
-            "lost_ranges": lost_ranges,
+            "lost_ranges": _cap(lost_ranges),
             "restarts": restarts,
         }
+        if len(lost_ranges) > LEDGER_LIST_CAP:
+            out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
+        return out
 
     def _channel_ledger(self, ch: _Channel) -> dict[str, object]:
-        return {
+        d: dict[str, object] = {
             "channel": ch.name,
             "endpoint": ch.src.spec.endpoint,
             "topic": ch.topic_str,
@@ -1373,9 +1385,24 @@ class Recorder:
             "batches": ch.batches,
             "seq_first": ch.seq_first,
             "seq_last": ch.seq_last,
-            "gaps": [g.to_json() for g in ch.gaps],
-            "restarts": list(ch.restarts),
+            "gaps": [g.to_json() for g in _cap(ch.gaps)],
+            "restarts": _cap(ch.restarts),
         }
+        if len(ch.gaps) > LEDGER_LIST_CAP:
+            d["gaps_omitted"] = len(ch.gaps) - LEDGER_LIST_CAP
+        if len(ch.restarts) > LEDGER_LIST_CAP:
+            d["restarts_omitted"] = len(ch.restarts) - LEDGER_LIST_CAP
+        return d
+
+
+T = TypeVar("T")
+
+
+def _cap(items: list[T]) -> list[T]:
+    if len(items) <= LEDGER_LIST_CAP:
+        return list(items)
+    half = LEDGER_LIST_CAP // 2
+    return items[:half] + items[-half:]
 
 
 def capture(

@@ -169,6 +169,7 @@ class Peer:
         self.replayed = 0
         self.subscriptions = 0
         self.error: BaseException | None = None
+        self.publish_seconds = 0.0
         self.done = threading.Event()
         self._stop = threading.Event()
         self._served = threading.Event()
@@ -299,6 +300,7 @@ class Peer:
                 self._serve(max(0.0, due - time.monotonic()))
             elif self._router is not None and (i & 15) == 15:
                 self._serve(0)
+        self.publish_seconds = time.monotonic() - t0
         self.done.set()
         deadline = time.monotonic() + self.linger
         while not self._stop.is_set() and time.monotonic() < deadline:
@@ -307,7 +309,8 @@ class Peer:
     def _publish(self, epoch: int, seq: int, topic: bytes, payload: bytes) -> None:
         self._buffer.append((seq, topic, payload))
         self.published.append((epoch, seq, topic, payload))
-        if seq in self.drop or (epoch, seq) in self.drop or (self.drop_rate and self._rng.random() < self.drop_rate):
+        drop = self.drop and (seq in self.drop or (epoch, seq) in self.drop)
+        if drop or (self.drop_rate and self._rng.random() < self.drop_rate):
             self.dropped.append((epoch, seq))
             return
         seq_frame = seq.to_bytes(8, "big") + b"\0" * (self.seq_width - 8)
@@ -460,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print(
             f"DONE published={len(peer.published)} dropped={len(peer.dropped)} "
-            f"replay_requests={len(peer.replay_requests)} replayed={peer.replayed}",
+            f"replay_requests={len(peer.replay_requests)} replayed={peer.replayed} "
+            f"seconds={peer.publish_seconds:.3f} "
+            f"rate={len(peer.published) / max(peer.publish_seconds, 1e-9):.0f}/s",
             file=sys.stderr,
             flush=True,
         )

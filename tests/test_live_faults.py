@@ -278,3 +278,23 @@ def test_disk_full_one_line_error_and_written_part_readable(tmp_path: Path) -> N
     assert len(got) > 0
     assert [s for s, _ in got] == list(range(len(got)))
     assert [d for _, d in got] == [msgs[s % len(msgs)][2] for s, _ in got]
+
+
+@pytest.mark.zmq
+def test_ledger_lists_are_capped_totals_exact(tmp_path: Path) -> None:
+    """Thousands of gaps: the ledger record stays small (readers refuse > 1 MiB strings)."""
+    from kvtool.capture import LEDGER_LIST_CAP
+
+    msgs = capture_messages("full_only")
+    n_gaps = LEDGER_LIST_CAP + 50
+    count = 2 * n_gaps + 1
+    with Peer(msgs, count=count, drop=range(1, count, 2), replay=False) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n_gaps + 1)
+    assert res.stats.lost == n_gaps and res.stats.gaps == n_gaps
+    ch = res.ledger["channels"][0]  # type: ignore[index]
+    assert len(ch["gaps"]) == LEDGER_LIST_CAP and ch["gaps_omitted"] == 50
+    assert res.ledger["lost"] == n_gaps
+    assert len(res.ledger["lost_ranges"]) == LEDGER_LIST_CAP  # type: ignore[arg-type]
+    assert res.ledger["lost_ranges_omitted"] == 50
+    with open_recording(tmp_path / "r.mcap") as r:
+        assert r.ledger == res.ledger

@@ -93,6 +93,10 @@ def summary_line(result: CaptureResult) -> str:
         parts.append(f"{st.history} from history")
     if st.malformed or st.undecodable:
         parts.append(f"{st.malformed} malformed, {st.undecodable} undecodable")
+    if st.replay_timeouts:
+        parts.append(f"{st.replay_timeouts} replay timeouts")
+    if st.unsampled:
+        parts.append(f"{st.unsampled} batches not counted (overload)")
     parts.append(f"{_human_bytes(result.file_bytes)} ({result.stop_reason})")
     return ", ".join(parts)
 
