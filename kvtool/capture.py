@@ -43,7 +43,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import zmq
@@ -326,7 +326,7 @@ class _SBatchMA(msgspec.Struct):
     events: list[_SArr]
 
 
-_STAT_DECODERS = {
+_STAT_DECODERS: dict[str, list[msgspec.msgpack.Decoder[Any]]] = {
     "array": [msgspec.msgpack.Decoder(_SBatchAM), msgspec.msgpack.Decoder(_SBatchAA)],
     "map": [msgspec.msgpack.Decoder(_SBatchMM), msgspec.msgpack.Decoder(_SBatchMA)],
 }
@@ -372,9 +372,9 @@ def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
         for ev in b.events:
             cls = ev.__class__
             if cls is _SRemoved or cls is _SRemovedA:
-                key = (1, ev.group_idx, None)  # type: ignore[union-attr]
+                key = (1, ev.group_idx, None)
             elif cls is _SStored or cls is _SStoredA:
-                key = (0, ev.group_idx, ev.kv_cache_spec_kind)  # type: ignore[union-attr]
+                key = (0, ev.group_idx, ev.kv_cache_spec_kind)
             else:
                 key = _CLEARED
             agg[key] = get(key, 0) + 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 from rich.live import Live
@@ -221,9 +221,9 @@ def record(
     if not quiet:
         env.err.print(summary_line(result), markup=False, highlight=False)
     if result.stats.lost:
-        ranges = result.ledger.get("lost_ranges") or []
-        shown = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:10])  # type: ignore[union-attr,misc]
-        more = " …" if len(ranges) > 10 else ""  # type: ignore[arg-type]
+        ranges = cast("list[list[int]]", result.ledger.get("lost_ranges") or [])
+        shown = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:10])
+        more = " …" if len(ranges) > 10 else ""
         env.err.print(
             f"kvtool: {result.stats.lost} batches lost (seq {shown}{more}); "
             "the gap ledger in the recording lists them",
