@@ -221,7 +221,8 @@ def main() -> int:
             r["recorder_cpu_per_batch_us"] = (r["recorder"].cpu_s - startup) / r["batches"] * 1e6
             runs[hwm].append(r)
             print(f"run {i + 1} hwm {hwm:6d}: publisher {r['publisher_batches_per_s']:8.0f}/s, "
-                  f"recorder {r['recorder_batches_per_s']:8.0f}/s (x{r['ratio_recorder_over_publisher']:.2f}),"
+                  f"recorder {r['recorder_batches_per_s']:8.0f}/s "
+                  f"(x{r['ratio_recorder_over_publisher']:.2f}),"
                   f" lost {r['ledger_lost']} missing {r['missing']} recovered "
                   f"{r['ledger_recovered']} replayed {r.get('replayed')}, cpu/batch "
                   f"{r['recorder_cpu_per_batch_us']:.0f} us, rc {r['recorder'].returncode}",

@@ -85,7 +85,7 @@ def one_run(mode: str, rec: Path, frames: Path, n: int, cpus: str | None) -> dic
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         res = receive(sub, n, proc)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
