@@ -194,7 +194,7 @@ def test_sigkill_mid_record_loses_at_most_about_a_second(tmp_path: Path) -> None
         proc = _record_proc([peer.endpoint, "-o", str(out), "-q"])
         try:
             deadline = time.monotonic() + 20
-            while len(peer.published) < int(2.5 * rate):
+            while len(peer.published) < int(2 * rate):
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.01)
             proc.send_signal(signal.SIGKILL)
@@ -216,9 +216,29 @@ def test_sigkill_mid_record_loses_at_most_about_a_second(tmp_path: Path) -> None
 
 
 @pytest.mark.zmq
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_stops_with_closed_file_and_summary(tmp_path: Path, sig: int) -> None:
+def test_signal_stops_with_closed_file(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C and SIGTERM end the capture cleanly (handlers installed by run())."""
+    import threading
+
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "r.mcap"
+    with Peer(msgs, count=100_000, rate=500) as peer:
+        rec = Recorder(out, [Source(peer.endpoint, peer.replay_endpoint)])
+        before = signal.getsignal(sig)
+        threading.Timer(0.5, os.kill, (os.getpid(), sig)).start()
+        res = rec.run(handle_signals=True)
+    assert res.stop_reason == "signal"
+    assert signal.getsignal(sig) == before  # the handlers are put back
+    with open_recording(out) as r:
+        got = [m.seq for m in r.messages()]
+        assert r.recovery.complete and r.ledger == res.ledger
+    assert got == list(range(len(got))) and len(got) == res.stats.batches > 0
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_sigterm_to_record_process_summary_and_exit_0(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     out = tmp_path / "r.mcap"
     with Peer(msgs, count=100_000, rate=200) as peer:
@@ -226,10 +246,10 @@ def test_signal_stops_with_closed_file_and_summary(tmp_path: Path, sig: int) -> 
                              str(out)])
         try:
             deadline = time.monotonic() + 20
-            while len(peer.published) < 100:
+            while len(peer.published) < 50:
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.01)
-            proc.send_signal(sig)
+            proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=15)
         finally:
             if proc.poll() is None:
@@ -241,7 +261,7 @@ def test_signal_stops_with_closed_file_and_summary(tmp_path: Path, sig: int) -> 
     with open_recording(out) as r:
         got = [m.seq for m in r.messages()]
         assert r.recovery.complete and r.ledger is not None
-    assert got == list(range(len(got))) and len(got) >= 100
+    assert got == list(range(len(got))) and len(got) >= 50
 
 
 def _limit_file_size(limit: int) -> None:

@@ -186,6 +186,8 @@ def record(
     connect_ns = _timeout_ns(connect_timeout, "--connect-timeout")
     replay_ns = _timeout_ns(replay_timeout, "--replay-timeout") or 2_000_000_000
     sources = expand_endpoints(endpoints, replay=replay or (), dp_size=dp_size, bind=bind)
+    if history and not replay:
+        raise UsageError("--history needs --replay: the history comes from the replay buffer")
     group_list = load_groups(groups) if groups is not None else None
     _check_output(output, force)
 
