@@ -710,7 +710,8 @@ class Recorder:
             except (KvtoolError, OSError):
                 if error is None:
                     raise
-            if isinstance(error, ConnectTimeout) and writer.messages_written == 0:
+            if isinstance(error, EndpointError) and writer.messages_written == 0:
+                # Nothing was recorded: leave no empty file behind.
                 with contextlib.suppress(OSError):
                     os.remove(self.path)
         try:
@@ -1036,6 +1037,8 @@ class Recorder:
             self.stats.gaps += 1
         while True:
             self._fill(ch, seq - 1)
+            if self._full:
+                return
             e = ch.expected
             assert e is not None
             if e >= seq:

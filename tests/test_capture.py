@@ -455,3 +455,17 @@ def test_stop_from_another_thread_closes_the_file(tmp_path: Path) -> None:
     got = read_back(tmp_path / "r.mcap")
     assert 0 < len(got) <= len(msgs)
     assert [s for s, _ in got] == list(range(len(got)))
+
+
+@pytest.mark.zmq
+def test_bind_to_a_busy_port_is_an_endpoint_error(tmp_path: Path) -> None:
+    ctx = zmq.Context()
+    busy = ctx.socket(zmq.PUB)
+    port = busy.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with pytest.raises(EndpointError, match=rf"tcp://127.0.0.1:{port}: cannot bind"):
+            capture(tmp_path / "r.mcap", [str(port)], bind=True, duration_ns=SECOND)
+    finally:
+        busy.close(linger=0)
+        ctx.term()
+    assert not (tmp_path / "r.mcap").exists()
