@@ -113,6 +113,19 @@ def _default(o: Any) -> Any:
     raise TypeError(type(o))
 
 
+_PROFILES = [0]
+
+
 def kvtool_cmd() -> list[str]:
-    """The kvtool CLI, run from this checkout."""
+    """The kvtool CLI, run from this checkout.
+
+    With ``BENCH_PROFILE_DIR`` set, each run is profiled with cProfile into that
+    directory (``kvtool-N.prof``; read with ``python3 bench/profile_top.py FILE``).
+    """
+    pdir = os.environ.get("BENCH_PROFILE_DIR")
+    if pdir:
+        Path(pdir).mkdir(parents=True, exist_ok=True)
+        _PROFILES[0] += 1
+        out = Path(pdir) / f"kvtool-{os.getpid()}-{_PROFILES[0]}.prof"
+        return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "kvtool"]
     return [sys.executable, "-m", "kvtool"]

@@ -9,7 +9,9 @@ on a ROUTER socket from a buffer of the last 10,000 batches (vLLM's ``buffer_ste
 polling it between sends as vLLM's publisher thread does. ``kvtool record`` subscribes
 with ``--replay`` and stops after the stream's number of batches (``-n``).
 
-Measured per run: the publisher's send time and rate; the recorder's sustained rate
+Measured per run: the publisher's send time and rate (how fast ZeroMQ queues the
+batches); the same publisher into a subscriber that only counts (what the transport
+delivers to any Python subscriber); the recorder's sustained rate
 (batches / time from the first send until the recorder has them all and exits) and its
 ratio to the publisher's; lost and recovered batches (from the recording's gap ledger,
 and by checking every seq's payload is there byte for byte); the recorder's CPU per
@@ -151,6 +153,46 @@ def check_recording(out: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str
     }
 
 
+def sink_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None) -> dict[str, Any]:
+    """The same publisher into a subscriber that only counts: the transport's delivery rate."""
+    import zmq
+
+    pub_cmd = [sys.executable, __file__, "--publisher", str(frames), str(loops), str(hwm)]
+    if cpus_pub:
+        pub_cmd = ["taskset", "-c", cpus_pub, *pub_cmd]
+    pub = subprocess.Popen(pub_cmd, stdout=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 5000)  # like the recorder's
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(b"")
+    got = 0
+    try:
+        assert pub.stdout is not None
+        hello = json.loads(pub.stdout.readline())
+        n = hello["batches"]
+        sub.connect(f"tcp://127.0.0.1:{hello['port']}")
+        while got < n and sub.poll(3000):
+            sub.recv_multipart(copy=False)
+            got += 1
+        done = time.time()
+        sent = json.loads(pub.stdout.readline())
+    finally:
+        sub.close()
+        ctx.term()
+        pub.send_signal(signal.SIGTERM)
+        try:
+            pub.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            pub.kill()
+            pub.communicate()
+    if got < n:
+        done -= 3.0  # the idle poll that ended the loop
+    span = done - sent["first_send"]
+    return {"hwm": hwm, "batches": n, "received": got, "sink_s": span,
+            "sink_batches_per_s": got / span, "publisher_batches_per_s": n / sent["send_s"]}
+
+
 def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: str | None,
             tmp: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str, Any]:
     out = tmp / f"rec-{hwm}-{time.time_ns()}.mcap"
@@ -215,8 +257,13 @@ def main() -> int:
     startup = median([run_child([*kvtool_cmd(), "record", "--help"], cpus=args.cpus_rec).cpu_s
                       for _ in range(3)])
     runs: dict[int, list[dict[str, Any]]] = {h: [] for h in args.hwm}
+    sinks: dict[int, list[dict[str, Any]]] = {h: [] for h in args.hwm}
     for i in range(args.runs):
         for hwm in args.hwm:
+            s = sink_run(frames, args.loops, hwm, args.cpus_pub)
+            sinks[hwm].append(s)
+            print(f"run {i + 1} hwm {hwm:6d}: counting subscriber received {s['received']}/"
+                  f"{s['batches']} at {s['sink_batches_per_s']:.0f}/s", file=sys.stderr)
             r = one_run(frames, args.loops, hwm, args.cpus_pub, args.cpus_rec, tmp, msgs)
             r["recorder_cpu_per_batch_us"] = (r["recorder"].cpu_s - startup) / r["batches"] * 1e6
             runs[hwm].append(r)
@@ -229,7 +276,10 @@ def main() -> int:
                   file=sys.stderr)
     summary: dict[str, Any] = {}
     for hwm, rs in runs.items():
+        med_rec = median([r["recorder_batches_per_s"] for r in rs])
+        med_sink = median([s["sink_batches_per_s"] for s in sinks[hwm]])
         summary[str(hwm)] = {
+            "ratio_recorder_over_sink": med_rec / med_sink,
             "batches": rs[0]["batches"],
             "median_publisher_batches_per_s": median([r["publisher_batches_per_s"] for r in rs]),
             "median_recorder_batches_per_s": median([r["recorder_batches_per_s"] for r in rs]),
@@ -237,6 +287,9 @@ def main() -> int:
                 [r["ratio_recorder_over_publisher"] for r in rs]),
             "median_recorder_cpu_per_batch_us": median(
                 [r["recorder_cpu_per_batch_us"] for r in rs]),
+            "median_sink_batches_per_s": median(
+                [s["sink_batches_per_s"] for s in sinks[hwm]]),
+            "sink_received_per_run": [s["received"] for s in sinks[hwm]],
             "lost_per_run": [r["ledger_lost"] for r in rs],
             "missing_per_run": [r["missing"] for r in rs],
             "payload_mismatch_per_run": [r["payload_mismatch"] for r in rs],
@@ -244,13 +297,16 @@ def main() -> int:
         }
     payload_mb = sum(len(p) for _t, _s, p in msgs) / 1e6
     save_result("record", {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
-                           "startup_cpu_s": startup, "runs": runs, "summary": summary})
+                           "startup_cpu_s": startup, "runs": runs, "sinks": sinks,
+                           "summary": summary})
     print(f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU "
           f"{startup:.2f} s")
     for hwm, s in summary.items():
         print(f"SNDHWM {hwm:>6}: publisher {s['median_publisher_batches_per_s']:.0f} batches/s, "
               f"recorder {s['median_recorder_batches_per_s']:.0f} batches/s, ratio "
-              f"{s['median_ratio_recorder_over_publisher']:.2f} (goal >= 1.0); lost "
+              f"{s['median_ratio_recorder_over_publisher']:.2f} (goal >= 1.0); counting "
+              f"subscriber {s['median_sink_batches_per_s']:.0f} batches/s (recorder x"
+              f"{s['ratio_recorder_over_sink']:.2f}); lost "
               f"{s['lost_per_run']} missing {s['missing_per_run']} (goal 0); recovered "
               f"{s['recovered_per_run']}; CPU {s['median_recorder_cpu_per_batch_us']:.0f} us/batch")
     return 0
