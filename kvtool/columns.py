@@ -83,11 +83,13 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 
 # -- the lean decoder ------------------------------------------------------------------------
 
-_NO_TOKENS = msgspec.Raw(b"\x90")
+_EMPTY = msgspec.Raw(b"\x90")
+_NO_TOKENS = _EMPTY
+_NIL = msgspec.Raw(b"\xc0")
 
 
 class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
-    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    block_hashes: msgspec.Raw = _EMPTY
     token_ids: msgspec.Raw = _NO_TOKENS
     medium: str | None = None
     group_idx: int | None = None
@@ -96,7 +98,7 @@ class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, 
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
-    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
@@ -105,7 +107,7 @@ class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True
 
 
 class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False):
-    block_hashes: ClassVar[list[protocol.Hash]] = []
+    block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
@@ -117,14 +119,14 @@ class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=
 # protocol.STORED_ARRAY_INDEX; fields the table does not use stay undecoded (Raw).
 class _StoredArrayLayout(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored",
                          frozen=True, gc=False):
-    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
-    parent_block_hash: msgspec.Raw = _NO_TOKENS
+    block_hashes: msgspec.Raw = _EMPTY
+    parent_block_hash: msgspec.Raw = _NIL
     token_ids: msgspec.Raw = _NO_TOKENS
-    block_size: msgspec.Raw = _NO_TOKENS
-    lora_id: msgspec.Raw = _NO_TOKENS
+    block_size: msgspec.Raw = _NIL
+    lora_id: msgspec.Raw = _NIL
     medium: str | None = None
-    lora_name: msgspec.Raw = _NO_TOKENS
-    extra_keys: msgspec.Raw = _NO_TOKENS
+    lora_name: msgspec.Raw = _NIL
+    extra_keys: msgspec.Raw = _NIL
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
@@ -132,7 +134,7 @@ class _StoredArrayLayout(msgspec.Struct, array_like=True, tag_field="type", tag=
 
 class _RemovedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
                           tag="BlockRemoved", frozen=True, gc=False):
-    block_hashes: list[protocol.Hash] = msgspec.field(default_factory=list)
+    block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
@@ -142,7 +144,7 @@ class _RemovedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
 
 class _ClearedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
                           tag="AllBlocksCleared", frozen=True, gc=False):
-    block_hashes: ClassVar[list[protocol.Hash]] = []
+    block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
@@ -257,6 +259,12 @@ def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch
     )
 
 
+# Encodes the block hashes of an event the full decoder had to take (its ints and bytes
+# as they came), so that one code path turns every event's hashes into columns.
+_RAW_ENC = msgspec.msgpack.Encoder()
+_HASH_LIST = msgspec.msgpack.Decoder(list[protocol.Hash])
+
+
 def _array_header(n: int) -> bytes:
     if n < 16:
         return bytes([0x90 + n])
@@ -269,7 +277,7 @@ def _lean_event(e: protocol.Event) -> object:
     """Convert an event of the full decoder into its lean form (token_ids: a header)."""
     if isinstance(e, protocol.BlockStored):
         return _Stored(
-            block_hashes=e.block_hashes,
+            block_hashes=msgspec.Raw(_RAW_ENC.encode(e.block_hashes)),
             token_ids=msgspec.Raw(_array_header(len(e.token_ids))),
             medium=e.medium,
             group_idx=e.group_idx,
@@ -277,7 +285,11 @@ def _lean_event(e: protocol.Event) -> object:
             kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
         )
     if isinstance(e, protocol.BlockRemoved):
-        return _Removed(block_hashes=e.block_hashes, medium=e.medium, group_idx=e.group_idx)
+        return _Removed(
+            block_hashes=msgspec.Raw(_RAW_ENC.encode(e.block_hashes)),
+            medium=e.medium,
+            group_idx=e.group_idx,
+        )
     return _Cleared()
 
 
@@ -312,6 +324,143 @@ def token_counts(raws: list[bytes]) -> pl.Series:
 
 
 # -- hashes -------------------------------------------------------------------------------
+
+
+def _array_headers(big: pl.Series, off: pl.Series, lens: pl.Series) -> pl.DataFrame:
+    """Decode the msgpack array header of each value: count ``n`` and header length ``hl``.
+
+    ``big`` holds, per value, the whole joined buffer (one shared view); ``off``/``lens``
+    locate each value in it. ``n`` is null when the value is not an array.
+    """
+    frame = pl.DataFrame({"b": big, "o": off, "L": lens})
+    hdr = pl.col("b").bin.slice(pl.col("o"), pl.min_horizontal(pl.col("L"), pl.lit(5)))
+    h = hdr.bin.get(0, null_on_oob=True).cast(pl.Int64)
+    u16 = hdr.bin.slice(1, 2).bin.reinterpret(dtype=pl.UInt16, endianness="big").cast(pl.Int64)
+    u32 = hdr.bin.slice(1, 4).bin.reinterpret(dtype=pl.UInt32, endianness="big").cast(pl.Int64)
+    return frame.select(
+        "o",
+        "L",
+        n=pl.when((h >= 0x90) & (h <= 0x9F))
+        .then(h - 0x90)
+        .when(h == 0xDC)
+        .then(u16)
+        .when(h == 0xDD)
+        .then(u32),
+        hl=pl.when(h == 0xDC).then(3).when(h == 0xDD).then(5).otherwise(1),
+    )
+
+
+def _joined(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series]:
+    lens = pl.Series(list(map(len, raws)), dtype=pl.Int64)  # type: ignore[arg-type]
+    buf = b"".join(raws)  # type: ignore[arg-type]
+    big = pl.Series([buf], dtype=pl.Binary).new_from_index(0, len(raws))
+    return big, lens.cum_sum() - lens, lens
+
+
+def raw_token_counts(raws: list[object]) -> pl.Series:
+    """``len(token_ids)`` of each undecoded msgpack ``token_ids`` (0 for nil), vectorised.
+
+    Args:
+        raws: :class:`msgspec.Raw` values (or bytes).
+
+    Returns:
+        An Int64 series.
+    """
+    if not raws:
+        return pl.Series("tokens", [], dtype=pl.Int64)
+    big, off, lens = _joined(raws)
+    return _array_headers(big, off, lens)["n"].fill_null(0).rename("tokens")
+
+
+def raw_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, list[int]]:
+    """Decode the undecoded ``block_hashes`` of each event into signed 64-bit keys.
+
+    Vectorised when every element is a 9-byte msgpack integer (``0xcf`` uint64 or
+    ``0xd3`` int64: what vLLM and SGLang send for 64-bit hashes) or 32-byte raw bytes
+    (``0xc4 0x20``); since each such element has a fixed size, checking the prefix at
+    every stride position is an exact parse. Any other event's list is decoded by msgspec
+    and mapped with :func:`protocol.hash_key`.
+
+    Args:
+        raws: One :class:`msgspec.Raw` per event.
+
+    Returns:
+        Hashes per event (Int64), all keys in event order (Int64), and the indices of
+        events whose ``block_hashes`` is not a list of hashes (to be skipped).
+    """
+    n_ev = len(raws)
+    if n_ev == 0:
+        return pl.Series([], dtype=pl.Int64), pl.Series("hash", [], dtype=pl.Int64), []
+    big, off, lens = _joined(raws)
+    hd = _array_headers(big, off, lens).with_columns(
+        stride=pl.when(pl.col("L") == pl.col("hl") + 9 * pl.col("n"))
+        .then(9)
+        .when(pl.col("L") == pl.col("hl") + 34 * pl.col("n"))
+        .then(34),
+    )
+    n = hd["n"].fill_null(0)
+    total = n.sum()
+    fast_ok = (hd["n"].is_not_null() & ((hd["n"] == 0) | hd["stride"].is_not_null())).fill_null(
+        False
+    )
+    if total:
+        ev_of = pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(n).explode()
+        ev_of = ev_of.drop_nulls()
+        start = n.cum_sum() - n
+        j = pl.int_range(0, total, eager=True, dtype=pl.Int64) - start.gather(ev_of)
+        el = pl.DataFrame(
+            {
+                "b": big.gather(ev_of),
+                "pos": (hd["o"] + hd["hl"]).gather(ev_of) + hd["stride"].gather(ev_of) * j,
+                "stride": hd["stride"].gather(ev_of),
+            }
+        )
+        b = pl.col("b")
+        el = el.select(
+            ok=pl.when(pl.col("stride") == 9)
+            .then(b.bin.slice(pl.col("pos"), 1).is_in([b"\xcf", b"\xd3"]))
+            .when(pl.col("stride") == 34)
+            .then(b.bin.slice(pl.col("pos"), 2) == b"\xc4\x20")
+            .otherwise(False),
+            v=pl.when(pl.col("stride") == 9)
+            .then(b.bin.slice(pl.col("pos") + 1, 8))
+            .otherwise(b.bin.slice(pl.col("pos") + 26, 8))
+            .bin.reinterpret(dtype=pl.UInt64, endianness="big")
+            .reinterpret(signed=True),
+        )
+        values = el["v"]
+        bad_el = ~el["ok"].fill_null(False)
+        if bad_el.any():
+            fast_ok = fast_ok & ~pl.Series(
+                [False] * n_ev, dtype=pl.Boolean
+            ).scatter(ev_of.filter(bad_el).unique(), True)
+    else:
+        values = pl.Series("hash", [], dtype=pl.Int64)
+        ev_of = pl.Series([], dtype=pl.UInt32)
+    slow = fast_ok.not_().arg_true().to_list()
+    if not slow:
+        return n, values.rename("hash"), []
+    # Rare: other encodings (small ints, other byte lengths, mixtures): msgspec decodes them.
+    invalid: list[int] = []
+    fixed: dict[int, list[int]] = {}
+    for i in slow:
+        try:
+            hs = _HASH_LIST.decode(raws[i])  # type: ignore[arg-type]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            invalid.append(i)
+            hs = []
+        fixed[i] = [protocol.hash_key(h) for h in hs]
+    keep = ~pl.Series([False] * n_ev, dtype=pl.Boolean).scatter(slow, True).gather(ev_of) \
+        if total else pl.Series([], dtype=pl.Boolean)
+    parts = pl.DataFrame({"e": ev_of, "v": values}).filter(keep) if total else \
+        pl.DataFrame(schema={"e": pl.UInt32, "v": pl.Int64})
+    extra = pl.DataFrame(
+        {"e": [i for i in slow for _ in fixed[i]], "v": [v for i in slow for v in fixed[i]]},
+        schema={"e": pl.UInt32, "v": pl.Int64},
+    )
+    merged = pl.concat([parts, extra]).sort("e", maintain_order=True)
+    n = n.scatter(slow, [len(fixed[i]) for i in slow])
+    return n, merged["v"].rename("hash"), invalid
 
 
 def hash_series(hashes: list[object]) -> pl.Series:
@@ -432,11 +581,9 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     events = list(chain.from_iterable(evlists))
     n_ev = len(events)
     types = list(map(_TYPE_CODE.__getitem__, map(type, events)))
-    hash_lists = list(map(_get_hashes, events))
-    n_hash = list(map(len, hash_lists))
-    flat_hashes = list(chain.from_iterable(hash_lists))
+    n_hash, hashes, invalid = raw_hashes(list(map(_get_hashes, events)))
     # Tokens: len(token_ids), read from the msgpack header of each (undecoded) list.
-    tokens = token_counts(list(map(bytes, map(_get_tokens, events))))
+    tokens = raw_token_counts(list(map(_get_tokens, events)))
     batches = pl.DataFrame(
         {
             "log_time": p.log_time,
@@ -483,7 +630,17 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     )
     ev = pl.concat(
         [ev, batches.drop("n")[batch_of_event]], how="horizontal"
-    ).with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
+    )
+    if invalid:
+        # block_hashes that is not a list of hashes: the event is skipped (as the protocol
+        # decoder would), its neighbours kept.
+        for i in invalid[:5]:
+            stats.note(f"seq {ev['seq'][i]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
+                       "(block_hashes is not a list of hashes)")
+        stats.skipped_events += len(invalid)
+        ev = ev.filter(~pl.Series([False] * n_ev).scatter(invalid, True))
+        n_ev = ev.height
+    ev = ev.with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
     # event -> rows: one per hash, one for an event without hashes.
     rows_per_event = ev["block_count"].clip(lower_bound=1)
     row_event = (
@@ -495,7 +652,6 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     block_index = (pl.int_range(0, n_rows, eager=True, dtype=pl.Int64) - starts[row_event]).cast(
         pl.Int32
     )
-    hashes = hash_series(flat_hashes)
     if len(hashes) == n_rows:
         hash_col = hashes
     else:
@@ -705,6 +861,32 @@ class TableAnnotator:
         default_factory=set
     )
     out_of_range: dict[int, int] = field(default_factory=dict)
+    learned_from: dict[tuple[int, int | None], int] = field(default_factory=dict)
+    _recording_of: dict[int, str] = field(default_factory=dict)
+
+    def group_kind(
+        self, channel_id: int, group_idx: int, event_index: int
+    ) -> tuple[str, int | None] | None:
+        """Return (kind, window) of a group as a row at ``event_index`` would get it.
+
+        Args:
+            channel_id: The channel.
+            group_idx: The group.
+            event_index: The row's event, in stream order.
+
+        Returns:
+            From the channel's metadata, else what the first annotated store of the group
+            (before that event) said, else None.
+        """
+        table = self.tables.get(self._recording_of.get(channel_id, ""))
+        if table is not None:
+            info = table.lookup(group_idx)
+            if info is not None:
+                return info.kind, info.sliding_window
+        key = (channel_id, group_idx)
+        if key in self.learned and self.learned_from.get(key, -1) < event_index:
+            return self.learned[key]
+        return None
 
     def sources(self) -> list[str]:
         """Return the metadata sources used, one per distinct source."""
@@ -737,6 +919,8 @@ class TableAnnotator:
         """
         if df.height == 0:
             return df
+        for cid, ref in stats.channels.items():
+            self._recording_of[cid] = ref.recording
         meta = self._meta_frame(stats)
         df = df.join(meta, on=["channel_id", "group_idx"], how="left", maintain_order="left")
         is_store = pl.col("type_code") == STORED
@@ -775,6 +959,7 @@ class TableAnnotator:
                 known = self.learned.get(key)
                 if known is None:
                     self.learned[key] = (k, w)
+                    self.learned_from[key] = e
                     firsts[key] = e
                 elif known != (k, w):
                     self.changes.add((cid, g, known, (k, w)))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -146,10 +146,18 @@ class ReportBuilder:
 
     Args:
         every_ns: Timeline bucket (ns), or None for no timeline.
+        group_kind: (channel_id, group_idx, event_index) -> (kind, window) of a group, for
+            removes without group_idx attributed through the hash state
+            (:meth:`kvtool.columns.TableAnnotator.group_kind`).
     """
 
-    def __init__(self, every_ns: int | None = None) -> None:
+    def __init__(
+        self,
+        every_ns: int | None = None,
+        group_kind: Callable[[int, int, int], tuple[str, int | None] | None] | None = None,
+    ) -> None:
         self.every_ns = every_ns
+        self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[tuple[int | None, str, int | None], int] = {}
         self.live = pl.DataFrame(schema=_LIVE_SCHEMA)
@@ -568,7 +576,7 @@ class ReportBuilder:
         rows = df.filter(pl.col("channel_id").is_in(chans) & (
             (pl.col("type_code") == CLEARED) | pl.col("hash").is_not_null()
         )).select("r", "channel_id", "type_code", "gk", "group_idx", "hash", "kind",
-                  "sliding_window")
+                  "sliding_window", "event_index")
         count: dict[tuple[int, int, int], int] = {}
         kinds: dict[tuple[int, int, int], tuple[str | None, int | None]] = {}
 
@@ -586,7 +594,7 @@ class ReportBuilder:
             k0, w0 = by_gkey[gkey]
             kinds[(cid, gk, h)] = (None if k0 == UNANNOTATED else k0, w0)
         out: list[tuple[int, int | None, str | None, int | None, bool, bool]] = []
-        for r, cid, t, gk, g, h, k, w in rows.iter_rows():
+        for r, cid, t, gk, g, h, k, w, e in rows.iter_rows():
             if t == CLEARED:
                 for key in [key for key in count if key[0] == cid]:
                     del count[key]
@@ -603,7 +611,9 @@ class ReportBuilder:
                 cands = [x for x in groups_of.get((cid, h), ()) if count.get((cid, x, h), 0) > 0]
                 if len(cands) == 1:
                     gk = cands[0]
-                    k2, w2 = kinds.get((cid, gk, h), (k, w))
+                    # The group's kind (metadata or learned); else what its store said.
+                    known = self.group_kind(cid, gk, e) if self.group_kind and gk >= 0 else None
+                    k2, w2 = known if known is not None else kinds.get((cid, gk, h), (k, w))
                     out.append((r, gk, k2, w2, False, False))
                 else:
                     # Live in no group (orphan) or several (ambiguous): unattributed.
@@ -882,7 +892,7 @@ def build_report(
     stats = ReadStats()
     annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
                                group_flags=group_flags)
-    builder = ReportBuilder(every_ns)
+    builder = ReportBuilder(every_ns, annotator.group_kind)
     for chunk in iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes):
         builder.add(annotator(chunk, stats))
     return finish_report(builder, annotator, stats)
@@ -908,7 +918,7 @@ def report_from_chunks(
     """
     st = stats if stats is not None else ReadStats()
     ann = annotator if annotator is not None else TableAnnotator()
-    builder = ReportBuilder(every_ns)
+    builder = ReportBuilder(every_ns, ann.group_kind)
     for chunk in chunks:
         builder.add(ann(chunk, st))
     return finish_report(builder, ann, st)

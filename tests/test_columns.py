@@ -13,6 +13,8 @@ from kvtool.columns import (
     ReadStats,
     decode_lean,
     hash_series,
+    raw_hashes,
+    raw_token_counts,
     read_table,
     token_counts,
 )
@@ -24,17 +26,21 @@ ENC = msgspec.msgpack.Encoder()
 _TYPES = {"BlockStored": 0, "BlockRemoved": 1, "AllBlocksCleared": 2}
 
 
-def _lean_view(ev: object) -> tuple:
-    toks = token_counts([bytes(ev.token_ids)])[0]  # type: ignore[attr-defined]
-    return (
-        type(ev).__struct_config__.tag,  # type: ignore[attr-defined]
-        [hash_key(h) for h in ev.block_hashes],  # type: ignore[attr-defined]
-        toks,
-        ev.medium,  # type: ignore[attr-defined]
-        ev.group_idx,  # type: ignore[attr-defined]
-        ev.kv_cache_spec_kind,  # type: ignore[attr-defined]
-        ev.kv_cache_spec_sliding_window,  # type: ignore[attr-defined]
-    )
+def _lean_views(events: list) -> list[tuple]:
+    """What the table takes from lean events (hashes and tokens decoded in bulk)."""
+    toks = raw_token_counts([e.token_ids for e in events]).to_list()
+    n, keys, bad = raw_hashes([e.block_hashes for e in events])
+    assert not bad
+    flat = keys.to_list()
+    out = []
+    pos = 0
+    for e, k, t in zip(events, n.to_list(), toks, strict=True):
+        out.append((
+            type(e).__struct_config__.tag, flat[pos:pos + k], t, e.medium, e.group_idx,
+            e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window,
+        ))
+        pos += k
+    return out
 
 
 def _full_view(ev: object) -> tuple:
@@ -59,7 +65,7 @@ def test_lean_decoder_agrees_with_protocol(name: str) -> None:
         full = decode_batch(payload, seq=seq)
         assert lean.ts == full.ts
         assert lean.data_parallel_rank == full.data_parallel_rank
-        assert [_lean_view(e) for e in lean.events] == [_full_view(e) for e in full.events]
+        assert _lean_views(lean.events) == [_full_view(e) for e in full.events]
 
 
 def _record(path: Path, payloads: list[bytes]) -> Path:
@@ -110,6 +116,25 @@ def test_token_counts_read_the_msgpack_header() -> None:
     lists = [[], list(range(15)), list(range(16)), list(range(70000))]
     raws = [ENC.encode(x) for x in lists] + [ENC.encode(None), ENC.encode([[1, 2], [3, 4]])]
     assert token_counts(raws).to_list() == [0, 15, 16, 70000, 0, 2]
+    assert raw_token_counts([msgspec.Raw(r) for r in raws]).to_list() == [0, 15, 16, 70000, 0, 2]
+
+
+def test_raw_hashes_every_encoding() -> None:
+    big = (1 << 64) - 5
+    lists = [
+        [big, 1 << 40],            # uint64: 0xcf, vectorised
+        [-(1 << 40), 1 << 50],     # int64 and uint64 mixed: 9 bytes each, vectorised
+        [bytes(range(32))] * 3,    # 32-byte hashes, vectorised
+        [],
+        [5, -3, 300, 1 << 20],     # small ints: msgspec path
+        [b"\x01\x02", big],        # short bytes and ints: msgspec path
+        list(range(1 << 40, (1 << 40) + 20)),  # 0xdc header (>= 16 elements)
+    ]
+    raws = [msgspec.Raw(ENC.encode(x)) for x in lists] + [msgspec.Raw(ENC.encode("nope"))]
+    n, keys, bad = raw_hashes(raws)
+    assert bad == [7]
+    assert n.to_list()[:7] == [len(x) for x in lists]
+    assert keys.to_list() == [hash_key(h) for x in lists for h in x]
 
 
 def _store_map(hashes, **kw):
@@ -139,7 +164,7 @@ def test_every_array_layout(length: int, tmp_path: Path) -> None:
     payload = ENC.encode([2.5, [fields[:length], removed, ["AllBlocksCleared"]]])
     lean = decode_lean(payload)
     full = decode_batch(payload)
-    assert [_lean_view(e) for e in lean.events] == [_full_view(e) for e in full.events]
+    assert _lean_views(lean.events) == [_full_view(e) for e in full.events]
     rec = _record(tmp_path / "r.mcap", [payload])
     df = read_table([rec])
     assert df["type"].to_list() == ["BlockStored", "BlockStored", "BlockRemoved",
