@@ -132,7 +132,7 @@ def main() -> None:
         where = err.ctx.command_path if err.ctx is not None else "kvtool"
         sys.stderr.write(f"{where}: {err.format_message()} (see '{where} --help')\n")
         sys.exit(int(ExitStatus.USAGE))
-    except click_exc.Abort:
+    except typer.Abort:
         sys.stderr.write("kvtool: interrupted\n")
         sys.exit(int(ExitStatus.INTERRUPTED))
     except click_exc.ClickException as err:

@@ -33,7 +33,8 @@ def read_frames(path: Path) -> list[list[bytes]]:
 
 def capture_messages(name: str) -> list[tuple[bytes, int, bytes]]:
     """Return a capture as ``(topic, seq, payload)`` tuples."""
-    return [(t, int.from_bytes(s[:8], "big"), p) for t, s, p in read_frames(CAPTURES_DIR / f"{name}.frames")]
+    frames = read_frames(CAPTURES_DIR / f"{name}.frames")
+    return [(t, int.from_bytes(s[:8], "big"), p) for t, s, p in frames]
 
 
 def capture_truth(name: str) -> dict:

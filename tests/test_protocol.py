@@ -65,7 +65,11 @@ def _enc(obj: object) -> bytes:
         (["BlockStored", [1, -2], None, [1, 2, 3], 16, None], ["BlockRemoved", [1]], True),
         (["BlockStored", [1], 7, [1], 16, None, "GPU"], ["BlockRemoved", [1], "GPU"], True),
         (["BlockStored", [1], 7, [1], 16, None, "GPU", None], ["BlockRemoved", [1], "GPU"], True),
-        (["BlockStored", [1], 7, [1], 16, None, "GPU", "l", [None]], ["BlockRemoved", [1], "GPU"], True),
+        (
+            ["BlockStored", [1], 7, [1], 16, None, "GPU", "l", [None]],
+            ["BlockRemoved", [1], "GPU"],
+            True,
+        ),
         (
             ["BlockStored", [1], 7, [1], 16, None, "GPU", None, [None], 2],
             ["BlockRemoved", [1], "GPU", 2],
@@ -129,7 +133,7 @@ def test_unknown_event_type_is_skipped_and_neighbours_kept() -> None:
     out = decode_batch(payload, seq=42)
     assert [event_type(e) for e in out.events] == ["BlockRemoved", "AllBlocksCleared"]
     assert len(out.skipped) == 2
-    assert "seq 42: event 1: unknown event type 'BlockMoved'" == out.skipped[0]
+    assert out.skipped[0] == "seq 42: event 1: unknown event type 'BlockMoved'"
     assert out.skipped[1].startswith("seq 42: event 2: malformed BlockRemoved")
 
 
