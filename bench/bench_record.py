@@ -13,7 +13,8 @@ Measured per run: the publisher's send time and rate (how fast ZeroMQ queues the
 batches); the same publisher into a subscriber that only counts (what the transport
 delivers to any Python subscriber); the recorder's sustained rate
 (batches / time from the first send until the recorder has them all and exits) and its
-ratio to the publisher's; lost and recovered batches (from the recording's gap ledger,
+ratio to the publisher's (the recorder's time runs until the last batch it received, read
+from the recording's log_time); lost and recovered batches (from the recording's gap ledger,
 and by checking every seq's payload is there byte for byte); the recorder's CPU per
 batch (its rusage, minus its start-up CPU measured separately).
 
@@ -26,6 +27,7 @@ import argparse
 import hashlib
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -36,9 +38,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, kvtool_cmd, median, run_child, save_result
+from _common import ROOT, Run, kvtool_cmd, median, run_child, save_result
 
 BUFFER_STEPS = 10_000
+IDLE_STOP_S = 5.0
 END = b"\xff" * 8
 
 
@@ -150,6 +153,7 @@ def check_recording(out: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str
         "ledger_lost": ledger.get("lost"),
         "ledger_recovered": ledger.get("recovered"),
         "log_time_span_s": (last_log - first_log) / 1e9 if first_log is not None else None,
+        "last_log_time_ns": last_log,
     }
 
 
@@ -206,10 +210,38 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
         n = hello["batches"]
         rec_cmd = [*kvtool_cmd(), "record", f"tcp://127.0.0.1:{hello['port']}",
                    "--replay", f"tcp://127.0.0.1:{hello['replay_port']}", "-o", str(out),
-                   "-n", str(n), "--duration", "300s", "-q"]
-        rec = run_child(rec_cmd, cpus=cpus_rec, stderr=subprocess.PIPE)
+                   "-n", str(n), "--duration", "600s", "-q"]
+        if cpus_rec:
+            rec_cmd = ["taskset", "-c", cpus_rec, *rec_cmd]
+        t0 = time.perf_counter()
+        rproc = subprocess.Popen(rec_cmd, stderr=subprocess.PIPE)
+        sent: dict[str, Any] | None = None
+        last_size, last_change, stopped = -1, time.time(), False
+        while True:
+            pid, status, ru = os.wait4(rproc.pid, os.WNOHANG)
+            if pid:
+                break
+            now = time.time()
+            if sent is None and select.select([pub.stdout], [], [], 0)[0]:
+                sent = json.loads(pub.stdout.readline())
+            size = out.stat().st_size if out.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, now
+            elif sent is not None and not stopped and now - last_change > IDLE_STOP_S:
+                # Batches were lost, so -n is never reached: stop the recorder (SIGTERM
+                # closes the recording properly).
+                rproc.send_signal(signal.SIGTERM)
+                stopped = True
+            time.sleep(0.05)
         done = time.time()
-        sent = json.loads(pub.stdout.readline())
+        rproc.returncode = os.waitstatus_to_exitcode(status)
+        rerr = rproc.stderr.read() if rproc.stderr else b""
+        if rproc.stderr:
+            rproc.stderr.close()
+        rec = Run(time.perf_counter() - t0, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0,
+                  rproc.returncode)
+        if sent is None:
+            sent = json.loads(pub.stdout.readline())
     finally:
         pub.send_signal(signal.SIGTERM)
         try:
@@ -220,15 +252,24 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
     replay = json.loads(tail.strip().splitlines()[-1]) if tail.strip() else {}
     check = check_recording(out, msgs)
     out.unlink(missing_ok=True)
-    rec_s = done - sent["first_send"]
+    # The recorder's time: from the first send until it received its last batch (the
+    # recording's last log_time; receive time, also for batches fetched over replay).
+    recv_s = check.pop("last_log_time_ns") / 1e9 - sent["first_send"]
+    # End to end: until the recorder has written everything and closed the file (only
+    # meaningful when it stopped by itself at -n, i.e. nothing was lost).
+    rec_s = None if stopped else done - sent["first_send"]
     return {
+        "recorder_receive_s": recv_s,
+        "recorder_receive_batches_per_s": check["recorded"] / recv_s,
+        "recorder_stopped_by_bench": stopped,
+        "recorder_stderr_tail": rerr.decode(errors="replace")[-300:],
         "hwm": hwm,
         "batches": n,
         "publisher_send_s": sent["send_s"],
         "publisher_batches_per_s": n / sent["send_s"],
         "recorder_s": rec_s,
-        "recorder_batches_per_s": n / rec_s,
-        "ratio_recorder_over_publisher": sent["send_s"] / rec_s,
+        "recorder_batches_per_s": n / rec_s if rec_s else None,
+        "ratio_recorder_over_publisher": sent["send_s"] / rec_s if rec_s else None,
         "recorder": rec,
         **check,
         **replay,
@@ -267,33 +308,42 @@ def main() -> int:
             r = one_run(frames, args.loops, hwm, args.cpus_pub, args.cpus_rec, tmp, msgs)
             r["recorder_cpu_per_batch_us"] = (r["recorder"].cpu_s - startup) / r["batches"] * 1e6
             runs[hwm].append(r)
+            e2e = r["recorder_batches_per_s"]
             print(f"run {i + 1} hwm {hwm:6d}: publisher {r['publisher_batches_per_s']:8.0f}/s, "
-                  f"recorder {r['recorder_batches_per_s']:8.0f}/s "
-                  f"(x{r['ratio_recorder_over_publisher']:.2f}),"
-                  f" lost {r['ledger_lost']} missing {r['missing']} recovered "
-                  f"{r['ledger_recovered']} replayed {r.get('replayed')}, cpu/batch "
-                  f"{r['recorder_cpu_per_batch_us']:.0f} us, rc {r['recorder'].returncode}",
-                  file=sys.stderr)
+                  f"recorder end-to-end {e2e if e2e is None else round(e2e)}/s, receive "
+                  f"{r['recorder_receive_batches_per_s']:.0f}/s; lost {r['ledger_lost']} "
+                  f"missing {r['missing']} recovered {r['ledger_recovered']} replayed "
+                  f"{r.get('replayed')}, cpu/batch {r['recorder_cpu_per_batch_us']:.0f} us, "
+                  f"rc {r['recorder'].returncode}", file=sys.stderr)
+
+    def med(xs: list[Any]) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return median(xs) if xs else None
+
     summary: dict[str, Any] = {}
     for hwm, rs in runs.items():
-        med_rec = median([r["recorder_batches_per_s"] for r in rs])
-        med_sink = median([s["sink_batches_per_s"] for s in sinks[hwm]])
+        pub_rate = med([r["publisher_batches_per_s"] for r in rs])
+        rec_rate = med([r["recorder_batches_per_s"] for r in rs])
+        recv_rate = med([r["recorder_receive_batches_per_s"] for r in rs])
+        sink_rate = med([s["sink_batches_per_s"] for s in sinks[hwm]])
         summary[str(hwm)] = {
-            "ratio_recorder_over_sink": med_rec / med_sink,
             "batches": rs[0]["batches"],
-            "median_publisher_batches_per_s": median([r["publisher_batches_per_s"] for r in rs]),
-            "median_recorder_batches_per_s": median([r["recorder_batches_per_s"] for r in rs]),
-            "median_ratio_recorder_over_publisher": median(
-                [r["ratio_recorder_over_publisher"] for r in rs]),
-            "median_recorder_cpu_per_batch_us": median(
+            "median_publisher_batches_per_s": pub_rate,
+            "median_recorder_batches_per_s": rec_rate,
+            "median_recorder_receive_batches_per_s": recv_rate,
+            "median_sink_batches_per_s": sink_rate,
+            "ratio_recorder_over_publisher": rec_rate / pub_rate if rec_rate else None,
+            "ratio_recorder_receive_over_publisher": recv_rate / pub_rate if recv_rate else None,
+            "ratio_recorder_over_sink": rec_rate / sink_rate if rec_rate else None,
+            "ratio_recorder_receive_over_sink": recv_rate / sink_rate if recv_rate else None,
+            "median_recorder_cpu_per_batch_us": med(
                 [r["recorder_cpu_per_batch_us"] for r in rs]),
-            "median_sink_batches_per_s": median(
-                [s["sink_batches_per_s"] for s in sinks[hwm]]),
             "sink_received_per_run": [s["received"] for s in sinks[hwm]],
             "lost_per_run": [r["ledger_lost"] for r in rs],
             "missing_per_run": [r["missing"] for r in rs],
             "payload_mismatch_per_run": [r["payload_mismatch"] for r in rs],
             "recovered_per_run": [r["ledger_recovered"] for r in rs],
+            "exit_status_per_run": [r["recorder"].returncode for r in rs],
         }
     payload_mb = sum(len(p) for _t, _s, p in msgs) / 1e6
     save_result("record", {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
@@ -301,14 +351,17 @@ def main() -> int:
                            "summary": summary})
     print(f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU "
           f"{startup:.2f} s")
+    def f(x: float | None, fmt: str = ".0f") -> str:
+        return "n/a" if x is None else format(x, fmt)
+
     for hwm, s in summary.items():
-        print(f"SNDHWM {hwm:>6}: publisher {s['median_publisher_batches_per_s']:.0f} batches/s, "
-              f"recorder {s['median_recorder_batches_per_s']:.0f} batches/s, ratio "
-              f"{s['median_ratio_recorder_over_publisher']:.2f} (goal >= 1.0); counting "
-              f"subscriber {s['median_sink_batches_per_s']:.0f} batches/s (recorder x"
-              f"{s['ratio_recorder_over_sink']:.2f}); lost "
-              f"{s['lost_per_run']} missing {s['missing_per_run']} (goal 0); recovered "
-              f"{s['recovered_per_run']}; CPU {s['median_recorder_cpu_per_batch_us']:.0f} us/batch")
+        print(f"SNDHWM {hwm:>6}: publisher {f(s['median_publisher_batches_per_s'])}/s; recorder"
+              f" end-to-end {f(s['median_recorder_batches_per_s'])}/s (x"
+              f"{f(s['ratio_recorder_over_publisher'], '.2f')} of publisher, goal >= 1.0), "
+              f"receive {f(s['median_recorder_receive_batches_per_s'])}/s; counting subscriber "
+              f"{f(s['median_sink_batches_per_s'])}/s; lost {s['lost_per_run']} missing "
+              f"{s['missing_per_run']} (goal 0); recovered {s['recovered_per_run']}; CPU "
+              f"{f(s['median_recorder_cpu_per_batch_us'])} us/batch")
     return 0
 
 
