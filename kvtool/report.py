@@ -70,7 +70,7 @@ COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
 
 TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
 
-EXACT_LIFETIMES = 2_000_000
+EXACT_LIFETIMES = 1_000_000
 """Lifetimes kept exactly; past this many, a log histogram replaces them."""
 _HIST_BINS_PER_OCTAVE = 64
 
@@ -893,7 +893,7 @@ def build_report(
     annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
                                group_flags=group_flags)
     builder = ReportBuilder(every_ns, annotator.group_kind)
-    for chunk in iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes):
+    for chunk in iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False):
         builder.add(annotator(chunk, stats))
     return finish_report(builder, annotator, stats)
 
