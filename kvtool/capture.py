@@ -502,6 +502,7 @@ class _Channel:
     # The replay buffer no longer holds seqs below this (it only moves forward).
     floor: int = 0
     open_gap: _Gap | None = None
+    history_asked: bool = False
     replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
     batches: int = 0
     seq_first: int | None = None
@@ -1011,6 +1012,17 @@ class Recorder:
         ch.tail_checked = False
         ch.last_live_mono = self._mono
         e = ch.expected
+        if (
+            e is None
+            and self.history
+            and not ch.history_asked
+            and seq > 0
+            and self._replay_usable(src, time.monotonic_ns())
+        ):
+            # The first batch of a channel: with history, what came before it too.
+            self._request(src, "history", topic, 0, trigger=seq)
+            self._hold(src, item)
+            return
         if e is None or seq == e:
             ch.last_live = seq
             self._write(ch, seq, payload, t, LIVE)
@@ -1305,9 +1317,13 @@ class Recorder:
                 if ch is not None:
                     ch.floor = max(ch.floor, req.trigger)
         if req.kind == "history":
+            asked = src.channels.get(default_topic)
+            if asked is not None:
+                asked.history_asked = True
             self._in_history = True
             try:
                 for ch in touched:
+                    ch.history_asked = True
                     if ch.expected is None and ch.reserve:
                         ch.expected = min(ch.reserve)
                     first_live = next((it[1] for it in held if it[0] == ch.topic), None)
