@@ -469,3 +469,38 @@ def test_bind_to_a_busy_port_is_an_endpoint_error(tmp_path: Path) -> None:
         busy.close(linger=0)
         ctx.term()
     assert not (tmp_path / "r.mcap").exists()
+
+
+RECORDINGS = Path(__file__).resolve().parent.parent / "recordings"
+SAMPLES = {
+    "gemma3": ("gemma3", True),
+    "gemma3-legacy-group-idx": ("gemma3.legacy-array-group-idx", False),
+    "full_only": ("full_only", True),
+    "gemma3-byteshash": ("gemma3.byteshash", True),
+    "full_only-legacy-initial": ("full_only.legacy-array-initial.signed", False),
+}
+
+
+@pytest.mark.parametrize("sample", sorted(SAMPLES))
+def test_sample_recordings_hold_the_captures(sample: str) -> None:
+    name, with_groups = SAMPLES[sample]
+    path = RECORDINGS / f"{sample}.mcap"
+    assert path.stat().st_size < 1_000_000
+    with open_recording(path) as r:
+        got = [(m.seq, m.data) for m in r.messages()]
+        assert r.recovery.complete
+        groups = r.groups
+        ledger = r.ledger
+    assert got == [(s, p) for _, s, p in capture_messages(name)]
+    assert groups == (capture_truth(name)["group_metadata"] if with_groups else None)
+    assert ledger is not None and ledger["lost"] == 0
+    assert_truth(path, name)
+
+
+def test_sample_recording_with_gaps() -> None:
+    with open_recording(RECORDINGS / "gemma3-gaps.mcap") as r:
+        got = [(m.seq, m.data) for m in r.messages()]
+        ledger = r.ledger
+    assert got == [(s, p) for _, s, p in capture_messages("gemma3") if not 20 <= s <= 22]
+    assert ledger is not None
+    assert (ledger["recovered"], ledger["lost"], ledger["lost_ranges"]) == (9, 3, [[20, 22]])
