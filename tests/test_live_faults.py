@@ -318,3 +318,58 @@ def test_ledger_lists_are_capped_totals_exact(tmp_path: Path) -> None:
     assert res.ledger["lost_ranges_omitted"] == 50
     with open_recording(tmp_path / "r.mcap") as r:
         assert r.ledger == res.ledger
+
+
+def _peer_proc(frames: Path, pub: str, replay: str, *extra: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "peer.py"), str(frames), "--endpoint", pub,
+         "--replay-endpoint", replay, "--linger", "30", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("READY")
+    return proc
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+def test_publisher_process_killed_and_restarted(tmp_path: Path) -> None:
+    import threading
+
+    frames = ROOT / "tests" / "data" / "captures" / "gemma3.frames"
+    msgs = capture_messages("gemma3")
+    pub, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    rec = Recorder(tmp_path / "r.mcap", [Source(pub, replay)], duration_ns=60 * SECOND)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(res=rec.run(handle_signals=False)))
+    first = _peer_proc(frames, pub, replay, "--count", "30")
+    procs = [first]
+    try:
+        t.start()
+
+        def wait_for(n: int) -> None:
+            deadline = time.monotonic() + 20
+            while rec.stats.batches < n:
+                assert time.monotonic() < deadline, rec.stats
+                time.sleep(0.01)
+
+        wait_for(30)
+        first.kill()
+        first.wait(10)
+        procs.append(_peer_proc(frames, pub, replay))
+        wait_for(30 + len(msgs))
+    finally:
+        rec.stop()
+        t.join(30)
+        for p in procs:
+            p.kill()
+            p.wait(10)
+            assert p.stdout is not None
+            p.stdout.close()
+    res = box["res"]
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(30)) + list(range(len(msgs)))
+    assert [d for _, d in got] == [p for _, _, p in msgs[:30]] + [p for _, _, p in msgs]
+    assert res.stats.restarts == 1 and res.stats.lost == 0  # type: ignore[attr-defined]
+    (rs,) = res.ledger["channels"][0]["restarts"]  # type: ignore[attr-defined]
+    assert (rs["from_seq"], rs["to_seq"]) == (29, 0)
