@@ -209,6 +209,121 @@ _ANY = msgspec.msgpack.Decoder()
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
+# msgpack first byte -> (fixed extra bytes, bytes of a length field, children per count),
+# for the iterative skipper below; fix* types are handled inline.
+_SKIP: dict[int, tuple[int, int, int]] = {
+    0xC0: (0, 0, 0), 0xC2: (0, 0, 0), 0xC3: (0, 0, 0),
+    0xC4: (0, 1, 0), 0xC5: (0, 2, 0), 0xC6: (0, 4, 0),  # bin: length = bytes
+    0xC7: (1, 1, 0), 0xC8: (1, 2, 0), 0xC9: (1, 4, 0),  # ext: type byte + data
+    0xCA: (4, 0, 0), 0xCB: (8, 0, 0),
+    0xCC: (1, 0, 0), 0xCD: (2, 0, 0), 0xCE: (4, 0, 0), 0xCF: (8, 0, 0),
+    0xD0: (1, 0, 0), 0xD1: (2, 0, 0), 0xD2: (4, 0, 0), 0xD3: (8, 0, 0),
+    0xD4: (2, 0, 0), 0xD5: (3, 0, 0), 0xD6: (5, 0, 0), 0xD7: (9, 0, 0), 0xD8: (17, 0, 0),
+    0xD9: (0, 1, 0), 0xDA: (0, 2, 0), 0xDB: (0, 4, 0),  # str
+    0xDC: (0, 2, 1), 0xDD: (0, 4, 1),  # array: length = items
+    0xDE: (0, 2, 2), 0xDF: (0, 4, 2),  # map: length = key/value pairs
+}
+
+
+def _skip(buf: memoryview, pos: int) -> int:
+    """Return the end of the msgpack value at ``pos``, without recursion."""
+    end = len(buf)
+    pending = 1
+    while pending:
+        if pos >= end:
+            raise msgspec.DecodeError("Input data was truncated")
+        b = buf[pos]
+        pos += 1
+        pending -= 1
+        if b <= 0x7F or b >= 0xE0:
+            continue
+        if b <= 0x8F:
+            pending += 2 * (b & 0x0F)
+        elif b <= 0x9F:
+            pending += b & 0x0F
+        elif b <= 0xBF:
+            pos += b & 0x1F
+        else:
+            spec = _SKIP.get(b)
+            if spec is None:
+                raise msgspec.DecodeError(f"invalid msgpack byte 0x{b:02x}")
+            fixed, lbytes, children = spec
+            n = 0
+            if lbytes:
+                if pos + lbytes > end:
+                    raise msgspec.DecodeError("Input data was truncated")
+                n = int.from_bytes(buf[pos : pos + lbytes], "big")
+                pos += lbytes
+            if children:
+                pending += children * n
+            else:
+                pos += fixed + n
+    if pos > end:
+        raise msgspec.DecodeError("Input data was truncated")
+    return pos
+
+
+def _container(buf: memoryview, pos: int, kind: str) -> tuple[int, int]:
+    """Read an array or map header at ``pos``: (element count, position after it)."""
+    if pos >= len(buf):
+        raise msgspec.DecodeError("Input data was truncated")
+    b = buf[pos]
+    small, n16, n32 = (0x90, 0xDC, 0xDD) if kind == "array" else (0x80, 0xDE, 0xDF)
+    if small <= b <= small + 0x0F:
+        return b & 0x0F, pos + 1
+    if b in (n16, n32):
+        w = 2 if b == n16 else 4
+        if pos + 1 + w > len(buf):
+            raise msgspec.DecodeError("Input data was truncated")
+        return int.from_bytes(buf[pos + 1 : pos + 1 + w], "big"), pos + 1 + w
+    raise msgspec.ValidationError(f"Expected `{kind}`")
+
+
+_FLOAT = msgspec.msgpack.Decoder(float)
+_OPT_INT = msgspec.msgpack.Decoder(int | None)
+_STR = msgspec.msgpack.Decoder(str)
+
+
+def _split_batch(raw: bytes | memoryview, benc: EventEncoding) -> _ArrayBatchRaw | _MapBatchRaw:
+    """Split a batch into its events' bytes without recursion (see ``decode_batch``)."""
+    buf = memoryview(raw)
+    fields: dict[str, tuple[int, int]] = {}
+    if benc == "array":
+        n, pos = _container(buf, 0, "array")
+        if n < 2:
+            raise msgspec.ValidationError(f"Expected `array` of at least length 2, got {n}")
+        for i in range(n):
+            start, pos = pos, _skip(buf, pos)
+            if i < 3:
+                fields[("ts", "events", "data_parallel_rank")[i]] = (start, pos)
+    else:
+        n, pos = _container(buf, 0, "map")
+        for _ in range(n):
+            kstart, pos = pos, _skip(buf, pos)
+            start, pos = pos, _skip(buf, pos)
+            try:
+                key = _STR.decode(buf[kstart:start])
+            except _DECODE_ERRORS:
+                continue
+            fields[key] = (start, pos)
+    if pos != len(buf):
+        raise msgspec.DecodeError("MessagePack data is malformed: trailing characters")
+    if "ts" not in fields or "events" not in fields:
+        raise msgspec.ValidationError("Object missing required field `ts` or `events`")
+    ts = _FLOAT.decode(buf[slice(*fields["ts"])])
+    rank = None
+    if "data_parallel_rank" in fields:
+        rank = _OPT_INT.decode(buf[slice(*fields["data_parallel_rank"])])
+    count, pos = _container(buf, fields["events"][0], "array")
+    events: list[msgspec.Raw] = []
+    for _ in range(count):
+        start, pos = pos, _skip(buf, pos)
+        events.append(msgspec.Raw(buf[start:pos]))
+    if benc == "array":
+        return _ArrayBatchRaw(ts, events, rank)
+    return _MapBatchRaw(ts, events, rank)
+
+
 def _reason(err: Exception) -> str:
     if isinstance(err, RecursionError):
         return "nested too deeply to decode"
@@ -304,6 +419,15 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         return full
     try:
         rawb = _RAW_DECODERS[benc].decode(raw)
+    except RecursionError as err:
+        # Some event nests deeper than msgspec can even skip: split the batch without
+        # recursion so that only that event is lost, not its neighbours.
+        try:
+            rawb = _split_batch(raw, benc)
+        except _DECODE_ERRORS as err2:
+            raise ProtocolError(
+                f"{where}malformed payload: {_reason(err2)}", seq=seq
+            ) from err
     except _DECODE_ERRORS as err:
         raise ProtocolError(f"{where}malformed payload: {_reason(err)}", seq=seq) from err
     assert isinstance(rawb, _ArrayBatchRaw | _MapBatchRaw)

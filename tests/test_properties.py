@@ -382,7 +382,8 @@ def test_wrong_type_in_batch_fields(field: str, value: Any, batch_layout: str) -
 
 @FUZZ
 @given(
-    tag=st.text(max_size=20).filter(lambda t: t not in EVENT_TYPES) | st.integers() | st.none(),
+    tag=st.text(max_size=20).filter(lambda t: t not in EVENT_TYPES)
+    | st.integers(-(1 << 63), (1 << 64) - 1) | st.none(),
     encoding=st.sampled_from(["map", "array"]),
     rest=st.lists(msgpack_values, max_size=4),
 )
@@ -474,8 +475,8 @@ def test_deep_nesting(depth: int) -> None:
                 "rank": b"\x93" + ts + b"\x90" + nest,
             }[where]
             batch = check_decode(raw, seq=4)
-            if where in ("event", "known_field", "unknown_field", "hash") and depth < 200:
-                # Shallow enough for msgpack decoding: the neighbours survive.
+            if where in ("event", "known_field", "unknown_field", "hash"):
+                # However deep the bad event, its neighbours survive.
                 assert batch is not None
                 assert batch.events[0] == batch.events[-1]
                 assert isinstance(batch.events[0], BlockRemoved)
@@ -483,14 +484,55 @@ def test_deep_nesting(depth: int) -> None:
 
 
 def test_deep_nesting_regression_issue5() -> None:
-    """Regression (issue 5): msgspec raised RecursionError, which escaped decode_batch."""
+    """Regression (issue 5): msgspec raised RecursionError, which escaped decode_batch; and
+    an event nested too deeply for msgspec to skip must cost only itself."""
     deep = b"\x91" * 100_000 + b"\xc0"
     ts = b"\xcb" + struct.pack(">d", 1.0)
+    good = _enc({"type": "BlockRemoved", "block_hashes": [7], "medium": None})
     for raw in (b"\x92" + ts + b"\x91" + deep, b"\x92" + ts + deep,
-                b"\x92" + ts + b"\x91\x82\xa4type\xabBlockStored\xa7unknown" + deep):
-        with pytest.raises(ProtocolError, match=r"^seq 1: malformed payload: nested too deeply"):
-            decode_batch(raw, seq=1)
+                b"\x92" + ts + b"\x91\x82\xa4type\xabBlockStored\xa7unknown" + deep,
+                b"\x93" + ts + b"\x93" + good + deep + good + b"\x05"):
+        batch = decode_batch(raw, seq=1)
+        assert [e for e in batch.events if not isinstance(e, BlockRemoved)] == []
+        assert len(batch.skipped) == 1
+        assert batch.skipped[0].startswith("seq 1: event ")
         assert peek_ts(raw) in (None, 1.0)
+    raw = b"\x93" + ts + b"\x93" + good + deep + good + b"\x05"
+    assert decode_batch(raw).events == [decode_batch(raw).events[0]] * 2
+    assert decode_batch(raw).data_parallel_rank == 5
+    # A deep ts (or a batch that is one deep array) is a payload error, as before.
+    for raw in (b"\x92" + deep + b"\x90", deep, _enc({"ts": [1]}) + deep):
+        with pytest.raises(ProtocolError, match=r"^seq 1: malformed payload"):
+            decode_batch(raw, seq=1)
+
+
+@FUZZ
+@given(
+    batch=st.one_of(
+        st.lists(msgpack_values, min_size=2, max_size=5),
+        st.dictionaries(st.sampled_from(["ts", "events", "data_parallel_rank", "x"]),
+                        msgpack_values, max_size=4),
+        st.tuples(st.floats(allow_nan=False), st.lists(msgpack_values, max_size=5),
+                  st.none() | st.integers(0, 9)).map(list),
+        st.fixed_dictionaries({"ts": st.floats(allow_nan=False),
+                               "events": st.lists(msgpack_values, max_size=5)}),
+    )
+)
+def test_recursion_free_batch_splitter_agrees_with_msgspec(batch: Any) -> None:
+    # The fallback splitter for deeply nested batches must see exactly what msgspec sees.
+    from kvtool.protocol import _RAW_DECODERS, _split_batch
+
+    raw = _enc(batch)
+    benc = "map" if isinstance(batch, dict) else "array"
+    try:
+        want = _RAW_DECODERS[benc].decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            _split_batch(raw, benc)
+        return
+    got = _split_batch(raw, benc)
+    assert (got.ts, got.data_parallel_rank) == (want.ts, want.data_parallel_rank)
+    assert [bytes(e) for e in got.events] == [bytes(e) for e in want.events]
 
 
 HUGE_HEADERS = {
