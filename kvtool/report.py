@@ -48,6 +48,7 @@ from kvtool.columns import (
     TableAnnotator,
     iter_tables,
     make_annotator,
+    np,  # optional numpy (None when not installed)
     recording_groups,
 )
 
@@ -162,9 +163,12 @@ class ReportBuilder:
         self.registry: dict[tuple[int | None, str, int | None], int] = {}
         self.live = pl.DataFrame(schema=_LIVE_SCHEMA)
         self.counts = pl.DataFrame(schema={"gkey": pl.UInt32, **{c: pl.Int64 for c in _ADDITIVE}})
-        self.distinct = pl.DataFrame(schema={"gkey": pl.UInt32, "hash": pl.Int64})
-        self._distinct_parts: list[pl.DataFrame] = []
+        # Distinct stored hashes per gkey: a sorted, duplicate-free Int64 series each, merged
+        # with each chunk's new hashes now and then (sort-merge: no big hash tables).
+        self.distinct: dict[int, pl.Series] = {}
+        self._distinct_parts: dict[int, list[pl.Series]] = {}
         self._distinct_rows = 0
+        self._distinct_size = 0
         self.lifetimes: list[pl.DataFrame] = []
         self.n_lifetimes = 0
         self.hist: pl.DataFrame | None = None
@@ -441,10 +445,12 @@ class ReportBuilder:
             .agg(*[pl.col(c).sum().cast(pl.Int64) for c in _ADDITIVE])
         )
         # -- distinct hashes (merged now and then: amortised) -------------------------------
-        new = adds.filter(~pl.col("carry")).select("gkey", "hash").unique()
-        self._distinct_parts.append(new)
-        self._distinct_rows += new.height
-        if self._distinct_rows > max(1 << 20, 2 * self.distinct.height):
+        new = adds.filter(~pl.col("carry")).select("gkey", "hash")
+        for (gkey,), part in new.group_by("gkey"):
+            h = part["hash"].unique()
+            self._distinct_parts.setdefault(int(gkey), []).append(h)  # type: ignore[arg-type]
+            self._distinct_rows += len(h)
+        if self._distinct_rows > max(1 << 20, self._distinct_size):
             self._merge_distinct()
         # -- lifetimes (by the remove's attribution) ----------------------------------------
         # ts is float seconds since the epoch: difference at microsecond resolution so that
@@ -480,10 +486,12 @@ class ReportBuilder:
             self._timeline(df.filter(tc == STORED), df.filter(tc == REMOVED), deltas)
 
     def _merge_distinct(self) -> None:
-        if self._distinct_parts:
-            self.distinct = pl.concat([self.distinct, *self._distinct_parts]).unique()
-            self._distinct_parts = []
-            self._distinct_rows = 0
+        for gkey, parts in self._distinct_parts.items():
+            old = self.distinct.get(gkey)
+            self.distinct[gkey] = _sorted_union([old, *parts] if old is not None else parts)
+        self._distinct_parts = {}
+        self._distinct_rows = 0
+        self._distinct_size = sum(len(s) for s in self.distinct.values())
 
     def _add_lifetimes(self, lt: pl.DataFrame) -> None:
         if lt.height == 0:
@@ -671,8 +679,11 @@ class ReportBuilder:
         )
         lts = self._lifetime_frame().join(reg.select("gkey", "L_kind", "L_window", "L_group",
                                                      "L_total"), on="gkey", how="left")
-        dist = self.distinct.join(reg.select("gkey", "L_kind", "L_window", "L_group",
-                                             "L_total"), on="gkey", how="left")
+        members: dict[str, dict[object, list[int]]] = {}
+        for _g, k, w, i in reg.select("group_idx", "kind_final", "sliding_window",
+                                     "gkey").iter_rows():
+            for level, key in (("L_kind", k), ("L_window", w), ("L_group", i), ("L_total", 0)):
+                members.setdefault(level, {}).setdefault(key, []).append(i)
         out: dict[str, pl.DataFrame] = {}
         for level, name in (("total", "totals"), ("kind", "by_kind"), ("window", "by_window"),
                             ("group", "by_group")):
@@ -680,7 +691,16 @@ class ReportBuilder:
             agg = base.group_by(col).agg(
                 *[pl.col(c).sum().cast(pl.Int64) for c in (*_ADDITIVE, "live_blocks_end")]
             )
-            d = dist.group_by(col).agg(distinct_hashes=pl.col("hash").n_unique().cast(pl.Int64))
+            d = pl.DataFrame(
+                {
+                    col: list(members.get(col, {})),
+                    "distinct_hashes": [
+                        _n_distinct([self.distinct[i] for i in ids if i in self.distinct])
+                        for ids in members.get(col, {}).values()
+                    ],
+                },
+                schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
+            )
             q = _quantiles(lts, col)
             state = self.levels[level]
             peaks = pl.DataFrame(
@@ -754,6 +774,21 @@ class ReportBuilder:
             removes="removes",
             live_blocks="live_blocks",
         ).sort("time_s", "kind")
+
+
+def _sorted_union(parts: list[pl.Series]) -> pl.Series:
+    """The sorted set union of Int64 series (numpy's sort-merge when available)."""
+    if np is not None:
+        return pl.Series("hash", np.unique(np.concatenate([p.to_numpy() for p in parts])))
+    return pl.concat(parts).unique().sort()
+
+
+def _n_distinct(parts: list[pl.Series]) -> int:
+    if not parts:
+        return 0
+    if len(parts) == 1:
+        return len(parts[0])
+    return len(_sorted_union(parts))
 
 
 def _hist_bin(lifetime_s: pl.Expr) -> pl.Expr:

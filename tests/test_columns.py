@@ -8,6 +8,7 @@ import msgspec
 import polars as pl
 import pytest
 
+from kvtool import columns
 from kvtool.columns import (
     TABLE_SCHEMA,
     ReadStats,
@@ -119,7 +120,10 @@ def test_token_counts_read_the_msgpack_header() -> None:
     assert raw_token_counts([msgspec.Raw(r) for r in raws]).to_list() == [0, 15, 16, 70000, 0, 2]
 
 
-def test_raw_hashes_every_encoding() -> None:
+@pytest.mark.parametrize("numpy", [True, False])
+def test_raw_hashes_every_encoding(numpy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not numpy:
+        monkeypatch.setattr(columns, "np", None)
     big = (1 << 64) - 5
     lists = [
         [big, 1 << 40],            # uint64: 0xcf, vectorised
@@ -135,6 +139,8 @@ def test_raw_hashes_every_encoding() -> None:
     assert bad == [7]
     assert n.to_list()[:7] == [len(x) for x in lists]
     assert keys.to_list() == [hash_key(h) for x in lists for h in x]
+    toks = [msgspec.Raw(ENC.encode(x)) for x in ([], list(range(20)), None)]
+    assert raw_token_counts(toks).to_list() == [0, 20, 0]
 
 
 def _store_map(hashes, **kw):
