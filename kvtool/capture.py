@@ -909,6 +909,7 @@ class Recorder:
         """Read up to BURST messages; return True when more may be waiting."""
         recv = src.sub.recv_multipart
         time_ns = time.time_ns
+        channels = src.channels
         self._mono = start = time.monotonic_ns()
         n = 0
         while n < BURST:
@@ -922,11 +923,18 @@ class Recorder:
                 continue
             topic, seq_b, payload = frames
             seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
-            item = (topic, seq, payload, time_ns(), LIVE)
-            if src.pending is not None:
-                self._hold(src, item)
+            if src.pending is None:
+                ch = channels.get(topic)
+                if ch is not None and seq == ch.expected and not ch.reserve:
+                    # The common case, inline: the next batch of a known channel.
+                    ch.tail_checked = False
+                    ch.last_live_mono = start
+                    ch.last_live = seq
+                    self._write(ch, seq, payload, time_ns(), LIVE)
+                else:
+                    self._advance(src, (topic, seq, payload, time_ns(), LIVE))
             else:
-                self._advance(src, item)
+                self._hold(src, (topic, seq, payload, time_ns(), LIVE))
             if self._full:
                 break
         if n:
