@@ -729,3 +729,49 @@ def test_report_equals_reference_on_vllm_shaped_streams(
     buf = io.StringIO()
     render_json(build_report([out / "s.mcap"], chunk_bytes=chunk_bytes), buf)
     assert _report_diffs(json.loads(buf.getvalue()), truth) == []
+
+
+# ---------------------------------------------------------------------------
+# The report path has its own (lean, vectorised) decoder: it must survive bad payloads too
+# ---------------------------------------------------------------------------
+
+
+def _report_on(tmp_path: Any, payloads: list[bytes]) -> dict[str, Any]:
+    import io
+    import json
+
+    from kvtool.recording import RecordingWriter
+    from kvtool.render.report import render_json
+    from kvtool.report import build_report
+
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557")
+        for seq, p in enumerate(payloads):
+            w.write(ch, seq, p, 1_000_000_000 * (seq + 1))
+    buf = io.StringIO()
+    render_json(build_report([path]), buf)
+    out: dict[str, Any] = json.loads(buf.getvalue())
+    return out
+
+
+_GOOD_STORE = ["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None, None, 0]
+
+
+@pytest.mark.xfail(strict=True, raises=RecursionError,
+                   reason="issue 5 finding: kvtool/columns.py decode_lean catches only "
+                   "DecodeError/ValidationError, so msgspec's RecursionError escapes report")
+def test_report_survives_deeply_nested_payload(tmp_path: Any) -> None:
+    ts = b"\xcb" + struct.pack(">d", 1.0)
+    deep = b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xa9not_known" + b"\x91" * 5000
+    payloads = [_enc([1.0, [_GOOD_STORE], 0]), deep + b"\xc0\xc0", _enc([2.0, [_GOOD_STORE], 0])]
+    rep = _report_on(tmp_path, payloads)
+    assert rep["totals"]["store_events"] == 2
+
+
+@pytest.mark.xfail(strict=True, reason="issue 5 finding: a group_idx <= -2 makes report fail "
+                   "with polars InvalidOperationError (strict_cast of col('ck') to UInt32)")
+def test_report_survives_negative_group_idx(tmp_path: Any) -> None:
+    bad = [*_GOOD_STORE[:-1], -4]
+    rep = _report_on(tmp_path, [_enc([1.0, [_GOOD_STORE], 0]), _enc([2.0, [bad], 0])])
+    assert rep["totals"]["store_events"] == 2
