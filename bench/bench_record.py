@@ -286,6 +286,7 @@ def main() -> int:
     ap.add_argument("--hwm", type=int, nargs="+", default=[100_000, 1000])
     ap.add_argument("--cpus-pub", default=None, help="taskset CPU list for the publisher")
     ap.add_argument("--cpus-rec", default=None, help="taskset CPU list for the recorder")
+    ap.add_argument("--name", default="record", help="result file name (bench/data/results/)")
     ap.add_argument("--publisher", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.publisher:
@@ -346,7 +347,7 @@ def main() -> int:
             "exit_status_per_run": [r["recorder"].returncode for r in rs],
         }
     payload_mb = sum(len(p) for _t, _s, p in msgs) / 1e6
-    save_result("record", {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
+    save_result(args.name, {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
                            "startup_cpu_s": startup, "runs": runs, "sinks": sinks,
                            "summary": summary})
     print(f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU "
