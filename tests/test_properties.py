@@ -5,7 +5,7 @@ returns a batch or raises ``ProtocolError``; nothing else escapes, and one bad e
 costs its neighbours. The roundtrip half encodes generated events in every layout of
 PROTOCOL.md (by hand, independently of kvtool's structs) and checks they decode back.
 
-Deterministic: every test runs with ``derandomize=True`` (no example database needed).
+Deterministic: every test runs with ``derandomize=True`` and no example database.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tests.conftest import CAPTURES, capture_messages
 FUZZ = settings(
     max_examples=50,
     derandomize=True,
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
