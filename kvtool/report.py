@@ -190,20 +190,25 @@ class ReportBuilder:
     # -- registry of (group_idx, kind, window) ----------------------------------------------
 
     def _gkeys(self, df: pl.DataFrame) -> pl.DataFrame:
-        """Return df with ``gkey`` from (group_idx, kind_final, sliding_window)."""
-        keys = (
-            df.filter(pl.col("type_code") != CLEARED)
-            .select("group_idx", "kind_final", "sliding_window")
-            .unique()
+        """Return df with ``gkey`` from (group_idx, kind_final, sliding_window).
+
+        The three columns are hashed into one 64-bit key per row so that finding the few
+        distinct combinations and mapping them to ids is a single-column operation.
+        """
+        combo = pl.struct("group_idx", "kind_final", "sliding_window").hash(seed=7)
+        keyed = df.select(
+            "group_idx", "kind_final", "sliding_window", h=combo,
+            skip=pl.col("type_code") == CLEARED,
         )
-        for g, k, w in keys.iter_rows():
-            if (g, k, w) not in self.registry:
-                self.registry[(g, k, w)] = len(self.registry)
-        gkey = (
-            df.select("group_idx", "kind_final", "sliding_window")
-            .join(self._registry_frame(), on=["group_idx", "kind_final", "sliding_window"],
-                  how="left", nulls_equal=True, maintain_order="left")
-            .get_column("gkey")
+        firsts = keyed.filter(~pl.col("skip")).unique(subset="h", keep="first")
+        mapping: dict[int, int] = {}
+        for g, k, w, h, _skip in firsts.iter_rows():
+            key = (g, k, w)
+            if key not in self.registry:
+                self.registry[key] = len(self.registry)
+            mapping[h] = self.registry[key]
+        gkey = keyed["h"].replace_strict(
+            list(mapping), list(mapping.values()), default=None, return_dtype=pl.UInt32
         )
         return df.with_columns(gkey=gkey)
 
@@ -309,11 +314,14 @@ class ReportBuilder:
         # Both parts are in stream order (carried entries are older): two stable
         # single-column sorts (least significant key first) group the keys and keep that
         # order inside each key -- much cheaper than one multi-column sort.
-        b = (
-            pl.concat([carry, blk])
+        b = pl.concat([carry, blk])
+        order = (
+            b.select("ck", "hash", i=pl.int_range(pl.len(), dtype=pl.UInt32))
             .sort("ck", maintain_order=True)
             .sort("hash", maintain_order=True)
+            .get_column("i")
         )
+        b = b[order]
         big = 2 * b.height + 2
         add = (pl.col("d") > 0).cast(pl.Int64)
         b = (
@@ -529,21 +537,26 @@ class ReportBuilder:
                 members.setdefault((level, key), []).append(i)
         if not members:
             return
+        # Level keys with the same member groups share one running sum (e.g. a kind with
+        # one group, or a window all of whose groups are one kind).
+        sets: dict[tuple[int, ...], int] = {}
         exprs = []
-        names = []
-        for n, ((level, key), ids) in enumerate(members.items()):
-            start = self.levels[level].get(key, (0, 0))[0]
+        for ids in members.values():
+            t = tuple(sorted(ids))
+            if t in sets:
+                continue
+            n = sets[t] = len(sets)
             part = (
-                pl.when(pl.col("gkey").is_in(ids)).then(pl.col("delta")).otherwise(0)
-                if level != "total"
+                pl.when(pl.col("gkey").is_in(list(t))).then(pl.col("delta")).otherwise(0)
+                if len(t) < len(by_gkey)
                 else pl.col("delta")
             )
-            run = part.cum_sum()
-            exprs += [(run.max() + start).alias(f"hi{n}"), (part.sum() + start).alias(f"end{n}")]
-            names.append((level, key))
+            exprs += [part.cum_sum().max().alias(f"hi{n}"), part.sum().alias(f"end{n}")]
         got = deltas.lazy().select(exprs).collect().row(0)
-        for n, (level, key) in enumerate(names):
-            hi, end = got[2 * n], got[2 * n + 1]
+        for (level, key), ids in members.items():
+            n = sets[tuple(sorted(ids))]
+            start = self.levels[level].get(key, (0, 0))[0]
+            hi, end = got[2 * n] + start, got[2 * n + 1] + start
             old = self.levels[level].get(key, (0, 0))
             self.levels[level][key] = (end, max(old[1], hi, old[0]))
 
