@@ -732,6 +732,8 @@ class Recorder:
                 mon = sub.get_monitor_socket(
                     zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
                 )
+            if "[" in spec.endpoint:
+                sub.setsockopt(zmq.IPV6, 1)
             src = _Src(spec=spec, index=i, sub=sub, sub_mon=mon)
             if mon is None:
                 src.connected = True
@@ -756,6 +758,8 @@ class Recorder:
         d.setsockopt(zmq.LINGER, 0)
         d.setsockopt(zmq.RCVHWM, 0)
         assert src.spec.replay is not None
+        if "[" in src.spec.replay:
+            d.setsockopt(zmq.IPV6, 1)
         try:
             d.connect(src.spec.replay)
         except zmq.ZMQError as err:
