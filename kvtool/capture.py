@@ -1202,6 +1202,9 @@ class Recorder:
                 self._decode_stats(*backlog.popleft())
             if end is not None and time.monotonic_ns() >= end:
                 break
+            if self._abort_flag.is_set():  # a second Ctrl-C: the counts can wait no more
+                self.stats.unsampled += len(backlog)
+                backlog.clear()
         return bool(backlog)
 
     # -------------------------------------------------------------- replay
