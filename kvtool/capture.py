@@ -5,13 +5,16 @@ message is known to come from its endpoint), writes every batch through
 :class:`~kvtool.recording.RecordingWriter` byte for byte, and tracks the publisher's
 ``seq`` per channel (one channel per (endpoint, topic)):
 
-- a **gap** (seq jumps ahead) is fetched from the publisher's replay ROUTER over a
-  DEALER socket (``[b"", start_seq]``; replies ``[b"", topic, seq, payload]`` or the
-  older ``[b"", seq, payload]``, then the end marker seq ``-1``). While a request is
-  outstanding every live message of that endpoint is *held*; when the replay ends,
-  replayed and held batches are merged and written in seq order, so a replayed
+- a **gap** (the live seq jumps ahead) is fetched from the publisher's replay ROUTER
+  over a DEALER socket (``[b"", start_seq]``; replies ``[b"", topic, seq, payload]`` or
+  the older ``[b"", seq, payload]``, then the end marker seq ``-1``). While a request is
+  outstanding every live message of that endpoint is *held*. Replayed batches go to a
+  per-channel *reserve*; the held live batches are then placed again in seq order and
+  each hole the live stream shows is filled from the reserve, so a replayed
   ``BlockStored(A)`` never lands after a live ``BlockRemoved(A)`` that followed it
-  (PROTOCOL.md, "Ordering trap"). What the replay buffer no longer holds is *lost*;
+  (PROTOCOL.md, "Ordering trap"). Replayed batches beyond the live stream stay in the
+  reserve (their live copies are most likely still in flight) until a hole or a quiet
+  moment needs them. What neither the live stream nor the replay buffer has is *lost*;
 - a lost **tail** is invisible to gap detection, so a channel quiet for about a second
   (and every quiet channel at stop) asks the replay socket for anything after its last seq;
 - ``history`` first asks the replay socket for everything it still buffers;
@@ -81,6 +84,7 @@ BURST = 500
 Origin = Literal[0, 1]
 LIVE: Origin = 0
 REPLAY: Origin = 1
+_NO_TOPIC = 2  # a replayed batch in the old reply layout, without a topic frame
 
 # (topic, seq, payload, log_time, origin)
 _Item = tuple[bytes, int, bytes, int, int]
@@ -516,7 +520,6 @@ class _Request:
     kind: Literal["gap", "tail", "history"]
     topic: bytes | None
     start: int
-    sent_mono: int
     progress_mono: int
     replies: list[_Item] = field(default_factory=list)
     trigger: int | None = None  # the live seq that revealed the gap
@@ -1221,7 +1224,7 @@ class Recorder:
     ) -> None:
         assert src.dealer is not None and src.pending is None
         now = time.monotonic_ns()
-        src.pending = _Request(kind, topic, start, now, now, trigger=trigger)
+        src.pending = _Request(kind, topic, start, now, trigger=trigger)
         self.stats.replay_requests += 1
         with contextlib.suppress(zmq.Again):  # unsent: times out like an unanswered one
             src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
@@ -1256,7 +1259,7 @@ class Recorder:
                 continue
             seq = int.from_bytes(seq_b[:8], "big")
             req.replies.append((topic if topic is not None else b"", seq, payload,
-                                time.time_ns(), REPLAY if topic is not None else 2))
+                                time.time_ns(), REPLAY if topic is not None else _NO_TOPIC))
 
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
@@ -1304,7 +1307,7 @@ class Recorder:
         first_reply: dict[bytes, int] = {}
         touched: list[_Channel] = []
         for tp, seq, payload, t, origin in req.replies:
-            if origin == 2:
+            if origin == _NO_TOPIC:
                 tp = default_topic
             if not tp.startswith(self._topic_b):
                 continue
