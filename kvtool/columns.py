@@ -25,14 +25,17 @@ that group after it take its kind and window.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import os
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import polars as pl
@@ -81,6 +84,8 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
 ``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
 (recording, channel) pairs across the files of one read; ``kind``/``sliding_window``
 are the wire values until :class:`TableAnnotator` sets them."""
+
+T = TypeVar("T")
 
 _LABELS = ("recording", "channel", "type")
 
@@ -893,6 +898,70 @@ def iter_tables(
             reader.close()
 
 
+_DONE = object()
+
+
+def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """Run an iterator in a background thread, ``depth`` items ahead of its consumer.
+
+    Decoding is Python (it holds the GIL) while the report's per-chunk work is mostly
+    polars (which releases it), so reading the next chunk overlaps processing this one.
+    Exceptions of the producer are raised in the consumer; closing the returned
+    generator stops the producer.
+
+    Args:
+        items: The iterator (e.g. :func:`iter_tables`).
+        depth: How many items may wait (each is a table chunk in memory).
+
+    Yields:
+        The items, in order.
+    """
+    q: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    break
+        except BaseException as err:  # handed to the consumer
+            q.put(_Raised(err))
+            return
+        finally:
+            close = getattr(items, "close", None)
+            if stop.is_set() and close is not None:
+                close()
+        q.put(_DONE)
+
+    worker = threading.Thread(target=run, name="kvtool-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                break
+            if isinstance(item, _Raised):
+                raise item.err
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        while worker.is_alive():
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.1)
+        worker.join()
+
+
+@dataclass
+class _Raised:
+    err: BaseException
+
+
 def read_table(
     paths: Sequence[str | os.PathLike[str]], *, stats: ReadStats | None = None
 ) -> pl.DataFrame:
@@ -1194,6 +1263,7 @@ __all__ = [
     "iter_annotated",
     "iter_tables",
     "make_annotator",
+    "prefetch",
     "read_table",
     "recording_groups",
     "token_counts",

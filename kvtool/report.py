@@ -48,7 +48,8 @@ from kvtool.columns import (
     TableAnnotator,
     iter_tables,
     make_annotator,
-    np,  # optional numpy (None when not installed)
+    np,
+    prefetch,  # optional numpy (None when not installed)
     recording_groups,
 )
 
@@ -941,7 +942,8 @@ def build_report(
     annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
                                group_flags=group_flags)
     builder = ReportBuilder(every_ns, annotator.group_kind)
-    for chunk in iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False):
+    chunks = iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False)
+    for chunk in prefetch(chunks):
         builder.add(annotator(chunk, stats))
     return finish_report(builder, annotator, stats)
 
