@@ -43,7 +43,7 @@ import polars as pl
 try:  # optional: numpy makes the byte-level parsing of hashes and token counts faster
     import numpy as np
 except ImportError:  # pragma: no cover - exercised by tests that hide numpy
-    np = None
+    np = None  # type: ignore[assignment]
 
 from kvtool import protocol
 from kvtool.annotate import GroupTable, resolve_groups
@@ -192,7 +192,7 @@ class _MapBatchArray(msgspec.Struct, gc=False):
     data_parallel_rank: int | None = None
 
 
-_LEAN = {
+_LEAN: dict[tuple[str, str], msgspec.msgpack.Decoder[Any]] = {
     ("array", "map"): msgspec.msgpack.Decoder(_ArrayBatchMap),
     ("array", "array"): msgspec.msgpack.Decoder(_ArrayBatchArray),
     ("map", "map"): msgspec.msgpack.Decoder(_MapBatchMap),
@@ -210,12 +210,13 @@ _TYPE_CODE: dict[type, int] = {
     protocol.BlockRemoved: REMOVED,
     protocol.AllBlocksCleared: CLEARED,
 }
-for _cls in protocol.BlockStored.__subclasses__():
-    _TYPE_CODE[_cls] = STORED
-for _cls in protocol.BlockRemoved.__subclasses__():
-    _TYPE_CODE[_cls] = REMOVED
-for _cls in protocol.AllBlocksCleared.__subclasses__():
-    _TYPE_CODE[_cls] = CLEARED
+for _base, _code in (
+    (protocol.BlockStored, STORED),
+    (protocol.BlockRemoved, REMOVED),
+    (protocol.AllBlocksCleared, CLEARED),
+):
+    for _sub in _base.__subclasses__():
+        _TYPE_CODE[_sub] = _code
 
 
 class LeanBatch(msgspec.Struct):
@@ -264,7 +265,7 @@ def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
             _last_event_encoding[benc] = eenc
-            return LeanBatch(b.ts, b.events, b.data_parallel_rank)  # type: ignore[attr-defined]
+            return LeanBatch(b.ts, b.events, b.data_parallel_rank)
     full = protocol.decode_batch(raw, seq=seq)
     return LeanBatch(
         full.ts, [_lean_event(e) for e in full.events], full.data_parallel_rank, full.skipped
@@ -488,7 +489,7 @@ def _pl_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.
         .then(34),
     )
     n = hd["n"].fill_null(0)
-    total = n.sum()
+    total = int(n.sum() or 0)
     fast_ok = (hd["n"].is_not_null() & ((hd["n"] == 0) | hd["stride"].is_not_null())).fill_null(
         False
     )
@@ -583,7 +584,9 @@ def hash_series(hashes: list[object]) -> pl.Series:
         pass
     else:
         # vLLM's conversion: the last 8 bytes, big-endian; shorter hashes left-padded.
-        if b.bin.size().min() == b.bin.size().max() and (b.bin.size().min() or 0) >= 8:
+        sizes = b.bin.size()
+        lo, hi = sizes.min(), sizes.max()
+        if isinstance(lo, int) and lo == hi and lo >= 8:
             return b.bin.slice(-8).bin.reinterpret(dtype=pl.UInt64, endianness="big").reinterpret(
                 signed=True
             ).rename("hash")
@@ -1263,6 +1266,7 @@ __all__ = [
     "iter_annotated",
     "iter_tables",
     "make_annotator",
+    "np",
     "prefetch",
     "read_table",
     "recording_groups",

@@ -457,7 +457,7 @@ class ReportBuilder:
         new = adds.filter(~pl.col("carry")).select("gkey", "hash")
         for (gkey,), part in new.group_by("gkey"):
             h = part["hash"].unique()
-            self._distinct_parts.setdefault(int(gkey), []).append(h)  # type: ignore[arg-type]
+            self._distinct_parts.setdefault(int(gkey), []).append(h)  # type: ignore[arg-type,unused-ignore]
             self._distinct_rows += len(h)
         if self._distinct_rows > max(1 << 20, self._distinct_size):
             self._merge_distinct()
@@ -618,10 +618,10 @@ class ReportBuilder:
         out: list[tuple[int, int | None, str | None, int | None, bool, bool]] = []
         for r, cid, t, gk, g, h, k, w, e in rows.iter_rows():
             if t == CLEARED:
-                for key in [key for key in count if key[0] == cid]:
-                    del count[key]
-                for key in [key for key in groups_of if key[0] == cid]:
-                    del groups_of[key]
+                for ckey in [ck for ck in count if ck[0] == cid]:
+                    del count[ckey]
+                for hkey in [hk for hk in groups_of if hk[0] == cid]:
+                    del groups_of[hkey]
                 continue
             if t == STORED:
                 key = (cid, gk, h)

@@ -90,7 +90,7 @@ def export(
                 frame = _export_frame(chunk)
                 rows += frame.height
                 for (ch, rk), part in frame.group_by(PARTITION_COLUMNS, maintain_order=True):
-                    d = _partition_dir(out, ch, rk)  # type: ignore[arg-type]
+                    d = _partition_dir(out, ch, rk)  # type: ignore[arg-type,unused-ignore]
                     d.mkdir(parents=True, exist_ok=True)
                     part.drop(PARTITION_COLUMNS).write_parquet(d / f"part-{n:05d}.parquet")
         elif suffix == ".csv":

@@ -67,10 +67,11 @@ def render_table(report: Report, console: Console, by: Sequence[str] = ("kind", 
         console = _Console(file=console.file, width=_WIDE, soft_wrap=True, color_system=None)
     src = report.source
     recs = src.get("recordings", [])
+    meta = src.get("group_metadata", [])
     console.print(
         f"report: {', '.join(map(str, recs)) if isinstance(recs, list) else recs} - "
         f"{src.get('batches')} batches, {src.get('events')} events; group metadata: "
-        f"{'; '.join(map(str, src.get('group_metadata', []) or []))}",
+        f"{'; '.join(map(str, meta)) if isinstance(meta, list) else meta}",
         markup=False, highlight=False,
     )
     for name in by:
@@ -129,10 +130,10 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
         w.writerow([_FRAME[name], "total", "", "", *[_csv(tot.get(c)) for c in COLUMNS]])
     if report.timeline is not None:
         stream.write("\n")
-        header, rows = _timeline_rows(report)
+        header, tl_rows = _timeline_rows(report)
         w.writerow(["table", *header])
-        for r in rows:
-            w.writerow(["timeline", *[_csv(v) for v in r]])
+        for row in tl_rows:
+            w.writerow(["timeline", *[_csv(v) for v in row]])
 
 
 def _csv(v: object) -> object:
