@@ -45,7 +45,11 @@ def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
                      label=kind)
     ax_live.set_ylabel("live blocks (blocks)")
     ax_live.set_title("KV cache blocks live per kind")
-    ax_live.legend(loc="best", fontsize="small")
+    if tl.height:
+        ax_live.legend(loc="best", fontsize="small")
+    else:
+        ax_live.text(0.5, 0.5, "no blocks stored or removed", ha="center", va="center",
+                     transform=ax_live.transAxes)
     ax_live.grid(True, alpha=0.3)
     ax_rate.set_ylabel("evictions (blocks/s)")
     ax_rate.set_xlabel(f"time since first bucket (s; buckets of {every:g} s)")

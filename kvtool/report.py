@@ -578,7 +578,8 @@ class ReportBuilder:
             removes.filter(has).group_by(bucket("ts").alias("bucket"), "gkey").agg(
                 removes=pl.len().cast(pl.Int64)
             ),
-            deltas.group_by(bucket("t").alias("bucket"), "gkey").agg(
+            deltas.filter(pl.col("gkey").is_not_null())
+            .group_by(bucket("t").alias("bucket"), "gkey").agg(
                 delta=pl.col("delta").sum()
             ),
         ]

@@ -655,3 +655,18 @@ def test_report_frames_are_polars(gemma_rec: Path) -> None:
     assert isinstance(rep.by_kind, pl.DataFrame)
     assert rep.by_kind.schema["blocks_stored"] == pl.Int64
     assert rep.totals.height == 1
+
+
+def test_empty_and_clear_only_recordings(tmp_path: Path) -> None:
+    empty = record_batches(tmp_path / "e.mcap", [])
+    clear = record_batches(tmp_path / "c.mcap", [[CLEAR], []])
+    for rec in (empty, clear):
+        rep = report_json(str(rec), "--every", "1s")
+        assert rep["by_kind"] == [] and rep["by_window"] == [] and rep["by_group"] == []
+        assert rep["totals"]["blocks_stored"] == 0
+        assert rep["timeline"] == []
+        png = tmp_path / "p.png"
+        result = runner.invoke(app, ["report", str(rec), "--every", "1s", "--plot", str(png)])
+        assert result.exit_code == 0, result.stderr
+        assert png.exists()
+        assert "total" in result.stdout
