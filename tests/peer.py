@@ -95,6 +95,8 @@ class Peer:
         topic: Override the topic frame of every message.
         seq_width: Bytes in the seq frame (8, or 24 as in an unreleased vLLM snapshot).
         hwm: Send high-water mark.
+        replay_delay: Seconds to wait before answering a replay request (a slow replay
+            socket); publishing goes on meanwhile.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class Peer:
         topic: bytes | None = None,
         seq_width: int = 8,
         hwm: int = 100_000,
+        replay_delay: float = 0.0,
     ) -> None:
         if reply_layout not in ("topic", "legacy"):
             raise ValueError(f"reply_layout must be 'topic' or 'legacy', not {reply_layout!r}")
@@ -147,6 +150,8 @@ class Peer:
         self.linger = linger
         self.seq_width = seq_width
         self.hwm = hwm
+        self.replay_delay = replay_delay
+        self._delayed: list[tuple[float, list[bytes]]] = []
 
         self.ctx = zmq.Context()
         self._pub: zmq.Socket[bytes] | None = None
@@ -374,7 +379,12 @@ class Peer:
                         req = self._router.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._answer(req)
+                    if self.replay_delay:
+                        self._delayed.append((time.monotonic() + self.replay_delay, req))
+                    else:
+                        self._answer(req)
+            while self._delayed and self._delayed[0][0] <= time.monotonic():
+                self._answer(self._delayed.pop(0)[1])
             if time.monotonic() >= deadline:
                 return subs
 

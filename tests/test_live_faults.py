@@ -373,3 +373,35 @@ def test_publisher_process_killed_and_restarted(tmp_path: Path) -> None:
     assert res.stats.restarts == 1 and res.stats.lost == 0  # type: ignore[attr-defined]
     (rs,) = res.ledger["channels"][0]["restarts"]  # type: ignore[attr-defined]
     assert (rs["from_seq"], rs["to_seq"]) == (29, 0)
+
+
+@pytest.mark.zmq
+def test_slow_replay_answer_after_timeout_is_ignored(tmp_path: Path) -> None:
+    """A replay that answers after the timeout: gap lost, late answer dropped, rest intact."""
+    msgs = capture_messages("full_only")
+    n = len(msgs)
+    with Peer(msgs, drop={5}, replay_delay=0.6, rate=200) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
+                     replay_timeout_ns=SECOND // 5, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == [s for s in range(n) if s != 5]
+    assert [d for _, d in got] == [p for _, s, p in msgs if s != 5]
+    assert res.stats.replay_timeouts == 1
+    assert res.ledger["lost_ranges"] == [[5, 5]]
+
+
+@pytest.mark.zmq
+def test_held_bytes_bound_gives_up_a_slow_replay(tmp_path: Path, monkeypatch) -> None:
+    """Live batches held for a slow replay are bounded: past the bound the replay is given
+    up, the gap lost and the held batches written in order."""
+    import kvtool.capture as capture_mod
+
+    monkeypatch.setattr(capture_mod, "MAX_HELD_BYTES", 50_000)
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(msgs, drop={3}, replay_delay=3.0) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
+                     replay_timeout_ns=10 * SECOND, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == [s for s in range(n) if s != 3]
+    assert res.stats.replay_timeouts == 1 and res.ledger["lost_ranges"] == [[3, 3]]
