@@ -405,3 +405,20 @@ def test_held_bytes_bound_gives_up_a_slow_replay(tmp_path: Path, monkeypatch) ->
     got = read_back(tmp_path / "r.mcap")
     assert [s for s, _ in got] == [s for s in range(n) if s != 3]
     assert res.stats.replay_timeouts == 1 and res.ledger["lost_ranges"] == [[3, 3]]
+
+
+@pytest.mark.zmq
+def test_connect_timeout_names_only_the_dead_endpoint(tmp_path: Path) -> None:
+    msgs = capture_messages("full_only")
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    with Peer(msgs, linger=5) as peer:
+        rec = Recorder(tmp_path / "r.mcap", [Source(peer.endpoint), Source(dead)],
+                       connect_timeout_ns=SECOND // 2)
+        with pytest.raises(ConnectTimeout) as info:
+            rec.run(handle_signals=False)
+    msg = str(info.value)
+    assert dead in msg and peer.endpoint not in msg
+    # What the live endpoint sent before the timeout is kept, readable.
+    with open_recording(tmp_path / "r.mcap") as r:
+        data = [m.data for m in r.messages()]
+    assert data == [p for _, _, p in msgs]
