@@ -995,6 +995,8 @@ def empty_table() -> pl.DataFrame:
 # -- annotation ------------------------------------------------------------------------------
 
 
+_GROUP_KEY = 1 << 24  # (channel_id, group_idx) -> channel_id * _GROUP_KEY + group_idx + 1
+
 _META_SCHEMA = {
     "channel_id": pl.UInt32,
     "group_idx": pl.Int64,
@@ -1088,7 +1090,21 @@ class TableAnnotator:
         for cid, ref in stats.channels.items():
             self._recording_of[cid] = ref.recording
         meta = self._meta_frame(stats)
-        df = df.join(meta, on=["channel_id", "group_idx"], how="left", maintain_order="left")
+        # One Int64 key per (channel, group) row: small mappings are applied by hash lookup
+        # (replace_strict) instead of two-column joins over the whole chunk.
+        gkey = pl.col("channel_id").cast(pl.Int64) * _GROUP_KEY + pl.col("group_idx").fill_null(
+            -1
+        ) + 1
+        mkeys = [c * _GROUP_KEY + (g + 1) for c, g in meta.select("channel_id", "group_idx")
+                 .iter_rows()]
+        df = df.with_columns(
+            m_kind=gkey.replace_strict(mkeys, meta["m_kind"], default=None,
+                                       return_dtype=pl.String),
+            m_window=gkey.replace_strict(mkeys, meta["m_window"], default=None,
+                                         return_dtype=pl.Int64),
+        ) if meta.height else df.with_columns(
+            m_kind=pl.lit(None, pl.String), m_window=pl.lit(None, pl.Int64)
+        )
         is_store = pl.col("type_code") == STORED
         in_meta = pl.col("m_kind").is_not_null()
         # Out-of-range stores: a table exists for the channel but lacks the index.
@@ -1111,8 +1127,10 @@ class TableAnnotator:
         ).drop("m_kind", "m_window")
         # Learn: first annotated store per (channel, group), in stream order.
         ann = (
-            df.filter(is_store & pl.col("kind").is_not_null() & (pl.col("block_index") == 0))
-            .select("channel_id", "group_idx", "kind", "sliding_window", "event_index")
+            df.select("channel_id", "group_idx", "kind", "sliding_window", "event_index",
+                      "type_code", "block_index")
+            .filter(is_store & pl.col("kind").is_not_null() & (pl.col("block_index") == 0))
+            .drop("type_code", "block_index")
         )
         if ann.height:
             distinct = ann.unique(
@@ -1133,22 +1151,15 @@ class TableAnnotator:
             firsts = {}
         if not self.learned:
             return df
-        lr = pl.DataFrame(
-            [
-                (cid, g, k, w, firsts.get((cid, g), -1))
-                for (cid, g), (k, w) in self.learned.items()
-            ],
-            schema={
-                "channel_id": pl.UInt32,
-                "group_idx": pl.Int64,
-                "l_kind": pl.String,
-                "l_window": pl.Int64,
-                "l_from": pl.Int64,
-            },
-            orient="row",
-        )
-        df = df.join(
-            lr, on=["channel_id", "group_idx"], how="left", maintain_order="left", nulls_equal=True
+        lkeys = [cid * _GROUP_KEY + (g + 1 if g is not None else 0) for cid, g in self.learned]
+        lvals = list(self.learned.values())
+        df = df.with_columns(
+            l_kind=gkey.replace_strict(lkeys, [k for k, _ in lvals], default=None,
+                                       return_dtype=pl.String),
+            l_window=gkey.replace_strict(lkeys, [w for _, w in lvals], default=None,
+                                         return_dtype=pl.Int64),
+            l_from=gkey.replace_strict(lkeys, [firsts.get(key, -1) for key in self.learned],
+                                       default=None, return_dtype=pl.Int64),
         )
         use = (
             pl.col("kind").is_null()
