@@ -52,7 +52,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError, ProtocolError
+from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError
 from kvtool.protocol import decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
 from kvtool.recording import format as fmt
@@ -1187,7 +1187,7 @@ class Recorder:
     def _decode_stats(self, ch: _Channel, seq: int, payload: bytes) -> None:
         try:
             n, agg = _stat_events(payload, seq)
-        except (ProtocolError, msgspec.MsgspecError, IndexError, TypeError, ValueError):
+        except Exception:  # any payload, however broken (even RecursionError), is recorded
             self.stats.undecodable += 1
         else:
             self._count(ch, n, agg)

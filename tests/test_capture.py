@@ -299,10 +299,11 @@ def test_seq_frame_longer_than_8_bytes(tmp_path: Path) -> None:
 def test_undecodable_payload_is_written_raw(tmp_path: Path) -> None:
     payloads = [p for _, _, p in capture_messages("full_only")][:10]
     payloads[4] = b"\xc1 not msgpack"
+    payloads[6] = b"\x92" * 100_000 + b"\xc0"  # nesting deep enough for RecursionError
     with Peer(payloads) as peer:
         res = record(tmp_path / "r.mcap", peer, max_batches=10)
     assert [d for _, d in read_back(tmp_path / "r.mcap")] == payloads
-    assert res.stats.undecodable == 1
+    assert res.stats.undecodable == 2
 
 
 @pytest.mark.zmq
