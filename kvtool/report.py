@@ -494,6 +494,21 @@ class ReportBuilder:
         if self.every_ns is not None:
             self._timeline(df.filter(tc == STORED), df.filter(tc == REMOVED), deltas)
 
+    def _n_distinct(self, ids: list[int]) -> int:
+        """Distinct hashes stored in any of these gkeys (cached per set of gkeys)."""
+        key = tuple(sorted(i for i in ids if i in self.distinct))
+        got = self._distinct_counts.get(key)
+        if got is None:
+            parts = [self.distinct[i] for i in key]
+            if not parts:
+                got = 0
+            elif len(parts) == 1:
+                got = len(parts[0])
+            else:
+                got = pl.concat(parts).n_unique()
+            self._distinct_counts[key] = got
+        return got
+
     def _merge_distinct(self) -> None:
         for gkey, parts in self._distinct_parts.items():
             old = self.distinct.get(gkey)
@@ -677,6 +692,7 @@ class ReportBuilder:
             The four tables (totals: one row).
         """
         self._merge_distinct()
+        self._distinct_counts: dict[tuple[int, ...], int] = {}
         reg = self._level_map()
         live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
         base = reg.join(self.counts, on="gkey", how="left").join(
@@ -710,8 +726,7 @@ class ReportBuilder:
                 {
                     col: list(members.get(col, {})),
                     "distinct_hashes": [
-                        _n_distinct([self.distinct[i] for i in ids if i in self.distinct])
-                        for ids in members.get(col, {}).values()
+                        self._n_distinct(ids) for ids in members.get(col, {}).values()
                     ],
                 },
                 schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
@@ -796,14 +811,6 @@ def _sorted_union(parts: list[pl.Series]) -> pl.Series:
     if np is not None:
         return pl.Series("hash", np.unique(np.concatenate([p.to_numpy() for p in parts])))
     return pl.concat(parts).unique().sort()
-
-
-def _n_distinct(parts: list[pl.Series]) -> int:
-    if not parts:
-        return 0
-    if len(parts) == 1:
-        return len(parts[0])
-    return len(_sorted_union(parts))
 
 
 def _hist_bin(lifetime_s: pl.Expr) -> pl.Expr:
