@@ -1,13 +1,20 @@
 """The one flat columnar table of a recording: one row per block event, built chunk by chunk.
 
 Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
-needs (``token_ids`` stays a :class:`msgspec.Raw` whose length is read from its msgpack
-header, unused fields are skipped), and the events of many batches are turned into
-columns with C-level ``map``/``chain`` passes and polars, never one Python statement
-per block hash. A batch the lean decoder refuses goes through
+needs: ``block_hashes`` and ``token_ids`` stay :class:`msgspec.Raw` (no Python int per
+hash or token), fields the table does not use are skipped. The events of many batches
+are then turned into columns with C-level ``map``/``chain`` passes, and the raw msgpack
+of all hash lists and token lists of a chunk is parsed at once (numpy when installed,
+else polars): fixed-size elements (9-byte ints, 32-byte hashes) are read by stride,
+anything else goes through msgspec per event -- never one Python statement per block
+hash in the common case. A batch the lean decoder refuses goes through
 :func:`kvtool.protocol.decode_batch`, the one decoder that defines what a payload means
 (unknown event types and malformed events are skipped and counted there), so both paths
-give the same rows for every layout in PROTOCOL.md.
+give the same rows for every layout in PROTOCOL.md (tests compare them on every
+capture). The lean path validates only the fields the table uses.
+
+Memory: a chunk holds about :data:`DEFAULT_CHUNK_BYTES` of payload and its table;
+:func:`prefetch` reads the next chunk in a thread while the current one is processed.
 
 Rows (see :data:`TABLE_SCHEMA`): one per hash of a ``BlockStored`` or ``BlockRemoved``,
 one per ``AllBlocksCleared``, and one (with a null ``hash``) per ``BlockStored`` with

@@ -18,14 +18,16 @@ Semantics (DESIGN.md "Report semantics"):
 - Lifetimes pair the j-th effective remove of a key with its j-th store since the key
   was last empty (first in, first out), on the publisher clock (``ts``). Percentiles are
   exact (linear interpolation) up to :data:`EXACT_LIFETIMES` lifetimes; beyond that, a
-  log histogram with 64 bins per doubling (relative error below 0.6 %).
+  log histogram with 64 bins per doubling (relative error below 0.6 %); the JSON
+  ``source.lifetimes`` says which was used.
 
 Vectorised per chunk: rows are sorted by (key, clear epoch, stream position); per key a
 prefix sum with a running minimum gives the clamped multiset count, from which orphans,
 restores, FIFO pairs and the blocks still live follow. Between chunks only the live
 entries (key, store time, group), the per-group totals, the distinct hashes stored and
 the lifetimes (or their histogram) are carried, so memory does not grow with the
-recording's length beyond that state.
+recording's length beyond that state (distinct hashes are kept as sorted per-group
+sets, merged by sort, not in hash tables).
 """
 
 from __future__ import annotations
