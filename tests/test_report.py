@@ -511,6 +511,7 @@ def _encode(events) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(st.lists(_event, max_size=5), min_size=1, max_size=12),
