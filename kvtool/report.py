@@ -92,6 +92,17 @@ _NOGROUP = -1  # group_idx null inside state keys
 _CK = 1 << 24  # state key: channel_id * _CK + group_idx + 1
 
 
+def _finite(value: object) -> object:
+    """JSON has no NaN or infinity: such floats (from a garbage ts) become None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 @dataclass
 class Report:
     """A finished report.
@@ -133,7 +144,7 @@ class Report:
         }
         if self.timeline is not None:
             out["timeline"] = self.timeline.to_dicts()
-        return out
+        return _finite(out)  # type: ignore[return-value]
 
 
 _LIVE_SCHEMA = {
@@ -243,6 +254,10 @@ class ReportBuilder:
         df = df.with_columns(
             r=pl.int_range(self.rows, self.rows + n, dtype=pl.Int64),
             gk=pl.col("group_idx").fill_null(_NOGROUP),
+            # A batch whose ts is not a finite number is placed at its receive time.
+            ts=pl.when(pl.col("ts").is_finite())
+            .then(pl.col("ts"))
+            .otherwise(pl.col("log_time") / 1e9),
         )
         self.rows += n
         ts = df["ts"]
@@ -520,6 +535,7 @@ class ReportBuilder:
         self._distinct_size = sum(len(s) for s in self.distinct.values())
 
     def _add_lifetimes(self, lt: pl.DataFrame) -> None:
+        lt = lt.filter(pl.col("lifetime_s").is_finite())  # a ts that is NaN or inf: none
         if lt.height == 0:
             return
         if self.hist is None and self.n_lifetimes + lt.height <= EXACT_LIFETIMES:
@@ -585,7 +601,8 @@ class ReportBuilder:
         def bucket(c: str) -> pl.Expr:
             # Integer arithmetic on microseconds: float division would put rows right at a
             # bucket edge on either side depending on how polars evaluates it.
-            return ((pl.col(c) * 1e6).round().cast(pl.Int64) * 1000).floordiv(ev)
+            # A ts that is not a finite number gets no bucket (strict=False: null).
+            return ((pl.col(c) * 1e6).round().cast(pl.Int64, strict=False) * 1000).floordiv(ev)
 
         has = pl.col("hash").is_not_null()
         parts = [
@@ -600,7 +617,7 @@ class ReportBuilder:
                 delta=pl.col("delta").sum()
             ),
         ]
-        chunk = pl.concat(parts, how="diagonal").fill_null(0)
+        chunk = pl.concat(parts, how="diagonal").filter(pl.col("bucket").is_not_null()).fill_null(0)
         self.timeline = (
             pl.concat([self.timeline, chunk], how="diagonal")
             .fill_null(0)
@@ -820,7 +837,7 @@ def _hist_bin(lifetime_s: pl.Expr) -> pl.Expr:
     return (
         pl.when(ns < 1)
         .then(pl.lit(-1, pl.Int64))
-        .otherwise((ns.log(2) * _HIST_BINS_PER_OCTAVE).floor().cast(pl.Int64))
+        .otherwise((ns.log(2) * _HIST_BINS_PER_OCTAVE).floor().cast(pl.Int64, strict=False))
     )
 
 
@@ -1045,4 +1062,3 @@ __all__ = [
     "report_from_chunks",
 ]
 
-_ = math  # reserved for future percentile helpers

@@ -671,3 +671,21 @@ def test_empty_and_clear_only_recordings(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.stderr
         assert png.exists()
         assert "total" in result.stdout
+
+
+def test_non_finite_ts_falls_back_to_receive_time(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 0, ENC.encode([float("nan"), [stored([7], 0, "full_attention")], 0]),
+                log_time=5 * 10**9)
+        w.write(ch, 1, ENC.encode([7.0, [removed([7], 0)], 0]), log_time=7 * 10**9)
+        w.write(ch, 2, ENC.encode([float("inf"), [stored([8], 0, "full_attention")], 0]),
+                log_time=8 * 10**9)
+    result = runner.invoke(app, ["report", str(path), "--format", "json", "--every", "1s"])
+    assert result.exit_code == 0, result.stderr
+    assert "NaN" not in result.stdout and "Infinity" not in result.stdout
+    rep = json.loads(result.stdout)
+    assert rep["totals"]["lifetime_p50_s"] == pytest.approx(2.0)
+    assert rep["timeline"][-1]["live_blocks"] == 1
+    assert min(r["live_blocks"] for r in rep["timeline"]) >= 0
