@@ -269,11 +269,15 @@ def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch
         for eenc in (guess, "array" if guess == "map" else "map"):
             try:
                 b = _LEAN[(benc, eenc)].decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 continue
             _last_event_encoding[benc] = eenc
             return LeanBatch(b.ts, b.events, b.data_parallel_rank)
-    full = protocol.decode_batch(raw, seq=seq)
+    try:
+        full = protocol.decode_batch(raw, seq=seq)
+    except RecursionError as err:
+        where = f"seq {seq}: " if seq is not None else ""
+        raise ProtocolError(f"{where}malformed payload: nested too deeply", seq=seq) from err
     return LeanBatch(
         full.ts, [_lean_event(e) for e in full.events], full.data_parallel_rank, full.skipped
     )

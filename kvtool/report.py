@@ -253,7 +253,13 @@ class ReportBuilder:
         n = df.height
         df = df.with_columns(
             r=pl.int_range(self.rows, self.rows + n, dtype=pl.Int64),
-            gk=pl.col("group_idx").fill_null(_NOGROUP),
+            # State key part of the group: -1 for none; indices no vLLM sends (negative or
+            # huge: garbage) share one bucket so the packed key stays exact.
+            gk=pl.when(pl.col("group_idx").is_null())
+            .then(pl.lit(_NOGROUP, pl.Int64))
+            .when((pl.col("group_idx") < 0) | (pl.col("group_idx") > _CK - 3))
+            .then(pl.lit(_CK - 3, pl.Int64))
+            .otherwise(pl.col("group_idx")),
             # A batch whose ts is not a finite number is placed at its receive time.
             ts=pl.when(pl.col("ts").is_finite())
             .then(pl.col("ts"))
