@@ -709,6 +709,7 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
             "dp_rank": pl.Int64,
             "n": pl.Int64,
         },
+        strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
     )
     ev = pl.DataFrame(
         {
@@ -729,6 +730,7 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
             "tokens": pl.Int64,
             "block_count": pl.Int32,
         },
+        strict=False,
     )
     # event -> batch
     batch_of_event = (

@@ -74,6 +74,9 @@ COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
 
 TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
 
+MAX_DENSE_BUCKETS = 1_000_000
+"""A timeline spanning more buckets lists only the buckets with events."""
+
 EXACT_LIFETIMES = 1_000_000
 """Lifetimes kept exactly; past this many, a log histogram replaces them."""
 _HIST_BINS_PER_OCTAVE = 64
@@ -813,7 +816,13 @@ class ReportBuilder:
         b0, b1 = tl["bucket"].min(), tl["bucket"].max()
         assert isinstance(b0, int) and isinstance(b1, int)
         kinds = tl["L_kind"].unique().sort()
-        grid = pl.DataFrame({"bucket": pl.int_range(b0, b1 + 1, eager=True)}).join(
+        if b1 - b0 < MAX_DENSE_BUCKETS:
+            buckets = pl.int_range(b0, b1 + 1, eager=True)
+        else:
+            # A ts far off (a garbage batch) would make a dense grid enormous: list only
+            # the buckets that hold events.
+            buckets = tl["bucket"].unique().sort()
+        grid = pl.DataFrame({"bucket": buckets}).join(
             pl.DataFrame({"L_kind": kinds}), how="cross"
         )
         full = (

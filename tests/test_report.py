@@ -689,3 +689,26 @@ def test_non_finite_ts_falls_back_to_receive_time(tmp_path: Path) -> None:
     assert rep["totals"]["lifetime_p50_s"] == pytest.approx(2.0)
     assert rep["timeline"][-1]["live_blocks"] == 1
     assert min(r["live_blocks"] for r in rep["timeline"]) >= 0
+
+
+def test_far_off_ts_does_not_blow_up_the_timeline(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 0, ENC.encode([1000.0, [stored([1], 0, "full_attention")], 0]), log_time=1)
+        w.write(ch, 1, ENC.encode([1e15, [removed([1], 0)], 0]), log_time=2)
+    rep = report_json(str(path), "--every", "1ms")
+    assert [r["live_blocks"] for r in rep["timeline"]] == [1, 0]
+
+
+def test_out_of_range_ints_become_null(tmp_path: Path) -> None:
+    bad = stored([2], 2**64 - 1, "full_attention")
+    bad["kv_cache_spec_sliding_window"] = 2**64 - 1
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention"), bad], 2**64 - 1]),
+                log_time=1)
+    rep = report_json(str(path), "--by", "group")
+    assert rep["totals"]["store_events"] == 2
+    assert {r["group_idx"] for r in rep["by_group"]} == {0, None}
