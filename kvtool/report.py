@@ -263,8 +263,9 @@ class ReportBuilder:
             .when((pl.col("group_idx") < 0) | (pl.col("group_idx") > _CK - 3))
             .then(pl.lit(_CK - 3, pl.Int64))
             .otherwise(pl.col("group_idx")),
-            # A batch whose ts is not a finite number is placed at its receive time.
-            ts=pl.when(pl.col("ts").is_finite())
+            # A batch whose ts is not a plausible time (not finite, or beyond year 5000)
+            # is placed at its receive time.
+            ts=pl.when(pl.col("ts").is_finite() & (pl.col("ts").abs() < 1e11))
             .then(pl.col("ts"))
             .otherwise(pl.col("log_time") / 1e9),
         )
@@ -611,7 +612,10 @@ class ReportBuilder:
             # Integer arithmetic on microseconds: float division would put rows right at a
             # bucket edge on either side depending on how polars evaluates it.
             # A ts that is not a finite number gets no bucket (strict=False: null).
-            return ((pl.col(c) * 1e6).round().cast(pl.Int64, strict=False) * 1000).floordiv(ev)
+            us = (pl.col(c) * 1e6).round().cast(pl.Int64, strict=False)
+            if ev % 1000 == 0:  # whole microseconds: no overflow for any plausible ts
+                return us.floordiv(ev // 1000)
+            return (us * 1000).floordiv(ev)
 
         has = pl.col("hash").is_not_null()
         parts = [
@@ -832,7 +836,7 @@ class ReportBuilder:
             .with_columns(live_blocks=pl.col("delta").cum_sum().over("L_kind"))
         )
         return full.select(
-            time_s=((pl.col("bucket") - b0) * self.every_ns / 1e9).round(9),
+            time_s=((pl.col("bucket") - b0).cast(pl.Float64) * (self.every_ns / 1e9)).round(9),
             kind=pl.col("L_kind"),
             stores="stores",
             removes="removes",
