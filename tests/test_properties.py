@@ -759,10 +759,8 @@ def _report_on(tmp_path: Any, payloads: list[bytes]) -> dict[str, Any]:
 _GOOD_STORE = ["BlockStored", [1, 2], None, list(range(32)), 16, None, "GPU", None, None, 0]
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="issue 5 finding: kvtool/columns.py decode_lean catches only "
-                   "DecodeError/ValidationError, so msgspec's RecursionError escapes report")
 def test_report_survives_deeply_nested_payload(tmp_path: Any) -> None:
+    """Regression (issue 5): msgspec's RecursionError escaped the report's lean decoder."""
     ts = b"\xcb" + struct.pack(">d", 1.0)
     deep = b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xa9not_known" + b"\x91" * 5000
     payloads = [_enc([1.0, [_GOOD_STORE], 0]), deep + b"\xc0\xc0", _enc([2.0, [_GOOD_STORE], 0])]
@@ -770,9 +768,8 @@ def test_report_survives_deeply_nested_payload(tmp_path: Any) -> None:
     assert rep["totals"]["store_events"] == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 5 finding: a group_idx <= -2 makes report fail "
-                   "with polars InvalidOperationError (strict_cast of col('ck') to UInt32)")
 def test_report_survives_negative_group_idx(tmp_path: Any) -> None:
+    """Regression (issue 5): a group_idx <= -2 (one flipped byte) broke report's packed key."""
     bad = [*_GOOD_STORE[:-1], -4]
     rep = _report_on(tmp_path, [_enc([1.0, [_GOOD_STORE], 0]), _enc([2.0, [bad], 0])])
     assert rep["totals"]["store_events"] == 2
