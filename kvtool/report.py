@@ -281,7 +281,11 @@ class ReportBuilder:
         # (hash -> group) state; elsewhere (old vLLM: no group_idx at all) it is keyed
         # by (channel, no group, hash) like its stores.
         self.grouped_channels |= set(
-            df.filter((tc == STORED) & pl.col("group_idx").is_not_null())["channel_id"].unique()
+            df.select(
+                pl.col("channel_id")
+                .filter((tc == STORED) & pl.col("group_idx").is_not_null())
+                .unique()
+            ).to_series()
         )
         needs = df.filter(
             (tc == REMOVED)
@@ -329,11 +333,16 @@ class ReportBuilder:
         has = pl.col("hash").is_not_null()
         first = pl.col("block_index") == 0
         # -- the multiset state, vectorised ---------------------------------------------------
-        blk = df.filter(has & (tc != CLEARED) & ~pl.col("exempt")).select(
-            "r", "ck", "hash", "epoch", t="ts",
-            d=pl.when(tc == STORED).then(pl.lit(1, pl.Int64)).otherwise(pl.lit(-1, pl.Int64)),
-            carry=pl.lit(False), gkey="gkey",
-            nogroup=pl.col("group_idx").is_null(), first=first,
+        blk = (
+            df.lazy()
+            .filter(has & (tc != CLEARED) & ~pl.col("exempt"))
+            .select(
+                "r", "ck", "hash", "epoch", t="ts",
+                d=pl.when(tc == STORED).then(pl.lit(1, pl.Int64)).otherwise(pl.lit(-1, pl.Int64)),
+                carry=pl.lit(False), gkey="gkey",
+                nogroup=pl.col("group_idx").is_null(), first=first,
+            )
+            .collect()
         )
         carry = self.live.select(
             "r", "ck", "hash", epoch=pl.lit(0, pl.Int64), t="t", d=pl.lit(1, pl.Int64),
@@ -393,9 +402,11 @@ class ReportBuilder:
                     "cadd", "base_add", "orphan", "restored", "eff", "pair", "n_rm")
             .collect()
         )
-        adds = b.filter(pl.col("d") > 0)
+        adds = b.lazy().filter(pl.col("d") > 0).select(
+            "r", "ck", "hash", "epoch", "t", "carry", "gkey", "cadd", "base_add", "n_rm"
+        ).collect()
         survive = adds.filter((pl.col("cadd") - 1 - pl.col("base_add")) >= pl.col("n_rm"))
-        rms = b.filter(pl.col("eff") == 1)
+        rms = b.lazy().filter(pl.col("eff") == 1).select("r", "t", "gkey", "pair").collect()
         pair_idx = rms["pair"]
         pairs = pl.DataFrame(
             {
@@ -424,7 +435,9 @@ class ReportBuilder:
             cleared = cleared.with_columns(ts=pl.col("t"))
         # -- additive counts per gkey --------------------------------------------------------
         c_rows = (
-            df.filter(tc != CLEARED)
+            df.lazy()
+            .select("gkey", "type_code", "block_index", "hash", "tokens")
+            .filter(tc != CLEARED)
             .group_by(gt=pl.col("gkey").cast(pl.Int64) * 4 + tc.cast(pl.Int64))
             .agg(
                 ev=first.sum().cast(pl.Int64),
@@ -436,6 +449,7 @@ class ReportBuilder:
                 type_code=(pl.col("gt") % 4).cast(pl.UInt8),
             )
             .drop("gt")
+            .collect()
         )
         c_rows = c_rows.with_columns(
             store_events=pl.when(tc == STORED).then("ev").otherwise(0),
