@@ -638,6 +638,7 @@ class ReadStats:
         damaged: One line per recording that was truncated or damaged.
         groups: ``group_idx`` metadata stored in each recording (path → list or None).
         channels: Every channel, by ``channel_id``.
+        lost: One line per recording whose gap ledger names batches lost while recording.
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -651,6 +652,7 @@ class ReadStats:
     damaged: list[str] = field(default_factory=list)
     groups: dict[str, list[dict[str, object]] | None] = field(default_factory=dict)
     channels: dict[int, ChannelRef] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
 
     def note(self, msg: str) -> None:
         """Keep a problem message (the first 20 only)."""
@@ -907,6 +909,21 @@ def iter_tables(
             rec = reader.recovery
             if not rec.complete:
                 st.damaged.append(rec.summary())
+            ledger = reader.ledger
+            lost = ledger.get("lost") if ledger else None
+            if isinstance(lost, int) and lost > 0:
+                ranges = ledger.get("lost_ranges") if ledger else None
+                shown = ", ".join(
+                    f"{r[0]}-{r[1]}" if r[0] != r[1] else f"{r[0]}"
+                    for r in (ranges if isinstance(ranges, list) else [])[:5]
+                    if isinstance(r, list) and len(r) == 2
+                )
+                st.lost.append(
+                    f"{reader.path}: {lost} batch(es) were lost while recording"
+                    + (f" (seq {shown})" if shown else "")
+                    + ": counts miss their events, and removes of blocks stored in them "
+                    "count as orphans"
+                )
     finally:
         if gc_was:
             gc.enable()

@@ -965,6 +965,7 @@ def _findings(rep: dict[str, pl.DataFrame], builder: ReportBuilder,
             f"skipped {stats.bad_batches} malformed payload(s) and {stats.skipped_events} "
             "undecodable event(s)" + (f"; first: {stats.problems[0]}" if stats.problems else "")
         )
+    out.extend(stats.lost)
     out.extend(stats.damaged)
     return out
 

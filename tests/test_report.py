@@ -714,3 +714,16 @@ def test_out_of_range_ints_become_null(tmp_path: Path) -> None:
     rep = report_json(str(path), "--by", "group")
     assert rep["totals"]["store_events"] == 2
     assert {r["group_idx"] for r in rep["by_group"]} == {0, None}
+
+
+def test_lost_batches_are_a_finding(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    w = RecordingWriter(path)
+    ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+    w.write(ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention")], 0]), log_time=1)
+    w.write(ch, 3, ENC.encode([4.0, [removed([1], 0), removed([2], 0)], 0]), log_time=4)
+    w.close(ledger={"channels": [], "recovered": 0, "lost": 2, "lost_ranges": [[1, 2]],
+                    "restarts": 0})
+    rep = build_report([path])
+    assert any("2 batch(es) were lost while recording (seq 1-2)" in f for f in rep.findings)
+    assert rep.totals["orphan_removes"][0] == 1
