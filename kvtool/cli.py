@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 P = ParamSpec("P")
 
-app = typer.Typer(
+_app = typer.Typer(
     name="kvtool",
     help="Record, replay and report vLLM KV-cache events, per cache kind and sliding window.",
     pretty_exceptions_show_locals=False,
@@ -40,7 +40,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     traceback: Annotated[
         bool, typer.Option("--traceback", help="Show the full traceback on an error.")
@@ -99,21 +99,46 @@ def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
     return wrapper
 
 
-def _register() -> None:
-    import importlib
+_registered: set[str] = set()
+
+
+def _command_modules() -> list[str]:
     import pkgutil
 
     import kvtool.commands as pkg
 
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name.startswith("_"):
+    return [m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")]
+
+
+def _register(only: str | None = None) -> typer.Typer:
+    """Import command modules and add their commands to the app.
+
+    A command module may pull in heavy libraries (polars for report, pyzmq for record),
+    so the console script imports only the module of the command it runs.
+
+    Args:
+        only: The one module to load, or None for all of them.
+
+    Returns:
+        The app.
+    """
+    import importlib
+
+    for name in [only] if only is not None else _command_modules():
+        if name in _registered:
             continue
-        module = importlib.import_module(f"kvtool.commands.{mod.name}")
-        for name, fn in getattr(module, "COMMANDS", {}).items():
-            app.command(name)(command(fn))
+        _registered.add(name)
+        module = importlib.import_module(f"kvtool.commands.{name}")
+        for cmd_name, fn in getattr(module, "COMMANDS", {}).items():
+            _app.command(cmd_name)(command(fn))
+    return _app
 
 
-_register()
+def __getattr__(name: str) -> typer.Typer:
+    # ``kvtool.cli.app`` (tests, docs, entry points of other tools) is the full app.
+    if name == "app":
+        return _register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
@@ -122,6 +147,8 @@ def main() -> None:
     Click's own usage errors (unknown option, missing argument, bad value) become one
     line on stderr and exit status 2, like every other kvtool error.
     """
+    wanted = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    app = _register(wanted if wanted in _command_modules() else None)
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(prog_name="kvtool", standalone_mode=False)
