@@ -25,7 +25,7 @@ def _kvtool_lines() -> list[str]:
             if not line.startswith("kvtool "):
                 continue
             # Examples that need a live engine or write to the network are not run here.
-            if "tcp://" in line or "--publish" in line:
+            if "tcp://" in line or "--publish" in line or "recordings/" not in line:
                 continue
             if "|" in line:
                 line = line.split("|")[0].strip()
@@ -61,3 +61,19 @@ def test_readme_example_runs(line: str, tmp_path: Path, monkeypatch: pytest.Monk
     # --check documents exit 1 for a disagreement; everything else must succeed.
     allowed = {0, 1} if "--check" in args else {0}
     assert result.exit_code in allowed, (line, result.stdout, result.stderr)
+
+
+def test_readme_export_query_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["export", str(ROOT / "recordings/gemma3.mcap"), "-o", "fleet/", "-q"]
+    )
+    assert result.exit_code == 0, result.stderr
+    (query,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    namespace: dict[str, object] = {}
+    first, rest = query.split("\n", 1)
+    assert first == "import polars as pl"
+    exec(compile(f"{first}\nout = {rest}", "README", "exec"), namespace)
+    out = namespace["out"]
+    assert out.height > 0  # type: ignore[attr-defined]
+    assert {"full_attention", "sliding_window"} <= set(out["kind"])  # type: ignore[index]
