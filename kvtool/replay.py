@@ -12,12 +12,12 @@ from __future__ import annotations
 import fnmatch
 import heapq
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from kvtool.annotate import Annotator, Checker, GroupLearner, GroupTable, resolve_groups
+from kvtool.durations import parse_duration_ns
 from kvtool.errors import ProtocolError, UsageError
 from kvtool.protocol import BlockRemoved, BlockStored, Event, KVEventBatch, decode_batch
 from kvtool.recording import RecordedMessage, RecordingReader, RecoveryReport, open_recording
@@ -103,17 +103,6 @@ class TimeBound:
         return start_ns + (self.offset_ns or 0)
 
 
-_REL = re.compile(r"^\s*\+?(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
-_UNIT = {
-    "ns": 1,
-    "us": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-}
-
-
 def parse_time_bound(text: str, *, option: str = "--since") -> TimeBound:
     """Parse ``--since``/``--until``: seconds from the start (``30``, ``1.5s``, ``2m``) or ISO.
 
@@ -129,9 +118,11 @@ def parse_time_bound(text: str, *, option: str = "--since") -> TimeBound:
     Raises:
         UsageError: Neither a duration nor an ISO 8601 time.
     """
-    m = _REL.match(text)
-    if m:
-        return TimeBound(offset_ns=int(float(m.group(1)) * _UNIT[m.group(2) or "s"]))
+    try:
+        rel = text.strip().removeprefix("+")
+        return TimeBound(offset_ns=parse_duration_ns(rel, option=option, allow_zero=True))
+    except UsageError:
+        pass
     try:
         dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
@@ -174,6 +165,15 @@ def parse_seq_range(text: str) -> tuple[int | None, int | None]:
     return first, last
 
 
+def _optional_index(text: str, option: str, what: str) -> int | None:
+    t = text.strip().lower()
+    if t in ("none", "null", "-"):
+        return None
+    if not t.isdigit():
+        raise UsageError(f"{option} {text!r}: expected {what} or 'none'")
+    return int(t)
+
+
 def parse_window(text: str) -> int | None:
     """Parse a ``--window`` value: an integer, or ``none`` for stores without a window.
 
@@ -186,12 +186,7 @@ def parse_window(text: str) -> int | None:
     Raises:
         UsageError: Neither.
     """
-    t = text.strip().lower()
-    if t in ("none", "null", "-"):
-        return None
-    if not t.isdigit():
-        raise UsageError(f"--window {text!r}: expected an integer window or 'none'")
-    return int(t)
+    return _optional_index(text, "--window", "an integer window")
 
 
 def parse_group(text: str) -> int | None:
@@ -206,12 +201,7 @@ def parse_group(text: str) -> int | None:
     Raises:
         UsageError: Neither.
     """
-    t = text.strip().lower()
-    if t in ("none", "null", "-"):
-        return None
-    if not t.isdigit():
-        raise UsageError(f"--group {text!r}: expected a group index or 'none'")
-    return int(t)
+    return _optional_index(text, "--group", "a group index")
 
 
 def parse_rank(text: str) -> int | None:
@@ -226,12 +216,7 @@ def parse_rank(text: str) -> int | None:
     Raises:
         UsageError: Neither.
     """
-    t = text.strip().lower()
-    if t in ("none", "null", "-"):
-        return None
-    if not t.isdigit():
-        raise UsageError(f"--rank {text!r}: expected a data-parallel rank or 'none'")
-    return int(t)
+    return _optional_index(text, "--rank", "a data-parallel rank")
 
 
 @dataclass(frozen=True)
