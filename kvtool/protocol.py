@@ -10,6 +10,7 @@ fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
 
 from __future__ import annotations
 
+import struct
 from typing import Literal
 
 import msgspec
@@ -456,6 +457,9 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
     )
 
 
+_FLOAT64 = struct.Struct(">d")
+
+
 def peek_ts(raw: bytes | memoryview) -> float | None:
     """Return a payload's ``ts`` without decoding its events, or None if it has none.
 
@@ -465,6 +469,12 @@ def peek_ts(raw: bytes | memoryview) -> float | None:
     Returns:
         The batch timestamp in float seconds, or None for a payload that is not a batch.
     """
+    # Every vLLM release sends an array batch whose ts is a float64: read it from the
+    # header (the recorder calls this per message; a full skip of the events costs
+    # ~5 us per 15 kB payload). Anything else takes the validating decoder.
+    if len(raw) >= 10 and raw[0] in (0x92, 0x93) and raw[1] == 0xCB:
+        (ts,) = _FLOAT64.unpack_from(raw, 2)
+        return float(ts)
     try:
         obj = _TS_DECODERS[_batch_encoding(raw)].decode(raw)
     except _DECODE_ERRORS:
