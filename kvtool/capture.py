@@ -39,7 +39,6 @@ import contextlib
 import os
 import re
 import signal
-import struct
 import threading
 import time
 from collections import Counter, deque
@@ -334,21 +333,6 @@ _STAT_DECODERS: dict[str, list[msgspec.msgpack.Decoder[Any]]] = {
     "array": [msgspec.msgpack.Decoder(_SBatchAM), msgspec.msgpack.Decoder(_SBatchAA)],
     "map": [msgspec.msgpack.Decoder(_SBatchMM), msgspec.msgpack.Decoder(_SBatchMA)],
 }
-
-_F64 = struct.Struct(">d")
-_F32 = struct.Struct(">f")
-
-
-def _fast_ts(payload: bytes) -> float | None:
-    """The batch ``ts`` read straight from the msgpack header (``[ts, …]``), else decoded."""
-    if len(payload) >= 10 and payload[0] in (0x92, 0x93):
-        kind = payload[1]
-        if kind == 0xCB:
-            return float(_F64.unpack_from(payload, 2)[0])
-        if kind == 0xCA:
-            return float(_F32.unpack_from(payload, 2)[0])
-    return peek_ts(payload)
-
 
 # (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
 _EvStat = tuple[int, int | None, str | None]
@@ -1141,7 +1125,7 @@ class Recorder:
         if self._full:
             return
         st = self.stats
-        ts = _fast_ts(payload)
+        ts = peek_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
         # Decoding for the status never delays writing: under a backlog it waits for
         # an idle moment (and at worst for the stop).

@@ -458,6 +458,7 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
 
 
 _FLOAT64 = struct.Struct(">d")
+_FLOAT32 = struct.Struct(">f")
 
 
 def peek_ts(raw: bytes | memoryview) -> float | None:
@@ -472,9 +473,11 @@ def peek_ts(raw: bytes | memoryview) -> float | None:
     # Every vLLM release sends an array batch whose ts is a float64: read it from the
     # header (the recorder calls this per message; a full skip of the events costs
     # ~5 us per 15 kB payload). Anything else takes the validating decoder.
-    if len(raw) >= 10 and raw[0] in (0x92, 0x93) and raw[1] == 0xCB:
-        (ts,) = _FLOAT64.unpack_from(raw, 2)
-        return float(ts)
+    if len(raw) >= 10 and raw[0] in (0x92, 0x93):
+        if raw[1] == 0xCB:
+            return float(_FLOAT64.unpack_from(raw, 2)[0])
+        if raw[1] == 0xCA:
+            return float(_FLOAT32.unpack_from(raw, 2)[0])
     try:
         obj = _TS_DECODERS[_batch_encoding(raw)].decode(raw)
     except _DECODE_ERRORS:
