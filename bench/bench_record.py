@@ -41,7 +41,7 @@ from typing import Any
 from _common import ROOT, Run, kvtool_cmd, median, run_child, save_result
 
 BUFFER_STEPS = 10_000
-IDLE_STOP_S = 15.0  # longer than the recorder's replay back-off (capture.REPLAY_BACKOFF_NS, 10 s)
+IDLE_STOP_S = 30.0  # longer than the recorder's replay timeout + back-off (2 s + 10 s) + a transfer
 END = b"\xff" * 8
 
 
