@@ -65,6 +65,11 @@ REPLAY_BACKOFF_NS = 10_000_000_000
 """After a replay request timed out, gaps are recorded as lost for this long."""
 STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
+STOP_TAIL_TIMEOUT_NS = 1_000_000_000
+"""At stop, a source in its replay back-off still makes one tail request, with this timeout."""
+LOOP_STALL_NS = 200_000_000
+"""A loop pass longer than this was busy elsewhere (writing, merging, catching up the status):
+pending replay requests are not charged for it (their replies could not be read)."""
 MAX_HELD_BYTES = 256 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
 LEDGER_LIST_CAP = 2_000
@@ -490,6 +495,9 @@ class _Channel:
     # The replay buffer no longer holds seqs below this (it only moves forward).
     floor: int = 0
     open_gap: _Gap | None = None
+    # The highest seq (this epoch) the recorder has evidence of: written, or held in the
+    # reserve. At stop, whatever below it was not written is in the ledger as lost.
+    known_max: int | None = None
     history_asked: bool = False
     replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
     batches: int = 0
@@ -508,6 +516,8 @@ class _Request:
     replies: list[_Item] = field(default_factory=list)
     trigger: int | None = None  # the live seq that revealed the gap
     abandon: bool = False
+    sent: bool = True  # False: the DEALER could not queue it (no connection)
+    timeout_ns: int | None = None  # None: the recorder's replay_timeout_ns
 
 
 @dataclass
@@ -522,6 +532,11 @@ class _Src:
     held: list[_Item] = field(default_factory=list)
     held_bytes: int = 0
     replay_dead_until: int = 0
+    # Requests given up on whose end marker has not come yet: the ROUTER answers in
+    # order on the same DEALER, so the next replies (up to that many end markers)
+    # belong to them; their batches are still filed by seq (late replies).
+    stale_ends: int = 0
+    stop_tail_asked: bool = False
     connected: bool = False
     received: int = 0
 
@@ -798,12 +813,15 @@ class Recorder:
         poller, roles = self._build_poller(live=True)
         dealers_version = self._dealer_ids()
         busy = False
+        prev = start
         while not self._stop_flag.is_set():
             if self._dealer_ids() != dealers_version:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
             self._defer_stats = busy
+            t_poll = time.monotonic_ns()
             ready = poller.poll(0 if busy or self._stats_backlog else 50)
+            poll_ns = time.monotonic_ns() - t_poll
             if not ready and not busy:
                 self._catch_up_stats(10_000_000)
             busy = False
@@ -818,6 +836,8 @@ class Recorder:
                 if self._stop_flag.is_set():
                     break
             now = time.monotonic_ns()
+            self._credit_busy(now, now - prev - poll_ns)
+            prev = now
             writer.maybe_flush()
             self._check_replays(now)
             self._check_quiet(now)
@@ -838,7 +858,8 @@ class Recorder:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
         writer = self._writer
         assert writer is not None
-        end = time.monotonic_ns() + max(2 * self.replay_timeout_ns, 1_000_000_000)
+        # Each request is bounded by its own (progress) timeout; this only caps the whole.
+        end = time.monotonic_ns() + max(10 * self.replay_timeout_ns, 30_000_000_000)
         # Channels quiet at stop may have lost their tail; a busy one has batches in
         # flight rather than lost, so it is not asked.
         tails: dict[int, list[_Channel]] = {}
@@ -856,16 +877,25 @@ class Recorder:
                 ]
         poller, roles = self._build_poller(live=False)
         version = self._dealer_ids()
+        prev = time.monotonic_ns()
         while True:
             now = time.monotonic_ns()
             if not self._full:
                 for src in self._srcs:
                     todo = tails.get(src.index)
-                    if src.pending is None and todo and self._replay_usable(src, now):
-                        ch = todo.pop(0)
-                        self._fill(ch, None, tail=True)
-                        ch.tail_checked = True
-                        self._request(src, "tail", ch.topic, ch.expected or 0)
+                    if src.pending is not None or not todo or src.dealer is None:
+                        continue
+                    short = not self._replay_usable(src, now)
+                    if short and src.stop_tail_asked:
+                        continue
+                    # Inside the back-off, still one last (short) request per source.
+                    ch = todo.pop(0)
+                    self._fill(ch, None, tail=True)
+                    ch.tail_checked = True
+                    src.stop_tail_asked = True
+                    self._request(src, "tail", ch.topic, ch.expected or 0)
+                    if short and src.pending is not None:
+                        src.pending.timeout_ns = min(self.replay_timeout_ns, STOP_TAIL_TIMEOUT_NS)
             if not any(s.pending is not None for s in self._srcs):
                 break
             if self._abort_flag.is_set() or now >= end:
@@ -878,11 +908,15 @@ class Recorder:
             if self._dealer_ids() != version:
                 poller, roles = self._build_poller(live=False)
                 version = self._dealer_ids()
+            t_poll = time.monotonic_ns()
             for sock, _ in poller.poll(50):
                 role, src = roles[sock]
                 if role == "dealer":
                     self._drain_dealer(src)
-            self._check_replays(time.monotonic_ns())
+            now = time.monotonic_ns()
+            self._credit_busy(now, now - prev - (now - t_poll))
+            prev = now
+            self._check_replays(now)
             writer.maybe_flush()
         # Anything still held (no replay could be finished) is written as it stands.
         for src in self._srcs:
@@ -890,10 +924,35 @@ class Recorder:
             held, src.held = src.held, []
             for item in held:
                 self._feed(src, item)
+        if not self._full:
+            self._settle()
         self._defer_stats = False
         self._catch_up_stats(None)
         if self._status is not None:
             self._status(self.stats)
+
+    def _settle(self) -> None:
+        """At stop: write what the reserve still holds; every known seq not written is lost.
+
+        The reserve (replayed batches the live stream never delivered) is written in seq
+        order; a hole between its entries, or between the last written seq and the
+        highest seq the recorder saw evidence of, goes to the ledger as lost.
+        """
+        for src in self._srcs:
+            for ch in src.channels.values():
+                if ch.expected is None:
+                    continue
+                while True:
+                    self._fill(ch, None, tail=True)
+                    if self._full:
+                        return
+                    for k in [k for k in ch.reserve if k < ch.expected]:
+                        del ch.reserve[k]
+                    if not ch.reserve:
+                        break
+                    self._lose(ch, ch.expected, min(ch.reserve) - 1)
+                if ch.known_max is not None and ch.known_max >= ch.expected:
+                    self._lose(ch, ch.expected, ch.known_max)
 
     # ------------------------------------------------------------ receive
     def _drain_sub(self, src: _Src) -> bool:
@@ -1101,6 +1160,7 @@ class Recorder:
         ch.last_live = None
         ch.floor = 0
         ch.open_gap = None
+        ch.known_max = None
         ch.replayed.clear()
         ch.reserve.clear()
 
@@ -1144,6 +1204,8 @@ class Recorder:
         if ch.seq_first is None:
             ch.seq_first = seq
         ch.seq_last = seq
+        if ch.known_max is None or seq > ch.known_max:
+            ch.known_max = seq
         st.batches += 1
         st.bytes += len(payload)
         if ch.reserve and origin == LIVE:
@@ -1208,10 +1270,13 @@ class Recorder:
     ) -> None:
         assert src.dealer is not None and src.pending is None
         now = time.monotonic_ns()
-        src.pending = _Request(kind, topic, start, now, trigger=trigger)
+        req = _Request(kind, topic, start, now, trigger=trigger)
+        src.pending = req
         self.stats.replay_requests += 1
-        with contextlib.suppress(zmq.Again):  # unsent: times out like an unanswered one
+        try:
             src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+        except zmq.Again:  # unsent: times out like an unanswered one
+            req.sent = False
 
     def _drain_dealer(self, src: _Src) -> None:
         assert src.dealer is not None
@@ -1221,9 +1286,8 @@ class Recorder:
             except zmq.Again:
                 return
             req = src.pending
-            if req is None:
-                continue  # an answer to a request given up on
-            req.progress_mono = time.monotonic_ns()
+            if req is not None:
+                req.progress_mono = time.monotonic_ns()  # the replay socket is alive
             if len(frames) == 4 and not frames[0]:
                 _, topic_f, seq_b, payload = frames
                 topic: bytes | None = topic_f
@@ -1234,6 +1298,11 @@ class Recorder:
                 self.stats.malformed += 1
                 continue
             if seq_b[:8] == END_SEQ:
+                if src.stale_ends:
+                    src.stale_ends -= 1  # the end of a request given up on
+                    continue
+                if req is None:
+                    continue
                 self._finish_replay(src, timed_out=False)
                 if src.dealer is None:
                     return
@@ -1242,23 +1311,73 @@ class Recorder:
                 self.stats.malformed += 1
                 continue
             seq = int.from_bytes(seq_b[:8], "big")
+            if src.stale_ends or req is None:
+                # A late answer to a request given up on: its batches are still good.
+                self._late_reply(src, topic, seq, payload)
+                continue
             req.replies.append((topic if topic is not None else b"", seq, payload,
                                 time.time_ns(), REPLAY if topic is not None else _NO_TOPIC))
+
+    def _late_reply(self, src: _Src, topic: bytes | None, seq: int, payload: bytes) -> None:
+        """File a reply to a request given up on in its channel's reserve (by seq)."""
+        if topic is None:
+            if len(src.channels) != 1:
+                return
+            ch: _Channel | None = next(iter(src.channels.values()))
+        else:
+            ch = src.channels.get(topic)
+        if ch is None or ch.expected is None or seq < ch.expected or seq in ch.reserve:
+            return  # written already, or known lost, or a duplicate
+        ch.reserve[seq] = (payload, time.time_ns())
+        if ch.known_max is None or seq > ch.known_max:
+            ch.known_max = seq
+
+    def _credit_busy(self, now: int, busy_ns: int) -> None:
+        """Do not charge pending replays for a loop pass spent busy elsewhere."""
+        if busy_ns <= LOOP_STALL_NS:
+            return
+        for src in self._srcs:
+            req = src.pending
+            if req is not None:
+                req.progress_mono = min(now, req.progress_mono + busy_ns)
 
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
             req = src.pending
-            if req is not None and (
-                req.abandon or now - req.progress_mono > self.replay_timeout_ns
-            ):
+            if req is None:
+                continue
+            if not req.abandon and src.dealer is not None:
+                # Never time out a request whose replies are waiting to be read.
+                self._drain_dealer(src)
+                if src.pending is not req:
+                    continue
+                now = max(now, time.monotonic_ns())
+            timeout = self.replay_timeout_ns if req.timeout_ns is None else req.timeout_ns
+            if req.abandon or now - req.progress_mono > timeout:
                 self.stats.replay_timeouts += 1
                 src.replay_dead_until = now + REPLAY_BACKOFF_NS
-                self._new_dealer(src)  # drop whatever the old socket still queues
+                if req.sent:
+                    src.stale_ends += 1
+                if src.stale_ends > 1:
+                    # Two requests unanswered: the socket is dead, start afresh.
+                    self._new_dealer(src)
+                    src.stale_ends = 0
+                if req.kind == "tail" and req.topic is not None:
+                    ch = src.channels.get(req.topic)
+                    if ch is not None:
+                        ch.tail_checked = False  # ask again at stop
                 self._finish_replay(src, timed_out=True)
 
     def _check_quiet(self, now: int) -> None:
         for src in self._srcs:
-            if src.pending is not None or not self._replay_usable(src, now):
+            if src.pending is not None:
+                continue
+            if not self._replay_usable(src, now):
+                # Late replies of a request given up on: write what the live stream
+                # did not deliver once the channel is quiet.
+                for ch in src.channels.values():
+                    if ch.reserve and now - ch.last_live_mono >= self.quiet_ns:
+                        self._fill(ch, None, tail=True)
                 continue
             for ch in src.channels.values():
                 if (
@@ -1305,6 +1424,8 @@ class Recorder:
                 touched.append(ch)
             if ch.expected is None or seq >= ch.expected:
                 ch.reserve[seq] = (payload, t)
+                if ch.known_max is None or seq > ch.known_max:
+                    ch.known_max = seq
         # What the buffer no longer holds: below its first reply (when that is past the
         # start asked for) or, for a gap, everything before the live batch that showed it.
         if not timed_out:
