@@ -18,7 +18,7 @@ from the recording's log_time); lost and recovered batches (from the recording's
 and by checking every seq's payload is there byte for byte); the recorder's CPU per
 batch (its rusage, minus its start-up CPU measured separately).
 
-    python3 bench/bench_record.py bench/data/big1.frames --loops 3 --runs 3
+    python3 bench/bench_record.py bench/data/big1.frames --runs 3 [--loops 3 --name record-loops3]
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
 def main() -> int:
     ap = argparse.ArgumentParser(description="record capacity")
     ap.add_argument("frames", nargs="?", default=str(ROOT / "bench/data/big1.frames"))
-    ap.add_argument("--loops", type=int, default=3,
+    ap.add_argument("--loops", type=int, default=1,
                     help="play the stream this many times (seq renumbered), to exceed the "
                          "replay buffer")
     ap.add_argument("--runs", type=int, default=3)
