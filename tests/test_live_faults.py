@@ -422,3 +422,67 @@ def test_connect_timeout_names_only_the_dead_endpoint(tmp_path: Path) -> None:
     with open_recording(tmp_path / "r.mcap") as r:
         data = [m.data for m in r.messages()]
     assert data == [p for _, _, p in msgs]
+
+
+def _lost_seqs(ledger: dict[str, object]) -> set[int]:
+    return {s for a, b in ledger["lost_ranges"] for s in range(a, b + 1)}  # type: ignore[attr-defined]
+
+
+class _BusyAfterGapRequest(Recorder):
+    """A recorder whose loop stays busy for ``busy`` s right after its first gap request,
+    as when it writes held batches or catches up the status while the reply arrives."""
+
+    busy = 1.0
+    _slept = False
+
+    def _request(self, src, kind, topic, start, trigger=None):  # type: ignore[no-untyped-def]
+        super()._request(src, kind, topic, start, trigger)
+        if kind == "gap" and not self._slept:
+            self._slept = True
+            time.sleep(self.busy)
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("replay_delay", [0.0, 1.2])
+def test_busy_loop_while_large_replay_arrives_loses_nothing(
+    tmp_path: Path, replay_delay: float
+) -> None:
+    """The replay timeout counts only time the loop could read: a reply that is queued
+    (delay 0) or arrives soon after a busy stretch longer than the timeout (delay 1.2 s)
+    is recovered; the dropped tail too. Before: timed out, DEALER recreated, the reply
+    dropped, the tail never asked (back-off) and missing without a ledger entry."""
+    msgs = capture_messages("gemma3")
+    n = 2000
+    drop = {10, *range(n - 20, n)}
+    with Peer(msgs, count=n, drop=drop, replay_delay=replay_delay) as peer:
+        rec = _BusyAfterGapRequest(
+            tmp_path / "r.mcap", [Source(peer.endpoint, peer.replay_endpoint)],
+            max_batches=n, replay_timeout_ns=SECOND // 2, quiet_ns=SECOND // 4,
+            duration_ns=8 * SECOND,
+        )
+        res = rec.run(handle_signals=False)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [p for _, _, _, p in peer.published]
+    assert (res.stats.recovered, res.stats.lost, res.ledger["lost"]) == (21, 0, 0)
+    gap = res.ledger["channels"][0]["gaps"][0]  # type: ignore[index]
+    assert gap == {"first": 10, "last": 10, "recovered": 1, "lost_ranges": []}
+    if not replay_delay:
+        assert res.stats.replay_timeouts == 0
+
+
+@pytest.mark.zmq
+def test_stop_inside_replay_back_off_leaves_no_silent_loss(tmp_path: Path) -> None:
+    """A replay answers after the timeout (gap lost, back-off) and the tail is dropped;
+    stopped inside the back-off, the recorder still files the late reply by seq and asks
+    for the tail once: every seq missing from the file is in the ledger, and only those."""
+    msgs = capture_messages("gemma3")
+    n = 200
+    with Peer(msgs, count=n, drop={10, *range(n - 20, n)}, replay_delay=0.6) as peer:
+        res = record(tmp_path / "r.mcap", peer, replay_timeout_ns=SECOND // 5,
+                     quiet_ns=60 * SECOND, duration_ns=3 * SECOND // 2)
+    got = read_back(tmp_path / "r.mcap")
+    missing = set(range(n)) - {s for s, _ in got}
+    assert missing == _lost_seqs(res.ledger) == {10}
+    assert [s for s, _ in got] == [s for s in range(n) if s != 10]
+    assert res.stats.replay_timeouts >= 1
