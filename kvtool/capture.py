@@ -22,7 +22,13 @@ message is known to come from its endpoint), writes every batch through
   tracking restarts at seq 0 (a restarted publisher numbers from 0, so what it sent
   before we saw it is a gap to recover like any other);
 - a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
-  socket) ends as lost, and the replay socket is left alone for a while.
+  socket) ends as lost, and the replay socket is left alone for a while. The clock only
+  runs while the loop could read (a pass busy writing or merging is not charged), the
+  DEALER is drained before a timeout is declared, and it is kept afterwards: a late
+  answer is still filed by seq (a second unanswered request replaces the socket);
+- at stop, each quiet channel asks for its tail once more (also inside that back-off,
+  with a short timeout); every seq the recorder has evidence of (written, or in a
+  reply) but did not write goes to the ledger as lost: nothing goes missing silently.
 
 The gap ledger (``kvtool.gaps`` metadata record, written at close)::
 
@@ -559,7 +565,8 @@ class Recorder:
         max_batches: Stop after writing this many batches.
         connect_timeout_ns: Fail when an endpoint has neither connected nor sent anything
             within this time (None: wait forever).
-        replay_timeout_ns: Give up a replay request that gets no answer this long.
+        replay_timeout_ns: Give up a replay request that gets no answer this long (time
+            the loop spent busy elsewhere is not counted).
         quiet_ns: A channel quiet this long asks its replay socket for a lost tail.
         groups: KV cache group metadata to store (``get_kv_cache_group_metadata()``).
         groups_source: Where ``groups`` came from (a file name).
