@@ -732,7 +732,8 @@ class GroupLearner:
             known = table.get(idx)
             window = ev.kv_cache_spec_sliding_window
             if known is None:
-                table[idx] = GroupInfo(idx, kind, ev.block_size, window)
+                size = ev.block_size if isinstance(ev.block_size, int) else None
+                table[idx] = GroupInfo(idx, kind, size, window)
             elif known.kind != kind or known.sliding_window != window:
                 mark = (key, idx, kind, window)
                 if mark not in self._seen_changes:

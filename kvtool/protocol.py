@@ -61,20 +61,23 @@ class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=Tr
     """
 
     block_hashes: list[Hash] = msgspec.field(default_factory=list)
-    parent_block_hash: Hash | None = None
-    token_ids: list[int | list[int]] = msgspec.field(default_factory=list)
-    block_size: int | None = None
-    lora_id: int | None = None
+    # Fields kvtool only passes through are typed loosely, so a value of an unexpected
+    # type (SGLang's array layout has a {cache_salt} map at lora_name) never costs the
+    # event: every command then sees the same events as the report's lean decoder.
+    parent_block_hash: object = None
+    token_ids: list[object] = msgspec.field(default_factory=list)
+    block_size: object = None
+    lora_id: object = None
     medium: str | None = None
-    lora_name: str | dict[str, object] | None = None
-    extra_keys: list[object] | None = None
+    lora_name: object = None
+    extra_keys: object = None
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    lookahead_token_ids: list[list[int]] | None = None
+    locality: object = None
+    ownership: object = None
+    session_id: object = None
+    lookahead_token_ids: object = None
 
 
 class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True):
@@ -91,8 +94,8 @@ class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=
     block_hashes: list[Hash] = msgspec.field(default_factory=list)
     medium: str | None = None
     group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
+    locality: object = None
+    ownership: object = None
 
 
 class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True):

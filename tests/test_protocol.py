@@ -157,3 +157,21 @@ def test_hash_key_signed_and_unsigned_agree() -> None:
     assert hash_key(-1) == -1
     assert hash_key((1 << 64) - 1) == -1
     assert hash_key(5) == 5
+
+
+def test_pass_through_fields_of_unexpected_type_keep_the_event() -> None:
+    """SGLang puts a {cache_salt} map at lora_name; odd values elsewhere cost nothing.
+
+    The report's lean decoder never looks at these fields, so decode_batch must not
+    drop the event either, or replay and report would count different events.
+    """
+    stored = ["BlockStored", [1, 2], {"x": 1}, [5, "six", [7, 8]], "16", 1.5,
+              "GPU", {"cache_salt": "s"}, "keys", 0]
+    payload = _enc([1.0, [stored, {"type": "BlockRemoved", "block_hashes": [1],
+                                   "medium": "GPU", "locality": 3, "ownership": [1]}], 0])
+    out = decode_batch(payload)
+    assert out.skipped == ()
+    st, rm = out.events
+    assert isinstance(st, BlockStored) and st.lora_name == {"cache_salt": "s"}
+    assert len(st.token_ids) == 3 and st.group_idx == 0
+    assert isinstance(rm, BlockRemoved) and rm.block_hashes == [1]
