@@ -1465,6 +1465,10 @@ class Recorder:
         if req.kind == "tail" and src.pending is None:
             ch = src.channels.get(default_topic)
             if ch is not None:
+                e = ch.expected
+                if e is not None and e < ch.floor and ch.reserve and min(ch.reserve) >= ch.floor:
+                    # The buffer had moved past what we asked for: the tail's start is gone.
+                    self._lose(ch, e, ch.floor - 1)
                 self._fill(ch, None, tail=True)
         if timed_out:
             src.replay_dead_until = max(src.replay_dead_until, time.monotonic_ns() + 1)

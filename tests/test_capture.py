@@ -505,3 +505,29 @@ def test_sample_recording_with_gaps() -> None:
     assert got == [(s, p) for _, s, p in capture_messages("gemma3") if not 20 <= s <= 22]
     assert ledger is not None
     assert (ledger["recovered"], ledger["lost"], ledger["lost_ranges"]) == (9, 3, [[20, 22]])
+
+
+@pytest.mark.zmq
+def test_lost_tail_longer_than_the_replay_buffer_is_part_lost_part_recovered(
+    tmp_path: Path,
+) -> None:
+    """The tail request asks from a seq the buffer no longer holds (bench finding, issue 5).
+
+    The reply starts past what was asked: the seqs before it are lost (in the ledger),
+    the rest are written; nothing is missing silently.
+    """
+    msgs = capture_messages("full_only")
+    n = len(msgs)
+    tail = set(range(n - 20, n))
+    with Peer(msgs, drop=tail, buffer_steps=8) as peer:
+        res = record(
+            tmp_path / "r.mcap", peer, max_batches=n - 12, quiet_ns=SECOND // 5,
+            duration_ns=5 * SECOND,
+        )
+    got = [s for s, _ in read_back(tmp_path / "r.mcap")]
+    assert got == [*range(n - 20), *range(n - 8, n)]
+    # Filed as soon as the quiet check's reply came back, not only at stop.
+    assert res.stop_reason == "max_batches"
+    assert (res.stats.recovered, res.stats.lost) == (8, 12)
+    gaps = res.ledger["channels"][0]["gaps"]  # type: ignore[index]
+    assert [r for g in gaps for r in g["lost_ranges"]] == [[n - 20, n - 9]]
