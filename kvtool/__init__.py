@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from kvtool.annotate import GroupInfo, GroupTable, annotate, load_groups_file, resolve_groups
 from kvtool.errors import (
     EndpointError,
     ExitStatus,
@@ -15,6 +16,7 @@ from kvtool.errors import (
     UnsupportedVersion,
     UsageError,
 )
+from kvtool.info import RecordingInfo, summarize
 from kvtool.protocol import (
     AllBlocksCleared,
     BlockRemoved,
@@ -38,12 +40,15 @@ __all__ = [
     "ChannelInfo",
     "EndpointError",
     "ExitStatus",
+    "GroupInfo",
+    "GroupTable",
     "KVEventBatch",
     "KvtoolError",
     "MetadataError",
     "ProtocolError",
     "RecordedMessage",
     "RecordingError",
+    "RecordingInfo",
     "RecordingReader",
     "RecordingWriter",
     "RecoveryReport",
@@ -51,6 +56,20 @@ __all__ = [
     "UnsupportedVersion",
     "UsageError",
     "__version__",
+    "annotate",
+    "build_report",
     "decode_batch",
+    "load_groups_file",
     "open_recording",
+    "resolve_groups",
+    "summarize",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The report pulls in polars (~0.3 s): import it only when it is asked for.
+    if name == "build_report":
+        from kvtool.report import build_report
+
+        return build_report
+    raise AttributeError(f"module 'kvtool' has no attribute {name!r}")
