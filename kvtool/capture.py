@@ -52,14 +52,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError
-from kvtool.protocol import decode_batch, event_type, peek_ts
+from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
 from kvtool.recording import format as fmt
 
@@ -335,30 +335,7 @@ _SMap = _SStored | _SRemoved | _SCleared
 _SArr = _SStoredA | _SRemovedA | _SClearedA
 
 
-class _SBatchAM(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_SMap]
-
-
-class _SBatchAA(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_SArr]
-
-
-class _SBatchMM(msgspec.Struct):
-    ts: float
-    events: list[_SMap]
-
-
-class _SBatchMA(msgspec.Struct):
-    ts: float
-    events: list[_SArr]
-
-
-_STAT_DECODERS: dict[str, list[msgspec.msgpack.Decoder[Any]]] = {
-    "array": [msgspec.msgpack.Decoder(_SBatchAM), msgspec.msgpack.Decoder(_SBatchAA)],
-    "map": [msgspec.msgpack.Decoder(_SBatchMM), msgspec.msgpack.Decoder(_SBatchMA)],
-}
+_STATS = BatchProjection("stats", _SMap, _SArr, gc=False)
 
 # (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
 _EvStat = tuple[int, int | None, str | None]
@@ -370,20 +347,13 @@ def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
 
     Types are 0 (BlockStored), 1 (BlockRemoved), 2 (AllBlocksCleared).
     """
-    first = payload[0] if payload else 0
-    benc = "map" if (0x80 <= first <= 0x8F or first in (0xDE, 0xDF)) else "array"
-    decs = _STAT_DECODERS[benc]
+    hit = _STATS.decode(payload)
+    if hit is not None:
+        events = hit[0].events
+        # Counted in C (attrgetter, Counter): no Python statement per event.
+        return len(events), Counter(map(_STAT_KEY, events))
     agg: dict[_EvStat, int] = {}
     get = agg.get
-    for i, dec in enumerate(decs):
-        try:
-            b = dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            continue
-        if i:  # the stream's layout: try it first next time
-            decs.reverse()
-        # Counted in C (attrgetter, Counter): no Python statement per event.
-        return len(b.events), Counter(map(_STAT_KEY, b.events))
     full = decode_batch(payload, seq=seq)
     for e in full.events:
         t = event_type(e)

@@ -175,36 +175,7 @@ _LeanMap = _Stored | _Removed | _Cleared
 _LeanArray = _StoredArrayLayout | _RemovedArrayLayout | _ClearedArrayLayout
 
 
-class _ArrayBatchMap(msgspec.Struct, array_like=True, gc=False):
-    ts: float
-    events: list[_LeanMap]
-    data_parallel_rank: int | None = None
-
-
-class _ArrayBatchArray(msgspec.Struct, array_like=True, gc=False):
-    ts: float
-    events: list[_LeanArray]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatchMap(msgspec.Struct, gc=False):
-    ts: float
-    events: list[_LeanMap]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatchArray(msgspec.Struct, gc=False):
-    ts: float
-    events: list[_LeanArray]
-    data_parallel_rank: int | None = None
-
-
-_LEAN: dict[tuple[str, str], msgspec.msgpack.Decoder[Any]] = {
-    ("array", "map"): msgspec.msgpack.Decoder(_ArrayBatchMap),
-    ("array", "array"): msgspec.msgpack.Decoder(_ArrayBatchArray),
-    ("map", "map"): msgspec.msgpack.Decoder(_MapBatchMap),
-    ("map", "array"): msgspec.msgpack.Decoder(_MapBatchArray),
-}
+_LEAN = protocol.BatchProjection("lean", _LeanMap, _LeanArray, gc=False)
 
 _TYPE_CODE: dict[type, int] = {
     _Stored: STORED,
@@ -243,13 +214,10 @@ class LeanBatch(msgspec.Struct):
     skipped: tuple[str, ...] = ()
 
 
-_last_event_encoding = {"array": "map", "map": "map"}
-
-
 def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch:
     """Decode one payload keeping only what the flat table needs.
 
-    Tries the lean decoders (event encoding as last seen first); any payload they refuse
+    Tries the lean projection (``protocol.BatchProjection``); any payload it refuses
     goes through :func:`kvtool.protocol.decode_batch`, which skips (and names) bad events.
 
     Args:
@@ -262,17 +230,10 @@ def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch
     Raises:
         ProtocolError: The payload is not a batch at all.
     """
-    if raw:
-        first = raw[0]
-        benc = "map" if (0x80 <= first <= 0x8F or first in (0xDE, 0xDF)) else "array"
-        guess = _last_event_encoding[benc]
-        for eenc in (guess, "array" if guess == "map" else "map"):
-            try:
-                b = _LEAN[(benc, eenc)].decode(raw)
-            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-                continue
-            _last_event_encoding[benc] = eenc
-            return LeanBatch(b.ts, b.events, b.data_parallel_rank)
+    hit = _LEAN.decode(raw)
+    if hit is not None:
+        b = hit[0]
+        return LeanBatch(b.ts, b.events, b.data_parallel_rank)
     try:
         full = protocol.decode_batch(raw, seq=seq)
     except RecursionError as err:

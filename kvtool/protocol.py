@@ -11,7 +11,7 @@ fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
 from __future__ import annotations
 
 import struct
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -123,30 +123,6 @@ _MapEvent = BlockStored | BlockRemoved | AllBlocksCleared
 _ArrayEvent = _BlockStoredArray | _BlockRemovedArray | _AllBlocksClearedArray
 
 
-class _ArrayBatchMapEvents(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_MapEvent]
-    data_parallel_rank: int | None = None
-
-
-class _ArrayBatchArrayEvents(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_ArrayEvent]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatchMapEvents(msgspec.Struct):
-    ts: float
-    events: list[_MapEvent]
-    data_parallel_rank: int | None = None
-
-
-class _MapBatchArrayEvents(msgspec.Struct):
-    ts: float
-    events: list[_ArrayEvent]
-    data_parallel_rank: int | None = None
-
-
 class _ArrayBatchRaw(msgspec.Struct, array_like=True):
     ts: float
     events: list[msgspec.Raw]
@@ -188,12 +164,6 @@ class KVEventBatch(msgspec.Struct, frozen=True):
     skipped: tuple[str, ...] = ()
 
 
-_DECODERS: dict[tuple[EventEncoding, EventEncoding], msgspec.msgpack.Decoder[object]] = {
-    ("array", "map"): msgspec.msgpack.Decoder(_ArrayBatchMapEvents),
-    ("array", "array"): msgspec.msgpack.Decoder(_ArrayBatchArrayEvents),
-    ("map", "map"): msgspec.msgpack.Decoder(_MapBatchMapEvents),
-    ("map", "array"): msgspec.msgpack.Decoder(_MapBatchArrayEvents),
-}
 _RAW_DECODERS: dict[EventEncoding, msgspec.msgpack.Decoder[object]] = {
     "array": msgspec.msgpack.Decoder(_ArrayBatchRaw),
     "map": msgspec.msgpack.Decoder(_MapBatchRaw),
@@ -367,29 +337,73 @@ def _describe_event(raw: msgspec.Raw, err: Exception) -> str:
     return f"malformed {tag if isinstance(tag, str) else 'event'} ({_reason(err)})"
 
 
-_LAST_EVENT_ENCODING: dict[EventEncoding, EventEncoding] = {"array": "map", "map": "map"}
+class DecodedBatch(Protocol):
+    """What a :class:`BatchProjection` decode returns: the batch with its events."""
+
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None
 
 
-def _try_full(
-    raw: bytes | memoryview, benc: EventEncoding, eenc: EventEncoding
-) -> KVEventBatch | None:
-    try:
-        full = _DECODERS[(benc, eenc)].decode(raw)
-    except _DECODE_ERRORS:
+class BatchProjection:
+    """Whole-batch decoders for one choice of event structs, in every batch layout.
+
+    vLLM batches are arrays (maps in one development revision) whose events are either
+    all maps (vLLM >= 0.24) or all arrays (older). This builds the four batch wrappers
+    for a pair of event unions, sniffs the batch encoding from the first byte, and tries
+    first the event encoding that worked last (a stream does not change layout). The
+    full decoder here, the report's lean column decoder and the recorder's status
+    counter are three projections of the same batch through this one mechanism.
+
+    Args:
+        name: Prefix of the generated struct names.
+        map_events: The union of map-encoded event structs.
+        array_events: The union of array-encoded event structs.
+        gc: Whether the generated batch structs are tracked by the GC.
+    """
+
+    def __init__(self, name: str, map_events: object, array_events: object, *, gc: bool = True):
+        self._decoders: dict[tuple[EventEncoding, EventEncoding], msgspec.msgpack.Decoder[Any]] = {}
+        for benc in ("array", "map"):
+            for eenc, union in (("map", map_events), ("array", array_events)):
+                struct = msgspec.defstruct(
+                    f"{name}_{benc}_batch_{eenc}_events",
+                    [("ts", float), ("events", list[union]),  # type: ignore[valid-type]
+                     ("data_parallel_rank", int | None, None)],
+                    array_like=benc == "array",
+                    gc=gc,
+                )
+                self._decoders[(benc, eenc)] = msgspec.msgpack.Decoder(struct)  # type: ignore[index]
+        self._last: dict[EventEncoding, EventEncoding] = {"array": "map", "map": "map"}
+
+    def decode(
+        self, raw: bytes | memoryview, *, first: EventEncoding | None = None
+    ) -> tuple[DecodedBatch, EventEncoding, EventEncoding] | None:
+        """Decode a whole batch in one msgspec call, or return None if it does not fit.
+
+        Args:
+            raw: The payload.
+            first: The event encoding to try first (default: the last that worked).
+
+        Returns:
+            ``(batch, batch_encoding, event_encoding)``, or None when neither event
+            encoding decodes the payload (the caller then falls back to a slower path).
+        """
+        if not raw:
+            return None
+        benc = _batch_encoding(raw)
+        guess = first or self._last[benc]
+        for eenc in (guess, "array" if guess == "map" else "map"):
+            try:
+                batch = self._decoders[(benc, eenc)].decode(raw)
+            except _DECODE_ERRORS:
+                continue
+            self._last[benc] = eenc
+            return batch, benc, eenc
         return None
-    assert isinstance(
-        full,
-        _ArrayBatchMapEvents | _ArrayBatchArrayEvents | _MapBatchMapEvents | _MapBatchArrayEvents,
-    )
-    if not full.events:
-        eenc = "map"
-    return KVEventBatch(
-        ts=full.ts,
-        events=full.events,  # type: ignore[arg-type]
-        data_parallel_rank=full.data_parallel_rank,
-        batch_encoding=benc,
-        event_encoding=eenc,
-    )
+
+
+_FULL = BatchProjection("kv", _MapEvent, _ArrayEvent)
 
 
 def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventBatch:
@@ -415,12 +429,17 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         benc = _batch_encoding(raw)
     except msgspec.DecodeError as err:
         raise ProtocolError(f"{where}malformed payload: {err}", seq=seq) from err
-    # Fast path: the whole batch in one call, trying first the event encoding that
-    # worked last time (a stream does not change layout mid-way).
-    guess = _LAST_EVENT_ENCODING[benc]
-    full = _try_full(raw, benc, guess)
-    if full is not None:
-        return full
+    # Fast path: the whole batch in one msgspec call.
+    hit = _FULL.decode(raw)
+    if hit is not None:
+        batch, benc, hit_eenc = hit
+        return KVEventBatch(
+            ts=batch.ts,
+            events=batch.events,
+            data_parallel_rank=batch.data_parallel_rank,
+            batch_encoding=benc,
+            event_encoding=hit_eenc if batch.events else "map",
+        )
     try:
         rawb = _RAW_DECODERS[benc].decode(raw)
     except RecursionError as err:
@@ -436,11 +455,6 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         raise ProtocolError(f"{where}malformed payload: {_reason(err)}", seq=seq) from err
     assert isinstance(rawb, _ArrayBatchRaw | _MapBatchRaw)
     eenc: EventEncoding = _event_encoding(rawb.events[0]) if rawb.events else "map"
-    if eenc != guess:
-        full = _try_full(raw, benc, eenc)
-        if full is not None:
-            _LAST_EVENT_ENCODING[benc] = eenc
-            return full
     # Slow path: event by event, each in the encoding its own bytes show.
     events: list[Event] = []
     skipped: list[str] = []

@@ -175,3 +175,33 @@ def test_pass_through_fields_of_unexpected_type_keep_the_event() -> None:
     assert isinstance(st, BlockStored) and st.lora_name == {"cache_salt": "s"}
     assert len(st.token_ids) == 3 and st.group_idx == 0
     assert isinstance(rm, BlockRemoved) and rm.block_hashes == [1]
+
+
+def test_batch_projection_every_batch_and_event_encoding() -> None:
+    """One mechanism decodes a batch whole for each projection (full, lean, stats)."""
+    from kvtool.protocol import BatchProjection
+
+    class Ev(msgspec.Struct, tag_field="type", tag="BlockRemoved"):
+        group_idx: int | None = None
+
+    class EvA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved"):
+        block_hashes: object = None
+        medium: object = None
+        group_idx: int | None = None
+
+    proj = BatchProjection("t", Ev, EvA)
+    map_ev = {"type": "BlockRemoved", "block_hashes": [1], "group_idx": 3}
+    arr_ev = ["BlockRemoved", [1], None, 3]
+    for batch, benc, eenc in [
+        ([1.0, [map_ev], 0], "array", "map"),
+        ([1.0, [arr_ev]], "array", "array"),
+        ({"ts": 1.0, "events": [map_ev]}, "map", "map"),
+        ({"ts": 1.0, "events": [arr_ev], "data_parallel_rank": 2}, "map", "array"),
+    ]:
+        hit = proj.decode(_enc(batch))
+        assert hit is not None
+        out, got_benc, got_eenc = hit
+        assert (got_benc, got_eenc) == (benc, eenc)
+        assert [e.group_idx for e in out.events] == [3]
+    assert proj.decode(b"") is None
+    assert proj.decode(_enc([1.0, [{"type": "Nope"}]])) is None
