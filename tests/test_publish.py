@@ -298,7 +298,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cli_publish(args: list[str], port: int, n: int) -> tuple[object, list[list[bytes]]]:
+def _cli_publish(
+    rec: Path, port: int, n: int, *extra: str
+) -> tuple[object, list[list[bytes]]]:
+    """Run ``kvtool replay REC [extra] --publish PORT --max-speed`` into a test SUB."""
+    args = [
+        "replay", str(rec), *extra, "--publish", str(port), "--max-speed",
+        "--wait-subscribers", "1", "--wait-timeout", "10", "--hold", "0",
+    ]
     ctx = zmq.Context()
     sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
     got: list[list[bytes]] = []
@@ -318,23 +325,7 @@ def test_cli_publish_unchanged_bytes(tmp_path: Path) -> None:
     rec = capture_recording(tmp_path, "gemma3")
     msgs = capture_messages("gemma3")
     port = _free_port()
-    result, got = _cli_publish(
-        [
-            "replay",
-            str(rec),
-            "--publish",
-            str(port),
-            "--max-speed",
-            "--wait-subscribers",
-            "1",
-            "--wait-timeout",
-            "10",
-            "--hold",
-            "0",
-        ],
-        port,
-        len(msgs),
-    )
+    result, got = _cli_publish(rec, port, len(msgs))
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     assert result.stdout == ""  # type: ignore[attr-defined]
     assert f"publishing on tcp://127.0.0.1:{port}" in result.stderr  # type: ignore[attr-defined]
@@ -350,26 +341,7 @@ def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
     groups.write_text(json.dumps(capture_truth(name)["group_metadata"]))
     msgs = capture_messages(name)
     port = _free_port()
-    result, got = _cli_publish(
-        [
-            "replay",
-            str(rec),
-            "--annotate",
-            "--groups",
-            str(groups),
-            "--publish",
-            str(port),
-            "--max-speed",
-            "--wait-subscribers",
-            "1",
-            "--wait-timeout",
-            "10",
-            "--hold",
-            "0",
-        ],
-        port,
-        len(msgs),
-    )
+    result, got = _cli_publish(rec, port, len(msgs), "--annotate", "--groups", str(groups))
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     assert [f[2] for f in got] == [p for _, _, p in msgs]
     events = [event_to_builtins(e) for f in got for e in decode_batch(f[2]).events]
