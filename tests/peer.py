@@ -58,6 +58,15 @@ def read_frames(path: str | Path) -> list[Message]:
     return out
 
 
+def _bind(sock: zmq.Socket[bytes], endpoint: str | None) -> str:
+    """Bind to ``endpoint`` (loopback only) or to a random loopback port; return it."""
+    if endpoint is None:
+        return f"{HOST}:{sock.bind_to_random_port(HOST)}"
+    _loopback(endpoint)
+    sock.bind(endpoint)
+    return endpoint
+
+
 def _loopback(endpoint: str) -> None:
     if endpoint.startswith("tcp://") and not endpoint.startswith(
         ("tcp://127.", "tcp://localhost", "tcp://[::1]")
@@ -192,28 +201,14 @@ class Peer:
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.hwm)
         pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        if endpoint is None:
-            port = pub.bind_to_random_port(HOST)
-            endpoint = f"{HOST}:{port}"
-        else:
-            _loopback(endpoint)
-            pub.bind(endpoint)
-        self._pub = pub
-        return endpoint
+        return _bind(pub, endpoint)
 
     def _bind_router(self, endpoint: str | None) -> str:
         router = self.ctx.socket(zmq.ROUTER)
         self._router = router
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.SNDHWM, 2 * (self.buffer_steps + 1) + 10)
-        if endpoint is None:
-            port = router.bind_to_random_port(HOST)
-            endpoint = f"{HOST}:{port}"
-        else:
-            _loopback(endpoint)
-            router.bind(endpoint)
-        self._router = router
-        return endpoint
+        return _bind(router, endpoint)
 
     def _register(self) -> None:
         self._poller = zmq.Poller()
