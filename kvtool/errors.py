@@ -65,11 +65,19 @@ class EndpointError(KvtoolError):
     exit_status = ExitStatus.USAGE
 
 
+class OutputError(KvtoolError):
+    """An output kvtool refuses to write: it is one of the inputs, it exists without ``--force``,
+    it is not kvtool's own to replace, or another kvtool process holds it."""
+
+    exit_status = ExitStatus.USAGE
+
+
 __all__ = [
     "EndpointError",
     "ExitStatus",
     "KvtoolError",
     "MetadataError",
+    "OutputError",
     "ProtocolError",
     "RecordingError",
     "TruncatedRecording",
