@@ -66,8 +66,11 @@ class EndpointError(KvtoolError):
 
 
 class OutputError(KvtoolError):
-    """An output kvtool refuses to write: it is one of the inputs, it exists without ``--force``,
-    it is not kvtool's own to replace, or another kvtool process holds it."""
+    """An output kvtool refuses to write.
+
+    It is one of the inputs, it exists without ``--force``, it is not kvtool's own to replace,
+    or another kvtool process holds it.
+    """
 
     exit_status = ExitStatus.USAGE
 

@@ -30,14 +30,14 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(value: object) -> str:
-    """Return ``str(value)`` with every control and bidi-format character escaped.
+    r"""Return ``str(value)`` with every control and bidi-format character escaped.
 
     Args:
         value: Anything; ``None`` becomes ``""``.
 
     Returns:
-        A string with no character that a terminal would act on: ``"\\x1b[2J"`` comes back as
-        the six visible characters ``\\x1b[2J``.
+        A string with no character that a terminal would act on: an ESC byte comes back as the
+        four visible characters ``\x1b``.
     """
     if value is None:
         return ""
