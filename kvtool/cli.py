@@ -17,7 +17,7 @@ from kvtool.errors import ExitStatus, KvtoolError
 try:  # typer >= 0.22 vendors its own click
     from typer._click import exceptions as click_exc
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as click_exc  # type: ignore[no-redef]
+    from click import exceptions as click_exc  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 P = ParamSpec("P")
 
