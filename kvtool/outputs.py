@@ -14,9 +14,13 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
     byte in its first 64 KiB). Text carries no mark, so a text output replaces text only,
     never a recording, a Parquet file, an image or any other binary file;
   * a plot: a PNG, PDF or SVG file;
-  * an export directory: a directory holding kvtool's manifest (:data:`MANIFEST_NAME`)
-    and nothing but the files the manifest lists. Only those files are removed; a
-    directory without the manifest, or with any other file in it, is refused.
+  * an export directory: a directory holding nothing but kvtool's hive layout,
+    ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
+    The marks are the manifest: each file says kvtool wrote it, and a directory file
+    beside the parts would break readers that scan the directory (polars refuses mixed
+    extensions). Only those files are removed; a directory with any other entry (a file,
+    a symlink, another directory) is refused, and so is a non-empty one without
+    ``--force``.
 
   A directory is never replaced by a file output, nor a block device or socket. A
   character device or FIFO (``/dev/null``, a named pipe) is written to as a stream:
@@ -34,11 +38,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -46,8 +49,6 @@ from typing import IO
 
 from kvtool.errors import OutputError
 
-MANIFEST_NAME = ".kvtool-export.json"
-"""The file that marks a directory as kvtool's export layout and lists what it wrote."""
 PARQUET_KEY = "kvtool"
 """The Parquet key-value metadata key that marks a Parquet file as kvtool's."""
 MCAP_MAGIC = b"\x89MCAP0\r\n"
@@ -161,8 +162,8 @@ def _is_kvtool_parquet(path: PathLike, head: bytes) -> bool:
     import polars as pl
 
     try:
-        meta = pl.read_parquet_metadata(path)
-    except Exception:  # noqa: BLE001 -- any failure to read means: not recognisably ours
+        meta = pl.read_parquet_metadata(os.fspath(path))
+    except Exception:
         return False
     return PARQUET_KEY in meta
 
@@ -208,31 +209,51 @@ def recognise(path: PathLike, kind: OutputKind) -> bool:
     return _is_text(head)
 
 
-def _manifest_files(directory: Path) -> list[str] | None:
-    try:
-        data = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
-    if data.get("kvtool") is None or not isinstance(files, list):
-        return None
-    return [f for f in files if isinstance(f, str)]
+def export_entry_is_kvtool(directory: PathLike, rel: str) -> bool:
+    """Return True when ``directory/rel`` is a file of kvtool's export layout.
+
+    Args:
+        directory: The export directory.
+        rel: A path relative to it.
+
+    Returns:
+        True for ``channel=*/dp_rank=*/part-*.parquet``, a regular file (not a symlink)
+        that is a kvtool Parquet file.
+    """
+    parts = Path(rel).parts
+    if (
+        len(parts) != 3
+        or not parts[0].startswith("channel=")
+        or not parts[1].startswith("dp_rank=")
+        or not (parts[2].startswith("part-") and parts[2].endswith(".parquet"))
+    ):
+        return False
+    p = Path(directory, rel)
+    return p.is_file() and not p.is_symlink() and recognise(p, OutputKind.PARQUET)
 
 
-def _foreign_entry(directory: Path, listed: Sequence[str]) -> str | None:
-    """The first path under ``directory`` that the manifest does not list, if any."""
-    allowed = {MANIFEST_NAME, *listed}
-    dirs = {str(Path(f).parent) for f in listed}
-    dirs = {p for d in dirs for p in [d, *(str(x) for x in Path(d).parents)]}
-    for root, subdirs, files in os.walk(directory, followlinks=False):
-        rel_root = Path(root).relative_to(directory)
+def foreign_export_entry(directory: PathLike) -> str | None:
+    """Return the first entry under ``directory`` that is not kvtool's export, if any.
+
+    Args:
+        directory: An existing directory.
+
+    Returns:
+        Its path relative to ``directory`` (a trailing ``/`` for a directory), or None
+        when everything in it is kvtool's export layout.
+    """
+    top = Path(directory)
+    for root, subdirs, files in os.walk(top, followlinks=False):
+        rel_root = Path(root).relative_to(top)
+        depth = len(rel_root.parts)
         for name in files:
             rel = str(rel_root / name)
-            if rel not in allowed or not (Path(root) / name).is_file() or Path(root, name).is_symlink():
+            if not export_entry_is_kvtool(top, rel):
                 return rel
         for name in subdirs:
             rel = str(rel_root / name)
-            if rel not in dirs or Path(root, name).is_symlink():
+            prefix = ("channel=", "dp_rank=")[depth] if depth < 2 else None
+            if prefix is None or not name.startswith(prefix) or Path(root, name).is_symlink():
                 return rel + "/"
     return None
 
@@ -287,17 +308,11 @@ def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
         return
     if not force:
         raise OutputError(f"{out}: directory exists; pass --force to replace kvtool's export in it")
-    listed = _manifest_files(out)
-    if listed is None:
-        raise OutputError(
-            f"{out}: not a kvtool export directory (no {MANIFEST_NAME}); --force replaces "
-            "only a directory kvtool wrote, choose another path"
-        )
-    foreign = _foreign_entry(out, listed)
+    foreign = foreign_export_entry(out)
     if foreign is not None:
         raise OutputError(
-            f"{out}: holds {foreign}, which kvtool did not write; --force replaces only "
-            "kvtool's own export, choose another path"
+            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
+            "directory kvtool exported to, choose another path"
         )
 
 
@@ -356,7 +371,8 @@ class AtomicFile:
             return
         try:
             fd, tmp = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=f".kvtool-tmp{self.path.suffix}",
+                prefix=f".{self.path.name}.",
+                suffix=f".kvtool-tmp{self.path.suffix}",
                 dir=self.path.parent,
             )
         except OSError as err:
@@ -379,9 +395,13 @@ class AtomicFile:
         else:
             self.abort()
 
-    def open(self, mode: str = "w", **kwargs: object) -> IO[str] | IO[bytes]:
-        """Open the temporary file (``w``, ``wb`` …) for writing."""
-        return open(self.tmp, mode, **kwargs)  # type: ignore[call-overload,no-any-return]  # noqa: SIM115
+    def open_text(self, *, encoding: str = "utf-8", newline: str | None = "") -> IO[str]:
+        """Open the temporary file for writing text."""
+        return open(self.tmp, "w", encoding=encoding, newline=newline)
+
+    def open_bytes(self) -> IO[bytes]:
+        """Open the temporary file for writing bytes."""
+        return open(self.tmp, "wb")
 
     def commit(self) -> None:
         """Move the finished file into place.
@@ -434,9 +454,7 @@ class AtomicFile:
                 self.tmp.unlink()
 
 
-def write_text(
-    path: PathLike, text: str, *, force: bool, inputs: Iterable[PathLike] = ()
-) -> None:
+def write_text(path: PathLike, text: str, *, force: bool, inputs: Iterable[PathLike] = ()) -> None:
     """Write a text output (a report) atomically under the output rule.
 
     Args:
@@ -451,8 +469,8 @@ def write_text(
     check_output(path, kind=OutputKind.TEXT, force=force, inputs=inputs)
     with AtomicFile(path, force=force) as af:
         try:
-            with af.open("w", encoding="utf-8", newline="") as f:
-                f.write(text)  # type: ignore[arg-type]
+            with af.open_text() as f:
+                f.write(text)
         except OSError as err:
             raise OutputError(f"{path}: cannot write: {err.strerror}") from err
 
@@ -507,12 +525,13 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
 
 
 __all__ = [
-    "MANIFEST_NAME",
     "PARQUET_KEY",
     "AtomicFile",
     "OutputKind",
     "check_not_input",
     "check_output",
+    "export_entry_is_kvtool",
+    "foreign_export_entry",
     "is_kvtool_recording",
     "is_stdout",
     "open_locked",

@@ -48,8 +48,10 @@ _U64 = 1 << 64
 
 
 class RecordingPathError(RecordingError, OutputError):
-    """The output path cannot be used: it exists (without ``force``), is an input, is not
-    kvtool's to replace, is locked by another writer, or cannot be created.
+    """The output path cannot be used (see :mod:`kvtool.outputs` for the rule).
+
+    It exists (without ``force``), is an input, is not kvtool's to replace, is locked by
+    another writer, or cannot be created.
 
     A usage problem (exit status 2): the user picks another path or passes ``--force``.
     """
@@ -175,7 +177,7 @@ class RecordingWriter:
             if atomic:
                 # A copy (replay -o): written under a temporary name, renamed at close.
                 self._atomic = AtomicFile(self.path, force=force)
-                return open(self._atomic.tmp, "wb")  # noqa: SIM115
+                return open(self._atomic.tmp, "wb")
             # A live recording is written in place, so a killed recorder leaves a readable
             # file at its path; the lock makes a second writer of the same path refuse.
             return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
