@@ -212,13 +212,20 @@ def test_issue8_1_failed_export_leaves_old_output(tmp_path: Path, rec: Path) -> 
     from kvtool.errors import RecordingError
     from kvtool.export import export_table
 
-    out = tmp_path / "t.parquet"
-    export_table([rec], out)
-    before = out.read_bytes()
-    with pytest.raises(RecordingError):
-        export_table([rec, tmp_path / "missing.mcap"], out, force=True)
-    assert out.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.mcap", "t.parquet"]
+    for out in (tmp_path / "t.parquet", tmp_path / "d"):
+        export_table([rec], out)
+        before = sorted(
+            (p.relative_to(out), p.read_bytes()) for p in [out, *out.rglob("*")] if p.is_file()
+        )
+        code, err = _export(str(rec), str(tmp_path / "missing.mcap"), "-o", str(out), "--force")
+        assert code != 0 and "missing.mcap" in err
+        after = sorted(
+            (p.relative_to(out), p.read_bytes()) for p in [out, *out.rglob("*")] if p.is_file()
+        )
+        assert after == before
+        with pytest.raises(RecordingError):
+            export_table([rec, tmp_path / "missing.mcap"], out, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "g.mcap", "t.parquet"]
 
 
 # -- issue 9.7: export and copy as library calls ---------------------------------------------
