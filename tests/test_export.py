@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.columns import TABLE_SCHEMA
+from kvtool.recording import RecordedMessage
 from tests.conftest import capture_truth
 from tests.test_report import record_capture
 
@@ -31,8 +33,12 @@ def test_parquet_roundtrip(rec: Path, tmp_path: Path) -> None:
     df = pl.read_parquet(out)
     truth = capture_truth("gemma3")
     assert list(df.columns) == list(TABLE_SCHEMA)
-    assert df.height == truth["block_stored"]["total"]["blocks"] + truth["block_removed"][
-        "total"]["blocks"] + truth["all_blocks_cleared"]
+    assert (
+        df.height
+        == truth["block_stored"]["total"]["blocks"]
+        + truth["block_removed"]["total"]["blocks"]
+        + truth["all_blocks_cleared"]
+    )
     stores = df.filter(pl.col("type") == "BlockStored")
     assert stores["tokens"].sum() == truth["block_stored"]["total"]["tokens"]
     by_kind = dict(stores.group_by("kind").agg(pl.len()).iter_rows())
@@ -40,7 +46,8 @@ def test_parquet_roundtrip(rec: Path, tmp_path: Path) -> None:
     # Removes carry the kind of their group (learned from the annotated stores).
     removes = df.filter(pl.col("type") == "BlockRemoved")
     assert dict(removes.group_by("kind").agg(pl.len()).iter_rows()) == {
-        "full_attention": 214, "sliding_window": 1314
+        "full_attention": 214,
+        "sliding_window": 1314,
     }
 
 
@@ -54,7 +61,8 @@ def test_export_with_groups_annotates_old_layout(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     df = pl.read_parquet(out)
     assert set(df.filter(pl.col("type") != "AllBlocksCleared")["kind"]) == {
-        "full_attention", "sliding_window"
+        "full_attention",
+        "sliding_window",
     }
 
 
@@ -71,8 +79,12 @@ def test_csv_roundtrip(rec: Path, tmp_path: Path) -> None:
 def test_directory_is_hive_partitioned(tmp_path: Path) -> None:
     a = record_capture("gemma3", tmp_path / "a.mcap", endpoint="tcp://h:5557", dp_rank=0)
     # The first layout names no rank in its batches: the channel's rank applies.
-    b = record_capture("full_only.legacy-array-initial.signed", tmp_path / "b.mcap",
-                       endpoint="tcp://h:5558", dp_rank=1)
+    b = record_capture(
+        "full_only.legacy-array-initial.signed",
+        tmp_path / "b.mcap",
+        endpoint="tcp://h:5558",
+        dp_rank=1,
+    )
     out = tmp_path / "fleet"
     result = runner.invoke(app, ["export", str(a), str(b), "-o", str(out)])
     assert result.exit_code == 0, result.stderr
@@ -100,8 +112,15 @@ def test_refuses_to_overwrite(rec: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(rec), "-o", str(out)])
     assert result.exit_code == 2
     assert "--force" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    # b"x" is not kvtool's Parquet: --force does not replace it (issue 8.1).
     result = runner.invoke(app, ["export", str(rec), "-o", str(out), "--force"])
-    assert result.exit_code == 0
+    assert result.exit_code == 2
+    assert "not a kvtool Parquet file" in result.stderr
+    assert out.read_bytes() == b"x"
+    out.unlink()
+    for _ in range(2):  # the second run replaces kvtool's own file
+        result = runner.invoke(app, ["export", str(rec), "-o", str(out), "--force"])
+        assert result.exit_code == 0, result.stderr
     assert pl.read_parquet(out).height == 3419
 
 
@@ -109,3 +128,161 @@ def test_unknown_suffix(rec: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(rec), "-o", str(tmp_path / "t.xlsx")])
     assert result.exit_code == 2
     assert "use .parquet, .csv or a directory" in result.stderr
+
+
+# -- issue 8.1: --force replaces only what kvtool wrote (run only in tmp_path) ------------------
+
+
+def _export(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["export", *args])
+    return result.exit_code, result.stderr
+
+
+def test_issue8_1_force_never_deletes_a_directory_with_the_input(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    rec = record_capture("gemma3", work / "run.mcap")
+    notes = work / "notes.txt"
+    notes.write_text("precious")
+    code, err = _export(str(rec), "-o", str(work), "--force")
+    assert code == 2
+    assert "holds the input" in err and len(err.strip().splitlines()) == 1
+    assert rec.is_file() and notes.read_text() == "precious"
+
+
+def test_issue8_1_force_never_deletes_an_unmarked_directory(rec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "data.parquet").write_bytes(b"user data")
+    (out / "keep.txt").write_text("keep")
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 2 and "not kvtool's export" in err
+    assert (out / "keep.txt").read_text() == "keep"
+    assert (out / "sub" / "data.parquet").read_bytes() == b"user data"
+
+
+def test_issue8_1_force_replaces_kvtool_export_and_refuses_if_foreign_added(
+    rec: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "fleet"
+    assert _export(str(rec), "-o", str(out))[0] == 0
+    first = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
+    assert first
+    code, err = _export(str(rec), "-o", str(out))
+    assert code == 2 and "--force" in err
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.relative_to(out) for p in out.rglob("*.parquet")) == first
+    assert pl.scan_parquet(out, hive_partitioning=True).collect().height == 3419
+    assert not list(tmp_path.glob(".fleet*"))  # no temporary or old directory left
+    # A file the user put into kvtool's directory makes it no longer kvtool's alone.
+    part_dir = out / first[0].parent
+    (part_dir / "mine.parquet").write_bytes(b"mine")
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 2 and "mine.parquet" in err
+    assert (part_dir / "mine.parquet").read_bytes() == b"mine"
+    assert sorted(p.relative_to(out) for p in out.rglob("part-*.parquet")) == first
+
+
+def test_issue8_1_csv_force_replaces_text_but_never_a_recording(rec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    code, err = _export(str(rec), "-o", str(tmp_path / "copy.csv"), "--force")
+    assert code == 0, err
+    # A file named .csv that holds a recording is binary, not text: refused.
+    out.write_bytes(rec.read_bytes())
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 2 and "not a kvtool text file" in err
+    assert out.read_bytes() == rec.read_bytes()
+    out.write_text("a,b\n1,2\n")
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 0, err
+    assert out.read_text().startswith("log_time,")
+
+
+def test_issue8_1_output_is_the_input(rec: Path, tmp_path: Path) -> None:
+    link = tmp_path / "link.csv"
+    link.symlink_to(rec)
+    before = rec.read_bytes()
+    code, err = _export(str(rec), "-o", str(link), "--force")
+    assert code == 2 and "is also an input" in err
+    assert rec.read_bytes() == before
+
+
+def test_issue8_1_failed_export_leaves_old_output(tmp_path: Path, rec: Path) -> None:
+    from kvtool.errors import RecordingError
+    from kvtool.export import export_table
+
+    for out in (tmp_path / "t.parquet", tmp_path / "d"):
+        export_table([rec], out)
+        before = sorted(
+            (p.relative_to(out), p.read_bytes()) for p in [out, *out.rglob("*")] if p.is_file()
+        )
+        code, err = _export(str(rec), str(tmp_path / "missing.mcap"), "-o", str(out), "--force")
+        assert code != 0 and "missing.mcap" in err
+        after = sorted(
+            (p.relative_to(out), p.read_bytes()) for p in [out, *out.rglob("*")] if p.is_file()
+        )
+        assert after == before
+        with pytest.raises(RecordingError):
+            export_table([rec, tmp_path / "missing.mcap"], out, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "g.mcap", "t.parquet"]
+
+
+# -- issue 9.7: export and copy as library calls ---------------------------------------------
+
+
+def test_issue9_7_export_table_library(rec: Path, tmp_path: Path) -> None:
+    from kvtool.columns import ReadStats
+    from kvtool.export import ExportLayout, export_table
+    from kvtool.outputs import PARQUET_KEY
+
+    stats = ReadStats()
+    res = export_table([rec], tmp_path / "t.parquet", stats=stats)
+    assert (res.layout, res.rows, stats.messages) == (ExportLayout.PARQUET, 3419, stats.messages)
+    assert PARQUET_KEY in pl.read_parquet_metadata(tmp_path / "t.parquet")
+    res = export_table([rec], tmp_path / "d")
+    assert res.layout is ExportLayout.DIRECTORY and res.rows == 3419
+    assert all((tmp_path / "d" / f).is_file() for f in res.files)
+    res = export_table([rec], tmp_path / "t.csv")
+    assert res.layout is ExportLayout.CSV
+    assert pl.read_csv(tmp_path / "t.csv").height == 3419
+
+
+def test_issue9_7_copy_batches_library(rec: Path, tmp_path: Path) -> None:
+    from kvtool.export import copy_batches
+    from kvtool.recording import RecordingPathError, open_recording
+
+    out = tmp_path / "copy.mcap"
+    with open_recording(rec) as src:
+        msgs = list(src.messages())
+        n = copy_batches(msgs[:10], out, [src])
+        with pytest.raises(RecordingPathError, match="file exists"):
+            copy_batches(msgs, out, [src])
+        with pytest.raises(RecordingPathError, match="is also an input"):
+            copy_batches(msgs, rec, [src], force=True)
+    assert n == 10
+    with open_recording(out) as r:
+        got = list(r.messages())
+    assert [(m.seq, m.data, m.log_time) for m in got] == [
+        (m.seq, m.data, m.log_time) for m in msgs[:10]
+    ]
+
+
+def test_issue9_7_failed_copy_leaves_target(rec: Path, tmp_path: Path) -> None:
+    from kvtool.export import copy_batches
+    from kvtool.recording import open_recording
+
+    out = tmp_path / "copy.mcap"
+    with open_recording(rec) as src:
+        msgs = list(src.messages())
+        copy_batches(msgs[:3], out, [src])
+        before = out.read_bytes()
+
+        def boom() -> Iterator[RecordedMessage]:
+            yield from msgs[:5]
+            raise RuntimeError("disk on fire")
+
+        with pytest.raises(RuntimeError):
+            copy_batches(boom(), out, [src], force=True)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mcap", "g.mcap"]

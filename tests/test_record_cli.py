@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvtool.cli import app
-from kvtool.recording import open_recording
+from kvtool.recording import RecordingWriter, open_recording
 from tests.conftest import capture_messages, capture_truth
 from tests.peer import Peer
 from tests.test_live_faults import free_port
@@ -97,6 +97,13 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
 def test_force_overwrites(tmp_path: Path) -> None:
     out = tmp_path / "r.mcap"
     out.write_bytes(b"old")
+    # --force replaces only a kvtool recording (issue 8.1's rule), never other bytes.
+    res = runner.invoke(app, ["record", "5557", "-o", str(out), "--force"])
+    assert res.exit_code == 2 and "is not a kvtool recording" in res.stderr
+    assert out.read_bytes() == b"old"
+    out.unlink()
+    with RecordingWriter(out) as w:
+        w.write(w.add_channel("tcp://old:1"), 0, capture_messages("full_only")[0][2], 1)
     msgs = capture_messages("full_only")[:5]
     with Peer(msgs) as peer:
         res = runner.invoke(app, ["record", peer.endpoint, "-o", str(out), "--force", "-q",

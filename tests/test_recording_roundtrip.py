@@ -140,8 +140,16 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
         RecordingWriter(path)
     assert ei.value.exit_status == ExitStatus.USAGE
     assert path.read_bytes() == b"precious"
-    with RecordingWriter(path, force=True) as w:
-        w.write(w.add_channel("tcp://h:1"), 0, EMPTY_BATCH, 1)
+    # --force replaces only a kvtool recording (kvtool/outputs.py), never other bytes.
+    with pytest.raises(RecordingPathError, match=r"is not a kvtool recording"):
+        RecordingWriter(path, force=True)
+    assert path.read_bytes() == b"precious"
+    path.unlink()
+    for n in (3, 1):
+        with RecordingWriter(path, force=True) as w:
+            ch = w.add_channel("tcp://h:1")
+            for seq in range(n):
+                w.write(ch, seq, EMPTY_BATCH, 1 + seq)
     with open_recording(path) as r:
         assert len(list(r.messages())) == 1
 

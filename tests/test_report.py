@@ -667,7 +667,9 @@ def test_empty_and_clear_only_recordings(tmp_path: Path) -> None:
         assert rep["totals"]["blocks_stored"] == 0
         assert rep["timeline"] == []
         png = tmp_path / "p.png"
-        result = runner.invoke(app, ["report", str(rec), "--every", "1s", "--plot", str(png)])
+        result = runner.invoke(
+            app, ["report", str(rec), "--every", "1s", "--plot", str(png), "--force"]
+        )
         assert result.exit_code == 0, result.stderr
         assert png.exists()
         assert "total" in result.stdout

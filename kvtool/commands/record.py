@@ -19,6 +19,7 @@ from kvtool.capture import (
 )
 from kvtool.commands import get_env, parse_duration_ns
 from kvtool.errors import ExitStatus, RecordingError, UsageError
+from kvtool.outputs import OutputKind, check_output, is_stdout
 
 
 def _human_bytes(n: int) -> str:
@@ -155,7 +156,7 @@ def record(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Overwrite an existing recording.")
+        bool, typer.Option("--force", help="Replace an existing kvtool recording.")
     ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No live status and no summary line.")
@@ -189,7 +190,7 @@ def record(
     if history and not replay:
         raise UsageError("--history needs --replay: the history comes from the replay buffer")
     group_list = load_groups(groups) if groups is not None else None
-    _check_output(output, force)
+    _check_output(output, force, [groups] if groups is not None else [])
 
     live: Live | None = None
     if not quiet and env.err.is_terminal:
@@ -242,15 +243,11 @@ def _timeout_ns(text: str, option: str) -> int | None:
     return parse_duration_ns(text, option=option)
 
 
-def _check_output(output: Path, force: bool) -> None:
-    """Fail early, before any socket, on an output path that cannot be written."""
-    if output.is_dir():
-        raise UsageError(f"{output}: is a directory; give a file name, e.g. {output}/run.mcap")
-    if output.exists() and not force:
-        raise UsageError(f"{output}: file exists; pass --force to overwrite it")
-    parent = output.parent if str(output.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{output}: directory {parent} does not exist")
+def _check_output(output: Path, force: bool, inputs: list[Path]) -> None:
+    """Fail early, before any socket, on an output path kvtool must not write."""
+    if is_stdout(output):
+        raise UsageError("record -o -: a recording is a file (it survives a crash); give a path")
+    check_output(output, kind=OutputKind.RECORDING, force=force, inputs=inputs)
 
 
 COMMANDS = {"record": record}

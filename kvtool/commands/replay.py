@@ -6,12 +6,14 @@ import re
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
 from kvtool.commands import Env, get_env
 from kvtool.errors import ExitStatus, UsageError
+from kvtool.export import RecordingCopy
+from kvtool.outputs import is_stdout
 from kvtool.protocol import EVENT_TYPES
 from kvtool.replay import (
     BatchFilter,
@@ -27,7 +29,6 @@ from kvtool.replay import (
 
 if TYPE_CHECKING:
     from kvtool.publish import PublishItem, PublishStats
-    from kvtool.recording import RecordingWriter
 
 
 class EventFormat(StrEnum):
@@ -112,11 +113,14 @@ def replay(
             "--output",
             "-o",
             metavar="FILE.mcap",
-            help="Write the selected batches, bytes unchanged, to a new recording.",
+            help="Write the selected batches, bytes unchanged, to a new recording "
+            "(- for stdout).",
             show_default=False,
         ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite --output.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace --output if it is a kvtool recording.")
+    ] = False,
     annotate: Annotated[
         bool,
         typer.Option(
@@ -466,8 +470,7 @@ class _Sinks:
     ) -> None:
         from kvtool.render.events import JsonlWriter, PrettyWriter
 
-        self.writer: RecordingWriter | None = None
-        self.channels: dict[tuple[str, str], int] = {}
+        self.copy: RecordingCopy | None = None
         self.printer: JsonlWriter | PrettyWriter | None = None
         if show_events:
             multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
@@ -477,50 +480,41 @@ class _Sinks:
                 else PrettyWriter(env.out, multi_channel=multi)
             )
         if output is not None:
-            from kvtool.recording import RecordingWriter
-
-            self.writer = RecordingWriter(
-                output,
-                force=force,
-                context={"replayed_from": [str(r.path) for r in rp.readers]},
+            self.copy = RecordingCopy(
+                output, rp.readers, given=rp.given, force=force, stream=_binary_stdout(
+                    env, output, show_events
+                )
             )
-            self._groups(rp)
-        self.written = 0
 
-    def _groups(self, rp: Replay) -> None:
-        assert self.writer is not None
-        if rp.given is not None:
-            self.writer.add_groups(rp.given.to_metadata(), rp.given.source)
-            return
-        from kvtool.recording import format as rfmt
-
-        for r in rp.readers:
-            for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
-                g = rec.get("groups")
-                ch = rec.get("channel")
-                if isinstance(g, list):
-                    self.writer.add_groups(
-                        g, str(rec.get("source") or r.path), ch if isinstance(ch, str) else None
-                    )
+    @property
+    def written(self) -> int:
+        return self.copy.written if self.copy is not None else 0
 
     def feed(self, item: ReplayBatch) -> None:
         if self.printer is not None:
             self.printer.write(item)
-        if self.writer is not None:
-            m = item.message
-            ch = m.channel
-            key = (ch.endpoint, ch.topic)
-            cid = self.channels.get(key)
-            if cid is None:
-                cid = self.channels[key] = self.writer.add_channel(
-                    ch.endpoint, ch.topic, ch.dp_rank
-                )
-            self.writer.write(cid, m.seq, m.data, m.log_time, m.publish_time)
-            self.written += 1
+        if self.copy is not None:
+            self.copy.write(item.message)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.copy is not None:
+            self.copy.close()
+
+    def abort(self) -> None:
+        if self.copy is not None:
+            self.copy.abort()
+
+
+def _binary_stdout(env: Env, output: Path, show_events: bool) -> IO[bytes] | None:
+    """The stream for ``-o -`` (the recording on stdout), or None for a file output."""
+    if not is_stdout(output):
+        return None
+    if show_events:
+        raise UsageError("-o - writes the recording to stdout; drop --format or give -o FILE")
+    if env.stdout_is_tty:
+        raise UsageError("-o -: refusing to write a binary recording to a terminal; redirect it")
+    env.stdout.flush()
+    return env.stdout.buffer
 
 
 def _run_plain(
@@ -532,12 +526,15 @@ def _run_plain(
             sinks.feed(item)
             if rp.new_warnings:
                 _warn(rp, env)
-    finally:
-        sinks.close()
+    except BaseException:
+        sinks.abort()  # the output stays as it was: no half-written copy
+        raise
+    sinks.close()
     env.stdout.flush()
     if output is not None and not env.quiet:
+        where = "stdout" if is_stdout(output) else output
         env.err.print(
-            f"kvtool: wrote {sinks.written} batches to {output}", markup=False, highlight=False
+            f"kvtool: wrote {sinks.written} batches to {where}", markup=False, highlight=False
         )
     return ExitStatus.OK
 
@@ -674,6 +671,9 @@ def _run_publish(
             f"kvtool: interrupted after {progress.sent} batches", markup=False, highlight=False
         )
         return ExitStatus.INTERRUPTED
+    except BaseException:
+        sinks.abort()
+        raise
     sinks.close()
     env.stdout.flush()
     if not env.quiet and stats is not None:

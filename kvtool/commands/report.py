@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import get_env, parse_duration_ns
-from kvtool.errors import ExitStatus, KvtoolError, UsageError
+from kvtool.errors import ExitStatus, UsageError
+from kvtool.outputs import AtomicFile, OutputKind, check_output, is_stdout, write_text
 from kvtool.render.report import (
     TABLES,
     render_csv,
@@ -60,8 +61,14 @@ def report(
         ReportFormat, typer.Option("--format", "-f", help="table, json, csv or markdown.")
     ] = ReportFormat.table,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Write the report to FILE instead of stdout.")
+        Path | None,
+        typer.Option("--output", "-o", "--out",
+                     help="Write the report to FILE instead of stdout (- is stdout)."),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace an existing text FILE of -o or image of --plot."),
+    ] = False,
     plot: Annotated[
         Path | None,
         typer.Option("--plot", help="Draw live blocks and eviction rate per kind into FILE.png "
@@ -90,6 +97,14 @@ def report(
     """
     env = get_env()
     tables = _parse_by(by)
+    if is_stdout(out):
+        out = None
+    inputs = [*files, *([groups] if groups is not None else [])]
+    # Refuse a bad output before the work, not after it.
+    if out is not None:
+        check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
+    if plot is not None:
+        check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
     every_ns = parse_duration_ns(every, option="--every") if every is not None else None
     if plot is not None and every_ns is None:
         every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
@@ -118,16 +133,14 @@ def report(
         console = Console(file=buf, width=200, soft_wrap=True) if buf is not None else env.out
         render_table(shown, console, tables)
     if buf is not None and out is not None:
-        try:
-            out.write_text(buf.getvalue())
-        except OSError as err:
-            raise KvtoolError(f"{out}: cannot write the report: {err.strerror}") from err
+        write_text(out, buf.getvalue(), force=force, inputs=inputs)
     else:
         env.stdout.flush()
     if plot is not None:
         from kvtool.plot import plot_report
 
-        plot_report(rep, plot)
+        with AtomicFile(plot, force=force) as af:
+            plot_report(rep, af.tmp)
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:

@@ -9,7 +9,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import IO, TypeVar
 
@@ -17,7 +17,8 @@ from mcap.records import MessageIndex
 from mcap.writer import CompressionType, Writer
 
 import kvtool
-from kvtool.errors import ExitStatus, RecordingError
+from kvtool.errors import ExitStatus, OutputError, RecordingError
+from kvtool.outputs import AtomicFile, OutputKind, check_output, open_locked
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 
@@ -46,8 +47,11 @@ def _has_fast_path(writer: Writer) -> bool:
 _U64 = 1 << 64
 
 
-class RecordingPathError(RecordingError):
-    """The output path cannot be used: it exists (without ``force``) or cannot be created.
+class RecordingPathError(RecordingError, OutputError):
+    """The output path cannot be used (see :mod:`kvtool.outputs` for the rule).
+
+    It exists (without ``force``), is an input, is not kvtool's to replace, is locked by
+    another writer, or cannot be created.
 
     A usage problem (exit status 2): the user picks another path or passes ``--force``.
     """
@@ -58,7 +62,11 @@ class RecordingPathError(RecordingError):
 class RecordingWriter:
     """Writes one recording. Use as a context manager; the file is closed properly on exit.
 
-    The file is created exclusively (``open("xb")``) unless ``force`` is set. The open
+    The output follows kvtool's output rule (:mod:`kvtool.outputs`): created exclusively
+    unless ``force`` is set, and ``force`` replaces only a kvtool recording that is not
+    one of ``inputs``. A recording is written in place under an exclusive ``flock`` (a
+    second writer of the same path refuses); with ``atomic`` (a copy, ``replay -o``) it is
+    written under a temporary name and renamed into place by :meth:`close`. The open
     chunk is closed and the file flushed whenever a write finds ``flush_interval_ns``
     passed since the last flush (and at least by :meth:`flush`, which a recorder calls
     from its poll loop), so a SIGKILL loses at most about one interval of messages.
@@ -70,9 +78,13 @@ class RecordingWriter:
         compression: ``"zstd"``, ``"lz4"`` or ``"none"``.
         flush_interval_ns: Longest time data stays only in memory.
         context: Extra keys for the ``kvtool.recording`` metadata record.
+        inputs: Files the caller reads; the output may not be one of them.
+        atomic: Write under a temporary name, rename into place at :meth:`close`.
+        stream: Write to this binary stream (stdout) instead of opening ``path``.
 
     Raises:
-        RecordingPathError: The file exists (without ``force``) or cannot be created.
+        RecordingPathError: The output rule refuses the path, another writer holds it,
+            or it cannot be created.
         RecordingError: An unknown compression or a bad chunk size.
 
     Once a write fails (disk full, file size limit, I/O error), every later call raises
@@ -89,6 +101,9 @@ class RecordingWriter:
         compression: str = "zstd",
         flush_interval_ns: int = fmt.DEFAULT_FLUSH_INTERVAL_NS,
         context: dict[str, object] | None = None,
+        inputs: Iterable[str | os.PathLike[str]] = (),
+        atomic: bool = False,
+        stream: IO[bytes] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         try:
@@ -104,21 +119,9 @@ class RecordingWriter:
                 f"chunk_size ({chunk_size}) and flush_interval_ns ({flush_interval_ns}) "
                 "must be positive"
             )
-        try:
-            # "xb": never overwrite a recording by accident (rosbags writer.py:214).
-            self._file: IO[bytes] = open(self.path, "wb" if force else "xb")  # noqa: SIM115
-        except FileExistsError:
-            raise RecordingPathError(
-                f"{self.path}: file exists; pass --force to overwrite it or choose another path"
-            ) from None
-        except IsADirectoryError:
-            raise RecordingPathError(
-                f"{self.path}: is a directory; give a file name such as run.mcap"
-            ) from None
-        except OSError as err:
-            raise RecordingPathError(
-                f"{self.path}: cannot create: {err.strerror}; choose a writable path"
-            ) from err
+        self._atomic: AtomicFile | None = None
+        self._own_file = stream is None
+        self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
         self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp)
         self._chunk_size = chunk_size
         self._add = self._add_fast if _has_fast_path(self._writer) else self._add_public
@@ -151,8 +154,46 @@ class RecordingWriter:
             self._file.flush()
         except OSError as err:
             self._close_quietly()
+            if self._atomic is not None:
+                self._atomic.abort()
             raise RecordingPathError(
                 f"{self.path}: cannot write: {err.strerror}; choose a writable path with free space"
+            ) from err
+
+    def _open(
+        self,
+        stream: IO[bytes] | None,
+        *,
+        force: bool,
+        inputs: Iterable[str | os.PathLike[str]],
+        atomic: bool,
+    ) -> IO[bytes]:
+        """Open the output under kvtool's output rule (kvtool/outputs.py)."""
+        if stream is not None:
+            return stream
+        try:
+            if os.path.lexists(self.path) or os.path.isdir(self.path):
+                check_output(self.path, kind=OutputKind.RECORDING, force=force, inputs=inputs)
+            if atomic:
+                # A copy (replay -o): written under a temporary name, renamed at close.
+                self._atomic = AtomicFile(self.path, force=force)
+                return open(self._atomic.tmp, "wb")
+            # A live recording is written in place, so a killed recorder leaves a readable
+            # file at its path; the lock makes a second writer of the same path refuse.
+            return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
+        except OutputError as err:
+            if self._atomic is not None:
+                self._atomic.abort()
+            raise RecordingPathError(str(err)) from None
+        except IsADirectoryError:
+            raise RecordingPathError(
+                f"{self.path}: is a directory; give a file name such as run.mcap"
+            ) from None
+        except OSError as err:
+            if self._atomic is not None:
+                self._atomic.abort()
+            raise RecordingPathError(
+                f"{self.path}: cannot create: {err.strerror}; choose a writable path"
             ) from err
 
     def __enter__(self) -> RecordingWriter:
@@ -164,7 +205,10 @@ class RecordingWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        if exc_type is not None and self._atomic is not None:
+            self.abort()
+        else:
+            self.close()
 
     def add_channel(self, endpoint: str, topic: str = "", dp_rank: int | None = None) -> int:
         """Register (or find) the channel for one (endpoint, topic).
@@ -356,15 +400,39 @@ class RecordingWriter:
         if self._failed is not None:
             self._closed = True
             self._close_quietly()
+            if self._atomic is not None:
+                self._atomic.abort()
             return
         try:
             if ledger is not None:
                 self.add_metadata(fmt.META_GAPS, {"ledger": ledger})
             self._guard(self._writer.finish)
             self._guard(self._file.flush)
-        finally:
+        except BaseException:
             self._closed = True
             self._close_quietly()
+            if self._atomic is not None:
+                self._atomic.abort()
+            raise
+        self._closed = True
+        self._close_quietly()
+        if self._atomic is not None:
+            try:
+                self._atomic.commit()
+            except OutputError as err:
+                raise RecordingPathError(str(err)) from None
+
+    def abort(self) -> None:
+        """Close without finishing; a copy (``atomic``) is dropped, its target untouched.
+
+        A recording written in place keeps what was flushed (the reader recovers it).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._close_quietly()
+        if self._atomic is not None:
+            self._atomic.abort()
 
     @property
     def closed(self) -> bool:
@@ -375,7 +443,10 @@ class RecordingWriter:
         # Buffered bytes that cannot be written (disk full): the error was already
         # reported; what reached the disk stays readable.
         with contextlib.suppress(OSError):
-            self._file.close()
+            if self._own_file:
+                self._file.close()
+            else:
+                self._file.flush()
 
     def _guard(self, fn: Callable[[], T]) -> T:
         if self._failed is not None:

@@ -1,0 +1,440 @@
+"""Export and copy as library calls: the flat table to Parquet/CSV, selected batches to MCAP.
+
+Both follow kvtool's output rule (:mod:`kvtool.outputs`): never over an input, ``force``
+replaces only kvtool's own output, and nothing is in place until it is complete.
+
+- :func:`export_table` writes the flat block-event table (one row per block event,
+  annotated) to one Parquet file, one CSV file, or a directory of Parquet files
+  partitioned hive-style by ``channel`` and ``dp_rank``. Every Parquet file carries the
+  key-value metadata key :data:`kvtool.outputs.PARQUET_KEY`, which is how ``--force``
+  recognises kvtool's own file or directory (the marks are the manifest).
+- :class:`RecordingCopy` (``replay -o``) writes selected batches, payload bytes
+  unchanged, to a new recording under a temporary name, renamed into place on
+  :meth:`RecordingCopy.close`; :func:`copy_batches` drives it over an iterable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import kvtool
+from kvtool.errors import OutputError, UsageError
+from kvtool.outputs import (
+    PARQUET_KEY,
+    AtomicFile,
+    OutputKind,
+    check_output,
+    export_entry_is_kvtool,
+    is_stdout,
+)
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from kvtool.annotate import GroupTable
+    from kvtool.columns import ReadStats
+    from kvtool.recording import RecordedMessage, RecordingReader, RecordingWriter
+
+PARTITION_COLUMNS = ("channel", "dp_rank")
+
+PathLike = str | os.PathLike[str]
+
+
+class ExportLayout(StrEnum):
+    """The three shapes of an export."""
+
+    PARQUET = "parquet"
+    CSV = "csv"
+    DIRECTORY = "directory"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_table` wrote.
+
+    Attributes:
+        path: The output.
+        layout: Its shape.
+        rows: Table rows written.
+        files: Files written (relative to ``path`` for a directory).
+    """
+
+    path: Path
+    layout: ExportLayout
+    rows: int
+    files: tuple[str, ...]
+
+
+def export_layout(output: PathLike) -> ExportLayout:
+    """Return the layout an output path asks for.
+
+    A path that is a directory, ends with a separator or has no suffix is a directory;
+    ``.parquet`` and ``.csv`` are one file each.
+
+    Args:
+        output: The ``-o`` path.
+
+    Returns:
+        The layout.
+
+    Raises:
+        UsageError: ``-`` (export writes files) or an unknown suffix.
+    """
+    if is_stdout(output):
+        raise UsageError("export -o -: export writes files; give OUT.parquet, OUT.csv or a DIR")
+    text = os.fspath(output)
+    p = Path(text)
+    suffix = p.suffix.lower()
+    if p.is_dir() or text.endswith(os.sep) or suffix == "":
+        return ExportLayout.DIRECTORY
+    if suffix == ".parquet":
+        return ExportLayout.PARQUET
+    if suffix == ".csv":
+        return ExportLayout.CSV
+    raise UsageError(f"{text}: unknown output type {suffix!r}; use .parquet, .csv or a directory")
+
+
+def _parquet_metadata() -> dict[str, str]:
+    return {PARQUET_KEY: json.dumps({"kvtool_version": kvtool.__version__, "table": "events"})}
+
+
+def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
+    """The exported columns: TABLE_SCHEMA, kind ``unannotated`` for blocks without one."""
+    import polars as pl
+
+    from kvtool.columns import TABLE_SCHEMA, UNANNOTATED
+
+    return df.with_columns(
+        kind=pl.when(pl.col("kind").is_null() & (pl.col("type") != "AllBlocksCleared"))
+        .then(pl.lit(UNANNOTATED))
+        .otherwise(pl.col("kind"))
+    ).select(list(TABLE_SCHEMA))
+
+
+def _empty_frame() -> pl.DataFrame:
+    from kvtool.columns import empty_table
+
+    return _export_frame(empty_table())
+
+
+def _partition_dir(channel: str | None, rank: int | None) -> str:
+    ch = urllib.parse.quote(channel or "", safe="")
+    rk = "__HIVE_DEFAULT_PARTITION__" if rank is None else str(rank)
+    return f"channel={ch}/dp_rank={rk}"
+
+
+def export_table(
+    files: Sequence[PathLike],
+    output: PathLike,
+    *,
+    groups_file: PathLike | None = None,
+    group_flags: Sequence[str] | None = None,
+    force: bool = False,
+    stats: ReadStats | None = None,
+) -> ExportResult:
+    """Write the annotated flat table of ``files`` to ``output`` (Parquet, CSV or a directory).
+
+    Recordings are read chunk by chunk; nothing appears at ``output`` until the export is
+    complete, and a failure leaves what was there before.
+
+    Args:
+        files: Recordings.
+        output: ``OUT.parquet``, ``OUT.csv`` or a directory (see :func:`export_layout`).
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        force: Replace kvtool's own earlier export at ``output``.
+        stats: Receives read counts and problems.
+
+    Returns:
+        What was written.
+
+    Raises:
+        OutputError: The output rule refuses ``output``, or writing fails.
+        UsageError: An unknown output suffix.
+        MetadataError: Invalid group metadata.
+        RecordingError: A recording cannot be opened.
+    """
+    from kvtool.columns import ReadStats, iter_annotated
+
+    layout = export_layout(output)
+    out = Path(output)
+    inputs = [*files, *([groups_file] if groups_file is not None else [])]
+    kind = {
+        ExportLayout.PARQUET: OutputKind.PARQUET,
+        ExportLayout.CSV: OutputKind.TEXT,
+        ExportLayout.DIRECTORY: OutputKind.EXPORT_DIR,
+    }[layout]
+    check_output(out, kind=kind, force=force, inputs=inputs)
+    st = stats if stats is not None else ReadStats()
+    chunks = (
+        _export_frame(c)
+        for c in iter_annotated(
+            [os.fspath(f) for f in files],
+            groups_file=os.fspath(groups_file) if groups_file is not None else None,
+            group_flags=group_flags or None,
+            stats=st,
+        )
+    )
+    try:
+        if layout is ExportLayout.DIRECTORY:
+            rows, written = _write_directory(out, chunks, force=force)
+        elif layout is ExportLayout.CSV:
+            rows, written = _write_csv(out, chunks, force=force)
+        else:
+            rows, written = _write_parquet(out, chunks, force=force)
+    except OSError as err:
+        raise OutputError(f"{out}: cannot write: {err.strerror or err}") from err
+    return ExportResult(path=out, layout=layout, rows=rows, files=written)
+
+
+def _write_csv(
+    out: Path, chunks: Iterator[pl.DataFrame], *, force: bool
+) -> tuple[int, tuple[str, ...]]:
+    rows = 0
+    with AtomicFile(out, force=force) as af, af.open_text() as f:
+        n = -1
+        for n, frame in enumerate(chunks):
+            rows += frame.height
+            frame.write_csv(f, include_header=(n == 0))
+        if n < 0:
+            _empty_frame().write_csv(f)
+    return rows, (out.name,)
+
+
+def _write_parquet(
+    out: Path, chunks: Iterator[pl.DataFrame], *, force: bool
+) -> tuple[int, tuple[str, ...]]:
+    import polars as pl
+
+    rows = 0
+    # Parquet has no append: spill chunks to Arrow IPC beside the output, then stream
+    # them into one file.
+    with (
+        AtomicFile(out, force=force) as af,
+        tempfile.TemporaryDirectory(
+            prefix=f".{out.name}.", suffix=".kvtool-tmp", dir=out.parent
+        ) as tmp,
+    ):
+        parts = []
+        for n, frame in enumerate(chunks):
+            rows += frame.height
+            p = Path(tmp) / f"{n:05d}.arrow"
+            frame.write_ipc(p)
+            parts.append(str(p))
+        if parts:
+            pl.scan_ipc(parts).sink_parquet(af.tmp, metadata=_parquet_metadata())
+        else:
+            _empty_frame().write_parquet(af.tmp, metadata=_parquet_metadata())
+    return rows, (out.name,)
+
+
+def _write_directory(
+    out: Path, chunks: Iterator[pl.DataFrame], *, force: bool
+) -> tuple[int, tuple[str, ...]]:
+    """Write the hive layout into a new directory beside ``out``, then swap it in."""
+    resolved = out.resolve()
+    parent = resolved.parent
+    new = Path(tempfile.mkdtemp(prefix=f".{resolved.name}.", suffix=".kvtool-tmp", dir=parent))
+    rows = 0
+    written: list[str] = []
+    try:
+        for n, frame in enumerate(chunks):
+            rows += frame.height
+            for (ch, rk), part in frame.group_by(PARTITION_COLUMNS, maintain_order=True):
+                rel = f"{_partition_dir(ch, rk)}/part-{n:05d}.parquet"  # type: ignore[arg-type,unused-ignore]
+                (new / rel).parent.mkdir(parents=True, exist_ok=True)
+                part.drop(PARTITION_COLUMNS).write_parquet(new / rel, metadata=_parquet_metadata())
+                written.append(rel)
+        os.chmod(new, 0o777 & ~_umask())
+        _swap_in(new, resolved, force=force)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)  # only ever the new directory kvtool made
+        raise
+    return rows, tuple(written)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _swap_in(new: Path, out: Path, *, force: bool) -> None:
+    """Put the finished directory ``new`` at ``out``; remove only kvtool's files of the old one."""
+    if not out.exists():
+        try:
+            os.rename(new, out)
+        except OSError as err:
+            raise OutputError(f"{out}: cannot move the export into place: {err.strerror}") from err
+        return
+    # Checked again now: the directory may have changed since check_output.
+    check_output(out, kind=OutputKind.EXPORT_DIR, force=force)
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".kvtool-old", dir=out.parent))
+    os.rmdir(old)
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        os.rename(old, out)
+        raise
+    _remove_export(old)
+
+
+def _remove_export(directory: Path) -> None:
+    """Delete kvtool's export files under ``directory`` and the emptied dirs; nothing else."""
+    for root, _dirs, files in os.walk(directory, followlinks=False):
+        for name in files:
+            rel = str(Path(root, name).relative_to(directory))
+            if export_entry_is_kvtool(directory, rel):
+                with contextlib.suppress(OSError):
+                    Path(root, name).unlink()
+    for root, _dirs, _files in sorted(os.walk(directory), key=lambda w: -len(w[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(root)  # only empty directories go; anything foreign stays
+
+
+# -- replay -o: the selected batches, bytes unchanged ----------------------------------------
+
+
+class RecordingCopy:
+    """A new recording of selected batches, payload bytes unchanged (``replay -o``).
+
+    Written under a temporary name beside ``output`` and renamed into place by
+    :meth:`close`; :meth:`abort` (or an exception in a ``with`` block) leaves ``output``
+    as it was. ``-`` writes the recording to ``stream`` instead.
+
+    Args:
+        output: The new recording's path, or ``-``.
+        sources: The recordings read (their paths are the inputs; their group metadata is
+            copied unless ``given`` is set).
+        given: Group metadata given on the command line, stored instead.
+        force: Replace an existing kvtool recording at ``output``.
+        stream: The binary stream for ``-``.
+
+    Attributes:
+        written: Batches written.
+
+    Raises:
+        RecordingPathError: The output rule refuses ``output``.
+    """
+
+    def __init__(
+        self,
+        output: PathLike,
+        sources: Sequence[RecordingReader],
+        *,
+        given: GroupTable | None = None,
+        force: bool = False,
+        stream: IO[bytes] | None = None,
+    ) -> None:
+        from kvtool.recording import RecordingWriter
+        from kvtool.recording import format as rfmt
+
+        self.path = os.fspath(output)
+        if is_stdout(self.path) and stream is None:
+            raise UsageError("-o -: no stream to write the recording to")
+        self.writer: RecordingWriter = RecordingWriter(
+            self.path,
+            force=force,
+            inputs=[r.path for r in sources],
+            atomic=True,
+            stream=stream if is_stdout(self.path) else None,
+            context={"replayed_from": [str(r.path) for r in sources]},
+        )
+        self.channels: dict[tuple[str, str], int] = {}
+        self.written = 0
+        if given is not None:
+            self.writer.add_groups(given.to_metadata(), given.source)
+            return
+        for r in sources:
+            for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
+                g = rec.get("groups")
+                ch = rec.get("channel")
+                if isinstance(g, list):
+                    self.writer.add_groups(
+                        g, str(rec.get("source") or r.path), ch if isinstance(ch, str) else None
+                    )
+
+    def __enter__(self) -> RecordingCopy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, m: RecordedMessage) -> None:
+        """Append one recorded message to the copy, bytes and times unchanged.
+
+        Args:
+            m: A message read from one of the sources.
+        """
+        ch = m.channel
+        key = (ch.endpoint, ch.topic)
+        cid = self.channels.get(key)
+        if cid is None:
+            cid = self.channels[key] = self.writer.add_channel(ch.endpoint, ch.topic, ch.dp_rank)
+        self.writer.write(cid, m.seq, m.data, m.log_time, m.publish_time)
+        self.written += 1
+
+    def close(self) -> None:
+        """Finish the recording and move it into place."""
+        self.writer.close()
+
+    def abort(self) -> None:
+        """Drop the unfinished copy; ``output`` stays as it was."""
+        self.writer.abort()
+
+
+def copy_batches(
+    messages: Iterable[RecordedMessage],
+    output: PathLike,
+    sources: Sequence[RecordingReader],
+    *,
+    given: GroupTable | None = None,
+    force: bool = False,
+    stream: IO[bytes] | None = None,
+) -> int:
+    """Copy ``messages`` into a new recording at ``output`` (see :class:`RecordingCopy`).
+
+    Args:
+        messages: The selected messages, in the order to write them.
+        output: The new recording, or ``-`` with ``stream``.
+        sources: The recordings the messages come from.
+        given: Group metadata to store instead of the sources'.
+        force: Replace an existing kvtool recording at ``output``.
+        stream: The binary stream for ``-``.
+
+    Returns:
+        Batches written.
+
+    Raises:
+        RecordingPathError: The output rule refuses ``output``.
+        RecordingError: Writing failed (``output`` is left as it was).
+    """
+    with RecordingCopy(output, sources, given=given, force=force, stream=stream) as copy:
+        for m in messages:
+            copy.write(m)
+    return copy.written
+
+
+__all__ = [
+    "PARTITION_COLUMNS",
+    "ExportLayout",
+    "ExportResult",
+    "RecordingCopy",
+    "copy_batches",
+    "export_layout",
+    "export_table",
+]

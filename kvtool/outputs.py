@@ -1,0 +1,541 @@
+"""Output paths: the one place that decides what kvtool may write, replace or lock.
+
+The rule, for every command that writes (``record -o``, ``replay -o``, ``report -o``,
+``report --plot``, ``export -o``):
+
+- An output that is one of the command's inputs (same device and inode, through any
+  symlink or hard link) is refused, and so is a directory output that holds an input.
+- An existing output is refused unless ``--force`` is given, and ``--force`` replaces only
+  what kvtool recognises as its own kind of output:
+
+  * a recording: an MCAP file whose header has profile ``kvtool``;
+  * a Parquet file: its key-value metadata holds the key ``kvtool``;
+  * a text output (CSV, JSON, Markdown, a table): a regular text file (UTF-8, no NUL
+    byte in its first 64 KiB). Text carries no mark, so a text output replaces text only,
+    never a recording, a Parquet file, an image or any other binary file;
+  * a plot: a PNG, PDF or SVG file;
+  * an export directory: a directory holding nothing but kvtool's hive layout,
+    ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
+    The marks are the manifest: each file says kvtool wrote it, and a directory file
+    beside the parts would break readers that scan the directory (polars refuses mixed
+    extensions). Only those files are removed; a directory with any other entry (a file,
+    a symlink, another directory) is refused, and so is a non-empty one without
+    ``--force``.
+
+  A directory is never replaced by a file output, nor a block device or socket. A
+  character device or FIFO (``/dev/null``, a named pipe) is written to as a stream:
+  nothing is replaced.
+- Files are written to a temporary name in the output's directory and renamed into
+  place only when complete (:class:`AtomicFile`), so a failure leaves the old output
+  intact. A recording that ``record`` writes is the exception: it is written in place so
+  a killed recorder leaves a readable file at the path given, under an exclusive lock
+  (:func:`open_locked`) so a second writer of the same path refuses.
+- ``-`` means stdout where the output is a stream (``report -o -``, ``replay -o -``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from kvtool.errors import OutputError
+
+PARQUET_KEY = "kvtool"
+"""The Parquet key-value metadata key that marks a Parquet file as kvtool's."""
+MCAP_MAGIC = b"\x89MCAP0\r\n"
+KVTOOL_PROFILE = "kvtool"
+_SNIFF_BYTES = 64 * 1024
+_IMAGE_MAGICS = (b"\x89PNG\r\n\x1a\n", b"%PDF-")
+
+PathLike = str | os.PathLike[str]
+
+
+class OutputKind(StrEnum):
+    """What an output is, which decides what ``--force`` may replace."""
+
+    RECORDING = "recording"
+    PARQUET = "Parquet file"
+    TEXT = "text file"
+    IMAGE = "image"
+    EXPORT_DIR = "export directory"
+
+
+def is_stdout(path: PathLike | None) -> bool:
+    """Return True when ``path`` is ``-``, the spelling of stdout for stream outputs."""
+    return path is not None and os.fspath(path) == "-"
+
+
+def _stat(path: PathLike) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise OutputError(f"{os.fspath(path)}: cannot check the output: {err.strerror}") from err
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """Return True when ``a`` and ``b`` are the same file (device and inode, links followed).
+
+    Args:
+        a: A path.
+        b: Another path.
+
+    Returns:
+        True when both exist and are one file.
+    """
+    sa, sb = _stat(a), _stat(b)
+    return sa is not None and sb is not None and (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _inside(path: PathLike, directory: PathLike) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(directory).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def check_not_input(output: PathLike, inputs: Iterable[PathLike]) -> None:
+    """Refuse an output that is one of the inputs, or a directory that holds one.
+
+    Args:
+        output: The output path.
+        inputs: Every file the command reads (recordings, groups files).
+
+    Raises:
+        OutputError: The output is an input (same device and inode), or lies around one.
+    """
+    out = os.fspath(output)
+    st = _stat(out)
+    for inp in inputs:
+        i = os.fspath(inp)
+        if i == "-":
+            continue
+        if same_file(out, i):
+            raise OutputError(
+                f"{out}: is also an input ({i}); kvtool never writes over its input, "
+                "choose another output path"
+            )
+        if st is not None and stat.S_ISDIR(st.st_mode) and _inside(i, out):
+            raise OutputError(
+                f"{out}: holds the input {i}; choose an output directory outside the inputs"
+            )
+
+
+def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def is_kvtool_recording(head: bytes) -> bool:
+    """Return True when ``head`` (a file's first bytes) starts a kvtool MCAP recording.
+
+    Args:
+        head: At least the first few hundred bytes of the file.
+
+    Returns:
+        True for MCAP magic followed by a Header record of profile ``kvtool``.
+    """
+    if not head.startswith(MCAP_MAGIC) or len(head) < len(MCAP_MAGIC) + 13:
+        return False
+    pos = len(MCAP_MAGIC)
+    if head[pos] != 0x01:  # Header record
+        return False
+    n = int.from_bytes(head[pos + 9 : pos + 13], "little")
+    profile = head[pos + 13 : pos + 13 + n]
+    return len(profile) == n and profile == KVTOOL_PROFILE.encode()
+
+
+def _is_kvtool_parquet(path: PathLike, head: bytes) -> bool:
+    if not head.startswith(b"PAR1"):
+        return False
+    import polars as pl
+
+    try:
+        meta = pl.read_parquet_metadata(os.fspath(path))
+    except Exception:
+        return False
+    return PARQUET_KEY in meta
+
+
+def _is_text(head: bytes) -> bool:
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # A multi-byte character cut by the sniff window is still text.
+        return err.start >= len(head) - 3 and err.reason == "unexpected end of data"
+    return True
+
+
+def _is_image(head: bytes) -> bool:
+    if not head or head.startswith(_IMAGE_MAGICS):
+        return True
+    text = head.lstrip()
+    return _is_text(head) and (text.startswith((b"<?xml", b"<svg")))
+
+
+def recognise(path: PathLike, kind: OutputKind) -> bool:
+    """Return True when the existing regular file ``path`` is kvtool's ``kind`` of output.
+
+    Args:
+        path: An existing regular file.
+        kind: The kind of output about to replace it.
+
+    Returns:
+        Whether ``--force`` may replace it (see the module docstring).
+    """
+    try:
+        head = _read_head(path)
+    except OSError:
+        return False
+    if kind is OutputKind.RECORDING:
+        return is_kvtool_recording(head)
+    if kind is OutputKind.PARQUET:
+        return _is_kvtool_parquet(path, head)
+    if kind is OutputKind.IMAGE:
+        return _is_image(head)
+    return _is_text(head)
+
+
+def export_entry_is_kvtool(directory: PathLike, rel: str) -> bool:
+    """Return True when ``directory/rel`` is a file of kvtool's export layout.
+
+    Args:
+        directory: The export directory.
+        rel: A path relative to it.
+
+    Returns:
+        True for ``channel=*/dp_rank=*/part-*.parquet``, a regular file (not a symlink)
+        that is a kvtool Parquet file.
+    """
+    parts = Path(rel).parts
+    if (
+        len(parts) != 3
+        or not parts[0].startswith("channel=")
+        or not parts[1].startswith("dp_rank=")
+        or not (parts[2].startswith("part-") and parts[2].endswith(".parquet"))
+    ):
+        return False
+    p = Path(directory, rel)
+    return p.is_file() and not p.is_symlink() and recognise(p, OutputKind.PARQUET)
+
+
+def foreign_export_entry(directory: PathLike) -> str | None:
+    """Return the first entry under ``directory`` that is not kvtool's export, if any.
+
+    Args:
+        directory: An existing directory.
+
+    Returns:
+        Its path relative to ``directory`` (a trailing ``/`` for a directory), or None
+        when everything in it is kvtool's export layout.
+    """
+    top = Path(directory)
+    for root, subdirs, files in os.walk(top, followlinks=False):
+        rel_root = Path(root).relative_to(top)
+        depth = len(rel_root.parts)
+        for name in files:
+            rel = str(rel_root / name)
+            if not export_entry_is_kvtool(top, rel):
+                return rel
+        for name in subdirs:
+            rel = str(rel_root / name)
+            prefix = ("channel=", "dp_rank=")[depth] if depth < 2 else None
+            if prefix is None or not name.startswith(prefix) or Path(root, name).is_symlink():
+                return rel + "/"
+    return None
+
+
+def check_output(
+    output: PathLike, *, kind: OutputKind, force: bool, inputs: Iterable[PathLike] = ()
+) -> None:
+    """Refuse an output path kvtool must not write (the rule in the module docstring).
+
+    Args:
+        output: The output path (``-`` is stdout and always allowed).
+        kind: What the command writes there.
+        force: ``--force`` was given.
+        inputs: Every file the command reads.
+
+    Raises:
+        OutputError: The output is an input, exists without ``force``, is not kvtool's to
+            replace, or its directory does not exist.
+    """
+    out = os.fspath(output)
+    if out == "-":
+        return
+    check_not_input(out, inputs)
+    st = _stat(out)
+    if st is None:
+        parent = Path(out).parent
+        if not parent.is_dir():
+            raise OutputError(f"{out}: directory {parent} does not exist")
+        return
+    if kind is OutputKind.EXPORT_DIR:
+        _check_export_dir(Path(out), st, force)
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{out}: is a directory; give a file name")
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+        return  # a stream (/dev/null, a named pipe): written to, nothing replaced
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{out}: not a regular file; kvtool writes only regular files")
+    if not force:
+        raise OutputError(f"{out}: file exists; pass --force to overwrite it")
+    if not recognise(out, kind):
+        raise OutputError(
+            f"{out}: exists and is not a kvtool {kind}; --force replaces only kvtool's own "
+            "outputs, choose another path"
+        )
+
+
+def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{out}: exists and is not a directory; give a directory name")
+    if not any(out.iterdir()):
+        return
+    if not force:
+        raise OutputError(f"{out}: directory exists; pass --force to replace kvtool's export in it")
+    foreign = foreign_export_entry(out)
+    if foreign is not None:
+        raise OutputError(
+            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
+            "directory kvtool exported to, choose another path"
+        )
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _refuse_if_locked(path: PathLike) -> None:
+    """Refuse when another kvtool process holds the lock on the existing file ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(
+            f"{os.fspath(path)}: another kvtool process is writing it; choose another path"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def _is_stream(path: PathLike) -> bool:
+    st = _stat(path)
+    return st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))
+
+
+class AtomicFile:
+    """A file written under a temporary name beside its target and renamed into place.
+
+    Until :meth:`commit`, the target is untouched; :meth:`abort` (or leaving the ``with``
+    block with an exception) removes the temporary file. Without ``force`` the commit
+    links the file into place and fails if something appeared at the target meanwhile.
+    A character device or FIFO target is written to directly.
+
+    Args:
+        path: The target (already checked with :func:`check_output`).
+        force: Replace an existing target.
+
+    Attributes:
+        path: The target.
+        tmp: Where to write; keeps the target's suffix (plot libraries pick the format
+            from it).
+    """
+
+    def __init__(self, path: PathLike, *, force: bool) -> None:
+        self.path = Path(path)
+        self.force = force
+        self._done = False
+        self.direct = _is_stream(self.path)
+        if self.direct:
+            self.tmp = self.path
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{self.path.name}.",
+                suffix=f".kvtool-tmp{self.path.suffix}",
+                dir=self.path.parent,
+            )
+        except OSError as err:
+            raise OutputError(f"{self.path}: cannot create: {err.strerror}") from err
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        self.tmp = Path(tmp)
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+    def open_text(self, *, encoding: str = "utf-8", newline: str | None = "") -> IO[str]:
+        """Open the temporary file for writing text."""
+        return open(self.tmp, "w", encoding=encoding, newline=newline)
+
+    def open_bytes(self) -> IO[bytes]:
+        """Open the temporary file for writing bytes."""
+        return open(self.tmp, "wb")
+
+    def commit(self) -> None:
+        """Move the finished file into place.
+
+        Raises:
+            OutputError: The target appeared meanwhile (without ``force``) or another
+                kvtool process holds it.
+        """
+        if self._done:
+            return
+        self._done = True
+        if self.direct:
+            return
+        try:
+            if self.force:
+                _refuse_if_locked(self.path)
+                os.replace(self.tmp, self.path)
+                return
+            try:
+                os.link(self.tmp, self.path)
+            except FileExistsError:
+                raise OutputError(
+                    f"{self.path}: file exists; pass --force to overwrite it"
+                ) from None
+            except OSError as err:
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV):
+                    raise
+                # A file system without hard links: rename (not atomic against a racer).
+                if self.path.exists():
+                    raise OutputError(
+                        f"{self.path}: file exists; pass --force to overwrite it"
+                    ) from None
+                os.rename(self.tmp, self.path)
+                return
+            os.unlink(self.tmp)
+        except OSError as err:
+            raise OutputError(f"{self.path}: cannot write: {err.strerror}") from err
+        finally:
+            with contextlib.suppress(OSError):
+                if self.tmp.exists() and self.tmp != self.path:
+                    self.tmp.unlink()
+
+    def abort(self) -> None:
+        """Drop the temporary file; the target stays as it was."""
+        if self._done:
+            return
+        self._done = True
+        if not self.direct:
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
+
+
+def write_text(path: PathLike, text: str, *, force: bool, inputs: Iterable[PathLike] = ()) -> None:
+    """Write a text output (a report) atomically under the output rule.
+
+    Args:
+        path: The output file.
+        text: Its whole content.
+        force: ``--force`` was given.
+        inputs: The command's inputs.
+
+    Raises:
+        OutputError: The rule refuses the path, or the write fails.
+    """
+    check_output(path, kind=OutputKind.TEXT, force=force, inputs=inputs)
+    with AtomicFile(path, force=force) as af:
+        try:
+            with af.open_text() as f:
+                f.write(text)
+        except OSError as err:
+            raise OutputError(f"{path}: cannot write: {err.strerror}") from err
+
+
+def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
+    """Open ``path`` for writing in place under an exclusive lock held until it is closed.
+
+    Used for recordings ``record`` writes, which must be readable at their own path after
+    a crash. The lock (``flock``) makes a second writer of the same path refuse instead of
+    both writing one file. With ``force`` an existing file is truncated only once the lock
+    is held and the file is still recognised as kvtool's ``kind``.
+
+    Args:
+        path: The output file.
+        force: Replace an existing file.
+        kind: What is written.
+
+    Returns:
+        The open binary file (locked).
+
+    Raises:
+        OutputError: The file exists without ``force``, is not kvtool's, or is locked.
+        OSError: It cannot be created (the caller words the error).
+    """
+    p = os.fspath(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if force else os.O_EXCL)
+    try:
+        fd = os.open(p, flags, 0o666)
+    except FileExistsError:
+        raise OutputError(f"{p}: file exists; pass --force to overwrite it") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputError(
+                    f"{p}: another kvtool process is writing it; choose another path"
+                ) from None
+            if st.st_size > 0:
+                head = os.pread(fd, 512, 0)
+                if kind is OutputKind.RECORDING and not is_kvtool_recording(head):
+                    raise OutputError(
+                        f"{p}: exists and is not a kvtool {kind}; --force replaces only "
+                        "kvtool's own outputs, choose another path"
+                    )
+                os.ftruncate(fd, 0)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+__all__ = [
+    "PARQUET_KEY",
+    "AtomicFile",
+    "OutputKind",
+    "check_not_input",
+    "check_output",
+    "export_entry_is_kvtool",
+    "foreign_export_entry",
+    "is_kvtool_recording",
+    "is_stdout",
+    "open_locked",
+    "recognise",
+    "same_file",
+    "write_text",
+]

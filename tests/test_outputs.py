@@ -1,0 +1,261 @@
+"""kvtool.outputs: no command writes over an input, --force replaces only kvtool's own output.
+
+Every test works inside ``tmp_path``: on the code before the fix these commands destroyed
+files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.errors import ExitStatus, OutputError
+from kvtool.outputs import (
+    AtomicFile,
+    OutputKind,
+    check_output,
+    is_kvtool_recording,
+    open_locked,
+    recognise,
+    write_text,
+)
+from kvtool.recording import RecordingPathError, RecordingWriter, open_recording
+from tests.test_live_faults import free_port
+from tests.test_report import record_capture
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def rec(tmp_path: Path) -> Path:
+    return record_capture("gemma3", tmp_path / "run.mcap")
+
+
+def _one_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+# -- 8.2: an output that is one of the inputs ------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink", "dotted"])
+def test_issue8_2_replay_refuses_its_own_input(rec: Path, tmp_path: Path, how: str) -> None:
+    before = rec.read_bytes()
+    if how == "same":
+        out = rec
+    elif how == "symlink":
+        out = tmp_path / "alias.mcap"
+        out.symlink_to(rec)
+    elif how == "hardlink":
+        out = tmp_path / "twin.mcap"
+        os.link(rec, out)
+    else:
+        out = tmp_path / "." / ".." / tmp_path.name / rec.name
+    result = runner.invoke(app, ["replay", str(rec), "-o", str(out), "--force", "--kind", "mamba"])
+    assert result.exit_code == ExitStatus.USAGE
+    assert "is also an input" in _one_line(result.stderr)
+    assert rec.read_bytes() == before
+
+
+def test_issue8_2_report_refuses_its_own_input(rec: Path) -> None:
+    before = rec.read_bytes()
+    for args in (["-o", str(rec)], ["-o", str(rec), "--force"], ["--plot", str(rec), "--force"]):
+        result = runner.invoke(app, ["report", str(rec), *args])
+        assert result.exit_code == ExitStatus.USAGE, args
+        assert rec.name in _one_line(result.stderr)
+    assert rec.read_bytes() == before
+
+
+def test_issue8_2_record_refuses_groups_file_as_output(tmp_path: Path) -> None:
+    groups = tmp_path / "groups.json"
+    groups.write_text('[{"group_idx": 0, "kind": "full_attention"}]')
+    result = runner.invoke(
+        app, ["record", "5557", "-o", str(groups), "--groups", str(groups), "--force"]
+    )
+    assert result.exit_code == ExitStatus.USAGE
+    assert "is also an input" in _one_line(result.stderr)
+    assert groups.read_text().startswith("[{")
+
+
+def test_issue8_2_library_refuses_input(rec: Path) -> None:
+    with pytest.raises(OutputError, match=r"is also an input"):
+        check_output(rec, kind=OutputKind.RECORDING, force=True, inputs=[rec])
+    with pytest.raises(OutputError, match=r"holds the input"):
+        check_output(rec.parent, kind=OutputKind.EXPORT_DIR, force=True, inputs=[rec])
+
+
+# -- 8.4: two writers of one path ------------------------------------------------------------
+
+
+def _kvtool(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvtool", *args]
+
+
+def test_issue8_4_second_recorder_of_same_output_refuses(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    first = subprocess.Popen(
+        _kvtool(
+            "record", endpoint, "-o", str(out), "-q", "--duration", "120s", "--connect-timeout", "0"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        # Wait (bounded) until the first recorder has written its header: it holds the lock.
+        deadline = time.monotonic() + 60
+        while not (out.exists() and is_kvtool_recording(out.read_bytes()[:512])):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "the first recorder never started"
+            time.sleep(0.05)
+        second = subprocess.run(
+            _kvtool("record", endpoint, "-o", str(out), "--force", "-q", "--duration", "1s"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode == ExitStatus.USAGE, second.stderr
+        assert _one_line(second.stderr) == (
+            f"kvtool: {out}: another kvtool process is writing it; choose another path"
+        )
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    with open_recording(out) as r:  # the first recorder's file, closed properly
+        assert r.recovery is None or not r.recovery.damaged
+        assert list(r.messages()) == []
+
+
+def test_issue8_4_writer_lock_in_process(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out) as w:
+        with pytest.raises(RecordingPathError, match=r"another kvtool process is writing it"):
+            RecordingWriter(out, force=True)
+        w.write(
+            w.add_channel("tcp://h:1"), 0, b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\xc0", 1
+        )
+    with RecordingWriter(out, force=True):  # released at close
+        pass
+
+
+def test_issue8_4_atomic_replace_respects_the_lock(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out):
+        af = AtomicFile(out, force=True)
+        af.tmp.write_bytes(b"new")
+        with pytest.raises(OutputError, match=r"another kvtool process is writing it"):
+            af.commit()
+    assert is_kvtool_recording(out.read_bytes())
+    assert [p.name for p in tmp_path.iterdir()] == ["r.mcap"]
+
+
+# -- 11.10: one --force rule ------------------------------------------------------------------
+
+
+def test_issue11_10_report_output_needs_force(rec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.txt"
+    out.write_text("mine")
+    result = runner.invoke(app, ["report", str(rec), "-o", str(out), "--format", "json"])
+    assert result.exit_code == ExitStatus.USAGE
+    assert _one_line(result.stderr) == f"kvtool: {out}: file exists; pass --force to overwrite it"
+    assert out.read_text() == "mine"
+    result = runner.invoke(app, ["report", str(rec), "--output", str(out), "-f", "json", "--force"])
+    assert result.exit_code == 0, result.stderr
+    assert out.read_text().startswith("{")
+
+
+def test_issue11_10_dash_is_stdout(rec: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["report", str(rec), "-o", "-", "--format", "json"])
+    assert result.exit_code == 0 and result.stdout.startswith("{")
+    assert not (Path.cwd() / "-").exists()
+    result = runner.invoke(app, ["replay", str(rec), "-o", "-"])
+    assert result.exit_code == 0, result.stderr
+    copy = tmp_path / "copy.mcap"
+    copy.write_bytes(result.stdout_bytes)
+    with open_recording(copy) as r:
+        assert len(list(r.messages())) > 0
+    result = runner.invoke(app, ["export", str(rec), "-o", "-"])
+    assert result.exit_code == ExitStatus.USAGE and "export writes files" in result.stderr
+
+
+def test_issue11_10_force_never_replaces_a_foreign_file(rec: Path, tmp_path: Path) -> None:
+    photo = tmp_path / "photo.mcap"
+    photo.write_bytes(b"\xff\xd8\xff\xe0 not a recording")
+    for cmd in (["replay", str(rec), "--kind", "mamba"], ["report", str(rec)]):
+        result = runner.invoke(app, [*cmd, "-o", str(photo), "--force"])
+        assert result.exit_code == ExitStatus.USAGE, cmd
+        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+    assert photo.read_bytes() == b"\xff\xd8\xff\xe0 not a recording"
+
+
+# -- the rule, piece by piece -----------------------------------------------------------------
+
+
+def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
+    text = tmp_path / "a.csv"
+    text.write_text("x,y\n1,2\n")
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))
+    assert recognise(rec, OutputKind.RECORDING)
+    assert not recognise(text, OutputKind.RECORDING)
+    assert recognise(text, OutputKind.TEXT)
+    assert not recognise(rec, OutputKind.TEXT)
+    assert not recognise(png, OutputKind.TEXT)
+    assert recognise(png, OutputKind.IMAGE)
+    assert not recognise(text, OutputKind.IMAGE)
+    assert not recognise(rec, OutputKind.PARQUET)
+
+
+def test_directories_and_devices(tmp_path: Path) -> None:
+    with pytest.raises(OutputError, match=r"is a directory"):
+        check_output(tmp_path, kind=OutputKind.TEXT, force=True)
+    with pytest.raises(OutputError, match=r"directory .* does not exist"):
+        check_output(tmp_path / "no" / "x.txt", kind=OutputKind.TEXT, force=False)
+    check_output("/dev/null", kind=OutputKind.TEXT, force=False)  # a stream, nothing replaced
+    write_text("/dev/null", "x", force=False)
+    assert os.path.exists("/dev/null") and not Path("/dev/null").is_file()
+
+
+def test_atomic_file_abort_and_race(tmp_path: Path) -> None:
+    out = tmp_path / "o.txt"
+    out.write_text("old")
+    with pytest.raises(RuntimeError), AtomicFile(out, force=True) as af:
+        af.tmp.write_text("half")
+        raise RuntimeError
+    assert out.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["o.txt"]
+    # Without --force, a file that appears meanwhile is never replaced.
+    new = tmp_path / "n.txt"
+    af = AtomicFile(new, force=False)
+    af.tmp.write_text("mine")
+    new.write_text("theirs")
+    with pytest.raises(OutputError, match=r"file exists"):
+        af.commit()
+    assert new.read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.txt", "o.txt"]
+
+
+def test_atomic_file_keeps_umask_permissions(tmp_path: Path) -> None:
+    out = tmp_path / "o.txt"
+    write_text(out, "x", force=False)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_open_locked_checks_kind_before_truncating(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    out.write_bytes(b"precious")
+    with pytest.raises(OutputError, match=r"not a kvtool recording"):
+        open_locked(out, force=True, kind=OutputKind.RECORDING)
+    assert out.read_bytes() == b"precious"
