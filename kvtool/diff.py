@@ -197,11 +197,10 @@ class RowDiff:
         if not changes:
             return f"{self.label}: no change"
         top = changes[0]
-        more = f", {len(changes) - 1} more" if len(changes) > 1 else ""
         return (
             f"{self.label}: {len(changes)} of {len(self.metrics)} metrics changed; largest "
             f"{top.metric} {format_rel(top)} ({format_number(top.a)} -> "
-            f"{format_number(top.b)}){more}"
+            f"{format_number(top.b)})"
         )
 
     def to_dict(self) -> dict[str, object]:

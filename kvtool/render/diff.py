@@ -20,19 +20,30 @@ HEADER = ("metric", "A", "B", "delta", "change")
 """Column headers of every diff table: the metric, its value in A and B, B - A, and the
 relative change (``new`` when A is 0)."""
 
+LEGEND = "delta = B - A; change = delta / A (new: A was 0); absent: no such row there"
+"""The line under the summary that explains the columns."""
+
 _TITLES = {"kind": "kind", "window": "sliding window", "group": "group"}
 
 
-def _side_line(name: str, side: dict[str, object]) -> str:
+def _line(console: Console, text: str) -> None:
+    # Wrapped at the console's width (folded inside a long path), never cut with "…".
+    console.print(text, markup=False, highlight=False, soft_wrap=False)
+
+
+def _side_lines(name: str, side: dict[str, object]) -> tuple[str, str]:
     recs = side.get("recordings")
     paths = ", ".join(str(r) for r in recs) if isinstance(recs, list) else str(recs)
     batches = side.get("batches")
     events = side.get("events")
     meta = side.get("group_metadata")
     meta_text = "; ".join(str(m) for m in meta) if isinstance(meta, list) and meta else "none"
-    return printable(
-        f"{name}: {paths} - {_count(batches, 'batch', 'batches')}, "
-        f"{_count(events, 'event', 'events')}; group metadata: {meta_text}"
+    return (
+        printable(
+            f"{name}: {paths} - {_count(batches, 'batch', 'batches')}, "
+            f"{_count(events, 'event', 'events')}"
+        ),
+        printable(f"group metadata: {meta_text}"),
     )
 
 
@@ -93,19 +104,24 @@ def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> 
     """Print the sides, a verdict per row, and a table of the changed metrics of each row.
 
     Each table has five narrow columns (metric, A, B, delta, change) and folds rather than
-    cuts a value, so it fits 80 columns with nothing replaced by ``…``.
+    cuts a value, and every text line wraps at the console's width, so the output fits 80
+    columns with nothing replaced by ``…``.
 
     Args:
         diff: The comparison.
         console: Where to print (stdout's console).
         all_metrics: Show unchanged metrics too.
     """
-    console.print(_side_line("A", diff.a), markup=False, highlight=False)
-    console.print(_side_line("B", diff.b), markup=False, highlight=False)
-    console.print(f"diff by {_TITLES[diff.by]}: {_summary(diff)}", markup=False, highlight=False)
+    for name, side in (("A", diff.a), ("B", diff.b)):
+        first, meta = _side_lines(name, side)
+        _line(console, first)
+        _line(console, f"   {meta}")
+    _line(console, f"diff by {_TITLES[diff.by]}: {_summary(diff)}")
+    if diff.changed:
+        _line(console, LEGEND)
     for row in [*diff.rows, diff.totals]:
         console.print()
-        console.print(printable(row.verdict), markup=False, highlight=False)
+        _line(console, printable(row.verdict))
         shown = _shown(row, all_metrics=all_metrics)
         if not shown:
             continue
@@ -118,11 +134,11 @@ def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> 
     if diff.checks:
         console.print()
     for line in check_lines(diff):
-        console.print(line, markup=False, highlight=False)
+        _line(console, line)
     for name, side in (("A", diff.a), ("B", diff.b)):
         findings = side.get("findings")
         for f in findings if isinstance(findings, list) else []:
-            console.print(printable(f"finding ({name}): {f}"), markup=False, highlight=False)
+            _line(console, printable(f"finding ({name}): {f}"))
 
 
 def render_json(diff: Diff, stream: TextIO) -> None:
@@ -148,8 +164,13 @@ def render_markdown(diff: Diff, stream: TextIO, *, all_metrics: bool = False) ->
         stream: Where to write.
         all_metrics: Show unchanged metrics too.
     """
-    stream.write(f"- {_md(_side_line('A', diff.a))}\n- {_md(_side_line('B', diff.b))}\n\n")
+    for name, side in (("A", diff.a), ("B", diff.b)):
+        first, meta = _side_lines(name, side)
+        stream.write(f"- {_md(first)}; {_md(meta)}\n")
+    stream.write("\n")
     stream.write(f"**diff by {_TITLES[diff.by]}: {_md(_summary(diff))}**\n")
+    if diff.changed:
+        stream.write(f"\n{LEGEND}\n")
     for row in [*diff.rows, diff.totals]:
         stream.write(f"\n### {_md(row.verdict)}\n")
         shown = _shown(row, all_metrics=all_metrics)
@@ -165,4 +186,4 @@ def render_markdown(diff: Diff, stream: TextIO, *, all_metrics: bool = False) ->
         stream.write(f"> {_md(line)}\n")
 
 
-__all__ = ["HEADER", "check_lines", "render_json", "render_markdown", "render_table"]
+__all__ = ["HEADER", "LEGEND", "check_lines", "render_json", "render_markdown", "render_table"]
