@@ -531,3 +531,25 @@ def test_issue12_python_dash_m_diff(recs: dict[str, Path]) -> None:
     assert "window 64: 6 of 14 metrics changed" in proc.stdout
     assert "no window: no change" in proc.stdout
     assert "…" not in proc.stdout
+
+
+def test_issue12_cli_groups_file_applies_to_both_sides(
+    recs: dict[str, Path], tmp_path: Path
+) -> None:
+    # vLLM ~0.21 sent group_idx without kinds: unannotated until --groups names them.
+    legacy = tmp_path / "legacy.mcap"
+    write_capture(legacy, "gemma3.legacy-array-group-idx")
+    groups = Path(__file__).parent / "data" / "groups" / "gemma3.json"
+    args = ["diff", str(legacy), str(recs["base"]), "-f", "json"]
+    without = json.loads(runner.invoke(app, args).stdout)
+    assert {r["label"]: r["presence"] for r in without["rows"]} == {
+        "unannotated": "a_only",
+        "full_attention": "b_only",
+        "sliding_window": "b_only",
+    }
+    assert without["totals"]["changed"] is False  # the same events, only labelled apart
+    result = runner.invoke(app, [*args, "--groups", str(groups)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["changed"] is False
+    assert doc["a"]["group_metadata"] == doc["b"]["group_metadata"] == [str(groups)]
