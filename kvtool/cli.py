@@ -130,7 +130,8 @@ def _register(only: str | None = None) -> typer.Typer:
         _registered.add(name)
         module = importlib.import_module(f"kvtool.commands.{name}")
         for cmd_name, fn in getattr(module, "COMMANDS", {}).items():
-            _app.command(cmd_name)(command(fn))
+            options = getattr(module, "COMMAND_OPTIONS", {}).get(cmd_name, {})
+            _app.command(cmd_name, **options)(command(fn))
     return _app
 
 
