@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from kvtool.annotate import groups_from_list, parse_group_flags
 from kvtool.cli import app
+from kvtool.endpoints import offset_endpoint, parse_endpoint
 from kvtool.errors import EndpointError
 from kvtool.protocol import decode_batch, event_to_builtins
 from kvtool.publish import (
@@ -25,8 +26,6 @@ from kvtool.publish import (
     Publisher,
     PublishItem,
     annotate_payload,
-    offset_endpoint,
-    parse_endpoint,
     publish,
 )
 from tests.conftest import CAPTURES, capture_messages, capture_truth
@@ -56,8 +55,8 @@ def test_parse_endpoint_bare_port_binds_loopback(text: str, endpoint: str) -> No
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("0", "outside 1..65535"),
-        ("70000", "outside"),
+        ("0", "not in 1-65535"),
+        ("70000", "not in 1-65535"),
         ("tcp://host", "tcp://HOST:PORT"),
         ("nonsense", "expected a port"),
     ],
@@ -70,7 +69,7 @@ def test_parse_endpoint_rejects(text: str, match: str) -> None:
 def test_offset_endpoint_like_vllm_ranks() -> None:
     assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
     assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
-    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
 
 
 # -- wire annotation ----------------------------------------------------------------------
@@ -355,7 +354,7 @@ def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
         (["--publish", "5557", "--speed", "2", "--rate", "5"], "only one of"),
         (["--publish", "5557", "--speed", "fast"], "--speed 'fast': expected a number"),
         (["--publish", "5557", "--loop", "0"], "--loop '0': must be > 0"),
-        (["--publish", "99999"], "outside 1..65535"),
+        (["--publish", "99999"], "not in 1-65535"),
     ],
 )
 def test_cli_publish_bad_flags_one_line_exit_2(tmp_path: Path, args: list[str], match: str) -> None:
@@ -513,10 +512,26 @@ def test_annotate_payload_deep_nesting() -> None:
     assert annotate_payload(deep, _FUZZ_TABLE)[0] == deep
 
 
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on loopback (rank 0 and rank 1)."""
+    for _ in range(50):
+        p = _free_port()
+        if p >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise AssertionError("no two consecutive free ports")
+
+
 @pytest.mark.zmq
-def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
-    """Two recorded engines go out on endpoint and endpoint_dp1, as vLLM offsets ranks."""
-    base = f"ipc://{tmp_path}/kv"
+def test_several_channels_publish_on_offset_endpoints() -> None:
+    """Two recorded engines go out on port and port + 1, as vLLM offsets ranks."""
+    port = _free_port_pair()
+    base = f"tcp://127.0.0.1:{port}"
     a = capture_messages("full_only")[:3]
     b = capture_messages("gemma3")[:3]
     items = [PublishItem("a", t, s, p, i) for i, (t, s, p) in enumerate(a)] + [
@@ -526,22 +541,31 @@ def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
     try:
         with Publisher(base) as pub:
             sa = _sub(ctx, base)
-            sb = _sub(ctx, base + "_dp1")
+            sb = _sub(ctx, offset_endpoint(base, 1))
             try:
-                pub.channel("a")
-                pub.channel("b")
-                time.sleep(0.2)  # both SUBs joined before the first batch
+                pub.wait_subscribers(pub.channel("a"), 1, 5)
+                pub.wait_subscribers(pub.channel("b"), 1, 5)
                 publish(pub, lambda: items, pacing=Pacing(max_speed=True))
                 got_a = _recv_all(sa, 3)
                 got_b = _recv_all(sb, 3)
             finally:
                 sa.close(linger=0)
                 sb.close(linger=0)
-            assert [c.endpoint for c in pub.stats] == [base, base + "_dp1"]
+            assert [c.endpoint for c in pub.stats] == [base, f"tcp://127.0.0.1:{port + 1}"]
     finally:
         ctx.term()
     assert [f[2] for f in got_a] == [p for _, _, p in a]
     assert [f[2] for f in got_b] == [p for _, _, p in b]
+
+
+@pytest.mark.zmq
+def test_issue9_4_second_channel_on_ipc_is_refused_as_vllm_refuses_it(tmp_path: Path) -> None:
+    """vLLM gives no ipc endpoint to rank 1; neither does the publisher (one clear line)."""
+    base = f"ipc://{tmp_path}/kv"
+    with Publisher(base) as pub:
+        assert pub.channel("a").stats.endpoint == base
+        with pytest.raises(EndpointError, match="select one channel with --channel"):
+            pub.channel("b")
 
 
 @pytest.mark.zmq

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -26,7 +25,7 @@ from kvtool.replay import (
 )
 
 if TYPE_CHECKING:
-    from kvtool.publish import PublishItem, PublishStats
+    from kvtool.publish import Publisher, PublishResult, PublishStats
     from kvtool.recording import RecordingWriter
 
 
@@ -590,11 +589,12 @@ def _run_publish(
     fmt: EventFormat,
     annotate: bool,
 ) -> ExitStatus:
-    from kvtool.publish import Pacing, Publisher, PublishItem, annotate_payload, parse_endpoint
-    from kvtool.publish import publish as do_publish
+    from kvtool.endpoints import parse_endpoint
+    from kvtool.publish import Pacing, publish_recording
+    from kvtool.text import printable
 
     drop_set = _seq_set(drop)
-    endpoint = parse_endpoint(publish)
+    endpoint = parse_endpoint(publish, option="--publish", bind=not connect)
     rep_ep = (
         parse_endpoint(replay_endpoint, option="--replay-endpoint") if replay_endpoint else None
     )
@@ -617,57 +617,51 @@ def _run_publish(
     hold_s = _seconds(hold, "--hold") if hold is not None else (1.0 if rep_ep else 0.0)
 
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
-    first_loop = [True]
-
-    def items() -> Iterator[PublishItem]:
-        feeding = first_loop[0]
-        first_loop[0] = False
-        for item in rp:
-            if feeding:
-                sinks.feed(item)
-            if rp.new_warnings:
-                _warn(rp, env)
-            m = item.message
-            payload = m.data
-            if annotate and item.table is not None:
-                payload, _bad = annotate_payload(payload, item.table)
-            yield PublishItem(m.channel.name, m.channel.topic.encode(), m.seq, payload, m.log_time)
-
     progress = _Progress(env)
+
+    def on_batch(item: ReplayBatch, loop_no: int) -> None:
+        if loop_no == 0:
+            sinks.feed(item)
+        if rp.new_warnings:
+            _warn(rp, env)
+
+    def on_start(pub: Publisher) -> None:
+        if not env.quiet:
+            first = pub.first.stats
+            where = printable(first.endpoint) + (
+                f", replay on {printable(first.replay_endpoint)}" if first.replay_endpoint else ""
+            )
+            verb = "publishing to" if connect else "publishing on"
+            env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
 
     def on_wait(n: int) -> None:
         progress.status(f"waiting for {n_wait} subscriber(s) on {endpoint} ({n} so far)")
 
-    stats: PublishStats | None = None
     try:
-        with Publisher(
-            endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps, connect=connect
-        ) as pub:
-            if not env.quiet:
-                first = pub.first.stats
-                where = first.endpoint + (
-                    f", replay on {first.replay_endpoint}" if first.replay_endpoint else ""
-                )
-                verb = "publishing to" if connect else "publishing on"
-                env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
-            try:
-                stats = do_publish(
-                    pub,
-                    items,
-                    pacing=pacing,
-                    loops=loops,
-                    renumber=renumber,
-                    wait_subscribers=n_wait,
-                    wait_timeout_s=wait_s,
-                    start_delay_s=delay_s,
-                    hold_s=hold_s,
-                    on_sent=progress.update,
-                    on_wait=on_wait,
-                    drop=drop_set,
-                )
-            finally:
-                progress.stop()
-            chans = pub.stats
+        try:
+            result = publish_recording(
+                rp,
+                endpoint,
+                rep_ep,
+                pacing=pacing,
+                legacy_replay=legacy_replay,
+                buffer_steps=steps,
+                connect=connect,
+                loops=loops,
+                renumber=renumber,
+                wait_subscribers=n_wait,
+                wait_timeout_s=wait_s,
+                start_delay_s=delay_s,
+                hold_s=hold_s,
+                drop=drop_set,
+                annotate=annotate,
+                on_start=on_start,
+                on_batch=on_batch,
+                on_sent=progress.update,
+                on_wait=on_wait,
+            )
+        finally:
+            progress.stop()
     except KeyboardInterrupt:
         sinks.close()
         env.err.print(
@@ -676,23 +670,44 @@ def _run_publish(
         return ExitStatus.INTERRUPTED
     sinks.close()
     env.stdout.flush()
-    if not env.quiet and stats is not None:
+    _publish_summary(env, result)
+    return ExitStatus.OK
+
+
+def _publish_summary(env: Env, result: PublishResult) -> None:
+    """Say what was published, and warn when nobody was listening (always, even with -q)."""
+    from kvtool.text import printable
+
+    stats = result.stats
+    if not env.quiet:
         eps = ", ".join(
-            c.endpoint
+            printable(c.endpoint)
             + (
-                f" ({c.replay_requests} replay requests, {c.replayed} replayed)"
+                f" ({c.replay_requests} replay requests, {c.replayed} replayed"
+                + (f", {c.replay_refused} refused" if c.replay_refused else "")
+                + (f", {c.replay_abandoned} abandoned" if c.replay_abandoned else "")
+                + ")"
                 if c.replay_endpoint
                 else ""
             )
-            for c in chans
+            for c in result.channels
         )
         env.err.print(
             f"kvtool: published {stats.sent} batches in {stats.seconds:.2f}s "
-            f"({stats.rate:,.0f}/s) on {eps or endpoint}",
+            f"({stats.rate:,.0f}/s) on {eps or printable(result.endpoint)}",
             markup=False,
             highlight=False,
         )
-    return ExitStatus.OK
+    if result.unheard:
+        # ZeroMQ's slow joiner: a short recording is sent before a subscriber's
+        # connection and subscription arrive, and PUB drops what nobody subscribed to.
+        env.err.print(
+            f"kvtool: warning: no subscriber was connected to {printable(result.endpoint)} "
+            f"while {stats.sent} batches were published, so nobody received them; start the "
+            "subscriber first and pass --wait-subscribers 1 (or --start-delay 2s)",
+            markup=False,
+            highlight=False,
+        )
 
 
 class _Progress:
