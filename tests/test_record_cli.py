@@ -38,7 +38,7 @@ def test_record_summary_and_exit_0(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.stderr
     assert res.stdout == ""
     line = one_line(res.stderr)
-    assert line.startswith(f"{out}: 64 batches, 1925 events, 1 gaps (1 recovered, 0 lost), ")
+    assert line.startswith(f"{out}: 0 lost, 1 gap (1 recovered); 64 batches, 1,925 events, ")
     assert line.endswith("(max_batches)")
     with open_recording(out) as r:
         assert [m.data for m in r.messages()] == [p for _, _, p in msgs]
