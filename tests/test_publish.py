@@ -604,3 +604,139 @@ def test_cli_publish_connect_to_a_binding_subscriber(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert f"publishing to tcp://127.0.0.1:{port}" in result.stderr
     assert got == [[tp, s.to_bytes(8, "big"), p] for tp, s, p in msgs]
+
+
+# -- bounded replay (issue 8.12) -------------------------------------------------------------
+
+
+@pytest.mark.zmq
+def test_issue8_12_replay_peer_that_asks_and_never_reads_stays_bounded() -> None:
+    """A DEALER spamming replay requests without reading gets a bounded queue, not GBs.
+
+    Each request asks for 200 batches of 64 KiB (12.5 MiB); the old ROUTER (SNDHWM 0)
+    queued every reply in full. Now the peer has at most MAX_REPLAY_REQUESTS_PER_PEER
+    requests accepted, the rest are refused, and less than one reply is handed to ZeroMQ.
+    """
+    from kvtool.publish import MAX_REPLAY_REQUESTS_PER_PEER
+
+    payload = b"x" * 65_536
+    spam = 50
+    with Publisher(ANY_PORT, "tcp://127.0.0.1:*", buffer_steps=200, replay_sndhwm=8) as pub:
+        for seq in range(200):
+            pub.first.send(b"", seq, payload)
+        ch = pub.first
+        assert ch.stats.replay_endpoint is not None
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 1)
+            dealer.setsockopt(zmq.RCVBUF, 4096)  # a small kernel window: the peer never reads
+            dealer.connect(ch.stats.replay_endpoint)
+            for _ in range(spam):
+                dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            deadline = time.monotonic() + 10  # a guard against hanging, not an assertion
+            while ch.stats.replay_requests + ch.stats.replay_refused < spam:
+                assert time.monotonic() < deadline, ch.stats
+                pub.service(20)
+            for _ in range(5):
+                pub.service(0)
+        finally:
+            dealer.close(linger=0)
+            ctx.term()
+        assert ch.stats.replay_requests == MAX_REPLAY_REQUESTS_PER_PEER
+        assert ch.stats.replay_refused == spam - MAX_REPLAY_REQUESTS_PER_PEER
+        assert ch.stats.replayed < 200  # not even one full reply is queued
+        assert ch.replies_pending == MAX_REPLAY_REQUESTS_PER_PEER
+
+
+@pytest.mark.zmq
+def test_issue8_12_bounded_router_still_streams_whole_replies_to_a_reader() -> None:
+    """A send queue of 2 messages still delivers a 50-batch reply, in order, then the end."""
+    msgs = capture_messages("gemma3")[:50]
+    with Publisher(ANY_PORT, "tcp://127.0.0.1:*", buffer_steps=100, replay_sndhwm=2) as pub:
+        publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True))
+        endpoint = pub.first.stats.replay_endpoint
+        assert endpoint is not None
+        result: list[list[list[bytes]]] = []
+        client = threading.Thread(
+            target=lambda: result.append(_replay_request(endpoint, 0, False))
+        )
+        client.start()
+        deadline = time.monotonic() + 10
+        while client.is_alive() and time.monotonic() < deadline:
+            pub.service(20)
+        client.join(5)
+        assert pub.first.replies_pending == 0
+    replies = result[0]
+    assert replies[:-1] == [[b"", t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+    assert replies[-1] == [b"", b"", END_SEQ, b""]
+
+
+# -- publishing a recording as a library call (issue 9.7) ----------------------------------
+
+
+@pytest.mark.zmq
+def test_issue9_7_publish_recording_library_call(tmp_path: Path) -> None:
+    from kvtool.publish import publish_recording
+    from kvtool.replay import Replay
+
+    rec = capture_recording(tmp_path, "gemma3")
+    msgs = capture_messages("gemma3")
+    port = _free_port()
+    ctx = zmq.Context()
+    sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
+    got: list[list[bytes]] = []
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: got.extend(_recv_all(sub, len(msgs), 10000)))
+    t.start()
+    try:
+        with Replay([rec]) as rp:
+            result = publish_recording(
+                rp,
+                f"tcp://127.0.0.1:{port}",
+                pacing=Pacing(max_speed=True),
+                wait_subscribers=1,
+                wait_timeout_s=10,
+                on_batch=lambda item, loop: seen.append(loop),
+            )
+    finally:
+        t.join(15)
+        sub.close(linger=0)
+        ctx.term()
+    assert got == [[t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+    assert result.stats.sent == len(msgs) and seen == [0] * len(msgs)
+    assert result.endpoint == f"tcp://127.0.0.1:{port}"
+    assert result.max_subscribers == 1 and not result.unheard
+    assert [c.sent for c in result.channels] == [len(msgs)]
+
+
+# -- publishing to nobody (issue 11.9) ----------------------------------------------------
+
+
+@pytest.mark.zmq
+def test_issue11_9_publish_to_nobody_warns(tmp_path: Path) -> None:
+    from kvtool.publish import publish_recording
+    from kvtool.replay import Replay
+
+    rec = capture_recording(tmp_path, "full_only")
+    with Replay([rec]) as rp:
+        result = publish_recording(rp, ANY_PORT, pacing=Pacing(max_speed=True))
+    assert result.stats.sent > 0 and result.unheard
+    res = CliRunner().invoke(
+        app, ["replay", str(rec), "--publish", str(_free_port()), "--max-speed"]
+    )
+    assert res.exit_code == 0, res.stderr
+    warning = res.stderr.strip().splitlines()[-1]
+    assert warning.startswith("kvtool: warning: no subscriber was connected to tcp://127.0.0.1:")
+    assert "--wait-subscribers 1" in warning
+
+
+@pytest.mark.zmq
+def test_issue11_9_no_warning_when_a_subscriber_listened(tmp_path: Path) -> None:
+    rec = capture_recording(tmp_path, "full_only")
+    port = _free_port()
+    result, got = _cli_publish(rec, port, len(capture_messages("full_only")))
+    assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
+    assert got
+    assert "no subscriber" not in result.stderr  # type: ignore[attr-defined]
