@@ -399,9 +399,7 @@ class ChannelPublisher:
                 return
             if msg[:1] == b"\x01":
                 self.stats.subscribers += 1
-                self.stats.max_subscribers = max(
-                    self.stats.max_subscribers, self.stats.subscribers
-                )
+                self.stats.max_subscribers = max(self.stats.max_subscribers, self.stats.subscribers)
             elif msg[:1] == b"\x00":
                 self.stats.subscribers = max(0, self.stats.subscribers - 1)
 

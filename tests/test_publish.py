@@ -297,13 +297,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cli_publish(
-    rec: Path, port: int, n: int, *extra: str
-) -> tuple[object, list[list[bytes]]]:
+def _cli_publish(rec: Path, port: int, n: int, *extra: str) -> tuple[object, list[list[bytes]]]:
     """Run ``kvtool replay REC [extra] --publish PORT --max-speed`` into a test SUB."""
     args = [
-        "replay", str(rec), *extra, "--publish", str(port), "--max-speed",
-        "--wait-subscribers", "1", "--wait-timeout", "10", "--hold", "0",
+        "replay",
+        str(rec),
+        *extra,
+        "--publish",
+        str(port),
+        "--max-speed",
+        "--wait-subscribers",
+        "1",
+        "--wait-timeout",
+        "10",
+        "--hold",
+        "0",
     ]
     ctx = zmq.Context()
     sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
@@ -659,9 +667,7 @@ def test_issue8_12_bounded_router_still_streams_whole_replies_to_a_reader() -> N
         endpoint = pub.first.stats.replay_endpoint
         assert endpoint is not None
         result: list[list[list[bytes]]] = []
-        client = threading.Thread(
-            target=lambda: result.append(_replay_request(endpoint, 0, False))
-        )
+        client = threading.Thread(target=lambda: result.append(_replay_request(endpoint, 0, False)))
         client.start()
         deadline = time.monotonic() + 10
         while client.is_alive() and time.monotonic() < deadline:

@@ -24,9 +24,7 @@ def record(
             show_default=False,
         ),
     ],
-    output: Annotated[
-        Path, typer.Option("--output", "-o", help="The recording to write (.mcap).")
-    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The recording to write (.mcap).")],
     bind: Annotated[
         bool, typer.Option("--bind", help="Bind the endpoints instead of connecting to them.")
     ] = False,
