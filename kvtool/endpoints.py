@@ -51,21 +51,23 @@ def parse_endpoint(text: str, *, option: str = "--publish", bind: bool = True) -
         The endpoint, e.g. ``tcp://127.0.0.1:5557``.
 
     Raises:
-        EndpointError: Not an endpoint, a port outside 1..65535, or a wildcard on a socket
-            that connects.
+        EndpointError: Not an endpoint, a port outside 1..65535, a wildcard on a socket
+            that connects, or control characters.
     """
     shown = printable(text)
     t = text.strip()
+    if printable(t) != t:
+        raise EndpointError(f"{option} '{shown}': contains control characters")
     for scheme in ("ipc://", "inproc://"):
         if t.startswith(scheme):
             if len(t) == len(scheme):
-                raise EndpointError(f"{option} {shown!r}: {scheme} needs a name after it")
+                raise EndpointError(f"{option} '{shown}': {scheme} needs a name after it")
             return t
     if t.startswith("tcp://"):
         m = _HOSTPORT.match(t[len("tcp://") :])
         if not m:
             raise EndpointError(
-                f"{option} {shown!r}: expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5557)"
+                f"{option} '{shown}': expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5557)"
             )
         host, port = m.group(1), m.group(2)
     elif (pm := _PORT.match(t)) is not None:
@@ -74,21 +76,21 @@ def parse_endpoint(text: str, *, option: str = "--publish", bind: bool = True) -
         host, port = hm.group(1), hm.group(2)
     else:
         raise EndpointError(
-            f"{option} {shown!r}: not a ZeroMQ endpoint; expected a port (5557), HOST:PORT, "
+            f"{option} '{shown}': not a ZeroMQ endpoint; expected a port (5557), HOST:PORT, "
             "tcp://HOST:PORT, ipc://PATH or inproc://NAME"
         )
     if port == "*":
         if not bind:
             raise EndpointError(
-                f"{option} {shown!r}: cannot connect to port '*'; give the publisher's port"
+                f"{option} '{shown}': cannot connect to port '*'; give the publisher's port"
             )
     elif not 1 <= int(port) <= 65535:
-        raise EndpointError(f"{option} {shown!r}: port {int(port)} is not in 1-65535")
+        raise EndpointError(f"{option} '{shown}': port {int(port)} is not in 1-65535")
     else:
         port = str(int(port))
     if host == "*" and not bind:
         raise EndpointError(
-            f"{option} {shown!r}: cannot connect to '*'; give the publisher's host "
+            f"{option} '{shown}': cannot connect to '*'; give the publisher's host "
             "(e.g. tcp://127.0.0.1:5557) or pass --bind"
         )
     return f"tcp://{host}:{port}"

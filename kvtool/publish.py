@@ -320,7 +320,8 @@ class ChannelPublisher:
                     self.pub.connect(endpoint)
                 except zmq.ZMQError as err:
                     raise EndpointError(
-                        f"{endpoint}: cannot connect (--publish --connect): {err.strerror}"
+                        f"{printable(endpoint)}: cannot connect (--publish --connect): "
+                        f"{err.strerror}"
                     ) from err
             else:
                 _bind(self.pub, endpoint, "--publish")
@@ -491,8 +492,8 @@ def _bind(sock: zmq.Socket[bytes], endpoint: str, option: str) -> None:
         sock.bind(endpoint)
     except zmq.ZMQError as err:
         raise EndpointError(
-            f"{endpoint}: cannot bind ({option}): {err.strerror}; pick another port or stop "
-            "what is using it"
+            f"{printable(endpoint)}: cannot bind ({option}): {err.strerror}; pick another port "
+            "or stop what is using it"
         ) from err
 
 
@@ -671,7 +672,7 @@ class Publisher:
             now = time.monotonic()
             if timeout_s is not None and now - start >= timeout_s:
                 raise EndpointError(
-                    f"{channel.stats.endpoint}: {channel.stats.subscribers} of {count} "
+                    f"{printable(channel.stats.endpoint)}: {channel.stats.subscribers} of {count} "
                     f"subscriber(s) after {timeout_s:g}s; is the subscriber connecting to "
                     "this endpoint? (raise --wait-timeout or drop --wait-subscribers)"
                 )

@@ -57,10 +57,10 @@ def test_parse_endpoint_rejects(text: str, bind: bool, match: str) -> None:
 
 
 def test_parse_endpoint_error_escapes_control_characters() -> None:
-    with pytest.raises(EndpointError) as info:
-        parse_endpoint("tcp://\x1b[2Jhost")
+    with pytest.raises(EndpointError, match="contains control characters") as info:
+        parse_endpoint("ipc:///tmp/\x1b[2Jkv")
     assert "\x1b" not in str(info.value)
-    assert "\\x1b[2J" in str(info.value)
+    assert "ipc:///tmp/\\x1b[2Jkv" in str(info.value)
 
 
 def test_issue9_4_offset_follows_vllm_offset_endpoint_port() -> None:

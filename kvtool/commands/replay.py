@@ -25,7 +25,7 @@ from kvtool.replay import (
 )
 
 if TYPE_CHECKING:
-    from kvtool.publish import Publisher, PublishResult, PublishStats
+    from kvtool.publish import Publisher, PublishResult
     from kvtool.recording import RecordingWriter
 
 
@@ -591,6 +591,7 @@ def _run_publish(
 ) -> ExitStatus:
     from kvtool.endpoints import parse_endpoint
     from kvtool.publish import Pacing, publish_recording
+    from kvtool.render.status import PublishProgress
     from kvtool.text import printable
 
     drop_set = _seq_set(drop)
@@ -617,7 +618,7 @@ def _run_publish(
     hold_s = _seconds(hold, "--hold") if hold is not None else (1.0 if rep_ep else 0.0)
 
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
-    progress = _Progress(env)
+    progress = PublishProgress(env.err, enabled=not env.quiet)
 
     def on_batch(item: ReplayBatch, loop_no: int) -> None:
         if loop_no == 0:
@@ -635,7 +636,9 @@ def _run_publish(
             env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
 
     def on_wait(n: int) -> None:
-        progress.status(f"waiting for {n_wait} subscriber(s) on {endpoint} ({n} so far)")
+        progress.status(
+            f"waiting for {n_wait} subscriber(s) on {printable(endpoint)} ({n} so far)"
+        )
 
     try:
         try:
@@ -675,7 +678,7 @@ def _run_publish(
 
 
 def _publish_summary(env: Env, result: PublishResult) -> None:
-    """Say what was published, and warn when nobody was listening (always, even with -q)."""
+    """Say what was published, and warn when nobody was listening (-q silences both)."""
     from kvtool.text import printable
 
     stats = result.stats
@@ -698,7 +701,7 @@ def _publish_summary(env: Env, result: PublishResult) -> None:
             markup=False,
             highlight=False,
         )
-    if result.unheard:
+    if result.unheard and not env.quiet:
         # ZeroMQ's slow joiner: a short recording is sent before a subscriber's
         # connection and subscription arrive, and PUB drops what nobody subscribed to.
         env.err.print(
@@ -708,40 +711,6 @@ def _publish_summary(env: Env, result: PublishResult) -> None:
             markup=False,
             highlight=False,
         )
-
-
-class _Progress:
-    """A progress line on stderr (only on a terminal, never with -q)."""
-
-    def __init__(self, env: Env) -> None:
-        self.sent = 0
-        self._p = None
-        self._task = None
-        if not env.quiet and env.err.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                TimeElapsedColumn(),
-                console=env.err,
-                transient=True,
-            )
-            self._p.start()
-            self._task = self._p.add_task("starting", total=None)
-
-    def status(self, text: str) -> None:
-        if self._p is not None and self._task is not None:
-            self._p.update(self._task, description=text)
-
-    def update(self, stats: PublishStats) -> None:
-        self.sent = stats.sent
-        self.status(f"published {stats.sent:,} batches ({stats.rate:,.0f}/s)")
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None
 
 
 def _warn(rp: Replay, env: Env) -> None:

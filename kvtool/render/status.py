@@ -1,4 +1,4 @@
-"""The recorder's status on stderr: a live block on a terminal, a plain line every N s in a log.
+"""Live status on stderr: the recorder's block (or a plain log line every N s), publish progress.
 
 Both say the same things in the same order: first whether anything was lost (gaps and lost
 batches), then how much arrived (batches, events, rate), then the store and remove events per
@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rich.live import Live
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from kvtool.text import printable
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kvtool.capture import CaptureResult, CaptureStats
+    from kvtool.publish import PublishStats
 
 Segment = tuple[str, str]
 """A piece of status text and its rich style ("" for none); never split across lines."""
@@ -324,8 +326,57 @@ def no_batch_line(result: CaptureResult, endpoints: Sequence[str]) -> str:
     )
 
 
+class PublishProgress:
+    """A spinner line on stderr while ``replay --publish`` runs (only on a terminal).
+
+    Args:
+        console: The stderr console.
+        enabled: False shows nothing (``-q``).
+    """
+
+    def __init__(self, console: Console, *, enabled: bool = True) -> None:
+        self.sent = 0
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if enabled and console.is_terminal:
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("starting", total=None)
+
+    def status(self, text: str) -> None:
+        """Replace the line's text.
+
+        Args:
+            text: What is happening (already printable).
+        """
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=text)
+
+    def update(self, stats: PublishStats) -> None:
+        """Show how many batches went out.
+
+        Args:
+            stats: The publisher's counters.
+        """
+        self.sent = stats.sent
+        self.status(f"published {stats.sent:,} batches ({stats.rate:,.0f}/s)")
+
+    def stop(self) -> None:
+        """Remove the line."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
 __all__ = [
     "LiveStatus",
+    "PublishProgress",
     "StatusLog",
     "no_batch_line",
     "pack",
