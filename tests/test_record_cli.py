@@ -410,7 +410,7 @@ def test_issue8_15_escape_sequences_from_the_network_never_reach_stderr(tmp_path
     assert "\x1b" not in res.stderr and "\x07" not in res.stderr
     status = [line for line in res.stderr.splitlines() if line.startswith("kvtool: recording")]
     assert status, res.stderr
-    assert "store events:  \\x1b]0;pwned\\x07\\x1b[2J" in status[-1]
+    assert "store events: \\x1b]0;pwned\\x07\\x1b[2J" in status[-1]
 
 
 @pytest.mark.zmq

@@ -110,6 +110,21 @@ def status_segments(
     return lines
 
 
+def _gap(prev: str) -> str:
+    # A label ("store events:") is followed by one space, other segments by two.
+    return " " if prev.endswith(":") else "  "
+
+
+def _join(group: list[Segment]) -> str:
+    out = ""
+    prev = ""
+    for text, _ in group:
+        text = text.strip()
+        out += (_gap(prev) if out else "") + text
+        prev = text
+    return out
+
+
 def pack(lines: list[list[Segment]], width: int) -> Text:
     """Lay segments out in at most ``width`` columns, breaking only between segments.
 
@@ -124,17 +139,20 @@ def pack(lines: list[list[Segment]], width: int) -> Text:
     first_line = True
     for group in lines:
         col = 0
+        prev = ""
         for text, style in group:
-            if col and col + 2 + len(text) > width:
+            gap = _gap(prev)
+            if col and col + len(gap) + len(text) > width:
                 out.append("\n    ")
                 col = 4
             elif col:
-                out.append("  ")
-                col += 2
+                out.append(gap)
+                col += len(gap)
             elif not first_line:
                 out.append("\n")
             out.append(text, style=style)
             col += len(text)
+            prev = text
             first_line = False
     return out
 
@@ -146,9 +164,9 @@ def plain_line(lines: list[list[Segment]]) -> str:
         lines: Groups of segments (see :func:`status_segments`).
 
     Returns:
-        ``kvtool: recording 10.0s  lost 0  gaps 0  …; store events:  full_attention 12 …``.
+        ``kvtool: recording 10.0s  lost 0  gaps 0  …; store events: full_attention 12 …``.
     """
-    return "kvtool: " + "; ".join("  ".join(t.strip() for t, _ in g) for g in lines)
+    return "kvtool: " + "; ".join(_join(g) for g in lines)
 
 
 class _Rate:
