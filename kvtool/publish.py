@@ -14,105 +14,33 @@ bind to 127.0.0.1 unless an address is given.
 from __future__ import annotations
 
 import collections
-import re
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from kvtool.annotate import GroupInfo, GroupTable, annotation_for
+from kvtool.endpoints import offset_endpoint
 from kvtool.errors import EndpointError, UsageError
 from kvtool.protocol import STORED_ARRAY_INDEX
+from kvtool.text import printable
+
+if TYPE_CHECKING:
+    from kvtool.replay import ReplayBatch
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
 
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_SNDHWM = 100_000
 """vLLM's default ``hwm`` for its PUB socket."""
 DEFAULT_BUFFER_STEPS = 10_000
 _SNDMORE = int(zmq.SNDMORE)
 _COPY_THRESHOLD = 65_536  # larger payloads are sent zero-copy
 """vLLM's default ``buffer_steps``: batches the replay socket can serve."""
-
-_PORT = re.compile(r"^\s*:?(\d{1,5}|\*)\s*$")
-_HOSTPORT = re.compile(r"^\s*([A-Za-z0-9.\-_*]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5}|\*)\s*$")
-
-
-def parse_endpoint(text: str, *, option: str = "--publish") -> str:
-    """Turn a ``--publish`` value into a ZeroMQ endpoint; a bare port binds 127.0.0.1.
-
-    Args:
-        text: ``5557``, ``:5557``, ``host:5557`` or a full ``tcp://``/``ipc://``/
-            ``inproc://`` endpoint; the port ``*`` asks the OS for a free one.
-        option: The option name, for the error message.
-
-    Returns:
-        The endpoint, e.g. ``tcp://127.0.0.1:5557``.
-
-    Raises:
-        EndpointError: Not an endpoint, or a port outside 1..65535.
-    """
-    t = text.strip()
-    m = _PORT.match(t)
-    host: str | None = None
-    port: str | None = None
-    if m:
-        host, port = DEFAULT_HOST, m.group(1)
-    elif t.startswith(("ipc://", "inproc://")):
-        if len(t.split("://", 1)[1]) == 0:
-            raise EndpointError(f"{option} {text!r}: the endpoint has no path")
-        return t
-    elif t.startswith("tcp://"):
-        hm = _HOSTPORT.match(t[len("tcp://") :])
-        if not hm:
-            raise EndpointError(
-                f"{option} {text!r}: expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:5557)"
-            )
-        host, port = hm.group(1), hm.group(2)
-    else:
-        hm = _HOSTPORT.match(t)
-        if not hm:
-            raise EndpointError(
-                f"{option} {text!r}: expected a port (5557), HOST:PORT or a ZeroMQ endpoint "
-                "(tcp://127.0.0.1:5557, ipc:///tmp/kv)"
-            )
-        host, port = hm.group(1), hm.group(2)
-    if port == "*":
-        return f"tcp://{host}:*"
-    if not 1 <= int(port) <= 65535:
-        raise EndpointError(f"{option} {text!r}: port {port} is outside 1..65535")
-    return f"tcp://{host}:{int(port)}"
-
-
-def offset_endpoint(endpoint: str, offset: int) -> str:
-    """Return the endpoint for the ``offset``-th channel, as vLLM offsets data-parallel ranks.
-
-    Args:
-        endpoint: The base endpoint.
-        offset: 0 for the first channel.
-
-    Returns:
-        ``tcp`` endpoints get port + offset; ``ipc``/``inproc`` get a ``_dp{offset}`` suffix.
-
-    Raises:
-        EndpointError: The offset port would exceed 65535.
-    """
-    if offset == 0:
-        return endpoint
-    if endpoint.startswith("tcp://"):
-        head, _, port = endpoint.rpartition(":")
-        if port == "*":
-            return endpoint
-        p = int(port) + offset
-        if p > 65535:
-            raise EndpointError(f"{endpoint}: port + {offset} exceeds 65535")
-        return f"{head}:{p}"
-    return f"{endpoint}_dp{offset}"
-
 
 # -- annotation on the wire -----------------------------------------------------------
 
@@ -278,6 +206,21 @@ def annotate_payload(payload: bytes, table: GroupTable) -> tuple[bytes, list[int
 # -- sockets ---------------------------------------------------------------------------
 
 
+REPLAY_SNDHWM = 1_000
+"""Replay reply messages ZeroMQ may queue per peer. vLLM sets no bound (SNDHWM 0), so a peer
+that sends requests and never reads grows the publisher without limit; past this bound the
+publisher waits for the peer to read, streaming the rest of the reply as it does."""
+MAX_REPLAY_REQUESTS_PER_PEER = 4
+"""Requests one peer may have waiting or being answered; more are refused (and counted)."""
+MAX_REPLAY_PEERS = 64
+"""Peers with a reply in progress at once; a request from one more is refused."""
+REPLY_STALL_S = 10.0
+"""A reply that makes no progress this long (its peer stopped reading) is abandoned."""
+REQUESTS_PER_SERVICE = 1_000
+"""Replay requests read in one :meth:`ChannelPublisher.service` call, so a flood of requests
+cannot keep the publish loop from its own work."""
+
+
 @dataclass
 class ChannelStats:
     """What one publishing channel did.
@@ -287,9 +230,14 @@ class ChannelStats:
         replay_endpoint: Where it served replay requests, if anywhere.
         sent: Batches published.
         dropped: Batches kept out of the live stream on purpose (``drop``).
-        replay_requests: Replay requests answered.
-        replayed: Batches sent in replay replies.
+        replay_requests: Replay requests accepted.
+        replayed: Batches handed to ZeroMQ in replay replies.
+        replay_refused: Replay requests refused: the peer already had
+            ``MAX_REPLAY_REQUESTS_PER_PEER`` waiting, or ``MAX_REPLAY_PEERS`` peers were
+            being answered, or the request was malformed.
+        replay_abandoned: Replies given up part-way: the peer went away or stopped reading.
         subscribers: Subscriptions currently counted.
+        max_subscribers: The most subscriptions counted at any moment.
     """
 
     endpoint: str
@@ -298,11 +246,29 @@ class ChannelStats:
     dropped: int = 0
     replay_requests: int = 0
     replayed: int = 0
+    replay_refused: int = 0
+    replay_abandoned: int = 0
     subscribers: int = 0
+    max_subscribers: int = 0
+
+
+@dataclass
+class _Reply:
+    """One replay request being answered: the batches it asked for, and how far it got."""
+
+    batches: list[tuple[int, bytes, bytes]]
+    pos: int = 0
+    progress_at: float = field(default_factory=time.monotonic)
 
 
 class ChannelPublisher:
     """One publisher: an XPUB socket with vLLM's framing and an optional replay ROUTER.
+
+    A replay reply is streamed: the ROUTER queues at most ``replay_sndhwm`` messages per
+    peer (ROUTER_MANDATORY makes a full queue visible instead of silently dropping), and
+    each :meth:`service` call sends what the peer has made room for. A peer may have
+    ``MAX_REPLAY_REQUESTS_PER_PEER`` requests waiting; more are refused and counted, so
+    a peer that asks and never reads costs a bounded amount of memory.
 
     Args:
         context: The ZeroMQ context.
@@ -315,6 +281,7 @@ class ChannelPublisher:
         sndhwm: Send high-water mark of the publishing socket.
         connect: Connect the publishing socket to ``endpoint`` (a subscriber that binds)
             instead of binding it.
+        replay_sndhwm: Reply messages queued per replay peer.
 
     Raises:
         EndpointError: A socket cannot be bound.
@@ -330,12 +297,14 @@ class ChannelPublisher:
         buffer_steps: int = DEFAULT_BUFFER_STEPS,
         sndhwm: int = DEFAULT_SNDHWM,
         connect: bool = False,
+        replay_sndhwm: int = REPLAY_SNDHWM,
     ) -> None:
         self.stats = ChannelStats(endpoint, replay_endpoint)
         self.legacy_replay = legacy_replay
         self.buffer: collections.deque[tuple[int, bytes, bytes]] = collections.deque(
             maxlen=max(1, buffer_steps)
         )
+        self._replies: dict[bytes, collections.deque[_Reply]] = {}
         self.pub: zmq.Socket[bytes] = context.socket(zmq.XPUB)
         self.router: zmq.Socket[bytes] | None = None
         self.poller = zmq.Poller()
@@ -351,7 +320,8 @@ class ChannelPublisher:
                     self.pub.connect(endpoint)
                 except zmq.ZMQError as err:
                     raise EndpointError(
-                        f"{endpoint}: cannot connect (--publish --connect): {err.strerror}"
+                        f"{printable(endpoint)}: cannot connect (--publish --connect): "
+                        f"{err.strerror}"
                     ) from err
             else:
                 _bind(self.pub, endpoint, "--publish")
@@ -360,7 +330,10 @@ class ChannelPublisher:
             if replay_endpoint is not None:
                 self.router = context.socket(zmq.ROUTER)
                 self.router.setsockopt(zmq.LINGER, 0)
-                self.router.setsockopt(zmq.SNDHWM, 0)  # a reply may be the whole buffer
+                self.router.setsockopt(zmq.SNDHWM, max(1, replay_sndhwm))
+                # A full peer queue raises EAGAIN (and a gone peer EHOSTUNREACH) instead of
+                # ZeroMQ dropping the reply silently: the reply waits for the peer instead.
+                self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 _bind(self.router, replay_endpoint, "--replay-endpoint")
                 self.stats.replay_endpoint = _last_endpoint(self.router, replay_endpoint)
                 self.poller.register(self.router, zmq.POLLIN)
@@ -396,17 +369,28 @@ class ChannelPublisher:
         """Forget the replay buffer, as a restarted publisher does (seq goes back)."""
         self.buffer.clear()
 
+    @property
+    def replies_pending(self) -> int:
+        """Replay requests accepted and not yet fully answered."""
+        return sum(len(q) for q in self._replies.values())
+
     def service(self, timeout_ms: int = 0) -> None:
         """Answer waiting replay requests and count subscriptions, waiting up to a timeout.
 
         Args:
             timeout_ms: How long to wait for something to arrive (0: just look).
         """
+        if self._replies and timeout_ms > 10:
+            # A reply in progress continues as its peer reads: look again soon.
+            timeout_ms = 10
         events = dict(self.poller.poll(timeout_ms))
         if self.pub in events:
             self._subscriptions()
-        if self.router is not None and self.router in events:
-            self._replay()
+        if self.router is not None:
+            if self.router in events:
+                self._requests()
+            if self._replies:
+                self._pump()
 
     def _subscriptions(self) -> None:
         while True:
@@ -416,12 +400,13 @@ class ChannelPublisher:
                 return
             if msg[:1] == b"\x01":
                 self.stats.subscribers += 1
+                self.stats.max_subscribers = max(self.stats.max_subscribers, self.stats.subscribers)
             elif msg[:1] == b"\x00":
                 self.stats.subscribers = max(0, self.stats.subscribers - 1)
 
-    def _replay(self) -> None:
+    def _requests(self) -> None:
         assert self.router is not None
-        while True:
+        for _ in range(REQUESTS_PER_SERVICE):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -432,23 +417,62 @@ class ChannelPublisher:
             elif len(frames) == 2:
                 client, start_b = frames
             else:
+                self.stats.replay_refused += 1
                 continue
             if len(start_b) < 8:
+                self.stats.replay_refused += 1
+                continue
+            queue = self._replies.get(client)
+            if queue is None:
+                if len(self._replies) >= MAX_REPLAY_PEERS:
+                    self.stats.replay_refused += 1
+                    continue
+                queue = self._replies[client] = collections.deque()
+            if len(queue) >= MAX_REPLAY_REQUESTS_PER_PEER:
+                self.stats.replay_refused += 1
                 continue
             start = int.from_bytes(start_b[:8], "big")
             self.stats.replay_requests += 1
-            send = self.router.send_multipart
-            for seq, topic, payload in list(self.buffer):
-                if seq >= start:
+            # What the buffer holds now is the answer, as vLLM's reply is; the list holds
+            # references to the buffered payloads, not copies.
+            queue.append(_Reply([b for b in self.buffer if b[0] >= start]))
+
+    def _pump(self) -> None:
+        """Send each peer as much of its replies as its queue has room for."""
+        assert self.router is not None
+        send = self.router.send_multipart
+        now = time.monotonic()
+        for client in list(self._replies):
+            queue = self._replies[client]
+            try:
+                while queue:
+                    reply = queue[0]
+                    batches = reply.batches
+                    while reply.pos < len(batches):
+                        seq, topic, payload = batches[reply.pos]
+                        if self.legacy_replay:
+                            send((client, b"", seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+                        else:
+                            send((client, b"", topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+                        reply.pos += 1
+                        reply.progress_at = now
+                        self.stats.replayed += 1
                     if self.legacy_replay:
-                        send((client, b"", seq.to_bytes(8, "big"), payload))
+                        send((client, b"", END_SEQ, b""), zmq.NOBLOCK)
                     else:
-                        send((client, b"", topic, seq.to_bytes(8, "big"), payload))
-                    self.stats.replayed += 1
-            if self.legacy_replay:
-                send((client, b"", END_SEQ, b""))
-            else:
-                send((client, b"", b"", END_SEQ, b""))
+                        send((client, b"", b"", END_SEQ, b""), zmq.NOBLOCK)
+                    queue.popleft()
+            except zmq.Again:
+                # The peer's queue is full: go on when it has read some, unless it stalled.
+                if queue and now - queue[0].progress_at > REPLY_STALL_S:
+                    self.stats.replay_abandoned += len(queue)
+                    queue.clear()
+            except zmq.ZMQError:
+                # EHOSTUNREACH: the peer went away; nobody is left to answer.
+                self.stats.replay_abandoned += len(queue)
+                queue.clear()
+            if not queue:
+                del self._replies[client]
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the sockets; ``linger_ms`` lets queued batches leave first.
@@ -460,6 +484,7 @@ class ChannelPublisher:
             self.pub.close(linger=linger_ms)
         if self.router is not None and not self.router.closed:
             self.router.close(linger=0)
+        self._replies.clear()
 
 
 def _bind(sock: zmq.Socket[bytes], endpoint: str, option: str) -> None:
@@ -467,8 +492,8 @@ def _bind(sock: zmq.Socket[bytes], endpoint: str, option: str) -> None:
         sock.bind(endpoint)
     except zmq.ZMQError as err:
         raise EndpointError(
-            f"{endpoint}: cannot bind ({option}): {err.strerror}; pick another port or stop "
-            "what is using it"
+            f"{printable(endpoint)}: cannot bind ({option}): {err.strerror}; pick another port "
+            "or stop what is using it"
         ) from err
 
 
@@ -495,6 +520,7 @@ class Publisher:
         sndhwm: Send high-water mark.
         linger_ms: How long closing may take to flush queued batches.
         connect: Connect the publishing sockets instead of binding them.
+        replay_sndhwm: Reply messages queued per replay peer (see :class:`ChannelPublisher`).
     """
 
     def __init__(
@@ -507,6 +533,7 @@ class Publisher:
         sndhwm: int = DEFAULT_SNDHWM,
         linger_ms: int = 1000,
         connect: bool = False,
+        replay_sndhwm: int = REPLAY_SNDHWM,
     ) -> None:
         if buffer_steps < 1:
             raise UsageError(f"--buffer-steps {buffer_steps}: must be at least 1")
@@ -517,6 +544,7 @@ class Publisher:
         self.sndhwm = sndhwm
         self.linger_ms = linger_ms
         self.connect = connect
+        self.replay_sndhwm = replay_sndhwm
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.channels: dict[object, ChannelPublisher] = {}
         self._order: list[ChannelPublisher] = []
@@ -530,14 +558,27 @@ class Publisher:
         self._first_free = True
 
     def _new(self, n: int) -> ChannelPublisher:
+        try:
+            endpoint = offset_endpoint(self.endpoint, n)
+            replay = offset_endpoint(self.replay_endpoint, n) if self.replay_endpoint else None
+        except EndpointError as err:
+            if self.endpoint.startswith("tcp://"):
+                raise
+            raise EndpointError(
+                f"{printable(self.endpoint)}: the input has more than one channel and channel "
+                f"{n + 1} publishes where data-parallel rank {n} would, but vLLM gives ipc "
+                "endpoints no rank offset; publish on tcp:// (port + rank) or inproc://, or "
+                "select one channel with --channel"
+            ) from err
         pub = ChannelPublisher(
             self.context,
-            offset_endpoint(self.endpoint, n),
-            offset_endpoint(self.replay_endpoint, n) if self.replay_endpoint else None,
+            endpoint,
+            replay,
             legacy_replay=self.legacy_replay,
             buffer_steps=self.buffer_steps,
             sndhwm=self.sndhwm,
             connect=self.connect,
+            replay_sndhwm=self.replay_sndhwm,
         )
         self._order.append(pub)
         return pub
@@ -631,7 +672,7 @@ class Publisher:
             now = time.monotonic()
             if timeout_s is not None and now - start >= timeout_s:
                 raise EndpointError(
-                    f"{channel.stats.endpoint}: {channel.stats.subscribers} of {count} "
+                    f"{printable(channel.stats.endpoint)}: {channel.stats.subscribers} of {count} "
                     f"subscriber(s) after {timeout_s:g}s; is the subscriber connecting to "
                     "this endpoint? (raise --wait-timeout or drop --wait-subscribers)"
                 )
@@ -730,6 +771,7 @@ def publish(
     on_sent: Callable[[PublishStats], None] | None = None,
     on_wait: Callable[[int], None] | None = None,
     drop: Collection[int] = (),
+    stats: PublishStats | None = None,
 ) -> PublishStats:
     """Publish batches with vLLM's framing, paced, looped, serving replay meanwhile.
 
@@ -749,11 +791,13 @@ def publish(
         on_wait: Called while waiting for subscribers.
         drop: Seqs (as sent) kept out of the live stream but put in the replay buffer,
             so a subscriber has to recover them (vLLM's PUB drops under load likewise).
+        stats: Counters to fill in (a fresh :class:`PublishStats` when None).
 
     Returns:
         What was published.
     """
-    stats = PublishStats()
+    if stats is None:
+        stats = PublishStats()
     next_seq: dict[object, int] = {}
     if wait_subscribers > 0:
         publisher.wait_subscribers(publisher.first, wait_subscribers, wait_timeout_s, on_wait)
@@ -818,6 +862,137 @@ def publish(
     return stats
 
 
+# -- publishing a recording ---------------------------------------------------------------
+
+
+@dataclass
+class PublishResult:
+    """What :func:`publish_recording` did.
+
+    Attributes:
+        stats: Batches sent, loops, time, out-of-range group indices.
+        channels: Per-channel statistics, in the order the channels appeared.
+        endpoint: The first channel's publishing endpoint as bound (a ``*`` port resolved).
+    """
+
+    stats: PublishStats
+    channels: list[ChannelStats]
+    endpoint: str
+
+    @property
+    def max_subscribers(self) -> int:
+        """The most subscriptions any channel counted during the run."""
+        return max((c.max_subscribers for c in self.channels), default=0)
+
+    @property
+    def unheard(self) -> bool:
+        """True when batches were sent and no subscriber was connected at any time."""
+        return self.stats.sent > 0 and self.max_subscribers == 0
+
+
+def publish_recording(
+    source: Iterable[ReplayBatch],
+    endpoint: str,
+    replay_endpoint: str | None = None,
+    *,
+    pacing: Pacing | None = None,
+    legacy_replay: bool = False,
+    buffer_steps: int = DEFAULT_BUFFER_STEPS,
+    connect: bool = False,
+    loops: int | None = 1,
+    renumber: bool = False,
+    wait_subscribers: int = 0,
+    wait_timeout_s: float | None = None,
+    start_delay_s: float = 0.0,
+    hold_s: float = 0.0,
+    drop: Collection[int] = (),
+    annotate: bool = False,
+    on_start: Callable[[Publisher], None] | None = None,
+    on_batch: Callable[[ReplayBatch, int], None] | None = None,
+    on_sent: Callable[[PublishStats], None] | None = None,
+    on_wait: Callable[[int], None] | None = None,
+) -> PublishResult:
+    """Re-publish recorded batches as vLLM's publisher sent them, one publisher per channel.
+
+    The first recorded channel publishes on ``endpoint``, the n-th on the base endpoint's
+    rank-n endpoint (:func:`kvtool.endpoints.offset_endpoint`). Payloads go out byte for
+    byte, or annotated on the wire (:func:`annotate_payload`) when ``annotate`` is set and
+    the batch has group metadata.
+
+    Args:
+        source: The selected batches, iterable once per loop (a :class:`kvtool.replay.Replay`).
+        endpoint: The publishing endpoint (see :func:`kvtool.endpoints.parse_endpoint`).
+        replay_endpoint: The replay ROUTER endpoint, or None.
+        pacing: When to send (default: the recorded pace).
+        legacy_replay: Use the pre-0.26 replay reply layout.
+        buffer_steps: Batches kept for replay per channel.
+        connect: Connect the publishing sockets instead of binding them.
+        loops: How many times to play the recording; None loops forever.
+        renumber: Send seqs 0, 1, 2 … per channel instead of the recorded ones.
+        wait_subscribers: Before the first batch, wait for this many subscriptions.
+        wait_timeout_s: Give up waiting after this long.
+        start_delay_s: Wait this long before the first batch.
+        hold_s: After the last batch, keep serving replay requests this long.
+        drop: Seqs kept out of the live stream but put in the replay buffer.
+        annotate: Annotate stores on the wire with each batch's group metadata.
+        on_start: Called with the open publisher before anything is sent.
+        on_batch: Called with each batch and the loop it is in (0 first), before it is sent.
+        on_sent: Progress callback (see :func:`publish`).
+        on_wait: Called while waiting for subscribers.
+
+    Returns:
+        What was published, per channel.
+
+    Raises:
+        EndpointError: A socket cannot be bound, or the wait for subscribers timed out.
+        UsageError: A bad ``buffer_steps`` or pacing.
+    """
+    loop_no = [0]
+    stats = PublishStats()
+
+    def items() -> Iterable[PublishItem]:
+        n = loop_no[0]
+        loop_no[0] += 1
+        for item in source:
+            if on_batch is not None:
+                on_batch(item, n)
+            m = item.message
+            payload = m.data
+            if annotate and item.table is not None:
+                payload, bad = annotate_payload(payload, item.table)
+                stats.out_of_range.update(bad)
+            yield PublishItem(m.channel.name, m.channel.topic.encode(), m.seq, payload, m.log_time)
+
+    with Publisher(
+        endpoint,
+        replay_endpoint,
+        legacy_replay=legacy_replay,
+        buffer_steps=buffer_steps,
+        connect=connect,
+    ) as pub:
+        if on_start is not None:
+            on_start(pub)
+        publish(
+            pub,
+            items,
+            pacing=pacing or Pacing(),
+            loops=loops,
+            renumber=renumber,
+            wait_subscribers=wait_subscribers,
+            wait_timeout_s=wait_timeout_s,
+            start_delay_s=start_delay_s,
+            hold_s=hold_s,
+            on_sent=on_sent,
+            on_wait=on_wait,
+            drop=drop,
+            stats=stats,
+        )
+        # Count the subscriptions that arrived after the last look, so "nobody listened"
+        # is said only when nobody did.
+        pub.service(0)
+        return PublishResult(stats, pub.stats, pub.first.stats.endpoint)
+
+
 __all__ = [
     "DEFAULT_BUFFER_STEPS",
     "END_SEQ",
@@ -825,10 +1000,10 @@ __all__ = [
     "ChannelStats",
     "Pacing",
     "PublishItem",
+    "PublishResult",
     "PublishStats",
     "Publisher",
     "annotate_payload",
-    "offset_endpoint",
-    "parse_endpoint",
     "publish",
+    "publish_recording",
 ]

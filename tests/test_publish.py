@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from kvtool.annotate import groups_from_list, parse_group_flags
 from kvtool.cli import app
+from kvtool.endpoints import offset_endpoint, parse_endpoint
 from kvtool.errors import EndpointError
 from kvtool.protocol import decode_batch, event_to_builtins
 from kvtool.publish import (
@@ -25,8 +26,6 @@ from kvtool.publish import (
     Publisher,
     PublishItem,
     annotate_payload,
-    offset_endpoint,
-    parse_endpoint,
     publish,
 )
 from tests.conftest import CAPTURES, capture_messages, capture_truth
@@ -56,8 +55,8 @@ def test_parse_endpoint_bare_port_binds_loopback(text: str, endpoint: str) -> No
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("0", "outside 1..65535"),
-        ("70000", "outside"),
+        ("0", "not in 1-65535"),
+        ("70000", "not in 1-65535"),
         ("tcp://host", "tcp://HOST:PORT"),
         ("nonsense", "expected a port"),
     ],
@@ -70,7 +69,7 @@ def test_parse_endpoint_rejects(text: str, match: str) -> None:
 def test_offset_endpoint_like_vllm_ranks() -> None:
     assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
     assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
-    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"
 
 
 # -- wire annotation ----------------------------------------------------------------------
@@ -298,13 +297,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cli_publish(
-    rec: Path, port: int, n: int, *extra: str
-) -> tuple[object, list[list[bytes]]]:
+def _cli_publish(rec: Path, port: int, n: int, *extra: str) -> tuple[object, list[list[bytes]]]:
     """Run ``kvtool replay REC [extra] --publish PORT --max-speed`` into a test SUB."""
     args = [
-        "replay", str(rec), *extra, "--publish", str(port), "--max-speed",
-        "--wait-subscribers", "1", "--wait-timeout", "10", "--hold", "0",
+        "replay",
+        str(rec),
+        *extra,
+        "--publish",
+        str(port),
+        "--max-speed",
+        "--wait-subscribers",
+        "1",
+        "--wait-timeout",
+        "10",
+        "--hold",
+        "0",
     ]
     ctx = zmq.Context()
     sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
@@ -355,7 +362,7 @@ def test_cli_publish_annotated_keeps_layout(tmp_path: Path) -> None:
         (["--publish", "5557", "--speed", "2", "--rate", "5"], "only one of"),
         (["--publish", "5557", "--speed", "fast"], "--speed 'fast': expected a number"),
         (["--publish", "5557", "--loop", "0"], "--loop '0': must be > 0"),
-        (["--publish", "99999"], "outside 1..65535"),
+        (["--publish", "99999"], "not in 1-65535"),
     ],
 )
 def test_cli_publish_bad_flags_one_line_exit_2(tmp_path: Path, args: list[str], match: str) -> None:
@@ -513,10 +520,26 @@ def test_annotate_payload_deep_nesting() -> None:
     assert annotate_payload(deep, _FUZZ_TABLE)[0] == deep
 
 
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free on loopback (rank 0 and rank 1)."""
+    for _ in range(50):
+        p = _free_port()
+        if p >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise AssertionError("no two consecutive free ports")
+
+
 @pytest.mark.zmq
-def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
-    """Two recorded engines go out on endpoint and endpoint_dp1, as vLLM offsets ranks."""
-    base = f"ipc://{tmp_path}/kv"
+def test_several_channels_publish_on_offset_endpoints() -> None:
+    """Two recorded engines go out on port and port + 1, as vLLM offsets ranks."""
+    port = _free_port_pair()
+    base = f"tcp://127.0.0.1:{port}"
     a = capture_messages("full_only")[:3]
     b = capture_messages("gemma3")[:3]
     items = [PublishItem("a", t, s, p, i) for i, (t, s, p) in enumerate(a)] + [
@@ -526,22 +549,31 @@ def test_several_channels_publish_on_offset_endpoints(tmp_path: Path) -> None:
     try:
         with Publisher(base) as pub:
             sa = _sub(ctx, base)
-            sb = _sub(ctx, base + "_dp1")
+            sb = _sub(ctx, offset_endpoint(base, 1))
             try:
-                pub.channel("a")
-                pub.channel("b")
-                time.sleep(0.2)  # both SUBs joined before the first batch
+                pub.wait_subscribers(pub.channel("a"), 1, 5)
+                pub.wait_subscribers(pub.channel("b"), 1, 5)
                 publish(pub, lambda: items, pacing=Pacing(max_speed=True))
                 got_a = _recv_all(sa, 3)
                 got_b = _recv_all(sb, 3)
             finally:
                 sa.close(linger=0)
                 sb.close(linger=0)
-            assert [c.endpoint for c in pub.stats] == [base, base + "_dp1"]
+            assert [c.endpoint for c in pub.stats] == [base, f"tcp://127.0.0.1:{port + 1}"]
     finally:
         ctx.term()
     assert [f[2] for f in got_a] == [p for _, _, p in a]
     assert [f[2] for f in got_b] == [p for _, _, p in b]
+
+
+@pytest.mark.zmq
+def test_issue9_4_second_channel_on_ipc_is_refused_as_vllm_refuses_it(tmp_path: Path) -> None:
+    """vLLM gives no ipc endpoint to rank 1; neither does the publisher (one clear line)."""
+    base = f"ipc://{tmp_path}/kv"
+    with Publisher(base) as pub:
+        assert pub.channel("a").stats.endpoint == base
+        with pytest.raises(EndpointError, match="select one channel with --channel"):
+            pub.channel("b")
 
 
 @pytest.mark.zmq
@@ -580,3 +612,137 @@ def test_cli_publish_connect_to_a_binding_subscriber(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert f"publishing to tcp://127.0.0.1:{port}" in result.stderr
     assert got == [[tp, s.to_bytes(8, "big"), p] for tp, s, p in msgs]
+
+
+# -- bounded replay (issue 8.12) -------------------------------------------------------------
+
+
+@pytest.mark.zmq
+def test_issue8_12_replay_peer_that_asks_and_never_reads_stays_bounded() -> None:
+    """A DEALER spamming replay requests without reading gets a bounded queue, not GBs.
+
+    Each request asks for 200 batches of 64 KiB (12.5 MiB); the old ROUTER (SNDHWM 0)
+    queued every reply in full. Now the peer has at most MAX_REPLAY_REQUESTS_PER_PEER
+    requests accepted, the rest are refused, and less than one reply is handed to ZeroMQ.
+    """
+    from kvtool.publish import MAX_REPLAY_REQUESTS_PER_PEER
+
+    payload = b"x" * 65_536
+    spam = 50
+    with Publisher(ANY_PORT, "tcp://127.0.0.1:*", buffer_steps=200, replay_sndhwm=8) as pub:
+        for seq in range(200):
+            pub.first.send(b"", seq, payload)
+        ch = pub.first
+        assert ch.stats.replay_endpoint is not None
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RCVHWM, 1)
+            dealer.setsockopt(zmq.RCVBUF, 4096)  # a small kernel window: the peer never reads
+            dealer.connect(ch.stats.replay_endpoint)
+            for _ in range(spam):
+                dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            deadline = time.monotonic() + 10  # a guard against hanging, not an assertion
+            while ch.stats.replay_requests + ch.stats.replay_refused < spam:
+                assert time.monotonic() < deadline, ch.stats
+                pub.service(20)
+            for _ in range(5):
+                pub.service(0)
+        finally:
+            dealer.close(linger=0)
+            ctx.term()
+        assert ch.stats.replay_requests == MAX_REPLAY_REQUESTS_PER_PEER
+        assert ch.stats.replay_refused == spam - MAX_REPLAY_REQUESTS_PER_PEER
+        assert ch.stats.replayed < 200  # not even one full reply is queued
+        assert ch.replies_pending == MAX_REPLAY_REQUESTS_PER_PEER
+
+
+@pytest.mark.zmq
+def test_issue8_12_bounded_router_still_streams_whole_replies_to_a_reader() -> None:
+    """A send queue of 2 messages still delivers a 50-batch reply, in order, then the end."""
+    msgs = capture_messages("gemma3")[:50]
+    with Publisher(ANY_PORT, "tcp://127.0.0.1:*", buffer_steps=100, replay_sndhwm=2) as pub:
+        publish(pub, lambda: _items(msgs), pacing=Pacing(max_speed=True))
+        endpoint = pub.first.stats.replay_endpoint
+        assert endpoint is not None
+        result: list[list[list[bytes]]] = []
+        client = threading.Thread(target=lambda: result.append(_replay_request(endpoint, 0, False)))
+        client.start()
+        deadline = time.monotonic() + 10
+        while client.is_alive() and time.monotonic() < deadline:
+            pub.service(20)
+        client.join(5)
+        assert pub.first.replies_pending == 0
+    replies = result[0]
+    assert replies[:-1] == [[b"", t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+    assert replies[-1] == [b"", b"", END_SEQ, b""]
+
+
+# -- publishing a recording as a library call (issue 9.7) ----------------------------------
+
+
+@pytest.mark.zmq
+def test_issue9_7_publish_recording_library_call(tmp_path: Path) -> None:
+    from kvtool.publish import publish_recording
+    from kvtool.replay import Replay
+
+    rec = capture_recording(tmp_path, "gemma3")
+    msgs = capture_messages("gemma3")
+    port = _free_port()
+    ctx = zmq.Context()
+    sub = _sub(ctx, f"tcp://127.0.0.1:{port}")
+    got: list[list[bytes]] = []
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: got.extend(_recv_all(sub, len(msgs), 10000)))
+    t.start()
+    try:
+        with Replay([rec]) as rp:
+            result = publish_recording(
+                rp,
+                f"tcp://127.0.0.1:{port}",
+                pacing=Pacing(max_speed=True),
+                wait_subscribers=1,
+                wait_timeout_s=10,
+                on_batch=lambda item, loop: seen.append(loop),
+            )
+    finally:
+        t.join(15)
+        sub.close(linger=0)
+        ctx.term()
+    assert got == [[t, s.to_bytes(8, "big"), p] for t, s, p in msgs]
+    assert result.stats.sent == len(msgs) and seen == [0] * len(msgs)
+    assert result.endpoint == f"tcp://127.0.0.1:{port}"
+    assert result.max_subscribers == 1 and not result.unheard
+    assert [c.sent for c in result.channels] == [len(msgs)]
+
+
+# -- publishing to nobody (issue 11.9) ----------------------------------------------------
+
+
+@pytest.mark.zmq
+def test_issue11_9_publish_to_nobody_warns(tmp_path: Path) -> None:
+    from kvtool.publish import publish_recording
+    from kvtool.replay import Replay
+
+    rec = capture_recording(tmp_path, "full_only")
+    with Replay([rec]) as rp:
+        result = publish_recording(rp, ANY_PORT, pacing=Pacing(max_speed=True))
+    assert result.stats.sent > 0 and result.unheard
+    res = CliRunner().invoke(
+        app, ["replay", str(rec), "--publish", str(_free_port()), "--max-speed"]
+    )
+    assert res.exit_code == 0, res.stderr
+    warning = res.stderr.strip().splitlines()[-1]
+    assert warning.startswith("kvtool: warning: no subscriber was connected to tcp://127.0.0.1:")
+    assert "--wait-subscribers 1" in warning
+
+
+@pytest.mark.zmq
+def test_issue11_9_no_warning_when_a_subscriber_listened(tmp_path: Path) -> None:
+    rec = capture_recording(tmp_path, "full_only")
+    port = _free_port()
+    result, got = _cli_publish(rec, port, len(capture_messages("full_only")))
+    assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
+    assert got
+    assert "no subscriber" not in result.stderr  # type: ignore[attr-defined]

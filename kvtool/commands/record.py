@@ -2,104 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, cast
 
 import typer
-from rich.live import Live
-from rich.text import Text
 
-from kvtool.capture import (
-    CaptureResult,
-    CaptureStats,
-    Recorder,
-    expand_endpoints,
-    load_groups,
-)
+from kvtool.capture import Recorder, load_groups
 from kvtool.commands import get_env, parse_duration_ns
+from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def _per_kind(counter: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items(), key=lambda kv: -kv[1])) or "-"
-
-
-class _Status:
-    """The live status: one refreshing block on stderr with events/s over the last update."""
-
-    def __init__(self, live: Live | None) -> None:
-        self.live = live
-        self._last_events = 0
-        self._last_mono = time.monotonic()
-        self._rate = 0.0
-
-    def render(self, st: CaptureStats) -> Text:
-        now = time.monotonic()
-        dt = now - self._last_mono
-        if dt >= 0.5:
-            self._rate = (st.events - self._last_events) / dt
-            self._last_events = st.events
-            self._last_mono = now
-        t = Text()
-        t.append(f"recording {st.elapsed_ns / 1e9:6.1f}s  ", style="bold")
-        t.append(
-            f"batches {st.batches}  events {st.events} ({self._rate:,.0f}/s)  "
-            f"gaps {st.gaps}  recovered {st.recovered}  "
-        )
-        t.append(f"lost {st.lost}", style="bold red" if st.lost else "")
-        if st.restarts:
-            t.append(f"  restarts {st.restarts}", style="yellow")
-        if st.malformed or st.undecodable:
-            t.append(f"  malformed {st.malformed + st.undecodable}", style="yellow")
-        t.append(f"\n  stores:  {_per_kind(st.stores)}")
-        t.append(f"\n  removes: {_per_kind(st.removes)}")
-        if st.cleared:
-            t.append(f"\n  cleared: {st.cleared}")
-        return t
-
-    def __call__(self, st: CaptureStats) -> None:
-        if self.live is not None:
-            self.live.update(self.render(st), refresh=True)
-
-
-def summary_line(result: CaptureResult) -> str:
-    """Return the one-line summary printed when a recording ends.
-
-    Args:
-        result: The finished capture.
-
-    Returns:
-        ``FILE: N batches, N events, N gaps (N recovered, N lost), N restarts, SIZE``.
-    """
-    st = result.stats
-    parts = [
-        f"{result.path}: {st.batches} batches",
-        f"{st.events} events",
-        f"{st.gaps} gaps ({st.recovered} recovered, {st.lost} lost)",
-    ]
-    if st.restarts:
-        parts.append(f"{st.restarts} restarts")
-    if st.history:
-        parts.append(f"{st.history} from history")
-    if st.malformed or st.undecodable:
-        parts.append(f"{st.malformed} malformed, {st.undecodable} undecodable")
-    if st.replay_timeouts:
-        parts.append(f"{st.replay_timeouts} replay timeouts")
-    if st.unsampled:
-        parts.append(f"{st.unsampled} batches not counted (overload)")
-    parts.append(f"{_human_bytes(result.file_bytes)} ({result.stop_reason})")
-    return ", ".join(parts)
+from kvtool.render.status import no_batch_line, record_status, summary_line
+from kvtool.text import printable
 
 
 def record(
@@ -111,9 +25,7 @@ def record(
             show_default=False,
         ),
     ],
-    output: Annotated[
-        Path, typer.Option("--output", "-o", help="The recording to write (.mcap).")
-    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The recording to write (.mcap).")],
     bind: Annotated[
         bool, typer.Option("--bind", help="Bind the endpoints instead of connecting to them.")
     ] = False,
@@ -173,6 +85,15 @@ def record(
         str,
         typer.Option("--replay-timeout", help="Give up a replay request unanswered this long."),
     ] = "2s",
+    status_every: Annotated[
+        str,
+        typer.Option(
+            "--status-every",
+            metavar="DURATION",
+            help="When stderr is not a terminal (a log), write a plain status line this "
+            "often; 0 for none.",
+        ),
+    ] = "10s",
 ) -> ExitStatus:
     """Record KV-cache events from vLLM publishers into an MCAP recording.
 
@@ -180,55 +101,56 @@ def record(
     stream are fetched from the publisher's replay socket and written in seq order;
     what it no longer holds is noted as lost in the recording's gap ledger. Stops at
     --duration or --max-batches, whichever comes first, or on Ctrl-C / SIGTERM, always
-    with a properly closed file. Exit status 3 when batches were lost.
+    with a properly closed file. Exit status 3 when batches were lost; 1 when no batch
+    arrived at all (no publisher reached, or it sent nothing).
     """
     env = get_env()
     duration_ns = parse_duration_ns(duration, option="--duration") if duration else None
     connect_ns = _timeout_ns(connect_timeout, "--connect-timeout")
     replay_ns = _timeout_ns(replay_timeout, "--replay-timeout") or 2_000_000_000
+    every_ns = _timeout_ns(status_every, "--status-every")
     sources = expand_endpoints(endpoints, replay=replay or (), dp_size=dp_size, bind=bind)
     if history and not replay:
         raise UsageError("--history needs --replay: the history comes from the replay buffer")
     group_list = load_groups(groups) if groups is not None else None
     _check_output(output, force, [groups] if groups is not None else [])
 
-    live: Live | None = None
-    if not quiet and env.err.is_terminal:
-        live = Live(console=env.err, auto_refresh=False, transient=True)
-    status = _Status(live)
-    recorder = Recorder(
-        output,
-        sources,
-        topic=topic,
-        bind=bind,
-        history=history,
-        duration_ns=duration_ns,
-        max_batches=max_batches,
-        connect_timeout_ns=connect_ns,
-        replay_timeout_ns=replay_ns,
-        groups=group_list,
-        groups_source=str(groups) if groups is not None else "",
-        force=force,
-        status=status if live is not None else None,
-    )
-    try:
-        if live is not None:
-            with live:
-                result = recorder.run()
-        else:
+    names = [s.endpoint for s in sources]
+    with record_status(env.err, endpoints=names, quiet=quiet, every_ns=every_ns) as status:
+        recorder = Recorder(
+            output,
+            sources,  # type: ignore[arg-type]  # capture.Source until capture imports endpoints
+            topic=topic,
+            bind=bind,
+            history=history,
+            duration_ns=duration_ns,
+            max_batches=max_batches,
+            connect_timeout_ns=connect_ns,
+            replay_timeout_ns=replay_ns,
+            groups=group_list,
+            groups_source=str(groups) if groups is not None else "",
+            force=force,
+            status=status,
+        )
+        try:
             result = recorder.run()
-    except RecordingError as err:
-        if "file exists" in str(err) or "cannot create" in str(err):
-            raise UsageError(str(err)) from err
-        raise
+        except RecordingError as err:
+            if "file exists" in str(err) or "cannot create" in str(err):
+                raise UsageError(str(err)) from err
+            raise
     if not quiet:
         env.err.print(summary_line(result), markup=False, highlight=False)
+    if result.stats.batches == 0:
+        # An empty recording is almost always a wrong endpoint or a publisher that is not
+        # up: say so, and fail, rather than end like a successful run.
+        env.err.print(no_batch_line(result, names), markup=False, highlight=False)
+        return ExitStatus.FAILED
     if result.stats.lost:
         ranges = cast("list[list[int]]", result.ledger.get("lost_ranges") or [])
         shown = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:10])
         more = " …" if len(ranges) > 10 else ""
         env.err.print(
-            f"kvtool: {result.stats.lost} batches lost (seq {shown}{more}); "
+            f"kvtool: {result.stats.lost} batches lost (seq {printable(shown)}{more}); "
             "the gap ledger in the recording lists them",
             markup=False,
             highlight=False,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -28,7 +27,7 @@ from kvtool.replay import (
 )
 
 if TYPE_CHECKING:
-    from kvtool.publish import PublishItem, PublishStats
+    from kvtool.publish import Publisher, PublishResult
 
 
 class EventFormat(StrEnum):
@@ -587,11 +586,13 @@ def _run_publish(
     fmt: EventFormat,
     annotate: bool,
 ) -> ExitStatus:
-    from kvtool.publish import Pacing, Publisher, PublishItem, annotate_payload, parse_endpoint
-    from kvtool.publish import publish as do_publish
+    from kvtool.endpoints import parse_endpoint
+    from kvtool.publish import Pacing, publish_recording
+    from kvtool.render.status import PublishProgress
+    from kvtool.text import printable
 
     drop_set = _seq_set(drop)
-    endpoint = parse_endpoint(publish)
+    endpoint = parse_endpoint(publish, option="--publish", bind=not connect)
     rep_ep = (
         parse_endpoint(replay_endpoint, option="--replay-endpoint") if replay_endpoint else None
     )
@@ -614,57 +615,53 @@ def _run_publish(
     hold_s = _seconds(hold, "--hold") if hold is not None else (1.0 if rep_ep else 0.0)
 
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
-    first_loop = [True]
+    progress = PublishProgress(env.err, enabled=not env.quiet)
 
-    def items() -> Iterator[PublishItem]:
-        feeding = first_loop[0]
-        first_loop[0] = False
-        for item in rp:
-            if feeding:
-                sinks.feed(item)
-            if rp.new_warnings:
-                _warn(rp, env)
-            m = item.message
-            payload = m.data
-            if annotate and item.table is not None:
-                payload, _bad = annotate_payload(payload, item.table)
-            yield PublishItem(m.channel.name, m.channel.topic.encode(), m.seq, payload, m.log_time)
+    def on_batch(item: ReplayBatch, loop_no: int) -> None:
+        if loop_no == 0:
+            sinks.feed(item)
+        if rp.new_warnings:
+            _warn(rp, env)
 
-    progress = _Progress(env)
+    def on_start(pub: Publisher) -> None:
+        if not env.quiet:
+            first = pub.first.stats
+            where = printable(first.endpoint) + (
+                f", replay on {printable(first.replay_endpoint)}" if first.replay_endpoint else ""
+            )
+            verb = "publishing to" if connect else "publishing on"
+            env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
 
     def on_wait(n: int) -> None:
-        progress.status(f"waiting for {n_wait} subscriber(s) on {endpoint} ({n} so far)")
+        progress.status(
+            f"waiting for {n_wait} subscriber(s) on {printable(endpoint)} ({n} so far)"
+        )
 
-    stats: PublishStats | None = None
     try:
-        with Publisher(
-            endpoint, rep_ep, legacy_replay=legacy_replay, buffer_steps=steps, connect=connect
-        ) as pub:
-            if not env.quiet:
-                first = pub.first.stats
-                where = first.endpoint + (
-                    f", replay on {first.replay_endpoint}" if first.replay_endpoint else ""
-                )
-                verb = "publishing to" if connect else "publishing on"
-                env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
-            try:
-                stats = do_publish(
-                    pub,
-                    items,
-                    pacing=pacing,
-                    loops=loops,
-                    renumber=renumber,
-                    wait_subscribers=n_wait,
-                    wait_timeout_s=wait_s,
-                    start_delay_s=delay_s,
-                    hold_s=hold_s,
-                    on_sent=progress.update,
-                    on_wait=on_wait,
-                    drop=drop_set,
-                )
-            finally:
-                progress.stop()
-            chans = pub.stats
+        try:
+            result = publish_recording(
+                rp,
+                endpoint,
+                rep_ep,
+                pacing=pacing,
+                legacy_replay=legacy_replay,
+                buffer_steps=steps,
+                connect=connect,
+                loops=loops,
+                renumber=renumber,
+                wait_subscribers=n_wait,
+                wait_timeout_s=wait_s,
+                start_delay_s=delay_s,
+                hold_s=hold_s,
+                drop=drop_set,
+                annotate=annotate,
+                on_start=on_start,
+                on_batch=on_batch,
+                on_sent=progress.update,
+                on_wait=on_wait,
+            )
+        finally:
+            progress.stop()
     except KeyboardInterrupt:
         sinks.close()
         env.err.print(
@@ -676,57 +673,44 @@ def _run_publish(
         raise
     sinks.close()
     env.stdout.flush()
-    if not env.quiet and stats is not None:
-        eps = ", ".join(
-            c.endpoint
-            + (
-                f" ({c.replay_requests} replay requests, {c.replayed} replayed)"
-                if c.replay_endpoint
-                else ""
-            )
-            for c in chans
-        )
-        env.err.print(
-            f"kvtool: published {stats.sent} batches in {stats.seconds:.2f}s "
-            f"({stats.rate:,.0f}/s) on {eps or endpoint}",
-            markup=False,
-            highlight=False,
-        )
+    _publish_summary(env, result)
     return ExitStatus.OK
 
 
-class _Progress:
-    """A progress line on stderr (only on a terminal, never with -q)."""
+def _publish_summary(env: Env, result: PublishResult) -> None:
+    """Say what was published, and warn when nobody was listening (-q silences both)."""
+    from kvtool.text import printable
 
-    def __init__(self, env: Env) -> None:
-        self.sent = 0
-        self._p = None
-        self._task = None
-        if not env.quiet and env.err.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                TimeElapsedColumn(),
-                console=env.err,
-                transient=True,
+    stats = result.stats
+    if not env.quiet:
+        eps = ", ".join(
+            printable(c.endpoint)
+            + (
+                f" ({c.replay_requests} replay requests, {c.replayed} replayed"
+                + (f", {c.replay_refused} refused" if c.replay_refused else "")
+                + (f", {c.replay_abandoned} abandoned" if c.replay_abandoned else "")
+                + ")"
+                if c.replay_endpoint
+                else ""
             )
-            self._p.start()
-            self._task = self._p.add_task("starting", total=None)
-
-    def status(self, text: str) -> None:
-        if self._p is not None and self._task is not None:
-            self._p.update(self._task, description=text)
-
-    def update(self, stats: PublishStats) -> None:
-        self.sent = stats.sent
-        self.status(f"published {stats.sent:,} batches ({stats.rate:,.0f}/s)")
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None
+            for c in result.channels
+        )
+        env.err.print(
+            f"kvtool: published {stats.sent} batches in {stats.seconds:.2f}s "
+            f"({stats.rate:,.0f}/s) on {eps or printable(result.endpoint)}",
+            markup=False,
+            highlight=False,
+        )
+    if result.unheard and not env.quiet:
+        # ZeroMQ's slow joiner: a short recording is sent before a subscriber's
+        # connection and subscription arrive, and PUB drops what nobody subscribed to.
+        env.err.print(
+            f"kvtool: warning: no subscriber was connected to {printable(result.endpoint)} "
+            f"while {stats.sent} batches were published, so nobody received them; start the "
+            "subscriber first and pass --wait-subscribers 1 (or --start-delay 2s)",
+            markup=False,
+            highlight=False,
+        )
 
 
 def _warn(rp: Replay, env: Env) -> None:
