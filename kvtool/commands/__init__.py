@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
 from kvtool.durations import parse_duration_ns
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.render.progress import ProgressBar
@@ -66,12 +67,18 @@ class Env:
 
 
 class _Console(Console):
-    """A console whose reader going away (``kvtool report | head``) is not an error.
+    """A console that never passes a control character through and survives ``| head``.
 
-    rich's default exits with status 1; kvtool raises :class:`BrokenPipeError`, which the
-    CLI maps to exit 0, after pointing stdout at /dev/null so the interpreter's final flush
-    of it cannot fail (and exit 120) either.
+    Every plain string printed has its control characters escaped (newlines kept), so a
+    message quoting a file or a peer cannot drive the terminal even if its author forgot
+    :func:`kvtool.text.printable`. A reader going away (``kvtool report | head``) is not
+    an error: rich's default exits with status 1; kvtool raises :class:`BrokenPipeError`,
+    which the CLI maps to exit 0, after pointing stdout at /dev/null so the interpreter's
+    final flush of it cannot fail (and exit 120) either.
     """
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        super().print(*(_safe(o) for o in objects), **kwargs)
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -83,6 +90,12 @@ class _Console(Console):
         except (OSError, ValueError, AttributeError):
             pass  # not a real file (tests' StringIO): nothing will flush it at exit
         raise BrokenPipeError
+
+
+def _safe(obj: object) -> object:
+    if isinstance(obj, str) and not obj.isprintable():
+        return "\n".join(printable(line) for line in obj.split("\n"))
+    return obj
 
 
 _ENV: Env | None = None
