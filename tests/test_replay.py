@@ -247,7 +247,8 @@ def test_jsonl_contract(tmp_path: Path) -> None:
     h = first["block_hashes"][0]  # type: ignore[index]
     assert isinstance(h, str) and len(h) == 64 and h == h.lower()
     rec2 = capture_recording(tmp_path, "full_only.legacy-array-initial.signed")
-    hashes = [h for e in _jsonl(_run(rec2, "-f", "jsonl", "--hash-format", "int")) for h in e.get("block_hashes", [])]  # type: ignore[attr-defined]
+    ints = _jsonl(_run(rec2, "-f", "jsonl", "--hash-format", "int"))
+    hashes = [h for e in ints for h in e.get("block_hashes", [])]  # type: ignore[attr-defined]
     assert all(isinstance(h, int) for h in hashes) and min(hashes) < 0
 
 
