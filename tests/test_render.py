@@ -359,3 +359,13 @@ def test_issue11_12_plot_without_matplotlib_fails_before_reading(
     result = runner.invoke(app, ["report", str(GEMMA), "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 2
     assert "pip install 'kvtool[plot]'" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_issue11_12_report_quiet_on_truncated_file_says_why(tmp_path: Path, fmt: str) -> None:
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(GEMMA.read_bytes()[:15000])
+    result = runner.invoke(app, ["report", str(cut), "-q", "-f", fmt])
+    assert result.exit_code == 3
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "truncated" in lines[0] and str(cut) in lines[0]

@@ -156,9 +156,16 @@ def report(
         plot_report(rep, plot)
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
+    # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
+    listed = rep.source.get("damaged")
+    damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
+    for line in damage:
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in rep.findings:
-            env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
+            if line not in damage:
+                env.err.print(f"kvtool: finding: {printable(line)}", markup=False,
+                              highlight=False)
     return ExitStatus.DAMAGED if rep.damaged else ExitStatus.OK
 
 
