@@ -63,12 +63,11 @@ class ProgressBar:
                 TimeRemainingColumn,
             )
 
+            sized = (DownloadColumn(), TimeElapsedColumn(), TimeRemainingColumn())
             self._progress = Progress(
                 TextColumn("{task.description}", markup=False),
                 BarColumn(),
-                DownloadColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
+                *(sized if total is not None else (TimeElapsedColumn(),)),
                 console=console,
                 transient=True,
             )
