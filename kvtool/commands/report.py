@@ -100,6 +100,9 @@ def report(
     orphan_removes and block lifetime p50/p90/p99 in seconds. Kinds come from --groups,
     --group, the recording's metadata, or what annotated stores say (learned).
     A damaged recording is reported from everything readable, with exit status 3.
+    Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);
+    --wide or --columns show more. CSV is one table with a 'table' column naming each row's
+    table (by_kind, by_window, by_group, timeline).
     """
     env = get_env()
     tables = _parse_by(by)
