@@ -13,6 +13,18 @@ if TYPE_CHECKING:
 INSTALL_HINT = "plotting needs matplotlib: pip install 'kvtool[plot]'"
 
 
+def require_matplotlib() -> None:
+    """Fail early, before a long report is computed, when plotting is impossible.
+
+    Raises:
+        UsageError: matplotlib is not installed (the message says how to install it).
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise UsageError(INSTALL_HINT) from err
+
+
 def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
     """Draw live blocks and eviction rate over time, one line per kind, into an image.
 
@@ -64,4 +76,4 @@ def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
         plt.close(fig)
 
 
-__all__ = ["INSTALL_HINT", "plot_report"]
+__all__ = ["INSTALL_HINT", "plot_report", "require_matplotlib"]

@@ -52,7 +52,8 @@ def _run(*args: object) -> object:
 @pytest.mark.parametrize("name", CAPTURES)
 def test_stripped_capture_annotates_to_what_vllm_produced(tmp_path: Path, name: str) -> None:
     rec = capture_recording(tmp_path, name, strip=True)
-    result = _run(rec, "--annotate", "--groups", _groups_file(tmp_path, name), "--format", "jsonl")
+    result = _run(rec, "--annotate", "--groups", _groups_file(tmp_path, name), "--format", "jsonl",
+                  "--hash-format", "int")
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     got = _jsonl(result)
     want = _vllm_events(name)
@@ -246,7 +247,8 @@ def test_jsonl_contract(tmp_path: Path) -> None:
     h = first["block_hashes"][0]  # type: ignore[index]
     assert isinstance(h, str) and len(h) == 64 and h == h.lower()
     rec2 = capture_recording(tmp_path, "full_only.legacy-array-initial.signed")
-    hashes = [h for e in _jsonl(_run(rec2, "-f", "jsonl")) for h in e.get("block_hashes", [])]  # type: ignore[attr-defined]
+    ints = _jsonl(_run(rec2, "-f", "jsonl", "--hash-format", "int"))
+    hashes = [h for e in ints for h in e.get("block_hashes", [])]  # type: ignore[attr-defined]
     assert all(isinstance(h, int) for h in hashes) and min(hashes) < 0
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated, cast
 
 import typer
 
 from kvtool.commands import Env, get_env
+from kvtool.commands._filters import check_kinds, check_time_order, first_log_time, say_if_empty
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.export import RecordingCopy
 from kvtool.outputs import is_stdout
 from kvtool.protocol import EVENT_TYPES
+from kvtool.render.events import HASH_FORMATS
 from kvtool.replay import (
     BatchFilter,
     EventFilter,
@@ -25,9 +27,11 @@ from kvtool.replay import (
     parse_time_bound,
     parse_window,
 )
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.publish import Publisher, PublishResult
+    from kvtool.render.events import HashFormat
 
 
 class EventFormat(StrEnum):
@@ -106,6 +110,15 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    hash_format: Annotated[
+        str,
+        typer.Option(
+            "--hash-format",
+            metavar="str|hex|int",
+            help="Integer block hashes as decimal strings (exact in jq), 16 hex digits, "
+            "or JSON numbers (jq rounds those above 2**53). Bytes hashes are always hex.",
+        ),
+    ] = "str",
     output: Annotated[
         Path | None,
         typer.Option(
@@ -369,6 +382,8 @@ def replay(
         seq_first=first,
         seq_last=last,
     )
+    if hash_format not in HASH_FORMATS:
+        raise UsageError(f"--hash-format {hash_format!r}: expected one of str, hex, int")
     if (groups is not None or group_meta) and not (annotate or check):
         raise UsageError(
             "--groups and --group IDX=KIND give metadata for --annotate or --check; add one of them"
@@ -417,6 +432,11 @@ def replay(
                 markup=False,
                 highlight=False,
             )
+        start_ns = first_log_time(rp)
+        check_kinds(sorted(ef.kinds or ()), rp)
+        check_time_order(bf.since, bf.until, start_ns, (since, until))
+        rp.start_ns = start_ns  # type: ignore[attr-defined]
+        rp.hash_format = hash_format  # type: ignore[attr-defined]
         if check:
             return _run_check(rp, env)
         if publish is not None:
@@ -448,6 +468,12 @@ def replay(
             status = _run_plain(
                 rp, env, output=output, force=force, show_events=show_events, fmt=fmt
             )
+        selected_by = [(o, ",".join(v) if isinstance(v, list) else v) for o, v in (
+            ("--type", type_), ("--kind", kind), ("--window", window),
+            ("--group", group_filter), ("--channel", channel), ("--rank", rank),
+            ("--since", since), ("--until", until), ("--seq", seq)) if v]
+        if not quiet:
+            say_if_empty(rp, env, selected_by)
         return _finish(rp, env, status)
 
 
@@ -473,10 +499,12 @@ class _Sinks:
         self.printer: JsonlWriter | PrettyWriter | None = None
         if show_events:
             multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
+            hf = cast("HashFormat", getattr(rp, "hash_format", "str"))
             self.printer = (
-                JsonlWriter(env.stdout)
+                JsonlWriter(env.stdout, hash_format=hf)
                 if fmt is EventFormat.jsonl
-                else PrettyWriter(env.out, multi_channel=multi)
+                else PrettyWriter(env.out, multi_channel=multi, hash_format=hf,
+                                  start_ns=getattr(rp, "start_ns", None))
             )
         if output is not None:
             self.copy = RecordingCopy(
@@ -519,12 +547,21 @@ def _binary_stdout(env: Env, output: Path, show_events: bool) -> IO[bytes] | Non
 def _run_plain(
     rp: Replay, env: Env, *, output: Path | None, force: bool, show_events: bool, fmt: EventFormat
 ) -> ExitStatus:
+    from kvtool.render.progress import FileOffsets, input_size
+
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
+    sizes = {r.path: input_size([r.path]) or 0 for r in rp.readers}
+    # A bar only while copying to -o: printed events would scroll it away.
+    bar = env.progress(f"writing {printable(output)}", sum(sizes.values()) or None,
+                       quiet=output is None or (show_events and env.stdout_is_tty))
     try:
-        for item in rp:
-            sinks.feed(item)
-            if rp.new_warnings:
-                _warn(rp, env)
+        with bar:
+            done = FileOffsets(bar, sizes)
+            for item in rp:
+                sinks.feed(item)
+                done.seen(item.message.channel.path, item.message.offset)
+                if rp.new_warnings:
+                    _warn(rp, env)
     except BaseException:
         sinks.abort()  # the output stays as it was: no half-written copy
         raise
@@ -544,7 +581,7 @@ def _run_check(rp: Replay, env: Env) -> ExitStatus:
     assert rp.checker is not None
     lines = rp.checker.disagreements()
     for line in lines:
-        env.stdout.write(line + "\n")
+        env.stdout.write(printable(line) + "\n")
     env.stdout.flush()
     if not env.quiet:
         c = rp.checker

@@ -13,13 +13,16 @@ from kvtool.commands import get_env, parse_duration_ns
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import AtomicFile, OutputKind, check_output, is_stdout, write_text
 from kvtool.render.report import (
+    DEFAULT_COLUMNS,
     TABLES,
+    parse_columns,
     render_csv,
     render_json,
     render_markdown,
     render_table,
 )
-from kvtool.report import build_report
+from kvtool.report import COLUMNS, build_report
+from kvtool.text import printable
 
 
 class ReportFormat(StrEnum):
@@ -86,6 +89,16 @@ def report(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")
     ] = False,
+    columns: Annotated[
+        str | None,
+        typer.Option("--columns", metavar="COL,...", show_default=False,
+                     help="Columns for table and markdown output, by their JSON names, or "
+                     "'all' (default for tables: blocks stored, removed, live at end, peak, "
+                     "restored, lifetime p50/p99; markdown: all)."),
+    ] = None,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column (same as --columns all).")
+    ] = False,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
@@ -94,9 +107,19 @@ def report(
     orphan_removes and block lifetime p50/p90/p99 in seconds. Kinds come from --groups,
     --group, the recording's metadata, or what annotated stores say (learned).
     A damaged recording is reported from everything readable, with exit status 3.
+    Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);
+    --wide or --columns show more. CSV is one table with a 'table' column naming each row's
+    table (by_kind, by_window, by_group, timeline).
     """
     env = get_env()
     tables = _parse_by(by)
+    cols = parse_columns(columns) if columns is not None else None
+    if wide:
+        cols = parse_columns("all")
+    if plot is not None:
+        from kvtool.plot import require_matplotlib
+
+        require_matplotlib()  # before the (long) read, not after it
     if is_stdout(out):
         out = None
     inputs = [*files, *([groups] if groups is not None else [])]
@@ -108,12 +131,18 @@ def report(
     every_ns = parse_duration_ns(every, option="--every") if every is not None else None
     if plot is not None and every_ns is None:
         every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
-    rep = build_report(
-        [str(f) for f in files],
-        groups_file=str(groups) if groups is not None else None,
-        group_flags=group or None,
-        every_ns=every_ns,
-    )
+    from kvtool.render.progress import input_size
+
+    # build_report has no progress hook yet: the bar pulses with the time elapsed.
+    size = input_size(files)
+    what = f"reading {len(files)} recording(s)" + (f", {size:,} bytes" if size else "")
+    with env.progress(what, None, quiet=quiet):
+        rep = build_report(
+            [str(f) for f in files],
+            groups_file=str(groups) if groups is not None else None,
+            group_flags=group or None,
+            every_ns=every_ns,
+        )
     if plot is not None and every is None:
         # The timeline was only built for the plot; keep the output as asked.
         shown = type(rep)(**{**rep.__dict__, "timeline": None})
@@ -126,12 +155,12 @@ def report(
     elif format is ReportFormat.csv:
         render_csv(shown, stream, tables)
     elif format is ReportFormat.markdown:
-        render_markdown(shown, stream, tables)
+        render_markdown(shown, stream, tables, cols or COLUMNS)
     else:
         from rich.console import Console
 
         console = Console(file=buf, width=200, soft_wrap=True) if buf is not None else env.out
-        render_table(shown, console, tables)
+        render_table(shown, console, tables, cols or DEFAULT_COLUMNS)
     if buf is not None and out is not None:
         write_text(out, buf.getvalue(), force=force, inputs=inputs)
     else:
@@ -143,9 +172,16 @@ def report(
             plot_report(rep, af.tmp)
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
+    # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
+    listed = rep.source.get("damaged")
+    damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
+    for line in damage:
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in rep.findings:
-            env.err.print(f"kvtool: finding: {line}", markup=False, highlight=False)
+            if line not in damage:
+                env.err.print(f"kvtool: finding: {printable(line)}", markup=False,
+                              highlight=False)
     return ExitStatus.DAMAGED if rep.damaged else ExitStatus.OK
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import msgspec
-from rich.markup import escape
+from rich.text import Text
 
 from kvtool.protocol import BlockRemoved, BlockStored, Event, event_to_builtins, event_type
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -15,6 +17,43 @@ if TYPE_CHECKING:
     from kvtool.replay import ReplayBatch
 
 _JSON = msgspec.json.Encoder()
+
+HashFormat = Literal["str", "hex", "int"]
+"""How an integer block hash is shown: ``str`` (decimal string, the JSON-safe default),
+``hex`` (16 lower-case hex digits of its 64 bits) or ``int`` (a JSON number as sent; jq
+and JavaScript round integers above 2**53). Bytes hashes are always lower-case hex."""
+
+HASH_FORMATS: tuple[HashFormat, ...] = ("str", "hex", "int")
+
+_MASK64 = (1 << 64) - 1
+
+
+def format_hash(h: object, hash_format: HashFormat = "str") -> object:
+    """Return one block hash as JSONL and the pretty view show it.
+
+    Args:
+        h: The hash as decoded: an int (unsigned 64-bit from vLLM, signed from old vLLM
+            or SGLang) or bytes.
+        hash_format: See :data:`HashFormat`.
+
+    Returns:
+        A str, or the int itself for ``int``.
+    """
+    if isinstance(h, bytes):
+        return h.hex()
+    if isinstance(h, int) and not isinstance(h, bool):
+        if hash_format == "str":
+            return str(h)
+        if hash_format == "hex":
+            return f"{h & _MASK64:016x}"
+        return h
+    return h
+
+
+def _hashes(hashes: Sequence[object], hash_format: HashFormat) -> list[object]:
+    if hash_format == "int":
+        return [h.hex() if isinstance(h, bytes) else h for h in hashes]
+    return [format_hash(h, hash_format) for h in hashes]
 
 
 def event_record(
@@ -25,6 +64,7 @@ def event_record(
     channel: str,
     dp_rank: int | None,
     event: Event,
+    hash_format: HashFormat = "str",
 ) -> dict[str, object]:
     """Return the JSON object of one event: context keys, then ``type`` and every field.
 
@@ -33,12 +73,14 @@ def event_record(
         ts: The batch's ``ts`` (publisher clock, float seconds).
         log_time: Receive time, ns since the epoch.
         channel: The channel name.
-        dp_rank: The batch's data-parallel rank.
+        dp_rank: The batch's data-parallel rank (null when unknown).
         event: The event.
+        hash_format: How int hashes are written (:data:`HashFormat`).
 
     Returns:
         ``{"seq", "ts", "log_time", "channel", "dp_rank", "type", field: value, …}``;
-        int hashes stay ints, bytes hashes become lower-case hex strings.
+        ``block_hashes`` and ``parent_block_hash`` as :func:`format_hash` shows them, other
+        bytes as lower-case hex strings.
     """
     rec: dict[str, object] = {
         "seq": seq,
@@ -53,6 +95,10 @@ def event_record(
         # Fast path (C): the struct's fields as they are; JSON encodes them directly.
         rec["type"] = type(event).__struct_config__.tag
         rec.update(_asdict(event))
+    if isinstance(event, BlockStored | BlockRemoved):
+        rec["block_hashes"] = _hashes(event.block_hashes, hash_format)
+        if isinstance(event, BlockStored) and event.parent_block_hash is not None:
+            rec["parent_block_hash"] = format_hash(event.parent_block_hash, hash_format)
     return rec
 
 
@@ -92,11 +138,12 @@ def _has_bytes(event: Event) -> bool:
     return False
 
 
-def batch_records(item: ReplayBatch) -> list[dict[str, object]]:
+def batch_records(item: ReplayBatch, hash_format: HashFormat = "str") -> list[dict[str, object]]:
     """Return the JSON objects of a replayed batch's selected events.
 
     Args:
         item: The replayed batch.
+        hash_format: How int hashes are written.
 
     Returns:
         One dict per selected event.
@@ -111,6 +158,7 @@ def batch_records(item: ReplayBatch) -> list[dict[str, object]]:
             channel=msg.channel.name,
             dp_rank=item.dp_rank,
             event=ev,
+            hash_format=hash_format,
         )
         for ev in item.events
     ]
@@ -121,10 +169,12 @@ class JsonlWriter:
 
     Args:
         stream: The text stream (stdout).
+        hash_format: How int hashes are written (default: decimal strings, exact in jq).
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, hash_format: HashFormat = "str") -> None:
         self.stream = stream
+        self.hash_format: HashFormat = hash_format
         self.lines = 0
 
     def write(self, item: ReplayBatch) -> None:
@@ -135,68 +185,112 @@ class JsonlWriter:
         """
         if not item.events:
             return
-        recs = batch_records(item)
+        recs = batch_records(item, self.hash_format)
         self.stream.write(_JSON.encode_lines(recs).decode())
         self.lines += len(recs)
 
 
-def _short_hash(h: object) -> str:
-    if isinstance(h, bytes):
-        return h.hex()[:12]
-    if isinstance(h, int):
-        return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"[:12]
-    return str(h)
+class _Widths:
+    """Column widths that only grow, so successive lines stay aligned."""
+
+    def __init__(self, **minimum: int) -> None:
+        self.w = dict(minimum)
+
+    def pad(self, name: str, text: str, *, right: bool = False) -> str:
+        w = self.w[name] = max(self.w.get(name, 0), len(text))
+        return text.rjust(w) if right else text.ljust(w)
 
 
-def event_line(item: ReplayBatch, event: Event, *, multi_channel: bool = False) -> str:
-    """Return one human-readable (rich markup) line for an event.
+def event_line(
+    item: ReplayBatch,
+    event: Event,
+    *,
+    multi_channel: bool = False,
+    start_ns: int | None = None,
+    hash_format: HashFormat = "str",
+    widths: _Widths | None = None,
+) -> Text:
+    """Return one human-readable line for an event, every string from the file printable.
 
     Args:
         item: The batch it belongs to.
         event: The event.
         multi_channel: Show the channel name (when several are replayed).
+        start_ns: Receive time of the replay's first message (the time column counts from
+            it, as ``--since`` does); None: from this batch.
+        hash_format: How the first block hash is shown (as in JSONL).
+        widths: Column widths shared by the lines of one replay.
 
     Returns:
-        A line like ``seq 12  r0  BlockStored  g1 sliding_window w64  3 blocks 48 tokens``.
+        A line like ``0.063s  seq 12  r0  BlockStored  g1  sliding_window  w64  3 blocks
+        48 tokens  hash 7164749364908172018``.
     """
+    wd = widths if widths is not None else _Widths()
     msg = item.message
-    head = f"[dim]seq[/dim] {msg.seq:<6}"
+    t = (msg.log_time - (start_ns if start_ns is not None else msg.log_time)) / 1e9
+    parts: list[tuple[str, str] | str] = [
+        (wd.pad("time", f"{t:.3f}s", right=True), "dim"),
+        "  ",
+        ("seq ", "dim"),
+        wd.pad("seq", str(msg.seq)),
+    ]
     if multi_channel:
-        head += f" [dim]{escape(msg.channel.name)}[/dim]"
-    if item.dp_rank is not None:
-        head += f" [dim]r{item.dp_rank}[/dim]"
-    tag = event_type(event)
-    if isinstance(event, BlockStored):
-        kind = event.kv_cache_spec_kind
-        kind_s = f"[cyan]{escape(kind)}[/cyan]" if kind else "[yellow]unannotated[/yellow]"
-        win = event.kv_cache_spec_sliding_window
-        win_s = f" w{win}" if win is not None else ""
-        grp = f"g{event.group_idx}" if event.group_idx is not None else "g-"
+        parts += ["  ", (wd.pad("channel", printable(msg.channel.name)), "dim")]
+    rank = "-" if item.dp_rank is None else str(item.dp_rank)
+    parts += ["  ", (wd.pad("rank", f"r{rank}"), "dim"), "  "]
+    tag = printable(event_type(event))
+    if isinstance(event, BlockStored | BlockRemoved):
+        grp = wd.pad("group", f"g{event.group_idx}" if event.group_idx is not None else "g-")
         hashes = event.block_hashes
-        first = f" {_short_hash(hashes[0])}…" if hashes else ""
-        return (
-            f"{head} [green]{tag:<16}[/green] {grp:<4} {kind_s}{win_s}  "
-            f"{len(hashes)} blocks {len(event.token_ids)} tokens{first}"
-        )
-    if isinstance(event, BlockRemoved):
-        grp = f"g{event.group_idx}" if event.group_idx is not None else "g-"
-        hashes = event.block_hashes
-        first = f" {_short_hash(hashes[0])}…" if hashes else ""
-        return f"{head} [red]{tag:<16}[/red] {grp:<4} {len(hashes)} blocks{first}"
-    return f"{head} [magenta]{tag}[/magenta]"
+        first = ""
+        if hashes:
+            shown = str(format_hash(hashes[0], hash_format))
+            # a 32-byte hash is 64 hex digits: its prefix is enough to find it in JSONL
+            first = f"  hash {shown[:16]}…" if len(shown) > 20 else f"  hash {shown}"
+        blocks = f"{wd.pad('blocks', str(len(hashes)), right=True)} blocks"
+        if isinstance(event, BlockStored):
+            kind = event.kv_cache_spec_kind
+            win = event.kv_cache_spec_sliding_window
+            kind_t = (printable(kind), "cyan") if kind else ("unannotated", "yellow")
+            win_s = f" w{win}" if win is not None else ""
+            kw = wd.pad("kind", kind_t[0] + win_s)
+            parts += [
+                (wd.pad("type", tag), "green"), "  ", grp, "  ",
+                (kind_t[0], kind_t[1]), kw[len(kind_t[0]):], "  ",
+                blocks, " ",
+                f"{wd.pad('tokens', str(len(event.token_ids)), right=True)} tokens", first,
+            ]
+        else:
+            parts += [(wd.pad("type", tag), "red"), "  ", grp, "  ", blocks, first]
+    else:
+        parts.append((tag, "magenta"))
+    return Text.assemble(*parts)
 
 
 class PrettyWriter:
-    """Writes one coloured line per event to a rich console.
+    """Writes one coloured line per event to a rich console, columns aligned.
 
     Args:
         console: The stdout console.
         multi_channel: Show channel names.
+        start_ns: Receive time of the replay's first message (time column origin).
+        hash_format: How the first hash of each event is shown.
     """
 
-    def __init__(self, console: Console, *, multi_channel: bool = False) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        multi_channel: bool = False,
+        start_ns: int | None = None,
+        hash_format: HashFormat = "str",
+    ) -> None:
         self.console = console
         self.multi_channel = multi_channel
+        self.start_ns = start_ns
+        self.hash_format: HashFormat = hash_format
+        self.widths = _Widths(time=8, seq=5, rank=2, type=16, group=3, kind=18,
+                              blocks=2, tokens=3)
         self.lines = 0
 
     def write(self, item: ReplayBatch) -> None:
@@ -205,16 +299,30 @@ class PrettyWriter:
         Args:
             item: The replayed batch.
         """
+        if self.start_ns is None:
+            self.start_ns = item.message.log_time
         if item.error is not None:
             self.console.print(
-                f"[red]seq {item.message.seq}: {escape(item.error)}[/red]", highlight=False
+                Text(f"seq {item.message.seq}: {printable(item.error)}", style="red"),
+                highlight=False,
             )
             return
         for ev in item.events:
             self.console.print(
-                event_line(item, ev, multi_channel=self.multi_channel), highlight=False
+                event_line(item, ev, multi_channel=self.multi_channel, start_ns=self.start_ns,
+                           hash_format=self.hash_format, widths=self.widths),
+                highlight=False,
             )
             self.lines += 1
 
 
-__all__ = ["JsonlWriter", "PrettyWriter", "batch_records", "event_line", "event_record"]
+__all__ = [
+    "HASH_FORMATS",
+    "HashFormat",
+    "JsonlWriter",
+    "PrettyWriter",
+    "batch_records",
+    "event_line",
+    "event_record",
+    "format_hash",
+]

@@ -7,9 +7,12 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from rich.table import Table
+from rich.text import Text
 
+from kvtool.errors import UsageError
+from kvtool.render.tables import Column, cell, print_table
 from kvtool.report import COLUMNS
+from kvtool.text import csv_safe, printable
 
 if TYPE_CHECKING:
     import polars as pl
@@ -20,29 +23,97 @@ if TYPE_CHECKING:
 TABLES = ("kind", "window", "group")
 """Names accepted by ``--by``."""
 
-_WIDE = 260  # every column readable even when stdout is a pipe (rich assumes 80)
 _TITLES = {"kind": "by kind", "window": "by sliding window", "group": "by group"}
 _FRAME = {"kind": "by_kind", "window": "by_window", "group": "by_group"}
 _KEYS = {"kind": ["kind"], "window": ["sliding_window"], "group": ["group_idx", "kind",
                                                                      "sliding_window"]}
 
 
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
+COLUMN_LABELS = {
+    "store_events": "stores\nevents",
+    "blocks_stored": "stored\nblocks",
+    "tokens_stored": "stored\ntokens",
+    "remove_events": "removes\nevents",
+    "blocks_removed": "removed\nblocks",
+    "blocks_cleared": "cleared\nblocks",
+    "live_blocks_end": "live\nblocks",
+    "peak_live_blocks": "peak\nblocks",
+    "distinct_hashes": "distinct\nhashes",
+    "restored_blocks": "restored\nblocks",
+    "orphan_removes": "orphans\nblocks",
+    "lifetime_p50_s": "life\np50 s",
+    "lifetime_p90_s": "life\np90 s",
+    "lifetime_p99_s": "life\np99 s",
+}
+"""Short two-line table headers (name, unit) for every report column."""
+
+DEFAULT_COLUMNS = (
+    "blocks_stored",
+    "blocks_removed",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "restored_blocks",
+    "lifetime_p50_s",
+    "lifetime_p99_s",
+)
+"""The columns a table shows without ``--columns``/``--wide``: the ones read first."""
+
+_TIMELINE_LABELS = {
+    "time_s": "time\ns",
+    "kind": "kind",
+    "stores": "stored\nblocks",
+    "removes": "removed\nblocks",
+    "live_blocks": "live\nblocks",
+}
+_LEGEND = {
+    "store_events": "stores events = store_events",
+    "blocks_stored": "stored blocks = blocks_stored",
+    "tokens_stored": "stored tokens = tokens_stored",
+    "remove_events": "removes events = remove_events",
+    "blocks_removed": "removed = blocks_removed (evicted)",
+    "blocks_cleared": "cleared = blocks_cleared (by AllBlocksCleared)",
+    "live_blocks_end": "live = live_blocks_end (cached at the end)",
+    "peak_live_blocks": "peak = peak_live_blocks (most cached at once)",
+    "distinct_hashes": "distinct = distinct_hashes",
+    "restored_blocks": "restored = restored_blocks (stored while already cached)",
+    "orphan_removes": "orphans = orphan_removes (removed, never seen stored)",
+    "lifetime_p50_s": "life pNN s = lifetime_pNN_s (store to remove, seconds)",
+}
 
 
-def _rows(report: Report, by: str, *, totals: bool) -> tuple[list[str], list[list[object]]]:
+def parse_columns(text: str) -> list[str]:
+    """Parse ``--columns``: report column names, comma-separated, or ``all``.
+
+    Args:
+        text: The value as typed.
+
+    Returns:
+        The columns, in the order given.
+
+    Raises:
+        UsageError: An unknown column name.
+    """
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    if wanted == ["all"]:
+        return list(COLUMNS)
+    bad = [p for p in wanted if p not in COLUMNS]
+    if bad or not wanted:
+        raise UsageError(
+            f"--columns {printable(text)!r}: expected 'all' or a comma-separated list of "
+            f"{', '.join(COLUMNS)}"
+        )
+    return wanted
+
+
+def _rows(report: Report, by: str, columns: Sequence[str], *,
+          totals: bool) -> tuple[list[str], list[list[object]]]:
     frame: pl.DataFrame = getattr(report, _FRAME[by])
     keys = _KEYS[by]
-    header = [*keys, *COLUMNS]
+    header = [*keys, *columns]
     rows = [list(r) for r in frame.select(header).iter_rows()]
     if totals:
         tot = report.totals.to_dicts()[0] if report.totals.height else {}
-        rows.append(["total", *([""] * (len(keys) - 1)), *[tot.get(c) for c in COLUMNS]])
+        rows.append(["total", *([""] * (len(keys) - 1)), *[tot.get(c) for c in columns]])
     return header, rows
 
 
@@ -52,46 +123,61 @@ def _timeline_rows(report: Report) -> tuple[list[str], list[list[object]]]:
     return header, [list(r) for r in report.timeline.iter_rows()]
 
 
-def render_table(report: Report, console: Console, by: Sequence[str] = ("kind", "window")) -> None:
-    """Print the tables (each with a totals row), the timeline and the findings.
+def _legend(columns: Sequence[str]) -> str:
+    parts: list[str] = []
+    for c in columns:
+        text = _LEGEND.get("lifetime_p50_s" if c.startswith("lifetime_") else c)
+        if text is not None and text not in parts:
+            parts.append(text)
+    more = "" if len(columns) == len(COLUMNS) else "; all columns: --wide, or --columns a,b"
+    return "columns: " + "; ".join(parts) + more
+
+
+def _summary_line(report: Report) -> str:
+    src = report.source
+    recs = src.get("recordings", [])
+    meta = src.get("group_metadata", [])
+    batches, events = src.get("batches"), src.get("events")
+    return (
+        f"report: {', '.join(map(printable, recs)) if isinstance(recs, list) else printable(recs)}"
+        f" - {cell(batches)} batches, {cell(events)} events; group metadata: "
+        f"{'; '.join(map(printable, meta)) if isinstance(meta, list) else printable(meta)}"
+    )
+
+
+def render_table(
+    report: Report,
+    console: Console,
+    by: Sequence[str] = ("kind", "window"),
+    columns: Sequence[str] = DEFAULT_COLUMNS,
+) -> None:
+    """Print the tables (each with a totals row), the timeline, a legend and the findings.
+
+    Tables fit ``console.width`` (a pipe counts as its ``COLUMNS``, default 80): columns that
+    do not fit go to a second block below, so no cell is ever cut to ``…``.
 
     Args:
         report: The report.
         console: Where to print (stdout's console).
         by: Which tables, in order: ``kind``, ``window``, ``group``.
+        columns: Which report columns, in order (see :data:`DEFAULT_COLUMNS`).
     """
-    if not console.is_terminal and console.width < _WIDE:
-        # A pipe or file: rich would squeeze the tables to 80 columns; print them whole.
-        from rich.console import Console as _Console
-
-        console = _Console(file=console.file, width=_WIDE, soft_wrap=True, color_system=None)
-    src = report.source
-    recs = src.get("recordings", [])
-    meta = src.get("group_metadata", [])
-    console.print(
-        f"report: {', '.join(map(str, recs)) if isinstance(recs, list) else recs} - "
-        f"{src.get('batches')} batches, {src.get('events')} events; group metadata: "
-        f"{'; '.join(map(str, meta)) if isinstance(meta, list) else meta}",
-        markup=False, highlight=False,
-    )
+    console.print(Text(_summary_line(report)), highlight=False)
     for name in by:
-        header, rows = _rows(report, name, totals=True)
-        t = Table(title=_TITLES[name], title_justify="left")
-        for i, h in enumerate(header):
-            t.add_column(h, justify="left" if i < len(_KEYS[name]) else "right")
-        for i, r in enumerate(rows):
-            t.add_row(*[_cell(v) for v in r], end_section=(i == len(rows) - 2))
-        console.print(t)
+        header, rows = _rows(report, name, columns, totals=True)
+        nkeys = len(_KEYS[name])
+        cols = [Column(h, key=i < nkeys) if i < nkeys else Column(COLUMN_LABELS[h])
+                for i, h in enumerate(header)]
+        print_table(console, _TITLES[name], cols, [[cell(v) for v in r] for r in rows],
+                    total_last=True)
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
-        t = Table(title=f"timeline (every {report.every_s:g} s)", title_justify="left")
-        for h in header:
-            t.add_column(h, justify="right" if h != "kind" else "left")
-        for r in rows:
-            t.add_row(*[_cell(v) for v in r])
-        console.print(t)
+        cols = [Column(_TIMELINE_LABELS.get(h, h), key=h in ("time_s", "kind")) for h in header]
+        print_table(console, f"timeline (every {report.every_s:g} s)", cols,
+                    [[cell(v) for v in r] for r in rows])
+    console.print(Text(_legend(columns), style="dim"), highlight=False)
     for line in report.findings:
-        console.print(f"finding: {line}", markup=False, highlight=False)
+        console.print(Text(f"finding: {printable(line)}"), highlight=False)
 
 
 def render_json(report: Report, stream: TextIO) -> None:
@@ -108,10 +194,14 @@ def render_json(report: Report, stream: TextIO) -> None:
 
 
 def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "window")) -> None:
-    """Write one CSV: a ``table`` column, the key columns, then every report column.
+    """Write one tidy CSV: one header line, a ``table`` column naming each row's table.
 
-    Each selected table contributes its rows and a ``total`` row; with a timeline, its
-    rows follow under ``table`` = ``timeline``.
+    The header is ``table, kind, sliding_window, group_idx``, every report column, and, with
+    a timeline, ``time_s, stores, removes, live_blocks``. Each selected table contributes its
+    rows and a ``total`` row (``table`` = ``by_kind``, ``by_window`` or ``by_group``); timeline
+    rows have ``table`` = ``timeline``. Cells a row does not have are empty, so
+    ``csv.DictReader`` and DuckDB read the whole file as one table; filter on ``table``.
+    Text cells are neutralised against spreadsheet formulas (:func:`kvtool.text.csv_safe`).
 
     Args:
         report: The report.
@@ -120,28 +210,37 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     """
     w = csv.writer(stream, lineterminator="\n")
     key_cols = ["kind", "sliding_window", "group_idx"]
-    w.writerow(["table", *key_cols, *COLUMNS])
+    tl = report.timeline
+    tl_cols = [c for c in tl.columns if c != "kind"] if tl is not None else []
+    w.writerow(["table", *key_cols, *COLUMNS, *tl_cols])
+    pad = [""] * len(tl_cols)
     for name in by:
         frame: pl.DataFrame = getattr(report, _FRAME[name])
         for r in frame.to_dicts():
             w.writerow([_FRAME[name], *[_csv(r.get(k)) for k in key_cols],
-                        *[_csv(r.get(c)) for c in COLUMNS]])
+                        *[_csv(r.get(c)) for c in COLUMNS], *pad])
         tot = report.totals.to_dicts()[0] if report.totals.height else {}
-        w.writerow([_FRAME[name], "total", "", "", *[_csv(tot.get(c)) for c in COLUMNS]])
+        w.writerow([_FRAME[name], "total", "", "", *[_csv(tot.get(c)) for c in COLUMNS], *pad])
     if report.timeline is not None:
-        stream.write("\n")
-        header, tl_rows = _timeline_rows(report)
-        w.writerow(["table", *header])
-        for row in tl_rows:
-            w.writerow(["timeline", *[_csv(v) for v in row]])
+        empty = [""] * len(COLUMNS)
+        for r in report.timeline.to_dicts():
+            w.writerow(["timeline", _csv(r.get("kind")), "", "", *empty,
+                        *[_csv(r.get(c)) for c in tl_cols]])
 
 
 def _csv(v: object) -> object:
-    return "" if v is None else v
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return csv_safe(printable(v))
+    return v
 
 
 def render_markdown(
-    report: Report, stream: TextIO, by: Sequence[str] = ("kind", "window")
+    report: Report,
+    stream: TextIO,
+    by: Sequence[str] = ("kind", "window"),
+    columns: Sequence[str] = COLUMNS,
 ) -> None:
     """Write GitHub-flavoured Markdown tables (each with a totals row) and the findings.
 
@@ -149,9 +248,10 @@ def render_markdown(
         report: The report.
         stream: Where to write.
         by: Which tables.
+        columns: Which report columns, in order (default: all).
     """
     for name in by:
-        header, rows = _rows(report, name, totals=True)
+        header, rows = _rows(report, name, columns, totals=True)
         stream.write(f"### {_TITLES[name]}\n\n")
         _md_table(stream, header, rows, bold_last=True)
         stream.write("\n")
@@ -161,7 +261,11 @@ def render_markdown(
         _md_table(stream, header, rows, bold_last=False)
         stream.write("\n")
     for line in report.findings:
-        stream.write(f"> finding: {line}\n")
+        stream.write(f"> finding: {_md(line)}\n")
+
+
+def _md(text: str) -> str:
+    return printable(text).replace("|", "\\|")
 
 
 def _md_table(stream: TextIO, header: list[str], rows: list[list[object]], *,
@@ -169,10 +273,19 @@ def _md_table(stream: TextIO, header: list[str], rows: list[list[object]], *,
     stream.write("| " + " | ".join(header) + " |\n")
     stream.write("|" + "|".join("---" for _ in header) + "|\n")
     for i, r in enumerate(rows):
-        cells = [_cell(v) if v != "" else "" for v in r]
+        cells = [_md(cell(v)) if v != "" else "" for v in r]
         if bold_last and i == len(rows) - 1:
             cells = [f"**{c}**" if c else c for c in cells]
         stream.write("| " + " | ".join(cells) + " |\n")
 
 
-__all__ = ["TABLES", "render_csv", "render_json", "render_markdown", "render_table"]
+__all__ = [
+    "COLUMN_LABELS",
+    "DEFAULT_COLUMNS",
+    "TABLES",
+    "parse_columns",
+    "render_csv",
+    "render_json",
+    "render_markdown",
+    "render_table",
+]
