@@ -1006,30 +1006,29 @@ class Annotation:
     """The resolved annotation of one input: small, frozen and picklable.
 
     Every command asks it, so every command gives an event the same kind and window.
-    Sources, in precedence order: ``given`` (``--groups FILE`` or ``--group`` flags, for
-    every recording), a recording's per-channel metadata record, its recording-wide
-    metadata record, else ``learned`` (from the whole input, :class:`GroupLearner`).
+    Sources, in precedence order: ``given`` (``--groups FILE`` or ``--group`` flags),
+    a recording's per-channel metadata record, its recording-wide metadata record (for a
+    channel held by several inputs: the first input, in command-line order, that has
+    one), else ``learned`` (from the whole input, :class:`GroupLearner`). A channel is
+    its name (``endpoint`` or ``endpoint#topic``), the same in every file.
 
     Attributes:
         given: The ``--groups``/``--group`` table, or None.
-        recordings: Recording path → its own metadata table.
-        channels: (recording path, channel name) → per-channel metadata table.
+        tables: Channel name → the recording metadata table that applies to it.
         learned: (channel, rank, group_idx) → (kind, window).
         conflicts: Keys whose annotated stores disagree (resolved as :class:`GroupLearner`
             says).
     """
 
     given: GroupTable | None = None
-    recordings: Mapping[str, GroupTable] = field(default_factory=dict)
-    channels: Mapping[tuple[str, str], GroupTable] = field(default_factory=dict)
+    tables: Mapping[str, GroupTable] = field(default_factory=dict)
     learned: Mapping[LearnKey, KindWindow] = field(default_factory=dict)
     conflicts: tuple[Conflict, ...] = ()
 
-    def table_for(self, recording: str, channel: str) -> GroupTable | None:
+    def table_for(self, channel: str) -> GroupTable | None:
         """Return the metadata table that applies to a channel, or None (learned).
 
         Args:
-            recording: The recording's path.
             channel: The channel name.
 
         Returns:
@@ -1037,23 +1036,19 @@ class Annotation:
         """
         if self.given is not None:
             return self.given
-        t = self.channels.get((recording, channel))
-        if t is not None:
-            return t
-        return self.recordings.get(recording)
+        return self.tables.get(channel)
 
-    def rule(self, recording: str, channel: str, dp_rank: int | None) -> ChannelRule:
-        """Return the rule for the events of one (recording, channel, rank).
+    def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
+        """Return the rule for the events of one (channel, rank).
 
         Args:
-            recording: The recording's path.
             channel: The channel name.
             dp_rank: The events' data-parallel rank (see :func:`event_rank`).
 
         Returns:
             The rule (metadata, else learned).
         """
-        table = self.table_for(recording, channel)
+        table = self.table_for(channel)
         if table is not None:
             return ChannelRule(table)
         learned = {
@@ -1061,17 +1056,16 @@ class Annotation:
         }
         return ChannelRule(None, learned)
 
-    def needs_learning(self, recording: str, channel: str) -> bool:
+    def needs_learning(self, channel: str) -> bool:
         """Return True when no metadata covers a channel (its stores teach the learner).
 
         Args:
-            recording: The recording's path.
             channel: The channel name.
 
         Returns:
             Whether the channel is annotated from learned values.
         """
-        return self.table_for(recording, channel) is None
+        return self.table_for(channel) is None
 
     def sources(self) -> list[str]:
         """Return the metadata sources in use, one per distinct source.
@@ -1082,7 +1076,7 @@ class Annotation:
         out: list[str] = []
         if self.given is not None:
             return [self.given.source]
-        for t in [*self.channels.values(), *self.recordings.values()]:
+        for t in self.tables.values():
             if t.source not in out:
                 out.append(t.source)
         if self.learned or not out:

@@ -88,8 +88,9 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
 }
 """The flat table. ``event_index`` numbers events across the whole read (all files);
 ``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
-(recording, channel) pairs across the files of one read; ``kind``/``sliding_window``
-are the wire values until :class:`TableAnnotator` sets them."""
+the publisher streams (endpoint, topic, rank) of one read, a stream held by several
+files being one channel (``recording`` names the first input that holds it);
+``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them."""
 
 T = TypeVar("T")
 
@@ -569,11 +570,11 @@ def hash_series(hashes: list[object]) -> pl.Series:
 
 @dataclass
 class ChannelRef:
-    """One (recording, channel) of a read, numbered across files.
+    """One publisher stream (endpoint, topic, rank) of a read, numbered across files.
 
     Attributes:
         id: The ``channel_id`` of its rows.
-        recording: The recording's path.
+        recording: The path of the first input that holds the stream.
         info: The channel as the recording names it.
     """
 
@@ -810,14 +811,17 @@ def iter_tables(
             st.recordings.append(reader.path)
             st.groups[reader.path] = reader.groups
             iters.append(reader.messages())
-        chan_ids: dict[tuple[int, int], int] = {}
+        # One channel_id per publisher stream (endpoint, topic, rank), whichever inputs
+        # hold it: a stream split over several files (a file and its slice, consecutive
+        # recordings) continues as one stream, as the merge's same-batch rule assumes.
+        chan_ids: dict[tuple[str, str, int | None], int] = {}
         pending = _Pending()
         # The cyclic GC would walk every decoded event again and again while a chunk
         # accumulates (nothing here makes cycles): pause it while decoding.
         gc_was = gc.isenabled()
         gc.disable()
         for i, m in _merged_messages(iters, st.merge):
-            key = (i, m.channel.id)
+            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
             cid = chan_ids.get(key)
             if cid is None:
                 cid = chan_ids[key] = len(chan_ids)
@@ -1028,7 +1032,7 @@ def annotate_table(
     for (ch, rank, g), kw in annotation.learned.items():
         by_channel.setdefault(ch, []).append((rank, g, kw))
     for cid, ref in channels.items():
-        table = annotation.table_for(ref.recording, ref.info.name)
+        table = annotation.table_for(ref.info.name)
         if table is not None:
             covered.append(cid)
             for info in table.groups.values():
@@ -1143,9 +1147,12 @@ class TableAnnotator:
     @property
     def tables(self) -> dict[str, GroupTable | None]:
         """Recording path → the recording-wide metadata table in use (None: learned)."""
-        ann = self.annotation
-        paths = {ref.recording for ref in self._channels.values()} | set(ann.recordings)
-        return {p: ann.given or ann.recordings.get(p) for p in paths}
+        out: dict[str, GroupTable | None] = {}
+        for ref in self._channels.values():
+            t = self.annotation.table_for(ref.info.name)
+            if out.get(ref.recording) is None:
+                out[ref.recording] = t
+        return out
 
     @property
     def changes(self) -> set[tuple[int, int, KindWindow, KindWindow]]:
@@ -1171,7 +1178,7 @@ class TableAnnotator:
         if ref is None:
             return None
         ann = self.annotation
-        table = ann.table_for(ref.recording, ref.info.name)
+        table = ann.table_for(ref.info.name)
         if table is not None:
             info = table.lookup(group_idx)
             return (info.kind, info.sliding_window) if info is not None else None

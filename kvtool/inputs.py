@@ -301,7 +301,7 @@ def learn(
     need: dict[tuple[str, int], bool] = {}
     for r in readers:
         for ch in r.channels.values():
-            need[(r.path, ch.id)] = annotation.needs_learning(r.path, ch.name)
+            need[(r.path, ch.id)] = annotation.needs_learning(ch.name)
     if not any(need.values()):
         return learner
     for _i, m in merge_messages([r.messages() for r in readers]):
@@ -354,21 +354,19 @@ def resolve_annotation(
             rs: Sequence[RecordingReader] = opened
         else:
             rs = readers
-        recordings: dict[str, GroupTable] = {}
-        channels: dict[tuple[str, str], GroupTable] = {}
+        tables: dict[str, GroupTable] = {}
         if given is None:
             for r in rs:
                 whole, per = recording_tables(r)
-                if whole is not None:
-                    recordings[r.path] = whole
-                channels.update(per)
-        base = Annotation(given, recordings, channels)
+                for ch in r.channels.values():
+                    t = per.get((r.path, ch.name)) or whole
+                    if t is not None and ch.name not in tables:
+                        tables[ch.name] = t
+        base = Annotation(given, tables)
         if given is not None or not learn_from_input:
             return base
         learner = learn(rs, base)
-        return Annotation(
-            None, recordings, channels, learner.resolved(), tuple(learner.conflicts())
-        )
+        return Annotation(None, tables, learner.resolved(), tuple(learner.conflicts()))
     finally:
         for r in opened:
             r.close()

@@ -397,11 +397,13 @@ class Replay:
 
     @property
     def tables(self) -> dict[str, GroupTable | None]:
-        """The recording-wide metadata table of each recording (None: learned)."""
+        """Channel name → the metadata table that applies to it (None: learned)."""
         ann = self.annotation
         if ann is None:
             return {}
-        return {r.path: ann.given or ann.recordings.get(r.path) for r in self.readers}
+        return {
+            c.name: ann.table_for(c.name) for r in self.readers for c in r.channels.values()
+        }
 
     def __enter__(self) -> Replay:
         return self
@@ -427,15 +429,13 @@ class Replay:
             return "none"
         if ann.given is not None:
             return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
-        parts = []
-        for r in self.readers:
-            t = ann.recordings.get(r.path)
-            if t is not None:
-                parts.append(f"{t.source} ({len(t)} groups: {t.describe()})")
-            else:
-                parts.append(f"{r.path}: {LEARNED_SOURCE}")
-        for t in ann.channels.values():
-            parts.append(f"{t.source} ({len(t)} groups)")
+        parts: list[str] = []
+        for name, t in self.tables.items():
+            text = f"{t.source} ({len(t)} groups: {t.describe()})" if t is not None else (
+                f"{name}: {LEARNED_SOURCE}"
+            )
+            if text not in parts:
+                parts.append(text)
         return "; ".join(parts) if parts else "none"
 
     @property
@@ -471,7 +471,7 @@ class Replay:
         ann = self.annotators.get(key)
         if ann is None:
             assert self.annotation is not None
-            ann = self.annotators[key] = Annotator(self.annotation.rule(ch.path, ch.name, rank))
+            ann = self.annotators[key] = Annotator(self.annotation.rule(ch.name, rank))
         return ann
 
     def __iter__(self) -> Iterator[ReplayBatch]:
@@ -575,7 +575,7 @@ class Replay:
         learned_channels = {ch for ch, _rank, _g in ann.learned}
         out = []
         for r in self.readers:
-            names = {c.name for c in r.channels.values() if ann.needs_learning(r.path, c.name)}
+            names = {c.name for c in r.channels.values() if ann.needs_learning(c.name)}
             if names and not names & learned_channels:
                 out.append(
                     f"{r.path}: no store carries a kind to learn from and there is no group "
