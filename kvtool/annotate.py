@@ -1,14 +1,29 @@
-"""KV cache group metadata and the annotation rule of vLLM's ``KVCacheManager.take_events``.
+"""THE annotation core: vLLM's ``take_events`` rule, metadata sources, spec→kind, the learner.
 
-Pure functions, no I/O except :func:`load_groups_file` reading the one file it is given.
+Pure, no I/O except :func:`load_groups_file` reading the one file it is given (the
+learning pass over recordings is :func:`kvtool.inputs.resolve_annotation`).
 
 The rule (``vllm/v1/core/kv_cache_manager.py`` ``take_events``): only ``BlockStored``
 events are touched; a ``group_idx`` of None leaves the event alone; an index outside
 the metadata table logs ``Group index `N` not in KV cache metadata`` and leaves the
 event alone; otherwise both ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window``
 are set from the table (overwriting whatever was there; the window is None for kinds
-without one). :func:`annotation_for` is that rule, shared by :func:`annotate` (decoded
-structs) and by the re-encoding publisher (generic msgpack objects).
+without one). :class:`ChannelRule` is that rule for one (channel, rank); removes take
+their group's (kind, window) from it too (:meth:`ChannelRule.group`).
+
+Sources, by precedence: ``--groups FILE``, ``--group`` flags (not both), the
+recording's per-channel then recording-wide metadata record, else what annotated
+stores say, learned from the WHOLE input per (channel, data-parallel rank, group_idx)
+by the one :class:`GroupLearner`. Learned values never overwrite a store's own kind; they
+fill stores without one and label removes. Stores of one key that disagree are a
+:class:`Conflict` (``replay --check`` lists it, ``report`` and ``replay`` say it); every
+command resolves it the same way: the value most stores say, on a tie the one said first
+in merge order. The resolved :class:`Annotation` is frozen and picklable.
+
+Adapters, each a thin call into the rule: :func:`annotate`/:class:`Annotator` (decoded
+structs, ``replay``), :func:`kvtool.publish.annotate_payload` (wire bytes),
+:func:`kvtool.columns.annotate_table` (columns: ``report``, ``export``),
+:class:`StatusKinds` (the recorder's live status counts).
 
 Spec descriptions are turned into kind and window as ``get_kv_cache_spec_kind`` and
 ``get_kv_cache_spec_sliding_window`` in ``vllm/v1/kv_cache_interface.py`` do.
@@ -897,20 +912,37 @@ class GroupLearner:
             seq: The batch seq, for messages.
             position: The batch's merge position (default: order of observation).
         """
-        for ev in events:
-            kind = getattr(ev, "kv_cache_spec_kind", None)
-            idx = getattr(ev, "group_idx", None)
+        said: Counter[tuple[object, object, object]] = Counter(
+            (
+                getattr(ev, "group_idx", None),
+                kind,
+                getattr(ev, "kv_cache_spec_sliding_window", None),
+            )
+            for ev in events
+            if (kind := getattr(ev, "kv_cache_spec_kind", None)) is not None
+        )
+        for (idx, kind, window), n in said.items():
             # Values outside int64 are nothing vLLM sends; the table reads them as null.
             if not isinstance(kind, str) or not isinstance(idx, int) or not _is_i64(idx):
                 continue
-            window = getattr(ev, "kv_cache_spec_sliding_window", None)
-            if not _is_i64(window):
+            if not isinstance(window, int) or not _is_i64(window):
                 window = None
-            self.observe_store(channel, dp_rank, idx, kind, window, seq=seq, position=position)
-            size = getattr(ev, "block_size", None)
-            key = (channel, dp_rank, idx)
-            if isinstance(size, int) and _is_int(size) and key not in self.block_sizes:
-                self.block_sizes[key] = size
+            self.observe_store(
+                channel, dp_rank, idx, kind, window, seq=seq, position=position, count=n
+            )
+        if any((channel, dp_rank, idx) not in self.block_sizes for idx, _k, _w in said):
+            for ev in events:
+                idx = getattr(ev, "group_idx", None)
+                size = getattr(ev, "block_size", None)
+                key = (channel, dp_rank, idx)
+                if (
+                    isinstance(idx, int)
+                    and isinstance(size, int)
+                    and _is_int(size)
+                    and key not in self.block_sizes
+                    and getattr(ev, "kv_cache_spec_kind", None) is not None
+                ):
+                    self.block_sizes[key] = size  # type: ignore[index]
 
     def merge(self, other: GroupLearner) -> None:
         """Add what another learner (of another part of the input) saw.

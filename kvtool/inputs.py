@@ -178,7 +178,7 @@ class _LearnStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
-    block_size: msgspec.Raw = _RAW_NIL
+    block_size: object = None
 
 
 class _LearnRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -195,7 +195,7 @@ class _LearnStoredArray(
     block_hashes: msgspec.Raw = _RAW_NIL
     parent_block_hash: msgspec.Raw = _RAW_NIL
     token_ids: msgspec.Raw = _RAW_NIL
-    block_size: msgspec.Raw = _RAW_NIL
+    block_size: object = None
     lora_id: msgspec.Raw = _RAW_NIL
     medium: msgspec.Raw = _RAW_NIL
     lora_name: msgspec.Raw = _RAW_NIL
