@@ -670,9 +670,7 @@ def annotate_event(event: Event, table: GroupTable | ChannelRule) -> tuple[Event
     )
 
 
-def _annotate_events(
-    batch: KVEventBatch, rule: ChannelRule
-) -> tuple[KVEventBatch, list[int], int]:
+def _annotate_events(batch: KVEventBatch, rule: ChannelRule) -> tuple[KVEventBatch, list[int], int]:
     """The struct adapter: (batch, out-of-range indices met, stores the rule set)."""
     bad: list[int] = []
     set_ = 0
@@ -953,7 +951,13 @@ class GroupLearner:
         for key, vals in other.said.items():
             for (k, w), s in vals.items():
                 self.observe_store(
-                    key[0], key[1], key[2], k, w, seq=s.first_seq, position=s.first,
+                    key[0],
+                    key[1],
+                    key[2],
+                    k,
+                    w,
+                    seq=s.first_seq,
+                    position=s.first,
                     count=s.count,
                 )
         for key, size in other.block_sizes.items():

@@ -401,9 +401,7 @@ class Replay:
         ann = self.annotation
         if ann is None:
             return {}
-        return {
-            c.name: ann.table_for(c.name) for r in self.readers for c in r.channels.values()
-        }
+        return {c.name: ann.table_for(c.name) for r in self.readers for c in r.channels.values()}
 
     def __enter__(self) -> Replay:
         return self
@@ -431,8 +429,10 @@ class Replay:
             return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
         parts: list[str] = []
         for name, t in self.tables.items():
-            text = f"{t.source} ({len(t)} groups: {t.describe()})" if t is not None else (
-                f"{name}: {LEARNED_SOURCE}"
+            text = (
+                f"{t.source} ({len(t)} groups: {t.describe()})"
+                if t is not None
+                else (f"{name}: {LEARNED_SOURCE}")
             )
             if text not in parts:
                 parts.append(text)

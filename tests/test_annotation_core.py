@@ -44,12 +44,23 @@ KW = tuple[str | None, int | None]
 # -- building edge-case recordings ------------------------------------------------------------
 
 
-def stored(hashes: list[int], g: int | None, kind: str | None = None, window: int | None = None,
-           *, legacy: bool = False) -> dict[str, object]:
+def stored(
+    hashes: list[int],
+    g: int | None,
+    kind: str | None = None,
+    window: int | None = None,
+    *,
+    legacy: bool = False,
+) -> dict[str, object]:
     ev: dict[str, object] = {
-        "type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
-        "token_ids": list(range(4 * len(hashes))), "block_size": 4, "lora_id": None,
-        "medium": "GPU", "lora_name": None,
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": list(range(4 * len(hashes))),
+        "block_size": 4,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
     }
     if not legacy:
         ev["group_idx"] = g
@@ -67,8 +78,11 @@ def removed(hashes: list[int], g: int | None) -> dict[str, object]:
     return ev
 
 
-def write(path: Path, channels: dict[str, list[list[dict[str, object]]]],
-          groups: list[dict[str, object]] | None = None) -> Path:
+def write(
+    path: Path,
+    channels: dict[str, list[list[dict[str, object]]]],
+    groups: list[dict[str, object]] | None = None,
+) -> Path:
     """One recording; each channel's batches are seqs 0.. interleaved by receive time."""
     with RecordingWriter(path) as w:
         if groups is not None:
@@ -88,39 +102,84 @@ def _edge_cases(tmp: Path) -> dict[str, tuple[Path, list[str]]]:
     """name -> (recording, --group flags)."""
     out: dict[str, tuple[Path, list[str]]] = {}
     # The issue's disagreement: a group's first store has no kind, its second says one.
-    out["mixed"] = (write(tmp / "mixed.mcap", {A: [
-        [stored([1], 1)],
-        [stored([2], 1, "sliding_window", 64), stored([3], 0, "full_attention")],
-        [removed([1], 1), stored([4], 0)],
-    ]}), [])
-    out["two-channels"] = (write(tmp / "two.mcap", {
-        A: [[stored([1], 1, "sliding_window", 128)], [stored([2], 1)], [removed([1, 2], 1)]],
-        B: [[stored([1], 1)], [stored([5], 1, "mamba")], [removed([1], 1)]],
-    }), [])
-    out["legacy-removes"] = (write(tmp / "legacy.mcap", {A: [
-        [stored([1], 0, "full_attention"), stored([1], 1, "sliding_window", 64)],
-        [stored([2], 1, "sliding_window", 64)],
-        [removed([2], None), removed([1], None)],
-        [stored([7], None, legacy=True), removed([7], None)],
-    ]}), [])
-    out["out-of-range"] = (write(tmp / "oor.mcap", {A: [
-        [stored([1], 0), stored([2], 7, "mamba"), stored([3], 1, "full_attention")],
-        [removed([2], 7), removed([3], 1), {"type": "AllBlocksCleared"}],
-    ]}), ["0=full_attention", "1=sliding_window:64"])
-    out["conflict"] = (write(tmp / "conflict.mcap", {A: [
-        [stored([1], 1, "full_attention")],
-        [stored([2], 1, "sliding_window", 64)],
-        [stored([3], 1), stored([4], 1, "sliding_window", 64)],
-        [removed([3, 1], 1)],
-    ]}), [])
-    out["recording-metadata"] = (write(
-        tmp / "meta.mcap",
-        {A: [[stored([1], 0, "mamba"), stored([2], 1)], [removed([1, 2], 0), stored([3], 9)]]},
-        groups=[{"group_idx": 0, "kind": "full_attention", "block_size": 4,
-                 "sliding_window": None},
-                {"group_idx": 1, "kind": "sliding_window", "block_size": 4,
-                 "sliding_window": 32}],
-    ), [])
+    out["mixed"] = (
+        write(
+            tmp / "mixed.mcap",
+            {
+                A: [
+                    [stored([1], 1)],
+                    [stored([2], 1, "sliding_window", 64), stored([3], 0, "full_attention")],
+                    [removed([1], 1), stored([4], 0)],
+                ]
+            },
+        ),
+        [],
+    )
+    out["two-channels"] = (
+        write(
+            tmp / "two.mcap",
+            {
+                A: [
+                    [stored([1], 1, "sliding_window", 128)],
+                    [stored([2], 1)],
+                    [removed([1, 2], 1)],
+                ],
+                B: [[stored([1], 1)], [stored([5], 1, "mamba")], [removed([1], 1)]],
+            },
+        ),
+        [],
+    )
+    out["legacy-removes"] = (
+        write(
+            tmp / "legacy.mcap",
+            {
+                A: [
+                    [stored([1], 0, "full_attention"), stored([1], 1, "sliding_window", 64)],
+                    [stored([2], 1, "sliding_window", 64)],
+                    [removed([2], None), removed([1], None)],
+                    [stored([7], None, legacy=True), removed([7], None)],
+                ]
+            },
+        ),
+        [],
+    )
+    out["out-of-range"] = (
+        write(
+            tmp / "oor.mcap",
+            {
+                A: [
+                    [stored([1], 0), stored([2], 7, "mamba"), stored([3], 1, "full_attention")],
+                    [removed([2], 7), removed([3], 1), {"type": "AllBlocksCleared"}],
+                ]
+            },
+        ),
+        ["0=full_attention", "1=sliding_window:64"],
+    )
+    out["conflict"] = (
+        write(
+            tmp / "conflict.mcap",
+            {
+                A: [
+                    [stored([1], 1, "full_attention")],
+                    [stored([2], 1, "sliding_window", 64)],
+                    [stored([3], 1), stored([4], 1, "sliding_window", 64)],
+                    [removed([3, 1], 1)],
+                ]
+            },
+        ),
+        [],
+    )
+    out["recording-metadata"] = (
+        write(
+            tmp / "meta.mcap",
+            {A: [[stored([1], 0, "mamba"), stored([2], 1)], [removed([1, 2], 0), stored([3], 9)]]},
+            groups=[
+                {"group_idx": 0, "kind": "full_attention", "block_size": 4, "sliding_window": None},
+                {"group_idx": 1, "kind": "sliding_window", "block_size": 4, "sliding_window": 32},
+            ],
+        ),
+        [],
+    )
     return out
 
 
@@ -135,8 +194,14 @@ def replay_view(paths: list[Path], flags: list[str]) -> tuple[list[tuple], list[
             ch = item.message.channel.name
             for ev in item.events:
                 if isinstance(ev, BlockStored):
-                    stores.append((ch, item.message.seq, ev.kv_cache_spec_kind,
-                                   ev.kv_cache_spec_sliding_window))
+                    stores.append(
+                        (
+                            ch,
+                            item.message.seq,
+                            ev.kv_cache_spec_kind,
+                            ev.kv_cache_spec_sliding_window,
+                        )
+                    )
                 elif isinstance(ev, BlockRemoved):
                     assert item.table is not None
                     kw = item.table.group(ev.group_idx) or (None, None)
@@ -146,8 +211,9 @@ def replay_view(paths: list[Path], flags: list[str]) -> tuple[list[tuple], list[
 
 def export_view(paths: list[Path], flags: list[str]) -> tuple[list[tuple], list[tuple]]:
     """The same from the exported (annotated) table, one row per event."""
-    chunks = list(iter_annotated([str(p) for p in paths], group_flags=flags or None,
-                                 chunk_bytes=64))
+    chunks = list(
+        iter_annotated([str(p) for p in paths], group_flags=flags or None, chunk_bytes=64)
+    )
     df = pl.concat(chunks).filter(pl.col("block_index") == 0)
     rows = df.select("channel", "seq", "kind", "sliding_window", "type_code").rows()
     stores = [(c, s, k, w) for c, s, k, w, t in rows if t == STORED]
@@ -165,8 +231,11 @@ def assert_views_agree(paths: list[Path], flags: list[str]) -> None:
     by_kind = {r["kind"]: r for r in rep.by_kind.to_dicts()}
     want = Counter(k or "unannotated" for _c, _s, k, _w in r_stores)
     assert {k: r["store_events"] for k, r in by_kind.items() if r["store_events"]} == dict(want)
-    by_window = {r["sliding_window"]: r["store_events"] for r in rep.by_window.to_dicts()
-                 if r["store_events"]}
+    by_window = {
+        r["sliding_window"]: r["store_events"]
+        for r in rep.by_window.to_dicts()
+        if r["store_events"]
+    }
     assert by_window == dict(Counter(w for _c, _s, _k, w in r_stores))
     # Removes that carry group_idx: the report's attribution is the group's annotation.
     if all(k is not None for _c, _s, k, _w in r_removes):
@@ -213,7 +282,9 @@ def test_issue9_1_first_store_unannotated_second_annotated(tmp_path: Path) -> No
     rec, _ = _edge_cases(tmp_path)["mixed"]
     stores, removes = replay_view([rec], [])
     assert [(k, w) for _c, _s, k, w in stores] == [
-        ("sliding_window", 64), ("sliding_window", 64), ("full_attention", None),
+        ("sliding_window", 64),
+        ("sliding_window", 64),
+        ("full_attention", None),
         ("full_attention", None),
     ]
     assert [(k, w) for _c, _s, k, w in removes] == [("sliding_window", 64)]
@@ -236,12 +307,16 @@ def test_issue9_1_conflict_resolved_the_same_way_and_listed(tmp_path: Path) -> N
     (c,) = ann.conflicts
     assert c.chosen == ("sliding_window", 64)
     assert [(kw, n) for kw, n, _seq in c.said] == [
-        (("sliding_window", 64), 2), (("full_attention", None), 1)
+        (("sliding_window", 64), 2),
+        (("full_attention", None), 1),
     ]
     stores, removes = replay_view([rec], [])
     # A store keeps what it says; the unannotated store and the remove take the resolution.
     assert [k for _c, _s, k, _w in stores] == [
-        "full_attention", "sliding_window", "sliding_window", "sliding_window"
+        "full_attention",
+        "sliding_window",
+        "sliding_window",
+        "sliding_window",
     ]
     assert {k for _c, _s, k, _w in removes} == {"sliding_window"}
     check = runner.invoke(app, ["replay", str(rec), "--check"])
@@ -258,7 +333,9 @@ def test_issue9_1_out_of_range_is_warned_and_left_alone(tmp_path: Path) -> None:
     rec, flags = _edge_cases(tmp_path)["out-of-range"]
     stores, _ = replay_view([rec], flags)
     assert [(k, w) for _c, _s, k, w in stores] == [
-        ("full_attention", None), ("mamba", None), ("sliding_window", 64)
+        ("full_attention", None),
+        ("mamba", None),
+        ("sliding_window", 64),
     ]
     ann = make_annotator([str(rec)], group_flags=flags)
     list(iter_tables([str(rec)]))
@@ -273,8 +350,11 @@ def test_issue9_1_cli_replay_jsonl_export_and_report_agree(tmp_path: Path) -> No
     out = runner.invoke(app, ["replay", str(rec), "--annotate", "--format", "jsonl"])
     assert out.exit_code == 0, out.stderr
     lines = [json.loads(x) for x in out.stdout.splitlines()]
-    jsonl = [(e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window"))
-             for e in lines if e.get("type") == "BlockStored"]
+    jsonl = [
+        (e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window"))
+        for e in lines
+        if e.get("type") == "BlockStored"
+    ]
     csv = tmp_path / "out.csv"
     exp = runner.invoke(app, ["export", str(rec), "-o", str(csv)])
     assert exp.exit_code == 0, exp.stderr
@@ -284,8 +364,9 @@ def test_issue9_1_cli_replay_jsonl_export_and_report_agree(tmp_path: Path) -> No
     assert list(zip(table["kind"], table["sliding_window"], strict=True)) == jsonl
     rep = runner.invoke(app, ["report", str(rec), "--format", "json"])
     assert rep.exit_code == 0, rep.stderr
-    by_kind = {r["kind"]: r["store_events"] for r in json.loads(rep.stdout)["by_kind"]
-               if r["store_events"]}
+    by_kind = {
+        r["kind"]: r["store_events"] for r in json.loads(rep.stdout)["by_kind"] if r["store_events"]
+    }
     assert by_kind == dict(Counter(k for k, _w in jsonl))
 
 
@@ -293,9 +374,13 @@ def test_issue9_1_cli_replay_jsonl_export_and_report_agree(tmp_path: Path) -> No
 
 
 def test_issue9_1_learner_does_not_depend_on_order_or_split() -> None:
-    obs = [("a", 0, 1, "sliding_window", 64, (3,)), ("a", 0, 1, "full_attention", None, (1,)),
-           ("a", 0, 1, "full_attention", None, (5,)), ("a", 0, 1, "sliding_window", 64, (2,)),
-           ("b", 1, 0, "mamba", None, (4,))]
+    obs = [
+        ("a", 0, 1, "sliding_window", 64, (3,)),
+        ("a", 0, 1, "full_attention", None, (1,)),
+        ("a", 0, 1, "full_attention", None, (5,)),
+        ("a", 0, 1, "sliding_window", 64, (2,)),
+        ("b", 1, 0, "mamba", None, (4,)),
+    ]
     one = GroupLearner()
     for ch, r, g, k, w, pos in obs:
         one.observe_store(ch, r, g, k, w, position=pos)
@@ -355,10 +440,13 @@ def test_status_kinds_adapter() -> None:
 
 def test_issue8_5_legacy_group_idx_does_not_borrow_another_channels_kind(tmp_path: Path) -> None:
     big = 2**24
-    rec = write(tmp_path / "collide.mcap", {
-        A: [[stored([1], big)], [removed([1], big)]],
-        B: [[stored([2], 0, "mamba")], [stored([3], 0)], [removed([2], 0)]],
-    })
+    rec = write(
+        tmp_path / "collide.mcap",
+        {
+            A: [[stored([1], big)], [removed([1], big)]],
+            B: [[stored([2], 0, "mamba")], [stored([3], 0)], [removed([2], 0)]],
+        },
+    )
     stores, removes = export_view([rec], [])
     assert (A, 0, None, None) in stores
     assert (B, 1, "mamba", None) in stores
@@ -371,13 +459,19 @@ def test_issue8_5_legacy_group_idx_does_not_borrow_another_channels_kind(tmp_pat
 
 def test_issue8_5_colliding_learned_keys_do_not_crash(tmp_path: Path) -> None:
     big = 2**24
-    rec = write(tmp_path / "collide2.mcap", {
-        A: [[stored([1], big, "sliding_window", 8)], [stored([4], big)]],
-        B: [[stored([2], 0, "mamba")], [stored([3], 0)]],
-    })
+    rec = write(
+        tmp_path / "collide2.mcap",
+        {
+            A: [[stored([1], big, "sliding_window", 8)], [stored([4], big)]],
+            B: [[stored([2], 0, "mamba")], [stored([3], 0)]],
+        },
+    )
     stores, _ = export_view([rec], [])
     assert [(c, k) for c, _s, k, _w in stores] == [
-        (A, "sliding_window"), (B, "mamba"), (A, "sliding_window"), (B, "mamba")
+        (A, "sliding_window"),
+        (B, "mamba"),
+        (A, "sliding_window"),
+        (B, "mamba"),
     ]
     assert_views_agree([rec], [])
 
@@ -431,6 +525,7 @@ def test_issue8_8_same_key_different_payload_keeps_both(tmp_path: Path) -> None:
 
 def test_issue9_2_merge_order_is_receive_time_then_channel_then_seq(tmp_path: Path) -> None:
     """Ties on receive time are broken by channel, then seq, whatever the input order."""
+
     def rec(path: Path, ep: str, seqs: list[int]) -> Path:
         with RecordingWriter(path) as w:
             ch = w.add_channel(ep, "", 0)
