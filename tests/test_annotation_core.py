@@ -542,3 +542,28 @@ def test_issue9_2_merge_order_is_receive_time_then_channel_then_seq(tmp_path: Pa
         df = pl.concat(list(iter_tables([str(p) for p in paths])))
         assert df.select("channel", "seq").rows() == orders[-1]
     assert orders[0] == orders[1] == [(A, 0), (A, 1), (B, 0), (B, 1)]
+
+
+def test_issue8_8_export_of_two_copies_has_each_row_once(tmp_path: Path) -> None:
+    rec = capture_recording(tmp_path, "full_only")
+    copy = tmp_path / "copy.mcap"
+    copy.write_bytes(rec.read_bytes())
+    one = pl.concat(list(iter_annotated([str(rec)])))
+    two = pl.concat(list(iter_annotated([str(rec), str(copy)])))
+    assert two.drop("recording").equals(one.drop("recording"))
+
+
+@pytest.mark.parametrize("case", ["mixed", "conflict", "out-of-range", "two-channels"])
+def test_issue9_1_wire_adapter_agrees_with_struct_adapter(tmp_path: Path, case: str) -> None:
+    """``replay --publish --annotate`` sends what ``replay --annotate`` prints."""
+    from kvtool.annotate import annotate
+    from kvtool.protocol import decode_batch
+    from kvtool.publish import annotate_payload
+
+    rec, flags = _edge_cases(tmp_path)[case]
+    with Replay([rec], annotate=True, group_flags=flags or None) as rp:
+        for item in rp:
+            assert item.table is not None and item.batch is not None
+            wire, _bad = annotate_payload(item.message.data, item.table)
+            want, _ = annotate(decode_batch(item.message.data), item.table)
+            assert decode_batch(wire) == want == item.batch
