@@ -1,14 +1,29 @@
-"""KV cache group metadata and the annotation rule of vLLM's ``KVCacheManager.take_events``.
+"""THE annotation core: vLLM's ``take_events`` rule, metadata sources, spec→kind, the learner.
 
-Pure functions, no I/O except :func:`load_groups_file` reading the one file it is given.
+Pure, no I/O except :func:`load_groups_file` reading the one file it is given (the
+learning pass over recordings is :func:`kvtool.inputs.resolve_annotation`).
 
 The rule (``vllm/v1/core/kv_cache_manager.py`` ``take_events``): only ``BlockStored``
 events are touched; a ``group_idx`` of None leaves the event alone; an index outside
 the metadata table logs ``Group index `N` not in KV cache metadata`` and leaves the
 event alone; otherwise both ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window``
 are set from the table (overwriting whatever was there; the window is None for kinds
-without one). :func:`annotation_for` is that rule, shared by :func:`annotate` (decoded
-structs) and by the re-encoding publisher (generic msgpack objects).
+without one). :class:`ChannelRule` is that rule for one (channel, rank); removes take
+their group's (kind, window) from it too (:meth:`ChannelRule.group`).
+
+Sources, by precedence: ``--groups FILE``, ``--group`` flags (not both), the
+recording's per-channel then recording-wide metadata record, else what annotated
+stores say, learned from the WHOLE input per (channel, data-parallel rank, group_idx)
+by the one :class:`GroupLearner`. Learned values never overwrite a store's own kind; they
+fill stores without one and label removes. Stores of one key that disagree are a
+:class:`Conflict` (``replay --check`` lists it, ``report`` and ``replay`` say it); every
+command resolves it the same way: the value most stores say, on a tie the one said first
+in merge order. The resolved :class:`Annotation` is frozen and picklable.
+
+Adapters, each a thin call into the rule: :func:`annotate`/:class:`Annotator` (decoded
+structs, ``replay``), :func:`kvtool.publish.annotate_payload` (wire bytes),
+:func:`kvtool.columns.annotate_table` (columns: ``report``, ``export``),
+:class:`StatusKinds` (the recorder's live status counts).
 
 Spec descriptions are turned into kind and window as ``get_kv_cache_spec_kind`` and
 ``get_kv_cache_spec_sliding_window`` in ``vllm/v1/kv_cache_interface.py`` do.
@@ -212,6 +227,10 @@ class GroupTable:
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_i64(v: object) -> bool:
+    return _is_int(v) and -(2**63) <= v < 2**63  # type: ignore[operator]
 
 
 def _spec_class(spec: Mapping[str, object], where: str) -> str:
@@ -519,35 +538,113 @@ def resolve_groups(
 
 # -- the rule --------------------------------------------------------------------------
 
+KindWindow = tuple[str, int | None]
+"""A group's annotation: (kind, sliding window or None)."""
 
-def annotation_for(event_type: str, group_idx: object, table: GroupTable) -> GroupInfo | int | None:
+LearnKey = tuple[str, int | None, int]
+"""(channel, data-parallel rank, group_idx): the key of a learned annotation. The channel
+is the recording's channel name (``endpoint`` or ``endpoint#topic``), the same in every
+file that recorded that publisher, so several inputs learn together."""
+
+Decision = KindWindow | int | None
+"""What the rule does with one event: set this (kind, window); an ``int`` (the offending
+index) when the index is not in the metadata (warn, leave untouched); None to leave the
+event untouched without a warning."""
+
+
+@dataclass(frozen=True)
+class ChannelRule:
+    """The rule for the events of one (recording, channel, rank): every adapter asks it.
+
+    With a metadata table this is vLLM's ``take_events``: a store whose ``group_idx`` is
+    in the table takes the table's kind and window (overwriting the wire's); None leaves
+    it alone; an index outside the table is a warning and leaves it alone. Without one,
+    the learned annotations apply: a store that carries its own kind keeps it (it is what
+    the engine said), a store without one takes its group's learned (kind, window).
+
+    Attributes:
+        table: The metadata table, or None (learned).
+        learned: group_idx → (kind, window) learned for this channel and rank.
+    """
+
+    table: GroupTable | None = None
+    learned: Mapping[int, KindWindow] = field(default_factory=dict)
+
+    def store(self, group_idx: object, kind: object = None, window: object = None) -> Decision:
+        """Decide what to do with one ``BlockStored``.
+
+        Args:
+            group_idx: Its ``group_idx`` (None when absent).
+            kind: Its wire ``kv_cache_spec_kind``.
+            window: Its wire ``kv_cache_spec_sliding_window``.
+
+        Returns:
+            The :data:`Decision`.
+        """
+        if not _is_int(group_idx):
+            return None
+        assert isinstance(group_idx, int)
+        if self.table is not None:
+            info = self.table.groups.get(group_idx)
+            if info is None:
+                return group_idx
+            return info.kind, info.sliding_window
+        if kind is not None:
+            return None
+        return self.learned.get(group_idx)
+
+    def group(self, group_idx: object) -> KindWindow | None:
+        """Return the (kind, window) of a group, for events that carry none (removes).
+
+        Args:
+            group_idx: The group (None when absent).
+
+        Returns:
+            From the table, else learned, else None.
+        """
+        if not _is_int(group_idx):
+            return None
+        assert isinstance(group_idx, int)
+        if self.table is not None:
+            info = self.table.groups.get(group_idx)
+            return (info.kind, info.sliding_window) if info is not None else None
+        return self.learned.get(group_idx)
+
+
+def _as_rule(table: GroupTable | ChannelRule) -> ChannelRule:
+    return table if isinstance(table, ChannelRule) else ChannelRule(table)
+
+
+def annotation_for(
+    event_type: str,
+    group_idx: object,
+    table: GroupTable | ChannelRule,
+    kind: object = None,
+    window: object = None,
+) -> Decision:
     """Decide what ``take_events`` does with one event: the rule itself.
 
     Args:
         event_type: The event's type tag.
         group_idx: Its ``group_idx`` (None when absent).
-        table: The metadata.
+        table: The metadata, or a :class:`ChannelRule`.
+        kind: The event's wire kind (matters only for learned rules).
+        window: The event's wire window.
 
     Returns:
-        The :class:`GroupInfo` to set kind and window from; an ``int`` (the offending
-        index) when the index is not in the table (warn, leave untouched); None when the
-        event is left untouched without a warning.
+        The :data:`Decision` (only ``BlockStored`` is ever touched).
     """
-    if event_type != "BlockStored" or not _is_int(group_idx):
+    if event_type != "BlockStored":
         return None
-    assert isinstance(group_idx, int)
-    info = table.groups.get(group_idx)
-    if info is None:
-        return group_idx
-    return info
+    return _as_rule(table).store(group_idx, kind, window)
 
 
-def annotate_event(event: Event, table: GroupTable) -> tuple[Event, int | None]:
+def annotate_event(event: Event, table: GroupTable | ChannelRule) -> tuple[Event, int | None]:
     """Apply the rule to one decoded event.
 
     Args:
         event: The event.
-        table: The metadata.
+        table: The metadata, or a :class:`ChannelRule`.
 
     Returns:
         ``(event, None)`` (the same or an annotated copy), or ``(event, N)`` when its
@@ -555,53 +652,62 @@ def annotate_event(event: Event, table: GroupTable) -> tuple[Event, int | None]:
     """
     if not isinstance(event, BlockStored):
         return event, None
-    decision = annotation_for("BlockStored", event.group_idx, table)
+    decision = _as_rule(table).store(
+        event.group_idx, event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window
+    )
     if decision is None:
         return event, None
     if isinstance(decision, int):
         return event, decision
-    if (
-        event.kv_cache_spec_kind == decision.kind
-        and event.kv_cache_spec_sliding_window == decision.sliding_window
-    ):
+    kind, window = decision
+    if event.kv_cache_spec_kind == kind and event.kv_cache_spec_sliding_window == window:
         return event, None
     return (
         msgspec.structs.replace(
-            event,
-            kv_cache_spec_kind=decision.kind,
-            kv_cache_spec_sliding_window=decision.sliding_window,
+            event, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window
         ),
         None,
     )
 
 
-def annotate(batch: KVEventBatch, table: GroupTable) -> tuple[KVEventBatch, list[str]]:
-    """Annotate a decoded batch exactly as vLLM's ``KVCacheManager.take_events`` does.
-
-    Args:
-        batch: The decoded batch.
-        table: The metadata.
-
-    Returns:
-        The batch (the same object when nothing changed) and one warning per store whose
-        group index is not in the table (vLLM's wording).
-    """
-    warnings: list[str] = []
+def _annotate_events(batch: KVEventBatch, rule: ChannelRule) -> tuple[KVEventBatch, list[int], int]:
+    """The struct adapter: (batch, out-of-range indices met, stores the rule set)."""
+    bad: list[int] = []
+    set_ = 0
     events = batch.events
     new: list[Event] | None = None
     for i, ev in enumerate(events):
         if not isinstance(ev, BlockStored):
             continue
-        out, bad = annotate_event(ev, table)
-        if bad is not None:
-            warnings.append(out_of_range_warning(bad))
-        elif out is not ev:
+        out, idx = annotate_event(ev, rule)
+        if idx is not None:
+            bad.append(idx)
+            continue
+        set_ += 1
+        if out is not ev:
             if new is None:
                 new = list(events)
             new[i] = out
-    if new is None:
-        return batch, warnings
-    return msgspec.structs.replace(batch, events=new), warnings
+    if new is not None:
+        batch = msgspec.structs.replace(batch, events=new)
+    return batch, bad, set_
+
+
+def annotate(
+    batch: KVEventBatch, table: GroupTable | ChannelRule
+) -> tuple[KVEventBatch, list[str]]:
+    """Annotate a decoded batch exactly as vLLM's ``KVCacheManager.take_events`` does.
+
+    Args:
+        batch: The decoded batch.
+        table: The metadata, or a :class:`ChannelRule` (e.g. learned).
+
+    Returns:
+        The batch (the same object when nothing changed) and one warning per store whose
+        group index is not in the table (vLLM's wording).
+    """
+    out, bad, _ = _annotate_events(batch, _as_rule(table))
+    return out, [out_of_range_warning(i) for i in bad]
 
 
 @dataclass
@@ -609,12 +715,12 @@ class Annotator:
     """Stateful wrapper of :func:`annotate`: counts out-of-range indices, warns once each.
 
     Attributes:
-        table: The metadata.
+        table: The metadata, or a :class:`ChannelRule`.
         out_of_range: Stores per group index not in the table.
-        annotated: Stores annotated.
+        annotated: Stores the rule covered.
     """
 
-    table: GroupTable
+    table: GroupTable | ChannelRule
     out_of_range: Counter[int] = field(default_factory=Counter)
     annotated: int = 0
 
@@ -627,26 +733,14 @@ class Annotator:
         Returns:
             The annotated batch and the warnings not shown before (one per new index).
         """
-        fresh: list[str] = []
-        events = batch.events
-        new: list[Event] | None = None
-        for i, ev in enumerate(events):
-            if not isinstance(ev, BlockStored):
-                continue
-            out, bad = annotate_event(ev, self.table)
-            if bad is not None:
-                if bad not in self.out_of_range:
-                    fresh.append(out_of_range_warning(bad))
-                self.out_of_range[bad] += 1
-                continue
-            self.annotated += 1
-            if out is not ev:
-                if new is None:
-                    new = list(events)
-                new[i] = out
-        if new is not None:
-            batch = msgspec.structs.replace(batch, events=new)
-        return batch, fresh
+        out, bad, n = _annotate_events(batch, _as_rule(self.table))
+        self.annotated += n
+        fresh = []
+        for i in bad:
+            if i not in self.out_of_range:
+                fresh.append(out_of_range_warning(i))
+            self.out_of_range[i] += 1
+        return out, fresh
 
     def summary(self) -> list[str]:
         """Return one line per out-of-range index with its count.
@@ -660,94 +754,262 @@ class Annotator:
         ]
 
 
-# -- learning from the stream ------------------------------------------------------------
+# -- learning from the whole input ---------------------------------------------------------
 
 StreamKey = tuple[str, int | None]
 """(channel name, data-parallel rank) — two engines may serve different models."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class KindChange:
-    """A group whose annotated kind/window changes mid-stream.
+    """A group whose annotated stores disagree (kept for ``--check`` wording).
 
     Attributes:
         channel: Channel name.
         dp_rank: Data-parallel rank.
         group_idx: The group.
-        seq: Seq of the batch where the change was seen.
-        before: (kind, window) learned first.
-        after: (kind, window) seen at ``seq``.
+        seq: Seq of the first store that said ``after``.
+        before: (kind, window) every command uses (see :class:`GroupLearner`).
+        after: Another (kind, window) stores of the group said.
     """
 
     channel: str
     dp_rank: int | None
     group_idx: int
     seq: int | None
-    before: tuple[str, int | None]
-    after: tuple[str, int | None]
+    before: KindWindow
+    after: KindWindow
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Stores of one (channel, rank, group) that say more than one (kind, window).
+
+    Attributes:
+        key: (channel, rank, group_idx).
+        chosen: The (kind, window) every command uses for the key.
+        said: Every (kind, window) said, with its store count and first seq, most said first.
+    """
+
+    key: LearnKey
+    chosen: KindWindow
+    said: tuple[tuple[KindWindow, int, int | None], ...]
+
+    def describe(self) -> str:
+        """Return one line: the group, where, what each value was said by, what is used.
+
+        Returns:
+            E.g. ``group 1: conflicting annotations on tcp://h:5557 rank 0: …``.
+        """
+        return f"group {self.key[2]}: {self.detail()}"
+
+    def detail(self) -> str:
+        """Return :meth:`describe` without the leading ``group N:``.
+
+        Returns:
+            The text.
+        """
+        ch, rank, _g = self.key
+        parts = ", ".join(
+            f"{_kw(*kw)} by {n} store(s)" + (f" from seq {s}" if s is not None else "")
+            for kw, n, s in self.said
+        )
+        return (
+            f"conflicting annotations on {ch} rank {rank}: {parts}; every command uses "
+            f"{_kw(*self.chosen)} (the value most stores say; on a tie, the first in merge "
+            "order)"
+        )
+
+
+@dataclass
+class _Said:
+    count: int
+    first: tuple[object, ...]
+    first_seq: int | None
 
 
 @dataclass
 class GroupLearner:
-    """Learns ``group_idx`` → (kind, window) from annotated stores, per (channel, rank).
+    """THE learner: (channel, rank, group_idx) → (kind, window) from annotated stores.
 
-    The first annotated store of a group fixes its entry; a later store that says
-    something else is recorded as a :class:`KindChange`.
+    It is a function of the whole input, not of reading order: it counts every
+    (kind, window) that stores of a key say, with the merge position of the first store
+    that said it, and :meth:`resolved` picks per key the value the most stores say, on a
+    tie the one said first in merge order (see :mod:`kvtool.inputs`). Learners of parts
+    of the input (files, chunks) combine exactly with :meth:`merge`, so the answer is the
+    same whether the input is learned in one pass or in parallel pieces. A key with more
+    than one value is a :class:`Conflict`.
 
     Attributes:
-        learned: (channel, rank) → group_idx → GroupInfo.
-        changes: Every change seen, in stream order (one per distinct new value).
+        said: key → (kind, window) → count and first position.
+        block_sizes: key → the block size the first annotated store gave.
     """
 
-    learned: dict[StreamKey, dict[int, GroupInfo]] = field(default_factory=dict)
-    changes: list[KindChange] = field(default_factory=list)
-    _seen_changes: set[tuple[StreamKey, int, str, int | None]] = field(default_factory=set)
+    said: dict[LearnKey, dict[KindWindow, _Said]] = field(default_factory=dict)
+    block_sizes: dict[LearnKey, int] = field(default_factory=dict)
+    _n: int = 0
+
+    def observe_store(
+        self,
+        channel: str,
+        dp_rank: int | None,
+        group_idx: int,
+        kind: str,
+        window: int | None,
+        *,
+        seq: int | None = None,
+        position: tuple[object, ...] | None = None,
+        count: int = 1,
+    ) -> None:
+        """Count ``count`` annotated stores of one key saying (kind, window).
+
+        Args:
+            channel: Channel name.
+            dp_rank: Data-parallel rank.
+            group_idx: The group.
+            kind: What the stores say.
+            window: Their window.
+            seq: The batch seq, for messages.
+            position: Merge position of the (first) store (comparable across every
+                observation of this learner and those merged into it); default: the
+                order of observation.
+            count: How many stores.
+        """
+        if position is None:
+            position = (self._n,)
+        self._n += 1
+        key = (channel, dp_rank, group_idx)
+        vals = self.said.get(key)
+        if vals is None:
+            vals = self.said[key] = {}
+        kw = (kind, window)
+        got = vals.get(kw)
+        if got is None:
+            vals[kw] = _Said(count, position, seq)
+        else:
+            got.count += count
+            if position < got.first:
+                got.first, got.first_seq = position, seq
 
     def observe(
         self,
         channel: str,
         dp_rank: int | None,
-        events: Iterable[Event],
+        events: Iterable[object],
         seq: int | None = None,
+        *,
+        position: tuple[object, ...] | None = None,
     ) -> None:
-        """Learn from one batch's events.
+        """Learn from one batch's events (decoded structs or lean projections).
 
         Args:
             channel: The channel name.
             dp_rank: The data-parallel rank.
-            events: The decoded events.
-            seq: The batch seq, for change reports.
+            events: Events with ``group_idx``/``kv_cache_spec_kind``/
+                ``kv_cache_spec_sliding_window`` attributes (non-stores have no kind).
+            seq: The batch seq, for messages.
+            position: The batch's merge position (default: order of observation).
         """
-        key = (channel, dp_rank)
-        table = self.learned.get(key)
-        for ev in events:
-            if not isinstance(ev, BlockStored):
+        said: Counter[tuple[object, object, object]] = Counter(
+            (
+                getattr(ev, "group_idx", None),
+                kind,
+                getattr(ev, "kv_cache_spec_sliding_window", None),
+            )
+            for ev in events
+            if (kind := getattr(ev, "kv_cache_spec_kind", None)) is not None
+        )
+        for (idx, kind, window), n in said.items():
+            # Values outside int64 are nothing vLLM sends; the table reads them as null.
+            if not isinstance(kind, str) or not isinstance(idx, int) or not _is_i64(idx):
                 continue
-            kind = ev.kv_cache_spec_kind
-            idx = ev.group_idx
-            if kind is None or idx is None:
+            if not isinstance(window, int) or not _is_i64(window):
+                window = None
+            self.observe_store(
+                channel, dp_rank, idx, kind, window, seq=seq, position=position, count=n
+            )
+        if any((channel, dp_rank, idx) not in self.block_sizes for idx, _k, _w in said):
+            for ev in events:
+                idx = getattr(ev, "group_idx", None)
+                size = getattr(ev, "block_size", None)
+                key = (channel, dp_rank, idx)
+                if (
+                    isinstance(idx, int)
+                    and isinstance(size, int)
+                    and _is_int(size)
+                    and key not in self.block_sizes
+                    and getattr(ev, "kv_cache_spec_kind", None) is not None
+                ):
+                    self.block_sizes[key] = size  # type: ignore[index]
+
+    def merge(self, other: GroupLearner) -> None:
+        """Add what another learner (of another part of the input) saw.
+
+        Args:
+            other: The learner to fold in; positions must be comparable with this one's.
+        """
+        for key, vals in other.said.items():
+            for (k, w), s in vals.items():
+                self.observe_store(
+                    key[0],
+                    key[1],
+                    key[2],
+                    k,
+                    w,
+                    seq=s.first_seq,
+                    position=s.first,
+                    count=s.count,
+                )
+        for key, size in other.block_sizes.items():
+            self.block_sizes.setdefault(key, size)
+
+    @staticmethod
+    def _ranked(vals: dict[KindWindow, _Said]) -> list[tuple[KindWindow, _Said]]:
+        return sorted(vals.items(), key=lambda kv: (-kv[1].count, kv[1].first, str(kv[0])))
+
+    def resolved(self) -> dict[LearnKey, KindWindow]:
+        """Return the one (kind, window) per key (most said; tie: first in merge order).
+
+        Returns:
+            key → (kind, window).
+        """
+        return {key: self._ranked(vals)[0][0] for key, vals in self.said.items()}
+
+    def conflicts(self) -> list[Conflict]:
+        """Return every key whose stores said more than one (kind, window).
+
+        Returns:
+            The conflicts, ordered by key.
+        """
+        out = []
+        for key in sorted(self.said, key=str):
+            vals = self.said[key]
+            if len(vals) < 2:
                 continue
-            if table is None:
-                table = self.learned.setdefault(key, {})
-            known = table.get(idx)
-            window = ev.kv_cache_spec_sliding_window
-            if known is None:
-                size = ev.block_size if isinstance(ev.block_size, int) else None
-                table[idx] = GroupInfo(idx, kind, size, window)
-            elif known.kind != kind or known.sliding_window != window:
-                mark = (key, idx, kind, window)
-                if mark not in self._seen_changes:
-                    self._seen_changes.add(mark)
-                    self.changes.append(
-                        KindChange(
-                            channel,
-                            dp_rank,
-                            idx,
-                            seq,
-                            (known.kind, known.sliding_window),
-                            (kind, window),
-                        )
-                    )
+            ranked = self._ranked(vals)
+            out.append(
+                Conflict(key, ranked[0][0], tuple((kw, s.count, s.first_seq) for kw, s in ranked))
+            )
+        return out
+
+    @property
+    def learned(self) -> dict[StreamKey, dict[int, GroupInfo]]:
+        """(channel, rank) → group_idx → resolved :class:`GroupInfo`."""
+        out: dict[StreamKey, dict[int, GroupInfo]] = {}
+        for (ch, rank, g), (k, w) in self.resolved().items():
+            out.setdefault((ch, rank), {})[g] = GroupInfo(
+                g, k, self.block_sizes.get((ch, rank, g)), w
+            )
+        return out
+
+    @property
+    def changes(self) -> list[KindChange]:
+        """One :class:`KindChange` per value a conflicting key said besides the chosen one."""
+        out = []
+        for c in self.conflicts():
+            for kw, _n, seq in c.said[1:]:
+                out.append(KindChange(c.key[0], c.key[1], c.key[2], seq, c.chosen, kw))
+        return out
 
     def table(self, channel: str, dp_rank: int | None) -> GroupTable:
         """Return what was learned for one (channel, rank) as a table.
@@ -766,10 +1028,182 @@ class GroupLearner:
         """Return one line summarising what was learned.
 
         Returns:
-            E.g. ``2 streams, 6 groups``.
+            E.g. ``2 stream(s), 6 group(s)``.
         """
-        n = sum(len(t) for t in self.learned.values())
-        return f"{len(self.learned)} stream(s), {n} group(s)"
+        streams = {(ch, r) for ch, r, _ in self.said}
+        return f"{len(streams)} stream(s), {len(self.said)} group(s)"
+
+
+LEARNED_SOURCE = "learned from annotated stores per (channel, rank, group)"
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """The resolved annotation of one input: small, frozen and picklable.
+
+    Every command asks it, so every command gives an event the same kind and window.
+    Sources, in precedence order: ``given`` (``--groups FILE`` or ``--group`` flags),
+    a recording's per-channel metadata record, its recording-wide metadata record (for a
+    channel held by several inputs: the first input, in command-line order, that has
+    one), else ``learned`` (from the whole input, :class:`GroupLearner`). A channel is
+    its name (``endpoint`` or ``endpoint#topic``), the same in every file.
+
+    Attributes:
+        given: The ``--groups``/``--group`` table, or None.
+        tables: Channel name → the recording metadata table that applies to it.
+        learned: (channel, rank, group_idx) → (kind, window).
+        conflicts: Keys whose annotated stores disagree (resolved as :class:`GroupLearner`
+            says).
+    """
+
+    given: GroupTable | None = None
+    tables: Mapping[str, GroupTable] = field(default_factory=dict)
+    learned: Mapping[LearnKey, KindWindow] = field(default_factory=dict)
+    conflicts: tuple[Conflict, ...] = ()
+
+    def table_for(self, channel: str) -> GroupTable | None:
+        """Return the metadata table that applies to a channel, or None (learned).
+
+        Args:
+            channel: The channel name.
+
+        Returns:
+            The table by precedence, or None.
+        """
+        if self.given is not None:
+            return self.given
+        return self.tables.get(channel)
+
+    def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
+        """Return the rule for the events of one (channel, rank).
+
+        Args:
+            channel: The channel name.
+            dp_rank: The events' data-parallel rank (see :func:`event_rank`).
+
+        Returns:
+            The rule (metadata, else learned).
+        """
+        table = self.table_for(channel)
+        if table is not None:
+            return ChannelRule(table)
+        learned = {
+            g: kw for (ch, r, g), kw in self.learned.items() if ch == channel and r == dp_rank
+        }
+        return ChannelRule(None, learned)
+
+    def needs_learning(self, channel: str) -> bool:
+        """Return True when no metadata covers a channel (its stores teach the learner).
+
+        Args:
+            channel: The channel name.
+
+        Returns:
+            Whether the channel is annotated from learned values.
+        """
+        return self.table_for(channel) is None
+
+    def sources(self) -> list[str]:
+        """Return the metadata sources in use, one per distinct source.
+
+        Returns:
+            Source names; ``learned from annotated stores …`` when learning is used.
+        """
+        out: list[str] = []
+        if self.given is not None:
+            return [self.given.source]
+        for t in self.tables.values():
+            if t.source not in out:
+                out.append(t.source)
+        if self.learned or not out:
+            out.append(LEARNED_SOURCE)
+        return out
+
+
+def event_rank(channel_rank: int | None, batch_rank: object) -> int | None:
+    """Return the data-parallel rank of a batch's events: its channel's, else the batch's.
+
+    The recorder knows which rank it subscribed to (vLLM offsets the port by the rank);
+    a channel without a rank takes what the payload says.
+
+    Args:
+        channel_rank: The rank the recording's channel names.
+        batch_rank: The rank the payload names (None when absent).
+
+    Returns:
+        The rank every adapter keys the annotation by.
+    """
+    if channel_rank is not None:
+        return channel_rank
+    return batch_rank if _is_int(batch_rank) else None  # type: ignore[return-value]
+
+
+@dataclass
+class StatusKinds:
+    """The recorder's live adapter: kind labels for status counts, one event at a time.
+
+    A live recorder cannot learn from the whole input; it applies the same rule with the
+    metadata it was given and, without it, what annotated stores of a (channel, group)
+    said so far. Labels: the rule's kind, else ``unannotated`` (stores) /
+    ``unattributed`` (removes).
+
+    Attributes:
+        table: The metadata the recorder was given, or None.
+        learner: What annotated stores said so far.
+    """
+
+    table: GroupTable | None = None
+    learner: GroupLearner = field(default_factory=GroupLearner)
+    _rules: dict[str, ChannelRule] = field(default_factory=dict)
+
+    def store(self, channel: str, group_idx: int | None, kind: str | None, count: int = 1) -> str:
+        """Return the kind label of ``count`` stores (and learn from them).
+
+        Args:
+            channel: The channel (any stable name).
+            group_idx: Their group.
+            kind: Their wire kind.
+            count: How many.
+
+        Returns:
+            The label.
+        """
+        if kind is not None and group_idx is not None and self.table is None:
+            key = (channel, None, group_idx)
+            if (kind, None) not in self.learner.said.get(key, {}):
+                self._rules.pop(channel, None)  # a new value: resolve again
+            self.learner.observe_store(channel, None, group_idx, kind, None, count=count)
+        rule = self._rule(channel)
+        d = rule.store(group_idx, kind)
+        if isinstance(d, tuple):
+            return d[0]
+        return kind if kind is not None else "unannotated"
+
+    def remove(self, channel: str, group_idx: int | None) -> str:
+        """Return the kind label of a remove.
+
+        Args:
+            channel: The channel.
+            group_idx: Its group.
+
+        Returns:
+            The label.
+        """
+        g = self._rule(channel).group(group_idx)
+        return g[0] if g is not None else "unattributed"
+
+    def _rule(self, channel: str) -> ChannelRule:
+        rule = self._rules.get(channel)
+        if rule is None:
+            if self.table is not None:
+                rule = ChannelRule(self.table)
+            else:
+                learned = {
+                    g: kw for (ch, _r, g), kw in self.learner.resolved().items() if ch == channel
+                }
+                rule = ChannelRule(None, learned)
+            self._rules[channel] = rule
+        return rule
 
 
 # -- checking ------------------------------------------------------------------------------
@@ -793,12 +1227,13 @@ class Checker:
 
     Feed every batch with :meth:`observe`; :meth:`disagreements` then gives one line per
     group that disagrees: stores whose kind/window differ from the table, stores left
-    unannotated, indices not in the table, and learned kinds that change mid-stream.
+    unannotated, indices not in the table, and (without a table) keys whose annotated
+    stores conflict, with how every command resolves them (:class:`Conflict`).
 
     Attributes:
         table: The metadata to compare with; None compares each (channel, rank) with
             what its own annotated stores say (learned).
-        learner: Learns kinds per (channel, rank) and records mid-stream changes.
+        learner: Learns kinds per (channel, rank, group) for the learned comparison.
         stores: Stores checked.
         stores_without_group: Stores without ``group_idx`` (nothing to compare).
     """
@@ -831,12 +1266,12 @@ class Checker:
             events: The decoded events as recorded.
             seq: The batch seq.
             table: The table for this batch (e.g. its own recording's metadata);
-                defaults to :attr:`table`. None compares with what was learned.
+                defaults to :attr:`table`. None compares with what is learned.
         """
         tab = self.table if table is _LEARNED else table
         assert tab is None or isinstance(tab, GroupTable)
-        self.learner.observe(channel, dp_rank, events, seq)
-        learned = self.learner.learned.get((channel, dp_rank), {})
+        if tab is None:
+            self.learner.observe(channel, dp_rank, events, seq)
         for ev in events:
             if not isinstance(ev, BlockStored):
                 continue
@@ -845,38 +1280,46 @@ class Checker:
             if idx is None:
                 self.stores_without_group += 1
                 continue
-            info = tab.lookup(idx) if tab is not None else learned.get(idx)
             kind, window = ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
-            if info is None:
-                iss = self._issue(idx)
-                if tab is None:
-                    # Learned mode: no store of this group was ever annotated.
-                    iss.unannotated += 1
-                else:
-                    iss.out_of_range += 1
-            elif kind is None:
+            if tab is None:
+                # Learned mode: conflicts come from the learner; only unannotated here.
+                if kind is not None:
+                    continue
                 iss = self._issue(idx)
                 iss.unannotated += 1
-            elif kind != info.kind or window != info.sliding_window:
-                iss = self._issue(idx)
-                iss.mismatched[(kind, window)] += 1
-                iss.expected.add((info.kind, info.sliding_window))
             else:
-                continue
+                info = tab.lookup(idx)
+                if info is None:
+                    iss = self._issue(idx)
+                    iss.out_of_range += 1
+                elif kind is None:
+                    iss = self._issue(idx)
+                    iss.unannotated += 1
+                elif kind != info.kind or window != info.sliding_window:
+                    iss = self._issue(idx)
+                    iss.mismatched[(kind, window)] += 1
+                    iss.expected.add((info.kind, info.sliding_window))
+                else:
+                    continue
             if iss.first_seq is None:
                 iss.first_seq = seq
 
-    def disagreements(self) -> list[str]:
+    def disagreements(self, conflicts: Sequence[Conflict] | None = None) -> list[str]:
         """Return one line per disagreeing group, each starting ``group N:``.
+
+        Args:
+            conflicts: The input's conflicts (e.g. :attr:`Annotation.conflicts`); default:
+                those of what this checker learned.
 
         Returns:
             The lines, ordered by group index (empty when everything agrees).
         """
-        changes: dict[int, list[KindChange]] = {}
-        for ch in self.learner.changes:
-            changes.setdefault(ch.group_idx, []).append(ch)
+        found = list(conflicts) if conflicts is not None else self.learner.conflicts()
+        by_group: dict[int, list[Conflict]] = {}
+        for c in found:
+            by_group.setdefault(c.key[2], []).append(c)
         lines = []
-        for idx in sorted(set(self._issues) | set(changes)):
+        for idx in sorted(set(self._issues) | set(by_group)):
             iss = self._issues.get(idx, _GroupIssues())
             parts: list[str] = []
             if iss.mismatched:
@@ -892,14 +1335,10 @@ class Checker:
                     f"{iss.out_of_range} store(s) carry group_idx {idx}, which is not in the "
                     "metadata"
                 )
-            for ch in changes.get(idx, []):
-                parts.append(
-                    f"learned kind changes mid-stream on {ch.channel} rank {ch.dp_rank}: "
-                    f"{_kw(*ch.before)} -> {_kw(*ch.after)} at seq {ch.seq}"
-                )
             bad = iss.mismatched or iss.unannotated or iss.out_of_range
             if iss.first_seq is not None and bad:
                 parts.append(f"first at seq {iss.first_seq}")
+            parts.extend(c.detail() for c in by_group.get(idx, []))
             lines.append(f"group {idx}: " + "; ".join(parts))
         return lines
 
@@ -912,16 +1351,25 @@ def _kw(kind: str | None, window: int | None) -> str:
 
 __all__ = [
     "KINDS",
+    "LEARNED_SOURCE",
     "SPEC_PARENTS",
+    "Annotation",
     "Annotator",
+    "ChannelRule",
     "Checker",
+    "Conflict",
+    "Decision",
     "GroupInfo",
     "GroupLearner",
     "GroupTable",
     "KindChange",
+    "KindWindow",
+    "LearnKey",
+    "StatusKinds",
     "annotate",
     "annotate_event",
     "annotation_for",
+    "event_rank",
     "groups_from_list",
     "load_groups_file",
     "out_of_range_warning",

@@ -22,19 +22,17 @@ zero hashes, so that such a store still counts as a store event and its tokens.
 ``tokens`` holds the event's ``len(token_ids)`` on its first row (``block_index`` 0)
 and 0 on the others, so summing it counts every token once.
 
-Annotation (:class:`TableAnnotator`) happens on the table with the same metadata sources
-as ``replay --annotate``: a ``--groups`` file, ``--group`` flags, the recording's own
-metadata (:func:`kvtool.annotate.resolve_groups`), else what annotated stores say about
-each group, learned per (channel, data-parallel rank, group_idx): the first annotated
-store of a group fixes it, as :class:`kvtool.annotate.GroupLearner` does, and rows of
-that group after it take its kind and window.
+Annotation (:class:`TableAnnotator`, :func:`annotate_table`) is the columnar adapter of
+:mod:`kvtool.annotate`: the annotation of the whole input is resolved first
+(:func:`kvtool.inputs.resolve_annotation`: metadata sources by precedence, else what
+annotated stores say per (channel, data-parallel rank, group_idx)), then applied to each
+chunk independently, so the answer does not depend on chunk order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 import os
 import queue
 import threading
@@ -53,8 +51,9 @@ except ImportError:  # pragma: no cover - exercised by tests that hide numpy
     np = None  # type: ignore[assignment]
 
 from kvtool import protocol
-from kvtool.annotate import GroupTable, resolve_groups
+from kvtool.annotate import Annotation, GroupLearner, GroupTable, KindWindow
 from kvtool.errors import KvtoolError, ProtocolError
+from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
 
 STORED, REMOVED, CLEARED = 0, 1, 2
@@ -89,8 +88,9 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
 }
 """The flat table. ``event_index`` numbers events across the whole read (all files);
 ``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
-(recording, channel) pairs across the files of one read; ``kind``/``sliding_window``
-are the wire values until :class:`TableAnnotator` sets them."""
+the publisher streams (endpoint, topic, rank) of one read, a stream held by several
+files being one channel (``recording`` names the first input that holds it);
+``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them."""
 
 T = TypeVar("T")
 
@@ -570,11 +570,11 @@ def hash_series(hashes: list[object]) -> pl.Series:
 
 @dataclass
 class ChannelRef:
-    """One (recording, channel) of a read, numbered across files.
+    """One publisher stream (endpoint, topic, rank) of a read, numbered across files.
 
     Attributes:
         id: The ``channel_id`` of its rows.
-        recording: The recording's path.
+        recording: The path of the first input that holds the stream.
         info: The channel as the recording names it.
     """
 
@@ -600,6 +600,7 @@ class ReadStats:
         groups: ``group_idx`` metadata stored in each recording (path → list or None).
         channels: Every channel, by ``channel_id``.
         lost: One line per recording whose gap ledger names batches lost while recording.
+        merge: What the same-batch rule found across inputs (:mod:`kvtool.inputs`).
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -614,6 +615,7 @@ class ReadStats:
     groups: dict[str, list[dict[str, object]] | None] = field(default_factory=dict)
     channels: dict[int, ChannelRef] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
+    merge: MergeFindings = field(default_factory=MergeFindings)
 
     def note(self, msg: str) -> None:
         """Keep a problem message (the first 20 only)."""
@@ -763,23 +765,10 @@ def _finish(df: pl.DataFrame, stats: ReadStats, labels: bool) -> pl.DataFrame:
 
 
 def _merged_messages(
-    readers: list[Iterator[RecordedMessage]],
+    readers: list[Iterator[RecordedMessage]], findings: MergeFindings | None = None
 ) -> Iterator[tuple[int, RecordedMessage]]:
-    """One recording: its file order. Several: merged by publish time (streams stay lazy)."""
-    if len(readers) == 1:
-        for m in readers[0]:
-            yield 0, m
-        return
-    keyed = [_keyed(i, it) for i, it in enumerate(readers)]
-    for _, i, _, m in heapq.merge(*keyed):
-        yield i, m
-
-
-def _keyed(
-    i: int, it: Iterator[RecordedMessage]
-) -> Iterator[tuple[int, int, int, RecordedMessage]]:
-    for n, m in enumerate(it):
-        yield m.publish_time, i, n, m
+    """THE merge order (:func:`kvtool.inputs.merge_messages`): each batch once."""
+    return merge_messages(readers, findings=findings)
 
 
 def iter_tables(
@@ -791,8 +780,9 @@ def iter_tables(
 ) -> Iterator[pl.DataFrame]:
     """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
 
-    Each recording is read chunk by chunk; several recordings are merged by publish time
-    so that their streams interleave as they happened. A payload that is not a batch is
+    Each recording is read chunk by chunk; several recordings are merged in THE merge
+    order of :mod:`kvtool.inputs` (receive time, then channel, then seq), a batch found
+    in several inputs counted once (``stats.merge`` says so). A payload that is not a batch is
     skipped and counted in ``stats`` (with its seq), as is every undecodable event.
 
     Args:
@@ -821,14 +811,17 @@ def iter_tables(
             st.recordings.append(reader.path)
             st.groups[reader.path] = reader.groups
             iters.append(reader.messages())
-        chan_ids: dict[tuple[int, int], int] = {}
+        # One channel_id per publisher stream (endpoint, topic, rank), whichever inputs
+        # hold it: a stream split over several files (a file and its slice, consecutive
+        # recordings) continues as one stream, as the merge's same-batch rule assumes.
+        chan_ids: dict[tuple[str, str, int | None], int] = {}
         pending = _Pending()
         # The cyclic GC would walk every decoded event again and again while a chunk
         # accumulates (nothing here makes cycles): pause it while decoding.
         gc_was = gc.isenabled()
         gc.disable()
-        for i, m in _merged_messages(iters):
-            key = (i, m.channel.id)
+        for i, m in _merged_messages(iters, st.merge):
+            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
             cid = chan_ids.get(key)
             if cid is None:
                 cid = chan_ids[key] = len(chan_ids)
@@ -985,89 +978,238 @@ def empty_table() -> pl.DataFrame:
 
 # -- annotation ------------------------------------------------------------------------------
 
-
-_GROUP_KEY = 1 << 24  # (channel_id, group_idx) -> channel_id * _GROUP_KEY + group_idx + 1
-
+# The columnar adapter of kvtool.annotate: metadata and learned annotations are small
+# frames joined on the real composite keys -- (channel_id, group_idx) for metadata,
+# (channel_id, dp_rank, group_idx) for learned values -- never on a packed integer.
 _META_SCHEMA = {
     "channel_id": pl.UInt32,
     "group_idx": pl.Int64,
     "m_kind": pl.String,
     "m_window": pl.Int64,
 }
+_LEARNED_SCHEMA = {
+    "channel_id": pl.UInt32,
+    "_rank": pl.Int64,
+    "group_idx": pl.Int64,
+    "l_kind": pl.String,
+    "l_window": pl.Int64,
+}
+_NO_RANK = -1  # join key for a null dp_rank (ranks are >= 0)
+_UNSET: Any = object()
+
+
+def annotate_table(
+    df: pl.DataFrame,
+    annotation: Annotation,
+    channels: dict[int, ChannelRef],
+    out_of_range: dict[int, int] | None = None,
+) -> pl.DataFrame:
+    """Apply THE annotation to a table chunk (pure; any chunk, any order, any process).
+
+    Stores and removes whose channel has metadata and whose ``group_idx`` is in it take
+    the metadata's kind and window (vLLM's ``take_events`` rule; removes carry no kind,
+    so they take their group's). On channels without metadata, rows whose kind is null
+    (unannotated stores, removes) take their (channel, rank, group)'s learned value;
+    stores that carry a kind keep it. ``AllBlocksCleared`` rows are never touched; removes
+    without ``group_idx`` are left for the report's hash state.
+
+    Args:
+        df: A chunk of :func:`iter_tables` (needs ``channel_id``, ``dp_rank``,
+            ``group_idx``, ``type_code``, ``kind``, ``sliding_window``, ``block_index``).
+        annotation: The resolved annotation (:func:`kvtool.inputs.resolve_annotation`).
+        channels: The read's channels by ``channel_id`` (:attr:`ReadStats.channels`).
+        out_of_range: Receives stores per group index not in their metadata.
+
+    Returns:
+        The chunk, same columns and dtypes, ``kind``/``sliding_window`` set where known.
+    """
+    if df.height == 0:
+        return df
+    meta_rows: list[tuple[int, int, str, int | None]] = []
+    learned_rows: list[tuple[int, int, int, str, int | None]] = []
+    covered: list[int] = []
+    by_channel: dict[str, list[tuple[int | None, int, KindWindow]]] = {}
+    for (ch, rank, g), kw in annotation.learned.items():
+        by_channel.setdefault(ch, []).append((rank, g, kw))
+    for cid, ref in channels.items():
+        table = annotation.table_for(ref.info.name)
+        if table is not None:
+            covered.append(cid)
+            for info in table.groups.values():
+                meta_rows.append((cid, info.group_idx, info.kind, info.sliding_window))
+            continue
+        for rank, g, (k, w) in by_channel.get(ref.info.name, ()):
+            learned_rows.append((cid, _NO_RANK if rank is None else rank, g, k, w))
+    is_store = pl.col("type_code") == STORED
+    if covered:
+        meta = pl.DataFrame(meta_rows, schema=_META_SCHEMA, orient="row", strict=False)
+        df = df.join(meta, on=["channel_id", "group_idx"], how="left", maintain_order="left")
+        in_meta = pl.col("m_kind").is_not_null() & (pl.col("type_code") != CLEARED)
+        if out_of_range is not None:
+            oor = df.filter(
+                is_store
+                & pl.col("group_idx").is_not_null()
+                & pl.col("m_kind").is_null()
+                & pl.col("channel_id").is_in(covered)
+                & (pl.col("block_index") == 0)
+            )["group_idx"].value_counts()
+            for g, n in oor.iter_rows():
+                out_of_range[g] = out_of_range.get(g, 0) + n
+        df = df.with_columns(
+            kind=pl.when(in_meta).then(pl.col("m_kind")).otherwise(pl.col("kind")),
+            sliding_window=pl.when(in_meta)
+            .then(pl.col("m_window"))
+            .otherwise(pl.col("sliding_window")),
+        ).drop("m_kind", "m_window")
+    if learned_rows:
+        learned = pl.DataFrame(learned_rows, schema=_LEARNED_SCHEMA, orient="row", strict=False)
+        df = df.with_columns(_rank=_rank_expr(channels)).join(
+            learned, on=["channel_id", "_rank", "group_idx"], how="left", maintain_order="left"
+        )
+        use = (
+            pl.col("kind").is_null()
+            & pl.col("l_kind").is_not_null()
+            & (pl.col("type_code") != CLEARED)
+        )
+        df = df.with_columns(
+            kind=pl.when(use).then(pl.col("l_kind")).otherwise(pl.col("kind")),
+            sliding_window=pl.when(use)
+            .then(pl.col("l_window"))
+            .otherwise(pl.col("sliding_window")),
+        ).drop("_rank", "l_kind", "l_window")
+    return df
+
+
+def _rank_expr(channels: dict[int, ChannelRef]) -> pl.Expr:
+    """The rank the annotation keys by (:func:`kvtool.annotate.event_rank`), as a column."""
+    cids = [c for c, ref in channels.items() if ref.info.dp_rank is not None]
+    ranks = [channels[c].info.dp_rank for c in cids]
+    chan = pl.col("channel_id").replace_strict(cids, ranks, default=None, return_dtype=pl.Int64)
+    return chan.fill_null(pl.col("dp_rank")).fill_null(_NO_RANK)
+
+
+def learn_table(df: pl.DataFrame, channels: dict[int, ChannelRef]) -> GroupLearner:
+    """The columnar learner adapter: what one chunk's annotated stores say (wire kinds).
+
+    For a parallel reader: learn each chunk (any order, any process), combine with
+    :meth:`kvtool.annotate.GroupLearner.merge`, resolve, then annotate each chunk with
+    :func:`annotate_table`. Positions are merge positions (log_time, endpoint, topic,
+    seq), so the result equals the one-pass learning of :func:`kvtool.inputs.learn`
+    on channels without metadata (give it the chunk before annotation).
+
+    Args:
+        df: A chunk of :func:`iter_tables`, not annotated.
+        channels: The read's channels by ``channel_id``.
+
+    Returns:
+        The chunk's learner.
+    """
+    learner = GroupLearner()
+    ann = df.with_columns(dp_rank=_rank_expr(channels)).filter(
+        (pl.col("type_code") == STORED)
+        & pl.col("kind").is_not_null()
+        & pl.col("group_idx").is_not_null()
+        & (pl.col("block_index") == 0)
+    )
+    if ann.height == 0:
+        return learner
+    agg = (
+        ann.sort("log_time", "seq", maintain_order=True)
+        .group_by("channel_id", "dp_rank", "group_idx", "kind", "sliding_window")
+        .agg(n=pl.len(), log_time=pl.col("log_time").first(), seq=pl.col("seq").first())
+    )
+    for cid, rank, g, k, w, n, t, seq in agg.iter_rows():
+        ref = channels[cid]
+        info = ref.info
+        learner.observe_store(
+            info.name, None if rank == _NO_RANK else rank, g, k, w, seq=seq,
+            position=(t, info.endpoint, info.topic, seq), count=n,
+        )
+    return learner
 
 
 @dataclass
 class TableAnnotator:
-    """Annotates table chunks in stream order: metadata first, else learned from stores.
+    """Annotates table chunks with THE annotation of the input (:mod:`kvtool.annotate`).
 
-    Stores whose ``group_idx`` is in the channel's metadata table get kind and window
-    from it (vLLM's ``take_events`` rule, overwriting what the wire says); so do removes.
-    Rows the metadata does not cover take what the first annotated store of their
-    (channel, rank, group) said, once that store has been seen; stores keep their own
-    wire annotation. Removes without ``group_idx`` are left for the report's hash
-    state (see :mod:`kvtool.report`).
+    Chunks may come in any order: the annotation is resolved before the first chunk (a
+    learning pass over the whole input, see :func:`kvtool.inputs.resolve_annotation`).
 
     Attributes:
-        tables: Metadata per recording path (None: learn from the stream).
-        learned: (channel_id, group_idx) → (kind, window), first annotated store wins.
-        changes: (channel_id, group_idx, (kind, window) before, after) seen.
+        annotation: The resolved annotation.
         out_of_range: Stores per group index not in a given metadata table.
     """
 
-    tables: dict[str, GroupTable | None] = field(default_factory=dict)
-    learned: dict[tuple[int, int | None], tuple[str, int | None]] = field(default_factory=dict)
-    changes: set[tuple[int, int | None, tuple[str, int | None], tuple[str, int | None]]] = field(
-        default_factory=set
-    )
+    annotation: Annotation = field(default_factory=Annotation)
     out_of_range: dict[int, int] = field(default_factory=dict)
-    learned_from: dict[tuple[int, int | None], int] = field(default_factory=dict)
-    _recording_of: dict[int, str] = field(default_factory=dict)
+    _channels: dict[int, ChannelRef] = field(default_factory=dict)
+
+    @property
+    def tables(self) -> dict[str, GroupTable | None]:
+        """Recording path → the recording-wide metadata table in use (None: learned)."""
+        out: dict[str, GroupTable | None] = {}
+        for ref in self._channels.values():
+            t = self.annotation.table_for(ref.info.name)
+            if out.get(ref.recording) is None:
+                out[ref.recording] = t
+        return out
+
+    @property
+    def changes(self) -> set[tuple[int, int, KindWindow, KindWindow]]:
+        """Deprecated (always empty): conflicts are in :meth:`findings`."""
+        return set()
 
     def group_kind(
-        self, channel_id: int, group_idx: int, event_index: int
-    ) -> tuple[str, int | None] | None:
-        """Return (kind, window) of a group as a row at ``event_index`` would get it.
+        self, channel_id: int, group_idx: int, event_index: int = 0, dp_rank: Any = _UNSET
+    ) -> KindWindow | None:
+        """Return (kind, window) of a group on a channel, as every command gives it.
 
         Args:
             channel_id: The channel.
             group_idx: The group.
-            event_index: The row's event, in stream order.
+            event_index: Ignored (kept for callers; the answer no longer depends on it).
+            dp_rank: The events' rank; default: the channel's, else the single value
+                learned for the group on any rank.
 
         Returns:
-            From the channel's metadata, else what the first annotated store of the group
-            (before that event) said, else None.
+            From the channel's metadata, else learned, else None.
         """
-        table = self.tables.get(self._recording_of.get(channel_id, ""))
+        ref = self._channels.get(channel_id)
+        if ref is None:
+            return None
+        ann = self.annotation
+        table = ann.table_for(ref.info.name)
         if table is not None:
             info = table.lookup(group_idx)
-            if info is not None:
-                return info.kind, info.sliding_window
-        key = (channel_id, group_idx)
-        if key in self.learned and self.learned_from.get(key, -1) < event_index:
-            return self.learned[key]
-        return None
+            return (info.kind, info.sliding_window) if info is not None else None
+        if dp_rank is not _UNSET:
+            return ann.learned.get((ref.info.name, dp_rank, group_idx))
+        got = ann.learned.get((ref.info.name, ref.info.dp_rank, group_idx))
+        if got is not None:
+            return got
+        vals = {kw for (ch, _r, g), kw in ann.learned.items()
+                if ch == ref.info.name and g == group_idx}
+        return next(iter(vals)) if len(vals) == 1 else None
 
     def sources(self) -> list[str]:
         """Return the metadata sources used, one per distinct source."""
-        out: list[str] = []
-        for t in self.tables.values():
-            s = t.source if t is not None else "learned from annotated stores"
-            if s not in out:
-                out.append(s)
-        return out or ["learned from annotated stores"]
+        return self.annotation.sources()
 
-    def _meta_frame(self, stats: ReadStats) -> pl.DataFrame:
-        rows: list[tuple[int, int, str, int | None]] = []
-        for cid, ref in stats.channels.items():
-            table = self.tables.get(ref.recording)
-            if table is None:
-                continue
-            for g in table.groups.values():
-                rows.append((cid, g.group_idx, g.kind, g.sliding_window))
-        return pl.DataFrame(rows, schema=_META_SCHEMA, orient="row")
+    def findings(self, stats: ReadStats | None = None) -> list[str]:
+        """Return the input-wide findings: same-batch copies and annotation conflicts.
+
+        Args:
+            stats: The read's stats (for the merge findings).
+
+        Returns:
+            One line each.
+        """
+        out = stats.merge.lines() if stats is not None else []
+        out.extend(c.describe() for c in self.annotation.conflicts)
+        return out
 
     def __call__(self, df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
-        """Annotate one chunk (stream order), updating what was learned.
+        """Annotate one chunk.
 
         Args:
             df: A chunk from :func:`iter_tables`.
@@ -1076,106 +1218,22 @@ class TableAnnotator:
         Returns:
             The chunk with ``kind``/``sliding_window`` set where known.
         """
-        if df.height == 0:
-            return df
-        for cid, ref in stats.channels.items():
-            self._recording_of[cid] = ref.recording
-        meta = self._meta_frame(stats)
-        # One Int64 key per (channel, group) row: small mappings are applied by hash lookup
-        # (replace_strict) instead of two-column joins over the whole chunk.
-        gkey = pl.col("channel_id").cast(pl.Int64) * _GROUP_KEY + pl.col("group_idx").fill_null(
-            -1
-        ) + 1
-        mkeys = [c * _GROUP_KEY + (g + 1) for c, g in meta.select("channel_id", "group_idx")
-                 .iter_rows()]
-        df = df.with_columns(
-            m_kind=gkey.replace_strict(mkeys, meta["m_kind"], default=None,
-                                       return_dtype=pl.String),
-            m_window=gkey.replace_strict(mkeys, meta["m_window"], default=None,
-                                         return_dtype=pl.Int64),
-        ) if meta.height else df.with_columns(
-            m_kind=pl.lit(None, pl.String), m_window=pl.lit(None, pl.Int64)
-        )
-        is_store = pl.col("type_code") == STORED
-        in_meta = pl.col("m_kind").is_not_null()
-        # Out-of-range stores: a table exists for the channel but lacks the index.
-        covered = {ref.id for ref in stats.channels.values() if self.tables.get(ref.recording)}
-        if covered:
-            oor = df.filter(
-                is_store
-                & pl.col("group_idx").is_not_null()
-                & ~in_meta
-                & pl.col("channel_id").is_in(list(covered))
-                & (pl.col("block_index") == 0)
-            )["group_idx"].value_counts()
-            for g, n in oor.iter_rows():
-                self.out_of_range[g] = self.out_of_range.get(g, 0) + n
-        df = df.with_columns(
-            kind=pl.when(in_meta).then(pl.col("m_kind")).otherwise(pl.col("kind")),
-            sliding_window=pl.when(in_meta)
-            .then(pl.col("m_window"))
-            .otherwise(pl.col("sliding_window")),
-        ).drop("m_kind", "m_window")
-        # Learn: first annotated store per (channel, group), in stream order.
-        ann = (
-            df.select("channel_id", "group_idx", "kind", "sliding_window", "event_index",
-                      "type_code", "block_index")
-            .filter(is_store & pl.col("kind").is_not_null() & (pl.col("block_index") == 0))
-            .drop("type_code", "block_index")
-        )
-        if ann.height:
-            distinct = ann.unique(
-                ["channel_id", "group_idx", "kind", "sliding_window"], keep="first",
-                maintain_order=True,
-            )
-            firsts: dict[tuple[int, int | None], int] = {}
-            for cid, g, k, w, e in distinct.iter_rows():
-                key = (cid, g)
-                known = self.learned.get(key)
-                if known is None:
-                    self.learned[key] = (k, w)
-                    self.learned_from[key] = e
-                    firsts[key] = e
-                elif known != (k, w):
-                    self.changes.add((cid, g, known, (k, w)))
-        else:
-            firsts = {}
-        if not self.learned:
-            return df
-        lkeys = [cid * _GROUP_KEY + (g + 1 if g is not None else 0) for cid, g in self.learned]
-        lvals = list(self.learned.values())
-        df = df.with_columns(
-            l_kind=gkey.replace_strict(lkeys, [k for k, _ in lvals], default=None,
-                                       return_dtype=pl.String),
-            l_window=gkey.replace_strict(lkeys, [w for _, w in lvals], default=None,
-                                         return_dtype=pl.Int64),
-            l_from=gkey.replace_strict(lkeys, [firsts.get(key, -1) for key in self.learned],
-                                       default=None, return_dtype=pl.Int64),
-        )
-        use = (
-            pl.col("kind").is_null()
-            & pl.col("l_kind").is_not_null()
-            & (pl.col("event_index") > pl.col("l_from"))
-            & (pl.col("type_code") != CLEARED)
-        )
-        return df.with_columns(
-            kind=pl.when(use).then(pl.col("l_kind")).otherwise(pl.col("kind")),
-            sliding_window=pl.when(use)
-            .then(pl.col("l_window"))
-            .otherwise(pl.col("sliding_window")),
-        ).drop("l_kind", "l_window", "l_from")
+        self._channels.update(stats.channels)
+        return annotate_table(df, self.annotation, stats.channels, self.out_of_range)
 
 
 def make_annotator(
-    recording_groups: dict[str, list[dict[str, object]] | None],
+    recording_groups: dict[str, list[dict[str, object]] | None] | Sequence[str | os.PathLike[str]],
     *,
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
 ) -> TableAnnotator:
-    """Pick the metadata per recording with :func:`kvtool.annotate.resolve_groups`.
+    """Resolve THE annotation of the input (:func:`kvtool.inputs.resolve_annotation`).
 
     Args:
-        recording_groups: Each recording's stored group metadata (path → list or None).
+        recording_groups: The recordings: their paths, or :func:`recording_groups`'s
+            result (its keys are the paths; the metadata is read again from the files,
+            with the learning pass over the whole input when some channel has none).
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
 
@@ -1184,12 +1242,12 @@ def make_annotator(
 
     Raises:
         MetadataError: Invalid metadata, or both a file and flags.
+        RecordingError: A recording cannot be opened.
     """
-    tables = {
-        path: resolve_groups(groups_file, group_flags, groups, recording=os.path.basename(path))
-        for path, groups in recording_groups.items()
-    }
-    return TableAnnotator(tables=tables)
+    paths = list(recording_groups)
+    return TableAnnotator(
+        resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags)
+    )
 
 
 def recording_groups(
@@ -1230,7 +1288,7 @@ def iter_annotated(
         group_flags: ``--group`` flags.
         stats: Receives counts and problems.
         chunk_bytes: Payload bytes per chunk.
-        annotator: Use this annotator (to read what it learned afterwards).
+        annotator: Use this annotator (default: :func:`make_annotator` of ``paths``).
 
     Yields:
         Annotated chunks.
@@ -1242,8 +1300,7 @@ def iter_annotated(
     st = stats if stats is not None else ReadStats()
     ann = annotator
     if ann is None:
-        ann = make_annotator(recording_groups(paths), groups_file=groups_file,
-                             group_flags=group_flags)
+        ann = make_annotator(paths, groups_file=groups_file, group_flags=group_flags)
     for df in iter_tables(paths, stats=st, chunk_bytes=chunk_bytes):
         yield ann(df, st)
 
@@ -1262,11 +1319,13 @@ __all__ = [
     "LeanBatch",
     "ReadStats",
     "TableAnnotator",
+    "annotate_table",
     "decode_lean",
     "empty_table",
     "hash_series",
     "iter_annotated",
     "iter_tables",
+    "learn_table",
     "make_annotator",
     "np",
     "prefetch",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
-from kvtool.annotate import GroupInfo, GroupTable, annotation_for
+from kvtool.annotate import ChannelRule, GroupTable, KindWindow, annotation_for
 from kvtool.endpoints import offset_endpoint
 from kvtool.errors import EndpointError, UsageError
 from kvtool.protocol import STORED_ARRAY_INDEX
@@ -77,19 +77,20 @@ _MAP_ORDER = {
 }
 
 
-def _patch_map(ev: dict[object, object], info: GroupInfo) -> bool:
+def _patch_map(ev: dict[object, object], info: KindWindow) -> bool:
+    kind, window = info
     if (
-        ev.get("kv_cache_spec_kind") == info.kind
-        and ev.get("kv_cache_spec_sliding_window") == info.sliding_window
-        and ("kv_cache_spec_sliding_window" in ev) == (info.sliding_window is not None)
+        ev.get("kv_cache_spec_kind") == kind
+        and ev.get("kv_cache_spec_sliding_window") == window
+        and ("kv_cache_spec_sliding_window" in ev) == (window is not None)
     ):
         return False
-    ev["kv_cache_spec_kind"] = info.kind
-    if info.sliding_window is None:
+    ev["kv_cache_spec_kind"] = kind
+    if window is None:
         # vLLM omits defaulted fields in map events (omit_defaults=True).
         ev.pop("kv_cache_spec_sliding_window", None)
     else:
-        ev["kv_cache_spec_sliding_window"] = info.sliding_window
+        ev["kv_cache_spec_sliding_window"] = window
     items = sorted(
         ev.items(),
         key=lambda kv: _MAP_ORDER.get(kv[0], len(_MAP_ORDER)),  # type: ignore[call-overload]
@@ -99,13 +100,14 @@ def _patch_map(ev: dict[object, object], info: GroupInfo) -> bool:
     return True
 
 
-def _patch_array(ev: list[object], info: GroupInfo) -> bool:
-    if len(ev) > _WINDOW_I and ev[_KIND_I] == info.kind and ev[_WINDOW_I] == info.sliding_window:
+def _patch_array(ev: list[object], info: KindWindow) -> bool:
+    kind, window = info
+    if len(ev) > _WINDOW_I and ev[_KIND_I] == kind and ev[_WINDOW_I] == window:
         return False
     if len(ev) < _LAST_ARRAY_LEN:
         ev.extend([None] * (_LAST_ARRAY_LEN - len(ev)))
-    ev[_KIND_I] = info.kind
-    ev[_WINDOW_I] = info.sliding_window
+    ev[_KIND_I] = kind
+    ev[_WINDOW_I] = window
     return True
 
 
@@ -126,24 +128,31 @@ def _encode_map(ev: dict[object, object], map16: bool) -> bytes:
     return b"".join(parts)
 
 
-def _annotate_raw_event(raw: msgspec.Raw, table: GroupTable, bad: list[int]) -> msgspec.Raw | None:
-    """Patch one raw event by the rule; return its new bytes, or None when unchanged."""
+def _annotate_raw_event(
+    raw: msgspec.Raw, rule: GroupTable | ChannelRule, bad: list[int]
+) -> msgspec.Raw | None:
+    """The wire adapter: patch one raw event by the rule; its new bytes, or None."""
     view = memoryview(raw)
     if not len(view):
         return None
     first = view[0]
     ev = _ANY.decode(raw)
     if isinstance(ev, dict):
-        decision = annotation_for(str(ev.get("type")), ev.get("group_idx"), table)
-        if isinstance(decision, GroupInfo):
+        decision = annotation_for(
+            str(ev.get("type")), ev.get("group_idx"), rule,
+            ev.get("kv_cache_spec_kind"), ev.get("kv_cache_spec_sliding_window"),
+        )
+        if isinstance(decision, tuple):
             if _patch_map(ev, decision):
                 return msgspec.Raw(_encode_map(ev, first == 0xDE))
         elif decision is not None:
             bad.append(decision)
     elif isinstance(ev, list) and ev:
         group = ev[_GROUP_I] if len(ev) > _GROUP_I else None
-        decision = annotation_for(str(ev[0]), group, table)
-        if isinstance(decision, GroupInfo):
+        kind = ev[_KIND_I] if len(ev) > _KIND_I else None
+        window = ev[_WINDOW_I] if len(ev) > _WINDOW_I else None
+        decision = annotation_for(str(ev[0]), group, rule, kind, window)
+        if isinstance(decision, tuple):
             if _patch_array(ev, decision):
                 return msgspec.Raw(_ENC.encode(ev))
         elif decision is not None:
@@ -151,11 +160,14 @@ def _annotate_raw_event(raw: msgspec.Raw, table: GroupTable, bad: list[int]) -> 
     return None
 
 
-def annotate_payload(payload: bytes, table: GroupTable) -> tuple[bytes, list[int]]:
+def annotate_payload(
+    payload: bytes, table: GroupTable | ChannelRule
+) -> tuple[bytes, list[int]]:
     """Annotate a payload on the wire, re-encoding it in the layout it was recorded in.
 
     Each ``BlockStored`` is patched by the same rule as :func:`kvtool.annotate.annotate`
-    (:func:`kvtool.annotate.annotation_for`). Only the events the rule changes are
+    (:func:`kvtool.annotate.annotation_for`, or the :class:`kvtool.annotate.ChannelRule`
+    a replay hands out per channel and rank). Only the events the rule changes are
     re-encoded (decoded generically, so every field, known or not, survives); every
     other byte is kept. Map events stay maps (kind and window keys in vLLM's field order,
     a None window omitted as vLLM does, the same map header), array events stay arrays
@@ -164,7 +176,7 @@ def annotate_payload(payload: bytes, table: GroupTable) -> tuple[bytes, list[int
 
     Args:
         payload: The recorded msgpack payload.
-        table: The group metadata.
+        table: The group metadata, or the rule of the payload's channel and rank.
 
     Returns:
         The payload to send, and the out-of-range group indices met (one per store).

@@ -10,18 +10,27 @@ decoded only when something needs the events, so a plain re-publish never decode
 from __future__ import annotations
 
 import fnmatch
-import heapq
 import os
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kvtool.annotate import Annotator, Checker, GroupLearner, GroupTable, resolve_groups
+from kvtool.annotate import (
+    LEARNED_SOURCE,
+    Annotation,
+    Annotator,
+    ChannelRule,
+    Checker,
+    GroupTable,
+    event_rank,
+    resolve_groups,
+)
 from kvtool.durations import parse_duration_ns
 from kvtool.errors import ProtocolError, UsageError
+from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.protocol import BlockRemoved, BlockStored, Event, KVEventBatch, decode_batch
 from kvtool.recording import RecordedMessage, RecordingReader, RecoveryReport, open_recording
-from kvtool.recording import format as fmt
 
 UNANNOTATED = "unannotated"
 """Kind filter value for stores without a kind (distinct from vLLM's own ``unknown``)."""
@@ -273,7 +282,8 @@ class ReplayBatch:
         events: The events that passed the event filters (annotated when annotating).
         dp_rank: The batch's rank (its own, else its channel's).
         error: Why the payload did not decode, or None.
-        table: The group metadata that applies to the batch, when annotating.
+        table: The annotation rule that applies to the batch (its channel and rank),
+            when annotating or checking; :func:`kvtool.publish.annotate_payload` takes it.
     """
 
     message: RecordedMessage
@@ -281,7 +291,7 @@ class ReplayBatch:
     events: list[Event]
     dp_rank: int | None
     error: str | None = None
-    table: GroupTable | None = None
+    table: ChannelRule | None = None
 
 
 @dataclass
@@ -368,42 +378,30 @@ class Replay:
             raise
 
     def _setup(self, given: GroupTable | None) -> None:
-        annotate, check = self.annotate, self.check
-        # Group metadata: one table per recording (a --groups file or --group flags apply
-        # to every recording; otherwise each recording's own metadata record).
-        self.tables: dict[str, GroupTable | None] = {}
-        self.channel_tables: dict[tuple[str, str], GroupTable] = {}
-        self.learner: GroupLearner | None = None
-        self.annotators: dict[int, Annotator] = {}
-        self.given: GroupTable | None = None
+        self.annotation: Annotation | None = None
+        """THE annotation of the input (metadata by precedence, else learned from the
+        whole input), when annotating or checking."""
+        self.given: GroupTable | None = given
         """The table from ``--groups``/``--group`` flags, when given."""
-        if annotate or check:
-            self.given = given
-            for r in self.readers:
-                table = given
-                if table is None:
-                    table = resolve_groups(None, None, r.groups, recording=r.path)
-                    self._channel_groups(r)
-                self.tables[r.path] = table
-            if annotate and any(t is None for t in self.tables.values()):
-                self.learner = GroupLearner()
-        self.checker: Checker | None = Checker() if check else None
-        self._learned = False
-        self._learned_tables: dict[tuple[str, int | None], GroupTable] = {}
-        self._learned_ids: set[int] = set()
+        self.annotators: dict[tuple[str, str, int | None], Annotator] = {}
+        self.merge_findings = MergeFindings()
+        """What the same-batch rule found across inputs (see :mod:`kvtool.inputs`)."""
+        if self.annotate or self.check:
+            if given is not None:
+                self.annotation = Annotation(given)
+            else:
+                self.annotation = resolve_annotation(readers=self.readers)
+        self.checker: Checker | None = Checker() if self.check else None
         self.new_warnings: list[str] = []
         """Out-of-range warnings not yet shown (one per index); the caller drains it."""
 
-    def _channel_groups(self, reader: RecordingReader) -> None:
-        from kvtool.annotate import groups_from_list
-
-        for rec in reader.read_metadata().get(fmt.META_GROUPS, []):
-            ch = rec.get("channel")
-            groups = rec.get("groups")
-            if isinstance(ch, str) and isinstance(groups, list):
-                self.channel_tables[(reader.path, ch)] = groups_from_list(
-                    groups, source=f"{reader.path} (metadata record for {ch})"
-                )
+    @property
+    def tables(self) -> dict[str, GroupTable | None]:
+        """Channel name → the metadata table that applies to it (None: learned)."""
+        ann = self.annotation
+        if ann is None:
+            return {}
+        return {c.name: ann.table_for(c.name) for r in self.readers for c in r.channels.values()}
 
     def __enter__(self) -> Replay:
         return self
@@ -422,18 +420,22 @@ class Replay:
         """Say which group metadata source is used (for the stderr status line).
 
         Returns:
-            E.g. ``groups.json (6 groups)`` or ``learned from annotated stores …``.
+            E.g. ``groups.json (6 groups: …)`` or ``learned from annotated stores …``.
         """
-        parts = []
-        seen: set[int] = set()
-        for path, table in self.tables.items():
-            if table is None:
-                parts.append(f"{path}: learned from annotated stores per (channel, rank, group)")
-            elif id(table) not in seen:
-                seen.add(id(table))
-                parts.append(f"{table.source} ({len(table)} groups: {table.describe()})")
-        for table in self.channel_tables.values():
-            parts.append(f"{table.source} ({len(table)} groups)")
+        ann = self.annotation
+        if ann is None:
+            return "none"
+        if ann.given is not None:
+            return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
+        parts: list[str] = []
+        for name, t in self.tables.items():
+            text = (
+                f"{t.source} ({len(t)} groups: {t.describe()})"
+                if t is not None
+                else (f"{name}: {LEARNED_SOURCE}")
+            )
+            if text not in parts:
+                parts.append(text)
         return "; ".join(parts) if parts else "none"
 
     @property
@@ -453,55 +455,33 @@ class Replay:
     # -- iteration ------------------------------------------------------------------------
 
     def messages(self) -> Iterator[RecordedMessage]:
-        """Yield every message of every recording, merged by ``log_time``.
+        """Yield every message of every recording in THE merge order, each batch once.
 
         Yields:
-            Recorded messages in receive-time order (file order breaks ties).
+            Recorded messages (see :func:`kvtool.inputs.merge_messages`).
         """
-        if len(self.readers) == 1:
-            yield from self.readers[0].messages()
-            return
-        yield from heapq.merge(*(r.messages() for r in self.readers), key=lambda m: m.log_time)
+        for _i, m in merge_messages(
+            [r.messages() for r in self.readers], findings=self.merge_findings
+        ):
+            yield m
 
-    def _table_for(self, msg: RecordedMessage, rank: int | None) -> GroupTable | None:
-        path = msg.channel.path
-        ch_table = self.channel_tables.get((path, msg.channel.name))
-        if ch_table is not None:
-            return ch_table
-        table = self.tables.get(path)
-        if table is None and self.learner is not None:
-            key = (msg.channel.name, rank)
-            table = self._learned_tables.get(key)
-            if table is None:
-                table = self._learned_tables[key] = self.learner.table(*key)
-                self._learned_ids.add(id(table))
-        return table
-
-    def _learn(self) -> None:
-        """First pass (learned metadata): what each (channel, rank, group) said."""
-        assert self.learner is not None
-        for msg in self.messages():
-            if self.tables.get(msg.channel.path) is not None:
-                continue
-            try:
-                batch = decode_batch(msg.data, seq=msg.seq)
-            except ProtocolError:
-                continue
-            rank = msg.channel.dp_rank
-            if rank is None:
-                rank = batch.data_parallel_rank
-            self.learner.observe(msg.channel.name, rank, batch.events, msg.seq)
-        self._learned = True
+    def _annotator(self, msg: RecordedMessage, rank: int | None) -> Annotator:
+        ch = msg.channel
+        key = (ch.path, ch.name, rank)
+        ann = self.annotators.get(key)
+        if ann is None:
+            assert self.annotation is not None
+            ann = self.annotators[key] = Annotator(self.annotation.rule(ch.name, rank))
+        return ann
 
     def __iter__(self) -> Iterator[ReplayBatch]:
-        if self.learner is not None and not self._learned:
-            self._learn()
         bf = self.batch_filter
         ef = self.event_filter
         stats = self.stats
         start: int | None = None
         since = until = None
         channel_ok: dict[tuple[str, int], bool] = {}
+        self.merge_findings = MergeFindings()
         for msg in self.messages():
             stats.messages += 1
             if start is None:
@@ -549,33 +529,39 @@ class Replay:
                 for s in batch.skipped:
                     if len(stats.first_errors) < 5:
                         stats.first_errors.append(f"{ch.path}: {ch.name}: {s}")
-            if rank is None:
-                rank = batch.data_parallel_rank
+            rank = event_rank(ch.dp_rank, batch.data_parallel_rank)
             if bf.ranks is not None and rank not in bf.ranks:
                 continue
-            table = self._table_for(msg, rank) if (self.annotate or self.check) else None
-            if self.checker is not None:
-                # Learned metadata is checked by the checker's own learning (mid-stream
-                # changes, unannotated stores), not as if it were a metadata table.
-                learned = table is not None and id(table) in self._learned_ids
-                self.checker.observe(
-                    ch.name, rank, batch.events, msg.seq, table=None if learned else table
-                )
-            if self.annotate and table is not None:
-                ann = self.annotators.get(id(table))
-                if ann is None:
-                    ann = self.annotators[id(table)] = Annotator(table)
-                batch, fresh = ann(batch)
-                # A learned table knows only the groups some store annotated: vLLM's
-                # out-of-range warning is about real metadata, so it is not given here.
-                if fresh and id(table) not in self._learned_ids:
-                    self.new_warnings.extend(f"seq {msg.seq}: {w}" for w in fresh)
+            rule: ChannelRule | None = None
+            if self.annotation is not None:
+                ann = self._annotator(msg, rank)
+                assert isinstance(ann.table, ChannelRule)
+                rule = ann.table
+                if self.checker is not None:
+                    # Learned channels are checked for conflicts (the annotation's) and
+                    # unannotated stores, not as if learned values were metadata.
+                    self.checker.observe(ch.name, rank, batch.events, msg.seq, table=rule.table)
+                if self.annotate:
+                    batch, fresh = ann(batch)
+                    if fresh:
+                        self.new_warnings.extend(f"seq {msg.seq}: {w}" for w in fresh)
             events = [ev for ev in batch.events if ef.match(ev)] if ef.active else batch.events
             if ef.active and not events:
                 continue
             stats.batches += 1
             stats.events += len(events)
-            yield ReplayBatch(msg, batch, events, rank, table=table)
+            yield ReplayBatch(msg, batch, events, rank, table=rule)
+
+    def disagreements(self) -> list[str]:
+        """Return ``--check``'s lines: disagreements with metadata and conflicts.
+
+        Returns:
+            One line per disagreeing group (see :meth:`kvtool.annotate.Checker.disagreements`).
+        """
+        if self.checker is None:
+            return []
+        conflicts = self.annotation.conflicts if self.annotation is not None else ()
+        return self.checker.disagreements(conflicts)
 
     def unlearned(self) -> list[str]:
         """Name the recordings whose stores had nothing to learn from (no annotated store).
@@ -583,15 +569,14 @@ class Replay:
         Returns:
             One line per such recording (empty unless annotating with learned metadata).
         """
-        if self.learner is None or not self._learned:
+        ann = self.annotation
+        if ann is None or not self.annotate:
             return []
-        learned_channels = {ch for ch, _rank in self.learner.learned}
+        learned_channels = {ch for ch, _rank, _g in ann.learned}
         out = []
         for r in self.readers:
-            if self.tables.get(r.path) is not None:
-                continue
-            names = {c.name for c in r.channels.values()}
-            if not names & learned_channels:
+            names = {c.name for c in r.channels.values() if ann.needs_learning(c.name)}
+            if names and not names & learned_channels:
                 out.append(
                     f"{r.path}: no store carries a kind to learn from and there is no group "
                     "metadata; stores stay unannotated (give --groups FILE or --group "
@@ -605,11 +590,22 @@ class Replay:
         Returns:
             vLLM's warning per index plus how many stores it left unannotated.
         """
-        lines: list[str] = []
-        for key, ann in self.annotators.items():
-            if key not in self._learned_ids:
-                lines.extend(ann.summary())
-        return lines
+        total: Counter[int] = Counter()
+        for ann in self.annotators.values():
+            total.update(ann.out_of_range)
+        return Annotator(GroupTable({}), total).summary()
+
+    def findings(self) -> list[str]:
+        """Return what every command says about the input as a whole.
+
+        Returns:
+            The same-batch findings and the annotation conflicts, one line each.
+        """
+        out = self.merge_findings.lines()
+        # --check lists conflicts among its disagreements already.
+        if self.annotation is not None and self.checker is None:
+            out.extend(c.describe() for c in self.annotation.conflicts)
+        return out
 
 
 __all__ = [

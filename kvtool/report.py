@@ -967,6 +967,7 @@ def _findings(rep: dict[str, pl.DataFrame], builder: ReportBuilder,
         )
     out.extend(stats.lost)
     out.extend(stats.damaged)
+    out.extend(annotator.findings(stats))
     return out
 
 

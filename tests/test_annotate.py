@@ -421,8 +421,9 @@ def test_checker_learned_mode_flags_mid_stream_change() -> None:
     lines = checker.disagreements()
     assert len(lines) == 1
     assert lines[0].startswith("group 1: ")
-    assert "learned kind changes mid-stream on a rank 0" in lines[0]
-    assert "at seq 2" in lines[0]
+    assert "conflicting annotations on a rank 0" in lines[0]
+    assert "full_attention (no window) by 1 store(s) from seq 2" in lines[0]
+    assert "every command uses sliding_window (window 64)" in lines[0]
 
 
 @pytest.mark.parametrize(

@@ -223,7 +223,7 @@ def test_check_learned_kind_change_mid_stream(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()  # type: ignore[attr-defined]
     assert len(lines) == 1
     assert lines[0].startswith("group 1: ")
-    assert "learned kind changes mid-stream" in lines[0]
+    assert "conflicting annotations on tcp://127.0.0.1:5557 rank 0" in lines[0]
 
 
 # -- output formats ---------------------------------------------------------------------------

@@ -106,7 +106,22 @@ def report_json(*args: str) -> dict:
 
 def reference(payloads: list[bytes], table: dict[int, tuple[str, int | None]] | None = None):
     """Per-kind figures computed event by event (the hand loop DESIGN.md describes)."""
-    learned: dict[int | None, tuple[str, int | None]] = {}
+    # What annotated stores say, learned from the whole input first (kvtool.annotate's
+    # GroupLearner): per group the value most stores say, on a tie the first said.
+    said: dict[object, dict[tuple[str, int | None], list[int]]] = defaultdict(dict)
+    n_seen = 0
+    for raw in payloads:
+        for ev in decode_batch(raw).events:
+            if event_type(ev) == "BlockStored" and ev.kv_cache_spec_kind is not None and (
+                ev.group_idx is not None
+            ):
+                kw = (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
+                got = said[ev.group_idx].setdefault(kw, [0, n_seen])
+                got[0] += 1
+                n_seen += 1
+    learned: dict[int | None, tuple[str, int | None]] = {
+        g: min(vals.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[0] for g, vals in said.items()
+    }
     count: Counter = Counter()
     fifo: dict = defaultdict(deque)
     kind_of_entry: dict = defaultdict(deque)
@@ -151,8 +166,6 @@ def reference(payloads: list[bytes], table: dict[int, tuple[str, int | None]] | 
                 continue
             if t == "BlockStored":
                 wire = (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
-                if wire[0] is not None and ev.group_idx not in learned:
-                    learned[ev.group_idx] = wire
                 k = kind_for(ev.group_idx, wire)[0]
                 out[k]["store_events"] += 1
                 out[k]["tokens_stored"] += len(ev.token_ids)

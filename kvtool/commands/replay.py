@@ -579,7 +579,7 @@ def _run_check(rp: Replay, env: Env) -> ExitStatus:
     for _ in rp:
         pass
     assert rp.checker is not None
-    lines = rp.checker.disagreements()
+    lines = rp.disagreements()
     for line in lines:
         env.stdout.write(printable(line) + "\n")
     env.stdout.flush()
@@ -759,7 +759,7 @@ def _warn(rp: Replay, env: Env) -> None:
 
 def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
     """Say what was damaged or left unannotated; exit 3 when input was damaged."""
-    for line in rp.unlearned() + rp.out_of_range():
+    for line in rp.unlearned() + rp.out_of_range() + rp.findings():
         if not env.quiet:
             env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
     damaged = False
