@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -244,6 +245,90 @@ class _Damage(Exception):
         self.partial = partial or []
 
 
+class _Shrunk(Exception):
+    """The file is shorter than when it was opened: another program truncated it."""
+
+    def __init__(self, pos: int) -> None:
+        super().__init__(f"file shrank while being read (a read at byte {pos} came back short)")
+        self.pos = pos
+
+
+_RANK = re.compile(r"-?[0-9]{1,18}")
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(path: str, mode: int) -> RecordingError:
+    if stat.S_ISDIR(mode):
+        return RecordingError(f"{path}: is a directory, not a recording")
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return RecordingError(
+        f"{path}: is {kind}, not a regular file; kvtool reads recordings only from regular "
+        "files (copy the data to a file first)"
+    )
+
+
+def check_input(path: str | os.PathLike[str]) -> str:
+    """Refuse an input that is not a regular file, before anything opens it.
+
+    Every command that reads a file calls this first: opening a FIFO blocks until a
+    writer appears, and a device such as ``/dev/zero`` never ends. Only ``os.stat``
+    runs here, which neither blocks nor reads.
+
+    Args:
+        path: The input as the user gave it.
+
+    Returns:
+        The path as a string.
+
+    Raises:
+        RecordingError: The path does not exist, cannot be examined, or is a
+            directory, FIFO, device or socket.
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as err:
+        raise RecordingError(f"{p}: cannot open: {err.strerror or err}") from err
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(p, st.st_mode)
+    return p
+
+
+def _open_regular(path: str) -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file, without ever blocking.
+
+    ``O_NONBLOCK`` keeps a FIFO swapped in after :func:`check_input` from hanging the
+    open; ``fstat`` on the opened descriptor then decides.
+    """
+    check_input(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        raise RecordingError(f"{path}: cannot open: {err.strerror or err}") from err
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _parse_rank(value: str) -> int | None:
+    """A data-parallel rank from channel metadata: ASCII digits only, else None."""
+    # str.isdigit() accepts "²" and other digits int() refuses (issue 8.14).
+    return int(value) if _RANK.fullmatch(value) else None
+
+
 class _Buf:
     """Little-endian field reader over one record body; every length is bounds-checked."""
 
@@ -318,6 +403,9 @@ def _decompress(compression: str, data: bytes, size: int) -> bytes:
 def _decode_meta_value(v: str) -> object:
     try:
         return json.loads(v)
+    except RecursionError:
+        # JSON nested deeper than Python's stack: the record is damage, not a crash.
+        raise ValueError("metadata value is nested too deeply") from None
     except ValueError:
         return v
 
@@ -337,12 +425,7 @@ class RecordingReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        try:
-            self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115
-        except IsADirectoryError:
-            raise RecordingError(f"{self.path}: is a directory, not a recording") from None
-        except OSError as err:
-            raise RecordingError(f"{self.path}: cannot open: {err.strerror}") from err
+        self._file: IO[bytes] = _open_regular(self.path)
         self._size = os.fstat(self._file.fileno()).st_size
         self.profile: str | None = None
         self.library: str | None = None
@@ -366,6 +449,12 @@ class RecordingReader:
             self._check_identity()
             self._read_tail()
             self._check_version()
+        except _Shrunk as err:
+            self._file.close()
+            raise RecordingError(
+                f"{self.path}: {err} (it had {self._size} bytes); another program is "
+                "truncating it; read it again when that is done"
+            ) from None
         except BaseException:
             self._file.close()
             raise
@@ -385,11 +474,15 @@ class RecordingReader:
     def _pread(self, pos: int, n: int) -> bytes:
         try:
             self._file.seek(pos)
-            return self._file.read(n)
+            out = self._file.read(n)
         except OSError as err:
             raise RecordingError(
                 f"{self.path}: read failed at byte {pos}: {err.strerror or err}"
             ) from err
+        if len(out) < n and pos + len(out) < self._size:
+            # Shorter than the size stat gave at open: the file shrank under us.
+            raise _Shrunk(pos)
+        return out
 
     def _check_identity(self) -> None:
         """Magic at byte 0, then a Header record of profile ``kvtool``."""
@@ -530,7 +623,7 @@ class RecordingReader:
             if op == OP_METADATA:
                 try:
                     name, values = self._metadata(self._pread(pos + _REC.size, ln))
-                except (struct.error, UnicodeDecodeError):
+                except (struct.error, UnicodeDecodeError, ValueError):
                     break
                 if name == fmt.META_RECORDING:
                     if "format_version" in values:
@@ -624,117 +717,136 @@ class RecordingReader:
         data_end = False
         channels_seen: set[int] = set()
         self._unknown_messages = self._foreign_messages = 0
-        while True:
-            if pos + _REC.size > limit:
-                if pos == size:
-                    rep.stop_reason = "file ends before its footer"
-                elif pos < limit:
-                    rep.stop_reason = f"file ends mid-record at byte {pos}"
-                else:
-                    rep.stop_reason = "data section has no end record"
-                rep.reason = rep.reason or rep.stop_reason
-                break
-            op, ln = _REC.unpack(self._pread(pos, _REC.size))
-            body_at = pos + _REC.size
-            if op == OP_DATA_END and ln == 4:
-                data_end = True
-                rep.last_good_offset = body_at + ln
-                break
-            end: int | None = body_at + ln
-            try:
-                if op == OP_CHUNK:
-                    self._chunked = True
-                    msgs, true_end, mismatch = self._read_chunk(pos, ln, limit, want=want_messages)
-                    end = true_end
-                    if mismatch:
-                        self._damage(
-                            rep,
-                            pos,
-                            f"chunk at byte {pos} has a damaged length field",
-                            chunk=False,
+        shrunk = False
+        try:
+            while True:
+                if pos + _REC.size > limit:
+                    if pos == size:
+                        rep.stop_reason = "file ends before its footer"
+                    elif pos < limit:
+                        rep.stop_reason = f"file ends mid-record at byte {pos}"
+                    else:
+                        rep.stop_reason = "data section has no end record"
+                    rep.reason = rep.reason or rep.stop_reason
+                    break
+                op, ln = _REC.unpack(self._pread(pos, _REC.size))
+                body_at = pos + _REC.size
+                if op == OP_DATA_END and ln == 4:
+                    data_end = True
+                    rep.last_good_offset = body_at + ln
+                    break
+                end: int | None = body_at + ln
+                try:
+                    if op == OP_CHUNK:
+                        self._chunked = True
+                        view, true_end, mismatch, stored = self._open_chunk(
+                            pos, ln, limit, want=want_messages
                         )
-                    for m in msgs:
-                        channels_seen.add(m.channel.id)
-                    rep.messages += len(msgs)
-                    if msgs:
-                        if rep.seq_first is None:
-                            rep.seq_first = msgs[0].seq
-                        rep.seq_last = msgs[-1].seq
-                    pos = true_end
-                    rep.last_good_offset = pos
-                    yield from msgs
-                    continue
-                if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
-                    raise _Damage(f"record at byte {pos} runs past the end of the file")
-                if op not in _DATA_OPS:
-                    raise _Damage(f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end)
-                body = self._pread(body_at, ln)
-                if op == OP_METADATA:
-                    name, values = self._metadata(body)
-                    meta.setdefault(name, []).append(values)
-                    if name == fmt.META_CHANNEL:
-                        self._channel_note(values)
-                    elif name == fmt.META_SEQ and want_messages:
-                        self._seq_note(values)
-                elif op == OP_MESSAGE:
-                    if self._chunked:
-                        raise _Damage(f"message record outside a chunk at byte {pos}", end)
-                    if want_messages:
-                        one = self._message(memoryview(body), 0, len(body), pos)
-                        if one is not None:
-                            rep.messages += 1
-                            channels_seen.add(one.channel.id)
-                            if rep.seq_first is None:
-                                rep.seq_first = one.seq
-                            rep.seq_last = one.seq
-                            yield one
-                elif op == OP_CHANNEL:
-                    self._channel(body)
-                elif op == OP_SCHEMA:
-                    self._schema(body)
-                elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
-                    raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
-            except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
-                damage = (
-                    err
-                    if isinstance(err, _Damage)
-                    else _Damage(f"record at byte {pos} is damaged ({err})", end)
-                )
-                is_chunk = op == OP_CHUNK and damage.end is not None
-                if damage.partial:
-                    rep.messages += len(damage.partial)
-                    yield from damage.partial
-                nxt = damage.end if damage.end is not None and self._plausible(damage.end) else None
-                if nxt is None:
-                    nxt = self._resync(pos + 1, limit)
-                if nxt is None:
-                    if not self._tail_ok:
-                        # Nothing intact follows and the file has no footer: the writer
-                        # died while writing this record.
-                        rep.truncated = True
-                        rep.stop_reason = (
-                            f"file ends mid-record at byte {pos}"
-                            if op in _DATA_OPS
-                            else f"record at byte {pos} is damaged and nothing intact follows"
+                        end = true_end
+                        if mismatch:
+                            self._damage(
+                                rep,
+                                pos,
+                                f"chunk at byte {pos} has a damaged length field",
+                                chunk=False,
+                            )
+                        if view is not None:
+                            # Streamed: a chunk's messages never exist all at once.
+                            for m in self._chunk_messages(view, pos, true_end, stored):
+                                channels_seen.add(m.channel.id)
+                                rep.messages += 1
+                                if rep.seq_first is None:
+                                    rep.seq_first = m.seq
+                                rep.seq_last = m.seq
+                                yield m
+                            del view
+                        pos = true_end
+                        rep.last_good_offset = pos
+                        continue
+                    if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
+                        raise _Damage(f"record at byte {pos} runs past the end of the file")
+                    if op not in _DATA_OPS:
+                        raise _Damage(
+                            f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end
                         )
-                        rep.reason = rep.reason or rep.stop_reason
-                        if op not in _DATA_OPS or is_chunk:
-                            self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                        break
+                    body = self._pread(body_at, ln)
+                    if op == OP_METADATA:
+                        name, values = self._metadata(body)
+                        meta.setdefault(name, []).append(values)
+                        if name == fmt.META_CHANNEL:
+                            self._channel_note(values)
+                        elif name == fmt.META_SEQ and want_messages:
+                            self._seq_note(values)
+                    elif op == OP_MESSAGE:
+                        if self._chunked:
+                            raise _Damage(f"message record outside a chunk at byte {pos}", end)
+                        if want_messages:
+                            one = self._message(memoryview(body), 0, len(body), pos)
+                            if one is not None:
+                                rep.messages += 1
+                                channels_seen.add(one.channel.id)
+                                if rep.seq_first is None:
+                                    rep.seq_first = one.seq
+                                rep.seq_last = one.seq
+                                yield one
+                    elif op == OP_CHANNEL:
+                        self._channel(body)
+                    elif op == OP_SCHEMA:
+                        self._schema(body)
+                    elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
+                        raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
+                except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
+                    damage = (
+                        err
+                        if isinstance(err, _Damage)
+                        else _Damage(f"record at byte {pos} is damaged ({err})", end)
+                    )
+                    is_chunk = op == OP_CHUNK and damage.end is not None
+                    if damage.partial:
+                        rep.messages += len(damage.partial)
+                        yield from damage.partial
+                    nxt = (
+                        damage.end
+                        if damage.end is not None and self._plausible(damage.end)
+                        else None
+                    )
+                    if nxt is None:
+                        nxt = self._resync(pos + 1, limit)
+                    if nxt is None:
+                        if not self._tail_ok:
+                            # Nothing intact follows and the file has no footer: the writer
+                            # died while writing this record.
+                            rep.truncated = True
+                            rep.stop_reason = (
+                                f"file ends mid-record at byte {pos}"
+                                if op in _DATA_OPS
+                                else f"record at byte {pos} is damaged and nothing intact follows"
+                            )
+                            rep.reason = rep.reason or rep.stop_reason
+                            if op not in _DATA_OPS or is_chunk:
+                                self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                            break
+                        self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                        rep.skipped_bytes += limit - pos
+                        pos = limit
+                        continue
                     self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                    rep.skipped_bytes += limit - pos
-                    pos = limit
+                    if damage.end is None or nxt != damage.end:
+                        rep.skipped_bytes += nxt - pos
+                    pos = nxt
                     continue
-                self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                if damage.end is None or nxt != damage.end:
-                    rep.skipped_bytes += nxt - pos
-                pos = nxt
-                continue
-            assert end is not None
-            pos = end
-            rep.last_good_offset = pos
+                assert end is not None
+                pos = end
+                rep.last_good_offset = pos
+        except _Shrunk as err:
+            # Another program truncated the file mid-read: what was read is kept.
+            shrunk = True
+            rep.stop_reason = f"{err}; it had {size} bytes at open"
+            rep.reason = rep.reason or rep.stop_reason
         # Truncated: the file ends before its footer, whether or not data was lost.
-        rep.truncated = (not data_end and not self._tail_ok) or self._tail_reason == "no footer"
+        rep.truncated = (
+            shrunk or (not data_end and not self._tail_ok) or self._tail_reason == "no footer"
+        )
         if not data_end and self._tail_ok and rep.damaged_chunks + rep.damaged_records == 0:
             self._damage(rep, pos, rep.reason or "data section has no end record", chunk=False)
         rep.unknown_channel_messages = self._unknown_messages
@@ -919,7 +1031,7 @@ class RecordingReader:
             name=name,
             endpoint=endpoint,
             topic=topic,
-            dp_rank=int(rank) if rank.lstrip("-").isdigit() else None,
+            dp_rank=_parse_rank(rank),
             path=self.path,
         )
 
@@ -973,13 +1085,15 @@ class RecordingReader:
             offset=offset,
         )
 
-    def _read_chunk(
+    def _open_chunk(
         self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[list[RecordedMessage], int, bool]:
-        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
+    ) -> tuple[memoryview | None, int, bool, int]:
+        """Check the chunk at ``pos`` and decompress its records.
 
-        The flag is set when the record length disagrees with the chunk's inner lengths
-        (one of them is damaged).
+        Returns:
+            The records (None unless ``want``), the chunk's end, a flag set when the
+            record length disagrees with the chunk's inner lengths (one of them is
+            damaged), and the chunk's stored records length.
         """
         body_at = pos + _REC.size
         head = self._pread(body_at, _CHUNK.size + 4 + 16 + 8)
@@ -1011,16 +1125,23 @@ class RecordingReader:
                 )
         if true_end > limit or n > fmt.MAX_RECORD_BYTES:
             raise _Damage(f"chunk at byte {pos} runs past the end of the file")
-        if usize > fmt.MAX_RECORD_BYTES:
-            raise _Damage(f"chunk at byte {pos} states an impossible size {usize}", true_end)
         if compression not in fmt.COMPRESSIONS:
             raise _Damage(
                 f"chunk at byte {pos} uses compression {compression!r}, which this kvtool "
                 "cannot read",
                 true_end,
             )
+        # Bound what decompression may produce before producing any of it: a few
+        # kilobytes of zstd can claim gigabytes of zeros (issue 8.10).
+        if usize > fmt.chunk_size_limit(compression, n):
+            raise _Damage(
+                f"chunk at byte {pos} states {usize} uncompressed bytes from {n} stored "
+                f"(more than {fmt.chunk_size_limit(compression, n)} allowed); skipped as a "
+                "decompression bomb",
+                true_end,
+            )
         if not want:
-            return [], true_end, mismatch
+            return None, true_end, mismatch, n
         data = self._pread(body_at + _CHUNK_FIXED + clen, n)
         try:
             records = _decompress(compression, data, usize)
@@ -1033,35 +1154,77 @@ class RecordingReader:
             raise _Damage(f"chunk at byte {pos} decompresses to the wrong size", true_end)
         if crc and zlib.crc32(records) != crc:
             raise _Damage(f"chunk at byte {pos} fails its CRC check", true_end)
-        view = memoryview(records)
-        out: list[RecordedMessage] = []
+        return memoryview(records), true_end, mismatch, n
+
+    def _chunk_messages(
+        self, view: memoryview, pos: int, end: int, stored: int
+    ) -> Iterator[RecordedMessage]:
+        """Yield the messages of one decompressed chunk, one record at a time.
+
+        Nothing is built for the whole chunk, so memory stays at the chunk's bytes plus
+        one message. Zero bytes where a record should start, a record that runs past
+        the chunk, or more records than the chunk's stored size allows
+        (:func:`~kvtool.recording.format.chunk_record_limit`) end the chunk as damage
+        after the messages before it were yielded.
+
+        Raises:
+            _Damage: The chunk's records are damaged from some point on.
+        """
         rpos = 0
-        total = len(records)
+        total = len(view)
         unpack = _REC.unpack_from
+        budget = fmt.chunk_record_limit(stored)
+        count = 0
         try:
             while rpos < total:
                 if rpos + _REC.size > total:
                     raise struct.error("record header runs past the end of the chunk")
                 op, rln = unpack(view, rpos)
+                if op == 0:
+                    # Opcode 0 is no MCAP record: zero fill or garbage. Walking it nine
+                    # bytes at a time is how 2 GiB of zeros cost 80 s (issue 8.10).
+                    raise struct.error(f"zero bytes where a record should start (+{rpos})")
+                count += 1
+                if count > budget:
+                    raise struct.error(
+                        f"more than {budget} records for its {stored} stored bytes; the "
+                        "rest is skipped"
+                    )
                 start = rpos + _REC.size
-                end = start + rln
-                if end > total:
+                rend = start + rln
+                if rend > total:
                     raise struct.error("record runs past the end of the chunk")
                 if op == OP_MESSAGE:
-                    m = self._message(view, start, end, pos)
+                    m = self._message(view, start, rend, pos)
                     if m is not None:
-                        out.append(m)
+                        yield m
                 elif op == OP_CHANNEL:
-                    self._channel(view[start:end])
+                    self._channel(view[start:rend])
                 elif op == OP_SCHEMA:
-                    self._schema(view[start:end])
-                rpos = end
-        except (struct.error, UnicodeDecodeError) as err:
-            # A chunk without a CRC whose records do not parse: keep what came before.
-            raise _Damage(
-                f"chunk at byte {pos} holds a damaged record ({err})", true_end, out
-            ) from None
-        return out, true_end, mismatch
+                    self._schema(view[start:rend])
+                rpos = rend
+        except (struct.error, UnicodeDecodeError, ValueError) as err:
+            # A chunk without a CRC whose records do not parse: what came before is kept.
+            raise _Damage(f"chunk at byte {pos} holds a damaged record ({err})", end) from None
+
+    def _read_chunk(
+        self, pos: int, ln: int, limit: int, *, want: bool
+    ) -> tuple[list[RecordedMessage], int, bool]:
+        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
+
+        Builds a list of the chunk's messages (bounded by the record limit); the scan
+        itself streams them with :meth:`_chunk_messages`.
+        """
+        view, end, mismatch, stored = self._open_chunk(pos, ln, limit, want=want)
+        if view is None:
+            return [], end, mismatch
+        out: list[RecordedMessage] = []
+        try:
+            out.extend(self._chunk_messages(view, pos, end, stored))
+        except _Damage as damage:
+            damage.partial = out
+            raise
+        return out, end, mismatch
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
