@@ -149,7 +149,7 @@ def test_byte_flip_inside_each_chunk_loses_only_that_chunk(
         assert rep.first_damage_offset == start
         assert rep.lost_messages == len(lost)
         assert rep.summary() == (
-            f"{tmp_path / 'cut.mcap'}: 1 damaged chunk(s) skipped (first: {rep.reason}); "
+            f"{tmp_path / 'cut.mcap'}: 1 damaged chunk skipped (first: {rep.reason}); "
             f"recovered {len(all_seqs) - len(lost)} of {len(all_seqs)} messages; "
             f"{len(lost)} lost"
         )
@@ -289,7 +289,7 @@ def test_truncated_and_damaged(small: tuple[Path, list[tuple[int, bytes]]], tmp_
     expected = [s for st, _ in bodies[:5] if st != s1 for s in per_chunk[st]]
     assert [m.seq for m in msgs] == expected
     assert rep.truncated and rep.damaged_chunks == 1
-    assert "1 damaged chunk(s) skipped before that" in rep.summary()
+    assert "1 damaged chunk skipped before that" in rep.summary()
 
 
 def test_resync_across_a_long_damaged_chunk(tmp_path: Path) -> None:

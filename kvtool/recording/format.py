@@ -11,7 +11,8 @@ There is one channel per (endpoint, topic); its metadata holds ``endpoint``,
   ``command_line``, ``endpoints``;
 - ``kvtool.groups`` — ``groups``: the list ``get_kv_cache_group_metadata()`` returns,
   and ``source``; optionally ``channel`` when it applies to one channel only;
-- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (see capture.py);
+- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (its shape and the
+  structs for all three records are in ``recording/ledger.py``);
 - ``kvtool.channel`` — ``id``, ``name``, ``endpoint``, ``topic``, ``dp_rank``: written
   outside any chunk when a channel is added, so a damaged first chunk (which holds the
   MCAP Channel record) does not orphan the channel's later messages;

@@ -27,6 +27,13 @@ import msgspec
 
 from kvtool.errors import RecordingError, TruncatedRecording
 from kvtool.recording import format as fmt
+from kvtool.recording.ledger import (
+    TYPED_RECORDS,
+    GapLedger,
+    GroupsRecord,
+    RecordingContext,
+    parse_record,
+)
 
 MAGIC = fmt.MCAP_MAGIC
 
@@ -185,7 +192,7 @@ class RecoveryReport(msgspec.Struct):
             ``path: complete, N messages`` or ``path: …; recovered N messages …``.
         """
         if self.complete:
-            return f"{self.path}: complete, {self.messages} messages"
+            return f"{self.path}: complete, {_plural(self.messages, 'message')}"
         seqs = ""
         # A seq range reads as "everything in between": only when nothing is missing
         # inside it (a clean prefix, or the whole data section).
@@ -194,7 +201,9 @@ class RecoveryReport(msgspec.Struct):
         if self.data_complete:
             return (
                 f"{self.path}: {self.reason or 'index damaged'}; the data section is intact "
-                f"and all {self.messages} messages were read{seqs}"
+                f"and {'the' if self.messages == 1 else 'all'} "
+                f"{_plural(self.messages, 'message')} {'was' if self.messages == 1 else 'were'} "
+                f"read{seqs}"
             )
         parts = [f"{self.path}:"]
         if self.truncated:
@@ -208,29 +217,36 @@ class RecoveryReport(msgspec.Struct):
             parts.append(f"{self._damage_text()} (first: {self.reason});")
         lost = self.lost_messages
         if lost is not None:
-            parts.append(f"recovered {self.messages} of {self.expected_messages} messages{seqs};")
+            parts.append(
+                f"recovered {self.messages} of {_plural(self.expected_messages or 0, 'message')}"
+                f"{seqs};"
+            )
             parts.append(f"{lost} lost" if lost else "none lost")
         elif self.truncated:
-            parts.append(f"recovered {self.messages} messages{seqs}; the rest is lost")
+            parts.append(f"recovered {_plural(self.messages, 'message')}{seqs}; the rest is lost")
         else:
             parts.append(
-                f"recovered {self.messages} messages{seqs}; the messages in the damaged "
-                "part are lost"
+                f"recovered {_plural(self.messages, 'message')}{seqs}; the messages in the "
+                "damaged part are lost"
             )
         return " ".join(parts)
 
     def _damage_text(self) -> str:
         bits = []
         if self.damaged_chunks:
-            bits.append(f"{self.damaged_chunks} damaged chunk(s)")
+            bits.append(_plural(self.damaged_chunks, "damaged chunk"))
         if self.damaged_records:
-            bits.append(f"{self.damaged_records} damaged record(s)")
+            bits.append(_plural(self.damaged_records, "damaged record"))
         text = " and ".join(bits) or "damaged data"
         if self.skipped_bytes:
             text += f" ({self.skipped_bytes} bytes) skipped"
         else:
             text += " skipped"
         return text
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class _Damage(Exception):
@@ -435,6 +451,7 @@ class RecordingReader:
         self._schemas: dict[int, str] = {}
         self._seq_state: dict[int, tuple[int, int]] = {}
         self.metadata: dict[str, list[dict[str, object]]] = {}
+        self._typed: dict[str, list[msgspec.Struct]] = {}
         self.recovery = RecoveryReport(path=self.path, file_size=self._size)
         self._metadata_scanned = False
         self._data_start = len(MAGIC)
@@ -662,25 +679,44 @@ class RecordingReader:
 
     @property
     def context(self) -> dict[str, object]:
-        """The ``kvtool.recording`` record (empty when absent)."""
+        """The ``kvtool.recording`` record's values (empty when absent or malformed)."""
         recs = self.read_metadata().get(fmt.META_RECORDING, [])
         return recs[0] if recs else {}
 
     @property
+    def recording_context(self) -> RecordingContext | None:
+        """The ``kvtool.recording`` record, typed; None when absent or malformed."""
+        recs = self._typed_records(fmt.META_RECORDING)
+        return recs[0] if recs and isinstance(recs[0], RecordingContext) else None
+
+    @property
+    def group_records(self) -> list[GroupsRecord]:
+        """Every well-formed ``kvtool.groups`` record, in file order."""
+        return [r for r in self._typed_records(fmt.META_GROUPS) if isinstance(r, GroupsRecord)]
+
+    @property
     def groups(self) -> list[dict[str, object]] | None:
         """The stored KV cache group metadata for all channels, or None."""
-        for rec in self.read_metadata().get(fmt.META_GROUPS, []):
-            groups = rec.get("groups")
-            if rec.get("channel") is None and isinstance(groups, list):
-                return groups
+        for rec in self.group_records:
+            if rec.channel is None:
+                return rec.metadata_list()
         return None
 
     @property
+    def gap_ledger(self) -> GapLedger | None:
+        """The gap ledger written at close, typed; None when the writer died or wrote none."""
+        recs = self._typed_records(fmt.META_GAPS)
+        return recs[-1] if recs and isinstance(recs[-1], GapLedger) else None
+
+    @property
     def ledger(self) -> dict[str, object] | None:
-        """The gap ledger written at close, or None (the writer died or did not write one)."""
-        recs = self.read_metadata().get(fmt.META_GAPS, [])
-        ledger = recs[-1].get("ledger") if recs else None
-        return ledger if isinstance(ledger, dict) else None
+        """The gap ledger as JSON data (see :attr:`gap_ledger`), or None."""
+        ledger = self.gap_ledger
+        return None if ledger is None else ledger.to_json()
+
+    def _typed_records(self, name: str) -> list[msgspec.Struct]:
+        self.read_metadata()
+        return self._typed.get(name, [])
 
     # -- messages ---------------------------------------------------------------------
 
@@ -712,6 +748,7 @@ class RecordingReader:
         rep = RecoveryReport(path=self.path, file_size=size)
         rep.expected_messages = self._expected
         meta: dict[str, list[dict[str, object]]] = {}
+        typed: dict[str, list[msgspec.Struct]] = {}
         pos = self._data_start
         rep.last_good_offset = pos
         data_end = False
@@ -772,6 +809,12 @@ class RecordingReader:
                     body = self._pread(body_at, ln)
                     if op == OP_METADATA:
                         name, values = self._metadata(body)
+                        if name in TYPED_RECORDS:
+                            # Validated here, once: a malformed record is damage
+                            # (ValueError below) and no accessor ever sees it.
+                            rec = parse_record(name, values)
+                            assert rec is not None
+                            typed.setdefault(name, []).append(rec)
                         meta.setdefault(name, []).append(values)
                         if name == fmt.META_CHANNEL:
                             self._channel_note(values)
@@ -868,6 +911,7 @@ class RecordingReader:
         if len(channels_seen) > 1:
             rep.seq_first = rep.seq_last = None
         self.metadata = meta
+        self._typed = typed
         self._metadata_scanned = True
         if want_messages:
             self.recovery = rep
