@@ -547,3 +547,48 @@ def test_issue8_14_file_that_shrinks_while_read(
     got = [first.seq] + [m.seq for m in rest]
     assert got == _expected_after_cut(path, cut)
     assert rep.truncated and rep.reason is not None and "shrank while being read" in rep.reason
+
+
+def _hostile_files(tmp_path: Path) -> dict[str, Path]:
+    head = (mb.kvtool_context(), mb.schema(), mb.channel())
+    z64 = mb.zstd_zeros(64 * 1024)
+    flood = mb.message(3) * 2000
+    files = {
+        "bomb": mb.recording(
+            *head,
+            mb.chunk(b"", usize=1 << 31, compressed=mb.zstd_zeros(1 << 31), crc=False),
+            mb.chunk(mb.message(1)),
+        ),
+        "zeros": mb.recording(*head, mb.chunk(mb.message(1) + bytes(60_000))),
+        "flood": mb.recording(*head, mb.chunk(flood)),
+        "tiny": mb.recording(*head, *[mb.chunk(bytes(64 * 1024), compressed=z64, crc=False)] * 50),
+    }
+    out = {}
+    for name, data in files.items():
+        out[name] = _write(tmp_path, data, f"{name}.mcap")
+    return out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["info"], ["report", "-f", "json"], ["replay", "--format", "jsonl"], ["export", "-o"]],
+    ids=["info", "report", "replay", "export"],
+)
+def test_every_read_command_reads_hostile_files(
+    tmp_path: Path, command: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from kvtool.cli import app
+
+    runner = CliRunner()
+    for name, path in _hostile_files(tmp_path).items():
+        args = (
+            [*command, str(tmp_path / f"{name}.parquet")]
+            if command == ["export", "-o"]
+            else command
+        )
+        result = runner.invoke(app, [*args, str(path)])
+        assert result.exit_code == 3, (name, result.stderr, result.exception)
+        assert isinstance(result.exception, SystemExit), (name, result.exception)
+        assert f"{path}:" in result.stderr, name

@@ -6,6 +6,15 @@ records). Reading always makes one linear pass over the data section, one record
 a time, so memory is bounded by a chunk and a file whose writer died (no summary, cut
 mid-chunk) reads the same way as a finished one. Every length is checked against the
 file and :data:`~kvtool.recording.format.MAX_RECORD_BYTES` before anything is read.
+Hostile bytes cost no more than their size: a chunk may not state more uncompressed
+bytes than :func:`~kvtool.recording.format.chunk_size_limit` allows (a decompression
+bomb is refused from its header), its records are streamed out one at a time, never
+built as a list, and opcode 0 (zero fill) or more records than
+:func:`~kvtool.recording.format.chunk_record_limit` allows end the chunk as damage.
+Only regular files are opened (:func:`check_input`; a FIFO or device is refused before
+any ``open``), and a file that shrinks while it is read ends the read as truncated.
+The ``kvtool.*`` metadata records are validated into structs
+(:mod:`kvtool.recording.ledger`) as they are read; a malformed one is a damaged record.
 A chunk that fails to decompress or whose CRC does not match is skipped and counted;
 a record whose framing is damaged is skipped by searching forward for the next record
 that checks out (a chunk, metadata or message-index record whose inner lengths agree),
