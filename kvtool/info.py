@@ -8,8 +8,8 @@ import msgspec
 
 from kvtool.errors import ProtocolError
 from kvtool.protocol import EVENT_TYPES, BlockRemoved, BlockStored, decode_batch
-from kvtool.recording import format as fmt
 from kvtool.recording import open_recording
+from kvtool.recording.ledger import GroupMeta
 
 
 class ChannelSummary(msgspec.Struct, kw_only=True):
@@ -74,7 +74,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         start_time: First receive time (ns), or None for an empty recording.
         end_time: Last receive time (ns), or None.
         duration_s: ``end_time - start_time`` in seconds (0 when empty).
-        groups: The stored KV cache group metadata list, or None.
+        groups: The stored KV cache group metadata, by index, or None.
         groups_source: Where the stored group metadata came from, or None.
         undecodable: Payloads that are not KV-event batches (kept in the file, counted).
         skipped_events: Events inside decodable batches that could not be decoded.
@@ -101,7 +101,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     start_time: int | None = None
     end_time: int | None = None
     duration_s: float = 0.0
-    groups: list[dict[str, object]] | None = None
+    groups: list[GroupMeta] | None = None
     groups_source: str | None = None
     undecodable: int = 0
     skipped_events: int = 0
@@ -112,6 +112,38 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     kvtool_version: str | None = None
     recorded_at: str | None = None
     command_line: list[str] | None = None
+
+    def problems(self) -> list[str]:
+        """Say what is missing from this recording, one line each; empty when nothing is.
+
+        The same policy as ``kvtool report``: a damaged or truncated file, batches lost
+        while recording, and payloads or events that could not be decoded each make the
+        command finish with exit status 3.
+
+        Returns:
+            Lines that start with the file name.
+        """
+        out: list[str] = []
+        if self.recovery is not None:
+            out.append(self.recovery)
+        g = self.gaps
+        # In a damaged file the recovery line above already says what is missing.
+        if g.lost and self.complete:
+            seqs = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in g.lost_ranges[:5])
+            more = ", …" if len(g.lost_ranges) > 5 else ""
+            what = "batch was" if g.lost == 1 else "batches were"
+            out.append(
+                f"{self.path}: {g.lost} {what} lost while recording"
+                + (f" (seq {seqs}{more})" if seqs else "")
+                + "; counts miss their events"
+            )
+        if self.undecodable or self.skipped_events:
+            out.append(
+                f"{self.path}: {self.undecodable} undecodable "
+                f"payload{'' if self.undecodable == 1 else 's'} and {self.skipped_events} "
+                f"undecodable event{'' if self.skipped_events == 1 else 's'} skipped"
+            )
+        return out
 
     def to_json(self) -> dict[str, object]:
         """Return the ``--format json`` object (the keys issue 2 names, plus extras).
@@ -153,7 +185,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             "duration_s": self.duration_s,
             "start_time_ns": self.start_time,
             "end_time_ns": self.end_time,
-            "groups": self.groups,
+            "groups": None if self.groups is None else [g.to_json() for g in self.groups],
             "groups_source": self.groups_source,
             "undecodable": self.undecodable,
             "skipped_events": self.skipped_events,
@@ -198,41 +230,6 @@ def _merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
             out[-1][1] = max(out[-1][1], b)
         else:
             out.append([a, b])
-    return out
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _ledger_ranges(value: object) -> list[list[int]]:
-    out: list[list[int]] = []
-    if isinstance(value, list):
-        for r in value:
-            if (
-                isinstance(r, list | tuple)
-                and len(r) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-            ):
-                out.append([int(r[0]), int(r[1])])
-    return out
-
-
-def _ledger_by_channel(ledger: dict[str, object]) -> dict[str, list[list[int]]]:
-    """The ledger's lost ranges per MCAP channel name (top-level ones under ``""``)."""
-    out: dict[str, list[list[int]]] = {}
-    chans = ledger.get("channels")
-    if isinstance(chans, list) and chans:
-        for ch in chans:
-            if not isinstance(ch, dict):
-                continue
-            name = str(ch.get("channel", ""))
-            gaps = ch.get("gaps")
-            for g in gaps if isinstance(gaps, list) else []:
-                if isinstance(g, dict):
-                    out.setdefault(name, []).extend(_ledger_ranges(g.get("lost_ranges")))
-    else:
-        out[""] = _ledger_ranges(ledger.get("lost_ranges"))
     return out
 
 
@@ -321,7 +318,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         file_by_chan = {chans[cid].name: tr.lost_ranges for cid, tr in tracks.items()}
         file_restarts = sum(tr.restarts for tr in tracks.values())
         info.duplicates = sum(tr.duplicates for tr in tracks.values())
-        ledger = reader.ledger
+        ledger = reader.gap_ledger
         if ledger is None:
             ranges = sorted(r for rs in file_by_chan.values() for r in rs)
             info.gaps = GapSummary(
@@ -331,37 +328,37 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         else:
             if rec.complete:
                 info.gaps = GapSummary(
-                    recovered=_int(ledger.get("recovered")),
-                    lost=_int(ledger.get("lost")),
-                    lost_ranges=sorted(_ledger_ranges(ledger.get("lost_ranges"))),
+                    recovered=ledger.recovered,
+                    lost=ledger.lost,
+                    lost_ranges=sorted([a, b] for a, b in ledger.lost_ranges),
                     source="ledger",
                 )
             else:
                 # A damaged file whose ledger survived: the ledger's losses plus what the
                 # damage cost, merged channel by channel.
-                by_chan = _ledger_by_channel(ledger)
+                by_chan = {
+                    name: [[a, b] for a, b in rs] for name, rs in ledger.lost_by_channel().items()
+                }
                 for name, rs in file_by_chan.items():
                     by_chan[name] = by_chan.get(name, []) + rs
                 ranges = sorted(r for rs in by_chan.values() for r in _merge_ranges(rs))
                 info.gaps = GapSummary(
-                    recovered=_int(ledger.get("recovered")),
+                    recovered=ledger.recovered,
                     lost=sum(b - a + 1 for a, b in ranges),
                     lost_ranges=ranges,
                     source="ledger+file",
                 )
-            info.restarts = _int(ledger.get("restarts"))
+            info.restarts = ledger.restarts
 
-        info.groups = reader.groups
-        for grec in reader.metadata.get(fmt.META_GROUPS, []):
-            if grec.get("channel") is None and isinstance(grec.get("source"), str):
-                info.groups_source = str(grec["source"])
+        for grec in reader.group_records:
+            if grec.channel is None:
+                info.groups = sorted(grec.groups, key=lambda g: g.group_idx)
+                info.groups_source = grec.source
                 break
-        ctx = reader.context
-        info.format_version = ctx.get("format_version")
-        kv = ctx.get("kvtool_version")
-        info.kvtool_version = kv if isinstance(kv, str) else None
-        st = ctx.get("start_time")
-        info.recorded_at = st if isinstance(st, str) else None
-        cl = ctx.get("command_line")
-        info.command_line = [str(x) for x in cl] if isinstance(cl, list) else None
+        ctx = reader.recording_context
+        if ctx is not None:
+            info.format_version = ctx.format_version
+            info.kvtool_version = ctx.kvtool_version
+            info.recorded_at = ctx.start_time
+            info.command_line = ctx.command_line
         return info

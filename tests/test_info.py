@@ -121,7 +121,7 @@ def test_gaps_from_ledger(tmp_path: Path) -> None:
     assert info.gaps.lost_ranges == [[10, 12], [40, 40]]
     assert info.gaps.source == "ledger"
     assert info.restarts == 1
-    assert info.groups == GROUPS
+    assert info.groups is not None and [g.to_json() for g in info.groups] == GROUPS
     assert info.groups_source == "groups.json"
 
 
@@ -165,7 +165,11 @@ def test_undecodable_payloads_are_counted(tmp_path: Path) -> None:
         w.write(ch, 1, b"\xc1 not msgpack", BASE_NS + 1)
         w.write(ch, 2, msgs[2][2], BASE_NS + 2)
     result = runner.invoke(app, ["info", "-f", "json", str(path)])
-    assert result.exit_code == 0
+    # Skipped input exits 3, as in `kvtool report`.
+    assert result.exit_code == 3
+    assert result.stderr == (
+        f"kvtool: {path}: 1 undecodable payload and 0 undecodable events skipped\n"
+    )
     out = json.loads(result.stdout)
     assert out["undecodable"] == 1 and out["batches"] == 3
 
@@ -212,7 +216,7 @@ def test_damaged_chunk_in_middle_with_ledger(tmp_path: Path) -> None:
     result = runner.invoke(app, ["info", str(path)])
     assert result.exit_code == 3
     assert "DAMAGED" in result.stdout
-    assert result.stderr.count("\n") == 1 and "1 damaged chunk(s)" in result.stderr
+    assert result.stderr.count("\n") == 1 and "1 damaged chunk " in result.stderr
 
 
 def test_table_output(tmp_path: Path) -> None:
@@ -225,11 +229,11 @@ def test_table_output(tmp_path: Path) -> None:
     for needle in (
         f"File:      {path}",
         "Batches:   64",
-        "Events:    1925 (BlockStored 396, BlockRemoved 1528, AllBlocksCleared 1)",
-        "Blocks:    stored 1890 (30240 tokens), removed 1528",
+        "Events:    1,925 (BlockStored 396, BlockRemoved 1,528, AllBlocksCleared 1)",
+        "Blocks:    stored 1,890 (30,240 tokens), removed 1,528",
         "Gaps:      none [from file]",
         "Restarts:  0",
-        "Groups:    2 group(s) (from groups.json): 0=full_attention, 1=sliding_window:64",
+        "Groups:    2 groups (from groups.json): 0=full_attention, 1=sliding_window:64",
         "Status:    complete",
         "Duration:  0.630 s",
         "  tcp://127.0.0.1:5557  ''        0       64  0-63",
@@ -328,3 +332,114 @@ def test_gaps_are_per_channel(tmp_path: Path) -> None:
     info = summarize(path)
     assert info.gaps.lost == 4
     assert info.gaps.lost_ranges == [[5, 6], [6, 7]]
+
+
+# -- issue 8.15 / 11.12: what info prints ------------------------------------------------
+
+ESC = "\x1b]0;owned\x07\x1b[2J"
+
+
+def test_issue8_15_strings_from_the_file_are_made_printable(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    groups: list[dict[str, object]] = [
+        {"group_idx": 0, "kind": f"full{ESC}", "block_size": 16, "sliding_window": None}
+    ]
+    msgs = capture_messages("full_only")
+    with RecordingWriter(path, context={"command_line": ["kvtool", f"record{ESC}"]}) as w:
+        ch = w.add_channel(f"tcp://127.0.0.1:5557{ESC}", f"t{ESC}", 0)
+        w.add_groups(groups, f"g{ESC}.json")
+        for i, (_t, seq, payload) in enumerate(msgs[:3]):
+            w.write(ch, seq, payload, BASE_NS + i)
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;owned\\x07" in out  # visible, escaped
+    assert "full\\x1b]0;owned\\x07\\x1b[2J" in out
+    assert "tcp://127.0.0.1:5557\\x1b" in out
+
+
+def test_issue11_12_info_fits_100_columns_and_collapses_groups(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    kinds = ["full_attention"] + ["sliding_window"] * 5 + ["full_attention"] * 2
+    groups: list[dict[str, object]] = [
+        {
+            "group_idx": i,
+            "kind": k,
+            "block_size": 16,
+            "sliding_window": 64 if k == "sliding_window" else None,
+        }
+        for i, k in enumerate(kinds)
+    ]
+    argv = ["kvtool", "record", *[f"tcp://gpu-{n}.example.internal:5557" for n in range(12)]]
+    with RecordingWriter(path, context={"command_line": argv}) as w:
+        w.add_channel("tcp://" + "a" * 150 + ":5557", "", 0)
+        w.add_groups(groups, "groups.json")
+    result = runner.invoke(app, ["info", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    groups_line = next(line for line in lines if line.startswith("Groups:"))
+    assert groups_line == (
+        "Groups:    8 groups (from groups.json): 0=full_attention, 1-5=sliding_window:64, "
+        "6-7=full_attention"
+    )
+    assert [line for line in lines if len(line) > 100] == []
+    assert "tcp://" + "a" * 150 + ":5557" in "".join(line.strip() for line in lines)
+    recorded = "\n".join(lines)
+    assert "tcp://gpu-11.example.internal:5557" in recorded  # wrapped, not cut
+
+
+def test_issue11_12_plural_forms(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    write_capture(path, "gemma3", limit=1, groups=GROUPS[:1])
+    result = runner.invoke(app, ["info", str(path)])
+    out = result.stdout
+    assert "Groups:    1 group (from groups.json): 0=full_attention" in out
+    assert "(s)" not in out
+    data = path.read_bytes()
+    cut = tmp_path / "cut.mcap"
+    start, length = chunk_bodies(path)[0]
+    cut.write_bytes(data[: start + length // 2] + b"\x00" * 7 + data[start + length // 2 + 7 :])
+    result = runner.invoke(app, ["info", str(cut)])
+    assert "(s)" not in result.stderr and "1 damaged chunk skipped" in result.stderr
+
+
+def test_issue11_12_lost_batches_in_status_and_exit_3(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    ledger: dict[str, object] = {
+        "channels": [],
+        "recovered": 0,
+        "lost": 4,
+        "lost_ranges": [[10, 12], [40, 40]],
+        "restarts": 0,
+    }
+    write_capture(path, "gemma3", skip={10, 11, 12, 40}, ledger=ledger)
+    result = runner.invoke(app, ["info", str(path)])
+    assert result.exit_code == 3
+    assert "Status:    complete; 4 batches LOST while recording (see Gaps)" in result.stdout
+    assert result.stderr == (
+        f"kvtool: {path}: 4 batches were lost while recording (seq 10-12, 40); counts miss "
+        "their events\n"
+    )
+    code, out, _ = _info_json(str(path))
+    assert code == 3 and isinstance(out, dict) and out["gaps"]["lost"] == 4
+
+
+def test_issue8_14_huge_group_idx_is_damage_and_the_rest_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    msgs = capture_messages("gemma3")
+    bad: list[dict[str, object]] = [
+        {"group_idx": 2**63 - 1, "kind": "sliding_window", "block_size": 16, "sliding_window": 64}
+    ]
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        w.add_groups(bad, "bad.json")
+        for i, (_t, seq, payload) in enumerate(msgs[:20]):
+            w.write(ch, seq, payload, BASE_NS + i)
+    info = summarize(path)
+    assert info.batches == 20 and info.groups is None
+    assert not info.complete
+    assert info.recovery is not None and "kvtool.groups record is malformed" in info.recovery
+    result = runner.invoke(app, ["report", "-f", "json", str(path)])
+    assert result.exit_code == 3, result.stderr
+    assert json.loads(result.stdout)["totals"]["store_events"] > 0

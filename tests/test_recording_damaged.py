@@ -12,9 +12,11 @@ import struct
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from kvtool.errors import KvtoolError, TruncatedRecording
 from kvtool.recording import RecordedMessage, RecordingWriter, RecoveryReport, open_recording
+from tests import mcapbytes as mb
 from tests.conftest import capture_messages
 from tests.recutil import chunk_bodies, write_capture
 
@@ -147,7 +149,7 @@ def test_byte_flip_inside_each_chunk_loses_only_that_chunk(
         assert rep.first_damage_offset == start
         assert rep.lost_messages == len(lost)
         assert rep.summary() == (
-            f"{tmp_path / 'cut.mcap'}: 1 damaged chunk(s) skipped (first: {rep.reason}); "
+            f"{tmp_path / 'cut.mcap'}: 1 damaged chunk skipped (first: {rep.reason}); "
             f"recovered {len(all_seqs) - len(lost)} of {len(all_seqs)} messages; "
             f"{len(lost)} lost"
         )
@@ -287,7 +289,7 @@ def test_truncated_and_damaged(small: tuple[Path, list[tuple[int, bytes]]], tmp_
     expected = [s for st, _ in bodies[:5] if st != s1 for s in per_chunk[st]]
     assert [m.seq for m in msgs] == expected
     assert rep.truncated and rep.damaged_chunks == 1
-    assert "1 damaged chunk(s) skipped before that" in rep.summary()
+    assert "1 damaged chunk skipped before that" in rep.summary()
 
 
 def test_resync_across_a_long_damaged_chunk(tmp_path: Path) -> None:
@@ -311,3 +313,282 @@ def test_resync_across_a_long_damaged_chunk(tmp_path: Path) -> None:
     assert [m.seq for m in msgs] == [s for s, _ in written if s not in per_chunk[start]]
     assert rep.skipped_bytes == bodies[0][1]  # up to its message index, which checks out
     assert not rep.truncated and not rep.complete
+
+
+# -- issue 8.10: amplification (hostile bytes) ------------------------------------------
+
+_READ_IN_SUBPROCESS = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+from kvtool.errors import KvtoolError
+from kvtool.recording import open_recording
+try:
+    with open_recording(sys.argv[1]) as r:
+        seqs = [m.seq for m in r.messages()]
+        rep = r.recovery
+    print(json.dumps({"seqs": seqs, "damaged_chunks": rep.damaged_chunks,
+                      "damaged_records": rep.damaged_records, "reason": rep.reason}))
+except KvtoolError as err:
+    print(json.dumps({"error": str(err)}))
+"""
+
+
+def _read_capped(path: Path, limit: int = 1 << 30) -> dict[str, object]:
+    """Read ``path`` in a child whose address space is capped at ``limit`` bytes."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_IN_SUBPROCESS, str(path), str(limit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out: dict[str, object] = json.loads(proc.stdout)
+    return out
+
+
+def test_issue8_10_zstd_bomb_is_refused_before_decompressing(tmp_path: Path) -> None:
+    # 64 KiB of zstd RLE blocks that inflate to 2 GiB of zeros, stated honestly...
+    bomb = mb.zstd_zeros(1 << 31)
+    honest = mb.chunk(b"", usize=1 << 31, compressed=bomb, crc=False)
+    # ...and stated as 1000 bytes (the decompressor must stop at what the chunk states).
+    liar = mb.chunk(b"", usize=1000, compressed=bomb, crc=False)
+    data = mb.recording(
+        mb.kvtool_context(), mb.schema(), mb.channel(), honest, liar, mb.chunk(mb.message(7))
+    )
+    path = _write(tmp_path, data)
+    assert len(data) < 140_000
+    got = _read_capped(path)
+    assert got["seqs"] == [7]
+    assert got["damaged_chunks"] == 2
+    assert "decompression bomb" in str(got["reason"])
+    msgs, rep = _read(path)
+    assert [m.seq for m in msgs] == [7] and rep.damaged_chunks == 2
+
+
+def test_issue8_10_zero_records_inside_a_chunk_are_damage(tmp_path: Path) -> None:
+    # One message, then zeros: opcode 0 is no record; the chunk ends there as damage
+    # instead of being walked nine bytes at a time.
+    body = mb.message(1) + bytes(60_000)
+    data = mb.recording(
+        mb.kvtool_context(), mb.schema(), mb.channel(), mb.chunk(body), mb.chunk(mb.message(2))
+    )
+    msgs, rep = _read(_write(tmp_path, data))
+    assert [m.seq for m in msgs] == [1, 2]
+    assert rep.damaged_chunks == 1
+    assert rep.reason is not None and "zero bytes where a record should start" in rep.reason
+
+
+def test_zero_run_between_records_is_skipped(tmp_path: Path) -> None:
+    data = mb.recording(
+        mb.kvtool_context(),
+        mb.schema(),
+        mb.channel(),
+        mb.chunk(mb.message(1)),
+        bytes(3 << 20),
+        mb.chunk(mb.message(2)),
+    )
+    msgs, rep = _read(_write(tmp_path, data))
+    assert [m.seq for m in msgs] == [1, 2]
+    assert rep.damaged_records == 1 and rep.skipped_bytes == 3 << 20
+
+
+def test_issue8_10_message_flood_is_capped_per_chunk(tmp_path: Path) -> None:
+    from kvtool.recording import format as fmt
+
+    # 2000 identical message records compress to almost nothing: far more records than
+    # the chunk's stored bytes allow. The first ones are read, the rest is damage.
+    records = mb.message(3) * 2000
+    z = zstandard.ZstdCompressor(level=19).compress(records)
+    assert len(records) <= fmt.chunk_size_limit("zstd", len(z))  # not caught as a bomb
+    data = mb.recording(
+        mb.kvtool_context(),
+        mb.schema(),
+        mb.channel(),
+        mb.chunk(records, compressed=z),
+        mb.chunk(mb.message(4)),
+    )
+    msgs, rep = _read(_write(tmp_path, data))
+    budget = fmt.chunk_record_limit(len(z))
+    assert len(msgs) == budget + 1 < 1000
+    assert msgs[-1].seq == 4
+    assert rep.damaged_chunks == 1
+    assert rep.reason is not None and f"more than {budget} records" in rep.reason
+
+
+def test_issue8_10_many_tiny_chunks_of_zeros(tmp_path: Path) -> None:
+    # Each tiny chunk claims 8 MiB of zeros from a few hundred stored bytes: refused
+    # from its header, never inflated, and the scan goes on to the next.
+    z = mb.zstd_zeros(8 << 20)
+    tiny = mb.chunk(b"", usize=8 << 20, compressed=z, crc=False)
+    n = 20
+    data = mb.recording(
+        mb.kvtool_context(), mb.schema(), mb.channel(), *[tiny] * n, mb.chunk(mb.message(9))
+    )
+    got = _read_capped(_write(tmp_path, data))
+    assert got["seqs"] == [9]
+    assert got["damaged_chunks"] == n
+    assert "decompression bomb" in str(got["reason"])
+
+
+def test_messages_stream_out_of_a_chunk(tmp_path: Path) -> None:
+    # A chunk's messages are yielded one by one: the first arrives before the reader
+    # has looked at the damaged record that ends the chunk.
+    body = b"".join(mb.message(i, bytes(40)) for i in range(50)) + bytes(100)
+    data = mb.recording(mb.kvtool_context(), mb.schema(), mb.channel(), mb.chunk(body))
+    with open_recording(_write(tmp_path, data)) as r:
+        it = r.messages()
+        first = next(it)
+        assert first.seq == 0 and r.recovery.damaged_chunks == 0
+        rest = list(it)
+        assert len(rest) == 49 and r.recovery.damaged_chunks == 1
+
+
+# -- issue 8.13: inputs that are not regular files --------------------------------------
+
+
+def test_issue8_13_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "pipe.mcap"
+    os.mkfifo(fifo)
+    # In a child so that a regression hangs only the child; nobody ever opens the writer
+    # end, so an open() of the FIFO would block forever.
+    code = (
+        "import sys\nfrom kvtool.errors import RecordingError\n"
+        "from kvtool.recording import open_recording\n"
+        "try:\n    open_recording(sys.argv[1])\nexcept RecordingError as e:\n    print(e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(fifo)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == (
+        f"{fifo}: is a FIFO (named pipe), not a regular file; kvtool reads recordings only "
+        "from regular files (copy the data to a file first)"
+    )
+
+
+def test_issue8_13_device_is_refused_not_called_empty() -> None:
+    from kvtool.errors import RecordingError
+
+    with pytest.raises(RecordingError, match=r"^/dev/zero: is a character device, not a regular"):
+        open_recording("/dev/zero")
+
+
+def test_issue8_13_check_input(tmp_path: Path) -> None:
+    from kvtool.errors import RecordingError
+    from kvtool.recording import check_input
+
+    f = tmp_path / "a.mcap"
+    f.write_bytes(b"x")
+    assert check_input(f) == str(f)
+    with pytest.raises(RecordingError, match=r"is a directory, not a recording"):
+        check_input(tmp_path)
+    with pytest.raises(RecordingError, match=r"nope: cannot open: No such file"):
+        check_input(tmp_path / "nope")
+    os.mkfifo(tmp_path / "p")
+    with pytest.raises(RecordingError, match=r"is a FIFO"):
+        check_input(tmp_path / "p")
+
+
+# -- issue 8.14: one bad record never makes the file unreadable -------------------------
+
+
+def test_issue8_14_superscript_dp_rank(tmp_path: Path) -> None:
+    data = mb.recording(
+        mb.kvtool_context(),
+        mb.schema(),
+        mb.chunk(mb.channel(dp_rank="²") + mb.message(1)),
+        mb.chunk(mb.message(2)),
+    )
+    msgs, rep = _read(_write(tmp_path, data))
+    assert [m.seq for m in msgs] == [1, 2] and rep.complete
+    assert msgs[0].channel.dp_rank is None
+
+
+def test_issue8_14_deeply_nested_metadata_is_damage(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    data = mb.recording(
+        mb.kvtool_context(),
+        mb.schema(),
+        mb.channel(),
+        mb.metadata("kvtool.groups", {"groups": deep, "source": '"x"'}, raw=True),
+        mb.chunk(mb.message(1)),
+    )
+    with open_recording(_write(tmp_path, data)) as r:
+        assert [m.seq for m in r.messages()] == [1]
+        rep = r.recovery
+        assert r.groups is None
+    assert rep.damaged_records == 1
+    assert rep.reason is not None and "nested too deeply" in rep.reason
+
+
+def test_issue8_14_file_that_shrinks_while_read(
+    small: tuple[Path, list[tuple[int, bytes]]], tmp_path: Path
+) -> None:
+    path, _ = small
+    copy = _write(tmp_path, path.read_bytes())
+    cut = chunk_bodies(path)[3][0]
+    with open_recording(copy) as r:
+        it = r.messages()
+        first = next(it)
+        os.truncate(copy, cut)
+        rest = list(it)
+        rep = r.recovery
+    got = [first.seq] + [m.seq for m in rest]
+    assert got == _expected_after_cut(path, cut)
+    assert rep.truncated and rep.reason is not None and "shrank while being read" in rep.reason
+
+
+def _hostile_files(tmp_path: Path) -> dict[str, Path]:
+    head = (mb.kvtool_context(), mb.schema(), mb.channel())
+    z64 = mb.zstd_zeros(64 * 1024)
+    flood = mb.message(3) * 2000
+    files = {
+        "bomb": mb.recording(
+            *head,
+            mb.chunk(b"", usize=1 << 31, compressed=mb.zstd_zeros(1 << 31), crc=False),
+            mb.chunk(mb.message(1)),
+        ),
+        "zeros": mb.recording(*head, mb.chunk(mb.message(1) + bytes(60_000))),
+        "flood": mb.recording(*head, mb.chunk(flood)),
+        "tiny": mb.recording(*head, *[mb.chunk(bytes(64 * 1024), compressed=z64, crc=False)] * 50),
+    }
+    out = {}
+    for name, data in files.items():
+        out[name] = _write(tmp_path, data, f"{name}.mcap")
+    return out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["info"], ["report", "-f", "json"], ["replay", "--format", "jsonl"], ["export", "-o"]],
+    ids=["info", "report", "replay", "export"],
+)
+def test_every_read_command_reads_hostile_files(
+    tmp_path: Path, command: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from kvtool.cli import app
+
+    runner = CliRunner()
+    for name, path in _hostile_files(tmp_path).items():
+        args = (
+            [*command, str(tmp_path / f"{name}.parquet")]
+            if command == ["export", "-o"]
+            else command
+        )
+        result = runner.invoke(app, [*args, str(path)])
+        assert result.exit_code == 3, (name, result.stderr, result.exception)
+        assert isinstance(result.exception, SystemExit), (name, result.exception)
+        assert f"{path}:" in result.stderr, name

@@ -337,3 +337,145 @@ def test_fast_message_path_writes_the_same_bytes_as_mcaps_add_message(tmp_path: 
                 w.write(ch, seq + (i // len(msgs)) * len(msgs), payload, 1_000 + i)
         files[mode] = path.read_bytes()
     assert files["fast"] == files["public"]
+
+
+# -- issue 9.3: typed records, JSON on disk unchanged ------------------------------------
+
+# The ledger exactly as the recorder builds it today (capture.Recorder.ledger()).
+LEDGER: dict[str, object] = {
+    "channels": [
+        {
+            "channel": ENDPOINT,
+            "endpoint": ENDPOINT,
+            "topic": "",
+            "dp_rank": 0,
+            "batches": 60,
+            "seq_first": 0,
+            "seq_last": 63,
+            "gaps": [
+                {"first": 10, "last": 12, "recovered": 0, "lost_ranges": [[10, 12]]},
+                {"first": 40, "last": None, "recovered": 2, "lost_ranges": [[40, 40]]},
+            ],
+            "restarts": [{"log_time": BASE_NS, "from_seq": 63, "to_seq": 0}],
+            "gaps_omitted": 3,
+        }
+    ],
+    "recovered": 2,
+    "lost": 4,
+    "lost_ranges": [[10, 12], [40, 40]],
+    "restarts": 1,
+}
+
+
+def test_issue9_3_ledger_struct_keeps_the_json_on_disk(tmp_path: Path) -> None:
+    import json
+
+    from kvtool.recording.ledger import (
+        ChannelLedger,
+        GapLedger,
+        GapRecord,
+        RestartRecord,
+    )
+
+    built = GapLedger(
+        channels=[
+            ChannelLedger(
+                channel=ENDPOINT,
+                endpoint=ENDPOINT,
+                topic="",
+                dp_rank=0,
+                batches=60,
+                seq_first=0,
+                seq_last=63,
+                gaps=[
+                    GapRecord(first=10, last=12, lost_ranges=[(10, 12)]),
+                    GapRecord(first=40, recovered=2, lost_ranges=[(40, 40)]),
+                ],
+                restarts=[RestartRecord(log_time=BASE_NS, from_seq=63, to_seq=0)],
+                gaps_omitted=3,
+            )
+        ],
+        recovered=2,
+        lost=4,
+        lost_ranges=[(10, 12), (40, 40)],
+        restarts=1,
+    )
+    # Same keys, same order, same values as the untyped dict the recorder writes today.
+    assert json.dumps(built.to_json()) == json.dumps(LEDGER)
+    path = tmp_path / "r.mcap"
+    write_capture(path, "gemma3", skip={10, 11, 12, 40}, ledger=built.to_json())
+    with open_recording(path) as r:
+        assert r.gap_ledger == built
+        assert r.ledger == LEDGER
+        assert r.gap_ledger is not None
+        assert r.gap_ledger.lost_by_channel() == {ENDPOINT: [(10, 12), (40, 40)]}
+
+
+def test_issue9_3_typed_context_and_groups(tmp_path: Path) -> None:
+    from kvtool.recording.ledger import GroupMeta, GroupsRecord
+
+    groups: list[dict[str, object]] = [
+        {"group_idx": 1, "kind": "sliding_window", "block_size": 16, "sliding_window": 64},
+        {"group_idx": 0, "kind": "full_attention", "block_size": 16, "sliding_window": None},
+    ]
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path, context={"endpoints": [ENDPOINT], "bind": False}) as w:
+        w.add_channel(ENDPOINT, "", 0)
+        w.add_groups(groups, "g.json")
+        w.add_groups(groups[1:], "flags", channel=ENDPOINT)
+    with open_recording(path) as r:
+        ctx = r.recording_context
+        assert ctx is not None and ctx.format_version == 1 and ctx.endpoints == [ENDPOINT]
+        assert ctx.to_json()["endpoints"] == [ENDPOINT]
+        recs = r.group_records
+        assert recs[0] == GroupsRecord(
+            groups=[
+                GroupMeta(group_idx=1, kind="sliding_window", block_size=16, sliding_window=64),
+                GroupMeta(group_idx=0, kind="full_attention", block_size=16),
+            ],
+            source="g.json",
+        )
+        assert recs[0].to_json() == {"groups": groups, "source": "g.json"}
+        assert recs[1].channel == ENDPOINT
+        assert r.groups == [groups[1], groups[0]]  # by index, as vLLM returns it
+
+
+def test_issue9_3_old_file_reads_typed() -> None:
+    path = Path(__file__).parent / "data" / "recordings" / "full_only-v1.mcap"
+    with open_recording(path) as r:
+        assert sum(1 for _ in r.messages()) == 19 and r.recovery.complete
+        ledger = r.gap_ledger
+        assert ledger is not None and ledger.lost == 1 and ledger.lost_ranges == [(8, 8)]
+        assert ledger.channels[0].gaps[0].recovered == 1
+        assert r.recording_context is not None
+        assert r.recording_context.kvtool_version == "0.1.0"
+        assert r.groups == [
+            {"group_idx": 0, "kind": "full_attention", "block_size": 16, "sliding_window": None}
+        ]
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        {"lost": "many"},
+        {"lost": -1},
+        {"lost_ranges": [[5, 2]]},
+        {"lost_ranges": [[1, 2**64]]},
+        {"channels": [{"gaps": [{"last": 3}]}]},
+        [1, 2, 3],
+    ],
+)
+def test_issue9_3_malformed_ledger_is_damage(tmp_path: Path, ledger: object) -> None:
+    path = tmp_path / "r.mcap"
+    written = [(seq, payload) for _t, seq, payload in capture_messages("full_only")[:5]]
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        for i, (seq, payload) in enumerate(written):
+            w.write(ch, seq, payload, BASE_NS + i * STEP_NS)
+        w.add_metadata("kvtool.gaps", {"ledger": ledger})
+    with open_recording(path) as r:
+        assert [(m.seq, m.data) for m in r.messages()] == written
+        rep = r.recovery
+        assert r.gap_ledger is None and r.ledger is None
+    assert rep.damaged_records == 1 and not rep.complete
+    assert rep.reason is not None and "kvtool.gaps record is malformed" in rep.reason

@@ -12,6 +12,7 @@ from kvtool.commands import get_env
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
+from kvtool.text import printable
 
 
 class InfoFormat(StrEnum):
@@ -39,6 +40,7 @@ def info(
 
     A truncated or damaged file is summarised from everything that could be read;
     one line on stderr then says what was recovered and kvtool exits with status 3.
+    Batches lost while recording and undecodable payloads also exit 3, as in report.
     With --format json one file gives one object, several files a list.
     """
     env = get_env()
@@ -70,11 +72,12 @@ def info(
             render_info_table(infos, env.out)
     env.stdout.flush()
     for i in infos:
-        if i.recovery is not None:
-            env.err.print(f"kvtool: {i.recovery}", markup=False, highlight=False)
+        # Damage, lost batches and undecodable payloads exit 3, as in `kvtool report`.
+        for line in i.problems():
+            env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
             status = ExitStatus.DAMAGED
     for failure in errors:
-        env.err.print(f"kvtool: {failure}", markup=False, highlight=False)
+        env.err.print(f"kvtool: {printable(failure)}", markup=False, highlight=False)
     # A file that could not be read at all outranks one read with damage.
     if errors:
         status = errors[0].exit_status

@@ -7,6 +7,7 @@ from kvtool.recording.reader import (
     RecordedMessage,
     RecordingReader,
     RecoveryReport,
+    check_input,
     open_recording,
 )
 from kvtool.recording.writer import RecordingPathError, RecordingWriter
@@ -18,5 +19,6 @@ __all__ = [
     "RecordingReader",
     "RecordingWriter",
     "RecoveryReport",
+    "check_input",
     "open_recording",
 ]

@@ -11,7 +11,8 @@ There is one channel per (endpoint, topic); its metadata holds ``endpoint``,
   ``command_line``, ``endpoints``;
 - ``kvtool.groups`` — ``groups``: the list ``get_kv_cache_group_metadata()`` returns,
   and ``source``; optionally ``channel`` when it applies to one channel only;
-- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (see capture.py);
+- ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (its shape and the
+  structs for all three records are in ``recording/ledger.py``);
 - ``kvtool.channel`` — ``id``, ``name``, ``endpoint``, ``topic``, ``dp_rank``: written
   outside any chunk when a channel is added, so a damaged first chunk (which holds the
   MCAP Channel record) does not orphan the channel's later messages;
@@ -58,6 +59,20 @@ MAX_RECORD_BYTES = 1 << 31
 """Records longer than this are treated as damage, never allocated."""
 MAX_STRING_BYTES = 1 << 20
 """Strings (profile, names, compression) longer than this are treated as damage."""
+MAX_CHUNK_BYTES = 1 << 28
+"""A chunk that states a larger uncompressed size is damage (the writer's are 256 KiB)."""
+MAX_COMPRESSION_RATIO = 100
+"""A compressed chunk may inflate to at most this many times its stored size (plus
+:data:`COMPRESSION_SLACK_BYTES`); more is a decompression bomb, treated as damage. Real
+recordings compress 4-20 times: msgpack KV events carry random block hashes."""
+COMPRESSION_SLACK_BYTES = 64 * 1024
+"""Uncompressed bytes any chunk may hold whatever its stored size."""
+RECORD_SLACK = 16
+"""Records any chunk may hold whatever its stored size."""
+STORED_BYTES_PER_RECORD = 4
+"""Beyond :data:`RECORD_SLACK`, a chunk holds at most one record per this many stored
+bytes. A real message costs at least ~10 stored bytes (its seq and times differ from its
+neighbour's); a flood of identical records costs far less and is damage."""
 COMPRESSIONS = ("", "zstd", "lz4")
 """Chunk compressions the reader understands (MCAP's well-known ones)."""
 SEQ_MASK = 0xFFFFFFFF
@@ -69,6 +84,34 @@ SCHEMA_DATA = b"""{
   "description": "vLLM KV-cache event batch (msgpack): [ts, events, data_parallel_rank]",
   "type": "array"
 }"""
+
+
+def chunk_size_limit(compression: str, stored: int) -> int:
+    """Return the largest uncompressed size a chunk of ``stored`` bytes may state.
+
+    Args:
+        compression: The chunk's compression (``""`` for none).
+        stored: The chunk's stored (compressed) records length.
+
+    Returns:
+        The bound: ``stored`` itself for an uncompressed chunk, else the ratio bound,
+        never above :data:`MAX_CHUNK_BYTES`.
+    """
+    if not compression:
+        return min(stored, MAX_CHUNK_BYTES)
+    return min(MAX_COMPRESSION_RATIO * stored + COMPRESSION_SLACK_BYTES, MAX_CHUNK_BYTES)
+
+
+def chunk_record_limit(stored: int) -> int:
+    """Return the most records a chunk of ``stored`` bytes may hold before it is damage.
+
+    Args:
+        stored: The chunk's stored (compressed) records length.
+
+    Returns:
+        :data:`RECORD_SLACK` plus one record per :data:`STORED_BYTES_PER_RECORD` bytes.
+    """
+    return RECORD_SLACK + stored // STORED_BYTES_PER_RECORD
 
 
 def channel_topic(endpoint: str, topic: str) -> str:

@@ -6,6 +6,15 @@ records). Reading always makes one linear pass over the data section, one record
 a time, so memory is bounded by a chunk and a file whose writer died (no summary, cut
 mid-chunk) reads the same way as a finished one. Every length is checked against the
 file and :data:`~kvtool.recording.format.MAX_RECORD_BYTES` before anything is read.
+Hostile bytes cost no more than their size: a chunk may not state more uncompressed
+bytes than :func:`~kvtool.recording.format.chunk_size_limit` allows (a decompression
+bomb is refused from its header), its records are streamed out one at a time, never
+built as a list, and opcode 0 (zero fill) or more records than
+:func:`~kvtool.recording.format.chunk_record_limit` allows end the chunk as damage.
+Only regular files are opened (:func:`check_input`; a FIFO or device is refused before
+any ``open``), and a file that shrinks while it is read ends the read as truncated.
+The ``kvtool.*`` metadata records are validated into structs
+(:mod:`kvtool.recording.ledger`) as they are read; a malformed one is a damaged record.
 A chunk that fails to decompress or whose CRC does not match is skipped and counted;
 a record whose framing is damaged is skipped by searching forward for the next record
 that checks out (a chunk, metadata or message-index record whose inner lengths agree),
@@ -17,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -26,6 +36,13 @@ import msgspec
 
 from kvtool.errors import RecordingError, TruncatedRecording
 from kvtool.recording import format as fmt
+from kvtool.recording.ledger import (
+    TYPED_RECORDS,
+    GapLedger,
+    GroupsRecord,
+    RecordingContext,
+    parse_record,
+)
 
 MAGIC = fmt.MCAP_MAGIC
 
@@ -184,7 +201,7 @@ class RecoveryReport(msgspec.Struct):
             ``path: complete, N messages`` or ``path: …; recovered N messages …``.
         """
         if self.complete:
-            return f"{self.path}: complete, {self.messages} messages"
+            return f"{self.path}: complete, {_plural(self.messages, 'message')}"
         seqs = ""
         # A seq range reads as "everything in between": only when nothing is missing
         # inside it (a clean prefix, or the whole data section).
@@ -193,7 +210,9 @@ class RecoveryReport(msgspec.Struct):
         if self.data_complete:
             return (
                 f"{self.path}: {self.reason or 'index damaged'}; the data section is intact "
-                f"and all {self.messages} messages were read{seqs}"
+                f"and {'the' if self.messages == 1 else 'all'} "
+                f"{_plural(self.messages, 'message')} {'was' if self.messages == 1 else 'were'} "
+                f"read{seqs}"
             )
         parts = [f"{self.path}:"]
         if self.truncated:
@@ -207,29 +226,36 @@ class RecoveryReport(msgspec.Struct):
             parts.append(f"{self._damage_text()} (first: {self.reason});")
         lost = self.lost_messages
         if lost is not None:
-            parts.append(f"recovered {self.messages} of {self.expected_messages} messages{seqs};")
+            parts.append(
+                f"recovered {self.messages} of {_plural(self.expected_messages or 0, 'message')}"
+                f"{seqs};"
+            )
             parts.append(f"{lost} lost" if lost else "none lost")
         elif self.truncated:
-            parts.append(f"recovered {self.messages} messages{seqs}; the rest is lost")
+            parts.append(f"recovered {_plural(self.messages, 'message')}{seqs}; the rest is lost")
         else:
             parts.append(
-                f"recovered {self.messages} messages{seqs}; the messages in the damaged "
-                "part are lost"
+                f"recovered {_plural(self.messages, 'message')}{seqs}; the messages in the "
+                "damaged part are lost"
             )
         return " ".join(parts)
 
     def _damage_text(self) -> str:
         bits = []
         if self.damaged_chunks:
-            bits.append(f"{self.damaged_chunks} damaged chunk(s)")
+            bits.append(_plural(self.damaged_chunks, "damaged chunk"))
         if self.damaged_records:
-            bits.append(f"{self.damaged_records} damaged record(s)")
+            bits.append(_plural(self.damaged_records, "damaged record"))
         text = " and ".join(bits) or "damaged data"
         if self.skipped_bytes:
             text += f" ({self.skipped_bytes} bytes) skipped"
         else:
             text += " skipped"
         return text
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class _Damage(Exception):
@@ -242,6 +268,90 @@ class _Damage(Exception):
         self.reason = reason
         self.end = end
         self.partial = partial or []
+
+
+class _Shrunk(Exception):
+    """The file is shorter than when it was opened: another program truncated it."""
+
+    def __init__(self, pos: int) -> None:
+        super().__init__(f"file shrank while being read (a read at byte {pos} came back short)")
+        self.pos = pos
+
+
+_RANK = re.compile(r"-?[0-9]{1,18}")
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_regular(path: str, mode: int) -> RecordingError:
+    if stat.S_ISDIR(mode):
+        return RecordingError(f"{path}: is a directory, not a recording")
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return RecordingError(
+        f"{path}: is {kind}, not a regular file; kvtool reads recordings only from regular "
+        "files (copy the data to a file first)"
+    )
+
+
+def check_input(path: str | os.PathLike[str]) -> str:
+    """Refuse an input that is not a regular file, before anything opens it.
+
+    Every command that reads a file calls this first: opening a FIFO blocks until a
+    writer appears, and a device such as ``/dev/zero`` never ends. Only ``os.stat``
+    runs here, which neither blocks nor reads.
+
+    Args:
+        path: The input as the user gave it.
+
+    Returns:
+        The path as a string.
+
+    Raises:
+        RecordingError: The path does not exist, cannot be examined, or is a
+            directory, FIFO, device or socket.
+    """
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as err:
+        raise RecordingError(f"{p}: cannot open: {err.strerror or err}") from err
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(p, st.st_mode)
+    return p
+
+
+def _open_regular(path: str) -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file, without ever blocking.
+
+    ``O_NONBLOCK`` keeps a FIFO swapped in after :func:`check_input` from hanging the
+    open; ``fstat`` on the opened descriptor then decides.
+    """
+    check_input(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        raise RecordingError(f"{path}: cannot open: {err.strerror or err}") from err
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _parse_rank(value: str) -> int | None:
+    """A data-parallel rank from channel metadata: ASCII digits only, else None."""
+    # str.isdigit() accepts "²" and other digits int() refuses (issue 8.14).
+    return int(value) if _RANK.fullmatch(value) else None
 
 
 class _Buf:
@@ -318,6 +428,9 @@ def _decompress(compression: str, data: bytes, size: int) -> bytes:
 def _decode_meta_value(v: str) -> object:
     try:
         return json.loads(v)
+    except RecursionError:
+        # JSON nested deeper than Python's stack: the record is damage, not a crash.
+        raise ValueError("metadata value is nested too deeply") from None
     except ValueError:
         return v
 
@@ -337,12 +450,7 @@ class RecordingReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        try:
-            self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115
-        except IsADirectoryError:
-            raise RecordingError(f"{self.path}: is a directory, not a recording") from None
-        except OSError as err:
-            raise RecordingError(f"{self.path}: cannot open: {err.strerror}") from err
+        self._file: IO[bytes] = _open_regular(self.path)
         self._size = os.fstat(self._file.fileno()).st_size
         self.profile: str | None = None
         self.library: str | None = None
@@ -352,6 +460,7 @@ class RecordingReader:
         self._schemas: dict[int, str] = {}
         self._seq_state: dict[int, tuple[int, int]] = {}
         self.metadata: dict[str, list[dict[str, object]]] = {}
+        self._typed: dict[str, list[msgspec.Struct]] = {}
         self.recovery = RecoveryReport(path=self.path, file_size=self._size)
         self._metadata_scanned = False
         self._data_start = len(MAGIC)
@@ -366,6 +475,12 @@ class RecordingReader:
             self._check_identity()
             self._read_tail()
             self._check_version()
+        except _Shrunk as err:
+            self._file.close()
+            raise RecordingError(
+                f"{self.path}: {err} (it had {self._size} bytes); another program is "
+                "truncating it; read it again when that is done"
+            ) from None
         except BaseException:
             self._file.close()
             raise
@@ -385,11 +500,15 @@ class RecordingReader:
     def _pread(self, pos: int, n: int) -> bytes:
         try:
             self._file.seek(pos)
-            return self._file.read(n)
+            out = self._file.read(n)
         except OSError as err:
             raise RecordingError(
                 f"{self.path}: read failed at byte {pos}: {err.strerror or err}"
             ) from err
+        if len(out) < n and pos + len(out) < self._size:
+            # Shorter than the size stat gave at open: the file shrank under us.
+            raise _Shrunk(pos)
+        return out
 
     def _check_identity(self) -> None:
         """Magic at byte 0, then a Header record of profile ``kvtool``."""
@@ -530,7 +649,7 @@ class RecordingReader:
             if op == OP_METADATA:
                 try:
                     name, values = self._metadata(self._pread(pos + _REC.size, ln))
-                except (struct.error, UnicodeDecodeError):
+                except (struct.error, UnicodeDecodeError, ValueError):
                     break
                 if name == fmt.META_RECORDING:
                     if "format_version" in values:
@@ -569,25 +688,44 @@ class RecordingReader:
 
     @property
     def context(self) -> dict[str, object]:
-        """The ``kvtool.recording`` record (empty when absent)."""
+        """The ``kvtool.recording`` record's values (empty when absent or malformed)."""
         recs = self.read_metadata().get(fmt.META_RECORDING, [])
         return recs[0] if recs else {}
 
     @property
+    def recording_context(self) -> RecordingContext | None:
+        """The ``kvtool.recording`` record, typed; None when absent or malformed."""
+        recs = self._typed_records(fmt.META_RECORDING)
+        return recs[0] if recs and isinstance(recs[0], RecordingContext) else None
+
+    @property
+    def group_records(self) -> list[GroupsRecord]:
+        """Every well-formed ``kvtool.groups`` record, in file order."""
+        return [r for r in self._typed_records(fmt.META_GROUPS) if isinstance(r, GroupsRecord)]
+
+    @property
     def groups(self) -> list[dict[str, object]] | None:
         """The stored KV cache group metadata for all channels, or None."""
-        for rec in self.read_metadata().get(fmt.META_GROUPS, []):
-            groups = rec.get("groups")
-            if rec.get("channel") is None and isinstance(groups, list):
-                return groups
+        for rec in self.group_records:
+            if rec.channel is None:
+                return rec.metadata_list()
         return None
 
     @property
+    def gap_ledger(self) -> GapLedger | None:
+        """The gap ledger written at close, typed; None when the writer died or wrote none."""
+        recs = self._typed_records(fmt.META_GAPS)
+        return recs[-1] if recs and isinstance(recs[-1], GapLedger) else None
+
+    @property
     def ledger(self) -> dict[str, object] | None:
-        """The gap ledger written at close, or None (the writer died or did not write one)."""
-        recs = self.read_metadata().get(fmt.META_GAPS, [])
-        ledger = recs[-1].get("ledger") if recs else None
-        return ledger if isinstance(ledger, dict) else None
+        """The gap ledger as JSON data (see :attr:`gap_ledger`), or None."""
+        ledger = self.gap_ledger
+        return None if ledger is None else ledger.to_json()
+
+    def _typed_records(self, name: str) -> list[msgspec.Struct]:
+        self.read_metadata()
+        return self._typed.get(name, [])
 
     # -- messages ---------------------------------------------------------------------
 
@@ -619,122 +757,148 @@ class RecordingReader:
         rep = RecoveryReport(path=self.path, file_size=size)
         rep.expected_messages = self._expected
         meta: dict[str, list[dict[str, object]]] = {}
+        typed: dict[str, list[msgspec.Struct]] = {}
         pos = self._data_start
         rep.last_good_offset = pos
         data_end = False
         channels_seen: set[int] = set()
         self._unknown_messages = self._foreign_messages = 0
-        while True:
-            if pos + _REC.size > limit:
-                if pos == size:
-                    rep.stop_reason = "file ends before its footer"
-                elif pos < limit:
-                    rep.stop_reason = f"file ends mid-record at byte {pos}"
-                else:
-                    rep.stop_reason = "data section has no end record"
-                rep.reason = rep.reason or rep.stop_reason
-                break
-            op, ln = _REC.unpack(self._pread(pos, _REC.size))
-            body_at = pos + _REC.size
-            if op == OP_DATA_END and ln == 4:
-                data_end = True
-                rep.last_good_offset = body_at + ln
-                break
-            end: int | None = body_at + ln
-            try:
-                if op == OP_CHUNK:
-                    self._chunked = True
-                    msgs, true_end, mismatch = self._read_chunk(pos, ln, limit, want=want_messages)
-                    end = true_end
-                    if mismatch:
-                        self._damage(
-                            rep,
-                            pos,
-                            f"chunk at byte {pos} has a damaged length field",
-                            chunk=False,
+        shrunk = False
+        try:
+            while True:
+                if pos + _REC.size > limit:
+                    if pos == size:
+                        rep.stop_reason = "file ends before its footer"
+                    elif pos < limit:
+                        rep.stop_reason = f"file ends mid-record at byte {pos}"
+                    else:
+                        rep.stop_reason = "data section has no end record"
+                    rep.reason = rep.reason or rep.stop_reason
+                    break
+                op, ln = _REC.unpack(self._pread(pos, _REC.size))
+                body_at = pos + _REC.size
+                if op == OP_DATA_END and ln == 4:
+                    data_end = True
+                    rep.last_good_offset = body_at + ln
+                    break
+                end: int | None = body_at + ln
+                try:
+                    if op == OP_CHUNK:
+                        self._chunked = True
+                        view, true_end, mismatch, stored = self._open_chunk(
+                            pos, ln, limit, want=want_messages
                         )
-                    for m in msgs:
-                        channels_seen.add(m.channel.id)
-                    rep.messages += len(msgs)
-                    if msgs:
-                        if rep.seq_first is None:
-                            rep.seq_first = msgs[0].seq
-                        rep.seq_last = msgs[-1].seq
-                    pos = true_end
-                    rep.last_good_offset = pos
-                    yield from msgs
-                    continue
-                if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
-                    raise _Damage(f"record at byte {pos} runs past the end of the file")
-                if op not in _DATA_OPS:
-                    raise _Damage(f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end)
-                body = self._pread(body_at, ln)
-                if op == OP_METADATA:
-                    name, values = self._metadata(body)
-                    meta.setdefault(name, []).append(values)
-                    if name == fmt.META_CHANNEL:
-                        self._channel_note(values)
-                    elif name == fmt.META_SEQ and want_messages:
-                        self._seq_note(values)
-                elif op == OP_MESSAGE:
-                    if self._chunked:
-                        raise _Damage(f"message record outside a chunk at byte {pos}", end)
-                    if want_messages:
-                        one = self._message(memoryview(body), 0, len(body), pos)
-                        if one is not None:
-                            rep.messages += 1
-                            channels_seen.add(one.channel.id)
-                            if rep.seq_first is None:
-                                rep.seq_first = one.seq
-                            rep.seq_last = one.seq
-                            yield one
-                elif op == OP_CHANNEL:
-                    self._channel(body)
-                elif op == OP_SCHEMA:
-                    self._schema(body)
-                elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
-                    raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
-            except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
-                damage = (
-                    err
-                    if isinstance(err, _Damage)
-                    else _Damage(f"record at byte {pos} is damaged ({err})", end)
-                )
-                is_chunk = op == OP_CHUNK and damage.end is not None
-                if damage.partial:
-                    rep.messages += len(damage.partial)
-                    yield from damage.partial
-                nxt = damage.end if damage.end is not None and self._plausible(damage.end) else None
-                if nxt is None:
-                    nxt = self._resync(pos + 1, limit)
-                if nxt is None:
-                    if not self._tail_ok:
-                        # Nothing intact follows and the file has no footer: the writer
-                        # died while writing this record.
-                        rep.truncated = True
-                        rep.stop_reason = (
-                            f"file ends mid-record at byte {pos}"
-                            if op in _DATA_OPS
-                            else f"record at byte {pos} is damaged and nothing intact follows"
+                        end = true_end
+                        if mismatch:
+                            self._damage(
+                                rep,
+                                pos,
+                                f"chunk at byte {pos} has a damaged length field",
+                                chunk=False,
+                            )
+                        if view is not None:
+                            # Streamed: a chunk's messages never exist all at once.
+                            for m in self._chunk_messages(view, pos, true_end, stored):
+                                channels_seen.add(m.channel.id)
+                                rep.messages += 1
+                                if rep.seq_first is None:
+                                    rep.seq_first = m.seq
+                                rep.seq_last = m.seq
+                                yield m
+                            del view
+                        pos = true_end
+                        rep.last_good_offset = pos
+                        continue
+                    if ln > fmt.MAX_RECORD_BYTES or body_at + ln > limit:
+                        raise _Damage(f"record at byte {pos} runs past the end of the file")
+                    if op not in _DATA_OPS:
+                        raise _Damage(
+                            f"record at byte {pos} has an unexpected opcode 0x{op:02x}", end
                         )
-                        rep.reason = rep.reason or rep.stop_reason
-                        if op not in _DATA_OPS or is_chunk:
-                            self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                        break
+                    body = self._pread(body_at, ln)
+                    if op == OP_METADATA:
+                        name, values = self._metadata(body)
+                        if name in TYPED_RECORDS:
+                            # Validated here, once: a malformed record is damage
+                            # (ValueError below) and no accessor ever sees it.
+                            rec = parse_record(name, values)
+                            assert rec is not None
+                            typed.setdefault(name, []).append(rec)
+                        meta.setdefault(name, []).append(values)
+                        if name == fmt.META_CHANNEL:
+                            self._channel_note(values)
+                        elif name == fmt.META_SEQ and want_messages:
+                            self._seq_note(values)
+                    elif op == OP_MESSAGE:
+                        if self._chunked:
+                            raise _Damage(f"message record outside a chunk at byte {pos}", end)
+                        if want_messages:
+                            one = self._message(memoryview(body), 0, len(body), pos)
+                            if one is not None:
+                                rep.messages += 1
+                                channels_seen.add(one.channel.id)
+                                if rep.seq_first is None:
+                                    rep.seq_first = one.seq
+                                rep.seq_last = one.seq
+                                yield one
+                    elif op == OP_CHANNEL:
+                        self._channel(body)
+                    elif op == OP_SCHEMA:
+                        self._schema(body)
+                    elif op == OP_MESSAGE_INDEX and not self._valid_message_index(ln, body):
+                        raise _Damage(f"message index at byte {pos} is damaged", body_at + ln)
+                except (_Damage, struct.error, UnicodeDecodeError, ValueError) as err:
+                    damage = (
+                        err
+                        if isinstance(err, _Damage)
+                        else _Damage(f"record at byte {pos} is damaged ({err})", end)
+                    )
+                    is_chunk = op == OP_CHUNK and damage.end is not None
+                    if damage.partial:
+                        rep.messages += len(damage.partial)
+                        yield from damage.partial
+                    nxt = (
+                        damage.end
+                        if damage.end is not None and self._plausible(damage.end)
+                        else None
+                    )
+                    if nxt is None:
+                        nxt = self._resync(pos + 1, limit)
+                    if nxt is None:
+                        if not self._tail_ok:
+                            # Nothing intact follows and the file has no footer: the writer
+                            # died while writing this record.
+                            rep.truncated = True
+                            rep.stop_reason = (
+                                f"file ends mid-record at byte {pos}"
+                                if op in _DATA_OPS
+                                else f"record at byte {pos} is damaged and nothing intact follows"
+                            )
+                            rep.reason = rep.reason or rep.stop_reason
+                            if op not in _DATA_OPS or is_chunk:
+                                self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                            break
+                        self._damage(rep, pos, damage.reason, chunk=is_chunk)
+                        rep.skipped_bytes += limit - pos
+                        pos = limit
+                        continue
                     self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                    rep.skipped_bytes += limit - pos
-                    pos = limit
+                    if damage.end is None or nxt != damage.end:
+                        rep.skipped_bytes += nxt - pos
+                    pos = nxt
                     continue
-                self._damage(rep, pos, damage.reason, chunk=is_chunk)
-                if damage.end is None or nxt != damage.end:
-                    rep.skipped_bytes += nxt - pos
-                pos = nxt
-                continue
-            assert end is not None
-            pos = end
-            rep.last_good_offset = pos
+                assert end is not None
+                pos = end
+                rep.last_good_offset = pos
+        except _Shrunk as err:
+            # Another program truncated the file mid-read: what was read is kept.
+            shrunk = True
+            rep.stop_reason = f"{err}; it had {size} bytes at open"
+            rep.reason = rep.reason or rep.stop_reason
         # Truncated: the file ends before its footer, whether or not data was lost.
-        rep.truncated = (not data_end and not self._tail_ok) or self._tail_reason == "no footer"
+        rep.truncated = (
+            shrunk or (not data_end and not self._tail_ok) or self._tail_reason == "no footer"
+        )
         if not data_end and self._tail_ok and rep.damaged_chunks + rep.damaged_records == 0:
             self._damage(rep, pos, rep.reason or "data section has no end record", chunk=False)
         rep.unknown_channel_messages = self._unknown_messages
@@ -756,6 +920,7 @@ class RecordingReader:
         if len(channels_seen) > 1:
             rep.seq_first = rep.seq_last = None
         self.metadata = meta
+        self._typed = typed
         self._metadata_scanned = True
         if want_messages:
             self.recovery = rep
@@ -919,7 +1084,7 @@ class RecordingReader:
             name=name,
             endpoint=endpoint,
             topic=topic,
-            dp_rank=int(rank) if rank.lstrip("-").isdigit() else None,
+            dp_rank=_parse_rank(rank),
             path=self.path,
         )
 
@@ -973,13 +1138,15 @@ class RecordingReader:
             offset=offset,
         )
 
-    def _read_chunk(
+    def _open_chunk(
         self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[list[RecordedMessage], int, bool]:
-        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
+    ) -> tuple[memoryview | None, int, bool, int]:
+        """Check the chunk at ``pos`` and decompress its records.
 
-        The flag is set when the record length disagrees with the chunk's inner lengths
-        (one of them is damaged).
+        Returns:
+            The records (None unless ``want``), the chunk's end, a flag set when the
+            record length disagrees with the chunk's inner lengths (one of them is
+            damaged), and the chunk's stored records length.
         """
         body_at = pos + _REC.size
         head = self._pread(body_at, _CHUNK.size + 4 + 16 + 8)
@@ -1011,16 +1178,23 @@ class RecordingReader:
                 )
         if true_end > limit or n > fmt.MAX_RECORD_BYTES:
             raise _Damage(f"chunk at byte {pos} runs past the end of the file")
-        if usize > fmt.MAX_RECORD_BYTES:
-            raise _Damage(f"chunk at byte {pos} states an impossible size {usize}", true_end)
         if compression not in fmt.COMPRESSIONS:
             raise _Damage(
                 f"chunk at byte {pos} uses compression {compression!r}, which this kvtool "
                 "cannot read",
                 true_end,
             )
+        # Bound what decompression may produce before producing any of it: a few
+        # kilobytes of zstd can claim gigabytes of zeros (issue 8.10).
+        if usize > fmt.chunk_size_limit(compression, n):
+            raise _Damage(
+                f"chunk at byte {pos} states {usize} uncompressed bytes from {n} stored "
+                f"(more than {fmt.chunk_size_limit(compression, n)} allowed); skipped as a "
+                "decompression bomb",
+                true_end,
+            )
         if not want:
-            return [], true_end, mismatch
+            return None, true_end, mismatch, n
         data = self._pread(body_at + _CHUNK_FIXED + clen, n)
         try:
             records = _decompress(compression, data, usize)
@@ -1033,35 +1207,77 @@ class RecordingReader:
             raise _Damage(f"chunk at byte {pos} decompresses to the wrong size", true_end)
         if crc and zlib.crc32(records) != crc:
             raise _Damage(f"chunk at byte {pos} fails its CRC check", true_end)
-        view = memoryview(records)
-        out: list[RecordedMessage] = []
+        return memoryview(records), true_end, mismatch, n
+
+    def _chunk_messages(
+        self, view: memoryview, pos: int, end: int, stored: int
+    ) -> Iterator[RecordedMessage]:
+        """Yield the messages of one decompressed chunk, one record at a time.
+
+        Nothing is built for the whole chunk, so memory stays at the chunk's bytes plus
+        one message. Zero bytes where a record should start, a record that runs past
+        the chunk, or more records than the chunk's stored size allows
+        (:func:`~kvtool.recording.format.chunk_record_limit`) end the chunk as damage
+        after the messages before it were yielded.
+
+        Raises:
+            _Damage: The chunk's records are damaged from some point on.
+        """
         rpos = 0
-        total = len(records)
+        total = len(view)
         unpack = _REC.unpack_from
+        budget = fmt.chunk_record_limit(stored)
+        count = 0
         try:
             while rpos < total:
                 if rpos + _REC.size > total:
                     raise struct.error("record header runs past the end of the chunk")
                 op, rln = unpack(view, rpos)
+                if op == 0:
+                    # Opcode 0 is no MCAP record: zero fill or garbage. Walking it nine
+                    # bytes at a time is how 2 GiB of zeros cost 80 s (issue 8.10).
+                    raise struct.error(f"zero bytes where a record should start (+{rpos})")
+                count += 1
+                if count > budget:
+                    raise struct.error(
+                        f"more than {budget} records for its {stored} stored bytes; the "
+                        "rest is skipped"
+                    )
                 start = rpos + _REC.size
-                end = start + rln
-                if end > total:
+                rend = start + rln
+                if rend > total:
                     raise struct.error("record runs past the end of the chunk")
                 if op == OP_MESSAGE:
-                    m = self._message(view, start, end, pos)
+                    m = self._message(view, start, rend, pos)
                     if m is not None:
-                        out.append(m)
+                        yield m
                 elif op == OP_CHANNEL:
-                    self._channel(view[start:end])
+                    self._channel(view[start:rend])
                 elif op == OP_SCHEMA:
-                    self._schema(view[start:end])
-                rpos = end
-        except (struct.error, UnicodeDecodeError) as err:
-            # A chunk without a CRC whose records do not parse: keep what came before.
-            raise _Damage(
-                f"chunk at byte {pos} holds a damaged record ({err})", true_end, out
-            ) from None
-        return out, true_end, mismatch
+                    self._schema(view[start:rend])
+                rpos = rend
+        except (struct.error, UnicodeDecodeError, ValueError) as err:
+            # A chunk without a CRC whose records do not parse: what came before is kept.
+            raise _Damage(f"chunk at byte {pos} holds a damaged record ({err})", end) from None
+
+    def _read_chunk(
+        self, pos: int, ln: int, limit: int, *, want: bool
+    ) -> tuple[list[RecordedMessage], int, bool]:
+        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
+
+        Builds a list of the chunk's messages (bounded by the record limit); the scan
+        itself streams them with :meth:`_chunk_messages`.
+        """
+        view, end, mismatch, stored = self._open_chunk(pos, ln, limit, want=want)
+        if view is None:
+            return [], end, mismatch
+        out: list[RecordedMessage] = []
+        try:
+            out.extend(self._chunk_messages(view, pos, end, stored))
+        except _Damage as damage:
+            damage.partial = out
+            raise
+        return out, end, mismatch
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
