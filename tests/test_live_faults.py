@@ -394,7 +394,7 @@ def test_slow_replay_answer_after_timeout_is_ignored(tmp_path: Path) -> None:
 def test_held_bytes_bound_gives_up_a_slow_replay(tmp_path: Path, monkeypatch) -> None:
     """Live batches held for a slow replay are bounded: past the bound the replay is given
     up, the gap lost and the held batches written in order."""
-    import kvtool.capture as capture_mod
+    import kvtool.capture.recorder as capture_mod
 
     monkeypatch.setattr(capture_mod, "MAX_HELD_BYTES", 50_000)
     msgs = capture_messages("gemma3")

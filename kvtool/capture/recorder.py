@@ -1,4 +1,4 @@
-"""Live capture: subscribe to vLLM KV-event publishers and record, recovering gaps over replay.
+"""The recorder: SUB + replay DEALER sockets and the poll loop around the seq decisions.
 
 A :class:`Recorder` SUBscribes to one or many endpoints (one socket each, so every
 message is known to come from its endpoint), writes every batch through
@@ -18,19 +18,40 @@ message is known to come from its endpoint), writes every batch through
 - a lost **tail** is invisible to gap detection, so a channel quiet for about a second
   (and every quiet channel at stop) asks the replay socket for anything after its last seq;
 - ``history`` first asks the replay socket for everything it still buffers;
-- a seq going **backwards** is a publisher restart: noted in the ledger (not a gap),
-  tracking restarts at seq 0 (a restarted publisher numbers from 0, so what it sent
-  before we saw it is a gap to recover like any other);
+- a seq going **backwards** followed by a consistent new run is a publisher restart:
+  noted in the ledger (not a gap), tracking restarts at seq 0 (a restarted publisher
+  numbers from 0, so what it sent before we saw it is a gap to recover like any other).
+  One old seq followed by the old run going on is a *stray*: dropped and counted, never
+  written twice (:class:`~kvtool.capture.sequencer.LiveOrder`);
+- a replay reply outside the requested range, or not ascending, is a counted protocol
+  error (``replay_rejected``), never a gap (:class:`~kvtool.capture.sequencer.ReplyWindow`);
 - a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
-  socket) ends as lost, and the replay socket is left alone for a while. The clock only
-  runs while the loop could read (a pass busy writing or merging is not charged), the
-  DEALER is drained before a timeout is declared, and it is kept afterwards: a late
-  answer is still filed by seq (a second unanswered request replaces the socket);
+  socket), that runs past its total deadline (:data:`REPLAY_DEADLINE_NS`, a trickling
+  socket), that floods (past its reply count or byte cap), or that holds live batches
+  past :data:`MAX_HOLD_NS` or :data:`MAX_HELD_BYTES` is given up: its outstanding seqs
+  are lost, the held batches are written, and the replay socket is left alone for a
+  while (a flooding one is closed). The clock only runs while the loop could read (a
+  pass busy writing or merging is not charged), the DEALER is drained before a timeout
+  is declared, and it is kept afterwards: a late answer is still filed by seq (a second
+  unanswered request replaces the socket);
 - at stop, each quiet channel asks for its tail once more (also inside that back-off,
   with a short timeout); every seq the recorder has evidence of (written, or in a
   reply) but did not write goes to the ledger as lost: nothing goes missing silently.
 
-The gap ledger (``kvtool.gaps`` metadata record, written at close)::
+Guarantees, whatever the peers do:
+
+- **stop**: after SIGTERM/SIGINT (or :meth:`Recorder.stop`) the recorder spends at most
+  :data:`STOP_GRACE_NS` (1.5 s) finishing replays, then writes what it holds and closes a
+  valid file with its gap ledger -- ``kvtool record`` exits well within 3 s;
+- **SIGKILL** loses at most about 2 s of received batches: the writer flushes every
+  second and live batches are held for a replay at most :data:`MAX_HOLD_NS` (1 s);
+- **memory**: the recorder's own buffers (held live batches, one request's replies, the
+  reserve, the status backlog) stay under :data:`MEMORY_BOUND_BYTES` (512 MiB), for up
+  to :data:`MAX_CHANNELS_PER_SOURCE` channels per endpoint. ZeroMQ's queues (SUB
+  ``RCVHWM`` 5,000 messages, DEALER :data:`DEALER_RCVHWM`) come on top; each message
+  is at most :data:`MAX_MESSAGE_BYTES` (a larger one drops the peer's connection).
+
+The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`build_ledger`)::
 
     {"channels": [{"channel", "endpoint", "topic", "dp_rank", "batches", "seq_first",
                    "seq_last", "gaps": [{"first", "last", "recovered",
@@ -49,7 +70,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import ClassVar, Literal, TypeVar
@@ -58,6 +79,15 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from kvtool.capture.sequencer import (
+    MAX_REPLY_BYTES,
+    MAX_REPLY_COUNT,
+    LiveOrder,
+    ReplyVerdict,
+    ReplyWindow,
+    Resolution,
+    Verdict,
+)
 from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError
 from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
@@ -70,27 +100,51 @@ DEFAULT_REPLAY_TIMEOUT_NS = 2_000_000_000
 DEFAULT_QUIET_NS = 1_000_000_000
 REPLAY_BACKOFF_NS = 10_000_000_000
 """After a replay request timed out, gaps are recorded as lost for this long."""
+REPLAY_DEADLINE_NS = 5_000_000_000
+"""Total time one replay request may take, however steadily it answers (a trickling
+socket); the idle timeout alone never fires while replies keep coming."""
 STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
 STOP_TAIL_TIMEOUT_NS = 1_000_000_000
 """At stop, a source in its replay back-off still makes one tail request, with this timeout."""
+STOP_GRACE_NS = 1_500_000_000
+"""After a stop, outstanding replays get at most this long before what is held is written."""
+STOP_STATS_BUDGET_NS = 300_000_000
+"""After a stop, the status counts may catch up this long; the rest is counted unsampled."""
 LOOP_STALL_NS = 200_000_000
 """A loop pass longer than this was busy elsewhere (writing, merging, catching up the status):
 pending replay requests are not charged for it (their replies could not be read)."""
-MAX_HELD_BYTES = 256 * 1024 * 1024
+MAX_HELD_BYTES = 128 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
+MAX_HOLD_NS = 1_000_000_000
+"""How long live batches may be held for one replay; past this the replay is given up
+(so a SIGKILL loses at most this plus the writer's flush interval)."""
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""ZeroMQ ``MAXMSGSIZE`` of every socket: a larger message drops the peer's connection."""
+DEALER_RCVHWM = 20_000
+"""Replies queued on a DEALER: twice vLLM's ``buffer_steps``, so a real replay never drops."""
+MAX_CHANNELS_PER_SOURCE = 64
+"""Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
 LEDGER_LIST_CAP = 2_000
 """Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
-MAX_STATS_BACKLOG = 50_000
+MAX_STATS_BACKLOG = 5_000
 """Batches whose status decoding may wait for an idle moment; past this it is skipped."""
+MAX_STATS_BACKLOG_BYTES = 32 * 1024 * 1024
+"""Payload bytes the status backlog may keep alive."""
 MAX_REMEMBERED = 20_000
-"""Replayed batches remembered per channel, to recognise a late live copy of one."""
+"""Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
+MEMORY_BOUND_BYTES = 512 * 1024 * 1024
+"""The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
+replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) + the status backlog
+(MAX_STATS_BACKLOG_BYTES) + remembered hashes, with room to spare."""
 RCVHWM = 5_000
 """Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
 a recorder that falls behind must see a gap while the replay buffer still holds it; a
 deep receive queue would only delay the gap past recovery."""
 BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
+MAX_LATE_REPLIES = MAX_REPLY_COUNT
+"""Late replies (to requests given up on) filed per request; past this the socket is closed."""
 
 Origin = Literal[0, 1]
 LIVE: Origin = 0
@@ -391,7 +445,16 @@ class CaptureStats:
         unsampled: Batches left out of the event counts (the recorder was overloaded
             for long); they are in the recording all the same.
         replay_requests: Requests sent to replay sockets.
-        replay_timeouts: Requests that got no answer in time.
+        replay_timeouts: Requests given up (no answer in time, past their total deadline,
+            flooding, or holding live batches too long or too many).
+        stray: Live batches behind the stream that were not a restart (dropped; their
+            seq was written already or is in the ledger).
+        replay_rejected: Replay replies outside the requested range or not ascending
+            (a lying replay socket): protocol errors, dropped.
+        replay_discarded: Replay replies past a request's count or byte cap, or late
+            replies past the reserve's bound: dropped.
+        held_bytes_peak: Most live bytes ever held at once for a replay.
+        reply_bytes_peak: Most reply bytes one replay request ever accepted.
         start_ns: Wall time the capture started (ns).
         elapsed_ns: Time since the start, updated by the loop.
         connected: Endpoints whose SUB socket has a connection.
@@ -414,6 +477,11 @@ class CaptureStats:
     unsampled: int = 0
     replay_requests: int = 0
     replay_timeouts: int = 0
+    stray: int = 0
+    replay_rejected: int = 0
+    replay_discarded: int = 0
+    held_bytes_peak: int = 0
+    reply_bytes_peak: int = 0
     start_ns: int = 0
     elapsed_ns: int = 0
     connected: set[str] = field(default_factory=set)
@@ -451,14 +519,6 @@ class _Gap:
     def covers(self, a: int, b: int) -> bool:
         return self.first <= a and (self.last is None or b <= self.last)
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "first": self.first,
-            "last": self.last,
-            "recovered": self.recovered,
-            "lost_ranges": self.lost_ranges,
-        }
-
 
 @dataclass
 class _Channel:
@@ -481,7 +541,10 @@ class _Channel:
     # reserve. At stop, whatever below it was not written is in the ledger as lost.
     known_max: int | None = None
     history_asked: bool = False
-    replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
+    replayed: dict[int, int] = field(default_factory=dict)  # recent replay writes: payload hash
+    order: LiveOrder = field(default_factory=LiveOrder)
+    suspect: _Item | None = None  # a live batch behind the stream, until order resolves it
+    live_high: int | None = None  # the highest live seq this epoch
     batches: int = 0
     seq_first: int | None = None
     seq_last: int | None = None
@@ -500,6 +563,9 @@ class _Request:
     abandon: bool = False
     sent: bool = True  # False: the DEALER could not queue it (no connection)
     timeout_ns: int | None = None  # None: the recorder's replay_timeout_ns
+    flooded: bool = False
+    started_mono: int = 0  # for the total deadline (moved on like progress_mono when busy)
+    window: ReplyWindow | None = None
 
 
 @dataclass
@@ -513,7 +579,10 @@ class _Src:
     pending: _Request | None = None
     held: list[_Item] = field(default_factory=list)
     held_bytes: int = 0
+    held_since_mono: int = 0  # when the first held batch came (moved on when busy)
     replay_dead_until: int = 0
+    late_accepted: int = 0  # late replies filed since the last request
+    late_bytes: int = 0
     # Requests given up on whose end marker has not come yet: the ROUTER answers in
     # order on the same DEALER, so the next replies (up to that many end markers)
     # belong to them; their batches are still filed by seq (late replies).
@@ -712,6 +781,7 @@ class Recorder:
             sub = ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             mon = None
             if not spec.endpoint.startswith("inproc://"):
                 mon = sub.get_monitor_socket(
@@ -741,7 +811,8 @@ class Recorder:
             src.dealer.close(linger=0)
         d = (ctx or self._ctx).socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
-        d.setsockopt(zmq.RCVHWM, 0)
+        d.setsockopt(zmq.RCVHWM, DEALER_RCVHWM)
+        d.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         assert src.spec.replay is not None
         if "[" in src.spec.replay:
             d.setsockopt(zmq.IPV6, 1)
@@ -841,8 +912,9 @@ class Recorder:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
         writer = self._writer
         assert writer is not None
-        # Each request is bounded by its own (progress) timeout; this only caps the whole.
-        end = time.monotonic_ns() + max(10 * self.replay_timeout_ns, 30_000_000_000)
+        # Each request is bounded by its own timeouts; this caps the whole, so a stop
+        # ends promptly whatever the replay sockets do.
+        end = time.monotonic_ns() + STOP_GRACE_NS
         # Channels quiet at stop may have lost their tail; a busy one has batches in
         # flight rather than lost, so it is not asked.
         tails: dict[int, list[_Channel]] = {}
@@ -904,13 +976,18 @@ class Recorder:
         # Anything still held (no replay could be finished) is written as it stands.
         for src in self._srcs:
             src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
-            held, src.held = src.held, []
+            held, src.held, src.held_bytes = src.held, [], 0
             for item in held:
                 self._feed(src, item)
+            for ch in list(src.channels.values()):
+                self._resolve_suspect(ch, None)
         if not self._full:
             self._settle()
         self._defer_stats = False
-        self._catch_up_stats(None)
+        self._catch_up_stats(STOP_STATS_BUDGET_NS)
+        self.stats.unsampled += len(self._stats_backlog)
+        self._stats_backlog.clear()
+        self._stats_backlog_bytes = 0
         if self._status is not None:
             self._status(self.stats)
 
@@ -958,7 +1035,7 @@ class Recorder:
             seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
             if src.pending is None:
                 ch = channels.get(topic)
-                if ch is not None and seq == ch.expected and not ch.reserve:
+                if ch is not None and seq == ch.expected and not ch.reserve and ch.suspect is None:
                     # The common case, inline: the next batch of a known channel.
                     ch.tail_checked = False
                     ch.last_live_mono = start
@@ -1013,17 +1090,23 @@ class Recorder:
         )
 
     def _hold(self, src: _Src, item: _Item) -> None:
+        if not src.held:
+            src.held_since_mono = time.monotonic_ns()
         src.held.append(item)
         src.held_bytes += len(item[2])
+        if src.held_bytes > self.stats.held_bytes_peak:
+            self.stats.held_bytes_peak = src.held_bytes
         if src.held_bytes > MAX_HELD_BYTES and src.pending is not None:
             # The replay is taking too long for this stream's rate: give it up (from the
             # loop, never from inside a merge that is still feeding).
             src.pending.abandon = True
 
     # ------------------------------------------------------ seq tracking
-    def _channel(self, src: _Src, topic: bytes) -> _Channel:
+    def _channel(self, src: _Src, topic: bytes) -> _Channel | None:
         ch = src.channels.get(topic)
         if ch is None:
+            if len(src.channels) >= MAX_CHANNELS_PER_SOURCE:
+                return None  # a peer inventing topics: bounded, like every buffer
             writer = self._writer
             assert writer is not None
             topic_str = topic.decode("utf-8", "backslashreplace")
@@ -1050,8 +1133,18 @@ class Recorder:
             return
         topic, seq, payload, t, _ = item
         ch = src.channels.get(topic) or self._channel(src, topic)
+        if ch is None:
+            self.stats.malformed += 1
+            return
         ch.tail_checked = False
         ch.last_live_mono = self._mono
+        if ch.suspect is not None:
+            self._resolve_suspect(ch, seq)
+            if self._full:
+                return
+            if src.pending is not None:  # the restart's own gap is being fetched
+                self._hold(src, item)
+                return
         e = ch.expected
         if (
             e is None
@@ -1064,22 +1157,25 @@ class Recorder:
             self._request(src, "history", topic, 0, trigger=seq)
             self._hold(src, item)
             return
-        if e is None or seq == e:
+        if e is not None and seq < e and ch.replayed.get(seq) == hash(payload):
+            # A late live copy of a batch the replay already gave us.
+            self.stats.duplicates += 1
             ch.last_live = seq
+            return
+        verdict = ch.order.judge(seq, e)
+        if verdict is Verdict.WRITE:
+            ch.last_live = seq
+            if ch.live_high is None or seq > ch.live_high:
+                ch.live_high = seq
             self._write(ch, seq, payload, t, LIVE)
             return
-        if seq < e:
-            if ch.replayed.get(seq) == payload:
-                # A late live copy of a batch the replay already gave us.
-                self.stats.duplicates += 1
-                ch.last_live = seq
-                return
-            self._restart(ch, seq, t)
-            e = 0
-            if seq == 0:
-                ch.last_live = seq
-                self._write(ch, seq, payload, t, LIVE)
-                return
+        if verdict is Verdict.HOLD:
+            # Behind the stream: a restart only if a consistent new run follows.
+            ch.suspect = item
+            return
+        assert e is not None
+        if ch.live_high is None or seq > ch.live_high:
+            ch.live_high = seq
         # A hole [e, seq - 1]: the live stream skipped it (ZeroMQ keeps order, so it
         # will not come live any more).
         gap = ch.open_gap
@@ -1135,12 +1231,30 @@ class Recorder:
             for k in [k for k in reserve if k < ch.expected]:
                 del reserve[k]
 
+    def _resolve_suspect(self, ch: _Channel, next_seq: int | None) -> None:
+        """Drop the held behind-seq as a stray, or start a new epoch with it (a restart)."""
+        item = ch.suspect
+        if item is None:
+            return
+        ch.suspect = None
+        if ch.order.resolve(next_seq, ch.expected) is Resolution.STRAY:
+            self.stats.stray += 1
+            return
+        _, seq, payload, t, _ = item
+        self._restart(ch, seq, t)
+        if seq == 0:
+            ch.last_live = ch.live_high = 0
+            self._write(ch, 0, payload, t, LIVE)
+        else:
+            self._advance(ch.src, item)  # a hole [0, seq - 1] in the new epoch
+
     def _restart(self, ch: _Channel, seq: int, t: int) -> None:
         ch.restarts.append({"log_time": t, "from_seq": ch.seq_last or 0, "to_seq": seq})
         self.stats.restarts += 1
         # A restarted publisher numbers from 0: what we did not see of it is a gap.
         ch.expected = 0
         ch.last_live = None
+        ch.live_high = None
         ch.floor = 0
         ch.open_gap = None
         ch.known_max = None
@@ -1173,8 +1287,12 @@ class Recorder:
         # Decoding for the status never delays writing: under a backlog it waits for
         # an idle moment (and at worst for the stop).
         if self._defer_stats:
-            if len(self._stats_backlog) < MAX_STATS_BACKLOG:
+            if (
+                len(self._stats_backlog) < MAX_STATS_BACKLOG
+                and self._stats_backlog_bytes < MAX_STATS_BACKLOG_BYTES
+            ):
                 self._stats_backlog.append((ch, seq, payload))
+                self._stats_backlog_bytes += len(payload)
             else:
                 st.unsampled += 1
         else:
@@ -1195,7 +1313,7 @@ class Recorder:
             ch.reserve.pop(seq, None)
         if origin == REPLAY:
             replayed = ch.replayed
-            replayed[seq] = payload
+            replayed[seq] = hash(payload)
             if len(replayed) > MAX_REMEMBERED:
                 del replayed[next(iter(replayed))]
             if self._in_history:
@@ -1210,6 +1328,7 @@ class Recorder:
             self.stop("max_batches")
 
     _in_history = False
+    _stats_backlog_bytes = 0
     _mono = 0
     _defer_stats = False
 
@@ -1231,12 +1350,15 @@ class Recorder:
             for _ in range(64):
                 if not backlog:
                     break
-                self._decode_stats(*backlog.popleft())
+                item = backlog.popleft()
+                self._stats_backlog_bytes -= len(item[2])
+                self._decode_stats(*item)
             if end is not None and time.monotonic_ns() >= end:
                 break
             if self._abort_flag.is_set():  # a second Ctrl-C: the counts can wait no more
                 self.stats.unsampled += len(backlog)
                 backlog.clear()
+                self._stats_backlog_bytes = 0
         return bool(backlog)
 
     # -------------------------------------------------------------- replay
@@ -1253,8 +1375,16 @@ class Recorder:
     ) -> None:
         assert src.dealer is not None and src.pending is None
         now = time.monotonic_ns()
-        req = _Request(kind, topic, start, now, trigger=trigger)
+        req = _Request(kind, topic, start, now, trigger=trigger, started_mono=now)
+        highs = [
+            v for ch in src.channels.values() for v in (ch.live_high, ch.last_live)
+            if v is not None
+        ]
+        if trigger is not None:
+            highs.append(trigger)
+        req.window = ReplyWindow(start, max(highs, default=None))
         src.pending = req
+        src.late_accepted = src.late_bytes = 0
         self.stats.replay_requests += 1
         try:
             src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
@@ -1262,10 +1392,12 @@ class Recorder:
             req.sent = False
 
     def _drain_dealer(self, src: _Src) -> None:
-        assert src.dealer is not None
-        while True:
+        """Read up to BURST replies (a flooding socket cannot keep the loop here)."""
+        dealer = src.dealer
+        assert dealer is not None
+        for _ in range(BURST):
             try:
-                frames = src.dealer.recv_multipart(zmq.NOBLOCK)
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             req = src.pending
@@ -1287,7 +1419,7 @@ class Recorder:
                 if req is None:
                     continue
                 self._finish_replay(src, timed_out=False)
-                if src.dealer is None:
+                if src.dealer is not dealer:
                     return
                 continue
             if len(seq_b) < 8:
@@ -1297,12 +1429,35 @@ class Recorder:
             if src.stale_ends or req is None:
                 # A late answer to a request given up on: its batches are still good.
                 self._late_reply(src, topic, seq, payload)
+                if src.dealer is not dealer:
+                    return
                 continue
+            assert req.window is not None
+            verdict = req.window.check(topic, seq, len(payload))
+            if verdict is ReplyVerdict.REJECT:
+                self.stats.replay_rejected += 1  # a lie: never a gap, never written
+                continue
+            if verdict is ReplyVerdict.DISCARD:
+                self.stats.replay_discarded += 1
+                req.abandon = True  # flooding: given up (and the socket closed) by the loop
+                req.flooded = True
+                continue
+            if req.window.nbytes > self.stats.reply_bytes_peak:
+                self.stats.reply_bytes_peak = req.window.nbytes
             req.replies.append((topic if topic is not None else b"", seq, payload,
                                 time.time_ns(), REPLAY if topic is not None else _NO_TOPIC))
 
     def _late_reply(self, src: _Src, topic: bytes | None, seq: int, payload: bytes) -> None:
-        """File a reply to a request given up on in its channel's reserve (by seq)."""
+        """File a reply to a request given up on in its channel's reserve (by seq).
+
+        Only as many as one request may bring, and only seqs inside the window the live
+        stream makes plausible; past that the socket floods and is closed.
+        """
+        if src.late_accepted >= MAX_LATE_REPLIES or src.late_bytes > MAX_REPLY_BYTES:
+            self.stats.replay_discarded += 1
+            self._new_dealer(src)  # it keeps answering what nobody asked: start afresh
+            src.stale_ends = 0
+            return
         if topic is None:
             if len(src.channels) != 1:
                 return
@@ -1311,6 +1466,11 @@ class Recorder:
             ch = src.channels.get(topic)
         if ch is None or ch.expected is None or seq < ch.expected or seq in ch.reserve:
             return  # written already, or known lost, or a duplicate
+        if seq > max(ch.expected, ch.live_high or 0) + MAX_LATE_REPLIES:
+            self.stats.replay_rejected += 1  # a lie: never a gap, never written
+            return
+        src.late_accepted += 1
+        src.late_bytes += len(payload)
         ch.reserve[seq] = (payload, time.time_ns())
         if ch.known_max is None or seq > ch.known_max:
             ch.known_max = seq
@@ -1323,6 +1483,9 @@ class Recorder:
             req = src.pending
             if req is not None:
                 req.progress_mono = min(now, req.progress_mono + busy_ns)
+                req.started_mono = min(now, req.started_mono + busy_ns)
+            if src.held:
+                src.held_since_mono = min(now, src.held_since_mono + busy_ns)
 
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
@@ -1336,13 +1499,19 @@ class Recorder:
                     continue
                 now = max(now, time.monotonic_ns())
             timeout = self.replay_timeout_ns if req.timeout_ns is None else req.timeout_ns
-            if req.abandon or now - req.progress_mono > timeout:
+            if (
+                req.abandon
+                or now - req.progress_mono > timeout
+                or now - req.started_mono > max(REPLAY_DEADLINE_NS, timeout)
+                or (src.held and now - src.held_since_mono > MAX_HOLD_NS)
+            ):
                 self.stats.replay_timeouts += 1
                 src.replay_dead_until = now + REPLAY_BACKOFF_NS
                 if req.sent:
                     src.stale_ends += 1
-                if src.stale_ends > 1:
-                    # Two requests unanswered: the socket is dead, start afresh.
+                if src.stale_ends > 1 or req.flooded:
+                    # Two requests unanswered (the socket is dead), or one flooding:
+                    # start afresh, dropping whatever it still queues.
                     self._new_dealer(src)
                     src.stale_ends = 0
                 if req.kind == "tail" and req.topic is not None:
@@ -1353,6 +1522,9 @@ class Recorder:
 
     def _check_quiet(self, now: int) -> None:
         for src in self._srcs:
+            for ch in src.channels.values():
+                if ch.suspect is not None and now - ch.last_live_mono >= self.quiet_ns:
+                    self._resolve_suspect(ch, None)
             if src.pending is not None:
                 continue
             if not self._replay_usable(src, now):
@@ -1402,6 +1574,8 @@ class Recorder:
                 if req.kind != "history" and tp != default_topic:
                     continue
                 ch = self._channel(src, tp)
+                if ch is None:
+                    continue
             if tp not in first_reply:
                 first_reply[tp] = seq
                 touched.append(ch)
@@ -1472,40 +1646,42 @@ class Recorder:
 
     # -------------------------------------------------------------- ledger
     def ledger(self) -> dict[str, object]:
-        """Return the gap ledger as it stands (the format is in the module docstring).
-
-        The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries:
-        the first and last halves) so the record stays small; what a list leaves out
-        is counted under ``gaps_omitted`` / ``restarts_omitted`` /
-        ``lost_ranges_omitted``.
+        """Return the gap ledger as it stands (see :func:`build_ledger`).
 
         Returns:
             The ledger dict.
         """
-        chans: list[dict[str, object]] = []
-        lost_ranges: list[list[int]] = []
-        recovered = lost = restarts = 0
-        for src in self._srcs:
-            for ch in src.channels.values():
-                for g in ch.gaps:
-                    recovered += g.recovered
-                    for a, b in g.lost_ranges:
-                        lost += b - a + 1
-                        lost_ranges.append([a, b])
-                restarts += len(ch.restarts)
-                chans.append(self._channel_ledger(ch))
-        out: dict[str, object] = {
-            "channels": chans,
-            "recovered": recovered,
-            "lost": lost,
-            "lost_ranges": _cap(lost_ranges),
-            "restarts": restarts,
-        }
-        if len(lost_ranges) > LEDGER_LIST_CAP:
-            out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
-        return out
+        return build_ledger(ch for src in self._srcs for ch in src.channels.values())
 
-    def _channel_ledger(self, ch: _Channel) -> dict[str, object]:
+
+def build_ledger(channels: Iterable[_Channel]) -> dict[str, object]:
+    """Build the gap ledger (its format is in the module docstring) -- the only builder.
+
+    The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries: the
+    first and last halves) so the record stays small; what a list leaves out is counted
+    under ``gaps_omitted`` / ``restarts_omitted`` / ``lost_ranges_omitted``.
+
+    Args:
+        channels: The recorder's channels, in order.
+
+    Returns:
+        The ledger dict.
+    """
+    half = LEDGER_LIST_CAP // 2
+
+    def cap(items: list[T]) -> list[T]:
+        return list(items) if len(items) <= LEDGER_LIST_CAP else items[:half] + items[-half:]
+
+    chans: list[dict[str, object]] = []
+    lost_ranges: list[list[int]] = []
+    recovered = lost = restarts = 0
+    for ch in channels:
+        for g in ch.gaps:
+            recovered += g.recovered
+            for a, b in g.lost_ranges:
+                lost += b - a + 1
+                lost_ranges.append([a, b])
+        restarts += len(ch.restarts)
         d: dict[str, object] = {
             "channel": ch.name,
             "endpoint": ch.src.spec.endpoint,
@@ -1514,24 +1690,31 @@ class Recorder:
             "batches": ch.batches,
             "seq_first": ch.seq_first,
             "seq_last": ch.seq_last,
-            "gaps": [g.to_json() for g in _cap(ch.gaps)],
-            "restarts": _cap(ch.restarts),
+            "gaps": [
+                {"first": g.first, "last": g.last, "recovered": g.recovered,
+                 "lost_ranges": g.lost_ranges}
+                for g in cap(ch.gaps)
+            ],
+            "restarts": cap(ch.restarts),
         }
         if len(ch.gaps) > LEDGER_LIST_CAP:
             d["gaps_omitted"] = len(ch.gaps) - LEDGER_LIST_CAP
         if len(ch.restarts) > LEDGER_LIST_CAP:
             d["restarts_omitted"] = len(ch.restarts) - LEDGER_LIST_CAP
-        return d
+        chans.append(d)
+    out: dict[str, object] = {
+        "channels": chans,
+        "recovered": recovered,
+        "lost": lost,
+        "lost_ranges": cap(lost_ranges),
+        "restarts": restarts,
+    }
+    if len(lost_ranges) > LEDGER_LIST_CAP:
+        out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
+    return out
 
 
 T = TypeVar("T")
-
-
-def _cap(items: list[T]) -> list[T]:
-    if len(items) <= LEDGER_LIST_CAP:
-        return list(items)
-    half = LEDGER_LIST_CAP // 2
-    return items[:half] + items[-half:]
 
 
 def capture(
@@ -1573,6 +1756,7 @@ __all__ = [
     "MetadataError",
     "Recorder",
     "Source",
+    "build_ledger",
     "capture",
     "expand_endpoints",
     "load_groups",
