@@ -492,3 +492,135 @@ def test_stop_inside_replay_back_off_leaves_no_silent_loss(
     assert missing == _lost_seqs(res.ledger) == lost
     assert [s for s, _ in got] == [s for s in range(n) if s not in lost]
     assert res.stats.replay_timeouts >= 1
+
+
+# -------------------------------------------------- hostile peers (issue 8.3, 8.6, 8.7)
+
+
+@pytest.mark.zmq
+def test_issue8_6_one_out_of_order_live_batch_is_not_a_restart(tmp_path: Path) -> None:
+    """Seq 12 sent again after 30: dropped and counted as a stray; before, it was taken for
+    a restart and 0-30 were fetched and written a second time."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(msgs, stray=[(30, 12)]) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert (res.stats.stray, res.stats.restarts, res.ledger["restarts"]) == (1, 0, 0)
+    assert res.ledger["lost"] == 0
+
+
+@pytest.mark.zmq
+def test_issue8_7_lying_replay_socket_is_a_protocol_error_not_a_gap(tmp_path: Path) -> None:
+    """Replies at seq 2**63-3 and below the start asked: rejected and counted; before, the
+    ledger said ~9.2e18 batches were lost."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(msgs, drop={5}, replay_mode="lie") as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert res.stats.replay_rejected == 2
+    assert (res.stats.lost, res.ledger["lost"], res.stats.recovered) == (0, 0, 1)
+
+
+@pytest.mark.zmq
+def test_issue8_3_trickling_replay_cannot_hold_live_batches(tmp_path: Path) -> None:
+    """One reply every 200 ms, never an end marker: the request is given up once live
+    batches were held MAX_HOLD_NS, and the capture goes on. Before, the trickle kept the
+    request alive and every live batch held until the stop."""
+    from kvtool.capture.recorder import MAX_HELD_BYTES
+
+    msgs = capture_messages("gemma3")
+    count = 600
+    with Peer(msgs, count=count, rate=200, drop={20}, replay_mode="trickle") as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=count, quiet_ns=60 * SECOND)
+    assert res.stop_reason == "max_batches"
+    assert res.stats.replay_timeouts >= 1
+    assert 0 < res.stats.held_bytes_peak <= MAX_HELD_BYTES
+    got = read_back(tmp_path / "r.mcap")
+    # The trickle's first reply is the right seq 20: recovered, and nothing written twice.
+    assert [s for s, _ in got] == list(range(count))
+    assert [d for _, d in got] == [msgs[s % len(msgs)][2] for s in range(count)]
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("mode", ["flood", "huge"])
+def test_issue8_3_flooding_replay_is_capped_and_closed(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Endless replies (many small, or 4 MiB each): what exceeds a request's count or byte
+    cap is discarded and counted, the socket closed, and the capture goes on."""
+    import kvtool.capture.recorder as recorder_mod
+    import kvtool.capture.sequencer as sequencer_mod
+    from kvtool.capture.recorder import MAX_HELD_BYTES
+    from kvtool.capture.sequencer import MAX_REPLY_BYTES
+
+    monkeypatch.setattr(sequencer_mod, "MAX_REPLY_COUNT", 2_000)  # a quick flood
+    monkeypatch.setattr(recorder_mod, "MAX_LATE_REPLIES", 2_000)
+    msgs = capture_messages("gemma3")
+    count = 600
+    with Peer(msgs, count=count, rate=200, drop={20}, replay_mode=mode) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=count, quiet_ns=60 * SECOND)
+    assert res.stop_reason == "max_batches"
+    assert res.stats.replay_discarded >= 1 and res.stats.replay_timeouts >= 1
+    assert 0 < res.stats.reply_bytes_peak <= MAX_REPLY_BYTES
+    assert res.stats.held_bytes_peak <= MAX_HELD_BYTES
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(count))
+    # In range, a reply cannot be told from the truth: only seq 20 may be the peer's.
+    assert [d for s, d in got if s != 20] == [
+        msgs[s % len(msgs)][2] for s in range(count) if s != 20
+    ]
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["trickle", "huge", "flood"])
+def test_issue8_3_sigterm_ends_record_promptly_whatever_the_replay_does(
+    tmp_path: Path, mode: str
+) -> None:
+    """`kvtool record` against a hostile replay socket: SIGTERM ends it within 3 s with a
+    valid, closed file, and its peak RSS stays under the stated bound."""
+    from kvtool.capture import MEMORY_BOUND_BYTES
+
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "r.mcap"
+    drop = set(range(50, 100_000, 100))
+    with Peer(msgs, count=100_000, rate=200, drop=drop, replay_mode=mode) as peer:
+        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o",
+                             str(out), "-q"])
+        try:
+            deadline = time.monotonic() + 20
+            while len(peer.published) < 500:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+            # The peak RSS of the recorder's own image (ru_maxrss of a child would
+            # include this test process's RSS at fork).
+            hwm_kib = _vm_hwm_kib(proc.pid)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            stop_s = time.monotonic() - t0
+            print(f"{mode}: stopped in {stop_s:.2f} s, peak RSS {hwm_kib // 1024} MiB")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            proc.communicate()
+    assert proc.returncode in (0, 3)  # 3: finished, with gaps lost (in the ledger)
+    assert stop_s < 3.0, stop_s
+    assert hwm_kib * 1024 < MEMORY_BOUND_BYTES, hwm_kib
+    with open_recording(out) as r:
+        seqs = [m.seq for m in r.messages()]
+        assert r.recovery.complete and r.ledger is not None
+    assert len(seqs) >= 300 and seqs == sorted(set(seqs))

@@ -41,7 +41,7 @@ message is known to come from its endpoint), writes every batch through
 Guarantees, whatever the peers do:
 
 - **stop**: after SIGTERM/SIGINT (or :meth:`Recorder.stop`) the recorder spends at most
-  :data:`STOP_GRACE_NS` (1.5 s) finishing replays, then writes what it holds and closes a
+  :data:`STOP_GRACE_NS` (1 s) finishing replays, then writes what it holds and closes a
   valid file with its gap ledger -- ``kvtool record`` exits well within 3 s;
 - **SIGKILL** loses at most about 2 s of received batches: the writer flushes every
   second and live batches are held for a replay at most :data:`MAX_HOLD_NS` (1 s);
@@ -107,8 +107,10 @@ STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
 STOP_TAIL_TIMEOUT_NS = 1_000_000_000
 """At stop, a source in its replay back-off still makes one tail request, with this timeout."""
-STOP_GRACE_NS = 1_500_000_000
+STOP_GRACE_NS = 1_000_000_000
 """After a stop, outstanding replays get at most this long before what is held is written."""
+STOP_WRITE_BUDGET_NS = 700_000_000
+"""After a stop, writing the reserve gets this long; what is left then is in the ledger as lost."""
 STOP_STATS_BUDGET_NS = 300_000_000
 """After a stop, the status counts may catch up this long; the rest is counted unsampled."""
 LOOP_STALL_NS = 200_000_000
@@ -581,7 +583,7 @@ class _Src:
     held_bytes: int = 0
     held_since_mono: int = 0  # when the first held batch came (moved on when busy)
     replay_dead_until: int = 0
-    late_accepted: int = 0  # late replies filed since the last request
+    late_accepted: int = 0  # late replies seen since the last request
     late_bytes: int = 0
     # Requests given up on whose end marker has not come yet: the ROUTER answers in
     # order on the same DEALER, so the next replies (up to that many end markers)
@@ -912,6 +914,9 @@ class Recorder:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
         writer = self._writer
         assert writer is not None
+        # Writing what is held and reserved comes first; the status counts wait (and
+        # get a budget of their own at the end).
+        self._defer_stats = True
         # Each request is bounded by its own timeouts; this caps the whole, so a stop
         # ends promptly whatever the replay sockets do.
         end = time.monotonic_ns() + STOP_GRACE_NS
@@ -996,21 +1001,30 @@ class Recorder:
 
         The reserve (replayed batches the live stream never delivered) is written in seq
         order; a hole between its entries, or between the last written seq and the
-        highest seq the recorder saw evidence of, goes to the ledger as lost.
+        highest seq the recorder saw evidence of, goes to the ledger as lost. Writing
+        gets :data:`STOP_WRITE_BUDGET_NS`; what is left then is lost too (never silent).
         """
+        deadline = time.monotonic_ns() + STOP_WRITE_BUDGET_NS
         for src in self._srcs:
             for ch in src.channels.values():
                 if ch.expected is None:
                     continue
-                while True:
+                # One pass in seq order: every key below the current one is gone, so
+                # the holes are lost without rescanning the reserve.
+                for k in sorted(ch.reserve):
+                    if k not in ch.reserve:
+                        continue
+                    if k < ch.expected:
+                        del ch.reserve[k]
+                        continue
+                    if time.monotonic_ns() > deadline:
+                        break
+                    if k > ch.expected:
+                        self._lose(ch, ch.expected, k - 1, scan=False)
                     self._fill(ch, None, tail=True)
                     if self._full:
                         return
-                    for k in [k for k in ch.reserve if k < ch.expected]:
-                        del ch.reserve[k]
-                    if not ch.reserve:
-                        break
-                    self._lose(ch, ch.expected, min(ch.reserve) - 1)
+                ch.reserve.clear()
                 if ch.known_max is not None and ch.known_max >= ch.expected:
                     self._lose(ch, ch.expected, ch.known_max)
 
@@ -1261,7 +1275,7 @@ class Recorder:
         ch.replayed.clear()
         ch.reserve.clear()
 
-    def _lose(self, ch: _Channel, a: int, b: int) -> None:
+    def _lose(self, ch: _Channel, a: int, b: int, *, scan: bool = True) -> None:
         if b < a:
             return
         gap = ch.open_gap
@@ -1274,7 +1288,7 @@ class Recorder:
         self.stats.lost += b - a + 1
         ch.expected = b + 1
         reserve = ch.reserve
-        if reserve:
+        if reserve and scan:
             for k in [k for k in reserve if k <= b]:
                 del reserve[k]
 
@@ -1454,9 +1468,21 @@ class Recorder:
         stream makes plausible; past that the socket floods and is closed.
         """
         if src.late_accepted >= MAX_LATE_REPLIES or src.late_bytes > MAX_REPLY_BYTES:
+            # It keeps answering what nobody asked: start afresh, and keep of its late
+            # replies only what fills holes the live stream shows.
             self.stats.replay_discarded += 1
-            self._new_dealer(src)  # it keeps answering what nobody asked: start afresh
+            self._new_dealer(src)
             src.stale_ends = 0
+            for c in src.channels.values():
+                beyond = [k for k in c.reserve if c.live_high is None or k > c.live_high]
+                for k in beyond:
+                    del c.reserve[k]
+                self.stats.replay_discarded += len(beyond)
+                if beyond:
+                    c.known_max = max(
+                        (v for v in (c.seq_last, c.live_high, *c.reserve) if v is not None),
+                        default=None,
+                    )
             return
         if topic is None:
             if len(src.channels) != 1:
@@ -1464,12 +1490,12 @@ class Recorder:
             ch: _Channel | None = next(iter(src.channels.values()))
         else:
             ch = src.channels.get(topic)
+        src.late_accepted += 1  # counts every late reply: a flood of lies is a flood too
         if ch is None or ch.expected is None or seq < ch.expected or seq in ch.reserve:
             return  # written already, or known lost, or a duplicate
         if seq > max(ch.expected, ch.live_high or 0) + MAX_LATE_REPLIES:
             self.stats.replay_rejected += 1  # a lie: never a gap, never written
             return
-        src.late_accepted += 1
         src.late_bytes += len(payload)
         ch.reserve[seq] = (payload, time.time_ns())
         if ch.known_max is None or seq > ch.known_max:
@@ -1564,7 +1590,15 @@ class Recorder:
             default_topic = next(iter(src.channels)) if len(src.channels) == 1 else self._topic_b
         first_reply: dict[bytes, int] = {}
         touched: list[_Channel] = []
-        for tp, seq, payload, t, origin in req.replies:
+        replies = req.replies
+        if req.flooded and req.window is not None:
+            # A flooding socket is trusted only where the live stream shows the seqs
+            # exist (to fill its holes); what it sent beyond is dropped, not written.
+            hi = -1 if req.window.live_high is None else req.window.live_high
+            kept = [r for r in replies if r[1] <= hi]
+            self.stats.replay_discarded += len(replies) - len(kept)
+            replies = kept
+        for tp, seq, payload, t, origin in replies:
             if origin == _NO_TOPIC:
                 tp = default_topic
             if not tp.startswith(self._topic_b):

@@ -125,6 +125,8 @@ class ReplyWindow:
 
     Attributes:
         hi: The highest acceptable seq.
+        seen: Replies judged (accepted or not): a socket sending more than
+            :data:`MAX_REPLY_COUNT` of anything is flooding.
         count: Replies accepted.
         nbytes: Payload bytes accepted.
         flooded: The count or byte cap was reached.
@@ -133,6 +135,7 @@ class ReplyWindow:
     start: int
     live_high: int | None = None
     hi: int = field(init=False)
+    seen: int = 0
     count: int = 0
     nbytes: int = 0
     flooded: bool = False
@@ -152,12 +155,16 @@ class ReplyWindow:
         Returns:
             The verdict.
         """
+        self.seen += 1
+        if self.flooded or self.seen > MAX_REPLY_COUNT:
+            self.flooded = True
+            return ReplyVerdict.DISCARD
         if not self.start <= seq <= self.hi:
             return ReplyVerdict.REJECT
         last = self._last.get(topic)
         if last is not None and seq <= last:
             return ReplyVerdict.REJECT
-        if self.flooded or self.count >= MAX_REPLY_COUNT or self.nbytes + size > MAX_REPLY_BYTES:
+        if self.nbytes + size > MAX_REPLY_BYTES:
             self.flooded = True
             return ReplyVerdict.DISCARD
         self._last[topic] = seq
