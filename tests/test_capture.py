@@ -531,3 +531,13 @@ def test_lost_tail_longer_than_the_replay_buffer_is_part_lost_part_recovered(
     assert (res.stats.recovered, res.stats.lost) == (8, 12)
     gaps = res.ledger["channels"][0]["gaps"]  # type: ignore[index]
     assert [r for g in gaps for r in g["lost_ranges"]] == [[n - 20, n - 9]]
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_issue10_5_event_count_from_the_header_matches_decoding(name: str) -> None:
+    """The busy recorder counts events from the batch header: the same as decoding."""
+    from kvtool.capture.recorder import _event_count
+
+    for _topic, seq, payload in capture_messages(name):
+        n = _event_count(payload)
+        assert n is None or n == len(decode_batch(payload, seq=seq).events)
