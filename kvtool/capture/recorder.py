@@ -127,10 +127,15 @@ MAX_CHANNELS_PER_SOURCE = 64
 """Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
 LEDGER_LIST_CAP = 2_000
 """Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
+STATS_DECODE_BURST = 500
+STATS_DECODE_PER_S = 200
+"""Batches decoded for the per-kind status counts: every batch while a token bucket
+(``STATS_DECODE_BURST`` tokens, refilled at this rate) lasts -- so a slow or short
+stream is counted exactly -- then one in :data:`STATS_SAMPLE_EVERY`."""
 STATS_SAMPLE_EVERY = 16
-"""While the loop is busy (a socket had a full burst waiting), one batch in this many is
-decoded for the per-kind status counts; the others only have their events counted from
-the batch header (about 1 us instead of 100-200 us for a 15 kB batch)."""
+"""Past the decode budget, one batch in this many is decoded for the per-kind counts;
+the others only have their events counted from the batch header (about 1 us instead
+of 100-200 us for a 15 kB batch)."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
 MEMORY_BOUND_BYTES = 512 * 1024 * 1024
@@ -464,8 +469,8 @@ class CaptureStats:
         malformed: Messages without vLLM's 3-frame shape, dropped.
         undecodable: Payloads written raw that did not decode as a batch.
         unsampled: Batches left out of the per-kind counts (``stores``, ``removes``,
-            ``cleared``) because the recorder was busy and counted a sample
-            (:data:`STATS_SAMPLE_EVERY`); their events are in ``events``, and they
+            ``cleared``) because the recorder was past its decode budget and counted a
+            sample (:data:`STATS_DECODE_PER_S`); their events are in ``events``, and they
             are in the recording all the same.
         replay_requests: Requests sent to replay sockets.
         replay_timeouts: Requests given up (no answer in time, past their total deadline,
@@ -894,7 +899,6 @@ class Recorder:
             if self._dealer_ids() != dealers_version:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
-            self._sample_stats = busy
             t_poll = time.monotonic_ns()
             ready = poller.poll(0 if busy else 50)
             poll_ns = time.monotonic_ns() - t_poll
@@ -932,8 +936,6 @@ class Recorder:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
         writer = self._writer
         assert writer is not None
-        # Writing what is held and reserved comes first: the status counts are sampled.
-        self._sample_stats = True
         # Each request is bounded by its own timeouts; this caps the whole, so a stop
         # ends promptly whatever the replay sockets do.
         end = time.monotonic_ns() + STOP_GRACE_NS
@@ -1047,6 +1049,12 @@ class Recorder:
         time_ns = time.time_ns
         channels = src.channels
         self._mono = start = time.monotonic_ns()
+        if self._stats_tokens < STATS_DECODE_BURST:
+            self._stats_tokens = min(
+                float(STATS_DECODE_BURST),
+                self._stats_tokens + (start - self._stats_refill_mono) * STATS_DECODE_PER_S / 1e9,
+            )
+        self._stats_refill_mono = start
         n = 0
         while n < BURST:
             try:
@@ -1310,8 +1318,11 @@ class Recorder:
         st = self.stats
         ts = peek_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
-        # Decoding for the status costs more than writing: while busy, a sample only.
-        if self._sample_stats:
+        # Decoding for the status costs more than writing: past its budget, a sample only.
+        if self._stats_tokens >= 1.0:
+            self._stats_tokens -= 1.0
+            self._decode_stats(ch, seq, payload)
+        else:
             self._sample_tick += 1
             n = _event_count(payload) if self._sample_tick % STATS_SAMPLE_EVERY else None
             if n is None:
@@ -1319,8 +1330,6 @@ class Recorder:
             else:
                 st.events += n
                 st.unsampled += 1
-        else:
-            self._decode_stats(ch, seq, payload)
         writer = self._writer
         assert writer is not None
         writer.write(ch.channel_id, seq, payload, t, pub)
@@ -1353,8 +1362,9 @@ class Recorder:
 
     _in_history = False
     _mono = 0
-    _sample_stats = False
     _sample_tick = 0
+    _stats_tokens = float(STATS_DECODE_BURST)
+    _stats_refill_mono = 0
 
     def _decode_stats(self, ch: _Channel, seq: int, payload: bytes) -> None:
         try:
