@@ -104,8 +104,11 @@ def test_dead_replay_socket_cannot_hang_recording(tmp_path: Path) -> None:
     with Peer(msgs, drop={5}, replay=False) as peer:
         t0 = time.monotonic()
         res = Recorder(
-            tmp_path / "r.mcap", [Source(peer.endpoint, dead)], max_batches=len(msgs) - 1,
-            replay_timeout_ns=SECOND // 4, duration_ns=20 * SECOND,
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint, dead)],
+            max_batches=len(msgs) - 1,
+            replay_timeout_ns=SECOND // 4,
+            duration_ns=20 * SECOND,
         ).run(handle_signals=False)
         assert time.monotonic() - t0 < 5
     got = read_back(tmp_path / "r.mcap")
@@ -134,8 +137,13 @@ def test_subscriber_slower_than_publisher_hwm_overflow(tmp_path: Path) -> None:
 
     with Peer(msgs, count=n, hwm=20) as peer:
         res = record(
-            tmp_path / "r.mcap", peer, max_batches=n, rcvhwm=20, status=stall,
-            status_interval_ns=0, quiet_ns=SECOND // 4,
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n,
+            rcvhwm=20,
+            status=stall,
+            status_interval_ns=0,
+            quiet_ns=SECOND // 4,
         )
         assert peer.dropped == []  # whatever is missing, ZeroMQ dropped
     got = read_back(tmp_path / "r.mcap")
@@ -162,8 +170,10 @@ def test_idle_but_connected_publisher_is_not_a_timeout(tmp_path: Path) -> None:
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     try:
         res = Recorder(
-            tmp_path / "r.mcap", [Source(f"tcp://127.0.0.1:{port}")],
-            connect_timeout_ns=SECOND // 5, duration_ns=SECOND // 2,
+            tmp_path / "r.mcap",
+            [Source(f"tcp://127.0.0.1:{port}")],
+            connect_timeout_ns=SECOND // 5,
+            duration_ns=SECOND // 2,
         ).run(handle_signals=False)
     finally:
         pub.close(linger=0)
@@ -179,7 +189,10 @@ def test_idle_but_connected_publisher_is_not_a_timeout(tmp_path: Path) -> None:
 def _record_proc(args: list[str], **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "kvtool", "record", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         **kw,  # type: ignore[call-overload]
     )
 
@@ -242,8 +255,7 @@ def test_sigterm_to_record_process_summary_and_exit_0(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     out = tmp_path / "r.mcap"
     with Peer(msgs, count=100_000, rate=200) as peer:
-        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o",
-                             str(out)])
+        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o", str(out)])
         try:
             deadline = time.monotonic() + 20
             while len(peer.published) < 50:
@@ -322,9 +334,21 @@ def test_ledger_lists_are_capped_totals_exact(tmp_path: Path) -> None:
 
 def _peer_proc(frames: Path, pub: str, replay: str, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "peer.py"), str(frames), "--endpoint", pub,
-         "--replay-endpoint", replay, "--linger", "30", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            str(ROOT / "tests" / "peer.py"),
+            str(frames),
+            "--endpoint",
+            pub,
+            "--replay-endpoint",
+            replay,
+            "--linger",
+            "30",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("READY")
@@ -381,8 +405,13 @@ def test_slow_replay_answer_after_timeout_is_ignored(tmp_path: Path) -> None:
     msgs = capture_messages("full_only")
     n = len(msgs)
     with Peer(msgs, drop={5}, replay_delay=0.6, rate=200) as peer:
-        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
-                     replay_timeout_ns=SECOND // 5, quiet_ns=60 * SECOND)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n - 1,
+            replay_timeout_ns=SECOND // 5,
+            quiet_ns=60 * SECOND,
+        )
     got = read_back(tmp_path / "r.mcap")
     assert [s for s, _ in got] == [s for s in range(n) if s != 5]
     assert [d for _, d in got] == [p for _, s, p in msgs if s != 5]
@@ -400,8 +429,13 @@ def test_held_bytes_bound_gives_up_a_slow_replay(tmp_path: Path, monkeypatch) ->
     msgs = capture_messages("gemma3")
     n = len(msgs)
     with Peer(msgs, drop={3}, replay_delay=3.0) as peer:
-        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
-                     replay_timeout_ns=10 * SECOND, quiet_ns=60 * SECOND)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n - 1,
+            replay_timeout_ns=10 * SECOND,
+            quiet_ns=60 * SECOND,
+        )
     got = read_back(tmp_path / "r.mcap")
     assert [s for s, _ in got] == [s for s in range(n) if s != 3]
     assert res.stats.replay_timeouts == 1 and res.ledger["lost_ranges"] == [[3, 3]]
@@ -412,8 +446,11 @@ def test_connect_timeout_names_only_the_dead_endpoint(tmp_path: Path) -> None:
     msgs = capture_messages("full_only")
     dead = f"tcp://127.0.0.1:{free_port()}"
     with Peer(msgs, linger=5) as peer:
-        rec = Recorder(tmp_path / "r.mcap", [Source(peer.endpoint), Source(dead)],
-                       connect_timeout_ns=SECOND // 2)
+        rec = Recorder(
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint), Source(dead)],
+            connect_timeout_ns=SECOND // 2,
+        )
         with pytest.raises(ConnectTimeout) as info:
             rec.run(handle_signals=False)
     msg = str(info.value)
@@ -456,8 +493,11 @@ def test_busy_loop_while_large_replay_arrives_loses_nothing(
     drop = {10, *range(n - 20, n)}
     with Peer(msgs, count=n, drop=drop, replay_delay=replay_delay) as peer:
         rec = _BusyAfterGapRequest(
-            tmp_path / "r.mcap", [Source(peer.endpoint, peer.replay_endpoint)],
-            max_batches=n, replay_timeout_ns=SECOND // 2, quiet_ns=SECOND // 4,
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint, peer.replay_endpoint)],
+            max_batches=n,
+            replay_timeout_ns=SECOND // 2,
+            quiet_ns=SECOND // 4,
             duration_ns=8 * SECOND,
         )
         res = rec.run(handle_signals=False)
@@ -485,8 +525,13 @@ def test_stop_inside_replay_back_off_leaves_no_silent_loss(
     n = 200
     drop = {10, *range(n - 30, n)}
     with Peer(msgs, count=n, drop=drop, replay_delay=0.6, buffer_steps=buffer_steps) as peer:
-        res = record(tmp_path / "r.mcap", peer, replay_timeout_ns=SECOND // 5,
-                     quiet_ns=60 * SECOND, duration_ns=3 * SECOND // 2)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            replay_timeout_ns=SECOND // 5,
+            quiet_ns=60 * SECOND,
+            duration_ns=3 * SECOND // 2,
+        )
     got = read_back(tmp_path / "r.mcap")
     missing = set(range(n)) - {s for s, _ in got}
     assert missing == _lost_seqs(res.ledger) == lost
@@ -599,8 +644,9 @@ def test_issue8_3_sigterm_ends_record_promptly_whatever_the_replay_does(
     out = tmp_path / "r.mcap"
     drop = set(range(50, 100_000, 100))
     with Peer(msgs, count=100_000, rate=200, drop=drop, replay_mode=mode) as peer:
-        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o",
-                             str(out), "-q"])
+        proc = _record_proc(
+            [peer.endpoint, "--replay", peer.replay_endpoint or "", "-o", str(out), "-q"]
+        )
         try:
             deadline = time.monotonic() + 20
             while len(peer.published) < 500:

@@ -767,7 +767,10 @@ class Recorder:
         }
         ctx_context.update(self._extra_context)
         writer = RecordingWriter(
-            self.path, force=self.force, context=ctx_context, **self._writer_options  # type: ignore[arg-type]
+            self.path,
+            force=self.force,
+            context=ctx_context,
+            **self._writer_options,  # type: ignore[arg-type]
         )
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
@@ -1390,8 +1393,7 @@ class Recorder:
         now = time.monotonic_ns()
         req = _Request(kind, topic, start, now, trigger=trigger, started_mono=now)
         highs = [
-            v for ch in src.channels.values() for v in (ch.live_high, ch.last_live)
-            if v is not None
+            v for ch in src.channels.values() for v in (ch.live_high, ch.last_live) if v is not None
         ]
         if trigger is not None:
             highs.append(trigger)
@@ -1457,8 +1459,15 @@ class Recorder:
                 continue
             if req.window.nbytes > self.stats.reply_bytes_peak:
                 self.stats.reply_bytes_peak = req.window.nbytes
-            req.replies.append((topic if topic is not None else b"", seq, payload,
-                                time.time_ns(), REPLAY if topic is not None else _NO_TOPIC))
+            req.replies.append(
+                (
+                    topic if topic is not None else b"",
+                    seq,
+                    payload,
+                    time.time_ns(),
+                    REPLAY if topic is not None else _NO_TOPIC,
+                )
+            )
 
     def _late_reply(self, src: _Src, topic: bytes | None, seq: int, payload: bytes) -> None:
         """File a reply to a request given up on in its channel's reserve (by seq).
@@ -1724,8 +1733,12 @@ def build_ledger(channels: Iterable[_Channel]) -> dict[str, object]:
             "seq_first": ch.seq_first,
             "seq_last": ch.seq_last,
             "gaps": [
-                {"first": g.first, "last": g.last, "recovered": g.recovered,
-                 "lost_ranges": g.lost_ranges}
+                {
+                    "first": g.first,
+                    "last": g.last,
+                    "recovered": g.recovered,
+                    "lost_ranges": g.lost_ranges,
+                }
                 for g in cap(ch.gaps)
             ],
             "restarts": cap(ch.restarts),
