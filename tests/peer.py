@@ -106,6 +106,15 @@ class Peer:
         hwm: Send high-water mark.
         replay_delay: Seconds to wait before answering a replay request (a slow replay
             socket); publishing goes on meanwhile.
+        replay_mode: How the replay socket behaves: ``"honest"`` (vLLM's protocol),
+            ``"lie"`` (first a reply at seq ``2**63 - 3`` and one below the start asked,
+            then the honest answer), or -- never sending the end marker -- ``"flood"``
+            (in-range replies as fast as ZeroMQ takes them, forever), ``"huge"`` (replies
+            of ``huge_bytes`` bytes, forever) or ``"trickle"`` (one reply every 200 ms,
+            forever).
+        huge_bytes: Payload size of a ``"huge"`` reply.
+        stray: ``(after_seq, old_seq)`` pairs: after publishing ``after_seq``, send
+            ``old_seq`` again live, with its own payload (one out-of-order batch).
     """
 
     def __init__(
@@ -133,7 +142,18 @@ class Peer:
         seq_width: int = 8,
         hwm: int = 100_000,
         replay_delay: float = 0.0,
+        replay_mode: str = "honest",
+        huge_bytes: int = 4 * 1024 * 1024,
+        stray: Iterable[tuple[int, int]] = (),
     ) -> None:
+        if replay_mode not in ("honest", "lie", "flood", "huge", "trickle"):
+            raise ValueError(f"unknown replay_mode {replay_mode!r}")
+        self.replay_mode = replay_mode
+        self.huge_bytes = huge_bytes
+        self.stray = dict(stray)
+        # Endless answers being sent: [ident, next seq, next send time]
+        self._streams: list[list[object]] = []
+        self.hostile_sent = 0
         if reply_layout not in ("topic", "legacy"):
             raise ValueError(f"reply_layout must be 'topic' or 'legacy', not {reply_layout!r}")
         self.payloads: list[tuple[bytes, bytes]] = []
@@ -207,7 +227,10 @@ class Peer:
         router = self.ctx.socket(zmq.ROUTER)
         self._router = router
         router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 2 * (self.buffer_steps + 1) + 10)
+        hwm = 2 * (self.buffer_steps + 1) + 10
+        if self.replay_mode in ("flood", "huge"):
+            hwm = 20  # the flood is the recorder's problem, not this process's memory
+        router.setsockopt(zmq.SNDHWM, hwm)
         return _bind(router, endpoint)
 
     def _register(self) -> None:
@@ -316,6 +339,10 @@ class Peer:
         seq_frame = seq.to_bytes(8, "big") + b"\0" * (self.seq_width - 8)
         assert self._pub is not None
         self._pub.send_multipart((topic, seq_frame, payload), copy=False)
+        old = self.stray.get(seq)
+        if old is not None:
+            _, old_topic, old_payload = next(b for b in self._buffer if b[0] == old)
+            self._pub.send_multipart((old_topic, old.to_bytes(8, "big"), old_payload))
 
     def _wait_for_subscribers(self, since: int = 0) -> None:
         """Wait until ``wait_subscribers`` subscriptions arrived (counted from ``since``)."""
@@ -358,6 +385,9 @@ class Peer:
         deadline = time.monotonic() + timeout_s
         while True:
             left = max(0.0, deadline - time.monotonic())
+            if self._streams:
+                self._misbehave()
+                left = min(left, 0.005)
             ready = dict(self._poller.poll(int(left * 1000)))
             if self._pub is not None and self._pub in ready:
                 while True:
@@ -390,6 +420,18 @@ class Peer:
         ident, _, start_b = req
         start = int.from_bytes(start_b[:8], "big")
         self.replay_requests.append(start)
+        if self.replay_mode in ("flood", "huge", "trickle"):
+            self._streams.append([ident, start, time.monotonic()])
+            self._served.set()
+            return
+        if self.replay_mode == "lie":
+            payload = self.payloads[0][1]
+            for lie in (2**63 - 3, max(0, start - 1)):
+                if lie != start:
+                    self._router.send_multipart(
+                        (ident, b"", self.payloads[0][0], lie.to_bytes(8, "big"), payload)
+                    )
+                    self.hostile_sent += 1
         for seq, topic, payload in self._buffer:
             if seq >= start:
                 seq_b = seq.to_bytes(8, "big")
@@ -403,6 +445,26 @@ class Peer:
         else:
             self._router.send_multipart((ident, b"", END_SEQ, b""))
         self._served.set()
+
+    def _misbehave(self) -> None:
+        """Send the next replies of every endless answer (flood, huge, trickle)."""
+        assert self._router is not None
+        now = time.monotonic()
+        for stream in self._streams:
+            ident, seq, due = stream
+            assert isinstance(ident, bytes) and isinstance(seq, int) and isinstance(due, float)
+            if now < due:
+                continue
+            topic, payload = self.payloads[seq % len(self.payloads)]
+            if self.replay_mode == "huge":
+                payload = b"\x00" * self.huge_bytes
+            n = 200 if self.replay_mode == "flood" else 1
+            for _ in range(n):
+                self._router.send_multipart((ident, b"", topic, seq.to_bytes(8, "big"), payload))
+                self.hostile_sent += 1
+                seq += 1
+            stream[1] = seq
+            stream[2] = now + (0.2 if self.replay_mode == "trickle" else 0.0)
 
     # ------------------------------------------------------------- for tests
     def live_payloads(self) -> list[tuple[int, bytes]]:

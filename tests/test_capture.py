@@ -172,7 +172,10 @@ def test_live_status_counts_per_kind(tmp_path: Path) -> None:
     seen = []
     with Peer(msgs) as peer:
         res = record(
-            tmp_path / "r.mcap", peer, max_batches=len(msgs), status=seen.append,
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=len(msgs),
+            status=seen.append,
             status_interval_ns=0,
         )
     truth = capture_truth("gemma3")
@@ -193,7 +196,10 @@ def test_removes_attributed_through_groups_metadata(tmp_path: Path) -> None:
     truth = capture_truth(name)
     with Peer(msgs) as peer:
         res = record(
-            tmp_path / "r.mcap", peer, max_batches=len(msgs), groups=truth["group_metadata"],
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=len(msgs),
+            groups=truth["group_metadata"],
             groups_source="groups.json",
         )
     want = Counter()
@@ -217,7 +223,9 @@ def test_dropped_seqs_recovered_from_replay_in_order(tmp_path: Path) -> None:
     assert res.ledger["recovered"] == 3 and res.ledger["lost"] == 0
     gaps = res.ledger["channels"][0]["gaps"]  # type: ignore[index]
     assert [(g["first"], g["last"], g["recovered"]) for g in gaps] == [
-        (5, 5, 1), (9, 9, 1), (30, 30, 1)
+        (5, 5, 1),
+        (9, 9, 1),
+        (30, 30, 1),
     ]
     assert_truth(out, "gemma3")
 
@@ -326,6 +334,7 @@ def test_malformed_messages_are_counted_not_fatal(tmp_path: Path) -> None:
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     payloads = [p for _, _, p in capture_messages("full_only")][:5]
     ep = f"tcp://127.0.0.1:{port}"
+
     def publish() -> None:
         assert pub.poll(10_000)
         pub.recv()  # the subscription
@@ -337,8 +346,9 @@ def test_malformed_messages_are_counted_not_fatal(tmp_path: Path) -> None:
     t = threading.Thread(target=publish)
     t.start()
     try:
-        res = Recorder(tmp_path / "r.mcap", [Source(ep)], max_batches=5,
-                       duration_ns=20 * SECOND).run(handle_signals=False)
+        res = Recorder(
+            tmp_path / "r.mcap", [Source(ep)], max_batches=5, duration_ns=20 * SECOND
+        ).run(handle_signals=False)
     finally:
         t.join()
         pub.close(linger=0)
@@ -359,8 +369,11 @@ def _consecutive_peers(msgs: list, n: int) -> list[Peer]:
         try:
             for rank in range(n):
                 peers.append(
-                    Peer(msgs, endpoint=f"tcp://127.0.0.1:{base + rank}",
-                         replay=f"tcp://127.0.0.1:{base + 100 + rank}")
+                    Peer(
+                        msgs,
+                        endpoint=f"tcp://127.0.0.1:{base + rank}",
+                        replay=f"tcp://127.0.0.1:{base + 100 + rank}",
+                    )
                 )
             return peers
         except zmq.ZMQError:
@@ -378,8 +391,12 @@ def test_dp_size_subscribes_to_every_rank(tmp_path: Path) -> None:
             p.start()
         base = peers[0].endpoint
         res = capture(
-            tmp_path / "r.mcap", [base], replay=[peers[0].replay_endpoint or ""], dp_size=2,
-            max_batches=2 * len(msgs), duration_ns=20 * SECOND,
+            tmp_path / "r.mcap",
+            [base],
+            replay=[peers[0].replay_endpoint or ""],
+            dp_size=2,
+            max_batches=2 * len(msgs),
+            duration_ns=20 * SECOND,
         )
     finally:
         for p in peers:
@@ -402,7 +419,8 @@ def test_many_endpoints_one_recording(tmp_path: Path) -> None:
         res = Recorder(
             tmp_path / "r.mcap",
             [Source(a.endpoint, a.replay_endpoint), Source(b.endpoint, b.replay_endpoint)],
-            max_batches=len(a_msgs) + len(b_msgs), duration_ns=20 * SECOND,
+            max_batches=len(a_msgs) + len(b_msgs),
+            duration_ns=20 * SECOND,
         ).run(handle_signals=False)
     assert res.stats.batches == len(a_msgs) + len(b_msgs)
     with open_recording(tmp_path / "r.mcap") as r:
@@ -423,6 +441,7 @@ def test_bind_mode_publisher_connects(tmp_path: Path) -> None:
     ctx.term()
     ep = f"tcp://127.0.0.1:{port}"
     payloads = [p for _, _, p in capture_messages("full_only")][:20]
+
     def publish() -> None:
         c = zmq.Context()
         pub = c.socket(zmq.XPUB)
@@ -437,8 +456,7 @@ def test_bind_mode_publisher_connects(tmp_path: Path) -> None:
     t = threading.Thread(target=publish)
     t.start()
     try:
-        res = capture(tmp_path / "r.mcap", [ep], bind=True, max_batches=20,
-                      duration_ns=20 * SECOND)
+        res = capture(tmp_path / "r.mcap", [ep], bind=True, max_batches=20, duration_ns=20 * SECOND)
     finally:
         t.join()
     assert res.stats.batches == 20
@@ -521,7 +539,10 @@ def test_lost_tail_longer_than_the_replay_buffer_is_part_lost_part_recovered(
     tail = set(range(n - 20, n))
     with Peer(msgs, drop=tail, buffer_steps=8) as peer:
         res = record(
-            tmp_path / "r.mcap", peer, max_batches=n - 12, quiet_ns=SECOND // 5,
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n - 12,
+            quiet_ns=SECOND // 5,
             duration_ns=5 * SECOND,
         )
     got = [s for s, _ in read_back(tmp_path / "r.mcap")]
@@ -531,3 +552,13 @@ def test_lost_tail_longer_than_the_replay_buffer_is_part_lost_part_recovered(
     assert (res.stats.recovered, res.stats.lost) == (8, 12)
     gaps = res.ledger["channels"][0]["gaps"]  # type: ignore[index]
     assert [r for g in gaps for r in g["lost_ranges"]] == [[n - 20, n - 9]]
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_issue10_5_event_count_from_the_header_matches_decoding(name: str) -> None:
+    """The busy recorder counts events from the batch header: the same as decoding."""
+    from kvtool.capture.recorder import _event_count
+
+    for _topic, seq, payload in capture_messages(name):
+        n = _event_count(payload)
+        assert n is None or n == len(decode_batch(payload, seq=seq).events)

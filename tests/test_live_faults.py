@@ -104,8 +104,11 @@ def test_dead_replay_socket_cannot_hang_recording(tmp_path: Path) -> None:
     with Peer(msgs, drop={5}, replay=False) as peer:
         t0 = time.monotonic()
         res = Recorder(
-            tmp_path / "r.mcap", [Source(peer.endpoint, dead)], max_batches=len(msgs) - 1,
-            replay_timeout_ns=SECOND // 4, duration_ns=20 * SECOND,
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint, dead)],
+            max_batches=len(msgs) - 1,
+            replay_timeout_ns=SECOND // 4,
+            duration_ns=20 * SECOND,
         ).run(handle_signals=False)
         assert time.monotonic() - t0 < 5
     got = read_back(tmp_path / "r.mcap")
@@ -134,8 +137,13 @@ def test_subscriber_slower_than_publisher_hwm_overflow(tmp_path: Path) -> None:
 
     with Peer(msgs, count=n, hwm=20) as peer:
         res = record(
-            tmp_path / "r.mcap", peer, max_batches=n, rcvhwm=20, status=stall,
-            status_interval_ns=0, quiet_ns=SECOND // 4,
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n,
+            rcvhwm=20,
+            status=stall,
+            status_interval_ns=0,
+            quiet_ns=SECOND // 4,
         )
         assert peer.dropped == []  # whatever is missing, ZeroMQ dropped
     got = read_back(tmp_path / "r.mcap")
@@ -162,8 +170,10 @@ def test_idle_but_connected_publisher_is_not_a_timeout(tmp_path: Path) -> None:
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     try:
         res = Recorder(
-            tmp_path / "r.mcap", [Source(f"tcp://127.0.0.1:{port}")],
-            connect_timeout_ns=SECOND // 5, duration_ns=SECOND // 2,
+            tmp_path / "r.mcap",
+            [Source(f"tcp://127.0.0.1:{port}")],
+            connect_timeout_ns=SECOND // 5,
+            duration_ns=SECOND // 2,
         ).run(handle_signals=False)
     finally:
         pub.close(linger=0)
@@ -179,7 +189,10 @@ def test_idle_but_connected_publisher_is_not_a_timeout(tmp_path: Path) -> None:
 def _record_proc(args: list[str], **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "kvtool", "record", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         **kw,  # type: ignore[call-overload]
     )
 
@@ -242,8 +255,7 @@ def test_sigterm_to_record_process_summary_and_exit_0(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     out = tmp_path / "r.mcap"
     with Peer(msgs, count=100_000, rate=200) as peer:
-        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o",
-                             str(out)])
+        proc = _record_proc([peer.endpoint, "--replay", peer.replay_endpoint or "", "-o", str(out)])
         try:
             deadline = time.monotonic() + 20
             while len(peer.published) < 50:
@@ -322,9 +334,21 @@ def test_ledger_lists_are_capped_totals_exact(tmp_path: Path) -> None:
 
 def _peer_proc(frames: Path, pub: str, replay: str, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "peer.py"), str(frames), "--endpoint", pub,
-         "--replay-endpoint", replay, "--linger", "30", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            str(ROOT / "tests" / "peer.py"),
+            str(frames),
+            "--endpoint",
+            pub,
+            "--replay-endpoint",
+            replay,
+            "--linger",
+            "30",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("READY")
@@ -381,8 +405,13 @@ def test_slow_replay_answer_after_timeout_is_ignored(tmp_path: Path) -> None:
     msgs = capture_messages("full_only")
     n = len(msgs)
     with Peer(msgs, drop={5}, replay_delay=0.6, rate=200) as peer:
-        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
-                     replay_timeout_ns=SECOND // 5, quiet_ns=60 * SECOND)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n - 1,
+            replay_timeout_ns=SECOND // 5,
+            quiet_ns=60 * SECOND,
+        )
     got = read_back(tmp_path / "r.mcap")
     assert [s for s, _ in got] == [s for s in range(n) if s != 5]
     assert [d for _, d in got] == [p for _, s, p in msgs if s != 5]
@@ -394,14 +423,19 @@ def test_slow_replay_answer_after_timeout_is_ignored(tmp_path: Path) -> None:
 def test_held_bytes_bound_gives_up_a_slow_replay(tmp_path: Path, monkeypatch) -> None:
     """Live batches held for a slow replay are bounded: past the bound the replay is given
     up, the gap lost and the held batches written in order."""
-    import kvtool.capture as capture_mod
+    import kvtool.capture.recorder as capture_mod
 
     monkeypatch.setattr(capture_mod, "MAX_HELD_BYTES", 50_000)
     msgs = capture_messages("gemma3")
     n = len(msgs)
     with Peer(msgs, drop={3}, replay_delay=3.0) as peer:
-        res = record(tmp_path / "r.mcap", peer, max_batches=n - 1,
-                     replay_timeout_ns=10 * SECOND, quiet_ns=60 * SECOND)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            max_batches=n - 1,
+            replay_timeout_ns=10 * SECOND,
+            quiet_ns=60 * SECOND,
+        )
     got = read_back(tmp_path / "r.mcap")
     assert [s for s, _ in got] == [s for s in range(n) if s != 3]
     assert res.stats.replay_timeouts == 1 and res.ledger["lost_ranges"] == [[3, 3]]
@@ -412,8 +446,11 @@ def test_connect_timeout_names_only_the_dead_endpoint(tmp_path: Path) -> None:
     msgs = capture_messages("full_only")
     dead = f"tcp://127.0.0.1:{free_port()}"
     with Peer(msgs, linger=5) as peer:
-        rec = Recorder(tmp_path / "r.mcap", [Source(peer.endpoint), Source(dead)],
-                       connect_timeout_ns=SECOND // 2)
+        rec = Recorder(
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint), Source(dead)],
+            connect_timeout_ns=SECOND // 2,
+        )
         with pytest.raises(ConnectTimeout) as info:
             rec.run(handle_signals=False)
     msg = str(info.value)
@@ -456,8 +493,11 @@ def test_busy_loop_while_large_replay_arrives_loses_nothing(
     drop = {10, *range(n - 20, n)}
     with Peer(msgs, count=n, drop=drop, replay_delay=replay_delay) as peer:
         rec = _BusyAfterGapRequest(
-            tmp_path / "r.mcap", [Source(peer.endpoint, peer.replay_endpoint)],
-            max_batches=n, replay_timeout_ns=SECOND // 2, quiet_ns=SECOND // 4,
+            tmp_path / "r.mcap",
+            [Source(peer.endpoint, peer.replay_endpoint)],
+            max_batches=n,
+            replay_timeout_ns=SECOND // 2,
+            quiet_ns=SECOND // 4,
             duration_ns=8 * SECOND,
         )
         res = rec.run(handle_signals=False)
@@ -485,10 +525,149 @@ def test_stop_inside_replay_back_off_leaves_no_silent_loss(
     n = 200
     drop = {10, *range(n - 30, n)}
     with Peer(msgs, count=n, drop=drop, replay_delay=0.6, buffer_steps=buffer_steps) as peer:
-        res = record(tmp_path / "r.mcap", peer, replay_timeout_ns=SECOND // 5,
-                     quiet_ns=60 * SECOND, duration_ns=3 * SECOND // 2)
+        res = record(
+            tmp_path / "r.mcap",
+            peer,
+            replay_timeout_ns=SECOND // 5,
+            quiet_ns=60 * SECOND,
+            duration_ns=3 * SECOND // 2,
+        )
     got = read_back(tmp_path / "r.mcap")
     missing = set(range(n)) - {s for s, _ in got}
     assert missing == _lost_seqs(res.ledger) == lost
     assert [s for s, _ in got] == [s for s in range(n) if s not in lost]
     assert res.stats.replay_timeouts >= 1
+
+
+# -------------------------------------------------- hostile peers (issue 8.3, 8.6, 8.7)
+
+
+@pytest.mark.zmq
+def test_issue8_6_one_out_of_order_live_batch_is_not_a_restart(tmp_path: Path) -> None:
+    """Seq 12 sent again after 30: dropped and counted as a stray; before, it was taken for
+    a restart and 0-30 were fetched and written a second time."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(msgs, stray=[(30, 12)]) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert (res.stats.stray, res.stats.restarts, res.ledger["restarts"]) == (1, 0, 0)
+    assert res.ledger["lost"] == 0
+
+
+@pytest.mark.zmq
+def test_issue8_7_lying_replay_socket_is_a_protocol_error_not_a_gap(tmp_path: Path) -> None:
+    """Replies at seq 2**63-3 and below the start asked: rejected and counted; before, the
+    ledger said ~9.2e18 batches were lost."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(msgs, drop={5}, replay_mode="lie") as peer:
+        # Stopped by time, not by a batch count, so the stop settles every channel.
+        res = record(tmp_path / "r.mcap", peer, duration_ns=2 * SECOND, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(n))
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert res.stats.replay_rejected >= 2  # two per request (the gap, and a tail at stop)
+    assert (res.stats.lost, res.ledger["lost"], res.stats.recovered) == (0, 0, 1)
+
+
+@pytest.mark.zmq
+def test_issue8_3_trickling_replay_cannot_hold_live_batches(tmp_path: Path) -> None:
+    """One reply every 200 ms, never an end marker: the request is given up once live
+    batches were held MAX_HOLD_NS, and the capture goes on. Before, the trickle kept the
+    request alive and every live batch held until the stop."""
+    from kvtool.capture.recorder import MAX_HELD_BYTES
+
+    msgs = capture_messages("gemma3")
+    count = 600
+    with Peer(msgs, count=count, rate=200, drop={20}, replay_mode="trickle") as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=count, quiet_ns=60 * SECOND)
+    assert res.stop_reason == "max_batches"
+    assert res.stats.replay_timeouts >= 1
+    assert 0 < res.stats.held_bytes_peak <= MAX_HELD_BYTES
+    got = read_back(tmp_path / "r.mcap")
+    # The trickle's first reply is the right seq 20: recovered, and nothing written twice.
+    assert [s for s, _ in got] == list(range(count))
+    assert [d for _, d in got] == [msgs[s % len(msgs)][2] for s in range(count)]
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("mode", ["flood", "huge"])
+def test_issue8_3_flooding_replay_is_capped_and_closed(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Endless replies (many small, or 4 MiB each): what exceeds a request's count or byte
+    cap is discarded and counted, the socket closed, and the capture goes on."""
+    import kvtool.capture.recorder as recorder_mod
+    import kvtool.capture.sequencer as sequencer_mod
+    from kvtool.capture.recorder import MAX_HELD_BYTES
+    from kvtool.capture.sequencer import MAX_REPLY_BYTES
+
+    monkeypatch.setattr(sequencer_mod, "MAX_REPLY_COUNT", 2_000)  # a quick flood
+    monkeypatch.setattr(recorder_mod, "MAX_LATE_REPLIES", 2_000)
+    msgs = capture_messages("gemma3")
+    count = 600
+    with Peer(msgs, count=count, rate=200, drop={20}, replay_mode=mode) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=count, quiet_ns=60 * SECOND)
+    assert res.stop_reason == "max_batches"
+    assert res.stats.replay_discarded >= 1 and res.stats.replay_timeouts >= 1
+    assert 0 < res.stats.reply_bytes_peak <= MAX_REPLY_BYTES
+    assert res.stats.held_bytes_peak <= MAX_HELD_BYTES
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == list(range(count))
+    # In range, a reply cannot be told from the truth: only seq 20 may be the peer's.
+    assert [d for s, d in got if s != 20] == [
+        msgs[s % len(msgs)][2] for s in range(count) if s != 20
+    ]
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.zmq
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["trickle", "huge", "flood"])
+def test_issue8_3_sigterm_ends_record_promptly_whatever_the_replay_does(
+    tmp_path: Path, mode: str
+) -> None:
+    """`kvtool record` against a hostile replay socket: SIGTERM ends it within 3 s with a
+    valid, closed file, and its peak RSS stays under the stated bound."""
+    from kvtool.capture import MEMORY_BOUND_BYTES
+
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "r.mcap"
+    drop = set(range(50, 100_000, 100))
+    with Peer(msgs, count=100_000, rate=200, drop=drop, replay_mode=mode) as peer:
+        proc = _record_proc(
+            [peer.endpoint, "--replay", peer.replay_endpoint or "", "-o", str(out), "-q"]
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while len(peer.published) < 500:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+            # The peak RSS of the recorder's own image (ru_maxrss of a child would
+            # include this test process's RSS at fork).
+            hwm_kib = _vm_hwm_kib(proc.pid)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            stop_s = time.monotonic() - t0
+            print(f"{mode}: stopped in {stop_s:.2f} s, peak RSS {hwm_kib // 1024} MiB")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            proc.communicate()
+    assert proc.returncode in (0, 3)  # 3: finished, with gaps lost (in the ledger)
+    assert stop_s < 3.0, stop_s
+    assert hwm_kib * 1024 < MEMORY_BOUND_BYTES, hwm_kib
+    with open_recording(out) as r:
+        seqs = [m.seq for m in r.messages()]
+        assert r.recovery.complete and r.ledger is not None
+    assert len(seqs) >= 300 and seqs == sorted(set(seqs))

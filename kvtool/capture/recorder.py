@@ -1,4 +1,4 @@
-"""Live capture: subscribe to vLLM KV-event publishers and record, recovering gaps over replay.
+"""The recorder: SUB + replay DEALER sockets and the poll loop around the seq decisions.
 
 A :class:`Recorder` SUBscribes to one or many endpoints (one socket each, so every
 message is known to come from its endpoint), writes every batch through
@@ -18,19 +18,40 @@ message is known to come from its endpoint), writes every batch through
 - a lost **tail** is invisible to gap detection, so a channel quiet for about a second
   (and every quiet channel at stop) asks the replay socket for anything after its last seq;
 - ``history`` first asks the replay socket for everything it still buffers;
-- a seq going **backwards** is a publisher restart: noted in the ledger (not a gap),
-  tracking restarts at seq 0 (a restarted publisher numbers from 0, so what it sent
-  before we saw it is a gap to recover like any other);
+- a seq going **backwards** followed by a consistent new run is a publisher restart:
+  noted in the ledger (not a gap), tracking restarts at seq 0 (a restarted publisher
+  numbers from 0, so what it sent before we saw it is a gap to recover like any other).
+  One old seq followed by the old run going on is a *stray*: dropped and counted, never
+  written twice (:class:`~kvtool.capture.sequencer.LiveOrder`);
+- a replay reply outside the requested range, or not ascending, is a counted protocol
+  error (``replay_rejected``), never a gap (:class:`~kvtool.capture.sequencer.ReplyWindow`);
 - a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
-  socket) ends as lost, and the replay socket is left alone for a while. The clock only
-  runs while the loop could read (a pass busy writing or merging is not charged), the
-  DEALER is drained before a timeout is declared, and it is kept afterwards: a late
-  answer is still filed by seq (a second unanswered request replaces the socket);
+  socket), that runs past its total deadline (:data:`REPLAY_DEADLINE_NS`, a trickling
+  socket), that floods (past its reply count or byte cap), or that holds live batches
+  past :data:`MAX_HOLD_NS` or :data:`MAX_HELD_BYTES` is given up: its outstanding seqs
+  are lost, the held batches are written, and the replay socket is left alone for a
+  while (a flooding one is closed). The clock only runs while the loop could read (a
+  pass busy writing or merging is not charged), the DEALER is drained before a timeout
+  is declared, and it is kept afterwards: a late answer is still filed by seq (a second
+  unanswered request replaces the socket);
 - at stop, each quiet channel asks for its tail once more (also inside that back-off,
   with a short timeout); every seq the recorder has evidence of (written, or in a
   reply) but did not write goes to the ledger as lost: nothing goes missing silently.
 
-The gap ledger (``kvtool.gaps`` metadata record, written at close)::
+Guarantees, whatever the peers do:
+
+- **stop**: after SIGTERM/SIGINT (or :meth:`Recorder.stop`) the recorder spends at most
+  :data:`STOP_GRACE_NS` (1 s) finishing replays, then writes what it holds and closes a
+  valid file with its gap ledger -- ``kvtool record`` exits well within 3 s;
+- **SIGKILL** loses at most about 2 s of received batches: the writer flushes every
+  second and live batches are held for a replay at most :data:`MAX_HOLD_NS` (1 s);
+- **memory**: the recorder's own buffers (held live batches, one request's replies, the
+  reserve, remembered payload hashes) stay under :data:`MEMORY_BOUND_BYTES` (512 MiB), for up
+  to :data:`MAX_CHANNELS_PER_SOURCE` channels per endpoint. ZeroMQ's queues (SUB
+  ``RCVHWM`` 5,000 messages, DEALER :data:`DEALER_RCVHWM`) come on top; each message
+  is at most :data:`MAX_MESSAGE_BYTES` (a larger one drops the peer's connection).
+
+The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`build_ledger`)::
 
     {"channels": [{"channel", "endpoint", "topic", "dp_rank", "batches", "seq_first",
                    "seq_last", "gaps": [{"first", "last", "recovered",
@@ -48,8 +69,8 @@ import re
 import signal
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import ClassVar, Literal, TypeVar
@@ -58,6 +79,15 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from kvtool.capture.sequencer import (
+    MAX_REPLY_BYTES,
+    MAX_REPLY_COUNT,
+    LiveOrder,
+    ReplyVerdict,
+    ReplyWindow,
+    Resolution,
+    Verdict,
+)
 from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError
 from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
@@ -70,27 +100,56 @@ DEFAULT_REPLAY_TIMEOUT_NS = 2_000_000_000
 DEFAULT_QUIET_NS = 1_000_000_000
 REPLAY_BACKOFF_NS = 10_000_000_000
 """After a replay request timed out, gaps are recorded as lost for this long."""
+REPLAY_DEADLINE_NS = 5_000_000_000
+"""Total time one replay request may take, however steadily it answers (a trickling
+socket); the idle timeout alone never fires while replies keep coming."""
 STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
 STOP_TAIL_TIMEOUT_NS = 1_000_000_000
 """At stop, a source in its replay back-off still makes one tail request, with this timeout."""
+STOP_GRACE_NS = 1_000_000_000
+"""After a stop, outstanding replays get at most this long before what is held is written."""
+STOP_WRITE_BUDGET_NS = 700_000_000
+"""After a stop, writing the reserve gets this long; what is left then is in the ledger as lost."""
 LOOP_STALL_NS = 200_000_000
 """A loop pass longer than this was busy elsewhere (writing, merging, catching up the status):
 pending replay requests are not charged for it (their replies could not be read)."""
-MAX_HELD_BYTES = 256 * 1024 * 1024
+MAX_HELD_BYTES = 128 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
+MAX_HOLD_NS = 1_000_000_000
+"""How long live batches may be held for one replay; past this the replay is given up
+(so a SIGKILL loses at most this plus the writer's flush interval)."""
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""ZeroMQ ``MAXMSGSIZE`` of every socket: a larger message drops the peer's connection."""
+DEALER_RCVHWM = 20_000
+"""Replies queued on a DEALER: twice vLLM's ``buffer_steps``, so a real replay never drops."""
+MAX_CHANNELS_PER_SOURCE = 64
+"""Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
 LEDGER_LIST_CAP = 2_000
 """Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
-MAX_STATS_BACKLOG = 50_000
-"""Batches whose status decoding may wait for an idle moment; past this it is skipped."""
+STATS_DECODE_BURST = 500
+STATS_DECODE_PER_S = 200
+"""Batches decoded for the per-kind status counts: every batch while a token bucket
+(``STATS_DECODE_BURST`` tokens, refilled at this rate) lasts -- so a slow or short
+stream is counted exactly -- then one in :data:`STATS_SAMPLE_EVERY`."""
+STATS_SAMPLE_EVERY = 16
+"""Past the decode budget, one batch in this many is decoded for the per-kind counts;
+the others only have their events counted from the batch header (about 1 us instead
+of 100-200 us for a 15 kB batch)."""
 MAX_REMEMBERED = 20_000
-"""Replayed batches remembered per channel, to recognise a late live copy of one."""
+"""Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
+MEMORY_BOUND_BYTES = 512 * 1024 * 1024
+"""The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
+replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) +
+remembered hashes, with room to spare."""
 RCVHWM = 5_000
 """Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
 a recorder that falls behind must see a gap while the replay buffer still holds it; a
 deep receive queue would only delay the gap past recovery."""
 BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
+MAX_LATE_REPLIES = MAX_REPLY_COUNT
+"""Late replies (to requests given up on) filed per request; past this the socket is closed."""
 
 Origin = Literal[0, 1]
 LIVE: Origin = 0
@@ -342,6 +401,27 @@ _EvStat = tuple[int, int | None, str | None]
 _CLEARED: _EvStat = (2, None, None)
 
 
+def _event_count(raw: bytes) -> int | None:
+    """Return the number of events a batch's header announces, or None if unsure.
+
+    Reads the array header that follows the float ts of an array batch (every vLLM
+    release); any other shape returns None (the caller decodes instead).
+    """
+    if len(raw) < 7 or raw[0] not in (0x92, 0x93):
+        return None
+    i = 10 if raw[1] == 0xCB else 6 if raw[1] == 0xCA else 0
+    if not i or len(raw) <= i:
+        return None
+    b = raw[i]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F
+    if b == 0xDC and len(raw) >= i + 3:
+        return int.from_bytes(raw[i + 1 : i + 3], "big")
+    if b == 0xDD and len(raw) >= i + 5:
+        return int.from_bytes(raw[i + 1 : i + 5], "big")
+    return None
+
+
 def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
     """Return ``(events, {(type, group_idx, kind): count})``; ProtocolError for garbage.
 
@@ -375,7 +455,7 @@ class CaptureStats:
 
     Attributes:
         batches: Batches written.
-        events: Events in them (where they decoded).
+        events: Events in them (from each batch's header, or its decoding).
         bytes: Payload bytes written.
         stores: ``BlockStored`` events per kind (``unannotated`` without one).
         removes: ``BlockRemoved`` events per kind (through group_idx; else ``unattributed``).
@@ -388,10 +468,21 @@ class CaptureStats:
         duplicates: Batches received twice (live and replay) and written once.
         malformed: Messages without vLLM's 3-frame shape, dropped.
         undecodable: Payloads written raw that did not decode as a batch.
-        unsampled: Batches left out of the event counts (the recorder was overloaded
-            for long); they are in the recording all the same.
+        unsampled: Batches left out of the per-kind counts (``stores``, ``removes``,
+            ``cleared``) because the recorder was past its decode budget and counted a
+            sample (:data:`STATS_DECODE_PER_S`); their events are in ``events``, and they
+            are in the recording all the same.
         replay_requests: Requests sent to replay sockets.
-        replay_timeouts: Requests that got no answer in time.
+        replay_timeouts: Requests given up (no answer in time, past their total deadline,
+            flooding, or holding live batches too long or too many).
+        stray: Live batches behind the stream that were not a restart (dropped; their
+            seq was written already or is in the ledger).
+        replay_rejected: Replay replies outside the requested range or not ascending
+            (a lying replay socket): protocol errors, dropped.
+        replay_discarded: Replay replies past a request's count or byte cap, or late
+            replies past the reserve's bound: dropped.
+        held_bytes_peak: Most live bytes ever held at once for a replay.
+        reply_bytes_peak: Most reply bytes one replay request ever accepted.
         start_ns: Wall time the capture started (ns).
         elapsed_ns: Time since the start, updated by the loop.
         connected: Endpoints whose SUB socket has a connection.
@@ -414,6 +505,11 @@ class CaptureStats:
     unsampled: int = 0
     replay_requests: int = 0
     replay_timeouts: int = 0
+    stray: int = 0
+    replay_rejected: int = 0
+    replay_discarded: int = 0
+    held_bytes_peak: int = 0
+    reply_bytes_peak: int = 0
     start_ns: int = 0
     elapsed_ns: int = 0
     connected: set[str] = field(default_factory=set)
@@ -451,14 +547,6 @@ class _Gap:
     def covers(self, a: int, b: int) -> bool:
         return self.first <= a and (self.last is None or b <= self.last)
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "first": self.first,
-            "last": self.last,
-            "recovered": self.recovered,
-            "lost_ranges": self.lost_ranges,
-        }
-
 
 @dataclass
 class _Channel:
@@ -481,7 +569,10 @@ class _Channel:
     # reserve. At stop, whatever below it was not written is in the ledger as lost.
     known_max: int | None = None
     history_asked: bool = False
-    replayed: dict[int, bytes] = field(default_factory=dict)  # recent replay writes
+    replayed: dict[int, int] = field(default_factory=dict)  # recent replay writes: payload hash
+    order: LiveOrder = field(default_factory=LiveOrder)
+    suspect: _Item | None = None  # a live batch behind the stream, until order resolves it
+    live_high: int | None = None  # the highest live seq this epoch
     batches: int = 0
     seq_first: int | None = None
     seq_last: int | None = None
@@ -500,6 +591,9 @@ class _Request:
     abandon: bool = False
     sent: bool = True  # False: the DEALER could not queue it (no connection)
     timeout_ns: int | None = None  # None: the recorder's replay_timeout_ns
+    flooded: bool = False
+    started_mono: int = 0  # for the total deadline (moved on like progress_mono when busy)
+    window: ReplyWindow | None = None
 
 
 @dataclass
@@ -513,7 +607,10 @@ class _Src:
     pending: _Request | None = None
     held: list[_Item] = field(default_factory=list)
     held_bytes: int = 0
+    held_since_mono: int = 0  # when the first held batch came (moved on when busy)
     replay_dead_until: int = 0
+    late_accepted: int = 0  # late replies seen since the last request
+    late_bytes: int = 0
     # Requests given up on whose end marker has not come yet: the ROUTER answers in
     # order on the same DEALER, so the next replies (up to that many end markers)
     # belong to them; their batches are still filed by seq (late replies).
@@ -608,7 +705,6 @@ class Recorder:
         self._srcs: list[_Src] = []
         self._writer: RecordingWriter | None = None
         self._full = False
-        self._stats_backlog: deque[tuple[_Channel, int, bytes]] = deque()
         # group_idx -> kind: from the groups metadata, then learned from annotated stores
         self._kinds: dict[tuple[int, int], str] = {}
         self._meta_kinds: dict[int, str] = {}
@@ -671,7 +767,10 @@ class Recorder:
         }
         ctx_context.update(self._extra_context)
         writer = RecordingWriter(
-            self.path, force=self.force, context=ctx_context, **self._writer_options  # type: ignore[arg-type]
+            self.path,
+            force=self.force,
+            context=ctx_context,
+            **self._writer_options,  # type: ignore[arg-type]
         )
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
@@ -712,6 +811,7 @@ class Recorder:
             sub = ctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
+            sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             mon = None
             if not spec.endpoint.startswith("inproc://"):
                 mon = sub.get_monitor_socket(
@@ -741,7 +841,8 @@ class Recorder:
             src.dealer.close(linger=0)
         d = (ctx or self._ctx).socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
-        d.setsockopt(zmq.RCVHWM, 0)
+        d.setsockopt(zmq.RCVHWM, DEALER_RCVHWM)
+        d.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         assert src.spec.replay is not None
         if "[" in src.spec.replay:
             d.setsockopt(zmq.IPV6, 1)
@@ -801,12 +902,9 @@ class Recorder:
             if self._dealer_ids() != dealers_version:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
-            self._defer_stats = busy
             t_poll = time.monotonic_ns()
-            ready = poller.poll(0 if busy or self._stats_backlog else 50)
+            ready = poller.poll(0 if busy else 50)
             poll_ns = time.monotonic_ns() - t_poll
-            if not ready and not busy:
-                self._catch_up_stats(10_000_000)
             busy = False
             for sock, _ in ready:
                 role, src = roles[sock]
@@ -841,8 +939,9 @@ class Recorder:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
         writer = self._writer
         assert writer is not None
-        # Each request is bounded by its own (progress) timeout; this only caps the whole.
-        end = time.monotonic_ns() + max(10 * self.replay_timeout_ns, 30_000_000_000)
+        # Each request is bounded by its own timeouts; this caps the whole, so a stop
+        # ends promptly whatever the replay sockets do.
+        end = time.monotonic_ns() + STOP_GRACE_NS
         # Channels quiet at stop may have lost their tail; a busy one has batches in
         # flight rather than lost, so it is not asked.
         tails: dict[int, list[_Channel]] = {}
@@ -904,13 +1003,13 @@ class Recorder:
         # Anything still held (no replay could be finished) is written as it stands.
         for src in self._srcs:
             src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
-            held, src.held = src.held, []
+            held, src.held, src.held_bytes = src.held, [], 0
             for item in held:
                 self._feed(src, item)
+            for ch in list(src.channels.values()):
+                self._resolve_suspect(ch, None)
         if not self._full:
             self._settle()
-        self._defer_stats = False
-        self._catch_up_stats(None)
         if self._status is not None:
             self._status(self.stats)
 
@@ -919,21 +1018,30 @@ class Recorder:
 
         The reserve (replayed batches the live stream never delivered) is written in seq
         order; a hole between its entries, or between the last written seq and the
-        highest seq the recorder saw evidence of, goes to the ledger as lost.
+        highest seq the recorder saw evidence of, goes to the ledger as lost. Writing
+        gets :data:`STOP_WRITE_BUDGET_NS`; what is left then is lost too (never silent).
         """
+        deadline = time.monotonic_ns() + STOP_WRITE_BUDGET_NS
         for src in self._srcs:
             for ch in src.channels.values():
                 if ch.expected is None:
                     continue
-                while True:
+                # One pass in seq order: every key below the current one is gone, so
+                # the holes are lost without rescanning the reserve.
+                for k in sorted(ch.reserve):
+                    if k not in ch.reserve:
+                        continue
+                    if k < ch.expected:
+                        del ch.reserve[k]
+                        continue
+                    if time.monotonic_ns() > deadline:
+                        break
+                    if k > ch.expected:
+                        self._lose(ch, ch.expected, k - 1, scan=False)
                     self._fill(ch, None, tail=True)
                     if self._full:
                         return
-                    for k in [k for k in ch.reserve if k < ch.expected]:
-                        del ch.reserve[k]
-                    if not ch.reserve:
-                        break
-                    self._lose(ch, ch.expected, min(ch.reserve) - 1)
+                ch.reserve.clear()
                 if ch.known_max is not None and ch.known_max >= ch.expected:
                     self._lose(ch, ch.expected, ch.known_max)
 
@@ -944,6 +1052,12 @@ class Recorder:
         time_ns = time.time_ns
         channels = src.channels
         self._mono = start = time.monotonic_ns()
+        if self._stats_tokens < STATS_DECODE_BURST:
+            self._stats_tokens = min(
+                float(STATS_DECODE_BURST),
+                self._stats_tokens + (start - self._stats_refill_mono) * STATS_DECODE_PER_S / 1e9,
+            )
+        self._stats_refill_mono = start
         n = 0
         while n < BURST:
             try:
@@ -958,7 +1072,7 @@ class Recorder:
             seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
             if src.pending is None:
                 ch = channels.get(topic)
-                if ch is not None and seq == ch.expected and not ch.reserve:
+                if ch is not None and seq == ch.expected and not ch.reserve and ch.suspect is None:
                     # The common case, inline: the next batch of a known channel.
                     ch.tail_checked = False
                     ch.last_live_mono = start
@@ -1013,17 +1127,23 @@ class Recorder:
         )
 
     def _hold(self, src: _Src, item: _Item) -> None:
+        if not src.held:
+            src.held_since_mono = time.monotonic_ns()
         src.held.append(item)
         src.held_bytes += len(item[2])
+        if src.held_bytes > self.stats.held_bytes_peak:
+            self.stats.held_bytes_peak = src.held_bytes
         if src.held_bytes > MAX_HELD_BYTES and src.pending is not None:
             # The replay is taking too long for this stream's rate: give it up (from the
             # loop, never from inside a merge that is still feeding).
             src.pending.abandon = True
 
     # ------------------------------------------------------ seq tracking
-    def _channel(self, src: _Src, topic: bytes) -> _Channel:
+    def _channel(self, src: _Src, topic: bytes) -> _Channel | None:
         ch = src.channels.get(topic)
         if ch is None:
+            if len(src.channels) >= MAX_CHANNELS_PER_SOURCE:
+                return None  # a peer inventing topics: bounded, like every buffer
             writer = self._writer
             assert writer is not None
             topic_str = topic.decode("utf-8", "backslashreplace")
@@ -1050,8 +1170,18 @@ class Recorder:
             return
         topic, seq, payload, t, _ = item
         ch = src.channels.get(topic) or self._channel(src, topic)
+        if ch is None:
+            self.stats.malformed += 1
+            return
         ch.tail_checked = False
         ch.last_live_mono = self._mono
+        if ch.suspect is not None:
+            self._resolve_suspect(ch, seq)
+            if self._full:
+                return
+            if src.pending is not None:  # the restart's own gap is being fetched
+                self._hold(src, item)
+                return
         e = ch.expected
         if (
             e is None
@@ -1064,22 +1194,25 @@ class Recorder:
             self._request(src, "history", topic, 0, trigger=seq)
             self._hold(src, item)
             return
-        if e is None or seq == e:
+        if e is not None and seq < e and ch.replayed.get(seq) == hash(payload):
+            # A late live copy of a batch the replay already gave us.
+            self.stats.duplicates += 1
             ch.last_live = seq
+            return
+        verdict = ch.order.judge(seq, e)
+        if verdict is Verdict.WRITE:
+            ch.last_live = seq
+            if ch.live_high is None or seq > ch.live_high:
+                ch.live_high = seq
             self._write(ch, seq, payload, t, LIVE)
             return
-        if seq < e:
-            if ch.replayed.get(seq) == payload:
-                # A late live copy of a batch the replay already gave us.
-                self.stats.duplicates += 1
-                ch.last_live = seq
-                return
-            self._restart(ch, seq, t)
-            e = 0
-            if seq == 0:
-                ch.last_live = seq
-                self._write(ch, seq, payload, t, LIVE)
-                return
+        if verdict is Verdict.HOLD:
+            # Behind the stream: a restart only if a consistent new run follows.
+            ch.suspect = item
+            return
+        assert e is not None
+        if ch.live_high is None or seq > ch.live_high:
+            ch.live_high = seq
         # A hole [e, seq - 1]: the live stream skipped it (ZeroMQ keeps order, so it
         # will not come live any more).
         gap = ch.open_gap
@@ -1135,19 +1268,37 @@ class Recorder:
             for k in [k for k in reserve if k < ch.expected]:
                 del reserve[k]
 
+    def _resolve_suspect(self, ch: _Channel, next_seq: int | None) -> None:
+        """Drop the held behind-seq as a stray, or start a new epoch with it (a restart)."""
+        item = ch.suspect
+        if item is None:
+            return
+        ch.suspect = None
+        if ch.order.resolve(next_seq, ch.expected) is Resolution.STRAY:
+            self.stats.stray += 1
+            return
+        _, seq, payload, t, _ = item
+        self._restart(ch, seq, t)
+        if seq == 0:
+            ch.last_live = ch.live_high = 0
+            self._write(ch, 0, payload, t, LIVE)
+        else:
+            self._advance(ch.src, item)  # a hole [0, seq - 1] in the new epoch
+
     def _restart(self, ch: _Channel, seq: int, t: int) -> None:
         ch.restarts.append({"log_time": t, "from_seq": ch.seq_last or 0, "to_seq": seq})
         self.stats.restarts += 1
         # A restarted publisher numbers from 0: what we did not see of it is a gap.
         ch.expected = 0
         ch.last_live = None
+        ch.live_high = None
         ch.floor = 0
         ch.open_gap = None
         ch.known_max = None
         ch.replayed.clear()
         ch.reserve.clear()
 
-    def _lose(self, ch: _Channel, a: int, b: int) -> None:
+    def _lose(self, ch: _Channel, a: int, b: int, *, scan: bool = True) -> None:
         if b < a:
             return
         gap = ch.open_gap
@@ -1160,7 +1311,7 @@ class Recorder:
         self.stats.lost += b - a + 1
         ch.expected = b + 1
         reserve = ch.reserve
-        if reserve:
+        if reserve and scan:
             for k in [k for k in reserve if k <= b]:
                 del reserve[k]
 
@@ -1170,15 +1321,18 @@ class Recorder:
         st = self.stats
         ts = peek_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
-        # Decoding for the status never delays writing: under a backlog it waits for
-        # an idle moment (and at worst for the stop).
-        if self._defer_stats:
-            if len(self._stats_backlog) < MAX_STATS_BACKLOG:
-                self._stats_backlog.append((ch, seq, payload))
-            else:
-                st.unsampled += 1
-        else:
+        # Decoding for the status costs more than writing: past its budget, a sample only.
+        if self._stats_tokens >= 1.0:
+            self._stats_tokens -= 1.0
             self._decode_stats(ch, seq, payload)
+        else:
+            self._sample_tick += 1
+            n = _event_count(payload) if self._sample_tick % STATS_SAMPLE_EVERY else None
+            if n is None:
+                self._decode_stats(ch, seq, payload)
+            else:
+                st.events += n
+                st.unsampled += 1
         writer = self._writer
         assert writer is not None
         writer.write(ch.channel_id, seq, payload, t, pub)
@@ -1195,7 +1349,7 @@ class Recorder:
             ch.reserve.pop(seq, None)
         if origin == REPLAY:
             replayed = ch.replayed
-            replayed[seq] = payload
+            replayed[seq] = hash(payload)
             if len(replayed) > MAX_REMEMBERED:
                 del replayed[next(iter(replayed))]
             if self._in_history:
@@ -1211,7 +1365,9 @@ class Recorder:
 
     _in_history = False
     _mono = 0
-    _defer_stats = False
+    _sample_tick = 0
+    _stats_tokens = float(STATS_DECODE_BURST)
+    _stats_refill_mono = 0
 
     def _decode_stats(self, ch: _Channel, seq: int, payload: bytes) -> None:
         try:
@@ -1220,24 +1376,6 @@ class Recorder:
             self.stats.undecodable += 1
         else:
             self._count(ch, n, agg)
-
-    def _catch_up_stats(self, budget_ns: int | None) -> bool:
-        """Decode deferred batches for the status; return True while some are left."""
-        backlog = self._stats_backlog
-        if not backlog:
-            return False
-        end = None if budget_ns is None else time.monotonic_ns() + budget_ns
-        while backlog:
-            for _ in range(64):
-                if not backlog:
-                    break
-                self._decode_stats(*backlog.popleft())
-            if end is not None and time.monotonic_ns() >= end:
-                break
-            if self._abort_flag.is_set():  # a second Ctrl-C: the counts can wait no more
-                self.stats.unsampled += len(backlog)
-                backlog.clear()
-        return bool(backlog)
 
     # -------------------------------------------------------------- replay
     def _replay_usable(self, src: _Src, now: int) -> bool:
@@ -1253,8 +1391,15 @@ class Recorder:
     ) -> None:
         assert src.dealer is not None and src.pending is None
         now = time.monotonic_ns()
-        req = _Request(kind, topic, start, now, trigger=trigger)
+        req = _Request(kind, topic, start, now, trigger=trigger, started_mono=now)
+        highs = [
+            v for ch in src.channels.values() for v in (ch.live_high, ch.last_live) if v is not None
+        ]
+        if trigger is not None:
+            highs.append(trigger)
+        req.window = ReplyWindow(start, max(highs, default=None))
         src.pending = req
+        src.late_accepted = src.late_bytes = 0
         self.stats.replay_requests += 1
         try:
             src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
@@ -1262,10 +1407,12 @@ class Recorder:
             req.sent = False
 
     def _drain_dealer(self, src: _Src) -> None:
-        assert src.dealer is not None
-        while True:
+        """Read up to BURST replies (a flooding socket cannot keep the loop here)."""
+        dealer = src.dealer
+        assert dealer is not None
+        for _ in range(BURST):
             try:
-                frames = src.dealer.recv_multipart(zmq.NOBLOCK)
+                frames = dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             req = src.pending
@@ -1287,7 +1434,7 @@ class Recorder:
                 if req is None:
                     continue
                 self._finish_replay(src, timed_out=False)
-                if src.dealer is None:
+                if src.dealer is not dealer:
                     return
                 continue
             if len(seq_b) < 8:
@@ -1297,20 +1444,67 @@ class Recorder:
             if src.stale_ends or req is None:
                 # A late answer to a request given up on: its batches are still good.
                 self._late_reply(src, topic, seq, payload)
+                if src.dealer is not dealer:
+                    return
                 continue
-            req.replies.append((topic if topic is not None else b"", seq, payload,
-                                time.time_ns(), REPLAY if topic is not None else _NO_TOPIC))
+            assert req.window is not None
+            verdict = req.window.check(topic, seq, len(payload))
+            if verdict is ReplyVerdict.REJECT:
+                self.stats.replay_rejected += 1  # a lie: never a gap, never written
+                continue
+            if verdict is ReplyVerdict.DISCARD:
+                self.stats.replay_discarded += 1
+                req.abandon = True  # flooding: given up (and the socket closed) by the loop
+                req.flooded = True
+                continue
+            if req.window.nbytes > self.stats.reply_bytes_peak:
+                self.stats.reply_bytes_peak = req.window.nbytes
+            req.replies.append(
+                (
+                    topic if topic is not None else b"",
+                    seq,
+                    payload,
+                    time.time_ns(),
+                    REPLAY if topic is not None else _NO_TOPIC,
+                )
+            )
 
     def _late_reply(self, src: _Src, topic: bytes | None, seq: int, payload: bytes) -> None:
-        """File a reply to a request given up on in its channel's reserve (by seq)."""
+        """File a reply to a request given up on in its channel's reserve (by seq).
+
+        Only as many as one request may bring, and only seqs inside the window the live
+        stream makes plausible; past that the socket floods and is closed.
+        """
+        if src.late_accepted >= MAX_LATE_REPLIES or src.late_bytes > MAX_REPLY_BYTES:
+            # It keeps answering what nobody asked: start afresh, and keep of its late
+            # replies only what fills holes the live stream shows.
+            self.stats.replay_discarded += 1
+            self._new_dealer(src)
+            src.stale_ends = 0
+            for c in src.channels.values():
+                beyond = [k for k in c.reserve if c.live_high is None or k > c.live_high]
+                for k in beyond:
+                    del c.reserve[k]
+                self.stats.replay_discarded += len(beyond)
+                if beyond:
+                    c.known_max = max(
+                        (v for v in (c.seq_last, c.live_high, *c.reserve) if v is not None),
+                        default=None,
+                    )
+            return
         if topic is None:
             if len(src.channels) != 1:
                 return
             ch: _Channel | None = next(iter(src.channels.values()))
         else:
             ch = src.channels.get(topic)
+        src.late_accepted += 1  # counts every late reply: a flood of lies is a flood too
         if ch is None or ch.expected is None or seq < ch.expected or seq in ch.reserve:
             return  # written already, or known lost, or a duplicate
+        if seq > max(ch.expected, ch.live_high or 0) + MAX_LATE_REPLIES:
+            self.stats.replay_rejected += 1  # a lie: never a gap, never written
+            return
+        src.late_bytes += len(payload)
         ch.reserve[seq] = (payload, time.time_ns())
         if ch.known_max is None or seq > ch.known_max:
             ch.known_max = seq
@@ -1323,6 +1517,9 @@ class Recorder:
             req = src.pending
             if req is not None:
                 req.progress_mono = min(now, req.progress_mono + busy_ns)
+                req.started_mono = min(now, req.started_mono + busy_ns)
+            if src.held:
+                src.held_since_mono = min(now, src.held_since_mono + busy_ns)
 
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
@@ -1336,13 +1533,19 @@ class Recorder:
                     continue
                 now = max(now, time.monotonic_ns())
             timeout = self.replay_timeout_ns if req.timeout_ns is None else req.timeout_ns
-            if req.abandon or now - req.progress_mono > timeout:
+            if (
+                req.abandon
+                or now - req.progress_mono > timeout
+                or now - req.started_mono > max(REPLAY_DEADLINE_NS, timeout)
+                or (src.held and now - src.held_since_mono > MAX_HOLD_NS)
+            ):
                 self.stats.replay_timeouts += 1
                 src.replay_dead_until = now + REPLAY_BACKOFF_NS
                 if req.sent:
                     src.stale_ends += 1
-                if src.stale_ends > 1:
-                    # Two requests unanswered: the socket is dead, start afresh.
+                if src.stale_ends > 1 or req.flooded:
+                    # Two requests unanswered (the socket is dead), or one flooding:
+                    # start afresh, dropping whatever it still queues.
                     self._new_dealer(src)
                     src.stale_ends = 0
                 if req.kind == "tail" and req.topic is not None:
@@ -1353,6 +1556,9 @@ class Recorder:
 
     def _check_quiet(self, now: int) -> None:
         for src in self._srcs:
+            for ch in src.channels.values():
+                if ch.suspect is not None and now - ch.last_live_mono >= self.quiet_ns:
+                    self._resolve_suspect(ch, None)
             if src.pending is not None:
                 continue
             if not self._replay_usable(src, now):
@@ -1392,7 +1598,15 @@ class Recorder:
             default_topic = next(iter(src.channels)) if len(src.channels) == 1 else self._topic_b
         first_reply: dict[bytes, int] = {}
         touched: list[_Channel] = []
-        for tp, seq, payload, t, origin in req.replies:
+        replies = req.replies
+        if req.flooded and req.window is not None:
+            # A flooding socket is trusted only where the live stream shows the seqs
+            # exist (to fill its holes); what it sent beyond is dropped, not written.
+            hi = -1 if req.window.live_high is None else req.window.live_high
+            kept = [r for r in replies if r[1] <= hi]
+            self.stats.replay_discarded += len(replies) - len(kept)
+            replies = kept
+        for tp, seq, payload, t, origin in replies:
             if origin == _NO_TOPIC:
                 tp = default_topic
             if not tp.startswith(self._topic_b):
@@ -1402,6 +1616,8 @@ class Recorder:
                 if req.kind != "history" and tp != default_topic:
                     continue
                 ch = self._channel(src, tp)
+                if ch is None:
+                    continue
             if tp not in first_reply:
                 first_reply[tp] = seq
                 touched.append(ch)
@@ -1472,40 +1688,42 @@ class Recorder:
 
     # -------------------------------------------------------------- ledger
     def ledger(self) -> dict[str, object]:
-        """Return the gap ledger as it stands (the format is in the module docstring).
-
-        The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries:
-        the first and last halves) so the record stays small; what a list leaves out
-        is counted under ``gaps_omitted`` / ``restarts_omitted`` /
-        ``lost_ranges_omitted``.
+        """Return the gap ledger as it stands (see :func:`build_ledger`).
 
         Returns:
             The ledger dict.
         """
-        chans: list[dict[str, object]] = []
-        lost_ranges: list[list[int]] = []
-        recovered = lost = restarts = 0
-        for src in self._srcs:
-            for ch in src.channels.values():
-                for g in ch.gaps:
-                    recovered += g.recovered
-                    for a, b in g.lost_ranges:
-                        lost += b - a + 1
-                        lost_ranges.append([a, b])
-                restarts += len(ch.restarts)
-                chans.append(self._channel_ledger(ch))
-        out: dict[str, object] = {
-            "channels": chans,
-            "recovered": recovered,
-            "lost": lost,
-            "lost_ranges": _cap(lost_ranges),
-            "restarts": restarts,
-        }
-        if len(lost_ranges) > LEDGER_LIST_CAP:
-            out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
-        return out
+        return build_ledger(ch for src in self._srcs for ch in src.channels.values())
 
-    def _channel_ledger(self, ch: _Channel) -> dict[str, object]:
+
+def build_ledger(channels: Iterable[_Channel]) -> dict[str, object]:
+    """Build the gap ledger (its format is in the module docstring) -- the only builder.
+
+    The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries: the
+    first and last halves) so the record stays small; what a list leaves out is counted
+    under ``gaps_omitted`` / ``restarts_omitted`` / ``lost_ranges_omitted``.
+
+    Args:
+        channels: The recorder's channels, in order.
+
+    Returns:
+        The ledger dict.
+    """
+    half = LEDGER_LIST_CAP // 2
+
+    def cap(items: list[T]) -> list[T]:
+        return list(items) if len(items) <= LEDGER_LIST_CAP else items[:half] + items[-half:]
+
+    chans: list[dict[str, object]] = []
+    lost_ranges: list[list[int]] = []
+    recovered = lost = restarts = 0
+    for ch in channels:
+        for g in ch.gaps:
+            recovered += g.recovered
+            for a, b in g.lost_ranges:
+                lost += b - a + 1
+                lost_ranges.append([a, b])
+        restarts += len(ch.restarts)
         d: dict[str, object] = {
             "channel": ch.name,
             "endpoint": ch.src.spec.endpoint,
@@ -1514,24 +1732,35 @@ class Recorder:
             "batches": ch.batches,
             "seq_first": ch.seq_first,
             "seq_last": ch.seq_last,
-            "gaps": [g.to_json() for g in _cap(ch.gaps)],
-            "restarts": _cap(ch.restarts),
+            "gaps": [
+                {
+                    "first": g.first,
+                    "last": g.last,
+                    "recovered": g.recovered,
+                    "lost_ranges": g.lost_ranges,
+                }
+                for g in cap(ch.gaps)
+            ],
+            "restarts": cap(ch.restarts),
         }
         if len(ch.gaps) > LEDGER_LIST_CAP:
             d["gaps_omitted"] = len(ch.gaps) - LEDGER_LIST_CAP
         if len(ch.restarts) > LEDGER_LIST_CAP:
             d["restarts_omitted"] = len(ch.restarts) - LEDGER_LIST_CAP
-        return d
+        chans.append(d)
+    out: dict[str, object] = {
+        "channels": chans,
+        "recovered": recovered,
+        "lost": lost,
+        "lost_ranges": cap(lost_ranges),
+        "restarts": restarts,
+    }
+    if len(lost_ranges) > LEDGER_LIST_CAP:
+        out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
+    return out
 
 
 T = TypeVar("T")
-
-
-def _cap(items: list[T]) -> list[T]:
-    if len(items) <= LEDGER_LIST_CAP:
-        return list(items)
-    half = LEDGER_LIST_CAP // 2
-    return items[:half] + items[-half:]
 
 
 def capture(
@@ -1573,6 +1802,7 @@ __all__ = [
     "MetadataError",
     "Recorder",
     "Source",
+    "build_ledger",
     "capture",
     "expand_endpoints",
     "load_groups",
