@@ -113,7 +113,7 @@ def test_normalize_endpoint_rejects(text: str, match: str) -> None:
 def test_offset_endpoint_like_vllm() -> None:
     assert offset_endpoint("tcp://127.0.0.1:5557", 3) == "tcp://127.0.0.1:5560"
     assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
-    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv_dp0"
+    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"  # vLLM: rank 0 unchanged
     with pytest.raises(EndpointError, match="exceeds 65535"):
         offset_endpoint("tcp://h:65535", 1)
 

@@ -479,3 +479,25 @@ def test_issue9_3_malformed_ledger_is_damage(tmp_path: Path, ledger: object) -> 
         assert r.gap_ledger is None and r.ledger is None
     assert rep.damaged_records == 1 and not rep.complete
     assert rep.reason is not None and "kvtool.gaps record is malformed" in rep.reason
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_issue8_3_writer_never_writes_a_chunk_its_reader_refuses(
+    tmp_path: Path, compression: str
+) -> None:
+    """A hostile peer's megabytes of zeros compress far past the reader's bomb bound: the
+    writer stores such a chunk uncompressed, so every received batch reads back."""
+    path = tmp_path / "zeros.mcap"
+    real = capture_messages("gemma3")[:5]
+    with RecordingWriter(path, compression=compression) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        for i, (_topic, seq, payload) in enumerate(real):
+            w.write(ch, seq, payload, BASE_NS + i * STEP_NS)
+        w.write(ch, 5, b"\x00" * (4 << 20), BASE_NS + 5 * STEP_NS)
+        w.write(ch, 6, real[0][2], BASE_NS + 6 * STEP_NS)
+    with open_recording(path) as r:
+        got = [(m.seq, len(m.data)) for m in r.messages()]
+        assert r.recovery.complete and not r.recovery.damaged
+    assert [s for s, _ in got] == [0, 1, 2, 3, 4, 5, 6]
+    assert got[5][1] == 4 << 20
+    assert path.stat().st_size > 4 << 20  # that chunk is stored as received

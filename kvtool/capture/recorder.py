@@ -65,7 +65,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import os
-import re
 import signal
 import threading
 import time
@@ -79,6 +78,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from kvtool.annotate import StatusKinds, groups_from_list
 from kvtool.capture.sequencer import (
     MAX_REPLY_BYTES,
     MAX_REPLY_COUNT,
@@ -88,10 +88,18 @@ from kvtool.capture.sequencer import (
     Resolution,
     Verdict,
 )
-from kvtool.errors import EndpointError, ExitStatus, KvtoolError, MetadataError
+from kvtool.endpoints import (
+    ConnectTimeout,
+    Source,
+    expand_endpoints,
+    normalize_endpoint,
+    offset_endpoint,
+)
+from kvtool.errors import EndpointError, KvtoolError, MetadataError
 from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
 from kvtool.recording import RecordingWriter
 from kvtool.recording import format as fmt
+from kvtool.recording.ledger import ChannelLedger, GapLedger, GapRecord, RestartRecord
 
 END_SEQ = b"\xff" * 8
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
@@ -158,157 +166,6 @@ _NO_TOPIC = 2  # a replayed batch in the old reply layout, without a topic frame
 
 # (topic, seq, payload, log_time, origin)
 _Item = tuple[bytes, int, bytes, int, int]
-
-
-class ConnectTimeout(EndpointError):
-    """Nothing connected and nothing arrived on an endpoint within the connect timeout."""
-
-    exit_status = ExitStatus.FAILED
-
-
-# ----------------------------------------------------------------------- endpoints
-
-_TCP = re.compile(r"^tcp://(\[[0-9A-Fa-f:.%\w]+\]|[^:/\[\]\s]+):(\d+)$")
-
-
-def normalize_endpoint(text: str, *, bind: bool = False) -> str:
-    """Check one endpoint and return it in full form.
-
-    ``5557`` means ``tcp://127.0.0.1:5557``. ``tcp://*:PORT`` is only valid with ``bind``.
-
-    Args:
-        text: ``tcp://HOST:PORT``, ``ipc://PATH``, ``inproc://NAME`` or a bare port.
-        bind: The socket will bind rather than connect.
-
-    Returns:
-        The endpoint, e.g. ``tcp://127.0.0.1:5557``.
-
-    Raises:
-        EndpointError: The text is not a usable endpoint.
-    """
-    t = text.strip()
-    if t.isdigit():
-        t = f"tcp://127.0.0.1:{t}"
-    if t.startswith("tcp://"):
-        m = _TCP.match(t)
-        if not m:
-            raise EndpointError(
-                f"endpoint {text!r}: expected tcp://HOST:PORT (or ipc://PATH, inproc://NAME, "
-                "or a bare port for tcp://127.0.0.1:PORT)"
-            )
-        port = int(m.group(2))
-        if not 0 < port < 65536:
-            raise EndpointError(f"endpoint {text!r}: port {port} is not in 1-65535")
-        if m.group(1) == "*" and not bind:
-            raise EndpointError(
-                f"endpoint {text!r}: cannot connect to '*'; give the publisher's host "
-                "(e.g. tcp://127.0.0.1:5557) or pass --bind"
-            )
-        return t
-    for scheme in ("ipc://", "inproc://"):
-        if t.startswith(scheme):
-            if len(t) == len(scheme):
-                raise EndpointError(f"endpoint {text!r}: {scheme} needs a name after it")
-            return t
-    raise EndpointError(
-        f"endpoint {text!r}: not a ZeroMQ endpoint (use tcp://HOST:PORT, ipc://PATH, "
-        "inproc://NAME or a bare port)"
-    )
-
-
-def offset_endpoint(endpoint: str, rank: int) -> str:
-    """Return the endpoint data-parallel ``rank`` uses, as vLLM derives it.
-
-    vLLM (``ZmqEventPublisher.offset_endpoint_port``) adds the rank to a tcp port and
-    appends ``_dp{rank}`` to an ``inproc`` (here also ``ipc``) name.
-
-    Args:
-        endpoint: The base endpoint (rank 0's port).
-        rank: The data-parallel rank.
-
-    Returns:
-        The rank's endpoint.
-
-    Raises:
-        EndpointError: The offset port would exceed 65535.
-    """
-    if endpoint.startswith("tcp://"):
-        base, _, port = endpoint.rpartition(":")
-        new = int(port) + rank
-        if new > 65535:
-            raise EndpointError(f"endpoint {endpoint}: port + rank {rank} = {new} exceeds 65535")
-        return f"{base}:{new}"
-    return f"{endpoint}_dp{rank}"
-
-
-@dataclass(frozen=True)
-class Source:
-    """One publisher to subscribe to.
-
-    Attributes:
-        endpoint: The PUB endpoint.
-        replay: Its replay ROUTER endpoint, if any.
-        dp_rank: The data-parallel rank it serves, when ``dp_size`` was given.
-    """
-
-    endpoint: str
-    replay: str | None = None
-    dp_rank: int | None = None
-
-
-def expand_endpoints(
-    endpoints: Sequence[str],
-    *,
-    replay: Sequence[str] = (),
-    dp_size: int | None = None,
-    bind: bool = False,
-) -> list[Source]:
-    """Validate endpoints and expand data-parallel ranks into one :class:`Source` each.
-
-    Args:
-        endpoints: Publisher endpoints (or bare ports).
-        replay: No replay endpoint, one (for a single endpoint), or one per endpoint.
-        dp_size: Subscribe to ranks ``0..dp_size-1`` of each endpoint (port + rank).
-        bind: The SUB sockets bind instead of connecting.
-
-    Returns:
-        The sources, in order.
-
-    Raises:
-        EndpointError: A malformed endpoint, a replay/endpoint count mismatch, a bad
-            ``dp_size`` or the same endpoint twice.
-    """
-    if not endpoints:
-        raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
-    eps = [normalize_endpoint(e, bind=bind) for e in endpoints]
-    reps = [normalize_endpoint(r) for r in replay]
-    if reps and len(reps) != len(eps):
-        raise EndpointError(
-            f"{len(reps)} replay endpoints for {len(eps)} endpoints; give one --replay per "
-            "endpoint, in the same order"
-        )
-    if dp_size is not None and dp_size < 1:
-        raise EndpointError(f"--dp-size {dp_size}: must be at least 1")
-    out: list[Source] = []
-    for i, ep in enumerate(eps):
-        rep = reps[i] if reps else None
-        if dp_size is None:
-            out.append(Source(ep, rep, None))
-            continue
-        for rank in range(dp_size):
-            out.append(
-                Source(
-                    offset_endpoint(ep, rank),
-                    offset_endpoint(rep, rank) if rep else None,
-                    rank,
-                )
-            )
-    seen: set[str] = set()
-    for s in out:
-        if s.endpoint in seen:
-            raise EndpointError(f"endpoint {s.endpoint} given twice")
-        seen.add(s.endpoint)
-    return out
 
 
 def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
@@ -705,13 +562,10 @@ class Recorder:
         self._srcs: list[_Src] = []
         self._writer: RecordingWriter | None = None
         self._full = False
-        # group_idx -> kind: from the groups metadata, then learned from annotated stores
-        self._kinds: dict[tuple[int, int], str] = {}
-        self._meta_kinds: dict[int, str] = {}
-        for g in groups or []:
-            gi, kind = g.get("group_idx"), g.get("kind")
-            if isinstance(gi, int) and isinstance(kind, str):
-                self._meta_kinds[gi] = kind
+        # Status labels come from the one annotation rule (kvtool.annotate): the metadata
+        # given, else what annotated stores of each channel said so far.
+        table = groups_from_list(groups, source=groups_source or "groups") if groups else None
+        self._kinds = StatusKinds(table=table)
 
     # ------------------------------------------------------------ control
     def stop(self, reason: str = "stopped") -> None:
@@ -789,7 +643,7 @@ class Recorder:
             self._close_sockets()
             if self._ctx_given is None:
                 ctx.term()
-            ledger = self.ledger()
+            ledger = self.ledger().to_json()
             try:
                 writer.close(ledger=ledger)
             except (KvtoolError, OSError):
@@ -1668,36 +1522,27 @@ class Recorder:
     def _count(self, ch: _Channel, n_events: int, agg: dict[_EvStat, int]) -> None:
         st = self.stats
         st.events += n_events
-        src_i = ch.src.index
+        name = ch.name
         for (typ, gi, kind), n in agg.items():
             if typ == 0:
-                if kind is None and gi is not None:
-                    kind = self._meta_kinds.get(gi)
-                if kind is None:
-                    kind = "unannotated"
-                elif gi is not None:
-                    self._kinds[(src_i, gi)] = kind
-                st.stores[kind] += n
+                st.stores[self._kinds.store(name, gi, kind, n)] += n
             elif typ == 1:
-                k = None
-                if gi is not None:
-                    k = self._meta_kinds.get(gi) or self._kinds.get((src_i, gi))
-                st.removes[k or "unattributed"] += n
+                st.removes[self._kinds.remove(name, gi)] += n
             else:
                 st.cleared += n
 
     # -------------------------------------------------------------- ledger
-    def ledger(self) -> dict[str, object]:
+    def ledger(self) -> GapLedger:
         """Return the gap ledger as it stands (see :func:`build_ledger`).
 
         Returns:
-            The ledger dict.
+            The typed ledger.
         """
         return build_ledger(ch for src in self._srcs for ch in src.channels.values())
 
 
-def build_ledger(channels: Iterable[_Channel]) -> dict[str, object]:
-    """Build the gap ledger (its format is in the module docstring) -- the only builder.
+def build_ledger(channels: Iterable[_Channel]) -> GapLedger:
+    """Build the gap ledger (:class:`kvtool.recording.ledger.GapLedger`) -- the only builder.
 
     The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries: the
     first and last halves) so the record stays small; what a list leaves out is counted
@@ -1707,57 +1552,54 @@ def build_ledger(channels: Iterable[_Channel]) -> dict[str, object]:
         channels: The recorder's channels, in order.
 
     Returns:
-        The ledger dict.
+        The ledger; ``to_json()`` gives the record's shape on disk.
     """
     half = LEDGER_LIST_CAP // 2
 
     def cap(items: list[T]) -> list[T]:
         return list(items) if len(items) <= LEDGER_LIST_CAP else items[:half] + items[-half:]
 
-    chans: list[dict[str, object]] = []
-    lost_ranges: list[list[int]] = []
+    chans: list[ChannelLedger] = []
+    lost_ranges: list[tuple[int, int]] = []
     recovered = lost = restarts = 0
     for ch in channels:
         for g in ch.gaps:
             recovered += g.recovered
             for a, b in g.lost_ranges:
                 lost += b - a + 1
-                lost_ranges.append([a, b])
+                lost_ranges.append((a, b))
         restarts += len(ch.restarts)
-        d: dict[str, object] = {
-            "channel": ch.name,
-            "endpoint": ch.src.spec.endpoint,
-            "topic": ch.topic_str,
-            "dp_rank": ch.src.spec.dp_rank,
-            "batches": ch.batches,
-            "seq_first": ch.seq_first,
-            "seq_last": ch.seq_last,
-            "gaps": [
-                {
-                    "first": g.first,
-                    "last": g.last,
-                    "recovered": g.recovered,
-                    "lost_ranges": g.lost_ranges,
-                }
-                for g in cap(ch.gaps)
-            ],
-            "restarts": cap(ch.restarts),
-        }
-        if len(ch.gaps) > LEDGER_LIST_CAP:
-            d["gaps_omitted"] = len(ch.gaps) - LEDGER_LIST_CAP
-        if len(ch.restarts) > LEDGER_LIST_CAP:
-            d["restarts_omitted"] = len(ch.restarts) - LEDGER_LIST_CAP
-        chans.append(d)
-    out: dict[str, object] = {
-        "channels": chans,
-        "recovered": recovered,
-        "lost": lost,
-        "lost_ranges": cap(lost_ranges),
-        "restarts": restarts,
-    }
-    if len(lost_ranges) > LEDGER_LIST_CAP:
-        out["lost_ranges_omitted"] = len(lost_ranges) - LEDGER_LIST_CAP
-    return out
+        chans.append(
+            ChannelLedger(
+                channel=ch.name,
+                endpoint=ch.src.spec.endpoint,
+                topic=ch.topic_str,
+                dp_rank=ch.src.spec.dp_rank,
+                batches=ch.batches,
+                seq_first=ch.seq_first,
+                seq_last=ch.seq_last,
+                gaps=[
+                    GapRecord(
+                        first=g.first,
+                        last=g.last,
+                        recovered=g.recovered,
+                        lost_ranges=[(a, b) for a, b in g.lost_ranges],
+                    )
+                    for g in cap(ch.gaps)
+                ],
+                restarts=[RestartRecord(**r) for r in cap(ch.restarts)],
+                gaps_omitted=max(0, len(ch.gaps) - LEDGER_LIST_CAP),
+                restarts_omitted=max(0, len(ch.restarts) - LEDGER_LIST_CAP),
+            )
+        )
+    return GapLedger(
+        channels=chans,
+        recovered=recovered,
+        lost=lost,
+        lost_ranges=cap(lost_ranges),
+        restarts=restarts,
+        lost_ranges_omitted=max(0, len(lost_ranges) - LEDGER_LIST_CAP),
+    )
 
 
 T = TypeVar("T")

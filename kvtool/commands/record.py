@@ -119,7 +119,7 @@ def record(
     with record_status(env.err, endpoints=names, quiet=quiet, every_ns=every_ns) as status:
         recorder = Recorder(
             output,
-            sources,  # type: ignore[arg-type]  # capture.Source until capture imports endpoints
+            sources,
             topic=topic,
             bind=bind,
             history=history,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import IO, TypeVar
 
+import mcap.writer as _mcap_writer
 from mcap.records import MessageIndex
 from mcap.writer import CompressionType, Writer
 
@@ -42,6 +43,124 @@ def _has_fast_path(writer: Writer) -> bool:
         and isinstance(getattr(cb.record_writer, "_buffer", None), io.BytesIO)
         and all(hasattr(stats, a) for a in ("channel_message_counts", "message_count"))
     )
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_FHD = 0xE0  # single segment, 8-byte frame content size, no checksum, no dictionary
+_ZSTD_BLOCK = 128 * 1024  # the largest block zstd allows
+_LZ4_BLOCK = 64 * 1024  # the header's block size
+
+
+def raw_zstd_frame(data: bytes) -> bytes:
+    """Return ``data`` as a zstd frame of raw (stored, uncompressed) blocks.
+
+    A standard zstd frame (RFC 8878 §3.1.1) that every zstd decoder reads back as
+    ``data``, about as large as ``data`` itself.
+
+    Args:
+        data: The bytes.
+
+    Returns:
+        The frame.
+    """
+    out = bytearray(_ZSTD_MAGIC)
+    out.append(_ZSTD_FHD)
+    out += len(data).to_bytes(8, "little")
+    view = memoryview(data)
+    pos = 0
+    while True:
+        block = view[pos : pos + _ZSTD_BLOCK]
+        pos += len(block)
+        last = pos >= len(data)
+        out += ((len(block) << 3) | int(last)).to_bytes(3, "little")  # block type 0: raw
+        out += block
+        if last:
+            return bytes(out)
+
+
+def raw_lz4_frame(data: bytes) -> bytes:
+    """Return ``data`` as an LZ4 frame of uncompressed blocks (LZ4 frame format §3).
+
+    The frame header comes from ``lz4`` itself (independent 64 KiB blocks, no checksums);
+    each block's size has its high bit set: stored as is.
+
+    Args:
+        data: The bytes.
+
+    Returns:
+        The frame, which ``lz4.frame.decompress`` reads back as ``data``.
+    """
+    import lz4.frame  # type: ignore[import-untyped]
+
+    header = lz4.frame.compress(
+        b"", block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_linked=False, store_size=False
+    )[:7]
+    out = bytearray(header)
+    view = memoryview(data)
+    for pos in range(0, len(data), _LZ4_BLOCK):
+        block = view[pos : pos + _LZ4_BLOCK]
+        out += (len(block) | 0x80000000).to_bytes(4, "little")
+        out += block
+    out += b"\x00\x00\x00\x00"  # end mark
+    return bytes(out)
+
+
+class _BoundedLz4Frame:
+    """Stands in for ``lz4.frame`` inside ``mcap.writer``, as :class:`_BoundedZstd` does."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def compress(self, data: bytes, *args: object, **kwargs: object) -> bytes:
+        out: bytes = self._real.compress(data, *args, **kwargs)  # type: ignore[attr-defined]
+        if fmt.chunk_size_limit("lz4", len(out)) < len(data):
+            return raw_lz4_frame(data)
+        return out
+
+
+class _Lz4Namespace:
+    """``lz4`` as ``mcap.writer`` sees it: the real package with a bounded ``frame``."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+        self.frame = _BoundedLz4Frame(real.frame)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+class _BoundedZstd:
+    """Stands in for the ``zstandard`` module inside ``mcap.writer``.
+
+    The reader bounds a chunk's decompression ratio (``format.chunk_size_limit``) so a
+    hostile file cannot inflate without limit. A hostile *peer* can send payloads that
+    compress beyond that bound (megabytes of zeros, the same reply again and again); such a
+    chunk is stored in raw zstd blocks instead, so kvtool never writes a file its own reader
+    refuses and no received batch is lost. Every other chunk is compressed exactly as
+    ``mcap`` does, once.
+    """
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def compress(self, data: bytes, *args: object, **kwargs: object) -> bytes:
+        out: bytes = self._real.compress(data, *args, **kwargs)  # type: ignore[attr-defined]
+        if fmt.chunk_size_limit("zstd", len(out)) < len(data):
+            return raw_zstd_frame(data)
+        return out
+
+
+# Installed once per process: every chunk kvtool's writer (through mcap) compresses passes here.
+if not isinstance(getattr(_mcap_writer, "zstandard", None), _BoundedZstd | None):
+    _mcap_writer.zstandard = _BoundedZstd(_mcap_writer.zstandard)  # type: ignore[attr-defined,assignment,unused-ignore]
+if not isinstance(getattr(_mcap_writer, "lz4", None), _Lz4Namespace | None):
+    _mcap_writer.lz4 = _Lz4Namespace(_mcap_writer.lz4)  # type: ignore[attr-defined,assignment,unused-ignore]
 
 
 _U64 = 1 << 64

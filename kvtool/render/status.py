@@ -316,7 +316,7 @@ def summary_line(result: CaptureResult) -> str:
         timeouts = _plural(st.replay_timeouts, "replay request") + " timed out"
         parts.append(timeouts + ("" if st.lost else ", nothing lost"))
     if st.unsampled:
-        parts.append(f"{_plural(st.unsampled, 'batch', 'batches')} not counted (overload)")
+        parts.append(f"per-kind counts sampled ({_plural(st.unsampled, 'batch', 'batches')} not decoded)")
     parts.append(f"{_human_bytes(result.file_bytes)} ({printable(result.stop_reason)})")
     return f"{printable(result.path)}: {_n(st.lost)} lost, {gaps}; " + ", ".join(parts)
 
