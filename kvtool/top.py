@@ -217,7 +217,6 @@ class TopModel:
         return out
 
 
-
 # -- the one adapter onto the report engine's internals ----------------------------------------
 
 
@@ -363,6 +362,7 @@ class RecordingSource:
         self._start: float | None = None
         self._stream_t = 0.0
         self.done = self._next is None
+        self.error: BaseException | None = None
 
     def start(self, now: float) -> None:
         """Start the clock.
@@ -572,6 +572,7 @@ class Source(Protocol):
     """What :func:`run_top` reads: :class:`RecordingSource` or :class:`LiveSource`."""
 
     path: str
+    error: BaseException | None
 
     @property
     def done(self) -> bool: ...  # noqa: D102
@@ -739,14 +740,17 @@ def run_screen(
     next_tick = start
     ended = False
     try:
-        with cbreak(key_fd) as keys, Live(
-            render(top.model, top.view, top.paused),
-            console=console,
-            screen=True,
-            auto_refresh=False,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        ) as live:
+        with (
+            cbreak(key_fd) as keys,
+            Live(
+                render(top.model, top.view, top.paused),
+                console=console,
+                screen=True,
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live,
+        ):
             while True:
                 now = time.monotonic()
                 if end is not None and now >= end:
@@ -754,6 +758,9 @@ def run_screen(
                 if not ended and now >= next_tick:
                     top.tick(now)
                     ended = top.source.done
+                    if ended and top.source.error is not None:
+                        return  # the recorder failed: stop() raises its error
+
                     live.update(render(top.model, top.view, top.paused), refresh=True)
                     next_tick += interval_s * max(1, int((now - next_tick) // interval_s) + 1)
                 wait = max(0.0, min(x for x in (next_tick, end) if x is not None) - now)

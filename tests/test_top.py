@@ -201,8 +201,21 @@ def publisher(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[byte
     rec = capture_recording(tmp_path, "gemma3")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvtool", "replay", str(rec), "--publish", endpoint,
-         "--wait-subscribers", "1", "--wait-timeout", "120", "--rate", "20"],
+        [
+            sys.executable,
+            "-m",
+            "kvtool",
+            "replay",
+            str(rec),
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "120",
+            "--rate",
+            "20",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -255,7 +268,10 @@ class Tmux:
 
     def _tmux(self, *args: str) -> str:
         return subprocess.run(
-            ["tmux", "-L", self.sock, *args], capture_output=True, text=True, timeout=30,
+            ["tmux", "-L", self.sock, *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
             check=True,
         ).stdout
 
@@ -277,8 +293,9 @@ class Tmux:
         raise AssertionError(f"{pattern!r} never showed; the screen:\n{screen}")
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=30,
-                       check=False)
+        subprocess.run(
+            ["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=30, check=False
+        )
 
 
 def _screen_rows(screen: str, header: str) -> dict[str, list[str]]:
@@ -340,8 +357,11 @@ def test_issue12_top_screen_under_tmux_equals_report_and_quits_on_q(
         assert "EXIT=0" in screen
         assert "STTY=icanon" in screen  # the terminal is restored
         # The final numbers stay on the normal screen after the alternate one is gone.
-        assert re.search(r"^0 full_attention +" + str(by_group["0 full_attention"][
-            "live_blocks_end"]) + " ", screen, re.MULTILINE)
+        assert re.search(
+            r"^0 full_attention +" + str(by_group["0 full_attention"]["live_blocks_end"]) + " ",
+            screen,
+            re.MULTILINE,
+        )
     finally:
         tmux.kill()
 
@@ -363,3 +383,18 @@ def test_issue12_top_ctrl_c_exits_130_and_restores_the_terminal() -> None:
         assert "Traceback" not in screen
     finally:
         tmux.kill()
+
+
+def test_once_with_groups_file_equals_report_with_it(tmp_path: Path) -> None:
+    # Stripped payloads carry no kind: the --groups file names them, as for report.
+    path = capture_recording(tmp_path, "gemma3", strip=True)
+    groups = str(DATA / "groups" / "gemma3.json")
+    proc = kvtool("report", "--format", "json", "--groups", groups, str(path))
+    rep = json.loads(proc.stdout)
+    assert {r["kind"] for r in rep["by_kind"]} == {"full_attention", "sliding_window"}
+    proc = kvtool("top", str(path), "--once", "--speed", "0", "--groups", groups)
+    assert proc.returncode == 0, proc.stderr
+    rows = _block_rows(proc.stdout, "kind")
+    assert {k: int(v[0]) for k, v in rows.items()} == {
+        r["kind"]: r["live_blocks_end"] for r in rep["by_kind"]
+    }

@@ -99,6 +99,15 @@ def top(
     view: Annotated[
         TopView, typer.Option("--view", help="The view to start with (keys k, w, g, r).")
     ] = TopView.kind,
+    groups: Annotated[
+        Path | None,
+        typer.Option(
+            "--groups",
+            metavar="FILE",
+            help="KV cache group metadata JSON (get_kv_cache_group_metadata()); live: "
+            "also stored with --record.",
+        ),
+    ] = None,
     replay_timeout: Annotated[
         str,
         typer.Option(
@@ -135,8 +144,9 @@ def top(
             if given:
                 raise UsageError(f"top FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
-        feed = ReportFeed(source.groups)
+        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
     else:
+        from kvtool.capture import load_groups
         from kvtool.endpoints import expand_endpoints
         from kvtool.outputs import OutputKind, check_output, is_stdout
 
@@ -144,7 +154,13 @@ def top(
         if record is not None:
             if is_stdout(record):
                 raise UsageError("top --record -: a recording is a file; give a path")
-            check_output(record, kind=OutputKind.RECORDING, force=force)
+            check_output(
+                record,
+                kind=OutputKind.RECORDING,
+                force=force,
+                inputs=[groups] if groups is not None else [],
+            )
+        group_list = load_groups(groups) if groups is not None else None
         replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
         source = LiveSource(
             sources,
@@ -152,8 +168,10 @@ def top(
             topic=topic,
             force=force,
             replay_timeout_ns=replay_ns,
+            groups=group_list,
+            groups_source=str(groups) if groups is not None else "",
         )
-        feed = ReportFeed()
+        feed = ReportFeed(groups_file=str(groups) if groups is not None else None)
     state = View(source=source, feed=feed, view=view.value)
     if once or not env.out.is_terminal:
         from kvtool.top import run_plain

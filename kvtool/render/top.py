@@ -94,9 +94,7 @@ def plain_block(model: TopModel, view: str) -> str:
     """
     rows = model.rows(view)
     width = max([len(view), *(len(printable(r.label)) for r in rows)])
-    first, _, second = health_line(model.health, model.batches_per_s, model.t).partition(
-        "  gaps:"
-    )
+    first, _, second = health_line(model.health, model.batches_per_s, model.t).partition("  gaps:")
     lines = [
         f"kvtool top  {printable(model.health.source)}",
         first,
