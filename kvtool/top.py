@@ -9,9 +9,19 @@ report`` prints for the same events.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from kvtool.recording import ChannelInfo, RecordedMessage
 
 # The views a key switches between, and the row key columns of each.
 VIEWS = {
@@ -207,13 +217,608 @@ class TopModel:
         return out
 
 
+# -- the one adapter onto the report engine's internals ----------------------------------------
+
+
+class ReportFeed:
+    """Recorded messages in, report-table snapshots out: ``top``'s only use of the report engine.
+
+    Every report internal ``top`` relies on (decoding batches into a table chunk, annotating
+    it, feeding :class:`kvtool.report.ReportBuilder`, reading its tables) is in this class,
+    so that it can be re-pointed when the engine moves. It does what
+    :func:`kvtool.report.build_report` does, one list of messages at a time; calling
+    :meth:`snapshot` between two :meth:`add` calls changes nothing (``tables()`` only merges
+    pending distinct-hash parts and reads), so a snapshot after the last message equals the
+    report of the same messages.
+
+    The report has no per-rank table: a second builder per ``dp_rank`` is fed the rows of
+    that rank (each rank is its own channel, so its state is the same as in the main one).
+
+    Args:
+        recording_groups: Group metadata per recording path (a recording's own, as
+            ``report`` uses it); None for a live stream (learned from annotated stores).
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+    """
+
+    def __init__(
+        self,
+        recording_groups: dict[str, list[dict[str, object]] | None] | None = None,
+        *,
+        groups_file: str | None = None,
+        group_flags: Sequence[str] | None = None,
+    ) -> None:
+        from kvtool.annotate import GroupLearner
+        from kvtool.columns import ReadStats, TableAnnotator, make_annotator
+        from kvtool.inputs import resolve_annotation
+        from kvtool.report import ReportBuilder
+
+        self.stats = ReadStats()
+        # A recording: THE annotation of the whole input, as report resolves it. A live
+        # stream has no whole input: the same learner learns from each chunk before the
+        # chunk is annotated, so a group's kind is known from its first annotated store on.
+        self._live: GroupLearner | None = None
+        if recording_groups is None:
+            self._annotator = TableAnnotator(
+                resolve_annotation(
+                    [], groups_file=groups_file, group_flags=group_flags, learn_from_input=False
+                )
+            )
+            if self._annotator.annotation.given is None:
+                self._live = GroupLearner()
+        else:
+            self._annotator = make_annotator(
+                recording_groups, groups_file=groups_file, group_flags=group_flags
+            )
+        self._builder = ReportBuilder(None, self._annotator.group_kind)
+        self._ranks: dict[int | None, ReportBuilder] = {}
+        self._chan_ids: dict[tuple[str, int], int] = {}
+
+    def add(self, messages: Sequence[RecordedMessage]) -> None:
+        """Feed messages, in stream order.
+
+        Args:
+            messages: Recorded (or just received) messages.
+        """
+        from kvtool.columns import ChannelRef, _build, _finish, _Pending, decode_lean
+        from kvtool.errors import ProtocolError
+        from kvtool.report import ReportBuilder
+
+        if not messages:
+            return
+        st = self.stats
+        pending = _Pending()
+        for m in messages:
+            key = (m.channel.path, m.channel.id)
+            cid = self._chan_ids.get(key)
+            if cid is None:
+                cid = self._chan_ids[key] = len(self._chan_ids)
+                st.channels[cid] = ChannelRef(cid, m.channel.path, m.channel)
+            st.messages += 1
+            try:
+                b = decode_lean(m.data, seq=m.seq)
+            except ProtocolError as err:
+                st.bad_batches += 1
+                st.note(f"{m.channel.name}: {err}")
+                continue
+            if b.skipped:
+                st.skipped_events += len(b.skipped)
+                for s in b.skipped:
+                    st.note(f"{m.channel.name}: {s}")
+            pending.log_time.append(m.log_time)
+            pending.ts.append(b.ts)
+            pending.seq.append(m.seq)
+            pending.chan.append(cid)
+            pending.rank.append(
+                b.data_parallel_rank if b.data_parallel_rank is not None else m.channel.dp_rank
+            )
+            pending.events.append(b.events)
+            pending.bytes += len(m.data)
+            st.payload_bytes += len(m.data)
+        if not len(pending):
+            return
+        raw = _finish(_build(pending, st.events, st), st, False)
+        if self._live is not None:
+            from kvtool.annotate import Annotation
+            from kvtool.columns import learn_table
+
+            self._live.merge(learn_table(raw, st.channels))
+            self._annotator.annotation = Annotation(
+                None, {}, self._live.resolved(), tuple(self._live.conflicts())
+            )
+        df = self._annotator(raw, st)
+        self._builder.add(df)
+        for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
+            rb = self._ranks.get(rank)
+            if rb is None:
+                rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
+            rb.add(part)
+
+    def snapshot(self) -> dict[str, list[dict[str, object]]]:
+        """Return the report rows so far per view of :data:`VIEWS`.
+
+        Returns:
+            ``kind``, ``window``, ``group`` (the report's by_kind, by_window, by_group rows)
+            and ``rank`` (by_kind rows per dp_rank, with a ``dp_rank`` column).
+        """
+        tabs = self._builder.tables()
+        rank_rows: list[dict[str, object]] = []
+        for rank in sorted(self._ranks, key=lambda r: (r is None, r or 0)):
+            for row in self._ranks[rank].tables()["by_kind"].to_dicts():
+                rank_rows.append({"dp_rank": rank, **row})
+        return {
+            "kind": tabs["by_kind"].to_dicts(),
+            "window": tabs["by_window"].to_dicts(),
+            "group": tabs["by_group"].to_dicts(),
+            "rank": rank_rows,
+        }
+
+
+# -- sources: a recording played back, or a live stream ------------------------------------
+
+
+class RecordingSource:
+    """Plays a recording by receive time (``log_time``), ``speed`` times faster.
+
+    Args:
+        path: The recording.
+        speed: Time-lapse factor; 0 plays everything at once.
+
+    Raises:
+        RecordingError: The recording cannot be opened.
+    """
+
+    def __init__(self, path: str, *, speed: float = 1.0) -> None:
+        from kvtool.recording import open_recording
+
+        self._reader = open_recording(path)
+        self.path = self._reader.path
+        self.speed = speed
+        self.groups = {self._reader.path: self._reader.groups}
+        self._it = self._reader.messages()
+        self._next: RecordedMessage | None = next(self._it, None)
+        self._t0 = self._next.log_time if self._next is not None else 0
+        self._last = self._t0
+        self._channels: set[tuple[str, int]] = set()
+        self._batches = 0
+        self._start: float | None = None
+        self._stream_t = 0.0
+        self.done = self._next is None
+        self.error: BaseException | None = None
+
+    def start(self, now: float) -> None:
+        """Start the clock.
+
+        Args:
+            now: Monotonic seconds.
+        """
+        self._start = now
+
+    def take(self, now: float) -> list[RecordedMessage]:
+        """Return the messages due by ``now`` (all of them at speed 0).
+
+        Args:
+            now: Monotonic seconds.
+
+        Returns:
+            The messages, in file order.
+        """
+        start = self._start if self._start is not None else now
+        limit = None if self.speed <= 0 else self._t0 + int((now - start) * self.speed * 1e9)
+        out: list[RecordedMessage] = []
+        while self._next is not None and (limit is None or self._next.log_time <= limit):
+            m = self._next
+            out.append(m)
+            self._channels.add((m.channel.path, m.channel.id))
+            self._last = max(self._last, m.log_time)
+            self._next = next(self._it, None)
+        self._batches += len(out)
+        if self._next is None:
+            self.done = True
+            self._stream_t = (self._last - self._t0) / 1e9
+            self._reader.close()
+        elif limit is not None:
+            self._stream_t = (limit - self._t0) / 1e9
+        return out
+
+    def clock(self) -> float:
+        """Return seconds on the recording's receive clock since its first batch."""
+        return self._stream_t
+
+    def wake(self, now: float) -> float | None:
+        """Return the monotonic time the last message is due (None: never, or done)."""
+        if self.done or self._start is None:
+            return None
+        if self.speed <= 0:
+            return now
+        return None
+
+    def health(self) -> Health:
+        """Return the recording's health: channels seen, batches played, its gap ledger."""
+        ledger = self._reader.ledger or {}
+
+        def n(k: str) -> int:
+            v = ledger.get(k)
+            return v if isinstance(v, int) else 0
+
+        return Health(
+            source=self.path,
+            publishers=len(self._reader.channels) or len(self._channels),
+            connected=len(self._channels),
+            batches=self._batches,
+            gaps_recovered=n("recovered"),
+            lost=n("lost"),
+            restarts=n("restarts"),
+            last_batch_age_s=None
+            if not self._batches
+            else max(0.0, self._stream_t - (self._last - self._t0) / 1e9),
+            done=self.done,
+        )
+
+    def stop(self) -> None:
+        """Close the recording."""
+        self._reader.close()
+
+
+class LiveSource:
+    """A :class:`kvtool.capture.Recorder` in a background thread, its batches handed over.
+
+    Gap recovery, restarts and the optional ``--record`` file are the recorder's, exactly
+    as ``kvtool record`` does them.
+
+    Args:
+        sources: What to subscribe to (:func:`kvtool.endpoints.expand_endpoints`).
+        record: Also write the stream to this recording (None: no file).
+        recorder_options: More :class:`~kvtool.capture.Recorder` keyword arguments.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[object],
+        *,
+        record: str | None = None,
+        **recorder_options: object,
+    ) -> None:
+        from kvtool.capture import Recorder
+
+        self._lock = threading.Lock()
+        self._inbox: list[RecordedMessage] = []
+        self._channels: dict[tuple[str, str], ChannelInfo] = {}
+        self._last_mono: float | None = None
+        self.error: BaseException | None = None
+        self.result: object = None
+        self.path = " ".join(getattr(s, "endpoint", str(s)) for s in sources)
+        self._n_sources = len(sources)
+        self.recorder = Recorder(
+            record,
+            sources,  # type: ignore[arg-type]
+            sink=self._sink,
+            **recorder_options,  # type: ignore[arg-type]
+        )
+        self._thread = threading.Thread(target=self._run, name="kvtool-top-recorder", daemon=True)
+        self._start: float | None = None
+        self._now = 0.0
+
+    def _sink(self, channel: tuple[str, str, int | None], seq: int, payload: bytes, t: int) -> None:
+        from kvtool.recording import ChannelInfo as _CI
+        from kvtool.recording import RecordedMessage as _RM
+
+        endpoint, topic, rank = channel
+        info = self._channels.get((endpoint, topic))
+        if info is None:
+            name = endpoint if not topic else f"{endpoint}#{topic}"
+            info = self._channels[(endpoint, topic)] = _CI(
+                id=len(self._channels), name=name, endpoint=endpoint, topic=topic, dp_rank=rank
+            )
+        msg = _RM(channel=info, seq=seq, log_time=t, publish_time=t, data=payload, offset=0)
+        with self._lock:
+            self._inbox.append(msg)
+            self._last_mono = time.monotonic()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.recorder.run(handle_signals=False)
+        except BaseException as err:  # handed to the main thread by :meth:`stop`
+            self.error = err
+
+    @property
+    def done(self) -> bool:
+        """The recorder has ended (an error, or stopped)."""
+        return self._start is not None and not self._thread.is_alive()
+
+    def start(self, now: float) -> None:
+        """Start the recorder thread.
+
+        Args:
+            now: Monotonic seconds.
+        """
+        self._start = now
+        self._thread.start()
+
+    def take(self, now: float) -> list[RecordedMessage]:
+        """Return the batches written since the last call, in the order written.
+
+        Args:
+            now: Monotonic seconds.
+
+        Returns:
+            The messages.
+        """
+        self._now = now
+        with self._lock:
+            out, self._inbox = self._inbox, []
+        return out
+
+    def clock(self) -> float:
+        """Return seconds since the start."""
+        return 0.0 if self._start is None else self._now - self._start
+
+    def wake(self, now: float) -> float | None:
+        """A live stream has no end of its own."""
+        return None
+
+    def health(self) -> Health:
+        """Return the recorder's counters as a :class:`Health`."""
+        st = self.recorder.stats
+        last = self._last_mono
+        return Health(
+            source=self.path,
+            publishers=self._n_sources,
+            connected=len(st.connected),
+            batches=st.batches,
+            gaps_recovered=st.recovered,
+            lost=st.lost,
+            restarts=st.restarts,
+            last_batch_age_s=None if last is None else max(0.0, time.monotonic() - last),
+            done=self.done,
+        )
+
+    def stop(self) -> None:
+        """Stop the recorder (closing a ``--record`` file) and wait for its thread.
+
+        Raises:
+            BaseException: What the recorder raised (e.g. an endpoint error).
+        """
+        if self._thread.is_alive():
+            self.recorder.stop("stopped")
+            self._thread.join(60)
+            if self._thread.is_alive():  # a second stop gives up waiting on replays
+                self.recorder.stop("stopped")
+                self._thread.join()
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+
+class Source(Protocol):
+    """What :func:`run_top` reads: :class:`RecordingSource` or :class:`LiveSource`."""
+
+    path: str
+    error: BaseException | None
+
+    @property
+    def done(self) -> bool: ...  # noqa: D102
+
+    def start(self, now: float) -> None: ...  # noqa: D102
+
+    def take(self, now: float) -> list[RecordedMessage]: ...  # noqa: D102
+
+    def clock(self) -> float: ...  # noqa: D102
+
+    def wake(self, now: float) -> float | None: ...  # noqa: D102
+
+    def health(self) -> Health: ...  # noqa: D102
+
+    def stop(self) -> None: ...  # noqa: D102
+
+
+# -- the loops -----------------------------------------------------------------------------
+
+
+@dataclass
+class TopView:
+    """The state of the screen: the model, the view shown, paused or not.
+
+    Args:
+        source: Where batches come from.
+        feed: The report adapter.
+    """
+
+    source: Source
+    feed: ReportFeed
+    model: TopModel = field(default_factory=TopModel)
+    view: str = "kind"
+    paused: bool = False
+
+    def tick(self, now: float) -> None:
+        """Feed what arrived and, unless paused, take a snapshot into the model.
+
+        Args:
+            now: Monotonic seconds.
+        """
+        self.feed.add(self.source.take(now))
+        if not self.paused or self.source.done:
+            self.model.update(self.source.clock(), self.feed.snapshot(), self.source.health())
+
+    def key(self, ch: str) -> bool:
+        """Apply a key; return False for quit.
+
+        Args:
+            ch: One character.
+
+        Returns:
+            False when the key quits.
+        """
+        if ch in ("q", "Q"):
+            return False
+        if ch in VIEW_KEYS:
+            self.view = VIEW_KEYS[ch]
+        elif ch in ("p", "P"):
+            self.paused = not self.paused
+        return True
+
+
+def run_plain(
+    top: TopView,
+    out: TextIO,
+    *,
+    interval_s: float = 1.0,
+    duration_s: float | None = None,
+    render: Callable[[TopModel, str], str],
+) -> None:
+    """Print one plain block every ``interval_s`` until the end of input or ``duration_s``.
+
+    Args:
+        top: The view (its source not started).
+        out: Where blocks go.
+        interval_s: Seconds between blocks.
+        duration_s: Stop after this long (None: at the end of input only).
+        render: Turns the model into a block (:func:`kvtool.render.top.plain_block`).
+    """
+    start = time.monotonic()
+    top.model.update(0.0, top.feed.snapshot(), top.source.health())
+    top.source.start(start)
+    end = None if duration_s is None else start + duration_s
+    next_tick = start + interval_s
+    first = True
+    try:
+        while True:
+            now = time.monotonic()
+            wake = top.source.wake(now)
+            due = min(x for x in (next_tick, end, wake) if x is not None)
+            if due > now:
+                time.sleep(min(due - now, 0.2))
+                if not top.source.done:
+                    continue
+            now = time.monotonic()
+            top.tick(now)
+            final = top.source.done or (end is not None and now >= end)
+            if now >= next_tick or final:
+                if not first:
+                    out.write("\n")
+                out.write(render(top.model, top.view))
+                out.flush()
+                first = False
+                next_tick += interval_s * max(1, int((now - next_tick) // interval_s) + 1)
+            if final:
+                return
+    finally:
+        top.source.stop()
+
+
+@contextlib.contextmanager
+def cbreak(fd: int | None) -> Iterator[bool]:
+    """Put a terminal in cbreak mode (keys one by one, Ctrl-C still interrupts); restore it.
+
+    Args:
+        fd: The terminal's file descriptor (None, or not a terminal: nothing to do).
+
+    Yields:
+        True when keys can be read.
+    """
+    if fd is None or not os.isatty(fd):
+        yield False
+        return
+    import termios
+    import tty
+
+    old = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield True
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, old)
+
+
+def run_screen(
+    top: TopView,
+    console: Console,
+    *,
+    key_fd: int | None,
+    interval_s: float = 1.0,
+    duration_s: float | None = None,
+    render: Callable[[TopModel, str, bool], RenderableType],
+) -> None:
+    """Run the full-screen view until ``q``, ``duration_s`` or Ctrl-C (KeyboardInterrupt).
+
+    At the end of a recording the final screen stays until ``q``.
+
+    Args:
+        top: The view (its source not started).
+        console: The terminal.
+        key_fd: The terminal to read keys from (None: no keys).
+        interval_s: Seconds between refreshes.
+        duration_s: Stop after this long.
+        render: Turns the model into the screen (:func:`kvtool.render.top.screen`).
+    """
+    import select
+
+    from rich.live import Live
+
+    start = time.monotonic()
+    top.model.update(0.0, top.feed.snapshot(), top.source.health())
+    top.source.start(start)
+    end = None if duration_s is None else start + duration_s
+    next_tick = start
+    ended = False
+    try:
+        with (
+            cbreak(key_fd) as keys,
+            Live(
+                render(top.model, top.view, top.paused),
+                console=console,
+                screen=True,
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live,
+        ):
+            while True:
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    return
+                if not ended and now >= next_tick:
+                    top.tick(now)
+                    ended = top.source.done
+                    if ended and top.source.error is not None:
+                        return  # the recorder failed: stop() raises its error
+
+                    live.update(render(top.model, top.view, top.paused), refresh=True)
+                    next_tick += interval_s * max(1, int((now - next_tick) // interval_s) + 1)
+                wait = max(0.0, min(x for x in (next_tick, end) if x is not None) - now)
+                if ended:
+                    wait = 0.5 if end is None else min(0.5, wait)
+                if keys and key_fd is not None:
+                    ready, _, _ = select.select([key_fd], [], [], min(wait, 0.5))
+                    if ready:
+                        data = os.read(key_fd, 64).decode("utf-8", "replace")
+                        if not data:  # the terminal went away
+                            return
+                        for ch in data:
+                            if not top.key(ch):
+                                return
+                        live.update(render(top.model, top.view, top.paused), refresh=True)
+                else:
+                    time.sleep(min(wait, 0.5))
+    finally:
+        top.source.stop()
+
+
 __all__ = [
     "HISTORY_S",
     "VIEWS",
     "VIEW_KEYS",
     "Health",
+    "LiveSource",
+    "RecordingSource",
+    "ReportFeed",
+    "Source",
     "TopModel",
     "TopRow",
+    "TopView",
+    "cbreak",
     "row_label",
+    "run_plain",
+    "run_screen",
     "sparkline",
 ]

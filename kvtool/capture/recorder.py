@@ -479,6 +479,34 @@ class _Src:
 
 # ------------------------------------------------------------------------ recorder
 
+Sink = Callable[[tuple[str, str, "int | None"], int, bytes, int], None]
+"""A batch as written: ((endpoint, topic, dp_rank), seq, payload, log_time_ns)."""
+
+
+class _NullWriter:
+    """Stands in for the :class:`RecordingWriter` when ``path`` is None (write no file)."""
+
+    def __init__(self) -> None:
+        self.messages_written = 0
+        self._channels = 0
+
+    def add_channel(self, endpoint: str, topic: str, dp_rank: int | None) -> int:
+        self._channels += 1
+        return self._channels
+
+    def write(self, channel_id: int, seq: int, payload: bytes, t: int, pub: int) -> None:
+        self.messages_written += 1
+
+    def add_groups(self, groups: object, source: str) -> None:
+        pass
+
+    def maybe_flush(self) -> None:
+        pass
+
+    def close(self, *, ledger: dict[str, object] | None = None) -> None:
+        pass
+
+
 _Role = tuple[str, _Src]
 
 
@@ -486,7 +514,7 @@ class Recorder:
     """Records vLLM KV-event streams into one recording, recovering gaps over replay.
 
     Args:
-        path: The recording to write.
+        path: The recording to write, or None to write no file (``sink`` sees the batches).
         sources: What to subscribe to (see :func:`expand_endpoints`).
         topic: SUB topic filter (vLLM's default topic is ``""``).
         bind: Bind the SUB sockets instead of connecting them.
@@ -508,11 +536,13 @@ class Recorder:
             drops; gaps are then recovered over replay).
         writer_options: Extra keyword arguments for :class:`RecordingWriter`.
         extra_context: Extra keys for the recording's context metadata.
+        sink: Called with each batch in the order it is written:
+            ``((endpoint, topic, dp_rank), seq, payload, log_time_ns)`` (recorder thread).
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | None,
         sources: Sequence[Source],
         *,
         topic: str = "",
@@ -532,10 +562,12 @@ class Recorder:
         rcvhwm: int = RCVHWM,
         writer_options: dict[str, object] | None = None,
         extra_context: dict[str, object] | None = None,
+        sink: Sink | None = None,
     ) -> None:
         if not sources:
             raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
-        self.path = os.fspath(path)
+        self.path = os.fspath(path) if path is not None else ""
+        self._sink = sink
         self.sources = list(sources)
         self.topic = topic
         self._topic_b = topic.encode()
@@ -560,7 +592,7 @@ class Recorder:
         self._abort_flag = threading.Event()
         self._stop_reason = "stopped"
         self._srcs: list[_Src] = []
-        self._writer: RecordingWriter | None = None
+        self._writer: RecordingWriter | _NullWriter | None = None
         self._full = False
         # Status labels come from the one annotation rule (kvtool.annotate): the metadata
         # given, else what annotated stores of each channel said so far.
@@ -625,7 +657,7 @@ class Recorder:
             force=self.force,
             context=ctx_context,
             **self._writer_options,  # type: ignore[arg-type]
-        )
+        ) if self.path else _NullWriter()
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
         error: BaseException | None = None
@@ -649,7 +681,7 @@ class Recorder:
             except (KvtoolError, OSError):
                 if error is None:
                     raise
-            if isinstance(error, EndpointError) and writer.messages_written == 0:
+            if isinstance(error, EndpointError) and writer.messages_written == 0 and self.path:
                 # Nothing was recorded: leave no empty file behind.
                 with contextlib.suppress(OSError):
                     os.remove(self.path)
@@ -1190,6 +1222,8 @@ class Recorder:
         writer = self._writer
         assert writer is not None
         writer.write(ch.channel_id, seq, payload, t, pub)
+        if self._sink is not None:
+            self._sink((ch.src.spec.endpoint, ch.topic_str, ch.src.spec.dp_rank), seq, payload, t)
         ch.expected = seq + 1
         ch.batches += 1
         if ch.seq_first is None:

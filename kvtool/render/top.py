@@ -34,7 +34,10 @@ def _rate(v: float) -> str:
 
 
 def _p50(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+    if v is None:
+        return "-"
+    # Lifetimes span milliseconds to hours: three significant digits below 10 s.
+    return f"{v:.3g}" if abs(v) < 10 else f"{v:,.0f}"
 
 
 def health_line(h: Health, batches_per_s: float, t: float | None, *, paused: bool = False) -> str:
@@ -86,18 +89,21 @@ def plain_block(model: TopModel, view: str) -> str:
         view: The view to show.
 
     Returns:
-        Lines ending with a newline: a health line, a header, one line per row.
+        Lines ending with a newline: the source, two health lines, a header, one line per
+        row; 80 columns for labels up to 24 characters (numbers are never cut).
     """
     rows = model.rows(view)
     width = max([len(view), *(len(printable(r.label)) for r in rows)])
+    first, _, second = health_line(model.health, model.batches_per_s, model.t).partition("  gaps:")
     lines = [
         f"kvtool top  {printable(model.health.source)}",
-        health_line(model.health, model.batches_per_s, model.t),
-        "  ".join([view.ljust(width), *(h.rjust(9) for h in HEADERS)]).rstrip(),
+        first,
+        *(["gaps:" + second] if second else []),
+        " ".join([view.ljust(width), *(h.rjust(7) for h in HEADERS)]).rstrip(),
     ]
     for r in rows:
         lines.append(
-            "  ".join([printable(r.label).ljust(width), *(c.rjust(9) for c in _cells(r))]).rstrip()
+            " ".join([printable(r.label).ljust(width), *(c.rjust(7) for c in _cells(r))]).rstrip()
         )
     if not rows:
         lines.append("(no block events yet)")

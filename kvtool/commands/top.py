@@ -1,0 +1,204 @@
+"""``kvtool top``: a live full-screen view of the KV cache per kind, window, group or rank."""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvtool.commands import get_env, parse_duration_ns
+from kvtool.errors import ExitStatus, UsageError
+
+EXAMPLES = """\b
+Examples:
+  kvtool top tcp://127.0.0.1:5557 --replay tcp://127.0.0.1:5558
+  kvtool top tcp://10.0.0.5:5557 --dp-size 4 --record run.mcap
+  kvtool top run.mcap --speed 10
+  kvtool top run.mcap --once --speed 0
+"""
+
+
+class TopView(StrEnum):
+    """Views of ``kvtool top`` (keys k, w, g, r)."""
+
+    kind = "kind"
+    window = "window"
+    group = "group"
+    rank = "rank"
+
+
+def _is_recording(targets: list[str]) -> bool:
+    if len(targets) != 1:
+        return False
+    t = targets[0]
+    return t.endswith(".mcap") or (os.path.isfile(t) and "://" not in t)
+
+
+def top(
+    targets: Annotated[
+        list[str],
+        typer.Argument(
+            help="Publisher endpoints (tcp://HOST:PORT, ipc://PATH, or a bare port), or one "
+            "recording (FILE.mcap) to play back.",
+            metavar="ENDPOINT... | FILE.mcap",
+            show_default=False,
+        ),
+    ],
+    replay: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replay",
+            metavar="ENDPOINT",
+            help="The publisher's replay endpoint, to recover gaps as record does "
+            "(once per endpoint).",
+        ),
+    ] = None,
+    dp_size: Annotated[
+        int | None,
+        typer.Option("--dp-size", min=1, help="Watch data-parallel ranks 0..N-1: port + rank."),
+    ] = None,
+    topic: Annotated[
+        str, typer.Option("--topic", help="Topic filter (vLLM's default topic is empty).")
+    ] = "",
+    record: Annotated[
+        Path | None,
+        typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing kvtool recording (--record).")
+    ] = False,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed",
+            metavar="X",
+            min=0.0,
+            help="Recording: play its receive-time pace X times faster; 0 all at once.",
+        ),
+    ] = 1.0,
+    interval: Annotated[
+        str,
+        typer.Option("--interval", metavar="DURATION", help="Refresh this often: 1s, 500ms."),
+    ] = "1s",
+    duration: Annotated[
+        str | None,
+        typer.Option("--duration", "-d", metavar="DURATION", help="Stop after this long."),
+    ] = None,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="No full screen: print a plain block every --interval (also when stdout "
+            "is not a terminal).",
+        ),
+    ] = False,
+    view: Annotated[
+        TopView, typer.Option("--view", help="The view to start with (keys k, w, g, r).")
+    ] = TopView.kind,
+    groups: Annotated[
+        Path | None,
+        typer.Option(
+            "--groups",
+            metavar="FILE",
+            help="KV cache group metadata JSON (get_kv_cache_group_metadata()); live: "
+            "also stored with --record.",
+        ),
+    ] = None,
+    replay_timeout: Annotated[
+        str,
+        typer.Option(
+            "--replay-timeout",
+            metavar="DURATION",
+            help="Give up a replay request unanswered this long.",
+        ),
+    ] = "2s",
+) -> ExitStatus:
+    """Watch the KV cache live, per kind, sliding window, group or rank (like htop).
+
+    Shows live blocks, peak, stores/s, evictions/s, re-stores/s, orphan removes and the
+    lifetime p50 per row, with a sparkline of live blocks over the last minute, and the
+    stream's health (publishers, batches/s, gaps recovered and lost, restarts). The
+    numbers are the report engine's: at the same seq they equal `kvtool report`.
+
+    Keys: q quit, k/w/g/r by kind/window/group/rank, p pause. Ctrl-C also quits (exit
+    130). On a recording the view plays it by receive time and stays on the final screen
+    until q. Without a terminal, or with --once, it prints a plain block every --interval
+    and exits after --duration or at the end of a recording.
+    """
+    from kvtool.render.top import plain_block, screen
+    from kvtool.top import LiveSource, RecordingSource, ReportFeed
+    from kvtool.top import TopView as View
+
+    env = get_env()
+    interval_s = parse_duration_ns(interval, option="--interval") / 1e9
+    duration_s = (
+        parse_duration_ns(duration, option="--duration") / 1e9 if duration is not None else None
+    )
+    source: LiveSource | RecordingSource
+    if _is_recording(targets):
+        for opt, given in (("--replay", replay), ("--dp-size", dp_size), ("--record", record)):
+            if given:
+                raise UsageError(f"top FILE.mcap: {opt} is for live endpoints, not a recording")
+        source = RecordingSource(targets[0], speed=speed)
+        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
+    else:
+        from kvtool.capture import load_groups
+        from kvtool.endpoints import expand_endpoints
+        from kvtool.outputs import OutputKind, check_output, is_stdout
+
+        sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
+        if record is not None:
+            if is_stdout(record):
+                raise UsageError("top --record -: a recording is a file; give a path")
+            check_output(
+                record,
+                kind=OutputKind.RECORDING,
+                force=force,
+                inputs=[groups] if groups is not None else [],
+            )
+        group_list = load_groups(groups) if groups is not None else None
+        replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
+        source = LiveSource(
+            sources,
+            record=str(record) if record is not None else None,
+            topic=topic,
+            force=force,
+            replay_timeout_ns=replay_ns,
+            groups=group_list,
+            groups_source=str(groups) if groups is not None else "",
+        )
+        feed = ReportFeed(groups_file=str(groups) if groups is not None else None)
+    state = View(source=source, feed=feed, view=view.value)
+    if once or not env.out.is_terminal:
+        from kvtool.top import run_plain
+
+        run_plain(
+            state, env.stdout, interval_s=interval_s, duration_s=duration_s, render=plain_block
+        )
+        return ExitStatus.OK
+    from rich.console import Console
+
+    from kvtool.top import run_screen
+
+    console = Console(file=env.stdout)
+    key_fd = sys.stdin.fileno() if sys.stdin is not None and sys.stdin.isatty() else None
+    run_screen(
+        state,
+        console,
+        key_fd=key_fd,
+        interval_s=interval_s,
+        duration_s=duration_s,
+        render=lambda m, v, p: screen(m, v, paused=p),
+    )
+    # The final numbers stay in the scrollback after the alternate screen is gone.
+    env.stdout.write(plain_block(state.model, state.view))
+    env.stdout.flush()
+    return ExitStatus.OK
+
+
+COMMANDS = {"top": top}
+COMMAND_OPTIONS = {"top": {"epilog": EXAMPLES}}
