@@ -23,7 +23,9 @@ from kvtool.report.builder import (
     build_report,
     finish_report,
     report_from_chunks,
+    report_with,
 )
+from kvtool.report.parallel import RAY_INSTALL_HINT, default_jobs
 
 __all__ = [
     "COLUMNS",
@@ -31,10 +33,13 @@ __all__ = [
     "EXACT_LIFETIMES",
     "LIFETIME_COLUMNS",
     "MAX_TIMELINE_CELLS",
+    "RAY_INSTALL_HINT",
     "TIMELINE_COLUMNS",
     "Report",
     "ReportBuilder",
     "build_report",
+    "default_jobs",
     "finish_report",
     "report_from_chunks",
+    "report_with",
 ]

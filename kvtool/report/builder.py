@@ -25,7 +25,7 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import polars as pl
 
@@ -36,6 +36,7 @@ from kvtool.columns import (
     STORED,
     UNANNOTATED,
     UNATTRIBUTED,
+    DecodeMap,
     ReadStats,
     TableAnnotator,
     iter_tables,
@@ -619,8 +620,14 @@ def build_report(
     group_flags: Sequence[str] | None = None,
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    jobs: int = 1,
+    ray_address: str | None = None,
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
+
+    With ``jobs`` > 1 or ``ray_address``, payloads are decoded in worker processes or on
+    a Ray cluster and merged in stream order (:mod:`kvtool.report.parallel`): the report
+    is identical to a single-process one.
 
     Args:
         paths: Recordings.
@@ -628,6 +635,8 @@ def build_report(
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
+        jobs: Decoding processes on this machine (1: decode in this process).
+        ray_address: Decode on the Ray cluster at this address instead.
 
     Returns:
         The report.
@@ -635,12 +644,54 @@ def build_report(
     Raises:
         RecordingError: A recording cannot be opened.
         MetadataError: Invalid group metadata.
+        UsageError: ``ray_address`` given but Ray is not installed.
     """
-    stats = ReadStats()
+    from kvtool.report import parallel
+
     annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
                                group_flags=group_flags)
+    decode_map: DecodeMap | None = None
+    close: Callable[[], None] | None = None
+    if ray_address is not None:
+        decode_map, close = parallel.ray_decode_map(ray_address)
+    elif jobs > 1:
+        decode_map, close = parallel.pool_decode_map(jobs)
+    try:
+        return report_with(paths, annotator, every_ns=every_ns, chunk_bytes=chunk_bytes,
+                           decode_map=decode_map)
+    finally:
+        if close is not None:
+            close()
+
+
+def report_with(
+    paths: Sequence[str | os.PathLike[str]],
+    annotator: TableAnnotator,
+    *,
+    every_ns: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    decode_map: DecodeMap | None = None,
+) -> Report:
+    """Build a report with a given annotator and decoder map (the pieces build_report picks).
+
+    Decoded chunks reach the annotator and the builder in stream order, whatever
+    ``decode_map`` does, so any annotator that works chunk by chunk in stream order plugs
+    in here.
+
+    Args:
+        paths: Recordings.
+        annotator: Annotates each table chunk (stream order).
+        every_ns: Timeline bucket in ns, or None.
+        chunk_bytes: Payload bytes per chunk.
+        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+
+    Returns:
+        The report.
+    """
+    stats = ReadStats()
     builder = ReportBuilder(every_ns, annotator.group_kind)
-    chunks = iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False)
+    chunks = iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False,
+                         decode_map=decode_map)
     for chunk in prefetch(chunks):
         builder.add(annotator(chunk, stats))
     return finish_report(builder, annotator, stats)
@@ -732,5 +783,6 @@ __all__ = [
     "build_report",
     "finish_report",
     "report_from_chunks",
+    "report_with",
 ]
 
