@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -107,7 +108,12 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
             ctx = multiprocessing.get_context(method)
             if method == "forkserver":
                 ctx.set_forkserver_preload(["kvtool.columns"])
-            pools.append(ProcessPoolExecutor(max_workers=jobs, mp_context=ctx))
+            # Ctrl-C reaches the whole process group: the driver handles it (and shuts
+            # the pool down); a worker dying of it would only blur the exit status.
+            pools.append(ProcessPoolExecutor(
+                max_workers=jobs, mp_context=ctx,
+                initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN),
+            ))
         return pools[0]
 
     def result(f: Future[DecodedChunk]) -> DecodedChunk:
@@ -174,7 +180,10 @@ def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callabl
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError...
-            raise KvtoolError(f"--ray {address}: cannot connect to the Ray cluster: {err}") from err
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise KvtoolError(
+                f"--ray {address}: cannot connect to the Ray cluster: {first}"
+            ) from err
         connected_here = True
     task = ray.remote(decode_chunk)
 
