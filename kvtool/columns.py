@@ -15,6 +15,9 @@ capture). The lean path validates only the fields the table uses.
 
 Memory: a chunk holds about :data:`DEFAULT_CHUNK_BYTES` of payload and its table;
 :func:`prefetch` reads the next chunk in a thread while the current one is processed.
+Reading (:func:`iter_raw_chunks`: recordings to undecoded, picklable :class:`RawChunk`)
+and decoding (:func:`decode_chunk`) are separate steps, so decoding can run in worker
+processes or on a Ray cluster (``report --jobs/--ray``) and come back in stream order.
 
 Rows (see :data:`TABLE_SCHEMA`): one per hash of a ``BlockStored`` or ``BlockRemoved``,
 one per ``AllBlocksCleared``, and one (with a null ``hash``) per ``BlockStored`` with
