@@ -3,7 +3,8 @@
 Parts: :mod:`~kvtool.report.state` (the live-block multiset and FIFO lifetimes,
 vectorised per chunk), :mod:`~kvtool.report.attribution` (which kind a remove belongs
 to), :mod:`~kvtool.report.aggregates` (columns, counts, distinct hashes, peaks,
-percentiles, timeline), :mod:`~kvtool.report.builder` (drives them chunk by chunk) and
+percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
+:mod:`~kvtool.report.builder` (drives them chunk by chunk) and
 :mod:`~kvtool.report.parallel` (``--jobs`` and ``--ray``).
 """
 
