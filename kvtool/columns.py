@@ -595,7 +595,7 @@ class ReadStats:
         messages: Messages (batches) read.
         events: Events decoded.
         rows: Table rows built.
-        payload_bytes: Payload bytes decoded.
+        payload_bytes: Payload bytes read.
         bad_batches: Payloads that were not a batch at all (skipped).
         skipped_events: Events skipped by the decoder.
         problems: The first few messages naming skipped batches/events.
