@@ -34,8 +34,9 @@ def local_cluster() -> Iterator[None]:
 def test_ray_equals_local(name: str, tmp_path: Path, local_cluster: None) -> None:
     rec = record_capture(name, tmp_path / "r.mcap")
     local = build_report([rec], chunk_bytes=4000, every_ns=10_000_000).to_dict()
-    on_ray = build_report([rec], chunk_bytes=4000, every_ns=10_000_000,
-                          ray_address="auto").to_dict()
+    on_ray = build_report(
+        [rec], chunk_bytes=4000, every_ns=10_000_000, ray_address="auto"
+    ).to_dict()
     assert on_ray == local
     assert ray.is_initialized()  # a cluster kvtool did not connect to is left connected
 

@@ -198,8 +198,9 @@ def quantiles(lifetimes: pl.DataFrame, col: str) -> pl.DataFrame:
         One row per key with :data:`LIFETIME_COLUMNS`.
     """
     if lifetimes.height == 0:
-        return pl.DataFrame(schema={col: lifetimes.schema[col],
-                                    **{c: pl.Float64 for c in LIFETIME_COLUMNS}})
+        return pl.DataFrame(
+            schema={col: lifetimes.schema[col], **{c: pl.Float64 for c in LIFETIME_COLUMNS}}
+        )
     if lifetimes["n"].max() == 1 and lifetimes["n"].min() == 1:
         return lifetimes.group_by(col).agg(
             lifetime_p50_s=pl.col("lifetime_s").quantile(0.5, "linear").round(6),
@@ -245,8 +246,7 @@ class Peaks:
         members: dict[tuple[str, object], list[int]] = {}
         for gkey in deltas["gkey"].drop_nulls().unique().to_list():
             _g, kind, window = rows[gkey]
-            for level, key in (("kind", kind), ("window", window), ("group", gkey),
-                               ("total", 0)):
+            for level, key in (("kind", kind), ("window", window), ("group", gkey), ("total", 0)):
                 members.setdefault((level, key), []).append(gkey)
         if not members:
             return
@@ -311,9 +311,15 @@ def timeline_frame(per_bucket: pl.DataFrame, every_ns: int) -> tuple[pl.DataFram
         ``removes``, ``live_blocks``; and True when sparse.
     """
     if per_bucket.height == 0:
-        return pl.DataFrame(schema={"time_s": pl.Float64, "kind": pl.String,
-                                    "stores": pl.Int64, "removes": pl.Int64,
-                                    "live_blocks": pl.Int64}), False
+        return pl.DataFrame(
+            schema={
+                "time_s": pl.Float64,
+                "kind": pl.String,
+                "stores": pl.Int64,
+                "removes": pl.Int64,
+                "live_blocks": pl.Int64,
+            }
+        ), False
     first, last = per_bucket["bucket"].min(), per_bucket["bucket"].max()
     assert isinstance(first, int) and isinstance(last, int)
     kinds = per_bucket["kind"].unique().sort()

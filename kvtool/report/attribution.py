@@ -84,15 +84,25 @@ def resolve_ungrouped(
     rows = df.filter(
         pl.col("channel_id").is_in(chans)
         & ((pl.col("type_code") == CLEARED) | pl.col("hash").is_not_null())
-    ).select("row", "channel_id", "type_code", "group_idx", "hash", "kind", "sliding_window",
-             "event_index")
+    ).select(
+        "row",
+        "channel_id",
+        "type_code",
+        "group_idx",
+        "hash",
+        "kind",
+        "sliding_window",
+        "event_index",
+    )
     Key = tuple[int, int | None, int]
     count: dict[Key, int] = {}
     kinds: dict[Key, tuple[str | None, int | None]] = {}
     groups_of: dict[tuple[int, int], set[int | None]] = {}
-    for cid, g, h, gkey in live.filter(pl.col("channel_id").is_in(chans)).select(
-        "channel_id", "group_idx", "hash", "gkey"
-    ).iter_rows():
+    for cid, g, h, gkey in (
+        live.filter(pl.col("channel_id").is_in(chans))
+        .select("channel_id", "group_idx", "hash", "gkey")
+        .iter_rows()
+    ):
         count[(cid, g, h)] = count.get((cid, g, h), 0) + 1
         groups_of.setdefault((cid, h), set()).add(g)
         k0, w0 = kind_of_gkey[gkey]
@@ -122,7 +132,8 @@ def resolve_ungrouped(
             g = cands[0]
             # The group's kind (metadata or learned); else what its store said.
             known = (
-                group_kind(cid, g, e) if group_kind is not None and g is not None and g >= 0
+                group_kind(cid, g, e)
+                if group_kind is not None and g is not None and g >= 0
                 else None
             )
             k2, w2 = known if known is not None else kinds.get((cid, g, h), (k, w))
@@ -157,6 +168,8 @@ def final_kind(tc: pl.Expr) -> list[pl.Expr]:
         .then(pl.lit(UNANNOTATED))
         .otherwise(pl.col("kind"))
         .alias("kind_final"),
-        pl.when(unattributed).then(None).otherwise(pl.col("sliding_window"))
+        pl.when(unattributed)
+        .then(None)
+        .otherwise(pl.col("sliding_window"))
         .alias("sliding_window"),
     ]

@@ -68,7 +68,10 @@ ReportRow = tuple[int | None, str, int | None]
 
 _COUNTS_SCHEMA: dict[str, pl.DataType] = {"gkey": pl.UInt32(), **{c: pl.Int64() for c in ADDITIVE}}
 _TIMELINE_SCHEMA: dict[str, pl.DataType] = {
-    "bucket": pl.Int64(), "gkey": pl.UInt32(), "stores": pl.Int64(), "removes": pl.Int64(),
+    "bucket": pl.Int64(),
+    "gkey": pl.UInt32(),
+    "stores": pl.Int64(),
+    "removes": pl.Int64(),
     "delta": pl.Int64(),
 }
 
@@ -145,17 +148,18 @@ class ReportBuilder:
                 [self._gkey_of(g, k, w) for g, k, w in firsts.iter_rows()], dtype=pl.UInt32
             )
         )
-        joined = df.join(mapping, on=key_cols, how="left", nulls_equal=True,
-                         maintain_order="left")
-        return joined.with_columns(
-            gkey=pl.when(pl.col("type_code") != CLEARED).then("gkey")
-        )
+        joined = df.join(mapping, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
+        return joined.with_columns(gkey=pl.when(pl.col("type_code") != CLEARED).then("gkey"))
 
     def _registry_frame(self) -> pl.DataFrame:
         return pl.DataFrame(
             [(g, k, w, i) for (g, k, w), i in self.registry.items()],
-            schema={"group_idx": pl.Int64, "kind_final": pl.String, "sliding_window": pl.Int64,
-                    "gkey": pl.UInt32},
+            schema={
+                "group_idx": pl.Int64,
+                "kind_final": pl.String,
+                "sliding_window": pl.Int64,
+                "gkey": pl.UInt32,
+            },
             orient="row",
         )
 
@@ -190,7 +194,9 @@ class ReportBuilder:
                 pl.col("channel_id")
                 .filter((tc == STORED) & pl.col("group_idx").is_not_null())
                 .unique()
-            ).to_series().to_list()
+            )
+            .to_series()
+            .to_list()
         )
         df = self._attribute(df)
         one_channel = df["channel_id"].n_unique() == 1
@@ -202,12 +208,26 @@ class ReportBuilder:
         df = self._with_gkeys(df)
         has_hash = pl.col("hash").is_not_null()
         first_block = pl.col("block_index") == 0
-        blocks = df.lazy().filter(has_hash & (tc != CLEARED) & ~pl.col("unattributed")).select(
-            "row", "channel_id", "group_idx", "hash", "epoch", "ts",
-            delta=pl.when(tc == STORED).then(pl.lit(1, pl.Int64)).otherwise(pl.lit(-1, pl.Int64)),
-            carried=pl.lit(False), gkey="gkey",
-            no_group=pl.col("group_idx").is_null(), first_block=first_block,
-        ).collect()
+        blocks = (
+            df.lazy()
+            .filter(has_hash & (tc != CLEARED) & ~pl.col("unattributed"))
+            .select(
+                "row",
+                "channel_id",
+                "group_idx",
+                "hash",
+                "epoch",
+                "ts",
+                delta=pl.when(tc == STORED)
+                .then(pl.lit(1, pl.Int64))
+                .otherwise(pl.lit(-1, pl.Int64)),
+                carried=pl.lit(False),
+                gkey="gkey",
+                no_group=pl.col("group_idx").is_null(),
+                first_block=first_block,
+            )
+            .collect()
+        )
         final_epoch = df.group_by("channel_id").agg(final_epoch=pl.col("epoch").max())
         step = state.advance(blocks, self.live, final_epoch)
         self.live = step.live
@@ -226,9 +246,7 @@ class ReportBuilder:
     def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
         """Resolve removes without group_idx on grouped channels (see attribution)."""
         if not attribution.needs_resolution(df, self.grouped_channels):
-            return df.with_columns(
-                unattributed=pl.lit(False), unattributed_orphan=pl.lit(False)
-            )
+            return df.with_columns(unattributed=pl.lit(False), unattributed_orphan=pl.lit(False))
         kind_of_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
         resolved, ambiguous = attribution.resolve_ungrouped(
             df, self.live, self.grouped_channels, kind_of_gkey, self.group_kind
@@ -272,8 +290,10 @@ class ReportBuilder:
         )
         # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
         # the remove is unattributed -- move it off the group it was keyed under.
-        moved = blocks.filter(pl.col("orphan") & pl.col("no_group")).group_by("gkey").agg(
-            n=pl.len().cast(pl.Int64), events=pl.col("first_block").sum().cast(pl.Int64)
+        moved = (
+            blocks.filter(pl.col("orphan") & pl.col("no_group"))
+            .group_by("gkey")
+            .agg(n=pl.len().cast(pl.Int64), events=pl.col("first_block").sum().cast(pl.Int64))
         )
         adjust = []
         if moved.height:
@@ -386,9 +406,12 @@ class ReportBuilder:
         parts = [*self.lifetimes, lt]
         self.lifetimes = []
         self.n_lifetimes += lt.height
-        h = pl.concat(parts).select("gkey", bin=hist_bin(pl.col("lifetime_s"))).group_by(
-            "gkey", "bin"
-        ).agg(n=pl.len().cast(pl.Int64))
+        h = (
+            pl.concat(parts)
+            .select("gkey", bin=hist_bin(pl.col("lifetime_s")))
+            .group_by("gkey", "bin")
+            .agg(n=pl.len().cast(pl.Int64))
+        )
         if self.hist is not None:
             h = pl.concat([self.hist, h]).group_by("gkey", "bin").agg(pl.col("n").sum())
         self.hist = h
@@ -397,15 +420,21 @@ class ReportBuilder:
         assert self.every_ns is not None
         every = self.every_ns
         tc = pl.col("type_code")
-        blocks = df.lazy().filter(pl.col("hash").is_not_null() & (tc != CLEARED)).group_by(
-            bucket_of("ts", every).alias("bucket"), "gkey"
-        ).agg(
-            stores=(tc == STORED).sum().cast(pl.Int64),
-            removes=(tc == REMOVED).sum().cast(pl.Int64),
+        blocks = (
+            df.lazy()
+            .filter(pl.col("hash").is_not_null() & (tc != CLEARED))
+            .group_by(bucket_of("ts", every).alias("bucket"), "gkey")
+            .agg(
+                stores=(tc == STORED).sum().cast(pl.Int64),
+                removes=(tc == REMOVED).sum().cast(pl.Int64),
+            )
         )
-        live = deltas.lazy().filter(pl.col("gkey").is_not_null()).group_by(
-            bucket_of("t", every).alias("bucket"), "gkey"
-        ).agg(delta=pl.col("delta").sum())
+        live = (
+            deltas.lazy()
+            .filter(pl.col("gkey").is_not_null())
+            .group_by(bucket_of("t", every).alias("bucket"), "gkey")
+            .agg(delta=pl.col("delta").sum())
+        )
         self.timeline = (
             pl.concat([self.timeline.lazy(), blocks, live], how="diagonal")
             .filter(pl.col("bucket").is_not_null())
@@ -430,8 +459,7 @@ class ReportBuilder:
         if self.hist is not None:
             return self.hist.select("gkey", lifetime_s=hist_centre(pl.col("bin")), n="n")
         if not self.lifetimes:
-            return pl.DataFrame(schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64,
-                                        "n": pl.Int64})
+            return pl.DataFrame(schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64, "n": pl.Int64})
         return pl.concat(self.lifetimes).with_columns(n=pl.lit(1, pl.Int64))
 
     def tables(self) -> dict[str, pl.DataFrame]:
@@ -444,29 +472,45 @@ class ReportBuilder:
         self._distinct_counts = {}
         reg = self._level_map()
         live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
-        base = reg.join(self.counts, on="gkey", how="left").join(
-            live_end, on="gkey", how="left"
-        ).with_columns(
-            *[pl.col(c).fill_null(0) for c in (*ADDITIVE, "live_blocks_end")]
-        ).filter(
-            # A key every row of which moved elsewhere (e.g. orphans without group_idx).
-            pl.any_horizontal(
-                pl.col(c) != 0 for c in ("store_events", "blocks_stored", "remove_events",
-                                         "blocks_removed", "blocks_cleared", "live_blocks_end")
+        base = (
+            reg.join(self.counts, on="gkey", how="left")
+            .join(live_end, on="gkey", how="left")
+            .with_columns(*[pl.col(c).fill_null(0) for c in (*ADDITIVE, "live_blocks_end")])
+            .filter(
+                # A key every row of which moved elsewhere (e.g. orphans without group_idx).
+                pl.any_horizontal(
+                    pl.col(c) != 0
+                    for c in (
+                        "store_events",
+                        "blocks_stored",
+                        "remove_events",
+                        "blocks_removed",
+                        "blocks_cleared",
+                        "live_blocks_end",
+                    )
+                )
             )
-        ) if reg.height else reg.with_columns(
-            *[pl.lit(0, pl.Int64).alias(c) for c in (*ADDITIVE, "live_blocks_end")]
+            if reg.height
+            else reg.with_columns(
+                *[pl.lit(0, pl.Int64).alias(c) for c in (*ADDITIVE, "live_blocks_end")]
+            )
         )
-        lts = self._lifetime_frame().join(reg.select("gkey", "L_kind", "L_window", "L_group",
-                                                     "L_total"), on="gkey", how="left")
+        lts = self._lifetime_frame().join(
+            reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"), on="gkey", how="left"
+        )
         members: dict[str, dict[object, list[int]]] = {}
-        for _g, k, w, i in reg.select("group_idx", "kind_final", "sliding_window",
-                                     "gkey").iter_rows():
+        for _g, k, w, i in reg.select(
+            "group_idx", "kind_final", "sliding_window", "gkey"
+        ).iter_rows():
             for level, key in (("L_kind", k), ("L_window", w), ("L_group", i), ("L_total", 0)):
                 members.setdefault(level, {}).setdefault(key, []).append(i)
         out: dict[str, pl.DataFrame] = {}
-        for level, name in (("total", "totals"), ("kind", "by_kind"), ("window", "by_window"),
-                            ("group", "by_group")):
+        for level, name in (
+            ("total", "totals"),
+            ("kind", "by_kind"),
+            ("window", "by_window"),
+            ("group", "by_group"),
+        ):
             col = f"L_{level}"
             agg = base.group_by(col).agg(
                 *[pl.col(c).sum().cast(pl.Int64) for c in (*ADDITIVE, "live_blocks_end")]
@@ -526,9 +570,11 @@ class ReportBuilder:
         if self.every_ns is None:
             return None
         rows = self._level_map().select("gkey", kind="L_kind")
-        per_bucket = self.timeline.join(rows, on="gkey", how="left").group_by(
-            "bucket", "kind"
-        ).agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+        per_bucket = (
+            self.timeline.join(rows, on="gkey", how="left")
+            .group_by("bucket", "kind")
+            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+        )
         frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns)
         return frame
 
@@ -568,8 +614,9 @@ def build_report(
     """
     from kvtool.report import parallel
 
-    annotator = make_annotator(recording_groups(paths), groups_file=groups_file,
-                               group_flags=group_flags)
+    annotator = make_annotator(
+        recording_groups(paths), groups_file=groups_file, group_flags=group_flags
+    )
     decode_map: DecodeMap | None = None
     close: Callable[[], None] | None = None
     if ray_address is not None:
@@ -577,8 +624,9 @@ def build_report(
     elif jobs > 1:
         decode_map, close = parallel.pool_decode_map(jobs)
     try:
-        return report_with(paths, annotator, every_ns=every_ns, chunk_bytes=chunk_bytes,
-                           decode_map=decode_map)
+        return report_with(
+            paths, annotator, every_ns=every_ns, chunk_bytes=chunk_bytes, decode_map=decode_map
+        )
     finally:
         if close is not None:
             close()
@@ -610,8 +658,9 @@ def report_with(
     """
     stats = ReadStats()
     builder = ReportBuilder(every_ns, annotator.group_kind)
-    chunks = iter_tables(paths, stats=stats, chunk_bytes=chunk_bytes, labels=False,
-                         decode_map=decode_map)
+    chunks = iter_tables(
+        paths, stats=stats, chunk_bytes=chunk_bytes, labels=False, decode_map=decode_map
+    )
     for chunk in prefetch(chunks):
         builder.add(annotator(chunk, stats))
     return finish_report(builder, annotator, stats)
@@ -663,9 +712,13 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     source: dict[str, object] = {
         "recordings": list(stats.recordings),
         "channels": [
-            {"recording": ref.recording, "channel": ref.info.name,
-             "endpoint": ref.info.endpoint, "topic": ref.info.topic,
-             "dp_rank": ref.info.dp_rank}
+            {
+                "recording": ref.recording,
+                "channel": ref.info.name,
+                "endpoint": ref.info.endpoint,
+                "topic": ref.info.topic,
+                "dp_rank": ref.info.dp_rank,
+            }
             for ref in stats.channels.values()
         ],
         "group_metadata": annotator.sources(),
@@ -673,8 +726,9 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         "events": stats.events,
         "block_rows": stats.rows,
         "duration_s": dur,
-        "lifetimes": "exact" if builder.hist is None else
-        f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
+        "lifetimes": "exact"
+        if builder.hist is None
+        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
         "skipped_batches": stats.bad_batches,
         "skipped_events": stats.skipped_events,
         "damaged": list(stats.damaged),
@@ -705,4 +759,3 @@ __all__ = [
     "report_from_chunks",
     "report_with",
 ]
-

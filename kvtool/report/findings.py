@@ -13,7 +13,9 @@ if TYPE_CHECKING:
 
 
 def report_findings(
-    rep: dict[str, pl.DataFrame], builder: ReportBuilder, annotator: TableAnnotator,
+    rep: dict[str, pl.DataFrame],
+    builder: ReportBuilder,
+    annotator: TableAnnotator,
     stats: ReadStats,
 ) -> list[str]:
     """Return one line per thing in a report that looks wrong or needs the user's help.
@@ -62,8 +64,11 @@ def report_findings(
             f"group {g} on {names.get(cid, cid)} changes kind mid-stream: "
             f"{_kw(before)} -> {_kw(after)}"
         )
-    evicting = {k: r["blocks_removed"] for k, r in by_kind.items()
-                if r["blocks_removed"] and k not in (UNATTRIBUTED, UNANNOTATED)}
+    evicting = {
+        k: r["blocks_removed"]
+        for k, r in by_kind.items()
+        if r["blocks_removed"] and k not in (UNATTRIBUTED, UNANNOTATED)
+    }
     if evicting:
         for k, r in by_kind.items():
             if k in (UNATTRIBUTED, UNANNOTATED) or k in evicting or not r["blocks_stored"]:

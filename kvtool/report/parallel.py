@@ -110,10 +110,14 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
                 ctx.set_forkserver_preload(["kvtool.columns"])
             # Ctrl-C reaches the whole process group: the driver handles it (and shuts
             # the pool down); a worker dying of it would only blur the exit status.
-            pools.append(ProcessPoolExecutor(
-                max_workers=jobs, mp_context=ctx,
-                initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN),
-            ))
+            pools.append(
+                ProcessPoolExecutor(
+                    max_workers=jobs,
+                    mp_context=ctx,
+                    initializer=signal.signal,
+                    initargs=(signal.SIGINT, signal.SIG_IGN),
+                )
+            )
         return pools[0]
 
     def result(f: Future[DecodedChunk]) -> DecodedChunk:

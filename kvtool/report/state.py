@@ -100,9 +100,17 @@ def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame)
         The step's flags, FIFO pairs and the new live state.
     """
     carried = live.select(
-        "row", "channel_id", "group_idx", "hash",
-        epoch=pl.lit(0, pl.Int64), ts="store_ts", delta=pl.lit(1, pl.Int64),
-        carried=pl.lit(True), gkey="gkey", no_group=pl.lit(False), first_block=pl.lit(False),
+        "row",
+        "channel_id",
+        "group_idx",
+        "hash",
+        epoch=pl.lit(0, pl.Int64),
+        ts="store_ts",
+        delta=pl.lit(1, pl.Int64),
+        carried=pl.lit(True),
+        gkey="gkey",
+        no_group=pl.lit(False),
+        first_block=pl.lit(False),
     )
     rows = pl.concat([carried, blocks.select(list(BLOCK_SCHEMA))])
     # Carried entries are older than the chunk's rows and both parts are in stream order,
@@ -156,14 +164,31 @@ def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame)
             # The k-th effective remove of a segment pairs with its k-th store: its index
             # among all the chunk's stores (sorted order).
             store_index=pl.col("stores_before_segment")
-            + pl.col("running_removes") - pl.col("removes_before_segment") - 1,
+            + pl.col("running_removes")
+            - pl.col("removes_before_segment")
+            - 1,
             segment_removes=pl.when("segment_end").then(pl.col("running_removes")).backward_fill()
             - pl.col("removes_before_segment"),
         )
         .select(
-            "row", "channel_id", "group_idx", "hash", "epoch", "ts", "delta", "carried",
-            "gkey", "no_group", "first_block", "running_stores", "stores_before_segment",
-            "orphan", "restored", "effective_remove", "store_index", "segment_removes",
+            "row",
+            "channel_id",
+            "group_idx",
+            "hash",
+            "epoch",
+            "ts",
+            "delta",
+            "carried",
+            "gkey",
+            "no_group",
+            "first_block",
+            "running_stores",
+            "stores_before_segment",
+            "orphan",
+            "restored",
+            "effective_remove",
+            "store_index",
+            "segment_removes",
         )
         .collect()
     )
