@@ -10,6 +10,7 @@ Deterministic: every test runs with ``derandomize=True`` and no example database
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
@@ -833,7 +834,7 @@ def test_state_step_equals_a_plain_multiset_over_any_chunking(
     live = pl.DataFrame(schema=state.LIVE_SCHEMA)
     orphans = restored = 0
     lifetimes: list[int] = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in itertools.pairwise(bounds):
         epochs = {0: 0, 1: 0}
         rows = []
         for t in range(lo, hi):
