@@ -9,12 +9,21 @@ interpreter, imports included), interleaved, and the medians compared:
 - hand: a straightforward Python loop computing the report's numbers (decode each batch
   into kvtool's structs with ``decode_batch``; dict updates per event and per hash for
   the multiset live state; FIFO lifetimes; peaks per group/kind/window/total);
-- report: ``python -m kvtool report FILE --format json -q``.
+- hand-user: ``bench/hand_report.py`` (the loop issue 10 measured against: the ``mcap``
+  reader, full vLLM structs, per-hash dict updates, FIFO lifetimes, peaks; kept as a
+  user would write it, unoptimised and unpessimised);
+- report: ``python -m kvtool report FILE --format json -q`` (``--jobs`` as the CLI defaults);
+- report-jN (``--jobs 1,2``): the same with ``--jobs N``;
+- report-ray (``--ray ADDRESS``): the same with ``--ray ADDRESS`` (``local`` starts a
+  Ray instance inside the kvtool process: its start-up is part of the time).
 
 The report's counts are checked against the hand loop's and against the generator's
 truth file. Goals (issue 5): report <= 3x floor, <= 0.3x hand, >= 2 M block events/s.
 
-    python3 bench/bench_report.py bench/data/big1.mcap --runs 5 [--cpus 1]
+    python3 bench/bench_report.py bench/data/big1.mcap --runs 5 [--cpus 1] \
+        [--jobs 1,2] [--ray local] [--no-hand]
+
+Peak RSS is that of the measured process (for ``--jobs`` > 1 and Ray: the driver only).
 """
 
 from __future__ import annotations
@@ -284,7 +293,11 @@ def main() -> int:
     ap.add_argument("recording", nargs="?", default=str(ROOT / "bench/data/big1.mcap"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cpus", default=None, help="taskset CPU list, e.g. 1 (one core)")
-    ap.add_argument("--no-hand", action="store_true", help="skip the (slow) hand loop")
+    ap.add_argument("--no-hand", action="store_true", help="skip the (slow) hand loops")
+    ap.add_argument("--jobs", default=None,
+                    help="comma list of --jobs values to time as report-jN (e.g. 1,2)")
+    ap.add_argument("--ray", default=None, metavar="ADDRESS",
+                    help="also time report --ray ADDRESS (e.g. local)")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "PATH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -294,20 +307,33 @@ def main() -> int:
     truth_path = rec.with_suffix(".truth.json")
     truth = json.loads(truth_path.read_text()) if truth_path.exists() else None
     tmp = Path(tempfile.mkdtemp(prefix="kvbench-"))
-    modes = ["floor", "report"] + ([] if args.no_hand else ["hand"])
+    jobs = [int(j) for j in args.jobs.split(",")] if args.jobs else []
+    modes = (["floor", "report"] + [f"report-j{j}" for j in jobs]
+             + (["report-ray"] if args.ray else [])
+             + ([] if args.no_hand else ["hand", "hand-user"]))
     runs: dict[str, list[Any]] = {m: [] for m in modes}
     outputs: dict[str, Any] = {}
     for i in range(args.runs):
         for mode in modes:
             out = tmp / f"{mode}.json"
-            if mode == "report":
+            if mode.startswith("report"):
                 cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q",
                        "-o", str(out)]
+                if mode.startswith("report-j"):
+                    cmd += ["--jobs", mode.removeprefix("report-j")]
+                elif mode == "report-ray":
+                    cmd += ["--ray", args.ray]
                 if out.exists():
                     out.unlink()
+            elif mode == "hand-user":
+                cmd = [sys.executable, str(Path(__file__).with_name("hand_report.py")), str(rec)]
             else:
                 cmd = [sys.executable, __file__, "--child", mode, str(rec), str(out)]
-            r = run_child(cmd, cpus=args.cpus, stderr=subprocess.PIPE)
+            if mode == "hand-user":
+                with out.open("w") as sink:
+                    r = run_child(cmd, cpus=args.cpus, stdout=sink, stderr=subprocess.PIPE)
+            else:
+                r = run_child(cmd, cpus=args.cpus, stderr=subprocess.PIPE)
             if r.returncode not in (0,):
                 print(f"{mode}: exit status {r.returncode}", file=sys.stderr)
             runs[mode].append(r)
@@ -332,12 +358,24 @@ def main() -> int:
     }
     if "hand" in med:
         result["ratio_report_over_hand"] = med["report"] / med["hand"]
+    if "hand-user" in med:
+        result["ratio_report_over_hand_user"] = med["report"] / med["hand-user"]
+    for m in modes:
+        if m.startswith("report-") and block_events:
+            result[f"{m}_block_events_per_s"] = block_events / med[m]
+    reports = {m: outputs[m] for m in modes if m.startswith("report") and m in outputs}
     checks: dict[str, list[str]] = {}
     rep = outputs.get("report")
     if rep is not None and "hand" in outputs:
         checks["report_vs_hand"] = compare(rep, outputs["hand"], "report", "hand")
     if rep is not None and truth is not None:
         checks["report_vs_truth"] = compare(rep, truth, "report", "truth")
+    for m, other in reports.items():
+        if m != "report" and rep is not None:
+            # Every --jobs value and Ray must give the very same report.
+            same = {k: v for k, v in other.items() if k != "source"} == {
+                k: v for k, v in rep.items() if k != "source"}
+            checks[f"{m}_vs_report"] = [] if same else [f"{m} differs from report"]
     if "hand" in outputs and truth is not None:
         checks["hand_vs_truth"] = compare(outputs["hand"], truth, "hand", "truth")
     result["checks"] = checks
@@ -347,7 +385,13 @@ def main() -> int:
         print(f"{m:7s} median wall {med[m]:.2f} s")
     print(f"report / floor = {result['ratio_report_over_floor']:.2f}  (goal <= 3)")
     if "hand" in med:
-        print(f"report / hand  = {result['ratio_report_over_hand']:.2f}  (goal <= 0.3)")
+        print(f"report / hand (bench loop)    = {result['ratio_report_over_hand']:.2f}")
+    if "hand-user" in med:
+        print(f"report / hand (hand_report.py) = {result['ratio_report_over_hand_user']:.2f}"
+              "  (goal <= 0.3)")
+    for m in modes:
+        if m.startswith("report-"):
+            print(f"{m} / report = {med[m] / med['report']:.2f}")
     if block_events:
         print(f"report: {result['report_block_events_per_s'] / 1e6:.2f} M block events/s "
               f"(goal >= 2)")

@@ -86,6 +86,15 @@ def main() -> int:
             lines.append(f"| 3b | same | {f(med['report'])} s | hand-written loop {f(med['hand'])}"
                          f" s | {f(rep['ratio_report_over_hand'])} | <= 0.3x hand | "
                          f"{ok(rep['ratio_report_over_hand'] <= 0.3)} |")
+        if "hand-user" in med:
+            lines.append(f"| 3b' | same | {f(med['report'])} s | hand_report.py (issue 10) "
+                         f"{f(med['hand-user'])} s | {f(rep['ratio_report_over_hand_user'])} | "
+                         f"<= 0.3x hand | {ok(rep['ratio_report_over_hand_user'] <= 0.3)} |")
+        for m in sorted(k for k in med if k.startswith("report-")):
+            same = not rep.get("checks", {}).get(f"{m}_vs_report", ["?"])
+            lines.append(f"| 3d | `report` {m.removeprefix('report-')} | {f(med[m])} s | report "
+                         f"{f(med['report'])} s | {f(med[m] / med['report'])} | same report | "
+                         f"{ok(same)} |")
         if rep.get("report_block_events_per_s"):
             lines.append(f"| 3c | report throughput | "
                          f"{rep['report_block_events_per_s'] / 1e6:.2f} M block events/s | floor "
@@ -96,6 +105,12 @@ def main() -> int:
         lines.append(f"| 4 | `report` peak RSS, 10x | {f(r['10x'], '.0f')} MB | 1x: "
                      f"{f(r['1x'], '.0f')} MB | {f(mem['ratio_10x_over_1x'])} | <= 1.3x of 1x | "
                      f"{ok(mem['ratio_10x_over_1x'] <= 1.3)} |")
+        rate = mem.get("block_events_per_s", {})
+        if "10x" in rate:
+            lines.append(f"| 4b | `report --jobs {mem.get('jobs', 1)}` throughput, 10x | "
+                         f"{rate['10x'] / 1e6:.2f} M block events/s | 1x: "
+                         f"{rate.get('1x', 0) / 1e6:.2f} M/s | | >= 2 M/s | "
+                         f"{ok(rate['10x'] >= 2e6)} |")
     if rec:
         for hwm, s in rec["summary"].items():
             lost = [x or 0 for x in s["lost_per_run"]] + [x or 0 for x in s["missing_per_run"]]

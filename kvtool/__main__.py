@@ -2,4 +2,5 @@
 
 from kvtool.cli import main
 
-main()
+if __name__ == "__main__":  # worker processes (report --jobs) import this module too
+    main()

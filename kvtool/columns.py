@@ -15,6 +15,9 @@ capture). The lean path validates only the fields the table uses.
 
 Memory: a chunk holds about :data:`DEFAULT_CHUNK_BYTES` of payload and its table;
 :func:`prefetch` reads the next chunk in a thread while the current one is processed.
+Reading (:func:`iter_raw_chunks`: recordings to undecoded, picklable :class:`RawChunk`)
+and decoding (:func:`decode_chunk`) are separate steps, so decoding can run in worker
+processes or on a Ray cluster (``report --jobs/--ray``) and come back in stream order.
 
 Rows (see :data:`TABLE_SCHEMA`): one per hash of a ``BlockStored`` or ``BlockRemoved``,
 one per ``AllBlocksCleared``, and one (with a null ``hash``) per ``BlockStored`` with
@@ -36,7 +39,7 @@ import gc
 import os
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -592,7 +595,7 @@ class ReadStats:
         messages: Messages (batches) read.
         events: Events decoded.
         rows: Table rows built.
-        payload_bytes: Payload bytes decoded.
+        payload_bytes: Payload bytes read.
         bad_batches: Payloads that were not a batch at all (skipped).
         skipped_events: Events skipped by the decoder.
         problems: The first few messages naming skipped batches/events.
@@ -771,37 +774,122 @@ def _merged_messages(
     return merge_messages(readers, findings=findings)
 
 
-def iter_tables(
+@dataclass
+class RawChunk:
+    """The payloads of one table chunk, read but not decoded.
+
+    Plain lists of ints and bytes, so it pickles cheaply: :func:`decode_chunk` may run in
+    another process (``report --jobs``) or on a Ray worker (``report --ray``).
+
+    Attributes:
+        log_time: Receive time (ns) per batch.
+        seq: Sequence number per batch.
+        channel_id: Table ``channel_id`` per batch.
+        dp_rank: The channel's data-parallel rank per batch (the batch's own rank wins).
+        data: The payloads, byte for byte.
+        where: ``channel_id`` → "path: channel" for problem messages.
+    """
+
+    log_time: list[int] = field(default_factory=list)
+    seq: list[int] = field(default_factory=list)
+    channel_id: list[int] = field(default_factory=list)
+    dp_rank: list[int | None] = field(default_factory=list)
+    data: list[bytes] = field(default_factory=list)
+    where: dict[int, str] = field(default_factory=dict)
+    bytes: int = 0
+
+
+@dataclass
+class DecodedChunk:
+    """A decoded :class:`RawChunk`: its table (``event_index`` from 0) and what was skipped.
+
+    Attributes:
+        table: The rows (as :func:`_build` makes them; not yet labelled).
+        events: Events decoded.
+        rows: Rows built.
+        bad_batches: Payloads that were not a batch.
+        skipped_events: Events skipped.
+        problems: Messages naming what was skipped, in stream order.
+    """
+
+    table: pl.DataFrame
+    events: int = 0
+    rows: int = 0
+    bad_batches: int = 0
+    skipped_events: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def decode_chunk(raw: RawChunk) -> DecodedChunk:
+    """Decode one chunk of payloads into table rows (pure; runs in any process).
+
+    Args:
+        raw: The payloads.
+
+    Returns:
+        The rows, ``event_index`` counted from 0 within the chunk.
+    """
+    st = ReadStats()
+    pending = _Pending()
+    # The cyclic GC would walk every decoded event again and again while a chunk
+    # accumulates (nothing here makes cycles): pause it while decoding.
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for log_time, seq, cid, rank, data in zip(
+            raw.log_time, raw.seq, raw.channel_id, raw.dp_rank, raw.data, strict=True
+        ):
+            try:
+                b = decode_lean(data, seq=seq)
+            except ProtocolError as err:
+                st.bad_batches += 1
+                st.note(f"{raw.where.get(cid, cid)}: {err}")
+                continue
+            if b.skipped:
+                st.skipped_events += len(b.skipped)
+                for text in b.skipped:
+                    st.note(f"{raw.where.get(cid, cid)}: {text}")
+            pending.log_time.append(log_time)
+            pending.ts.append(b.ts)
+            pending.seq.append(seq)
+            pending.chan.append(cid)
+            pending.rank.append(b.data_parallel_rank if b.data_parallel_rank is not None else rank)
+            pending.events.append(b.events)
+    finally:
+        if gc_was:
+            gc.enable()
+    table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
+    return DecodedChunk(table, st.events, st.rows, st.bad_batches, st.skipped_events,
+                        st.problems)
+
+
+def iter_raw_chunks(
     paths: Sequence[str | os.PathLike[str]],
     *,
     stats: ReadStats | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    labels: bool = True,
-) -> Iterator[pl.DataFrame]:
-    """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
+) -> Iterator[RawChunk]:
+    """Read recordings into chunks of undecoded payloads, in stream order.
 
     Each recording is read chunk by chunk; several recordings are merged in THE merge
     order of :mod:`kvtool.inputs` (receive time, then channel, then seq), a batch found
-    in several inputs counted once (``stats.merge`` says so). A payload that is not a batch is
-    skipped and counted in ``stats`` (with its seq), as is every undecodable event.
+    in several inputs counted once (``stats.merge`` says so). Channels are numbered per
+    publisher stream (endpoint, topic, rank) in order of first appearance. After the last
+    chunk, ``stats`` holds each recording's damage and lost batches.
 
     Args:
         paths: Recordings.
-        stats: Receives counts, channels, problems and damage; pass one to read them.
-        chunk_bytes: Payload bytes per chunk (memory is bounded by about a chunk's table).
-        labels: Add the ``recording``, ``channel`` and ``type`` string columns (the
-            report works on ``channel_id`` and ``type_code`` and skips them).
+        stats: Receives recordings, channels, messages, payload bytes and damage.
+        chunk_bytes: Payload bytes per chunk.
 
     Yields:
-        Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
-        stream order; row order inside a chunk is stream order.
+        Chunks of about ``chunk_bytes`` of payload.
 
     Raises:
         RecordingError: A recording cannot be opened.
     """
     st = stats if stats is not None else ReadStats()
     opened = []
-    gc_was = gc.isenabled()
     try:
         for path in paths:
             reader = open_recording(path)
@@ -815,50 +903,30 @@ def iter_tables(
         # hold it: a stream split over several files (a file and its slice, consecutive
         # recordings) continues as one stream, as the merge's same-batch rule assumes.
         chan_ids: dict[tuple[str, str, int | None], int] = {}
-        pending = _Pending()
-        # The cyclic GC would walk every decoded event again and again while a chunk
-        # accumulates (nothing here makes cycles): pause it while decoding.
-        gc_was = gc.isenabled()
-        gc.disable()
+        where: dict[int, str] = {}
+        raw = RawChunk()
         for i, m in _merged_messages(iters, st.merge):
             key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
             cid = chan_ids.get(key)
             if cid is None:
                 cid = chan_ids[key] = len(chan_ids)
                 st.channels[cid] = ChannelRef(cid, opened[i].path, m.channel)
+                where[cid] = f"{m.channel.path}: {m.channel.name}"
             st.messages += 1
-            try:
-                b = decode_lean(m.data, seq=m.seq)
-            except ProtocolError as err:
-                st.bad_batches += 1
-                st.note(f"{m.channel.path}: {m.channel.name}: {err}")
-                continue
-            if b.skipped:
-                st.skipped_events += len(b.skipped)
-                for s in b.skipped:
-                    st.note(f"{m.channel.path}: {m.channel.name}: {s}")
-            pending.log_time.append(m.log_time)
-            pending.ts.append(b.ts)
-            pending.seq.append(m.seq)
-            pending.chan.append(cid)
-            pending.rank.append(
-                b.data_parallel_rank if b.data_parallel_rank is not None else m.channel.dp_rank
-            )
-            pending.events.append(b.events)
-            pending.bytes += len(m.data)
+            raw.log_time.append(m.log_time)
+            raw.seq.append(m.seq)
+            raw.channel_id.append(cid)
+            raw.dp_rank.append(m.channel.dp_rank)
+            raw.data.append(m.data)
+            raw.bytes += len(m.data)
             st.payload_bytes += len(m.data)
-            if pending.bytes >= chunk_bytes:
-                df = _build(pending, st.events, st)
-                pending = _Pending()
-                if gc_was:
-                    gc.enable()
-                yield _finish(df, st, labels)
-                gc.disable()
-        if gc_was:
-            gc.enable()
-        if len(pending):
-            df = _build(pending, st.events, st)
-            yield _finish(df, st, labels)
+            if raw.bytes >= chunk_bytes:
+                raw.where = dict(where)
+                yield raw
+                raw = RawChunk()
+        if raw.data:
+            raw.where = dict(where)
+            yield raw
         for reader in opened:
             rec = reader.recovery
             if not rec.complete:
@@ -879,10 +947,74 @@ def iter_tables(
                     "count as orphans"
                 )
     finally:
-        if gc_was:
-            gc.enable()
         for reader in opened:
             reader.close()
+
+
+DecodeMap = Callable[[Iterator[RawChunk]], Iterator[DecodedChunk]]
+"""Decodes raw chunks, in order: ``map(decode_chunk, ...)`` or a process pool's map."""
+
+
+def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
+    """Count a decoded chunk into ``stats`` and number its events after the earlier ones.
+
+    Args:
+        d: The chunk, decoded in stream order after every chunk already added.
+        stats: The read's stats.
+
+    Returns:
+        Its table with stream-wide ``event_index``.
+    """
+    first_event = stats.events
+    stats.events += d.events
+    stats.rows += d.rows
+    stats.bad_batches += d.bad_batches
+    stats.skipped_events += d.skipped_events
+    for text in d.problems:
+        stats.note(text)
+    if first_event and d.table.height:
+        return d.table.with_columns(pl.col("event_index") + first_event)
+    return d.table
+
+
+def iter_tables(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    stats: ReadStats | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    labels: bool = True,
+    decode_map: DecodeMap | None = None,
+) -> Iterator[pl.DataFrame]:
+    """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
+
+    Reading (:func:`iter_raw_chunks`) and decoding (:func:`decode_chunk`) are separate
+    steps so that decoding, the costly one, can run in other processes; the chunks come
+    back in stream order, so the result does not depend on where they were decoded. A
+    payload that is not a batch is skipped and counted in ``stats`` (with its seq), as
+    is every undecodable event.
+
+    Args:
+        paths: Recordings.
+        stats: Receives counts, channels, problems and damage; pass one to read them.
+        chunk_bytes: Payload bytes per chunk (memory is bounded by about a chunk's table).
+        labels: Add the ``recording``, ``channel`` and ``type`` string columns (the
+            report works on ``channel_id`` and ``type_code`` and skips them).
+        decode_map: Decodes the raw chunks in order (default: in this process).
+
+    Yields:
+        Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
+        stream order; row order inside a chunk is stream order.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+    """
+    st = stats if stats is not None else ReadStats()
+    raws = iter_raw_chunks(paths, stats=st, chunk_bytes=chunk_bytes)
+    decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
+    for d in decoded:
+        table = add_decoded(d, st)
+        if table.height:
+            yield _finish(table, st, labels)
 
 
 _DONE = object()
@@ -1315,15 +1447,21 @@ __all__ = [
     "UNANNOTATED",
     "UNATTRIBUTED",
     "ChannelRef",
+    "DecodeMap",
+    "DecodedChunk",
     "KvtoolError",
     "LeanBatch",
+    "RawChunk",
     "ReadStats",
     "TableAnnotator",
+    "add_decoded",
     "annotate_table",
+    "decode_chunk",
     "decode_lean",
     "empty_table",
     "hash_series",
     "iter_annotated",
+    "iter_raw_chunks",
     "iter_tables",
     "learn_table",
     "make_annotator",

@@ -10,6 +10,7 @@ Deterministic: every test runs with ``derandomize=True`` and no example database
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
@@ -773,3 +774,93 @@ def test_report_survives_negative_group_idx(tmp_path: Any) -> None:
     bad = [*_GOOD_STORE[:-1], -4]
     rep = _report_on(tmp_path, [_enc([1.0, [_GOOD_STORE], 0]), _enc([2.0, [bad], 0])])
     assert rep["totals"]["store_events"] == 2
+
+
+# -- report: the live-block state step against a plain multiset --------------------------------
+
+_op = st.one_of(
+    st.tuples(
+        st.just("S"),
+        st.integers(0, 1),
+        st.sampled_from([0, 1, None, 2**24, 2**24 + 1]),
+        st.integers(0, 4),
+    ),
+    st.tuples(
+        st.just("R"),
+        st.integers(0, 1),
+        st.sampled_from([0, 1, None, 2**24, 2**24 + 1]),
+        st.integers(0, 4),
+    ),
+    st.tuples(st.just("C"), st.integers(0, 1)),
+)
+
+
+def _state_reference(ops: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """A dict of deques: +1/-1 per key, never below 0, FIFO pairing, clears per channel."""
+    from collections import deque
+
+    live: dict[tuple[Any, ...], deque[int]] = {}
+    orphans = restored = 0
+    lifetimes: list[int] = []
+    for t, op in enumerate(ops):
+        if op[0] == "C":
+            for key in [k for k in live if k[0] == op[1]]:
+                del live[key]
+            continue
+        kind, cid, g, h = op
+        q = live.setdefault((cid, g, h), deque())
+        if kind == "S":
+            restored += bool(q)
+            q.append(t)
+        elif q:
+            lifetimes.append(t - q.popleft())
+        else:
+            orphans += 1
+    left = sorted(((k, t) for k, q in live.items() for t in q), key=repr)
+    return {"orphans": orphans, "restored": restored, "lifetimes": sorted(lifetimes),
+            "live": left}
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(_op, max_size=40), cuts=st.lists(st.integers(0, 40), max_size=4))
+def test_state_step_equals_a_plain_multiset_over_any_chunking(
+    ops: list[tuple[Any, ...]], cuts: list[int]
+) -> None:
+    import polars as pl
+
+    from kvtool.report import state
+
+    bounds = sorted({0, len(ops), *(c for c in cuts if c <= len(ops))})
+    live = pl.DataFrame(schema=state.LIVE_SCHEMA)
+    orphans = restored = 0
+    lifetimes: list[int] = []
+    for lo, hi in itertools.pairwise(bounds):
+        epochs = {0: 0, 1: 0}
+        rows = []
+        for t in range(lo, hi):
+            op = ops[t]
+            if op[0] == "C":
+                epochs[op[1]] += 1
+                continue
+            kind, cid, g, h = op
+            rows.append((t, cid, g, h, epochs[cid], float(t), 1 if kind == "S" else -1, False,
+                         0, g is None, True))
+        blocks = pl.DataFrame(rows, schema=state.BLOCK_SCHEMA, orient="row")
+        final = pl.DataFrame({"channel_id": [0, 1], "final_epoch": [epochs[0], epochs[1]]},
+                             schema={"channel_id": pl.UInt32, "final_epoch": pl.Int64})
+        step = state.advance(blocks, live, final)
+        live = step.live
+        orphans += int(step.blocks["orphan"].sum())
+        restored += int(step.blocks["restored"].sum())
+        lifetimes += [round(r - s) for r, s in zip(step.pairs["remove_ts"],
+                                                    step.pairs["store_ts"], strict=True)]
+    got_live = sorted(
+        (((c, g, h), round(t)) for c, g, h, t in live.select(
+            "channel_id", "group_idx", "hash", "store_ts").iter_rows()),
+        key=repr,
+    )
+    want = _state_reference(ops)
+    assert orphans == want["orphans"]
+    assert restored == want["restored"]
+    assert sorted(lifetimes) == want["lifetimes"]
+    assert got_live == want["live"]

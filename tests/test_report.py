@@ -81,7 +81,7 @@ def record_batches(
     batches: list[list[dict[str, object]]],
     *,
     groups: list[dict[str, object]] | None = None,
-    t0: float = 1000.0,
+    t0: float = 1_700_000_000.0,
     step: float = 1.0,
 ) -> Path:
     """Record hand-made batches (vLLM 0.33 layout: array batch, map events), one per second."""
@@ -534,7 +534,7 @@ def test_vectorised_equals_event_loop(batches, chunk, tmp_path_factory) -> None:
     encoded = [_encode(b) for b in batches]
     record_batches(path, encoded)
     rep = build_report([path], chunk_bytes=chunk).to_dict()
-    payloads = [ENC.encode([1000.0 + i, b, 0]) for i, b in enumerate(encoded)]
+    payloads = [ENC.encode([1_700_000_000.0 + i, b, 0]) for i, b in enumerate(encoded)]
     check_against_reference(rep, payloads)
     one = build_report([path]).to_dict()
     assert rep == one
@@ -710,7 +710,7 @@ def test_far_off_ts_does_not_blow_up_the_timeline(tmp_path: Path) -> None:
     path = tmp_path / "r.mcap"
     with RecordingWriter(path) as w:
         ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
-        w.write(ch, 0, ENC.encode([1000.0, [stored([1], 0, "full_attention")], 0]), log_time=1)
+        w.write(ch, 0, ENC.encode([1e9, [stored([1], 0, "full_attention")], 0]), log_time=1)
         w.write(ch, 1, ENC.encode([1e10, [removed([1], 0)], 0]), log_time=2)
         w.write(ch, 2, ENC.encode([1e300, [stored([3], 0, "full_attention")], 0]), log_time=3)
     rep = report_json(str(path), "--every", "1ms")
@@ -742,3 +742,80 @@ def test_lost_batches_are_a_finding(tmp_path: Path) -> None:
     rep = build_report([path])
     assert any("2 batch(es) were lost while recording (seq 1-2)" in f for f in rep.findings)
     assert rep.totals["orphan_removes"][0] == 1
+
+
+# -- issue 8 regressions ------------------------------------------------------------------------
+
+
+def test_issue8_5_huge_group_indices_are_separate_state_keys(tmp_path: Path) -> None:
+    # Group keys were packed as channel * 2**24 + group + 1, with every index past 2**24 - 3
+    # folded into one bucket: a remove of group 2**24 + 1 took group 2**24's block.
+    big = 2**24
+    rec = record_batches(
+        tmp_path / "r.mcap",
+        [[stored([1], big)], [removed([1], big + 1)], [stored([2], big + 7), removed([2], 5)]],
+    )
+    rep = build_report([rec])
+    tot = rep.totals.to_dicts()[0]
+    assert tot["orphan_removes"] == 2
+    assert tot["live_blocks_end"] == 2
+    groups = {r["group_idx"]: r for r in rep.by_group.to_dicts()}
+    assert groups[big]["live_blocks_end"] == 1
+    assert groups[big + 1]["orphan_removes"] == 1
+
+
+def test_issue8_9_clock_going_backwards_gives_no_negative_lifetime(tmp_path: Path) -> None:
+    fa = "full_attention"
+    rec = record_batches(
+        tmp_path / "r.mcap",
+        [[stored([1], 0, fa)], [stored([2], 0, fa)], [removed([1, 2], 0)]],
+        step=-10.0,  # an NTP step: every batch is 10 s "earlier" than the one before
+    )
+    rep = build_report([rec])
+    tot = rep.totals.to_dicts()[0]
+    assert tot["lifetime_p50_s"] == 0.0
+    assert all(tot[c] >= 0 for c in ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s"))
+    assert any("2 block lifetime(s) were negative" in f for f in rep.findings)
+
+
+@pytest.mark.parametrize("bad_ts", [-5.0, -1e9, 0.0, 5.0, 946_684_799.0])
+def test_issue8_9_negative_or_pre_2000_ts_is_not_a_time(bad_ts: float, tmp_path: Path) -> None:
+    t0 = 1_700_000_000.0
+    path = tmp_path / "r.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 0, ENC.encode([t0, [stored([1], 0, "full_attention")], 0]),
+                log_time=int(t0 * 1e9))
+        w.write(ch, 1, ENC.encode([bad_ts, [stored([2], 0, "full_attention")], 0]),
+                log_time=int((t0 + 1) * 1e9))
+        w.write(ch, 2, ENC.encode([t0 + 2, [removed([1, 2], 0)], 0]),
+                log_time=int((t0 + 2) * 1e9))
+    rep = report_json(str(path), "--every", "1s")
+    # The bad batch sits at its receive time: the timeline spans 2 s, not decades.
+    assert [r["time_s"] for r in rep["timeline"]] == [0.0, 1.0, 2.0]
+    assert rep["source"]["duration_s"] == pytest.approx(2.0)
+    assert rep["totals"]["lifetime_p50_s"] == pytest.approx(1.5)
+
+
+def test_issue8_11_fine_every_over_a_long_span_stays_sparse(tmp_path: Path) -> None:
+    # 999 s at 1 ms with two kinds: a dense grid of ~2 M cells; only 2 hold events.
+    rec = record_batches(
+        tmp_path / "r.mcap",
+        [[stored([1], 0, "full_attention")], [stored([2], 1, "sliding_window", 8)]],
+        step=999.0,
+    )
+    rep = build_report([rec], every_ns=1_000_000)
+    assert rep.timeline is not None
+    assert rep.timeline.height == 2
+    assert rep.timeline["time_s"].to_list() == [0.0, 999.0]
+    assert rep.timeline["live_blocks"].to_list() == [1, 1]
+    assert any("only the buckets with events" in f for f in rep.findings)
+
+
+def test_issue8_11_one_ms_buckets_with_many_kinds_do_not_abort(tmp_path: Path) -> None:
+    kinds = [f"kind{i}" for i in range(40)]
+    batches = [[stored([i], i, k)] for i, k in enumerate(kinds)]
+    rec = record_batches(tmp_path / "r.mcap", batches, step=25.0)  # 1000 s in all
+    rep = report_json(str(rec), "--every", "1ms")
+    assert len(rep["timeline"]) == len(kinds)
+    assert rep["totals"]["blocks_stored"] == len(kinds)

@@ -21,7 +21,7 @@ from kvtool.render.report import (
     render_markdown,
     render_table,
 )
-from kvtool.report import COLUMNS, build_report
+from kvtool.report import COLUMNS, build_report, default_jobs
 from kvtool.text import printable
 
 
@@ -99,6 +99,16 @@ def report(
     wide: Annotated[
         bool, typer.Option("--wide", help="Every column (same as --columns all).")
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", min=1, show_default="the machine's cores",
+                     help="Decode in this many processes (the result is the same for any N)."),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option("--ray", metavar="ADDRESS",
+                     help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray])."),
+    ] = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
@@ -142,6 +152,8 @@ def report(
             groups_file=str(groups) if groups is not None else None,
             group_flags=group or None,
             every_ns=every_ns,
+            jobs=jobs if jobs is not None else default_jobs(),
+            ray_address=ray,
         )
     if plot is not None and every is None:
         # The timeline was only built for the plot; keep the output as asked.

@@ -1,0 +1,112 @@
+"""Findings: one line each for what in a report looks wrong, and what the user can do."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from kvtool.columns import UNANNOTATED, UNATTRIBUTED, ReadStats, TableAnnotator
+
+if TYPE_CHECKING:
+    from kvtool.report.builder import ReportBuilder
+
+
+def report_findings(
+    rep: dict[str, pl.DataFrame],
+    builder: ReportBuilder,
+    annotator: TableAnnotator,
+    stats: ReadStats,
+) -> list[str]:
+    """Return one line per thing in a report that looks wrong or needs the user's help.
+
+    Args:
+        rep: The finished tables (``totals``, ``by_kind``...).
+        builder: The builder that made them (clock steps, sparse timeline, channels).
+        annotator: The annotator used (kind changes, groups outside the metadata).
+        stats: The read's stats (skipped input, damage, lost batches).
+
+    Returns:
+        The findings, most important first.
+    """
+    out: list[str] = []
+    tot = rep["totals"].to_dicts()[0]
+    by_kind = {r["kind"]: r for r in rep["by_kind"].to_dicts()}
+    stored = tot["blocks_stored"]
+    un = by_kind.get(UNANNOTATED, {})
+    if stored and un.get("blocks_stored", 0) == stored:
+        if builder.grouped_channels:
+            out.append(
+                "no store was annotated with a kind: pass the group metadata with "
+                "--groups FILE (get_kv_cache_group_metadata()) or --group IDX=KIND[:WINDOW]"
+            )
+        else:
+            out.append(
+                "no store carries group_idx or a kind (vLLM < 0.21): kinds cannot be known; "
+                "every block is reported as unannotated"
+            )
+    removed = tot["blocks_removed"]
+    unattr = by_kind.get(UNATTRIBUTED, {}).get("blocks_removed", 0)
+    unann = by_kind.get(UNANNOTATED, {}).get("blocks_removed", 0)
+    if removed and unattr + unann == removed:
+        out.append(
+            f"no remove could be attributed to a kind ({unattr} unattributed, {unann} "
+            "unannotated): give the group metadata (--groups/--group)"
+        )
+    elif unattr:
+        out.append(
+            f"{unattr} removed block(s) without group_idx could not be attributed "
+            "(hash live in no group or in several): reported as unattributed"
+        )
+    names = {cid: ref.info.name for cid, ref in stats.channels.items()}
+    for cid, g, before, after in sorted(annotator.changes, key=str):
+        out.append(
+            f"group {g} on {names.get(cid, cid)} changes kind mid-stream: "
+            f"{_kw(before)} -> {_kw(after)}"
+        )
+    evicting = {
+        k: r["blocks_removed"]
+        for k, r in by_kind.items()
+        if r["blocks_removed"] and k not in (UNATTRIBUTED, UNANNOTATED)
+    }
+    if evicting:
+        for k, r in by_kind.items():
+            if k in (UNATTRIBUTED, UNANNOTATED) or k in evicting or not r["blocks_stored"]:
+                continue
+            other = ", ".join(f"{o} {n}" for o, n in sorted(evicting.items()))
+            out.append(
+                f"{k} stored {r['blocks_stored']} blocks but none was evicted while others "
+                f"evicted ({other}): its removes may be missing from the stream"
+            )
+    if builder.negative_lifetimes:
+        out.append(
+            f"{builder.negative_lifetimes} block lifetime(s) were negative (the publisher's "
+            "clock went backwards between store and remove): counted as 0 s"
+        )
+    if builder.timeline_sparse:
+        out.append(
+            "the timeline lists only the buckets with events (a dense grid of every bucket "
+            "and kind would be too large): choose a larger --every for every bucket"
+        )
+    if tot["orphan_removes"]:
+        out.append(
+            f"{tot['orphan_removes']} removed block(s) were not live (the stream began "
+            "mid-way or batches were lost): counted as orphan_removes"
+        )
+    for g, n in sorted(annotator.out_of_range.items()):
+        out.append(f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)")
+    if stats.bad_batches or stats.skipped_events:
+        out.append(
+            f"skipped {stats.bad_batches} malformed payload(s) and {stats.skipped_events} "
+            "undecodable event(s)" + (f"; first: {stats.problems[0]}" if stats.problems else "")
+        )
+    out.extend(stats.lost)
+    out.extend(stats.damaged)
+    out.extend(annotator.findings(stats))
+    return out
+
+
+def _kw(kw: tuple[str, int | None]) -> str:
+    """A kind with its window, for messages."""
+    k, w = kw
+    return k + (f" window {w}" if w is not None else "")

@@ -1,0 +1,215 @@
+"""``--jobs`` and ``--ray``: decode on many cores or machines, merge in stream order, exactly.
+
+The design, and why it is exact:
+
+- **Map** (parallel): :func:`kvtool.columns.decode_chunk` -- one chunk of raw payloads
+  (about :data:`kvtool.columns.DEFAULT_CHUNK_BYTES`) to its table rows. It is pure and
+  its input and output pickle cheaply (lists of bytes; an Arrow-backed DataFrame), so
+  the same function runs in a local process pool (``--jobs``) or as Ray tasks
+  (``--ray``). Decoding msgpack is the Python-bound part of a report (about half its
+  CPU), the part that benefits from more cores.
+- **Reduce** (ordered): the driver reads the recordings (MCAP chunks, zstd: C code) into
+  raw chunks, hands them out, and takes the decoded chunks back *in stream order*; the
+  annotator and :class:`kvtool.report.ReportBuilder` consume them exactly as in a
+  single-process run. The live-block multiset carries state from chunk to chunk (a remove
+  in chunk 5 pairs with its store in chunk 2, a group learned in chunk 1 labels chunk 9),
+  and the peaks of several ranks depend on how their streams interleave; an ordered
+  reduce keeps every count, set, percentile and peak identical to ``--jobs 1`` by
+  construction, whatever the number of workers, the files, or shared channels.
+- **Memory**: at most ``in_flight`` chunks are out at a time (raw and decoded), so memory
+  stays flat as a recording grows, as in a single-process run.
+
+The driver needs the recordings on its own file system; Ray workers need only kvtool
+installed (payloads travel through Ray's object store).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from itertools import chain
+from typing import TYPE_CHECKING, TypeVar
+
+from kvtool.columns import DecodedChunk, DecodeMap, RawChunk, decode_chunk
+from kvtool.errors import KvtoolError, UsageError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+T = TypeVar("T")
+H = TypeVar("H")
+
+RAY_INSTALL_HINT = "--ray needs Ray: pip install 'kvtool[ray]' (or pip install ray)"
+
+
+def default_jobs() -> int:
+    """The machine's usable cores (the default of ``--jobs``).
+
+    Returns:
+        At least 1.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def ordered(
+    items: Iterator[RawChunk],
+    submit: Callable[[RawChunk], H],
+    result: Callable[[H], T],
+    in_flight: int,
+) -> Iterator[T]:
+    """Submit items ahead (at most ``in_flight`` outstanding), yield results in item order.
+
+    Args:
+        items: The work, in order.
+        submit: Starts one item; returns a handle.
+        result: Waits for a handle's result.
+        in_flight: How many items may be outstanding.
+
+    Yields:
+        The results, in the order of ``items``.
+    """
+    pending: deque[H] = deque()
+    for item in items:
+        pending.append(submit(item))
+        if len(pending) >= in_flight:
+            yield result(pending.popleft())
+    while pending:
+        yield result(pending.popleft())
+
+
+def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
+    """A :data:`kvtool.columns.DecodeMap` over a local process pool of ``jobs`` workers.
+
+    The pool starts only when a second chunk arrives: a small input (one chunk) is decoded
+    here, without paying for worker start-up. Workers start from a fork server that has
+    imported kvtool once (not a fork of this process, whose threads -- polars' pool, the
+    prefetch thread -- must not be forked).
+
+    Args:
+        jobs: Worker processes (>= 2; use no pool for 1).
+
+    Returns:
+        The map, and a function that shuts the pool down.
+    """
+    pools: list[ProcessPoolExecutor] = []
+
+    def start() -> ProcessPoolExecutor:
+        if not pools:
+            method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+            ctx = multiprocessing.get_context(method)
+            if method == "forkserver":
+                ctx.set_forkserver_preload(["kvtool.columns"])
+            # Ctrl-C reaches the whole process group: the driver handles it (and shuts
+            # the pool down); a worker dying of it would only blur the exit status.
+            pools.append(
+                ProcessPoolExecutor(
+                    max_workers=jobs,
+                    mp_context=ctx,
+                    initializer=signal.signal,
+                    initargs=(signal.SIGINT, signal.SIG_IGN),
+                )
+            )
+        return pools[0]
+
+    def result(f: Future[DecodedChunk]) -> DecodedChunk:
+        try:
+            return f.result()
+        except BrokenProcessPool as err:
+            raise KvtoolError(f"a decoding worker process died ({err}); try --jobs 1") from err
+
+    def run(items: Iterator[RawChunk]) -> Iterator[DecodedChunk]:
+        first = next(items, None)
+        if first is None:
+            return
+        second = next(items, None)
+        if second is None:
+            yield decode_chunk(first)
+            return
+        pool = start()
+        rest = chain([first, second], items)
+        yield from ordered(rest, lambda raw: pool.submit(decode_chunk, raw), result, jobs + 1)
+
+    def close() -> None:
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return run, close
+
+
+def import_ray() -> ModuleType:
+    """Import Ray, or explain how to install it.
+
+    Returns:
+        The ``ray`` module.
+
+    Raises:
+        UsageError: Ray is not installed (exit status 2).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(RAY_INSTALL_HINT) from None
+    return ray
+
+
+def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callable[[], None]]:
+    """A :data:`kvtool.columns.DecodeMap` running :func:`decode_chunk` as Ray tasks.
+
+    Connects to the cluster at ``address`` unless this process is already connected
+    (then that cluster is used, and left connected).
+
+    Args:
+        address: A Ray address (``ray://host:10001``, ``host:6379``, ``auto``).
+        in_flight: Chunks outstanding at a time.
+
+    Returns:
+        The map, and a function that disconnects (when this call connected).
+
+    Raises:
+        UsageError: Ray is not installed.
+        KvtoolError: The cluster cannot be reached.
+    """
+    ray = import_ray()
+    connected_here = False
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError...
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise KvtoolError(
+                f"--ray {address}: cannot connect to the Ray cluster: {first}"
+            ) from err
+        connected_here = True
+    task = ray.remote(decode_chunk)
+
+    def run(items: Iterator[RawChunk]) -> Iterator[DecodedChunk]:
+        def result(ref: object) -> DecodedChunk:
+            got: DecodedChunk = ray.get(ref)
+            return got
+
+        return ordered(items, task.remote, result, in_flight)
+
+    def close() -> None:
+        if connected_here:
+            ray.shutdown()
+
+    return run, close
+
+
+__all__ = [
+    "RAY_INSTALL_HINT",
+    "default_jobs",
+    "import_ray",
+    "ordered",
+    "pool_decode_map",
+    "ray_decode_map",
+]

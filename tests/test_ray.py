@@ -1,0 +1,52 @@
+"""report --ray: the same map and reduce on a local Ray cluster gives the local report exactly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.report import build_report
+from tests.test_report import record_capture
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def local_cluster() -> Iterator[None]:
+    # A cluster of this test's own (2 CPUs, no dashboard); shut down by this process only.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma3.byteshash", "full_only"])
+def test_ray_equals_local(name: str, tmp_path: Path, local_cluster: None) -> None:
+    rec = record_capture(name, tmp_path / "r.mcap")
+    local = build_report([rec], chunk_bytes=4000, every_ns=10_000_000).to_dict()
+    on_ray = build_report(
+        [rec], chunk_bytes=4000, every_ns=10_000_000, ray_address="auto"
+    ).to_dict()
+    assert on_ray == local
+    assert ray.is_initialized()  # a cluster kvtool did not connect to is left connected
+
+
+def test_cli_ray_equals_local(tmp_path: Path, local_cluster: None) -> None:
+    a = record_capture("gemma3", tmp_path / "a.mcap")
+    b = record_capture("gemma3.byteshash", tmp_path / "b.mcap", endpoint="tcp://127.0.0.1:5558")
+    out = []
+    for extra in ([], ["--ray", "auto"]):
+        result = runner.invoke(app, ["report", str(a), str(b), "--format", "json", *extra])
+        assert result.exit_code == 0, result.stderr
+        out.append(json.loads(result.stdout))
+    assert out[0] == out[1]

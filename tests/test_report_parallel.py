@@ -1,0 +1,87 @@
+"""report --jobs: decoding in worker processes gives exactly the single-process report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.columns import ReadStats, decode_chunk, iter_raw_chunks, iter_tables
+from kvtool.recording import RecordingWriter
+from kvtool.report import RAY_INSTALL_HINT, build_report
+from tests.conftest import CAPTURES, capture_messages
+from tests.test_report import record_capture
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_jobs_2_equals_jobs_1_on_every_capture(name: str, tmp_path: Path) -> None:
+    rec = record_capture(name, tmp_path / "r.mcap")
+    # Small chunks: many units of work, so the pool really runs and state crosses chunks.
+    one = build_report([rec], chunk_bytes=4000, every_ns=10_000_000).to_dict()
+    two = build_report([rec], chunk_bytes=4000, every_ns=10_000_000, jobs=2).to_dict()
+    assert two == one
+    assert one == build_report([rec], every_ns=10_000_000).to_dict()
+
+
+def _interleaved(path: Path, name: str, offset_ns: int) -> Path:
+    # Same endpoint, topic and rank in both files: one channel's stream split in two.
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        for i, (_topic, seq, payload) in enumerate(capture_messages(name)):
+            if i % 2 == (offset_ns > 0):
+                w.write(ch, seq, payload, log_time=1_000_000_000 + i * 1_000_000)
+    return path
+
+
+def test_jobs_2_equals_jobs_1_when_files_share_a_channel(tmp_path: Path) -> None:
+    a = _interleaved(tmp_path / "a.mcap", "gemma3", 0)
+    b = _interleaved(tmp_path / "b.mcap", "gemma3", 1)
+    one = build_report([a, b], chunk_bytes=3000).to_dict()
+    two = build_report([a, b], chunk_bytes=3000, jobs=2).to_dict()
+    three = build_report([a, b], chunk_bytes=3000, jobs=3).to_dict()
+    assert one == two == three
+    assert one["totals"]["blocks_stored"] > 0
+
+
+def test_decoded_chunks_equal_the_sequential_table(tmp_path: Path) -> None:
+    rec = record_capture("gemma3.byteshash", tmp_path / "r.mcap")
+    whole = iter_tables([rec], chunk_bytes=2000, labels=False)
+    # Decoding each raw chunk on its own (as a worker does) gives the same rows.
+    st = ReadStats()
+    parts = [decode_chunk(raw) for raw in iter_raw_chunks([rec], stats=st, chunk_bytes=2000)]
+    assert len(parts) > 3
+    assert sum(p.table.height for p in parts) == sum(t.height for t in whole)
+
+
+def test_cli_jobs_gives_the_same_json(tmp_path: Path) -> None:
+    rec = record_capture("gemma3", tmp_path / "r.mcap")
+    got = []
+    for jobs in ("1", "2"):
+        result = runner.invoke(app, ["report", str(rec), "--format", "json", "--jobs", jobs])
+        assert result.exit_code == 0, result.stderr
+        got.append(json.loads(result.stdout))
+    assert got[0] == got[1]
+
+
+def test_cli_jobs_must_be_positive(tmp_path: Path) -> None:
+    rec = record_capture("gemma3", tmp_path / "r.mcap")
+    result = runner.invoke(app, ["report", str(rec), "--jobs", "0"])
+    assert result.exit_code == 2
+
+
+def test_cli_ray_without_ray_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec = record_capture("gemma3", tmp_path / "r.mcap")
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    result = runner.invoke(app, ["report", str(rec), "--ray", "auto"])
+    assert result.exit_code == 2
+    assert RAY_INSTALL_HINT in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
