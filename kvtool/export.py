@@ -35,6 +35,7 @@ from kvtool.outputs import (
     OutputKind,
     check_output,
     export_entry_is_kvtool,
+    foreign_export_entry,
     is_stdout,
 )
 
@@ -282,6 +283,17 @@ def _swap_in(new: Path, out: Path, *, force: bool) -> None:
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".kvtool-old", dir=out.parent))
     os.rmdir(old)
     os.rename(out, old)
+    # The authoritative check runs on the directory once it is moved aside: nothing can
+    # enter it by its old path any more, so a file that appeared after the check above is
+    # seen here and the directory goes back untouched, instead of the user's file being
+    # left in a hidden ``.kvtool-old`` directory.
+    foreign = foreign_export_entry(old)
+    if foreign is not None:
+        os.rename(old, out)
+        raise OutputError(
+            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
+            "directory kvtool exported to, choose another path"
+        )
     try:
         os.rename(new, out)
     except OSError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -286,3 +287,32 @@ def test_issue9_7_failed_copy_leaves_target(rec: Path, tmp_path: Path) -> None:
             copy_batches(boom(), out, [src], force=True)
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mcap", "g.mcap"]
+
+
+def test_issue8_1_file_added_after_the_last_check_is_never_moved_away(
+    rec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's file written into the export directory just after kvtool's re-check (the
+    race between check and rename) stays at its path, and the old export stays whole.
+
+    The race is made deterministic by writing the file at the moment kvtool moves the
+    directory aside; on the old code the file ended up in a hidden ``.kvtool-old``
+    directory beside the new export.
+    """
+    out = tmp_path / "fleet"
+    assert _export(str(rec), "-o", str(out))[0] == 0
+    first = sorted(p.relative_to(out) for p in out.rglob("*"))
+    real_rename = os.rename
+
+    def racing_rename(src: object, dst: object) -> None:
+        if Path(str(src)) == out.resolve() and not (out / "late.txt").exists():
+            (out / "late.txt").write_text("written by the user meanwhile")
+        real_rename(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", racing_rename)
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    monkeypatch.undo()
+    assert code == 2 and "late.txt" in err
+    assert (out / "late.txt").read_text() == "written by the user meanwhile"
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "late.txt") == first
+    assert not list(tmp_path.glob(".fleet*"))  # no hidden directory holds anything
