@@ -41,7 +41,7 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -322,18 +322,30 @@ def _umask() -> int:
     return mask
 
 
-def _refuse_if_locked(path: PathLike) -> None:
-    """Refuse when another kvtool process holds the lock on the existing file ``path``."""
+@contextlib.contextmanager
+def _holding_lock(path: PathLike) -> Iterator[None]:
+    """Hold the writer's lock on the existing file ``path`` (if any) for the block.
+
+    Replacing a file under its lock closes the race a plain check leaves open: a recorder
+    that opens the old file meanwhile cannot lock it and refuses, instead of going on to
+    write into a file no path names any more.
+
+    Raises:
+        OutputError: Another kvtool process holds the lock (is writing ``path``).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
+        yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"{os.fspath(path)}: another kvtool process is writing it; choose another path"
-        ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(
+                f"{os.fspath(path)}: another kvtool process is writing it; choose another path"
+            ) from None
+        yield
     finally:
         os.close(fd)
 
@@ -417,8 +429,8 @@ class AtomicFile:
             return
         try:
             if self.force:
-                _refuse_if_locked(self.path)
-                os.replace(self.tmp, self.path)
+                with _holding_lock(self.path):
+                    os.replace(self.tmp, self.path)
                 return
             try:
                 os.link(self.tmp, self.path)
@@ -510,6 +522,15 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
                 raise OutputError(
                     f"{p}: another kvtool process is writing it; choose another path"
                 ) from None
+            # The path may have been replaced between open() and flock() (a --force copy
+            # renamed over it): the lock then guards a file no path names, and a recording
+            # written there would be lost. Refuse unless the path still names this file.
+            now = _stat(p)
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise OutputError(
+                    f"{p}: was replaced by another process while kvtool opened it; "
+                    "choose another path"
+                )
             if st.st_size > 0:
                 head = os.pread(fd, 512, 0)
                 if kind is OutputKind.RECORDING and not is_kvtool_recording(head):

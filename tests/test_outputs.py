@@ -159,6 +159,67 @@ def test_issue8_4_atomic_replace_respects_the_lock(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["r.mcap"]
 
 
+def test_issue8_4_recorder_starting_during_a_forced_replace_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recorder that opens the old file just before a ``--force`` copy is renamed over it
+    must not go on writing into a file no path names any more (its recording lost).
+
+    The race is made deterministic by starting the recorder at the moment of the rename;
+    on the old code the lock was checked and released before the rename, so the recorder
+    got the lock and its recording vanished.
+    """
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out):
+        pass
+    af = AtomicFile(out, force=True)
+    af.tmp.write_bytes(out.read_bytes())
+    real_replace = os.replace
+    started: list[object] = []
+
+    def racing_replace(src: object, dst: object) -> None:
+        try:
+            started.append(RecordingWriter(out, force=True))
+        except RecordingPathError as err:
+            started.append(err)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    af.commit()
+    monkeypatch.undo()
+    assert len(started) == 1
+    assert isinstance(started[0], RecordingPathError), "the recorder writes a lost file"
+    assert "another kvtool process is writing it" in str(started[0])
+
+
+def test_issue8_4_open_locked_refuses_a_path_replaced_before_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the path is renamed over between open() and flock(), the lock guards a file no
+    path names: open_locked refuses instead of recording into it (old code: it did)."""
+    import fcntl
+
+    import kvtool.outputs
+
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out):
+        pass
+    other = tmp_path / "other.mcap"
+    other.write_bytes(out.read_bytes())
+    real_flock = fcntl.flock
+
+    def racing_flock(fd: int, op: int) -> None:
+        if other.exists():
+            os.replace(other, out)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(kvtool.outputs.fcntl, "flock", racing_flock)
+    with pytest.raises(OutputError, match="was replaced by another process"):
+        open_locked(out, force=True, kind=OutputKind.RECORDING)
+    monkeypatch.undo()
+    assert is_kvtool_recording(out.read_bytes())  # the file now at the path is untouched
+
+
 # -- 11.10: one --force rule ------------------------------------------------------------------
 
 
