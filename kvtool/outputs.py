@@ -24,7 +24,7 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
 
   A directory is never replaced by a file output, nor a block device or socket. A
   character device or FIFO (``/dev/null``, a named pipe) is written to as a stream:
-  nothing is replaced.
+  nothing is replaced. A named pipe nobody reads is refused at once, not waited on.
 - Files are written to a temporary name in the output's directory and renamed into
   place only when complete (:class:`AtomicFile`), so a failure leaves the old output
   intact. A recording that ``record`` writes is the exception: it is written in place so
@@ -355,6 +355,33 @@ def _is_stream(path: PathLike) -> bool:
     return st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))
 
 
+def _open_stream(path: PathLike) -> int:
+    """Open a character device or FIFO output for writing, without waiting for a reader.
+
+    A plain ``open()`` of a FIFO nobody reads blocks forever (no deadline, and a recorder
+    that converts SIGTERM into a flag never stops); opening it non-blocking fails at once
+    instead, so kvtool says so. The descriptor is switched back to blocking writes.
+
+    Returns:
+        The descriptor, open for writing.
+
+    Raises:
+        OutputError: A FIFO with no process reading it, or it cannot be opened.
+    """
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            raise OutputError(
+                f"{p}: a named pipe nobody reads; start its reader first (kvtool does not "
+                "wait for one)"
+            ) from None
+        raise OutputError(f"{p}: cannot open: {err.strerror}") from err
+    os.set_blocking(fd, True)
+    return fd
+
+
 class AtomicFile:
     """A file written under a temporary name beside its target and renamed into place.
 
@@ -378,8 +405,12 @@ class AtomicFile:
         self.force = force
         self._done = False
         self.direct = _is_stream(self.path)
+        self._stream_fd: int | None = None
         if self.direct:
             self.tmp = self.path
+            # Opened now, so a FIFO without a reader fails here instead of hanging later;
+            # held until commit so the reader sees end of file only when kvtool is done.
+            self._stream_fd = _open_stream(self.path)
             return
         try:
             fd, tmp = tempfile.mkstemp(
@@ -408,12 +439,22 @@ class AtomicFile:
             self.abort()
 
     def open_text(self, *, encoding: str = "utf-8", newline: str | None = "") -> IO[str]:
-        """Open the temporary file for writing text."""
+        """Open the temporary file (or the stream) for writing text."""
+        if self._stream_fd is not None:
+            return open(os.dup(self._stream_fd), "w", encoding=encoding, newline=newline)
         return open(self.tmp, "w", encoding=encoding, newline=newline)
 
     def open_bytes(self) -> IO[bytes]:
-        """Open the temporary file for writing bytes."""
+        """Open the temporary file (or the stream) for writing bytes."""
+        if self._stream_fd is not None:
+            return open(os.dup(self._stream_fd), "wb")
         return open(self.tmp, "wb")
+
+    def _close_stream(self) -> None:
+        if self._stream_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._stream_fd)
+            self._stream_fd = None
 
     def commit(self) -> None:
         """Move the finished file into place.
@@ -426,6 +467,7 @@ class AtomicFile:
             return
         self._done = True
         if self.direct:
+            self._close_stream()
             return
         try:
             if self.force:
@@ -461,6 +503,7 @@ class AtomicFile:
         if self._done:
             return
         self._done = True
+        self._close_stream()
         if not self.direct:
             with contextlib.suppress(OSError):
                 self.tmp.unlink()
@@ -515,6 +558,13 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
         raise OutputError(f"{p}: file exists; pass --force to overwrite it") from None
     try:
         st = os.fstat(fd)
+        if stat.S_ISFIFO(st.st_mode):
+            # Our own read-write descriptor would count as the reader: reopen write-only
+            # so a FIFO nobody reads is refused instead of filling up and hanging.
+            os.close(fd)
+            fd = -1
+            fd = _open_stream(p)
+            return os.fdopen(fd, "wb")
         if stat.S_ISREG(st.st_mode):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -541,7 +591,8 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
                 os.ftruncate(fd, 0)
         return os.fdopen(fd, "wb")
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
 
 

@@ -320,3 +320,49 @@ def test_open_locked_checks_kind_before_truncating(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match=r"not a kvtool recording"):
         open_locked(out, force=True, kind=OutputKind.RECORDING)
     assert out.read_bytes() == b"precious"
+
+
+# -- a named pipe as output: written to when read, refused at once when nobody reads --------
+
+
+def _no_hang(seconds: int) -> None:
+    """Safety net for the old code, which blocked forever in open(): fail, not hang."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("kvtool blocked opening the named pipe")
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+
+
+@pytest.mark.parametrize("how", ["atomic", "locked"])
+def test_issue8_13_fifo_output_without_reader_is_refused_not_hung(tmp_path: Path, how: str) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    _no_hang(20)
+    try:
+        with pytest.raises(OutputError, match="a named pipe nobody reads"):
+            if how == "atomic":
+                write_text(fifo, "a,b\n", force=False)
+            else:
+                open_locked(fifo, force=True, kind=OutputKind.RECORDING)
+    finally:
+        signal.alarm(0)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_issue8_13_fifo_output_with_reader_gets_the_data(rec: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there first
+    try:
+        result = runner.invoke(app, ["report", str(rec), "-o", str(fifo), "--format", "csv"])
+        assert result.exit_code == 0, result.output
+        data = b""
+        while chunk := os.read(reader, 1 << 16):
+            data += chunk
+    finally:
+        os.close(reader)
+    expected = runner.invoke(app, ["report", str(rec), "--format", "csv"]).stdout_bytes
+    assert data == expected
+    assert not [p.name for p in tmp_path.iterdir() if "kvtool-tmp" in p.name]

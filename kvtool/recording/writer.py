@@ -177,7 +177,7 @@ class RecordingWriter:
             if atomic:
                 # A copy (replay -o): written under a temporary name, renamed at close.
                 self._atomic = AtomicFile(self.path, force=force)
-                return open(self._atomic.tmp, "wb")
+                return self._atomic.open_bytes()
             # A live recording is written in place, so a killed recorder leaves a readable
             # file at its path; the lock makes a second writer of the same path refuse.
             return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
