@@ -132,6 +132,45 @@ def check_not_input(output: PathLike, inputs: Iterable[PathLike]) -> None:
             )
 
 
+def check_std_streams_not_inputs(inputs: Iterable[PathLike]) -> None:
+    """Refuse when stdout or stderr is redirected into one of the inputs.
+
+    ``kvtool report run.mcap >> run.mcap`` (or ``1<> run.mcap``, ``2>> run.mcap``) writes
+    into the recording being read: appended text cuts the file off from its summary and
+    footer, and ``1<>`` overwrites its first bytes. The shell opened that file, so no
+    ``-o`` check sees it; the descriptors are compared with the inputs instead.
+
+    Args:
+        inputs: Every file the command reads.
+
+    Raises:
+        OutputError: File descriptor 1 or 2 is one of the inputs (same device and inode).
+    """
+    streams: list[tuple[str, os.stat_result]] = []
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            streams.append((name, st))
+    if not streams:
+        return
+    for inp in inputs:
+        i = os.fspath(inp)
+        if i == "-":
+            continue
+        si = _stat(i)
+        if si is None:
+            continue
+        for name, st in streams:
+            if (st.st_dev, st.st_ino) == (si.st_dev, si.st_ino):
+                raise OutputError(
+                    f"{i}: {name} is redirected into this input; kvtool never writes over "
+                    f"its input, send {name} elsewhere"
+                )
+
+
 def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
     with open(path, "rb") as f:
         return f.read(n)
@@ -274,6 +313,8 @@ def check_output(
             replace, or its directory does not exist.
     """
     out = os.fspath(output)
+    inputs = list(inputs)
+    check_std_streams_not_inputs(inputs)
     if out == "-":
         return
     check_not_input(out, inputs)
@@ -602,6 +643,7 @@ __all__ = [
     "OutputKind",
     "check_not_input",
     "check_output",
+    "check_std_streams_not_inputs",
     "export_entry_is_kvtool",
     "foreign_export_entry",
     "is_kvtool_recording",

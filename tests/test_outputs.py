@@ -366,3 +366,36 @@ def test_issue8_13_fifo_output_with_reader_gets_the_data(rec: Path, tmp_path: Pa
     expected = runner.invoke(app, ["report", str(rec), "--format", "csv"]).stdout_bytes
     assert data == expected
     assert not [p.name for p in tmp_path.iterdir() if "kvtool-tmp" in p.name]
+
+
+# -- stdout/stderr redirected into an input -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "stream", "mode"),
+    [
+        (["replay", "{IN}", "-o", "-"], "stdout", "ab"),  # >> run.mcap
+        (["replay", "{IN}", "-o", "-"], "stdout", "r+b"),  # 1<> run.mcap: overwrote the head
+        (["diff", "{IN}", "{IN}"], "stdout", "ab"),
+        (["diff", "{IN}", "{IN}"], "stdout", "r+b"),
+    ],
+)
+def test_issue8_2_std_stream_redirected_into_the_input_is_refused(
+    rec: Path, tmp_path: Path, args: list[str], stream: str, mode: str
+) -> None:
+    """The shell opens the redirection, so no -o check saw it: on the old code these
+    appended to (or overwrote the start of) the recording being read."""
+    before = rec.read_bytes()
+    argv = [a.replace("{IN}", str(rec)) for a in args]
+    with open(rec, mode) as target:
+        redirect = {stream: target}
+        other = "stderr" if stream == "stdout" else "stdout"
+        proc = subprocess.run(
+            _kvtool(*argv), **redirect, **{other: subprocess.PIPE}, timeout=120, check=False
+        )
+    assert proc.returncode == ExitStatus.USAGE
+    assert rec.read_bytes() == before
+    assert _one_line(proc.stderr.decode()) == (
+        f"kvtool: {rec}: stdout is redirected into this input; kvtool never writes over "
+        "its input, send stdout elsewhere"
+    )

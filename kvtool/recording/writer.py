@@ -18,7 +18,13 @@ from mcap.writer import CompressionType, Writer
 
 import kvtool
 from kvtool.errors import ExitStatus, OutputError, RecordingError
-from kvtool.outputs import AtomicFile, OutputKind, check_output, open_locked
+from kvtool.outputs import (
+    AtomicFile,
+    OutputKind,
+    check_output,
+    check_std_streams_not_inputs,
+    open_locked,
+)
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 
@@ -170,6 +176,10 @@ class RecordingWriter:
     ) -> IO[bytes]:
         """Open the output under kvtool's output rule (kvtool/outputs.py)."""
         if stream is not None:
+            try:
+                check_std_streams_not_inputs(inputs)
+            except OutputError as err:
+                raise RecordingPathError(str(err)) from None
             return stream
         try:
             if os.path.lexists(self.path) or os.path.isdir(self.path):
