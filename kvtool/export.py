@@ -37,6 +37,7 @@ from kvtool.outputs import (
     export_entry_is_kvtool,
     foreign_export_entry,
     is_stdout,
+    temp_prefix,
 )
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def _write_parquet(
     with (
         AtomicFile(out, force=force) as af,
         tempfile.TemporaryDirectory(
-            prefix=f".{out.name}.", suffix=".kvtool-tmp", dir=out.parent
+            prefix=temp_prefix(out.name), suffix=".kvtool-tmp", dir=out.parent
         ) as tmp,
     ):
         parts = []
@@ -245,7 +246,9 @@ def _write_directory(
     """Write the hive layout into a new directory beside ``out``, then swap it in."""
     resolved = out.resolve()
     parent = resolved.parent
-    new = Path(tempfile.mkdtemp(prefix=f".{resolved.name}.", suffix=".kvtool-tmp", dir=parent))
+    new = Path(
+        tempfile.mkdtemp(prefix=temp_prefix(resolved.name), suffix=".kvtool-tmp", dir=parent)
+    )
     rows = 0
     written: list[str] = []
     try:
@@ -280,7 +283,7 @@ def _swap_in(new: Path, out: Path, *, force: bool) -> None:
         return
     # Checked again now: the directory may have changed since check_output.
     check_output(out, kind=OutputKind.EXPORT_DIR, force=force)
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".kvtool-old", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".kvtool-old", dir=out.parent))
     os.rmdir(old)
     os.rename(out, old)
     # The authoritative check runs on the directory once it is moved aside: nothing can

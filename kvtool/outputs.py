@@ -357,6 +357,22 @@ def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
         )
 
 
+def temp_prefix(name: str) -> str:
+    """Return the prefix of a temporary name beside the output ``name``.
+
+    Hidden, and naming the output for a user who finds one after a crash, but cut short:
+    with the random part and ``.kvtool-tmp`` appended, the whole output name would make a
+    name too long for the file system (255 bytes) whenever the output's own name is long.
+
+    Args:
+        name: The output's file name.
+
+    Returns:
+        ``.NAME.`` with NAME at most 64 characters.
+    """
+    return f".{name[:64]}."
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -455,8 +471,8 @@ class AtomicFile:
             return
         try:
             fd, tmp = tempfile.mkstemp(
-                prefix=f".{self.path.name}.",
-                suffix=f".kvtool-tmp{self.path.suffix}",
+                prefix=temp_prefix(self.path.name),
+                suffix=f".kvtool-tmp{self.path.suffix[:16]}",
                 dir=self.path.parent,
             )
         except OSError as err:
@@ -651,5 +667,6 @@ __all__ = [
     "open_locked",
     "recognise",
     "same_file",
+    "temp_prefix",
     "write_text",
 ]

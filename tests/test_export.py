@@ -316,3 +316,16 @@ def test_issue8_1_file_added_after_the_last_check_is_never_moved_away(
     assert (out / "late.txt").read_text() == "written by the user meanwhile"
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "late.txt") == first
     assert not list(tmp_path.glob(".fleet*"))  # no hidden directory holds anything
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ""])
+def test_long_output_name_is_written(rec: Path, tmp_path: Path, suffix: str) -> None:
+    """A 245-character name is valid (the limit is 255) but the temporary name beside it
+    was the whole name plus ~20 characters: 'File name too long' on the old code."""
+    out = tmp_path / ("x" * 245 + suffix)
+    code, err = _export(str(rec), "-o", str(out))
+    assert code == 0, err
+    assert out.exists()
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([rec.name, out.name])

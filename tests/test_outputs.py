@@ -399,3 +399,15 @@ def test_issue8_2_std_stream_redirected_into_the_input_is_refused(
         f"kvtool: {rec}: stdout is redirected into this input; kvtool never writes over "
         "its input, send stdout elsewhere"
     )
+
+
+def test_long_output_name_is_written_atomically(rec: Path, tmp_path: Path) -> None:
+    """Old code: the temporary name (whole name + ~20 characters) was too long."""
+    out = tmp_path / ("r" * 248 + ".mcap")
+    result = runner.invoke(app, ["replay", str(rec), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert is_kvtool_recording(out.read_bytes())
+    write_text(tmp_path / ("t" * 250 + ".txt"), "text\n", force=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["run.mcap", out.name, "t" * 250 + ".txt"]
+    )
