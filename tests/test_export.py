@@ -329,3 +329,49 @@ def test_long_output_name_is_written(rec: Path, tmp_path: Path, suffix: str) -> 
     code, err = _export(str(rec), "-o", str(out), "--force")
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([rec.name, out.name])
+
+
+def test_recording_to_an_unbuffered_stream_is_complete_at_close(tmp_path: Path) -> None:
+    """``replay -o -`` under PYTHONUNBUFFERED=1 gets stdout as a raw FileIO. mcap's Writer
+    then buffered it privately and nobody flushed that buffer: at close the stream held
+    only the first bytes (the rest came at exit, or never, and errors were not seen)."""
+    import io
+
+    from kvtool.recording import RecordingWriter, open_recording
+
+    path = tmp_path / "raw.mcap"
+    with io.FileIO(path, "wb") as raw:
+        w = RecordingWriter("-", stream=raw)
+        w.write(w.add_channel("tcp://h:1"), 0, b"\x93\xcb" + b"\x00" * 8 + b"\x90\xc0", 1)
+        w.close()
+        assert not raw.closed  # the caller's stream (stdout) stays open
+        with open_recording(path) as r:
+            assert r.recovery is None or not r.recovery.damaged
+            assert len(list(r.messages())) == 1
+
+
+def test_recording_to_a_full_unbuffered_stdout_fails(tmp_path: Path) -> None:
+    """Old code: ``replay -o - > /dev/full`` with PYTHONUNBUFFERED=1 said 'wrote N
+    batches to stdout' and exited 0 while nothing was written (a small recording fit in
+    the buffer nobody flushed)."""
+    import subprocess
+    import sys
+
+    from kvtool.recording import RecordingWriter
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    rec = tmp_path / "small.mcap"
+    with RecordingWriter(rec) as w:
+        w.write(w.add_channel("tcp://h:1"), 0, b"\x93\xcb" + b"\x00" * 8 + b"\x90\xc0", 1)
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "replay", str(rec), "-o", "-"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=120,
+            check=False,
+        )
+    assert proc.returncode != 0
+    assert b"No space left on device" in proc.stderr and b"wrote" not in proc.stderr

@@ -126,6 +126,7 @@ class RecordingWriter:
                 "must be positive"
             )
         self._atomic: AtomicFile | None = None
+        self._wrapped: io.BufferedWriter | None = None
         self._own_file = stream is None
         self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
         self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp)
@@ -180,6 +181,13 @@ class RecordingWriter:
                 check_std_streams_not_inputs(inputs)
             except OutputError as err:
                 raise RecordingPathError(str(err)) from None
+            if isinstance(stream, io.RawIOBase):
+                # An unbuffered stream (stdout under PYTHONUNBUFFERED=1 is a FileIO): mcap's
+                # Writer would wrap it in a buffer of its own that nobody flushes, so the
+                # recording's end reached stdout only at exit, and a write error (disk
+                # full) was never seen. Buffer it here, where flush() and close() see it.
+                self._wrapped = io.BufferedWriter(stream)
+                return self._wrapped
             return stream
         try:
             if os.path.lexists(self.path) or os.path.isdir(self.path):
@@ -457,6 +465,11 @@ class RecordingWriter:
                 self._file.close()
             else:
                 self._file.flush()
+        if self._wrapped is not None:
+            # Let go of the caller's raw stream without closing it (it may be stdout).
+            with contextlib.suppress(ValueError, OSError):
+                self._wrapped.detach()
+            self._wrapped = None
 
     def _guard(self, fn: Callable[[], T]) -> T:
         if self._failed is not None:
