@@ -492,8 +492,14 @@ class AtomicFile:
     ) -> None:
         if exc_type is None:
             self.commit()
-        else:
-            self.abort()
+            return
+        self.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+            # Writing the output failed (disk full, /dev/full, EIO): one line naming the
+            # output, not an internal error; a plot library's own write ends up here too.
+            raise OutputError(
+                f"{self.path}: cannot write: {exc.strerror or exc}; the output is left as it was"
+            ) from exc
 
     def open_text(self, *, encoding: str = "utf-8", newline: str | None = "") -> IO[str]:
         """Open the temporary file (or the stream) for writing text."""

@@ -411,3 +411,20 @@ def test_long_output_name_is_written_atomically(rec: Path, tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["run.mcap", out.name, "t" * 250 + ".txt"]
     )
+
+
+def test_write_failure_inside_an_atomic_file_is_one_line(tmp_path: Path) -> None:
+    """A write that fails inside the block (a plot library writing the file itself on a
+    full disk) left as OSError reached the user as 'internal error' on the old code; now
+    one line naming the output, the old output kept and no temporary file left."""
+    out = tmp_path / "t.txt"
+    out.write_text("old\n")
+    with (
+        pytest.raises(OutputError, match=r"t\.txt: cannot write: No space left on device"),
+        AtomicFile(out, force=True) as af,
+        af.open_text() as f,
+    ):
+        f.write("new")
+        raise OSError(28, "No space left on device")
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
