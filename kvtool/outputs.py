@@ -13,7 +13,9 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
   * a text output (CSV, JSON, Markdown, a table): a regular text file (UTF-8, no NUL
     byte in its first 64 KiB). Text carries no mark, so a text output replaces text only,
     never a recording, a Parquet file, an image or any other binary file;
-  * a plot: a PNG, PDF or SVG file;
+  * a plot: a PNG, PDF or SVG file that names its maker, kvtool or the plotting library
+    kvtool draws with (matplotlib writes its name into each), so a user's own picture,
+    logo or paper is never a plot to replace;
   * an export directory: a directory holding nothing but kvtool's hive layout,
     ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
     The marks are the manifest: each file says kvtool wrote it, and a directory file
@@ -225,6 +227,30 @@ def _is_image(head: bytes) -> bool:
     return _is_text(head) and (text.startswith((b"<?xml", b"<svg")))
 
 
+_PLOT_MAKERS = (b"kvtool", b"Matplotlib", b"matplotlib")
+
+
+def _is_plot(path: PathLike, head: bytes) -> bool:
+    """An image kvtool's plotting could have made: its maker named in its head or tail.
+
+    PNG and SVG name the maker near the start, PDF in its info dictionary near the end.
+    """
+    if not head:
+        return True  # empty: nothing to lose
+    if not _is_image(head):
+        return False
+    if any(m in head for m in _PLOT_MAKERS):
+        return True
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _SNIFF_BYTES))
+            tail = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return any(m in tail for m in _PLOT_MAKERS)
+
+
 def recognise(path: PathLike, kind: OutputKind) -> bool:
     """Return True when the existing regular file ``path`` is kvtool's ``kind`` of output.
 
@@ -244,7 +270,7 @@ def recognise(path: PathLike, kind: OutputKind) -> bool:
     if kind is OutputKind.PARQUET:
         return _is_kvtool_parquet(path, head)
     if kind is OutputKind.IMAGE:
-        return _is_image(head)
+        return _is_plot(path, head)
     return _is_text(head)
 
 

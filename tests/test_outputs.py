@@ -266,7 +266,7 @@ def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
     text = tmp_path / "a.csv"
     text.write_text("x,y\n1,2\n")
     png = tmp_path / "p.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
     assert recognise(rec, OutputKind.RECORDING)
     assert not recognise(text, OutputKind.RECORDING)
     assert recognise(text, OutputKind.TEXT)
@@ -428,3 +428,26 @@ def test_write_failure_inside_an_atomic_file_is_one_line(tmp_path: Path) -> None
         raise OSError(28, "No space left on device")
     assert out.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_issue8_1_plot_force_never_replaces_a_users_picture(rec: Path, tmp_path: Path) -> None:
+    """Old code: any PNG, PDF or SVG (a photo, a logo, a paper) counted as a plot kvtool
+    may replace with --force; now only one that names kvtool's plotting as its maker."""
+    pytest.importorskip("matplotlib")
+    own = {
+        "logo.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64),
+        "paper.pdf": b"%PDF-1.5\n%\xe2\xe3\n1 0 obj << /Producer (pdfTeX) >> endobj\n",
+        "diagram.svg": b'<?xml version="1.0"?>\n<!-- Created with Inkscape -->\n<svg/>\n',
+    }
+    for name, data in own.items():
+        (tmp_path / name).write_bytes(data)
+        result = runner.invoke(app, ["report", str(rec), "--plot", str(tmp_path / name), "--force"])
+        assert result.exit_code == ExitStatus.USAGE, (name, result.output)
+        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+        assert (tmp_path / name).read_bytes() == data
+    # kvtool's own plot (PNG: maker at the start; PDF: in the info dictionary at the end).
+    for name in ("plot.png", "plot.pdf", "plot.svg"):
+        out = tmp_path / name
+        for _ in range(2):
+            result = runner.invoke(app, ["report", str(rec), "--plot", str(out), "--force"])
+            assert result.exit_code == 0, (name, result.output)
