@@ -428,6 +428,10 @@ def _value(row: Mapping[str, object] | None, metric: str) -> Number | None:
         # The row is absent on this side: it stored and removed nothing there.
         return 0 if metric in COUNT_METRICS else None
     v = row.get(metric)
+    if isinstance(v, float) and not math.isfinite(v):
+        # NaN or inf is no measurement: as a value it would read "changed" on identical
+        # sides (NaN != NaN), sort nowhere, and turn the JSON output invalid (NaN token).
+        return None
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
@@ -553,6 +557,8 @@ def parse_fail_on(text: str) -> FailOn:
                 raise UsageError(f"{where}: filter {name!r} given twice")
             filters.append((key, _filter_value(where, key, raw)))
     num = float(m["num"])
+    if not math.isfinite(num):
+        raise UsageError(f"{where}: threshold {m['num'][:20]}... is too large to compare")
     relative = m["pct"] is not None
     sign = m["sign"]
     return FailOn(
@@ -570,11 +576,12 @@ def _filter_value(where: str, key: str, raw: str) -> KeyValue:
         return raw
     if raw.lower() in ("none", "null", "-"):
         return None
-    try:
-        return int(raw)
-    except ValueError:
+    # ASCII digits only: int() also takes "1_0" and other scripts' digits, which would
+    # watch a row the user did not name.
+    if re.fullmatch(r"-?[0-9]+", raw) is None:
         what = "window" if key == "sliding_window" else "group"
-        raise UsageError(f"{where}: {what} must be an integer, none or *, not {raw!r}") from None
+        raise UsageError(f"{where}: {what} must be an integer, none or *, not {raw!r}")
+    return int(raw)
 
 
 def _check(rule: FailOn, d: Diff) -> FailOnResult:

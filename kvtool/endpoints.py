@@ -22,10 +22,12 @@ DEFAULT_HOST = "127.0.0.1"
 
 SCHEMES = ("tcp://", "ipc://", "inproc://")
 
-_PORT = re.compile(r"^:?(\d{1,5}|\*)$")
+# ASCII only: Python's \d also matches other scripts' digits (Arabic-Indic, fullwidth),
+# which int() would quietly turn into a port the user never typed.
+_PORT = re.compile(r"^:?(\d{1,5}|\*)$", re.ASCII)
 # HOST is a name, an IPv4 address, '*' or a bracketed IPv6 address (with a zone).
 _HOST = r"(\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9.\-_*%]+)"
-_HOSTPORT = re.compile(rf"^{_HOST}:(\d+|\*)$")
+_HOSTPORT = re.compile(rf"^{_HOST}:(\d+|\*)$", re.ASCII)
 
 
 class ConnectTimeout(EndpointError):
@@ -219,6 +221,22 @@ def expand_endpoints(
         if s.endpoint in seen:
             raise EndpointError(f"endpoint {printable(s.endpoint)} given twice")
         seen.add(s.endpoint)
+    # A replay endpoint that is also a publisher endpoint (typically --dp-size N with
+    # --replay at base port + 1: rank 1 publishes where rank 0 replays) would subscribe to
+    # a ROUTER and send replay requests to a PUB socket; nothing works and nothing says why.
+    replays: set[str] = set()
+    for s in out:
+        if s.replay is None:
+            continue
+        if s.replay in seen:
+            which = f" (rank {s.dp_rank})" if s.dp_rank is not None else ""
+            raise EndpointError(
+                f"replay endpoint {printable(s.replay)}{which} is also a publisher endpoint; "
+                "give the replay socket a port no rank publishes on"
+            )
+        if s.replay in replays:
+            raise EndpointError(f"replay endpoint {printable(s.replay)} given twice")
+        replays.add(s.replay)
     return out
 
 

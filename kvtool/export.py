@@ -35,7 +35,9 @@ from kvtool.outputs import (
     OutputKind,
     check_output,
     export_entry_is_kvtool,
+    foreign_export_entry,
     is_stdout,
+    temp_prefix,
 )
 
 if TYPE_CHECKING:
@@ -222,7 +224,7 @@ def _write_parquet(
     with (
         AtomicFile(out, force=force) as af,
         tempfile.TemporaryDirectory(
-            prefix=f".{out.name}.", suffix=".kvtool-tmp", dir=out.parent
+            prefix=temp_prefix(out.name), suffix=".kvtool-tmp", dir=out.parent
         ) as tmp,
     ):
         parts = []
@@ -244,7 +246,9 @@ def _write_directory(
     """Write the hive layout into a new directory beside ``out``, then swap it in."""
     resolved = out.resolve()
     parent = resolved.parent
-    new = Path(tempfile.mkdtemp(prefix=f".{resolved.name}.", suffix=".kvtool-tmp", dir=parent))
+    new = Path(
+        tempfile.mkdtemp(prefix=temp_prefix(resolved.name), suffix=".kvtool-tmp", dir=parent)
+    )
     rows = 0
     written: list[str] = []
     try:
@@ -279,9 +283,20 @@ def _swap_in(new: Path, out: Path, *, force: bool) -> None:
         return
     # Checked again now: the directory may have changed since check_output.
     check_output(out, kind=OutputKind.EXPORT_DIR, force=force)
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".kvtool-old", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".kvtool-old", dir=out.parent))
     os.rmdir(old)
     os.rename(out, old)
+    # The authoritative check runs on the directory once it is moved aside: nothing can
+    # enter it by its old path any more, so a file that appeared after the check above is
+    # seen here and the directory goes back untouched, instead of the user's file being
+    # left in a hidden ``.kvtool-old`` directory.
+    foreign = foreign_export_entry(old)
+    if foreign is not None:
+        os.rename(old, out)
+        raise OutputError(
+            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
+            "directory kvtool exported to, choose another path"
+        )
     try:
         os.rename(new, out)
     except OSError:

@@ -13,7 +13,9 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
   * a text output (CSV, JSON, Markdown, a table): a regular text file (UTF-8, no NUL
     byte in its first 64 KiB). Text carries no mark, so a text output replaces text only,
     never a recording, a Parquet file, an image or any other binary file;
-  * a plot: a PNG, PDF or SVG file;
+  * a plot: a PNG, PDF or SVG file that names its maker, kvtool or the plotting library
+    kvtool draws with (matplotlib writes its name into each), so a user's own picture,
+    logo or paper is never a plot to replace;
   * an export directory: a directory holding nothing but kvtool's hive layout,
     ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
     The marks are the manifest: each file says kvtool wrote it, and a directory file
@@ -24,7 +26,7 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
 
   A directory is never replaced by a file output, nor a block device or socket. A
   character device or FIFO (``/dev/null``, a named pipe) is written to as a stream:
-  nothing is replaced.
+  nothing is replaced. A named pipe nobody reads is refused at once, not waited on.
 - Files are written to a temporary name in the output's directory and renamed into
   place only when complete (:class:`AtomicFile`), so a failure leaves the old output
   intact. A recording that ``record`` writes is the exception: it is written in place so
@@ -41,7 +43,7 @@ import fcntl
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
@@ -132,6 +134,45 @@ def check_not_input(output: PathLike, inputs: Iterable[PathLike]) -> None:
             )
 
 
+def check_std_streams_not_inputs(inputs: Iterable[PathLike]) -> None:
+    """Refuse when stdout or stderr is redirected into one of the inputs.
+
+    ``kvtool report run.mcap >> run.mcap`` (or ``1<> run.mcap``, ``2>> run.mcap``) writes
+    into the recording being read: appended text cuts the file off from its summary and
+    footer, and ``1<>`` overwrites its first bytes. The shell opened that file, so no
+    ``-o`` check sees it; the descriptors are compared with the inputs instead.
+
+    Args:
+        inputs: Every file the command reads.
+
+    Raises:
+        OutputError: File descriptor 1 or 2 is one of the inputs (same device and inode).
+    """
+    streams: list[tuple[str, os.stat_result]] = []
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            streams.append((name, st))
+    if not streams:
+        return
+    for inp in inputs:
+        i = os.fspath(inp)
+        if i == "-":
+            continue
+        si = _stat(i)
+        if si is None:
+            continue
+        for name, st in streams:
+            if (st.st_dev, st.st_ino) == (si.st_dev, si.st_ino):
+                raise OutputError(
+                    f"{i}: {name} is redirected into this input; kvtool never writes over "
+                    f"its input, send {name} elsewhere"
+                )
+
+
 def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
     with open(path, "rb") as f:
         return f.read(n)
@@ -186,6 +227,30 @@ def _is_image(head: bytes) -> bool:
     return _is_text(head) and (text.startswith((b"<?xml", b"<svg")))
 
 
+_PLOT_MAKERS = (b"kvtool", b"Matplotlib", b"matplotlib")
+
+
+def _is_plot(path: PathLike, head: bytes) -> bool:
+    """An image kvtool's plotting could have made: its maker named in its head or tail.
+
+    PNG and SVG name the maker near the start, PDF in its info dictionary near the end.
+    """
+    if not head:
+        return True  # empty: nothing to lose
+    if not _is_image(head):
+        return False
+    if any(m in head for m in _PLOT_MAKERS):
+        return True
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _SNIFF_BYTES))
+            tail = f.read(_SNIFF_BYTES)
+    except OSError:
+        return False
+    return any(m in tail for m in _PLOT_MAKERS)
+
+
 def recognise(path: PathLike, kind: OutputKind) -> bool:
     """Return True when the existing regular file ``path`` is kvtool's ``kind`` of output.
 
@@ -205,7 +270,7 @@ def recognise(path: PathLike, kind: OutputKind) -> bool:
     if kind is OutputKind.PARQUET:
         return _is_kvtool_parquet(path, head)
     if kind is OutputKind.IMAGE:
-        return _is_image(head)
+        return _is_plot(path, head)
     return _is_text(head)
 
 
@@ -274,6 +339,8 @@ def check_output(
             replace, or its directory does not exist.
     """
     out = os.fspath(output)
+    inputs = list(inputs)
+    check_std_streams_not_inputs(inputs)
     if out == "-":
         return
     check_not_input(out, inputs)
@@ -316,24 +383,52 @@ def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
         )
 
 
+def temp_prefix(name: str) -> str:
+    """Return the prefix of a temporary name beside the output ``name``.
+
+    Hidden, and naming the output for a user who finds one after a crash, but cut short:
+    with the random part and ``.kvtool-tmp`` appended, the whole output name would make a
+    name too long for the file system (255 bytes) whenever the output's own name is long.
+
+    Args:
+        name: The output's file name.
+
+    Returns:
+        ``.NAME.`` with NAME at most 64 characters.
+    """
+    return f".{name[:64]}."
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-def _refuse_if_locked(path: PathLike) -> None:
-    """Refuse when another kvtool process holds the lock on the existing file ``path``."""
+@contextlib.contextmanager
+def _holding_lock(path: PathLike) -> Iterator[None]:
+    """Hold the writer's lock on the existing file ``path`` (if any) for the block.
+
+    Replacing a file under its lock closes the race a plain check leaves open: a recorder
+    that opens the old file meanwhile cannot lock it and refuses, instead of going on to
+    write into a file no path names any more.
+
+    Raises:
+        OutputError: Another kvtool process holds the lock (is writing ``path``).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
+        yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise OutputError(
-            f"{os.fspath(path)}: another kvtool process is writing it; choose another path"
-        ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(
+                f"{os.fspath(path)}: another kvtool process is writing it; choose another path"
+            ) from None
+        yield
     finally:
         os.close(fd)
 
@@ -341,6 +436,33 @@ def _refuse_if_locked(path: PathLike) -> None:
 def _is_stream(path: PathLike) -> bool:
     st = _stat(path)
     return st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))
+
+
+def _open_stream(path: PathLike) -> int:
+    """Open a character device or FIFO output for writing, without waiting for a reader.
+
+    A plain ``open()`` of a FIFO nobody reads blocks forever (no deadline, and a recorder
+    that converts SIGTERM into a flag never stops); opening it non-blocking fails at once
+    instead, so kvtool says so. The descriptor is switched back to blocking writes.
+
+    Returns:
+        The descriptor, open for writing.
+
+    Raises:
+        OutputError: A FIFO with no process reading it, or it cannot be opened.
+    """
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ENXIO:
+            raise OutputError(
+                f"{p}: a named pipe nobody reads; start its reader first (kvtool does not "
+                "wait for one)"
+            ) from None
+        raise OutputError(f"{p}: cannot open: {err.strerror}") from err
+    os.set_blocking(fd, True)
+    return fd
 
 
 class AtomicFile:
@@ -366,13 +488,17 @@ class AtomicFile:
         self.force = force
         self._done = False
         self.direct = _is_stream(self.path)
+        self._stream_fd: int | None = None
         if self.direct:
             self.tmp = self.path
+            # Opened now, so a FIFO without a reader fails here instead of hanging later;
+            # held until commit so the reader sees end of file only when kvtool is done.
+            self._stream_fd = _open_stream(self.path)
             return
         try:
             fd, tmp = tempfile.mkstemp(
-                prefix=f".{self.path.name}.",
-                suffix=f".kvtool-tmp{self.path.suffix}",
+                prefix=temp_prefix(self.path.name),
+                suffix=f".kvtool-tmp{self.path.suffix[:16]}",
                 dir=self.path.parent,
             )
         except OSError as err:
@@ -392,16 +518,32 @@ class AtomicFile:
     ) -> None:
         if exc_type is None:
             self.commit()
-        else:
-            self.abort()
+            return
+        self.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+            # Writing the output failed (disk full, /dev/full, EIO): one line naming the
+            # output, not an internal error; a plot library's own write ends up here too.
+            raise OutputError(
+                f"{self.path}: cannot write: {exc.strerror or exc}; the output is left as it was"
+            ) from exc
 
     def open_text(self, *, encoding: str = "utf-8", newline: str | None = "") -> IO[str]:
-        """Open the temporary file for writing text."""
+        """Open the temporary file (or the stream) for writing text."""
+        if self._stream_fd is not None:
+            return open(os.dup(self._stream_fd), "w", encoding=encoding, newline=newline)
         return open(self.tmp, "w", encoding=encoding, newline=newline)
 
     def open_bytes(self) -> IO[bytes]:
-        """Open the temporary file for writing bytes."""
+        """Open the temporary file (or the stream) for writing bytes."""
+        if self._stream_fd is not None:
+            return open(os.dup(self._stream_fd), "wb")
         return open(self.tmp, "wb")
+
+    def _close_stream(self) -> None:
+        if self._stream_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._stream_fd)
+            self._stream_fd = None
 
     def commit(self) -> None:
         """Move the finished file into place.
@@ -414,11 +556,12 @@ class AtomicFile:
             return
         self._done = True
         if self.direct:
+            self._close_stream()
             return
         try:
             if self.force:
-                _refuse_if_locked(self.path)
-                os.replace(self.tmp, self.path)
+                with _holding_lock(self.path):
+                    os.replace(self.tmp, self.path)
                 return
             try:
                 os.link(self.tmp, self.path)
@@ -449,6 +592,7 @@ class AtomicFile:
         if self._done:
             return
         self._done = True
+        self._close_stream()
         if not self.direct:
             with contextlib.suppress(OSError):
                 self.tmp.unlink()
@@ -503,6 +647,13 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
         raise OutputError(f"{p}: file exists; pass --force to overwrite it") from None
     try:
         st = os.fstat(fd)
+        if stat.S_ISFIFO(st.st_mode):
+            # Our own read-write descriptor would count as the reader: reopen write-only
+            # so a FIFO nobody reads is refused instead of filling up and hanging.
+            os.close(fd)
+            fd = -1
+            fd = _open_stream(p)
+            return os.fdopen(fd, "wb")
         if stat.S_ISREG(st.st_mode):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -510,6 +661,15 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
                 raise OutputError(
                     f"{p}: another kvtool process is writing it; choose another path"
                 ) from None
+            # The path may have been replaced between open() and flock() (a --force copy
+            # renamed over it): the lock then guards a file no path names, and a recording
+            # written there would be lost. Refuse unless the path still names this file.
+            now = _stat(p)
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise OutputError(
+                    f"{p}: was replaced by another process while kvtool opened it; "
+                    "choose another path"
+                )
             if st.st_size > 0:
                 head = os.pread(fd, 512, 0)
                 if kind is OutputKind.RECORDING and not is_kvtool_recording(head):
@@ -520,7 +680,8 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
                 os.ftruncate(fd, 0)
         return os.fdopen(fd, "wb")
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
 
 
@@ -530,6 +691,7 @@ __all__ = [
     "OutputKind",
     "check_not_input",
     "check_output",
+    "check_std_streams_not_inputs",
     "export_entry_is_kvtool",
     "foreign_export_entry",
     "is_kvtool_recording",
@@ -537,5 +699,6 @@ __all__ = [
     "open_locked",
     "recognise",
     "same_file",
+    "temp_prefix",
     "write_text",
 ]

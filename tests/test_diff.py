@@ -259,6 +259,10 @@ def test_issue12_fail_on_from_zero_and_lifetimes(recs: dict[str, Path]) -> None:
         ("blocks_removed{kind}:1", r"bad filter 'kind'"),
         ("blocks_removed{window=sixty}:1", r"window must be an integer, none or \*, not 'sixty'"),
         ("blocks_removed{kind=a,kind=b}:1", "filter 'kind' given twice"),
+        ("blocks_removed{group=1_0}:1", r"group must be an integer, none or \*, not '1_0'"),
+        ("blocks_removed{group=\u0663}:1", "group must be an integer"),
+        ("blocks_removed{window=\uff14}:1", "window must be an integer"),
+        ("blocks_removed:+" + "9" * 400, "too large to compare"),
     ],
 )
 def test_issue12_bad_fail_on_is_a_usage_error(expr: str, match: str) -> None:
@@ -553,3 +557,21 @@ def test_issue12_cli_groups_file_applies_to_both_sides(
     doc = json.loads(result.stdout)
     assert doc["changed"] is False
     assert doc["a"]["group_metadata"] == doc["b"]["group_metadata"] == [str(groups)]
+
+
+def test_non_finite_values_are_no_value_and_the_json_stays_valid() -> None:
+    """A NaN or inf metric (e.g. a lifetime) used to read as "changed" on identical
+    sides (NaN != NaN), print ``+nan%`` and write a bare NaN token into the JSON."""
+    a, b = _big_report("full_attention", 1), _big_report("full_attention", 1)
+    for rep in (a, b):
+        rep.totals = rep.totals.with_columns(
+            lifetime_p50_s=pl.lit(float("nan")), lifetime_p90_s=pl.lit(float("inf"))
+        )
+    d = diff_reports(a, b)
+    assert not d.totals.changed
+    m = {x.metric: x for x in d.totals.metrics}
+    assert m["lifetime_p50_s"].a is None and m["lifetime_p90_s"].b is None
+    buf = io.StringIO()
+    render_json(d, buf)
+    assert "NaN" not in buf.getvalue() and "Infinity" not in buf.getvalue()
+    json.loads(buf.getvalue(), parse_constant=lambda c: pytest.fail(f"JSON has {c}"))

@@ -120,3 +120,35 @@ def test_expand_endpoints_dp_size() -> None:
         expand_endpoints(["5557", "5558"], dp_size=2)
     with pytest.raises(EndpointError, match="no endpoint given"):
         expand_endpoints([])
+
+
+ARABIC_5557 = "\u0665\u0665\u0665\u0667"
+FULLWIDTH_5557 = "\uff15\uff15\uff15\uff17"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ARABIC_5557,
+        FULLWIDTH_5557,
+        f"tcp://127.0.0.1:{FULLWIDTH_5557}",
+        f"h:{ARABIC_5557}",
+        "[\u0127]:5557",
+    ],
+)
+def test_endpoint_digits_and_names_are_ascii(text: str) -> None:
+    """Other scripts' digits used to become port 5557 silently (Python's \\d is Unicode)."""
+    with pytest.raises(EndpointError):
+        parse_endpoint(text, bind=False)
+
+
+def test_replay_endpoint_that_is_a_publisher_endpoint_is_refused() -> None:
+    """--dp-size 2 --replay at port + 1: rank 1 publishes where rank 0 replays. Accepted
+    before, the recorder subscribed to a ROUTER and sent replay requests to a PUB."""
+    with pytest.raises(EndpointError, match=r"tcp://127.0.0.1:5558 \(rank 0\) is also a publisher"):
+        expand_endpoints(["5557"], replay=["5558"], dp_size=2)
+    with pytest.raises(EndpointError, match="is also a publisher endpoint"):
+        expand_endpoints(["5557", "5558"], replay=["5558", "5600"])
+    with pytest.raises(EndpointError, match=r"replay endpoint tcp://127\.0\.0\.1:5600 given twice"):
+        expand_endpoints(["5557", "5558"], replay=["5600", "5600"])
+    assert len(expand_endpoints(["5557"], replay=["5560"], dp_size=2)) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -286,3 +287,91 @@ def test_issue9_7_failed_copy_leaves_target(rec: Path, tmp_path: Path) -> None:
             copy_batches(boom(), out, [src], force=True)
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mcap", "g.mcap"]
+
+
+def test_issue8_1_file_added_after_the_last_check_is_never_moved_away(
+    rec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's file written into the export directory just after kvtool's re-check (the
+    race between check and rename) stays at its path, and the old export stays whole.
+
+    The race is made deterministic by writing the file at the moment kvtool moves the
+    directory aside; on the old code the file ended up in a hidden ``.kvtool-old``
+    directory beside the new export.
+    """
+    out = tmp_path / "fleet"
+    assert _export(str(rec), "-o", str(out))[0] == 0
+    first = sorted(p.relative_to(out) for p in out.rglob("*"))
+    real_rename = os.rename
+
+    def racing_rename(src: object, dst: object) -> None:
+        if Path(str(src)) == out.resolve() and not (out / "late.txt").exists():
+            (out / "late.txt").write_text("written by the user meanwhile")
+        real_rename(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", racing_rename)
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    monkeypatch.undo()
+    assert code == 2 and "late.txt" in err
+    assert (out / "late.txt").read_text() == "written by the user meanwhile"
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "late.txt") == first
+    assert not list(tmp_path.glob(".fleet*"))  # no hidden directory holds anything
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ""])
+def test_long_output_name_is_written(rec: Path, tmp_path: Path, suffix: str) -> None:
+    """A 245-character name is valid (the limit is 255) but the temporary name beside it
+    was the whole name plus ~20 characters: 'File name too long' on the old code."""
+    out = tmp_path / ("x" * 245 + suffix)
+    code, err = _export(str(rec), "-o", str(out))
+    assert code == 0, err
+    assert out.exists()
+    code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([rec.name, out.name])
+
+
+def test_recording_to_an_unbuffered_stream_is_complete_at_close(tmp_path: Path) -> None:
+    """``replay -o -`` under PYTHONUNBUFFERED=1 gets stdout as a raw FileIO. mcap's Writer
+    then buffered it privately and nobody flushed that buffer: at close the stream held
+    only the first bytes (the rest came at exit, or never, and errors were not seen)."""
+    import io
+
+    from kvtool.recording import RecordingWriter, open_recording
+
+    path = tmp_path / "raw.mcap"
+    with io.FileIO(path, "wb") as raw:
+        w = RecordingWriter("-", stream=raw)
+        w.write(w.add_channel("tcp://h:1"), 0, b"\x93\xcb" + b"\x00" * 8 + b"\x90\xc0", 1)
+        w.close()
+        assert not raw.closed  # the caller's stream (stdout) stays open
+        with open_recording(path) as r:
+            assert r.recovery is None or not r.recovery.damaged
+            assert len(list(r.messages())) == 1
+
+
+def test_recording_to_a_full_unbuffered_stdout_fails(tmp_path: Path) -> None:
+    """Old code: ``replay -o - > /dev/full`` with PYTHONUNBUFFERED=1 said 'wrote N
+    batches to stdout' and exited 0 while nothing was written (a small recording fit in
+    the buffer nobody flushed)."""
+    import subprocess
+    import sys
+
+    from kvtool.recording import RecordingWriter
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    rec = tmp_path / "small.mcap"
+    with RecordingWriter(rec) as w:
+        w.write(w.add_channel("tcp://h:1"), 0, b"\x93\xcb" + b"\x00" * 8 + b"\x90\xc0", 1)
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "replay", str(rec), "-o", "-"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=120,
+            check=False,
+        )
+    assert proc.returncode != 0
+    assert b"No space left on device" in proc.stderr and b"wrote" not in proc.stderr

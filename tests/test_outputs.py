@@ -159,6 +159,67 @@ def test_issue8_4_atomic_replace_respects_the_lock(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["r.mcap"]
 
 
+def test_issue8_4_recorder_starting_during_a_forced_replace_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recorder that opens the old file just before a ``--force`` copy is renamed over it
+    must not go on writing into a file no path names any more (its recording lost).
+
+    The race is made deterministic by starting the recorder at the moment of the rename;
+    on the old code the lock was checked and released before the rename, so the recorder
+    got the lock and its recording vanished.
+    """
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out):
+        pass
+    af = AtomicFile(out, force=True)
+    af.tmp.write_bytes(out.read_bytes())
+    real_replace = os.replace
+    started: list[object] = []
+
+    def racing_replace(src: object, dst: object) -> None:
+        try:
+            started.append(RecordingWriter(out, force=True))
+        except RecordingPathError as err:
+            started.append(err)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", racing_replace)
+    af.commit()
+    monkeypatch.undo()
+    assert len(started) == 1
+    assert isinstance(started[0], RecordingPathError), "the recorder writes a lost file"
+    assert "another kvtool process is writing it" in str(started[0])
+
+
+def test_issue8_4_open_locked_refuses_a_path_replaced_before_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the path is renamed over between open() and flock(), the lock guards a file no
+    path names: open_locked refuses instead of recording into it (old code: it did)."""
+    import fcntl
+
+    import kvtool.outputs
+
+    out = tmp_path / "r.mcap"
+    with RecordingWriter(out):
+        pass
+    other = tmp_path / "other.mcap"
+    other.write_bytes(out.read_bytes())
+    real_flock = fcntl.flock
+
+    def racing_flock(fd: int, op: int) -> None:
+        if other.exists():
+            os.replace(other, out)
+        real_flock(fd, op)
+
+    monkeypatch.setattr(kvtool.outputs.fcntl, "flock", racing_flock)
+    with pytest.raises(OutputError, match="was replaced by another process"):
+        open_locked(out, force=True, kind=OutputKind.RECORDING)
+    monkeypatch.undo()
+    assert is_kvtool_recording(out.read_bytes())  # the file now at the path is untouched
+
+
 # -- 11.10: one --force rule ------------------------------------------------------------------
 
 
@@ -205,7 +266,7 @@ def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
     text = tmp_path / "a.csv"
     text.write_text("x,y\n1,2\n")
     png = tmp_path / "p.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(20))
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
     assert recognise(rec, OutputKind.RECORDING)
     assert not recognise(text, OutputKind.RECORDING)
     assert recognise(text, OutputKind.TEXT)
@@ -259,3 +320,134 @@ def test_open_locked_checks_kind_before_truncating(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match=r"not a kvtool recording"):
         open_locked(out, force=True, kind=OutputKind.RECORDING)
     assert out.read_bytes() == b"precious"
+
+
+# -- a named pipe as output: written to when read, refused at once when nobody reads --------
+
+
+def _no_hang(seconds: int) -> None:
+    """Safety net for the old code, which blocked forever in open(): fail, not hang."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError("kvtool blocked opening the named pipe")
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+
+
+@pytest.mark.parametrize("how", ["atomic", "locked"])
+def test_issue8_13_fifo_output_without_reader_is_refused_not_hung(tmp_path: Path, how: str) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    _no_hang(20)
+    try:
+        with pytest.raises(OutputError, match="a named pipe nobody reads"):
+            if how == "atomic":
+                write_text(fifo, "a,b\n", force=False)
+            else:
+                open_locked(fifo, force=True, kind=OutputKind.RECORDING)
+    finally:
+        signal.alarm(0)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_issue8_13_fifo_output_with_reader_gets_the_data(rec: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there first
+    try:
+        result = runner.invoke(app, ["report", str(rec), "-o", str(fifo), "--format", "csv"])
+        assert result.exit_code == 0, result.output
+        data = b""
+        while chunk := os.read(reader, 1 << 16):
+            data += chunk
+    finally:
+        os.close(reader)
+    expected = runner.invoke(app, ["report", str(rec), "--format", "csv"]).stdout_bytes
+    assert data == expected
+    assert not [p.name for p in tmp_path.iterdir() if "kvtool-tmp" in p.name]
+
+
+# -- stdout/stderr redirected into an input -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "stream", "mode"),
+    [
+        (["replay", "{IN}", "-o", "-"], "stdout", "ab"),  # >> run.mcap
+        (["replay", "{IN}", "-o", "-"], "stdout", "r+b"),  # 1<> run.mcap: overwrote the head
+        (["diff", "{IN}", "{IN}"], "stdout", "ab"),
+        (["diff", "{IN}", "{IN}"], "stdout", "r+b"),
+    ],
+)
+def test_issue8_2_std_stream_redirected_into_the_input_is_refused(
+    rec: Path, tmp_path: Path, args: list[str], stream: str, mode: str
+) -> None:
+    """The shell opens the redirection, so no -o check saw it: on the old code these
+    appended to (or overwrote the start of) the recording being read."""
+    before = rec.read_bytes()
+    argv = [a.replace("{IN}", str(rec)) for a in args]
+    with open(rec, mode) as target:
+        redirect = {stream: target}
+        other = "stderr" if stream == "stdout" else "stdout"
+        proc = subprocess.run(
+            _kvtool(*argv), **redirect, **{other: subprocess.PIPE}, timeout=120, check=False
+        )
+    assert proc.returncode == ExitStatus.USAGE
+    assert rec.read_bytes() == before
+    assert _one_line(proc.stderr.decode()) == (
+        f"kvtool: {rec}: stdout is redirected into this input; kvtool never writes over "
+        "its input, send stdout elsewhere"
+    )
+
+
+def test_long_output_name_is_written_atomically(rec: Path, tmp_path: Path) -> None:
+    """Old code: the temporary name (whole name + ~20 characters) was too long."""
+    out = tmp_path / ("r" * 248 + ".mcap")
+    result = runner.invoke(app, ["replay", str(rec), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert is_kvtool_recording(out.read_bytes())
+    write_text(tmp_path / ("t" * 250 + ".txt"), "text\n", force=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["run.mcap", out.name, "t" * 250 + ".txt"]
+    )
+
+
+def test_write_failure_inside_an_atomic_file_is_one_line(tmp_path: Path) -> None:
+    """A write that fails inside the block (a plot library writing the file itself on a
+    full disk) left as OSError reached the user as 'internal error' on the old code; now
+    one line naming the output, the old output kept and no temporary file left."""
+    out = tmp_path / "t.txt"
+    out.write_text("old\n")
+    with (
+        pytest.raises(OutputError, match=r"t\.txt: cannot write: No space left on device"),
+        AtomicFile(out, force=True) as af,
+        af.open_text() as f,
+    ):
+        f.write("new")
+        raise OSError(28, "No space left on device")
+    assert out.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_issue8_1_plot_force_never_replaces_a_users_picture(rec: Path, tmp_path: Path) -> None:
+    """Old code: any PNG, PDF or SVG (a photo, a logo, a paper) counted as a plot kvtool
+    may replace with --force; now only one that names kvtool's plotting as its maker."""
+    pytest.importorskip("matplotlib")
+    own = {
+        "logo.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64),
+        "paper.pdf": b"%PDF-1.5\n%\xe2\xe3\n1 0 obj << /Producer (pdfTeX) >> endobj\n",
+        "diagram.svg": b'<?xml version="1.0"?>\n<!-- Created with Inkscape -->\n<svg/>\n',
+    }
+    for name, data in own.items():
+        (tmp_path / name).write_bytes(data)
+        result = runner.invoke(app, ["report", str(rec), "--plot", str(tmp_path / name), "--force"])
+        assert result.exit_code == ExitStatus.USAGE, (name, result.output)
+        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+        assert (tmp_path / name).read_bytes() == data
+    # kvtool's own plot (PNG: maker at the start; PDF: in the info dictionary at the end).
+    for name in ("plot.png", "plot.pdf", "plot.svg"):
+        out = tmp_path / name
+        for _ in range(2):
+            result = runner.invoke(app, ["report", str(rec), "--plot", str(out), "--force"])
+            assert result.exit_code == 0, (name, result.output)

@@ -369,3 +369,31 @@ def test_issue11_12_report_quiet_on_truncated_file_says_why(tmp_path: Path, fmt:
     assert result.exit_code == 3
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "truncated" in lines[0] and str(cut) in lines[0]
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_issue11_7_live_status_measures_wide_kinds_in_cells(width: int) -> None:
+    """Kind names come from the network and may be CJK (two cells a character); the status
+    used to count characters, so its lines overflowed the terminal and broke mid-segment."""
+    from collections import Counter
+
+    from rich.cells import cell_len
+    from rich.console import Console
+
+    from kvtool.capture import CaptureStats
+    from kvtool.render.status import LiveStatus
+
+    kinds = ["\u6ed1\u52a8\u7a97\u53e3\u6ce8\u610f\u529b", "\u5168\u6ce8\u610f\u529b"]
+    stats = CaptureStats(
+        batches=123_456,
+        events=9_876_543,
+        stores=Counter({f"{k}{i}": 10**9 + i for i in range(4) for k in kinds}),
+        removes=Counter({f"{k}{i}": 10**6 + i for i in range(4) for k in kinds}),
+        elapsed_ns=12 * 10**9,
+    )
+    console = Console(width=width, force_terminal=True)
+    text = LiveStatus(console).render(stats).plain  # type: ignore[arg-type]
+    for line in text.splitlines():
+        assert cell_len(line) <= width, line
+    assert "\u6ed1\u52a8\u7a97\u53e3\u6ce8\u610f\u529b0 1,000,000,000" in text
+    assert "\u2026" not in text

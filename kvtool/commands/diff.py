@@ -12,6 +12,7 @@ from typer.core import TyperCommand
 from kvtool.commands import get_env
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
+from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.render.diff import render_json, render_markdown, render_table
 
 # Click drops the first ``--`` and with it where set A ends; the command swaps it for this
@@ -164,6 +165,7 @@ def diff(
     env = get_env()
     rules = [parse_fail_on(text) for text in fail_on or []]
     side_a, side_b = _split(files)
+    check_std_streams_not_inputs([*side_a, *side_b, *([groups] if groups is not None else [])])
     result = diff_recordings(
         side_a,
         side_b,

@@ -19,7 +19,13 @@ from mcap.writer import CompressionType, Writer
 
 import kvtool
 from kvtool.errors import ExitStatus, OutputError, RecordingError
-from kvtool.outputs import AtomicFile, OutputKind, check_output, open_locked
+from kvtool.outputs import (
+    AtomicFile,
+    OutputKind,
+    check_output,
+    check_std_streams_not_inputs,
+    open_locked,
+)
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 
@@ -239,6 +245,7 @@ class RecordingWriter:
                 "must be positive"
             )
         self._atomic: AtomicFile | None = None
+        self._wrapped: io.BufferedWriter | None = None
         self._own_file = stream is None
         self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
         self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp)
@@ -289,6 +296,17 @@ class RecordingWriter:
     ) -> IO[bytes]:
         """Open the output under kvtool's output rule (kvtool/outputs.py)."""
         if stream is not None:
+            try:
+                check_std_streams_not_inputs(inputs)
+            except OutputError as err:
+                raise RecordingPathError(str(err)) from None
+            if isinstance(stream, io.RawIOBase):
+                # An unbuffered stream (stdout under PYTHONUNBUFFERED=1 is a FileIO): mcap's
+                # Writer would wrap it in a buffer of its own that nobody flushes, so the
+                # recording's end reached stdout only at exit, and a write error (disk
+                # full) was never seen. Buffer it here, where flush() and close() see it.
+                self._wrapped = io.BufferedWriter(stream)
+                return self._wrapped
             return stream
         try:
             if os.path.lexists(self.path) or os.path.isdir(self.path):
@@ -296,7 +314,7 @@ class RecordingWriter:
             if atomic:
                 # A copy (replay -o): written under a temporary name, renamed at close.
                 self._atomic = AtomicFile(self.path, force=force)
-                return open(self._atomic.tmp, "wb")
+                return self._atomic.open_bytes()
             # A live recording is written in place, so a killed recorder leaves a readable
             # file at its path; the lock makes a second writer of the same path refuse.
             return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
@@ -566,6 +584,11 @@ class RecordingWriter:
                 self._file.close()
             else:
                 self._file.flush()
+        if self._wrapped is not None:
+            # Let go of the caller's raw stream without closing it (it may be stdout).
+            with contextlib.suppress(ValueError, OSError):
+                self._wrapped.detach()
+            self._wrapped = None
 
     def _guard(self, fn: Callable[[], T]) -> T:
         if self._failed is not None:

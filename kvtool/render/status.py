@@ -135,6 +135,8 @@ def pack(lines: list[list[Segment]], width: int) -> Text:
     Returns:
         The text; no line is longer than ``width`` unless one segment alone is.
     """
+    from rich.cells import cell_len
+
     out = Text()
     first_line = True
     for group in lines:
@@ -142,7 +144,10 @@ def pack(lines: list[list[Segment]], width: int) -> Text:
         prev = ""
         for text, style in group:
             gap = _gap(prev)
-            if col and col + len(gap) + len(text) > width:
+            # Terminal cells, not characters: a kind name from the network may be CJK
+            # (two cells a character), and a line that overflows breaks the live display.
+            size = cell_len(text)
+            if col and col + len(gap) + size > width:
                 out.append("\n    ")
                 col = 4
             elif col:
@@ -151,7 +156,7 @@ def pack(lines: list[list[Segment]], width: int) -> Text:
             elif not first_line:
                 out.append("\n")
             out.append(text, style=style)
-            col += len(text)
+            col += size
             prev = text
             first_line = False
     return out
