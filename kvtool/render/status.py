@@ -321,7 +321,8 @@ def summary_line(result: CaptureResult) -> str:
         timeouts = _plural(st.replay_timeouts, "replay request") + " timed out"
         parts.append(timeouts + ("" if st.lost else ", nothing lost"))
     if st.unsampled:
-        parts.append(f"per-kind counts sampled ({_plural(st.unsampled, 'batch', 'batches')} not decoded)")
+        n = _plural(st.unsampled, "batch", "batches")
+        parts.append(f"per-kind counts sampled ({n} not decoded)")
     parts.append(f"{_human_bytes(result.file_bytes)} ({printable(result.stop_reason)})")
     return f"{printable(result.path)}: {_n(st.lost)} lost, {gaps}; " + ", ".join(parts)
 
