@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtool.errors import EndpointError, ExitStatus
+from kvtool.errors import ConnectTimeout, EndpointError
 from kvtool.text import printable
 
 DEFAULT_HOST = "127.0.0.1"
@@ -28,12 +28,6 @@ _PORT = re.compile(r"^:?(\d{1,5}|\*)$", re.ASCII)
 # HOST is a name, an IPv4 address, '*' or a bracketed IPv6 address (with a zone).
 _HOST = r"(\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9.\-_*%]+)"
 _HOSTPORT = re.compile(rf"^{_HOST}:(\d+|\*)$", re.ASCII)
-
-
-class ConnectTimeout(EndpointError):
-    """Nothing connected and nothing arrived on an endpoint within the connect timeout."""
-
-    exit_status = ExitStatus.FAILED
 
 
 def parse_endpoint(text: str, *, option: str = "--publish", bind: bool = True) -> str:

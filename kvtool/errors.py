@@ -75,7 +75,25 @@ class OutputError(KvtoolError):
     exit_status = ExitStatus.USAGE
 
 
+class RecordingPathError(RecordingError, OutputError):
+    """The output path of a recording cannot be used (see :mod:`kvtool.outputs` for the rule).
+
+    It exists (without ``force``), is an input, is not kvtool's to replace, is locked by
+    another writer, or cannot be created. A usage problem (exit status 2): the user picks
+    another path or passes ``--force``.
+    """
+
+    exit_status = ExitStatus.USAGE
+
+
+class ConnectTimeout(EndpointError):
+    """Nothing connected and nothing arrived on an endpoint within the connect timeout."""
+
+    exit_status = ExitStatus.FAILED
+
+
 __all__ = [
+    "ConnectTimeout",
     "EndpointError",
     "ExitStatus",
     "KvtoolError",
@@ -83,6 +101,7 @@ __all__ = [
     "OutputError",
     "ProtocolError",
     "RecordingError",
+    "RecordingPathError",
     "TruncatedRecording",
     "UnsupportedVersion",
     "UsageError",

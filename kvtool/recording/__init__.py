@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtool.errors import RecordingPathError
 from kvtool.recording.reader import (
     ChannelInfo,
     RecordedMessage,
@@ -10,7 +11,7 @@ from kvtool.recording.reader import (
     check_input,
     open_recording,
 )
-from kvtool.recording.writer import RecordingPathError, RecordingWriter
+from kvtool.recording.writer import RecordingWriter
 
 __all__ = [
     "ChannelInfo",

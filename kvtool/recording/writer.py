@@ -18,7 +18,7 @@ from mcap.records import MessageIndex
 from mcap.writer import CompressionType, Writer
 
 import kvtool
-from kvtool.errors import ExitStatus, OutputError, RecordingError
+from kvtool.errors import OutputError, RecordingError, RecordingPathError
 from kvtool.outputs import (
     AtomicFile,
     OutputKind,
@@ -170,18 +170,6 @@ if not isinstance(getattr(_mcap_writer, "lz4", None), _Lz4Namespace | None):
 
 
 _U64 = 1 << 64
-
-
-class RecordingPathError(RecordingError, OutputError):
-    """The output path cannot be used (see :mod:`kvtool.outputs` for the rule).
-
-    It exists (without ``force``), is an input, is not kvtool's to replace, is locked by
-    another writer, or cannot be created.
-
-    A usage problem (exit status 2): the user picks another path or passes ``--force``.
-    """
-
-    exit_status = ExitStatus.USAGE
 
 
 class RecordingWriter:
