@@ -58,18 +58,36 @@ __all__ = [
     "__version__",
     "annotate",
     "build_report",
+    "capture",
+    "copy_batches",
     "decode_batch",
+    "diff_recordings",
+    "export_table",
     "load_groups_file",
     "open_recording",
+    "publish_recording",
+    "resolve_annotation",
     "resolve_groups",
     "summarize",
 ]
 
 
-def __getattr__(name: str) -> object:
-    # The report pulls in polars (~0.3 s): import it only when it is asked for.
-    if name == "build_report":
-        from kvtool.report import build_report
+# Library entry points that pull in polars or pyzmq (~0.3 s): imported when first asked for.
+_LAZY = {
+    "build_report": "kvtool.report",
+    "copy_batches": "kvtool.export",
+    "diff_recordings": "kvtool.diff",
+    "export_table": "kvtool.export",
+    "publish_recording": "kvtool.publish",
+    "resolve_annotation": "kvtool.inputs",
+    "capture": "kvtool.capture",
+}
 
-        return build_report
-    raise AttributeError(f"module 'kvtool' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtool' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
