@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
+from kvtool.report.aggregates import COUNT_COLUMNS, LIFETIME_COLUMNS
 
 if TYPE_CHECKING:
     from kvtool.report import Report
@@ -70,20 +71,9 @@ if TYPE_CHECKING:
 SCHEMA = "kvtool.diff/1"
 """The ``schema`` value of the JSON output; bumped on an incompatible change."""
 
-COUNT_METRICS = (
-    "store_events",
-    "blocks_stored",
-    "tokens_stored",
-    "remove_events",
-    "blocks_removed",
-    "blocks_cleared",
-    "live_blocks_end",
-    "peak_live_blocks",
-    "distinct_hashes",
-    "restored_blocks",
-    "orphan_removes",
-)
-LIFETIME_METRICS = ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s")
+# The report's own column lists (DESIGN.md's names and order): one definition.
+COUNT_METRICS = COUNT_COLUMNS
+LIFETIME_METRICS = LIFETIME_COLUMNS
 METRICS = COUNT_METRICS + LIFETIME_METRICS
 """The metrics compared, in DESIGN.md's names and order."""
 
