@@ -470,6 +470,11 @@ def load_groups_file(path: str | os.PathLike[str]) -> GroupTable:
     return groups_from_list(obj, source=name)
 
 
+def _ascii_int(text: str) -> bool:
+    t = text.strip()
+    return t.isascii() and t.isdigit()
+
+
 def parse_group_flags(flags: Sequence[str]) -> GroupTable:
     """Parse ``--group IDX=KIND[:WINDOW]`` flags into a table.
 
@@ -487,13 +492,14 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         idx_s, sep, rest = flag.partition("=")
         kind, _, win_s = rest.partition(":")
         hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
-        if not sep or not idx_s.strip().isdigit() or not kind.strip():
+        # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
+        if not sep or not _ascii_int(idx_s) or not kind.strip():
             raise MetadataError(f"--group {flag!r}: {hint}")
         idx = int(idx_s)
         window: int | None = None
         win_s = win_s.strip()
         if win_s and win_s.lower() not in ("none", "null"):
-            if not win_s.isdigit():
+            if not _ascii_int(win_s):
                 raise MetadataError(f"--group {flag!r}: window {win_s!r} is not an integer; {hint}")
             window = int(win_s)
         if idx in groups:

@@ -8,18 +8,92 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
 from kvtool.durations import parse_duration_ns
+from kvtool.errors import KvtoolError
+from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.render.progress import ProgressBar
 
-__all__ = ["Env", "get_env", "parse_duration_ns"]
+__all__ = ["Env", "check_inputs", "examples", "get_env", "lost_batches", "parse_duration_ns"]
+
+
+def examples(*lines: str) -> str:
+    r"""Build the epilog that ends a command's help: 2-4 example command lines.
+
+    Every command passes this to ``COMMAND_OPTIONS[name]["epilog"]``, so all help
+    pages end the same way (click keeps a paragraph starting with ``\b`` unwrapped).
+
+    Args:
+        lines: Example commands, without the leading ``kvtool``.
+
+    Returns:
+        The epilog text.
+    """
+    body = "\n".join(f"  kvtool {line}" for line in lines)
+    return f"\b\nExamples:\n{body}\n"
+
+
+def check_inputs(inputs: Iterable[str | os.PathLike[str] | None]) -> None:
+    """Checks every reading command makes on its inputs before any output is written.
+
+    The one place report, replay, info, diff, export and top pass their inputs through:
+    stdout or stderr redirected into an input (``kvtool report run.mcap 1<> run.mcap``)
+    would overwrite the recording being read, so that is refused.
+
+    Args:
+        inputs: Every file the command reads (None entries are skipped).
+
+    Raises:
+        OutputError: fd 1 or 2 is one of the inputs.
+    """
+    check_std_streams_not_inputs([i for i in inputs if i is not None])
+
+
+def lost_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Say, one line per recording, which batches its gap ledger lists as lost.
+
+    One policy for every reading command (as ``kvtool info``): a recording whose
+    recorder lost batches finishes with exit status 3 (finished, but input is missing).
+    Only record headers are read. Files that cannot be opened are left to the command,
+    which reports them itself.
+
+    Args:
+        paths: The recordings.
+
+    Returns:
+        Lines naming the file, the count and the first lost seq ranges.
+    """
+    from kvtool.recording.reader import open_recording
+
+    out: list[str] = []
+    for path in paths:
+        try:
+            with open_recording(path) as reader:
+                ledger = reader.gap_ledger
+        except (KvtoolError, OSError):
+            continue
+        if ledger is None or ledger.lost <= 0:
+            continue
+        ranges = ledger.lost_ranges
+        seqs = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges[:5])
+        more = ", …" if len(ranges) > 5 or ledger.lost_ranges_omitted else ""
+        what = "batch was" if ledger.lost == 1 else "batches were"
+        out.append(
+            printable(
+                f"{os.fspath(path)}: {ledger.lost} {what} lost while recording"
+                + (f" (seq {seqs}{more})" if seqs else "")
+                + "; counts miss their events"
+            )
+        )
+    return out
 
 
 @dataclass

@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
 
-from kvtool.commands import get_env
+from kvtool.commands import check_inputs, get_env, lost_batches
+from kvtool.commands._help import KvtoolCommand
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
-from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.render.diff import render_json, render_markdown, render_table
 
 # Click drops the first ``--`` and with it where set A ends; the command swaps it for this
@@ -30,7 +29,7 @@ Examples:
 """
 
 
-class DiffCommand(TyperCommand):
+class DiffCommand(KvtoolCommand):
     """A typer command that keeps the ``--`` between set A and set B as an argument."""
 
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
@@ -165,7 +164,7 @@ def diff(
     env = get_env()
     rules = [parse_fail_on(text) for text in fail_on or []]
     side_a, side_b = _split(files)
-    check_std_streams_not_inputs([*side_a, *side_b, *([groups] if groups is not None else [])])
+    check_inputs([*side_a, *side_b, groups])
     result = diff_recordings(
         side_a,
         side_b,
@@ -193,9 +192,14 @@ def diff(
                 env.err.print(
                     printable(f"kvtool: finding ({name}): {f}"), markup=False, highlight=False
                 )
+    # Batches lost while recording exit 3, as in `info` and `report` (a crossed
+    # --fail-on, exit 1, outranks it).
+    lost = lost_batches([*side_a, *side_b])
+    for line in lost:
+        env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     if result.failed:
         return ExitStatus.FAILED
-    return ExitStatus.DAMAGED if result.damaged else ExitStatus.OK
+    return ExitStatus.DAMAGED if result.damaged or lost else ExitStatus.OK
 
 
 COMMANDS = {"diff": diff}

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from kvtool.columns import ReadStats
-from kvtool.commands import get_env
+from kvtool.commands import check_inputs, get_env
 from kvtool.errors import ExitStatus
 from kvtool.export import export_table
 
@@ -47,6 +47,7 @@ def export(
     medium, event_index, block_index, block_count. Recordings are read chunk by chunk.
     """
     env = get_env()
+    check_inputs([*files, groups])
     stats = ReadStats()
     result = export_table(
         files, output, groups_file=groups, group_flags=group or None, force=force, stats=stats
@@ -58,12 +59,13 @@ def export(
             markup=False,
             highlight=False,
         )
-    problems = stats.damaged + stats.problems[:1]
+    # Batches lost while recording exit 3, as in `info` and `report`.
+    problems = stats.damaged + stats.lost + stats.problems[:1]
     for line in problems:
         env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     return (
         ExitStatus.DAMAGED
-        if (stats.damaged or stats.bad_batches or stats.skipped_events)
+        if (stats.damaged or stats.lost or stats.bad_batches or stats.skipped_events)
         else ExitStatus.OK
     )
 

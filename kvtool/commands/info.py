@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import get_env
+from kvtool.commands import check_inputs, get_env
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
@@ -55,6 +55,7 @@ def info(
         else:
             expanded.append(path)
     files = expanded
+    check_inputs(files)
     infos: list[RecordingInfo] = []
     status = ExitStatus.OK
     errors: list[KvtoolError] = []

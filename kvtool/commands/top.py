@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import get_env, parse_duration_ns
+from kvtool.commands import check_inputs, get_env, parse_duration_ns
 from kvtool.errors import ExitStatus, UsageError
 
 EXAMPLES = """\b
@@ -140,6 +140,7 @@ def top(
     )
     source: LiveSource | RecordingSource
     if _is_recording(targets):
+        check_inputs([targets[0], groups])
         for opt, given in (("--replay", replay), ("--dp-size", dp_size), ("--record", record)):
             if given:
                 raise UsageError(f"top FILE.mcap: {opt} is for live endpoints, not a recording")
