@@ -36,6 +36,23 @@ _app = typer.Typer(
     # that rich markup would eat; panels and placeholders are rendered there instead.
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=(
+        "\b\n"
+        "Formats (--format): table for people (info, report, diff); json (info,\n"
+        "report, diff); csv (report); markdown (report, diff); replay: pretty or\n"
+        "jsonl. -o/--output FILE writes a file (- is stdout where the output is a\n"
+        "stream); --force replaces only what kvtool wrote.\n"
+        "\b\n"
+        "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
+        "something); 2 usage error; 3 done, but an input was damaged or batches were\n"
+        "lost while recording; 130 interrupted (Ctrl-C, SIGTERM).\n"
+        "\b\n"
+        "Examples:\n"
+        "  kvtool record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 -o run.mcap\n"
+        "  kvtool info run.mcap\n"
+        "  kvtool report run.mcap --by kind,window,group\n"
+        "  kvtool replay run.mcap --type BlockRemoved --format jsonl | jq .hash"
+    ),
 )
 
 _state = {"traceback": False}

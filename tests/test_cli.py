@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -310,3 +312,80 @@ def test_issue11_12_lost_batches_exit_3_everywhere(args: list[str], tmp_path: Pa
     result = runner.invoke(app, argv)
     assert result.exit_code == 3, result.stderr
     assert "3 batch" in result.stderr and "lost while recording" in result.stderr
+
+
+@pytest.mark.parametrize("name", [None, *COMMANDS])
+def test_issue11_10_help_has_examples_placeholders_and_fits(name: str | None) -> None:
+    """-h is --help; real placeholders, never ``<list[Path]>``; 2-4 examples; 80 columns."""
+    args = [name] if name else []
+    long = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+    short = runner.invoke(app, [*args, "-h"], env={"COLUMNS": "80"})
+    assert long.exit_code == short.exit_code == 0, short.output
+    assert short.stdout == long.stdout
+    text = long.stdout
+    assert "<list[" not in text and "{files}" not in text
+    assert not re.search(r" <(str|path|int|float|int range|bool)>", text), text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    examples = text.split("Examples:\n", 1)[1].splitlines()
+    runs = [ln for ln in examples if ln.strip().startswith("kvtool ")]
+    assert 2 <= len(runs) <= 4, examples
+    assert all(ln.strip().startswith(f"kvtool {name or ''}") for ln in runs)
+    if name in ("report", "replay", "record"):  # long option lists come in panels
+        assert {"Output:", "Annotation:" if name != "record" else "Gap recovery:"} <= set(
+            text.splitlines()
+        )
+
+
+def test_issue11_10_usage_shows_placeholders() -> None:
+    usage = {
+        n: runner.invoke(app, [n, "-h"]).stdout.splitlines()[0] for n in COMMANDS
+    }
+    assert usage["report"] == "Usage: kvtool report [OPTIONS] FILE..."
+    assert usage["record"] == "Usage: kvtool record [OPTIONS] ENDPOINT..."
+    assert usage["info"] == "Usage: kvtool info [OPTIONS] FILE..."
+
+
+def test_issue11_10_replay_group_does_one_job(tmp_path: Path) -> None:
+    """--group IDX filters; metadata is --group-meta; the old form says what to type."""
+    old = runner.invoke(app, ["replay", str(GEMMA), "--annotate", "--group", "0=full_attention"])
+    assert old.exit_code == 2
+    assert old.stderr.splitlines() == [
+        "kvtool: --group '0=full_attention': --group IDX keeps events of a group; give group "
+        "metadata as --group-meta 0=full_attention"
+    ]
+    meta = runner.invoke(
+        app, ["replay", str(GEMMA), "--annotate", "--group-meta", "0=mamba", "--group", "0",
+              "--format", "jsonl", "--type", "BlockStored"]
+    )
+    assert meta.exit_code == 0, meta.stderr
+    rows = [json.loads(line) for line in meta.stdout.splitlines()]
+    assert rows and {r["group_idx"] for r in rows} == {0}
+    assert {r["kv_cache_spec_kind"] for r in rows} == {"mamba"}
+
+
+@pytest.mark.parametrize(
+    ("args", "same"),
+    [
+        (["report", str(GEMMA), "--group", "0=mamba", "-f", "json"],
+         ["report", str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
+        (["diff", str(GEMMA), str(GEMMA), "--group", "0=mamba", "-f", "json"],
+         ["diff", str(GEMMA), str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
+    ],
+)
+def test_issue11_10_old_option_names_still_work(args: list[str], same: list[str]) -> None:
+    old, new = runner.invoke(app, args), runner.invoke(app, same)
+    assert old.exit_code == new.exit_code == 0, old.stderr
+    assert old.stdout == new.stdout
+    assert "--group " not in runner.invoke(app, [args[0], "-h"]).stdout.replace(
+        "--group IDX", ""
+    )
+
+
+def test_issue11_10_record_replay_endpoint_and_hidden_alias() -> None:
+    for name in ("record", "top"):
+        text = runner.invoke(app, [name, "-h"]).stdout
+        assert "--replay-endpoint ENDPOINT" in text
+        assert "--replay " not in text and "--replay," not in text
+    # The old name still parses (the usage error is about the missing -o, not --replay).
+    old = runner.invoke(app, ["record", "5557", "--replay", "5558"])
+    assert old.exit_code == 2 and "--output" in old.stderr

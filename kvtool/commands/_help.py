@@ -59,7 +59,7 @@ def readable(name: str) -> str:
 
 def _argument_name(param: TyperArgument) -> str:
     name = param.metavar or (param.name or "ARG").upper()
-    if param.nargs != 1 and not name.endswith("..."):
+    if param.nargs != 1 and "..." not in name:
         name += "..."
     return name
 
@@ -148,7 +148,14 @@ class KvtoolCommand(TyperCommand):
             with formatter.section("Arguments"):
                 formatter.write_dl(args)
         other = panels.pop("Other options", [])
-        panels = {title: rows for title, rows in panels.items() if rows}
+        order = {opt: i for i, opt in enumerate(by_name)}
+
+        def listed(row: tuple[str, str]) -> int:
+            # A row's place in its panel's list (by its first listed option name).
+            names = re.findall(r"--?[\w-]+", row[0].split(" [")[0])
+            return min((order[n] for n in names if n in order), default=len(order))
+
+        panels = {title: sorted(rows, key=listed) for title, rows in panels.items() if rows}
         for title, rows in panels.items():
             with formatter.section(title):
                 formatter.write_dl(rows)

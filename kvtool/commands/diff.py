@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import check_inputs, get_env, lost_batches
+from kvtool.commands import check_inputs, examples, get_env, lost_batches
 from kvtool.commands._help import KvtoolCommand
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
@@ -19,14 +19,13 @@ from kvtool.render.diff import render_json, render_markdown, render_table
 _SEPARATOR = "\x00--"
 
 
-EXAMPLES = """\b
-Examples:
-  kvtool diff yesterday.mcap today.mcap
-  kvtool diff base.mcap new.mcap --by group --all
-  kvtool diff a0.mcap a1.mcap -- b0.mcap b1.mcap --format json
-  kvtool diff base.mcap new.mcap --fail-on 'blocks_removed:+10%' \\
-      --fail-on 'live_blocks_end{kind=sliding_window}:-100'
-"""
+EXAMPLES = examples(
+    "diff yesterday.mcap today.mcap",
+    "diff base.mcap new.mcap --by group --all",
+    "diff a0.mcap a1.mcap -- b0.mcap b1.mcap --format json",
+    "diff base.mcap new.mcap --fail-on 'blocks_removed:+10%' \\\n"
+    "      --fail-on 'live_blocks_end{kind=sliding_window}:-100'",
+)
 
 
 class DiffCommand(KvtoolCommand):
@@ -134,9 +133,10 @@ def diff(
     group: Annotated[
         list[str] | None,
         typer.Option(
+            "--group-meta",
             "--group",
             metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for both sides; repeat per group.",
+            help="Group metadata for group IDX, for both sides; repeat per group.",
         ),
     ] = None,
     quiet: Annotated[
@@ -204,4 +204,12 @@ def diff(
 
 COMMANDS = {"diff": diff}
 COMMAND_OPTIONS = {"diff": {"cls": DiffCommand, "epilog": EXAMPLES}}
+HELP_PANELS = {
+    "diff": {
+        "Tables": ["--by", "--all"],
+        "Checks": ["--fail-on"],
+        "Annotation": ["--groups", "--group-meta"],
+        "Output": ["--format", "--quiet"],
+    }
+}
 """Extra ``typer.Typer.command`` arguments per command (here: keep the ``--`` of sets)."""

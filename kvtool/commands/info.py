@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import check_inputs, get_env
+from kvtool.commands import check_inputs, examples, get_env
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
@@ -28,7 +28,7 @@ def info(
         typer.Argument(
             help="Recordings (.mcap) to summarise; a directory means its .mcap files.",
             show_default=False,
-            metavar="FILE",
+            metavar="FILE...",
         ),
     ],
     format: Annotated[
@@ -86,3 +86,12 @@ def info(
 
 
 COMMANDS = {"info": info}
+COMMAND_OPTIONS = {
+    "info": {
+        "epilog": examples(
+            "info run.mcap",
+            "info recordings/",
+            "info run.mcap --format json | jq .gaps",
+        )
+    }
+}

@@ -814,8 +814,8 @@ COMMAND_OPTIONS = {
         "epilog": examples(
             "replay run.mcap --type BlockRemoved --seq 60:63 --format jsonl",
             "replay run.mcap --since 1s --until 2s -o slice.mcap",
-            "replay old.mcap --annotate --group-meta 0=full_attention "
-            "--group-meta 1=sliding_window:1024",
+            "replay old.mcap --annotate --group-meta 0=full_attention \\\n"
+            "      --group-meta 1=sliding_window:1024 --format jsonl",
             "replay run.mcap --publish 5557 --replay-endpoint 5558 --speed 4",
         )
     }
