@@ -389,3 +389,25 @@ def test_issue11_10_record_replay_endpoint_and_hidden_alias() -> None:
     # The old name still parses (the usage error is about the missing -o, not --replay).
     old = runner.invoke(app, ["record", "5557", "--replay", "5558"])
     assert old.exit_code == 2 and "--output" in old.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", str(GEMMA), "--format", "json"],
+        ["diff", str(GEMMA), str(GEMMA), "--format", "json"],
+        ["report", str(GEMMA), "--format", "json"],
+    ],
+)
+def test_issue11_10_one_output_option(args: list[str], tmp_path: Path) -> None:
+    """-o/--output FILE (- for stdout) on every text command, under one --force rule."""
+    target = tmp_path / "out.json"
+    to_stdout = runner.invoke(app, [*args, "-o", "-"])
+    assert to_stdout.exit_code == 0, to_stdout.stderr
+    first = runner.invoke(app, [*args, "--output", str(target)])
+    assert first.exit_code == 0, first.stderr
+    assert first.stdout == ""
+    assert json.loads(target.read_text()) == json.loads(to_stdout.stdout)
+    again = runner.invoke(app, [*args, "-o", str(target)])
+    assert again.exit_code == 2 and "pass --force" in again.stderr
+    assert runner.invoke(app, [*args, "-o", str(target), "--force"]).exit_code == 0

@@ -22,7 +22,68 @@ from kvtool.text import printable
 if TYPE_CHECKING:
     from kvtool.render.progress import ProgressBar
 
-__all__ = ["Env", "check_inputs", "examples", "get_env", "lost_batches", "parse_duration_ns"]
+__all__ = [
+    "Env",
+    "TextOutput",
+    "check_inputs",
+    "examples",
+    "get_env",
+    "lost_batches",
+    "parse_duration_ns",
+]
+
+
+class TextOutput:
+    """Where a text command's data goes: stdout, or ``-o FILE`` written atomically.
+
+    The one ``-o/--output`` of the text commands: ``-`` (or no -o) is stdout; a file is
+    checked under kvtool's output rule before any work (``--force`` replaces only a text
+    file) and written whole at :meth:`close`, so a failure leaves it as it was.
+
+    Args:
+        env: The command's environment.
+        path: ``-o``, or None.
+        force: ``--force``.
+        inputs: Every file the command reads.
+
+    Attributes:
+        stream: Write text here.
+        console: Or print rich tables here (200 columns wide into a file).
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        path: str | os.PathLike[str] | None,
+        *,
+        force: bool,
+        inputs: Iterable[str | os.PathLike[str] | None],
+    ) -> None:
+        import io
+
+        from kvtool.outputs import OutputKind, check_output, is_stdout
+
+        self.env = env
+        self.force = force
+        self.inputs = [i for i in inputs if i is not None]
+        self.path = None if path is None or is_stdout(path) else path
+        self._buf: io.StringIO | None = None
+        self.stream: TextIO = env.stdout
+        self.console: Console = env.out
+        if self.path is not None:
+            check_output(self.path, kind=OutputKind.TEXT, force=force, inputs=self.inputs)
+            self._buf = io.StringIO()
+            self.stream = self._buf
+            self.console = Console(file=self._buf, width=200, soft_wrap=True)
+
+    def close(self) -> None:
+        """Write the file (or flush stdout)."""
+        from kvtool.outputs import write_text
+
+        if self._buf is not None and self.path is not None:
+            write_text(self.path, self._buf.getvalue(), force=self.force, inputs=self.inputs)
+        else:
+            self.env.stdout.flush()
 
 
 def examples(*lines: str) -> str:
