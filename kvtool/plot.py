@@ -28,6 +28,7 @@ def require_matplotlib(path: str | os.PathLike[str] | None = None) -> None:
             the suffix names no image format.
     """
     try:
+        import matplotlib  # noqa: F401  (first: a blocked or missing package stops here)
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError as err:
         raise UsageError(INSTALL_HINT) from err
