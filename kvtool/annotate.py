@@ -494,18 +494,20 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
         # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
         if not sep or not _ascii_int(idx_s) or not kind.strip():
-            raise MetadataError(f"--group {flag!r}: {hint}")
+            raise MetadataError(f"--group-meta {flag!r}: {hint}")
         idx = int(idx_s)
         window: int | None = None
         win_s = win_s.strip()
         if win_s and win_s.lower() not in ("none", "null"):
             if not _ascii_int(win_s):
-                raise MetadataError(f"--group {flag!r}: window {win_s!r} is not an integer; {hint}")
+                raise MetadataError(
+                    f"--group-meta {flag!r}: window {win_s!r} is not an integer; {hint}"
+                )
             window = int(win_s)
         if idx in groups:
-            raise MetadataError(f"--group {flag!r}: group {idx} is given twice")
+            raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
         groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group flags")
+    return GroupTable(groups, "--group-meta flags")
 
 
 def resolve_groups(
@@ -531,7 +533,7 @@ def resolve_groups(
     """
     if groups_file is not None and group_flags:
         raise MetadataError(
-            "give the group metadata either as --groups FILE or as --group flags, not both"
+            "give the group metadata either as --groups FILE or as --group-meta flags, not both"
         )
     if groups_file is not None:
         return load_groups_file(groups_file)
