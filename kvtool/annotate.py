@@ -470,6 +470,11 @@ def load_groups_file(path: str | os.PathLike[str]) -> GroupTable:
     return groups_from_list(obj, source=name)
 
 
+def _ascii_int(text: str) -> bool:
+    t = text.strip()
+    return t.isascii() and t.isdigit()
+
+
 def parse_group_flags(flags: Sequence[str]) -> GroupTable:
     """Parse ``--group IDX=KIND[:WINDOW]`` flags into a table.
 
@@ -487,19 +492,22 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         idx_s, sep, rest = flag.partition("=")
         kind, _, win_s = rest.partition(":")
         hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
-        if not sep or not idx_s.strip().isdigit() or not kind.strip():
-            raise MetadataError(f"--group {flag!r}: {hint}")
+        # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
+        if not sep or not _ascii_int(idx_s) or not kind.strip():
+            raise MetadataError(f"--group-meta {flag!r}: {hint}")
         idx = int(idx_s)
         window: int | None = None
         win_s = win_s.strip()
         if win_s and win_s.lower() not in ("none", "null"):
-            if not win_s.isdigit():
-                raise MetadataError(f"--group {flag!r}: window {win_s!r} is not an integer; {hint}")
+            if not _ascii_int(win_s):
+                raise MetadataError(
+                    f"--group-meta {flag!r}: window {win_s!r} is not an integer; {hint}"
+                )
             window = int(win_s)
         if idx in groups:
-            raise MetadataError(f"--group {flag!r}: group {idx} is given twice")
+            raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
         groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group flags")
+    return GroupTable(groups, "--group-meta flags")
 
 
 def resolve_groups(
@@ -525,7 +533,7 @@ def resolve_groups(
     """
     if groups_file is not None and group_flags:
         raise MetadataError(
-            "give the group metadata either as --groups FILE or as --group flags, not both"
+            "give the group metadata either as --groups FILE or as --group-meta flags, not both"
         )
     if groups_file is not None:
         return load_groups_file(groups_file)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import signal
 import sys
 from collections.abc import Callable
-from typing import Annotated, ParamSpec
+from typing import Annotated, Any, ParamSpec
 
 import typer
 import typer.main
 
 import kvtool
 from kvtool.commands import get_env
+from kvtool.commands._help import KvtoolCommand
 from kvtool.errors import ExitStatus, KvtoolError
 
 try:  # typer >= 0.22 vendors its own click
@@ -28,7 +32,27 @@ _app = typer.Typer(
     pretty_exceptions_enable=False,
     no_args_is_help=True,
     add_completion=False,
+    # Plain help (kvtool.commands._help): help texts hold brackets like IDX=KIND[:WINDOW]
+    # that rich markup would eat; panels and placeholders are rendered there instead.
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=(
+        "\b\n"
+        "Formats (--format): table for people (info, report, diff); json (info,\n"
+        "report, diff); csv (report); markdown (report, diff); replay: pretty or\n"
+        "jsonl. -o/--output FILE writes a file (- is stdout where the output is a\n"
+        "stream); --force replaces only what kvtool wrote.\n"
+        "\b\n"
+        "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
+        "something); 2 usage error; 3 done, but an input was damaged or batches were\n"
+        "lost while recording; 130 interrupted (Ctrl-C, SIGTERM).\n"
+        "\b\n"
+        "Examples:\n"
+        "  kvtool record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 -o run.mcap\n"
+        "  kvtool info run.mcap\n"
+        "  kvtool report run.mcap --by kind,window,group\n"
+        "  kvtool replay run.mcap --type BlockRemoved --format jsonl | jq .hash"
+    ),
 )
 
 _state = {"traceback": False}
@@ -86,6 +110,9 @@ def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
         except Exception as err:
             if _state["traceback"]:
                 raise
+            if isinstance(err, OSError) and _stdout_failed(err):
+                _stdout_lost(err)
+                raise typer.Exit(int(ExitStatus.FAILED)) from None
             env.err.print(
                 f"kvtool: internal error: {type(err).__name__}: {err} "
                 "(rerun with --traceback and report it)",
@@ -98,6 +125,62 @@ def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
 
     return wrapper
 
+
+# Errors a write to a full, failing or too-small stdout raises (``> /dev/full``).
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT})
+
+
+def _stdout_failed(err: OSError) -> bool:
+    """True when ``err`` came from writing stdout, not from a file the command named.
+
+    An error about a named file carries that file's name; a write to stdout is made by
+    a frame that holds stdout, or an object (``self``) whose ``file``/``stream`` it is.
+    """
+    if err.filename is not None or err.errno not in _WRITE_ERRNOS:
+        return False
+    out = sys.stdout
+    streams = [out, getattr(out, "buffer", None)]
+    tb = err.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if any(value is s for s in streams if s is not None):
+                return True
+            # A rich Console (``file``) or a kvtool writer (``stream``) on stdout.
+            if any(getattr(value, name, None) is out for name in ("file", "stream")):
+                return True
+        tb = tb.tb_next
+    return False
+
+
+def _stdout_lost(err: OSError) -> None:
+    """Say stdout could not be written (one line), and keep the exit flush from failing."""
+    reason = err.strerror or str(err)
+    try:
+        sys.stderr.write(f"kvtool: cannot write to stdout: {reason}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    try:
+        # What is still buffered can never be written; point fd 1 at /dev/null so the
+        # interpreter's final flush neither fails nor prints "Exception ignored".
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (tests' streams): nothing flushes it at exit
+
+
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM takes Ctrl-C's path: temporary outputs removed, exit 130."""
+    raise KeyboardInterrupt
+
+
+# Commands that stop on SIGTERM themselves (closing the recording they write).
+_OWN_SIGNAL_HANDLERS = frozenset({"record", "top"})
 
 _registered: set[str] = set()
 
@@ -130,7 +213,9 @@ def _register(only: str | None = None) -> typer.Typer:
         _registered.add(name)
         module = importlib.import_module(f"kvtool.commands.{name}")
         for cmd_name, fn in getattr(module, "COMMANDS", {}).items():
-            options = getattr(module, "COMMAND_OPTIONS", {}).get(cmd_name, {})
+            options: dict[str, Any] = {"cls": KvtoolCommand}
+            options.update(getattr(module, "COMMAND_OPTIONS", {}).get(cmd_name, {}))
+            KvtoolCommand.panels[cmd_name] = getattr(module, "HELP_PANELS", {}).get(cmd_name, {})
             _app.command(cmd_name, **options)(command(fn))
     return _app
 
@@ -149,6 +234,10 @@ def main() -> None:
     line on stderr and exit status 2, like every other kvtool error.
     """
     wanted = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if wanted not in _OWN_SIGNAL_HANDLERS:
+        # Python's default SIGTERM ends the process without unwinding: temporary files
+        # of -o/--plot/export would stay beside the output.
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     app = _register(wanted if wanted in _command_modules() else None)
     cmd = typer.main.get_command(app)
     try:
@@ -166,4 +255,14 @@ def main() -> None:
     except click_exc.ClickException as err:
         sys.stderr.write(f"kvtool: {err.format_message()}\n")
         sys.exit(err.exit_code)
+    try:
+        sys.stdout.flush()  # here, not at exit, where a failure would be a traceback
+    except BrokenPipeError:
+        _silence_stdout()  # the reader went away (`| head`): not an error
+        sys.exit(int(ExitStatus.OK))
+    except ValueError:
+        pass  # stdout already closed
+    except OSError as err:
+        _stdout_lost(err)
+        sys.exit(int(ExitStatus.FAILED))
     sys.exit(rv if isinstance(rv, int) else int(ExitStatus.OK))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtool.errors import KvtoolError, UsageError
+import kvtool
+from kvtool.errors import UsageError
 
 if TYPE_CHECKING:
     from kvtool.report import Report
@@ -13,29 +16,62 @@ if TYPE_CHECKING:
 INSTALL_HINT = "plotting needs matplotlib: pip install 'kvtool[plot]'"
 
 
-def require_matplotlib() -> None:
+def require_matplotlib(path: str | os.PathLike[str] | None = None) -> None:
     """Fail early, before a long report is computed, when plotting is impossible.
 
-    Raises:
-        UsageError: matplotlib is not installed (the message says how to install it).
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as err:
-        raise UsageError(INSTALL_HINT) from err
-
-
-def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
-    """Draw live blocks and eviction rate over time, one line per kind, into an image.
-
     Args:
-        report: A report built with a timeline (``every``).
-        path: The image file (``.png``, ``.svg``, ``.pdf`` …).
+        path: The image to draw, when known: its suffix must name a format matplotlib
+            writes.
 
     Raises:
         UsageError: matplotlib is not installed (the message says how to install it), or
-            the report has no timeline.
-        KvtoolError: The image cannot be written.
+            the suffix names no image format.
+    """
+    try:
+        import matplotlib  # noqa: F401  (first: a blocked or missing package stops here)
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError as err:
+        raise UsageError(INSTALL_HINT) from err
+    if path is not None:
+        fmt = _format(path)
+        if fmt not in FigureCanvasBase.get_supported_filetypes():
+            raise UsageError(
+                f"--plot {os.fspath(path)!r}: cannot draw {fmt!r} images; use .png, .svg "
+                "or .pdf"
+            )
+
+
+def _format(path: str | os.PathLike[str]) -> str:
+    return Path(path).suffix[1:].lower() or "png"
+
+
+def _metadata(fmt: str) -> dict[str, str]:
+    """Name kvtool as the image's maker, so ``--force`` recognises it later."""
+    maker = f"kvtool {kvtool.__version__} (matplotlib)"
+    if fmt == "png":
+        return {"Software": maker}
+    if fmt in ("pdf", "svg"):
+        return {"Creator": maker}
+    return {}
+
+
+def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = False) -> None:
+    """Draw live blocks and eviction rate over time, one line per kind, into an image.
+
+    The image is rendered in memory and written through :class:`kvtool.outputs.AtomicFile`:
+    matplotlib's own ``savefig(path)`` loses write errors (``--plot /dev/full`` would
+    claim success) and writes the target in place.
+
+    Args:
+        report: A report built with a timeline (``every``).
+        path: The image file; its suffix picks the format (``.png``, ``.svg``, ``.pdf`` …;
+            none means PNG). Already checked with :func:`kvtool.outputs.check_output`.
+        force: Replace an existing image.
+
+    Raises:
+        UsageError: matplotlib is not installed (the message says how to install it),
+            the report has no timeline, or the suffix names no format matplotlib writes.
+        OutputError: The image cannot be written.
     """
     try:
         import matplotlib
@@ -44,6 +80,7 @@ def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise UsageError(INSTALL_HINT) from err
+    require_matplotlib(path)
     tl = report.timeline
     if tl is None or report.every_s is None:
         raise UsageError("--plot needs a timeline; pass --every DURATION")
@@ -68,12 +105,17 @@ def plot_report(report: Report, path: str | os.PathLike[str]) -> None:
     ax_rate.set_title("eviction rate per kind")
     ax_rate.grid(True, alpha=0.3)
     fig.tight_layout()
+    target = Path(path)
+    fmt = _format(target)
     try:
-        fig.savefig(os.fspath(path))
-    except (OSError, ValueError) as err:
-        raise KvtoolError(f"{os.fspath(path)}: cannot write the plot: {err}") from err
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, metadata=_metadata(fmt))
     finally:
         plt.close(fig)
+    from kvtool.outputs import AtomicFile
+
+    with AtomicFile(target, force=force) as af, af.open_bytes() as f:
+        f.write(buf.getvalue())
 
 
 __all__ = ["INSTALL_HINT", "plot_report", "require_matplotlib"]

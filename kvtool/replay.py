@@ -178,7 +178,8 @@ def _optional_index(text: str, option: str, what: str) -> int | None:
     t = text.strip().lower()
     if t in ("none", "null", "-"):
         return None
-    if not t.isdigit():
+    # ASCII only: str.isdigit() takes '²' (int() then fails) and '٣' (read as 3).
+    if not (t.isascii() and t.isdigit()):
         raise UsageError(f"{option} {text!r}: expected {what} or 'none'")
     return int(t)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,265 @@ def test_console_script_usage_errors_are_one_line(args: list[str], expect: str) 
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(expect)
+
+
+# -- review leftovers of issues 8 and 11 ----------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+GEMMA = ROOT / "recordings" / "gemma3.mcap"
+GAPS = ROOT / "recordings" / "gemma3-gaps.mcap"
+
+
+def _kvtool(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(  # type: ignore[call-overload,no-any-return]
+        [sys.executable, "-m", "kvtool", *args], timeout=120, check=False, **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", "{rec}"],
+        ["report", "{rec}", "-o", "-"],
+        ["replay", "{rec}", "--format", "jsonl"],
+        ["info", "{rec}"],
+        ["diff", "{rec}", "{other}"],
+        ["export", "{rec}", "-o", "{tmp}/out.parquet"],
+        ["top", "{rec}", "--once", "--speed", "0"],
+    ],
+    ids=lambda a: " ".join(a[:2] if a[0] != "report" else a[:1] + a[2:]),
+)
+def test_issue8_2_stdout_into_an_input_is_refused(args: list[str], tmp_path: Path) -> None:
+    """``kvtool report c.mcap -o - 1<> c.mcap`` overwrote the recording it read."""
+    rec = tmp_path / "c.mcap"
+    rec.write_bytes(GEMMA.read_bytes())
+    before = rec.read_bytes()
+    argv = [a.format(rec=rec, other=GEMMA, tmp=tmp_path) for a in args]
+    with open(rec, "r+b") as out:  # the shell's `1<> c.mcap`
+        proc = _kvtool(argv, stdout=out, stderr=subprocess.PIPE)
+    assert proc.returncode == 2, proc.stderr
+    assert rec.read_bytes() == before
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 1 and "stdout is redirected into this input" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay", str(GEMMA), "--rank", "²"],
+        ["replay", str(GEMMA), "--rank", "٣"],
+        ["replay", str(GEMMA), "--window", "²"],
+        ["replay", str(GEMMA), "--group", "٣"],
+        ["report", str(GEMMA), "--group-meta", "²=full_attention"],
+        ["report", str(GEMMA), "--group-meta", "0=full_attention:²"],
+        ["report", str(GEMMA), "--group-meta", "0=full_attention:٣"],
+    ],
+)
+def test_issue8_14_non_ascii_digits_are_usage_errors(args: list[str]) -> None:
+    """``'²'.isdigit()`` is True (int() then crashed) and '٣' was read as 3."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "internal error" not in result.stderr
+
+
+def test_issue11_12_plot_write_error_is_reported(tmp_path: Path) -> None:
+    """``report --plot /dev/full`` said "plot written" and exited 0."""
+    pytest.importorskip("matplotlib")
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    proc = _kvtool(["report", str(GEMMA), "--plot", "/dev/full", "-o", str(tmp_path / "r.txt")],
+                   capture_output=True)
+    err = proc.stderr.decode()
+    assert proc.returncode != 0
+    assert "plot written" not in err
+    assert err.splitlines() == [
+        "kvtool: /dev/full: cannot write: No space left on device; the output is left as it was"
+    ]
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_issue8_1_plot_names_kvtool_as_its_maker(suffix: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    image = tmp_path / f"run{suffix}"
+    result = runner.invoke(app, ["report", str(GEMMA), "--plot", str(image), "-q"])
+    assert result.exit_code == 0, result.stderr
+    assert b"kvtool" in image.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == [image.name]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["report", str(GEMMA)],
+        ["report", str(GEMMA), "--format", "json"],
+        ["diff", str(GEMMA), str(GEMMA)],
+        ["info", str(GEMMA)],
+        ["replay", str(GEMMA), "--format", "jsonl"],
+        ["replay", str(GEMMA), "--format", "pretty"],
+    ],
+)
+def test_issue11_12_full_stdout_is_one_line(args: list[str]) -> None:
+    """``> /dev/full`` gave "internal error: OSError [Errno 28]"."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    with open("/dev/full", "wb") as full:
+        proc = _kvtool(args, stdout=full, stderr=subprocess.PIPE)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == "kvtool: cannot write to stdout: No space left on device\n"
+
+
+def test_issue8_3_sigterm_removes_temporary_outputs(tmp_path: Path) -> None:
+    """SIGTERM skipped cleanup: ``.NAME.*.kvtool-tmp`` files stayed beside the output."""
+    import signal
+
+    import zmq
+
+    ctx = zmq.Context.instance()
+    probe = ctx.socket(zmq.PUB)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(linger=0)
+    out = tmp_path / "out.mcap"
+    log = tmp_path / "stderr.txt"
+    # Waiting for a subscriber that never comes holds the -o temporary open: no timing.
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvtool", "replay", str(GEMMA), "--publish",
+             f"tcp://127.0.0.1:{port}", "--wait-subscribers", "1", "-o", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        polls = 600
+        while not list(tmp_path.glob(".out.mcap.*.kvtool-tmp*")) and polls:
+            assert proc.poll() is None, log.read_text()
+            polls -= 1
+            time.sleep(0.1)  # polling for the file, not timing anything
+        assert list(tmp_path.glob(".out.mcap.*.kvtool-tmp*")), "the temporary never appeared"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not list(tmp_path.glob("*kvtool-tmp*"))
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", str(GAPS)],
+        ["report", str(GAPS)],
+        ["report", str(GAPS), "-q", "--format", "json"],
+        ["replay", str(GAPS), "--format", "jsonl"],
+        ["export", str(GAPS), "-o", "{tmp}/e.parquet"],
+        ["diff", str(GEMMA), str(GAPS)],
+    ],
+)
+def test_issue11_12_lost_batches_exit_3_everywhere(args: list[str], tmp_path: Path) -> None:
+    """One policy: 3 = finished, but batches were lost (``report`` exited 0)."""
+    argv = [a.format(tmp=tmp_path) for a in args]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 3, result.stderr
+    assert "3 batch" in result.stderr and "lost while recording" in result.stderr
+
+
+@pytest.mark.parametrize("name", [None, *COMMANDS])
+def test_issue11_10_help_has_examples_placeholders_and_fits(name: str | None) -> None:
+    """-h is --help; real placeholders, never ``<list[Path]>``; 2-4 examples; 80 columns."""
+    args = [name] if name else []
+    long = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "80"})
+    short = runner.invoke(app, [*args, "-h"], env={"COLUMNS": "80"})
+    assert long.exit_code == short.exit_code == 0, short.output
+    assert short.stdout == long.stdout
+    text = long.stdout
+    assert "<list[" not in text and "{files}" not in text
+    assert not re.search(r" <(str|path|int|float|int range|bool)>", text), text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    examples = text.split("Examples:\n", 1)[1].splitlines()
+    runs = [ln for ln in examples if ln.strip().startswith("kvtool ")]
+    assert 2 <= len(runs) <= 4, examples
+    assert all(ln.strip().startswith(f"kvtool {name or ''}") for ln in runs)
+    if name in ("report", "replay", "record"):  # long option lists come in panels
+        assert {"Output:", "Annotation:" if name != "record" else "Gap recovery:"} <= set(
+            text.splitlines()
+        )
+
+
+def test_issue11_10_usage_shows_placeholders() -> None:
+    usage = {
+        n: runner.invoke(app, [n, "-h"]).stdout.splitlines()[0] for n in COMMANDS
+    }
+    assert usage["report"] == "Usage: kvtool report [OPTIONS] FILE..."
+    assert usage["record"] == "Usage: kvtool record [OPTIONS] ENDPOINT..."
+    assert usage["info"] == "Usage: kvtool info [OPTIONS] FILE..."
+
+
+def test_issue11_10_replay_group_does_one_job(tmp_path: Path) -> None:
+    """--group IDX filters; metadata is --group-meta; the old form says what to type."""
+    old = runner.invoke(app, ["replay", str(GEMMA), "--annotate", "--group", "0=full_attention"])
+    assert old.exit_code == 2
+    assert old.stderr.splitlines() == [
+        "kvtool: --group '0=full_attention': --group IDX keeps events of a group; give group "
+        "metadata as --group-meta 0=full_attention"
+    ]
+    meta = runner.invoke(
+        app, ["replay", str(GEMMA), "--annotate", "--group-meta", "0=mamba", "--group", "0",
+              "--format", "jsonl", "--type", "BlockStored"]
+    )
+    assert meta.exit_code == 0, meta.stderr
+    rows = [json.loads(line) for line in meta.stdout.splitlines()]
+    assert rows and {r["group_idx"] for r in rows} == {0}
+    assert {r["kv_cache_spec_kind"] for r in rows} == {"mamba"}
+
+
+@pytest.mark.parametrize(
+    ("args", "same"),
+    [
+        (["report", str(GEMMA), "--group", "0=mamba", "-f", "json"],
+         ["report", str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
+        (["diff", str(GEMMA), str(GEMMA), "--group", "0=mamba", "-f", "json"],
+         ["diff", str(GEMMA), str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
+    ],
+)
+def test_issue11_10_old_option_names_still_work(args: list[str], same: list[str]) -> None:
+    old, new = runner.invoke(app, args), runner.invoke(app, same)
+    assert old.exit_code == new.exit_code == 0, old.stderr
+    assert old.stdout == new.stdout
+    assert "--group " not in runner.invoke(app, [args[0], "-h"]).stdout.replace(
+        "--group IDX", ""
+    )
+
+
+def test_issue11_10_record_replay_endpoint_and_hidden_alias() -> None:
+    for name in ("record", "top"):
+        text = runner.invoke(app, [name, "-h"]).stdout
+        assert "--replay-endpoint ENDPOINT" in text
+        assert "--replay " not in text and "--replay," not in text
+    # The old name still parses (the usage error is about the missing -o, not --replay).
+    old = runner.invoke(app, ["record", "5557", "--replay", "5558"])
+    assert old.exit_code == 2 and "--output" in old.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", str(GEMMA), "--format", "json"],
+        ["diff", str(GEMMA), str(GEMMA), "--format", "json"],
+        ["report", str(GEMMA), "--format", "json"],
+    ],
+)
+def test_issue11_10_one_output_option(args: list[str], tmp_path: Path) -> None:
+    """-o/--output FILE (- for stdout) on every text command, under one --force rule."""
+    target = tmp_path / "out.json"
+    to_stdout = runner.invoke(app, [*args, "-o", "-"])
+    assert to_stdout.exit_code == 0, to_stdout.stderr
+    first = runner.invoke(app, [*args, "--output", str(target)])
+    assert first.exit_code == 0, first.stderr
+    assert first.stdout == ""
+    assert json.loads(target.read_text()) == json.loads(to_stdout.stdout)
+    again = runner.invoke(app, [*args, "-o", str(target)])
+    assert again.exit_code == 2 and "pass --force" in again.stderr
+    assert runner.invoke(app, [*args, "-o", str(target), "--force"]).exit_code == 0

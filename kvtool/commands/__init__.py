@@ -8,18 +8,153 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 
 from kvtool.durations import parse_duration_ns
+from kvtool.errors import KvtoolError
+from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.render.progress import ProgressBar
 
-__all__ = ["Env", "get_env", "parse_duration_ns"]
+__all__ = [
+    "Env",
+    "TextOutput",
+    "check_inputs",
+    "examples",
+    "get_env",
+    "lost_batches",
+    "parse_duration_ns",
+]
+
+
+class TextOutput:
+    """Where a text command's data goes: stdout, or ``-o FILE`` written atomically.
+
+    The one ``-o/--output`` of the text commands: ``-`` (or no -o) is stdout; a file is
+    checked under kvtool's output rule before any work (``--force`` replaces only a text
+    file) and written whole at :meth:`close`, so a failure leaves it as it was.
+
+    Args:
+        env: The command's environment.
+        path: ``-o``, or None.
+        force: ``--force``.
+        inputs: Every file the command reads.
+
+    Attributes:
+        stream: Write text here.
+        console: Or print rich tables here (200 columns wide into a file).
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        path: str | os.PathLike[str] | None,
+        *,
+        force: bool,
+        inputs: Iterable[str | os.PathLike[str] | None],
+    ) -> None:
+        import io
+
+        from kvtool.outputs import OutputKind, check_output, is_stdout
+
+        self.env = env
+        self.force = force
+        self.inputs = [i for i in inputs if i is not None]
+        self.path = None if path is None or is_stdout(path) else path
+        self._buf: io.StringIO | None = None
+        self.stream: TextIO = env.stdout
+        self.console: Console = env.out
+        if self.path is not None:
+            check_output(self.path, kind=OutputKind.TEXT, force=force, inputs=self.inputs)
+            self._buf = io.StringIO()
+            self.stream = self._buf
+            self.console = Console(file=self._buf, width=200, soft_wrap=True)
+
+    def close(self) -> None:
+        """Write the file (or flush stdout)."""
+        from kvtool.outputs import write_text
+
+        if self._buf is not None and self.path is not None:
+            write_text(self.path, self._buf.getvalue(), force=self.force, inputs=self.inputs)
+        else:
+            self.env.stdout.flush()
+
+
+def examples(*lines: str) -> str:
+    r"""Build the epilog that ends a command's help: 2-4 example command lines.
+
+    Every command passes this to ``COMMAND_OPTIONS[name]["epilog"]``, so all help
+    pages end the same way (click keeps a paragraph starting with ``\b`` unwrapped).
+
+    Args:
+        lines: Example commands, without the leading ``kvtool``.
+
+    Returns:
+        The epilog text.
+    """
+    body = "\n".join(f"  kvtool {line}" for line in lines)
+    return f"\b\nExamples:\n{body}\n"
+
+
+def check_inputs(inputs: Iterable[str | os.PathLike[str] | None]) -> None:
+    """Checks every reading command makes on its inputs before any output is written.
+
+    The one place report, replay, info, diff, export and top pass their inputs through:
+    stdout or stderr redirected into an input (``kvtool report run.mcap 1<> run.mcap``)
+    would overwrite the recording being read, so that is refused.
+
+    Args:
+        inputs: Every file the command reads (None entries are skipped).
+
+    Raises:
+        OutputError: fd 1 or 2 is one of the inputs.
+    """
+    check_std_streams_not_inputs([i for i in inputs if i is not None])
+
+
+def lost_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Say, one line per recording, which batches its gap ledger lists as lost.
+
+    One policy for every reading command (as ``kvtool info``): a recording whose
+    recorder lost batches finishes with exit status 3 (finished, but input is missing).
+    Only record headers are read. Files that cannot be opened are left to the command,
+    which reports them itself.
+
+    Args:
+        paths: The recordings.
+
+    Returns:
+        Lines naming the file, the count and the first lost seq ranges.
+    """
+    from kvtool.recording.reader import open_recording
+
+    out: list[str] = []
+    for path in paths:
+        try:
+            with open_recording(path) as reader:
+                ledger = reader.gap_ledger
+        except (KvtoolError, OSError):
+            continue
+        if ledger is None or ledger.lost <= 0:
+            continue
+        ranges = ledger.lost_ranges
+        seqs = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges[:5])
+        more = ", …" if len(ranges) > 5 or ledger.lost_ranges_omitted else ""
+        what = "batch was" if ledger.lost == 1 else "batches were"
+        out.append(
+            printable(
+                f"{os.fspath(path)}: {ledger.lost} {what} lost while recording"
+                + (f" (seq {seqs}{more})" if seqs else "")
+                + "; counts miss their events"
+            )
+        )
+    return out
 
 
 @dataclass

@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
 
-from kvtool.commands import get_env
+from kvtool.commands import TextOutput, check_inputs, examples, get_env, lost_batches
+from kvtool.commands._help import KvtoolCommand
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
-from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.render.diff import render_json, render_markdown, render_table
 
 # Click drops the first ``--`` and with it where set A ends; the command swaps it for this
@@ -20,17 +19,16 @@ from kvtool.render.diff import render_json, render_markdown, render_table
 _SEPARATOR = "\x00--"
 
 
-EXAMPLES = """\b
-Examples:
-  kvtool diff yesterday.mcap today.mcap
-  kvtool diff base.mcap new.mcap --by group --all
-  kvtool diff a0.mcap a1.mcap -- b0.mcap b1.mcap --format json
-  kvtool diff base.mcap new.mcap --fail-on 'blocks_removed:+10%' \\
-      --fail-on 'live_blocks_end{kind=sliding_window}:-100'
-"""
+EXAMPLES = examples(
+    "diff yesterday.mcap today.mcap",
+    "diff base.mcap new.mcap --by group --all",
+    "diff a0.mcap a1.mcap -- b0.mcap b1.mcap --format json",
+    "diff base.mcap new.mcap --fail-on 'blocks_removed:+10%' \\\n"
+    "      --fail-on 'live_blocks_end{kind=sliding_window}:-100'",
+)
 
 
-class DiffCommand(TyperCommand):
+class DiffCommand(KvtoolCommand):
     """A typer command that keeps the ``--`` between set A and set B as an argument."""
 
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:  # type: ignore[override]
@@ -135,13 +133,23 @@ def diff(
     group: Annotated[
         list[str] | None,
         typer.Option(
+            "--group-meta",
             "--group",
             metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for both sides; repeat per group.",
+            help="Group metadata for group IDX, for both sides; repeat per group.",
         ),
     ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No findings or check lines on stderr.")
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (- is stdout)."
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing text FILE of -o.")
     ] = False,
 ) -> ExitStatus:
     """Compare two recordings (or two sets) metric by metric, per kind, window or group.
@@ -165,7 +173,8 @@ def diff(
     env = get_env()
     rules = [parse_fail_on(text) for text in fail_on or []]
     side_a, side_b = _split(files)
-    check_std_streams_not_inputs([*side_a, *side_b, *([groups] if groups is not None else [])])
+    check_inputs([*side_a, *side_b, groups])
+    out = TextOutput(env, output, force=force, inputs=[*side_a, *side_b, groups])
     result = diff_recordings(
         side_a,
         side_b,
@@ -175,12 +184,13 @@ def diff(
         group_flags=group or None,
     )
     if format is DiffFormat.json:
-        render_json(result, env.stdout)
+        render_json(result, out.stream)
     elif format is DiffFormat.markdown:
-        render_markdown(result, env.stdout, all_metrics=all_metrics)
+        render_markdown(result, out.stream, all_metrics=all_metrics)
     else:
-        render_table(result, env.out, all_metrics=all_metrics)
-    env.stdout.flush()
+        render_table(result, out.console, all_metrics=all_metrics)
+    out.close()
+    lost = lost_batches([*side_a, *side_b])
     if format is not DiffFormat.table and not quiet:
         from kvtool.render.diff import check_lines
         from kvtool.text import printable
@@ -190,14 +200,28 @@ def diff(
         for name, side in (("A", result.a), ("B", result.b)):
             findings = side.get("findings")
             for f in findings if isinstance(findings, list) else []:
+                if lost and "lost while recording" in str(f):
+                    continue  # said once below, as an error
                 env.err.print(
                     printable(f"kvtool: finding ({name}): {f}"), markup=False, highlight=False
                 )
+    # Batches lost while recording exit 3, as in `info` and `report` (a crossed
+    # --fail-on, exit 1, outranks it).
+    for line in lost:
+        env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     if result.failed:
         return ExitStatus.FAILED
-    return ExitStatus.DAMAGED if result.damaged else ExitStatus.OK
+    return ExitStatus.DAMAGED if result.damaged or lost else ExitStatus.OK
 
 
 COMMANDS = {"diff": diff}
 COMMAND_OPTIONS = {"diff": {"cls": DiffCommand, "epilog": EXAMPLES}}
+HELP_PANELS = {
+    "diff": {
+        "Tables": ["--by", "--all"],
+        "Checks": ["--fail-on"],
+        "Annotation": ["--groups", "--group-meta"],
+        "Output": ["--format", "--output", "--force", "--quiet"],
+    }
+}
 """Extra ``typer.Typer.command`` arguments per command (here: keep the ``--`` of sets)."""

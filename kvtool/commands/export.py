@@ -8,27 +8,38 @@ from typing import Annotated
 import typer
 
 from kvtool.columns import ReadStats
-from kvtool.commands import get_env
+from kvtool.commands import check_inputs, examples, get_env
 from kvtool.errors import ExitStatus
 from kvtool.export import export_table
 
 
 def export(
-    files: Annotated[list[Path], typer.Argument(help="Recordings (.mcap).", show_default=False)],
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="Recordings (.mcap).", show_default=False, metavar="FILE..."),
+    ],
     output: Annotated[
         Path,
         typer.Option(
             "--output",
             "-o",
+            metavar="OUT",
             help="OUT.parquet (one file), OUT.csv, or a directory "
             "(Parquet partitioned by channel and dp_rank, hive style).",
         ),
     ],
     groups: Annotated[
-        Path | None, typer.Option("--groups", help="KV cache group metadata JSON.")
+        Path | None,
+        typer.Option("--groups", metavar="FILE", help="KV cache group metadata JSON."),
     ] = None,
     group: Annotated[
-        list[str] | None, typer.Option("--group", help="Group metadata as IDX=KIND[:WINDOW].")
+        list[str] | None,
+        typer.Option(
+            "--group-meta",
+            "--group",
+            metavar="IDX=KIND[:WINDOW]",
+            help="Group metadata for group IDX; repeat per group.",
+        ),
     ] = None,
     force: Annotated[
         bool,
@@ -45,8 +56,10 @@ def export(
     Columns: log_time, ts, seq, recording, channel, channel_id, dp_rank, type, group_idx,
     kind, sliding_window, hash (signed 64-bit), tokens (the event's, on its first row),
     medium, event_index, block_index, block_count. Recordings are read chunk by chunk.
+    The format follows OUT: .parquet, .csv, or a directory (partitioned Parquet).
     """
     env = get_env()
+    check_inputs([*files, groups])
     stats = ReadStats()
     result = export_table(
         files, output, groups_file=groups, group_flags=group or None, force=force, stats=stats
@@ -58,14 +71,31 @@ def export(
             markup=False,
             highlight=False,
         )
-    problems = stats.damaged + stats.problems[:1]
+    # Batches lost while recording exit 3, as in `info` and `report`.
+    problems = stats.damaged + stats.lost + stats.problems[:1]
     for line in problems:
         env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     return (
         ExitStatus.DAMAGED
-        if (stats.damaged or stats.bad_batches or stats.skipped_events)
+        if (stats.damaged or stats.lost or stats.bad_batches or stats.skipped_events)
         else ExitStatus.OK
     )
 
 
 COMMANDS = {"export": export}
+COMMAND_OPTIONS = {
+    "export": {
+        "epilog": examples(
+            "export run.mcap -o events.parquet",
+            "export run.mcap -o events.csv",
+            "export rank0.mcap rank1.mcap -o fleet/",
+        )
+    }
+}
+HELP_PANELS = {
+    "export": {
+        "Filters": ["--since", "--until", "--rank", "--channel", "--clock"],
+        "Annotation": ["--groups", "--group-meta"],
+        "Output": ["--output", "--force", "--quiet"],
+    }
+}

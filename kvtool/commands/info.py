@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import get_env
+from kvtool.commands import TextOutput, check_inputs, examples, get_env
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
@@ -28,13 +28,22 @@ def info(
         typer.Argument(
             help="Recordings (.mcap) to summarise; a directory means its .mcap files.",
             show_default=False,
-            metavar="FILE",
+            metavar="FILE...",
         ),
     ],
     format: Annotated[
         InfoFormat,
         typer.Option("--format", "-f", help="table (for people) or json (for scripts)."),
     ] = InfoFormat.table,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (- is stdout)."
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing text FILE of -o.")
+    ] = False,
 ) -> ExitStatus:
     """Summarise recordings: channels, batches, events, blocks, gaps, restarts, groups.
 
@@ -55,6 +64,8 @@ def info(
         else:
             expanded.append(path)
     files = expanded
+    check_inputs(files)
+    out = TextOutput(env, output, force=force, inputs=files)
     infos: list[RecordingInfo] = []
     status = ExitStatus.OK
     errors: list[KvtoolError] = []
@@ -67,10 +78,10 @@ def info(
             errors.append(err)
     if infos:
         if format is InfoFormat.json:
-            render_info_json(infos, env.stdout)
+            render_info_json(infos, out.stream)
         else:
-            render_info_table(infos, env.out)
-    env.stdout.flush()
+            render_info_table(infos, out.console)
+    out.close()
     for i in infos:
         # Damage, lost batches and undecodable payloads exit 3, as in `kvtool report`.
         for line in i.problems():
@@ -85,3 +96,13 @@ def info(
 
 
 COMMANDS = {"info": info}
+COMMAND_OPTIONS = {
+    "info": {
+        "epilog": examples(
+            "info run.mcap",
+            "info recordings/",
+            "info run.mcap --format json | jq .gaps",
+            "info run.mcap --format json -o info.json",
+        )
+    }
+}

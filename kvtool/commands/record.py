@@ -8,7 +8,7 @@ from typing import Annotated, cast
 import typer
 
 from kvtool.capture import Recorder, load_groups
-from kvtool.commands import get_env, parse_duration_ns
+from kvtool.commands import examples, get_env, parse_duration_ns
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
@@ -23,9 +23,15 @@ def record(
             help="Publisher endpoints: tcp://HOST:PORT, ipc://PATH, inproc://NAME, or a "
             "bare port (tcp://127.0.0.1:PORT).",
             show_default=False,
+            metavar="ENDPOINT...",
         ),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="The recording to write (.mcap).")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", metavar="FILE.mcap", help="The recording to write (a file, not -)."
+        ),
+    ],
     bind: Annotated[
         bool, typer.Option("--bind", help="Bind the endpoints instead of connecting to them.")
     ] = False,
@@ -37,14 +43,18 @@ def record(
         typer.Option(
             "--dp-size",
             min=1,
+            metavar="N",
             help="Record data-parallel ranks 0..N-1: port + rank, for the replay endpoint too.",
         ),
     ] = None,
     replay: Annotated[
         list[str] | None,
         typer.Option(
+            "--replay-endpoint",
             "--replay",
-            help="The publisher's replay endpoint, to recover gaps (once per endpoint).",
+            metavar="ENDPOINT",
+            help="The publisher's replay endpoint (vLLM's replay_endpoint), to recover gaps "
+            "(once per endpoint).",
         ),
     ] = None,
     history: Annotated[
@@ -53,16 +63,21 @@ def record(
     ] = False,
     duration: Annotated[
         str | None,
-        typer.Option("--duration", "-d", help="Stop after this long: 90, 10s, 10m, 1h."),
+        typer.Option(
+            "--duration", "-d", metavar="DURATION", help="Stop after this long: 90, 10s, 10m, 1h."
+        ),
     ] = None,
     max_batches: Annotated[
         int | None,
-        typer.Option("--max-batches", "-n", min=1, help="Stop after this many batches."),
+        typer.Option(
+            "--max-batches", "-n", min=1, metavar="N", help="Stop after this many batches."
+        ),
     ] = None,
     groups: Annotated[
         Path | None,
         typer.Option(
             "--groups",
+            metavar="FILE",
             help="KV cache group metadata to store: the JSON list "
             "get_kv_cache_group_metadata() returns.",
         ),
@@ -77,13 +92,18 @@ def record(
         str,
         typer.Option(
             "--connect-timeout",
+            metavar="DURATION",
             help="Fail if an endpoint has not connected (nor sent anything) by then; 0 waits "
             "forever.",
         ),
     ] = "30s",
     replay_timeout: Annotated[
         str,
-        typer.Option("--replay-timeout", help="Give up a replay request unanswered this long."),
+        typer.Option(
+            "--replay-timeout",
+            metavar="DURATION",
+            help="Give up a replay request unanswered this long.",
+        ),
     ] = "2s",
     status_every: Annotated[
         str,
@@ -97,7 +117,7 @@ def record(
 ) -> ExitStatus:
     """Record KV-cache events from vLLM publishers into an MCAP recording.
 
-    Every batch is stored byte for byte. With --replay, batches missing from the live
+    Every batch is stored byte for byte. With --replay-endpoint, batches missing from the live
     stream are fetched from the publisher's replay socket and written in seq order;
     what it no longer holds is noted as lost in the recording's gap ledger. Stops at
     --duration or --max-batches, whichever comes first, or on Ctrl-C / SIGTERM, always
@@ -111,7 +131,9 @@ def record(
     every_ns = _timeout_ns(status_every, "--status-every")
     sources = expand_endpoints(endpoints, replay=replay or (), dp_size=dp_size, bind=bind)
     if history and not replay:
-        raise UsageError("--history needs --replay: the history comes from the replay buffer")
+        raise UsageError(
+            "--history needs --replay-endpoint: the history comes from the replay buffer"
+        )
     group_list = load_groups(groups) if groups is not None else None
     _check_output(output, force, [groups] if groups is not None else [])
 
@@ -173,3 +195,21 @@ def _check_output(output: Path, force: bool, inputs: list[Path]) -> None:
 
 
 COMMANDS = {"record": record}
+COMMAND_OPTIONS = {
+    "record": {
+        "epilog": examples(
+            "record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 -o run.mcap",
+            "record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 --dp-size 4 \\\n"
+            "      -o fleet.mcap --duration 10m",
+            "record 5557 -o run.mcap --max-batches 1000 --groups groups.json",
+        )
+    }
+}
+HELP_PANELS = {
+    "record": {
+        "Connection": ["--bind", "--topic", "--dp-size", "--connect-timeout"],
+        "Gap recovery": ["--replay-endpoint", "--history", "--replay-timeout"],
+        "Stopping": ["--duration", "--max-batches"],
+        "Output": ["--output", "--force", "--groups", "--quiet", "--status-every"],
+    }
+}

@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from kvtool.commands import Env, get_env
+from kvtool.commands import Env, check_inputs, examples, get_env, lost_batches
 from kvtool.commands._filters import check_kinds, check_time_order, first_log_time, say_if_empty
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.export import RecordingCopy
@@ -97,7 +97,9 @@ def replay(
     files: Annotated[
         list[Path],
         typer.Argument(
-            help="Recordings (.mcap); several merge by receive time.", show_default=False
+            help="Recordings (.mcap); several merge by receive time.",
+            show_default=False,
+            metavar="FILE...",
         ),
     ],
     format: Annotated[
@@ -151,13 +153,23 @@ def replay(
             show_default=False,
         ),
     ] = None,
+    group_meta: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--group-meta",
+            metavar="IDX=KIND[:WINDOW]",
+            help="Group metadata for group IDX, for --annotate and --check; repeat per "
+            "group.",
+            show_default=False,
+        ),
+    ] = None,
     group: Annotated[
         list[str] | None,
         typer.Option(
             "--group",
-            metavar="IDX=KIND[:WINDOW]",
-            help="IDX=KIND[:WINDOW]: group metadata (repeatable). "
-            "A bare IDX (or 'none') filters on group_idx instead.",
+            metavar="IDX",
+            help="Keep events of these group indices ('none': without one; repeatable or "
+            "comma-separated).",
             show_default=False,
         ),
     ] = None,
@@ -352,15 +364,25 @@ def replay(
     Several recordings merge by receive time. Event filters (--type, --kind, --window,
     --group IDX) choose events to print and, for -o and --publish, the batches holding
     them (whole batches, bytes unchanged). With --annotate the group metadata comes from
-    --groups, --group IDX=KIND[:WINDOW], the recording's metadata record, or else what
-    the recording's annotated stores say, per channel, rank and group (stderr says which).
+    --groups, --group-meta IDX=KIND[:WINDOW], the recording's metadata record, or else
+    what the recording's annotated stores say, per channel, rank and group (stderr says
+    which). Formats: pretty (a table of events, default on a terminal) and jsonl (one
+    JSON object per event, default when piped); -o writes a recording (.mcap).
     """
     env = get_env()
     env.quiet = quiet
+    check_inputs([*files, groups])
 
     # -- parse and check the flags -------------------------------------------------------
-    group_meta = [g for g in (group or []) if "=" in g]
-    group_filter = [g for g in _split([g for g in (group or []) if "=" not in g])]
+    for g in group or []:
+        if "=" in g:
+            # --group once took metadata too; now it only filters (one job per option).
+            raise UsageError(
+                f"--group {g!r}: --group IDX keeps events of a group; give group metadata "
+                f"as --group-meta {g}"
+            )
+    group_meta = list(group_meta or [])
+    group_filter = _split(group)
     types: set[str] = set()
     for t in _split(type_):
         name = _TYPE_ALIASES.get(t.lower())
@@ -386,7 +408,7 @@ def replay(
         raise UsageError(f"--hash-format {hash_format!r}: expected one of str, hex, int")
     if (groups is not None or group_meta) and not (annotate or check):
         raise UsageError(
-            "--groups and --group IDX=KIND give metadata for --annotate or --check; add one of them"
+            "--groups and --group-meta give metadata for --annotate or --check; add one of them"
         )
     if check and (publish is not None or output is not None):
         raise UsageError("--check only reports; run it without --publish and -o")
@@ -763,6 +785,10 @@ def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
         if not env.quiet:
             env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
     damaged = False
+    # Batches lost while recording exit 3 as in `info` and `report`.
+    for line in lost_batches([r.path for r in rp.readers]):
+        damaged = True
+        env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     for rep in rp.recoveries:
         if not rep.complete:
             damaged = True
@@ -783,3 +809,26 @@ def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
 
 
 COMMANDS = {"replay": replay}
+COMMAND_OPTIONS = {
+    "replay": {
+        "epilog": examples(
+            "replay run.mcap --type BlockRemoved --seq 60:63 --format jsonl",
+            "replay run.mcap --since 1s --until 2s -o slice.mcap",
+            "replay old.mcap --annotate --group-meta 0=full_attention \\\n"
+            "      --group-meta 1=sliding_window:1024 --format jsonl",
+            "replay run.mcap --publish 5557 --replay-endpoint 5558 --speed 4",
+        )
+    }
+}
+HELP_PANELS = {
+    "replay": {
+        "Filters": ["--type", "--kind", "--window", "--group", "--channel", "--rank",
+                    "--since", "--until", "--seq"],
+        "Annotation": ["--annotate", "--check", "--groups", "--group-meta"],
+        "Output": ["--format", "--hash-format", "--output", "--force", "--quiet"],
+        "Publishing": ["--publish", "--connect", "--replay-endpoint", "--legacy-replay",
+                       "--buffer-steps", "--renumber", "--speed", "--rate", "--max-speed",
+                       "--loop", "--wait-subscribers", "--wait-timeout", "--start-delay",
+                       "--hold", "--drop"],
+    }
+}

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import get_env, parse_duration_ns
+from kvtool.commands import check_inputs, examples, get_env, lost_batches, parse_duration_ns
 from kvtool.errors import ExitStatus, UsageError
-from kvtool.outputs import AtomicFile, OutputKind, check_output, is_stdout, write_text
+from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
 from kvtool.render.report import (
     DEFAULT_COLUMNS,
     TABLES,
@@ -50,22 +50,24 @@ def _parse_by(text: str) -> list[str]:
 def report(
     files: Annotated[
         list[Path], typer.Argument(help="Recordings (.mcap); several make one combined report.",
-                                   show_default=False)
+                                   show_default=False, metavar="FILE...")
     ],
     by: Annotated[
-        str, typer.Option("--by", help="Tables to show: kind,window,group (any subset, in order).")
+        str, typer.Option("--by", metavar="TABLE,...",
+                          help="Tables to show: kind,window,group (any subset, in order).")
     ] = "kind,window",
     every: Annotated[
         str | None,
-        typer.Option("--every", help="Add a timeline per kind with buckets of this duration "
-                     "(e.g. 1s, 250ms)."),
+        typer.Option("--every", metavar="DURATION", help="Add a timeline per kind with "
+                     "buckets of this duration (e.g. 1s, 250ms)."),
     ] = None,
     format: Annotated[
-        ReportFormat, typer.Option("--format", "-f", help="table, json, csv or markdown.")
+        ReportFormat, typer.Option("--format", "-f", help="table (for people), json, csv or "
+                                   "markdown.")
     ] = ReportFormat.table,
     out: Annotated[
         Path | None,
-        typer.Option("--output", "-o", "--out",
+        typer.Option("--output", "-o", "--out", metavar="FILE",
                      help="Write the report to FILE instead of stdout (- is stdout)."),
     ] = None,
     force: Annotated[
@@ -74,17 +76,19 @@ def report(
     ] = False,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", help="Draw live blocks and eviction rate per kind into FILE.png "
+        typer.Option("--plot", metavar="FILE.png", help="Draw live blocks and eviction "
+                     "rate per kind into FILE.png "
                      f"(needs kvtool[plot]; buckets of --every, default {DEFAULT_PLOT_EVERY})."),
     ] = None,
     groups: Annotated[
         Path | None,
-        typer.Option("--groups", help="KV cache group metadata JSON "
+        typer.Option("--groups", metavar="FILE", help="KV cache group metadata JSON "
                      "(get_kv_cache_group_metadata() or spec descriptions)."),
     ] = None,
     group: Annotated[
         list[str] | None,
-        typer.Option("--group", help="Group metadata as IDX=KIND[:WINDOW]; repeat per group."),
+        typer.Option("--group-meta", "--group", metavar="IDX=KIND[:WINDOW]",
+                     help="Group metadata for group IDX; repeat per group."),
     ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")
@@ -101,7 +105,7 @@ def report(
     ] = False,
     jobs: Annotated[
         int | None,
-        typer.Option("--jobs", "-j", min=1, show_default="the machine's cores",
+        typer.Option("--jobs", "-j", min=1, metavar="N", show_default="the machine's cores",
                      help="Decode in this many processes (the result is the same for any N)."),
     ] = None,
     ray: Annotated[
@@ -115,7 +119,7 @@ def report(
     Columns: store_events, blocks_stored, tokens_stored, remove_events, blocks_removed,
     blocks_cleared, live_blocks_end, peak_live_blocks, distinct_hashes, restored_blocks,
     orphan_removes and block lifetime p50/p90/p99 in seconds. Kinds come from --groups,
-    --group, the recording's metadata, or what annotated stores say (learned).
+    --group-meta, the recording's metadata, or what annotated stores say (learned).
     A damaged recording is reported from everything readable, with exit status 3.
     Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
@@ -129,10 +133,11 @@ def report(
     if plot is not None:
         from kvtool.plot import require_matplotlib
 
-        require_matplotlib()  # before the (long) read, not after it
+        require_matplotlib(plot)  # before the (long) read, not after it
     if is_stdout(out):
         out = None
     inputs = [*files, *([groups] if groups is not None else [])]
+    check_inputs(inputs)
     # Refuse a bad output before the work, not after it.
     if out is not None:
         check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
@@ -180,21 +185,41 @@ def report(
     if plot is not None:
         from kvtool.plot import plot_report
 
-        with AtomicFile(plot, force=force) as af:
-            plot_report(rep, af.tmp)
+        plot_report(rep, plot, force=force)
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
     # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
     listed = rep.source.get("damaged")
     damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
-    for line in damage:
+    # Batches lost while recording exit 3 as in `info` (one policy for every reader).
+    lost = lost_batches(files)
+    for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in rep.findings:
-            if line not in damage:
+            if line not in damage and not (lost and "lost while recording" in line):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False,
                               highlight=False)
-    return ExitStatus.DAMAGED if rep.damaged else ExitStatus.OK
+    return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 
 
 COMMANDS = {"report": report}
+COMMAND_OPTIONS = {
+    "report": {
+        "epilog": examples(
+            "report run.mcap",
+            "report run.mcap --by kind,window,group --wide",
+            "report run.mcap --every 1s --plot run.png",
+            "report rank0.mcap rank1.mcap --format json -o report.json",
+        )
+    }
+}
+HELP_PANELS = {
+    "report": {
+        "Tables": ["--by", "--every", "--columns", "--wide", "--clock"],
+        "Filters": ["--since", "--until", "--rank", "--channel"],
+        "Annotation": ["--groups", "--group-meta"],
+        "Output": ["--format", "--output", "--force", "--plot", "--quiet"],
+        "Performance": ["--jobs", "--ray"],
+    }
+}

@@ -10,16 +10,15 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import get_env, parse_duration_ns
+from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
 from kvtool.errors import ExitStatus, UsageError
 
-EXAMPLES = """\b
-Examples:
-  kvtool top tcp://127.0.0.1:5557 --replay tcp://127.0.0.1:5558
-  kvtool top tcp://10.0.0.5:5557 --dp-size 4 --record run.mcap
-  kvtool top run.mcap --speed 10
-  kvtool top run.mcap --once --speed 0
-"""
+EXAMPLES = examples(
+    "top tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
+    "top tcp://10.0.0.5:5557 --dp-size 4 --record run.mcap",
+    "top run.mcap --speed 10",
+    "top run.mcap --once --speed 0",
+)
 
 
 class TopView(StrEnum):
@@ -51,6 +50,7 @@ def top(
     replay: Annotated[
         list[str] | None,
         typer.Option(
+            "--replay-endpoint",
             "--replay",
             metavar="ENDPOINT",
             help="The publisher's replay endpoint, to recover gaps as record does "
@@ -59,7 +59,9 @@ def top(
     ] = None,
     dp_size: Annotated[
         int | None,
-        typer.Option("--dp-size", min=1, help="Watch data-parallel ranks 0..N-1: port + rank."),
+        typer.Option(
+            "--dp-size", min=1, metavar="N", help="Watch data-parallel ranks 0..N-1: port + rank."
+        ),
     ] = None,
     topic: Annotated[
         str, typer.Option("--topic", help="Topic filter (vLLM's default topic is empty).")
@@ -140,7 +142,12 @@ def top(
     )
     source: LiveSource | RecordingSource
     if _is_recording(targets):
-        for opt, given in (("--replay", replay), ("--dp-size", dp_size), ("--record", record)):
+        check_inputs([targets[0], groups])
+        for opt, given in (
+            ("--replay-endpoint", replay),
+            ("--dp-size", dp_size),
+            ("--record", record),
+        ):
             if given:
                 raise UsageError(f"top FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
@@ -202,3 +209,11 @@ def top(
 
 COMMANDS = {"top": top}
 COMMAND_OPTIONS = {"top": {"epilog": EXAMPLES}}
+HELP_PANELS = {
+    "top": {
+        "Live": ["--replay-endpoint", "--dp-size", "--topic", "--replay-timeout", "--record",
+                 "--force", "--groups"],
+        "Recording": ["--speed"],
+        "Display": ["--view", "--interval", "--duration", "--once"],
+    }
+}
