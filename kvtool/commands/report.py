@@ -34,6 +34,13 @@ class ReportFormat(StrEnum):
     markdown = "markdown"
 
 
+class Clock(StrEnum):
+    """Clocks of ``--clock``."""
+
+    receive = "receive"
+    publish = "publish"
+
+
 DEFAULT_PLOT_EVERY = "1s"
 
 
@@ -109,6 +116,12 @@ def report(
         typer.Option("--ray", metavar="ADDRESS",
                      help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray])."),
     ] = None,
+    clock: Annotated[
+        Clock,
+        typer.Option("--clock", help="Time axis of --every and --plot: receive (when the recorder "
+                     "got each batch, the clock of info and replay --since) or publish (the "
+                     "batch ts, the engine's clock). Lifetimes always use publish."),
+    ] = Clock.receive,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
@@ -154,7 +167,18 @@ def report(
             every_ns=every_ns,
             jobs=jobs if jobs is not None else default_jobs(),
             ray_address=ray,
+            clock=clock.value,
         )
+    if rep.timeline is not None:
+        points = rep.timeline["time_s"].n_unique()
+        if points < 2:
+            env.err.print(
+                f"kvtool: warning: the timeline has {points} point(s) on the {clock.value} clock "
+                f"(buckets of {every or DEFAULT_PLOT_EVERY}); "
+                f"try a smaller --every or --clock "
+                f"{'publish' if clock is Clock.receive else 'receive'}",
+                markup=False, highlight=False,
+            )
     if plot is not None and every is None:
         # The timeline was only built for the plot; keep the output as asked.
         shown = type(rep)(**{**rep.__dict__, "timeline": None})

@@ -274,7 +274,7 @@ class Peaks:
 # -- timeline ---------------------------------------------------------------------------
 
 
-def bucket_of(column: str, every_ns: int) -> pl.Expr:
+def bucket_of(column: str | pl.Expr, every_ns: int) -> pl.Expr:
     """The timeline bucket (integer) of a float-seconds column.
 
     Integer arithmetic on microseconds: float division would put rows right at a bucket
@@ -288,10 +288,55 @@ def bucket_of(column: str, every_ns: int) -> pl.Expr:
     Returns:
         An Int64 expression.
     """
-    us = (pl.col(column) * 1e6).round().cast(pl.Int64, strict=False)
+    col = pl.col(column) if isinstance(column, str) else column
+    us = (col * 1e6).round().cast(pl.Int64, strict=False)
     if every_ns % 1000 == 0:  # whole microseconds: no overflow for any plausible ts
         return us.floordiv(every_ns // 1000)
     return (us * 1000).floordiv(every_ns)
+
+
+CLOCKS = ("receive", "publish")
+"""Clocks a timeline can read: the recorder's receive time or the batch ``ts``."""
+
+DEFAULT_CLOCK = "receive"
+"""The default clock: receive time, the clock of ``info`` and ``replay --since/--until``
+(a recording replayed at full speed keeps its batches' publish ``ts``, squeezed into a
+fraction of the time they were received over, or the other way round)."""
+
+
+def check_clock(clock: str) -> str:
+    """Return ``clock`` when it is one of :data:`CLOCKS`.
+
+    Args:
+        clock: ``receive`` or ``publish``.
+
+    Returns:
+        The clock.
+
+    Raises:
+        UsageError: Any other value.
+    """
+    if clock not in CLOCKS:
+        from kvtool.errors import UsageError
+
+        raise UsageError(f"--clock {clock!r}: expected receive or publish")
+    return clock
+
+
+def bucket_expr(clock: str, every_ns: int) -> pl.Expr:
+    """The timeline bucket of each row on ``clock``.
+
+    Args:
+        clock: ``publish`` (the batch ``ts``, :func:`plausible_ts`, microsecond
+            resolution) or ``receive`` (``log_time``, exact nanoseconds).
+        every_ns: Bucket width.
+
+    Returns:
+        An Int64 expression (null when the time is not a finite number).
+    """
+    if clock == "receive":
+        return pl.col("log_time").floordiv(every_ns)
+    return bucket_of(plausible_ts(), every_ns)
 
 
 def timeline_frame(per_bucket: pl.DataFrame, every_ns: int) -> tuple[pl.DataFrame, bool]:

@@ -48,12 +48,14 @@ from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
     COUNT_COLUMNS,
+    DEFAULT_CLOCK,
     EXACT_LIFETIMES,
     HIST_BINS_PER_OCTAVE,
     LIFETIME_COLUMNS,
     Peaks,
     Report,
-    bucket_of,
+    bucket_expr,
+    check_clock,
     hist_bin,
     hist_centre,
     plausible_ts,
@@ -84,14 +86,18 @@ class ReportBuilder:
         group_kind: (channel_id, group_idx, event_index) -> (kind, window) of a group, for
             removes without group_idx attributed through the hash state
             (:meth:`kvtool.columns.TableAnnotator.group_kind`).
+        clock: The timeline's clock: ``receive`` (the recorder's receive time, what
+            ``info`` and ``replay --since`` read) or ``publish`` (the batch ``ts``).
     """
 
     def __init__(
         self,
         every_ns: int | None = None,
         group_kind: attribution.GroupKind | None = None,
+        clock: str = DEFAULT_CLOCK,
     ) -> None:
         self.every_ns = every_ns
+        self.clock = check_clock(clock)
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
@@ -180,6 +186,8 @@ class ReportBuilder:
             row=pl.int_range(first_row, first_row + n, dtype=pl.Int64),
             ts=plausible_ts(),
         )
+        if self.every_ns is not None:
+            df = df.with_columns(bucket=bucket_expr(self.clock, self.every_ns))
         self.rows += n
         lo, hi = df["ts"].min(), df["ts"].max()
         if isinstance(lo, float):
@@ -233,7 +241,9 @@ class ReportBuilder:
         self.live = step.live
         dropped = step.dropped
         if dropped.height:
-            clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "row", "ts")
+            clears = df.filter(tc == CLEARED).select(
+                "channel_id", "epoch", "row", *(["bucket"] if "bucket" in df.columns else [])
+            )
             dropped = dropped.join(clears, on=["channel_id", "epoch"], how="left")
         self._add_counts(df, step, dropped)
         self._add_distinct(step.new_stores)
@@ -336,6 +346,7 @@ class ReportBuilder:
         entry it removes); each clear adds its drops at its own row.
         """
         tc = pl.col("type_code")
+        n = df.height
         delta = df.select(
             pl.when((tc == STORED) & pl.col("hash").is_not_null())
             .then(pl.lit(1, pl.Int64))
@@ -346,13 +357,20 @@ class ReportBuilder:
             at = pairs["row"] - first_row
             delta = delta.scatter(at, -1)
             gkey = gkey.scatter(at, pairs["gkey"])
-        deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "t": df["ts"], "delta": delta})
+        # The timeline bucket of each delta (its row's): null without a timeline.
+        bucket = df["bucket"] if "bucket" in df.columns else pl.repeat(None, n, dtype=pl.Int64,
+                                                                         eager=True)
+        deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "bucket": bucket, "delta": delta})
         if dropped.height:
+            drop_bucket = (
+                pl.col("bucket").first() if "bucket" in dropped.columns
+                else pl.lit(None, pl.Int64)
+            )
             drops = (
                 dropped.group_by("row", "gkey")
-                .agg(t=pl.col("ts").first(), delta=-pl.len().cast(pl.Int64))
+                .agg(bucket=drop_bucket, delta=-pl.len().cast(pl.Int64))
                 .sort("row")
-                .select("row", "gkey", "t", "delta")
+                .select("row", "gkey", "bucket", "delta")
             )
             deltas = deltas.merge_sorted(drops, key="row")
         return deltas
@@ -417,13 +435,11 @@ class ReportBuilder:
         self.hist = h
 
     def _add_timeline(self, df: pl.DataFrame, deltas: pl.DataFrame) -> None:
-        assert self.every_ns is not None
-        every = self.every_ns
         tc = pl.col("type_code")
         blocks = (
             df.lazy()
             .filter(pl.col("hash").is_not_null() & (tc != CLEARED))
-            .group_by(bucket_of("ts", every).alias("bucket"), "gkey")
+            .group_by("bucket", "gkey")
             .agg(
                 stores=(tc == STORED).sum().cast(pl.Int64),
                 removes=(tc == REMOVED).sum().cast(pl.Int64),
@@ -432,7 +448,7 @@ class ReportBuilder:
         live = (
             deltas.lazy()
             .filter(pl.col("gkey").is_not_null())
-            .group_by(bucket_of("t", every).alias("bucket"), "gkey")
+            .group_by("bucket", "gkey")
             .agg(delta=pl.col("delta").sum())
         )
         self.timeline = (
@@ -588,6 +604,7 @@ def build_report(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     jobs: int = 1,
     ray_address: str | None = None,
+    clock: str = DEFAULT_CLOCK,
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -603,6 +620,8 @@ def build_report(
         chunk_bytes: Payload bytes per chunk.
         jobs: Decoding processes on this machine (1: decode in this process).
         ray_address: Decode on the Ray cluster at this address instead.
+        clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
+            batch ``ts``: the engine's own clock).
 
     Returns:
         The report.
@@ -614,6 +633,7 @@ def build_report(
     """
     from kvtool.report import parallel
 
+    check_clock(clock)
     annotator = make_annotator(
         recording_groups(paths), groups_file=groups_file, group_flags=group_flags
     )
@@ -625,7 +645,12 @@ def build_report(
         decode_map, close = parallel.pool_decode_map(jobs)
     try:
         return report_with(
-            paths, annotator, every_ns=every_ns, chunk_bytes=chunk_bytes, decode_map=decode_map
+            paths,
+            annotator,
+            every_ns=every_ns,
+            chunk_bytes=chunk_bytes,
+            decode_map=decode_map,
+            clock=clock,
         )
     finally:
         if close is not None:
@@ -639,6 +664,7 @@ def report_with(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
+    clock: str = DEFAULT_CLOCK,
 ) -> Report:
     """Build a report with a given annotator and decoder map (the pieces build_report picks).
 
@@ -652,12 +678,13 @@ def report_with(
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        clock: The timeline's clock (``receive`` or ``publish``).
 
     Returns:
         The report.
     """
     stats = ReadStats()
-    builder = ReportBuilder(every_ns, annotator.group_kind)
+    builder = ReportBuilder(every_ns, annotator.group_kind, clock)
     chunks = iter_tables(
         paths, stats=stats, chunk_bytes=chunk_bytes, labels=False, decode_map=decode_map
     )
@@ -672,6 +699,7 @@ def report_from_chunks(
     stats: ReadStats | None = None,
     annotator: TableAnnotator | None = None,
     every_ns: int | None = None,
+    clock: str = DEFAULT_CLOCK,
 ) -> Report:
     """Build a report from table chunks already read (tests, other front ends).
 
@@ -680,13 +708,14 @@ def report_from_chunks(
         stats: The read's stats.
         annotator: Annotates each chunk (default: learn from the stream).
         every_ns: Timeline bucket in ns.
+        clock: The timeline's clock (``receive`` or ``publish``).
 
     Returns:
         The report.
     """
     st = stats if stats is not None else ReadStats()
     ann = annotator if annotator is not None else TableAnnotator()
-    builder = ReportBuilder(every_ns, ann.group_kind)
+    builder = ReportBuilder(every_ns, ann.group_kind, clock)
     for chunk in chunks:
         builder.add(ann(chunk, st))
     return finish_report(builder, ann, st)
@@ -726,6 +755,7 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         "events": stats.events,
         "block_rows": stats.rows,
         "duration_s": dur,
+        **({"clock": builder.clock} if builder.every_ns is not None else {}),
         "lifetimes": "exact"
         if builder.hist is None
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
