@@ -89,3 +89,107 @@ def test_issue11_2_receive_clock_buckets_by_log_time(tmp_path: Path) -> None:
 def test_issue11_2_bad_clock_is_a_usage_error() -> None:
     code, _out, _err = run("report", str(GEMMA), "--every", "1s", "--clock", "wall")
     assert code == 2
+
+
+# -- 11.4: slices on report and export -------------------------------------------------------
+
+
+def two_ranks(path: Path) -> Path:
+    """Two data-parallel ranks on their own channels, 1 s apart, one store each."""
+    with RecordingWriter(path) as w:
+        c0 = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        c1 = w.add_channel("tcp://127.0.0.1:5558", "", 1)
+        t0 = 1_800_000_000 * 10**9
+        for i in range(4):
+            w.write(c0, i, ENC.encode([1.8e9 + i, [stored([10 + i], 0)], 0]),
+                    log_time=t0 + i * 10**9)
+            w.write(c1, i, ENC.encode([1.8e9 + i, [stored([20 + i, 30 + i], 0)], 1]),
+                    log_time=t0 + i * 10**9 + 1)
+    return path
+
+
+def test_issue11_4_report_since_until_equals_report_of_a_replay_slice(tmp_path: Path) -> None:
+    sliced = tmp_path / "slice.mcap"
+    code, _out, err = run("replay", str(GEMMA), "--since", "1s", "--until", "2s", "-o",
+                          str(sliced))
+    assert code == 0, err
+    code, out, err = run("report", str(GEMMA), "--since", "1s", "--until", "2s", "-f", "json")
+    assert code == 0, err
+    direct = json.loads(out)
+    code, out, err = run("report", str(sliced), "-f", "json")
+    assert code == 0, err
+    via_slice = json.loads(out)
+    for table in ("totals", "by_kind", "by_window", "by_group"):
+        assert direct[table] == via_slice[table]
+    assert direct["source"]["batches"] == via_slice["source"]["batches"] < 64
+    assert direct["source"]["unselected_batches"] == 64 - direct["source"]["batches"]
+
+
+def test_issue11_4_rank_and_channel_filters(tmp_path: Path) -> None:
+    rec = two_ranks(tmp_path / "r.mcap")
+    for args, stored_blocks in (
+        ((), 12),
+        (("--rank", "0"), 4),
+        (("--rank", "1"), 8),
+        (("--rank", "0,1"), 12),
+        (("--channel", "5558"), 8),
+        (("--since", "2s"), 6),
+        (("--until", "1s"), 4),  # received at 0, 1 ns, 1 s (inclusive); not 1 s + 1 ns
+        (("--rank", "1", "--since", "3s"), 2),
+    ):
+        for jobs in ("1", "2"):
+            code, out, err = run("report", str(rec), "-f", "json", "--jobs", jobs, *args)
+            assert code == 0, err
+            assert json.loads(out)["totals"]["blocks_stored"] == stored_blocks, (args, jobs)
+
+
+def test_issue11_4_export_filters(tmp_path: Path) -> None:
+    import polars as pl
+
+    rec = two_ranks(tmp_path / "r.mcap")
+    out = tmp_path / "x.parquet"
+    code, _o, err = run("export", str(rec), "-o", str(out), "--rank", "1", "--since", "1s")
+    assert code == 0, err
+    df = pl.read_parquet(out)
+    assert df["dp_rank"].unique().to_list() == [1]
+    assert df.height == 6
+    assert df["event_index"].to_list() == sorted(df["event_index"])
+
+
+def test_issue11_4_rank_selection_is_the_same_in_worker_processes(tmp_path: Path) -> None:
+    from kvtool.selection import make_selection
+
+    rec = two_ranks(tmp_path / "r.mcap")
+    select = make_selection(rank=["1"], since="1s")
+    # Tiny chunks: every batch is its own chunk, decoded (and rank-selected) by the pool.
+    one = build_report([rec], select=select, chunk_bytes=1, every_ns=10**9)
+    two = build_report([rec], select=select, chunk_bytes=1, every_ns=10**9, jobs=2)
+    assert one.to_dict() == two.to_dict()
+    assert one.totals["blocks_stored"].item() == 6
+    assert one.source["batches"] == 3 and one.source["unselected_batches"] == 5
+
+
+def test_issue11_4_empty_selection_says_so_and_bad_window_is_refused(tmp_path: Path) -> None:
+    rec = two_ranks(tmp_path / "r.mcap")
+    code, out, err = run("report", str(rec), "-f", "json", "--rank", "7")
+    assert code == 0
+    assert "0 of 8 batches matched --rank 7" in err
+    assert json.loads(out)["totals"]["blocks_stored"] == 0
+    code, _o, err = run("export", str(rec), "-o", str(tmp_path / "e.csv"), "--since", "9s")
+    assert code == 0
+    assert "0 of 8 batches matched --since 9s" in err
+    code, _o, err = run("report", str(rec), "--since", "2s", "--until", "1s")
+    assert code == 2
+    assert "window is empty" in err
+
+
+# -- 11.8: progress ---------------------------------------------------------------------------
+
+
+def test_issue11_8_build_report_reports_bytes_read() -> None:
+    seen: list[tuple[int, int]] = []
+    build_report([GEMMA], progress=lambda done, total: seen.append((done, total)))
+    size = GEMMA.stat().st_size
+    assert seen and all(total == size for _d, total in seen)
+    done = [d for d, _t in seen]
+    assert done == sorted(done) and done[-1] == size

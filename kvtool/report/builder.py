@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -36,6 +37,7 @@ from kvtool.columns import (
     STORED,
     UNATTRIBUTED,
     DecodeMap,
+    Progress,
     ReadStats,
     TableAnnotator,
     iter_tables,
@@ -64,6 +66,9 @@ from kvtool.report.aggregates import (
     timeline_frame,
 )
 from kvtool.report.findings import report_findings
+
+if TYPE_CHECKING:
+    from kvtool.replay import BatchFilter
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
@@ -605,6 +610,8 @@ def build_report(
     jobs: int = 1,
     ray_address: str | None = None,
     clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -622,6 +629,9 @@ def build_report(
         ray_address: Decode on the Ray cluster at this address instead.
         clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
             batch ``ts``: the engine's own clock).
+        select: Report only these batches (``--channel``, ``--rank``, ``--since``,
+            ``--until``: :func:`kvtool.columns.iter_raw_chunks`).
+        progress: Called with (bytes done, bytes total) of the input files.
 
     Returns:
         The report.
@@ -651,6 +661,8 @@ def build_report(
             chunk_bytes=chunk_bytes,
             decode_map=decode_map,
             clock=clock,
+            select=select,
+            progress=progress,
         )
     finally:
         if close is not None:
@@ -665,6 +677,8 @@ def report_with(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
     clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> Report:
     """Build a report with a given annotator and decoder map (the pieces build_report picks).
 
@@ -679,6 +693,8 @@ def report_with(
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
         clock: The timeline's clock (``receive`` or ``publish``).
+        select: Report only these batches.
+        progress: Called with (bytes done, bytes total) of the input files.
 
     Returns:
         The report.
@@ -686,7 +702,13 @@ def report_with(
     stats = ReadStats()
     builder = ReportBuilder(every_ns, annotator.group_kind, clock)
     chunks = iter_tables(
-        paths, stats=stats, chunk_bytes=chunk_bytes, labels=False, decode_map=decode_map
+        paths,
+        stats=stats,
+        chunk_bytes=chunk_bytes,
+        labels=False,
+        decode_map=decode_map,
+        select=select,
+        progress=progress,
     )
     for chunk in prefetch(chunks):
         builder.add(annotator(chunk, stats))
@@ -752,6 +774,7 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         ],
         "group_metadata": annotator.sources(),
         "batches": stats.messages,
+        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
         "events": stats.events,
         "block_rows": stats.rows,
         "duration_s": dur,
