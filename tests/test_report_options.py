@@ -193,3 +193,57 @@ def test_issue11_8_build_report_reports_bytes_read() -> None:
     assert seen and all(total == size for _d, total in seen)
     done = [d for d, _t in seen]
     assert done == sorted(done) and done[-1] == size
+
+
+# -- 11.4: --by rank and --by channel ---------------------------------------------------------
+
+
+def fleet(path: Path) -> Path:
+    """Two ranks on two channels storing the same hashes; rank 1 evicts, rank 0 keeps."""
+    with RecordingWriter(path) as w:
+        c0 = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        c1 = w.add_channel("tcp://127.0.0.1:5558", "", 1)
+        t0 = 1_800_000_000 * 10**9
+        w.write(c0, 0, ENC.encode([1.8e9, [stored([1, 2, 3], 0)], 0]), log_time=t0)
+        w.write(c1, 0, ENC.encode([1.8e9, [stored([1, 2], 0)], 1]), log_time=t0 + 1)
+        w.write(c1, 1, ENC.encode([1.8e9 + 1, [removed([1, 2], 0)], 1]), log_time=t0 + 2)
+        w.write(c1, 2, ENC.encode([1.8e9 + 2, [removed([9], 0)], 1]), log_time=t0 + 3)
+    return path
+
+
+def test_issue11_4_by_rank_and_by_channel(tmp_path: Path) -> None:
+    rec = fleet(tmp_path / "f.mcap")
+    code, out, err = run("report", str(rec), "-f", "json", "--by", "kind,rank,channel")
+    assert code == 0, err
+    rep = json.loads(out)
+    ranks = {r["dp_rank"]: r for r in rep["by_rank"]}
+    assert list(ranks) == [0, 1]
+    assert ranks[0]["blocks_stored"] == 3 and ranks[0]["live_blocks_end"] == 3
+    assert ranks[1]["blocks_stored"] == 2 and ranks[1]["blocks_removed"] == 3
+    assert ranks[1]["orphan_removes"] == 1 and ranks[1]["peak_live_blocks"] == 2
+    assert ranks[1]["lifetime_p50_s"] == 1.0
+    chans = {r["channel"]: r for r in rep["by_channel"]}
+    assert set(chans) == {"tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"}
+    assert chans["tcp://127.0.0.1:5558"]["blocks_removed"] == 3
+    # Additive columns of the split tables add up to the totals.
+    for col in ("blocks_stored", "blocks_removed", "live_blocks_end", "orphan_removes"):
+        assert sum(r[col] for r in rep["by_rank"]) == rep["totals"][col]
+        assert sum(r[col] for r in rep["by_channel"]) == rep["totals"][col]
+    # The default JSON contract has no split tables.
+    code, out, _ = run("report", str(rec), "-f", "json")
+    assert "by_rank" not in json.loads(out)
+
+
+def test_issue11_4_by_rank_in_table_and_csv(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    rec = fleet(tmp_path / "f.mcap")
+    code, out, err = run("report", str(rec), "--by", "rank")
+    assert code == 0, err
+    assert "by data-parallel rank" in out
+    code, out, err = run("report", str(rec), "--by", "rank,channel", "-f", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert {r["table"] for r in rows} == {"by_rank", "by_channel"}
+    assert [r["dp_rank"] for r in rows if r["table"] == "by_rank"] == ["0", "1", ""]

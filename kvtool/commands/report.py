@@ -60,7 +60,8 @@ def report(
                                    show_default=False)
     ],
     by: Annotated[
-        str, typer.Option("--by", help="Tables to show: kind,window,group (any subset, in order).")
+        str, typer.Option("--by", help="Tables to show: kind,window,group,rank,channel (any "
+                          "subset, in order).")
     ] = "kind,window",
     every: Annotated[
         str | None,
@@ -192,6 +193,7 @@ def report(
             clock=clock.value,
             select=select,
             progress=bar.update if bar.shown else None,
+            split=[t for t in tables if t in ("rank", "channel")],
         )
     batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
     note = selection_note(

@@ -107,6 +107,8 @@ class Report:
         findings: One line each for things that look wrong.
         damaged: True when input was skipped or a recording was damaged.
         every_s: The timeline bucket in seconds, or None.
+        by_rank: One row per data-parallel rank (``dp_rank``), when asked for.
+        by_channel: One row per channel (``channel``), when asked for.
     """
 
     source: dict[str, object]
@@ -118,6 +120,8 @@ class Report:
     findings: list[str] = field(default_factory=list)
     damaged: bool = False
     every_s: float | None = None
+    by_rank: pl.DataFrame | None = None
+    by_channel: pl.DataFrame | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the JSON contract: source, totals, by_kind, by_window, by_group (+ timeline).
@@ -132,6 +136,10 @@ class Report:
             "by_window": self.by_window.to_dicts(),
             "by_group": self.by_group.to_dicts(),
         }
+        if self.by_rank is not None:
+            out["by_rank"] = self.by_rank.to_dicts()
+        if self.by_channel is not None:
+            out["by_channel"] = self.by_channel.to_dicts()
         if self.timeline is not None:
             out["timeline"] = self.timeline.to_dicts()
         return finite(out)  # type: ignore[return-value]

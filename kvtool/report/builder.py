@@ -612,6 +612,7 @@ def build_report(
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
+    split: Sequence[str] = (),
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -632,6 +633,7 @@ def build_report(
         select: Report only these batches (``--channel``, ``--rank``, ``--since``,
             ``--until``: :func:`kvtool.columns.iter_raw_chunks`).
         progress: Called with (bytes done, bytes total) of the input files.
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
 
     Returns:
         The report.
@@ -663,6 +665,7 @@ def build_report(
             clock=clock,
             select=select,
             progress=progress,
+            split=split,
         )
     finally:
         if close is not None:
@@ -679,6 +682,7 @@ def report_with(
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
+    split: Sequence[str] = (),
 ) -> Report:
     """Build a report with a given annotator and decoder map (the pieces build_report picks).
 
@@ -695,6 +699,7 @@ def report_with(
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
 
     Returns:
         The report.
@@ -710,9 +715,78 @@ def report_with(
         select=select,
         progress=progress,
     )
+    splits = Splits(split, annotator.group_kind)
     for chunk in prefetch(chunks):
-        builder.add(annotator(chunk, stats))
-    return finish_report(builder, annotator, stats)
+        df = annotator(chunk, stats)
+        builder.add(df)
+        splits.add(df)
+    rep = finish_report(builder, annotator, stats)
+    return splits.finish(rep, stats)
+
+
+_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}
+
+
+class Splits:
+    """``--by rank`` and ``--by channel``: one more builder per rank or channel.
+
+    Each gets its rank's (channel's) rows only. The live state is keyed by channel, and a
+    data-parallel rank publishes on its own channel, so each builder's state is the one
+    its rows have in the whole report: its totals are that rank's (channel's) row.
+
+    Args:
+        split: ``rank`` and/or ``channel``.
+        group_kind: As for :class:`ReportBuilder`.
+    """
+
+    def __init__(self, split: Sequence[str], group_kind: attribution.GroupKind | None) -> None:
+        bad = [s for s in split if s not in _SPLIT_COLUMN]
+        if bad:
+            raise ValueError(f"unknown split {bad[0]!r}")
+        self.group_kind = group_kind
+        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split}
+
+    def add(self, df: pl.DataFrame) -> None:
+        """Feed one annotated chunk's rows to the builder of each rank (channel)."""
+        for by, builders in self.parts.items():
+            for (key,), part in df.partition_by(_SPLIT_COLUMN[by], as_dict=True).items():
+                b = builders.get(key)
+                if b is None:
+                    b = builders[key] = ReportBuilder(None, self.group_kind)
+                b.add(part)
+
+    def finish(self, rep: Report, stats: ReadStats) -> Report:
+        """Return ``rep`` with ``by_rank``/``by_channel`` tables."""
+        if not self.parts:
+            return rep
+        out = dict(rep.__dict__)
+        if "rank" in self.parts:
+            ranks = sorted(
+                self.parts["rank"], key=lambda r: (r is None, r if isinstance(r, int) else 0)
+            )
+            out["by_rank"] = _split_table(
+                [self.parts["rank"][r] for r in ranks], {"dp_rank": ranks}, {"dp_rank": pl.Int64()}
+            )
+        if "channel" in self.parts:
+            ids = sorted(self.parts["channel"])  # type: ignore[type-var]
+            refs = [stats.channels[int(i)] for i in ids]  # type: ignore[call-overload]
+            out["by_channel"] = _split_table(
+                [self.parts["channel"][i] for i in ids],
+                {"channel": [r.info.name for r in refs]},
+                {"channel": pl.String()},
+            )
+        return Report(**out)
+
+
+def _split_table(
+    builders: list[ReportBuilder], keys: dict[str, list[object]], schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    totals = [b.tables()["totals"] for b in builders]
+    frame = pl.DataFrame(keys, schema=schema)
+    if not totals:
+        return pl.concat([frame, pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Int64))],
+                         how="horizontal")
+    return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
 
 
 def report_from_chunks(
@@ -807,6 +881,7 @@ __all__ = [
     "LIFETIME_COLUMNS",
     "Report",
     "ReportBuilder",
+    "Splits",
     "build_report",
     "finish_report",
     "report_from_chunks",
