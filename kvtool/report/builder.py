@@ -194,25 +194,33 @@ class ReportBuilder:
         if self.every_ns is not None:
             df = df.with_columns(bucket=bucket_expr(self.clock, self.every_ns))
         self.rows += n
-        lo, hi = df["ts"].min(), df["ts"].max()
+        # One pass for the chunk's facts: time span, channels, and the channels whose
+        # stores carry group_idx (there a remove without one needs the (hash -> group)
+        # state; elsewhere -- old vLLM, no group_idx at all -- it is keyed by
+        # (channel, no group, hash) like its stores).
+        facts = df.select(
+            lo=pl.col("ts").min(),
+            hi=pl.col("ts").max(),
+            channels=pl.col("channel_id").n_unique(),
+            grouped=pl.col("channel_id")
+            .filter((tc == STORED) & pl.col("group_idx").is_not_null())
+            .unique()
+            .implode(),
+            ungrouped_removes=(
+                (tc == REMOVED) & pl.col("group_idx").is_null() & pl.col("hash").is_not_null()
+            ).any(),
+        ).row(0, named=True)
+        lo, hi = facts["lo"], facts["hi"]
         if isinstance(lo, float):
             self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
         if isinstance(hi, float):
             self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
-        # Channels whose stores carry group_idx: there a remove without one needs the
-        # (hash -> group) state; elsewhere (old vLLM: no group_idx at all) it is keyed
-        # by (channel, no group, hash) like its stores.
-        self.grouped_channels |= set(
-            df.select(
-                pl.col("channel_id")
-                .filter((tc == STORED) & pl.col("group_idx").is_not_null())
-                .unique()
-            )
-            .to_series()
-            .to_list()
-        )
-        df = self._attribute(df)
-        one_channel = df["channel_id"].n_unique() == 1
+        self.grouped_channels |= set(facts["grouped"])
+        if facts["ungrouped_removes"]:
+            df = self._attribute(df)
+        else:
+            df = df.with_columns(unattributed=pl.lit(False), unattributed_orphan=pl.lit(False))
+        one_channel = facts["channels"] == 1
         is_clear = (tc == CLEARED).cast(pl.Int64)
         df = df.with_columns(
             *attribution.final_kind(tc),

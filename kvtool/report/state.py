@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from kvtool.columns import np
+
 LIVE_SCHEMA: dict[str, pl.DataType] = {
     "row": pl.Int64(),
     "channel_id": pl.UInt32(),
@@ -87,6 +89,30 @@ class LiveStep:
     new_stores: pl.DataFrame
 
 
+def _sort_by_key(rows: pl.DataFrame) -> pl.DataFrame:
+    """Stable sort by (hash, channel_id, group_idx), nulls first.
+
+    numpy's stable argsorts (radix sorts on integers), least significant key first, when
+    (channel, group) packs into one integer; else polars' multi-column sort. Only
+    contiguity of each key and stream order inside it matter, not the order of the keys.
+    """
+    if np is None or rows.height == 0:
+        return rows.sort(list(_KEY), maintain_order=True)
+    g = rows["group_idx"]
+    g_lo, g_hi = g.min(), g.max()
+    if g_lo is not None and (not isinstance(g_lo, int) or g_lo < 0):
+        return rows.sort(list(_KEY), maintain_order=True)
+    if g_hi is not None and (not isinstance(g_hi, int) or g_hi >= 1 << 31):
+        return rows.sort(list(_KEY), maintain_order=True)
+    # (channel, group) as one int64: channel_id * 2**32 + group_idx + 1 (0: no group).
+    sub = (
+        rows["channel_id"].cast(pl.Int64).to_numpy() << 32
+    ) + (g.fill_null(-1).to_numpy() + 1)
+    first = np.argsort(sub, kind="stable")
+    order = first[np.argsort(rows["hash"].to_numpy()[first], kind="stable")]
+    return rows[order]
+
+
 def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame) -> LiveStep:
     """Advance the multiset by one chunk (see the module docstring for the method).
 
@@ -115,7 +141,7 @@ def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame)
     rows = pl.concat([carried, blocks.select(list(BLOCK_SCHEMA))])
     # Carried entries are older than the chunk's rows and both parts are in stream order,
     # so a stable sort by the key keeps stream order inside each key.
-    rows = rows.sort(list(_KEY), maintain_order=True)
+    rows = _sort_by_key(rows)
     stride = 2 * rows.height + 2
     is_store = (pl.col("delta") > 0).cast(pl.Int64)
 
