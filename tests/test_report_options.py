@@ -247,3 +247,17 @@ def test_issue11_4_by_rank_in_table_and_csv(tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(out)))
     assert {r["table"] for r in rows} == {"by_rank", "by_channel"}
     assert [r["dp_rank"] for r in rows if r["table"] == "by_rank"] == ["0", "1", ""]
+
+
+def test_issue11_2_plot_warns_with_one_point_and_draws_on_receive_clock(tmp_path: Path) -> None:
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "run.png"
+    code, _out, err = run("report", str(GEMMA), "--every", "1s", "--plot", str(png))
+    assert code == 0, err
+    assert png.stat().st_size > 0 and "warning" not in err
+    code, _out, err = run("report", str(GEMMA), "--every", "1s", "--plot", str(png), "--force",
+                          "--clock", "publish")
+    assert code == 0
+    assert "warning: the timeline has 1 point" in err
