@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import msgspec
 import polars as pl
@@ -58,6 +58,12 @@ from kvtool.annotate import Annotation, GroupLearner, GroupTable, KindWindow
 from kvtool.errors import KvtoolError, ProtocolError
 from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
+
+if TYPE_CHECKING:
+    from kvtool.replay import BatchFilter
+
+Progress = Callable[[int, int], None]
+"""A progress hook: ``(bytes done, bytes total)`` of the input files."""
 
 STORED, REMOVED, CLEARED = 0, 1, 2
 """Codes of the ``type_code`` column."""
@@ -604,6 +610,7 @@ class ReadStats:
         channels: Every channel, by ``channel_id``.
         lost: One line per recording whose gap ledger names batches lost while recording.
         merge: What the same-batch rule found across inputs (:mod:`kvtool.inputs`).
+        unselected: Batches read but left out by a selection (``--since``, ``--rank`` …).
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -619,6 +626,7 @@ class ReadStats:
     channels: dict[int, ChannelRef] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     merge: MergeFindings = field(default_factory=MergeFindings)
+    unselected: int = 0
 
     def note(self, msg: str) -> None:
         """Keep a problem message (the first 20 only)."""
@@ -788,6 +796,8 @@ class RawChunk:
         dp_rank: The channel's data-parallel rank per batch (the batch's own rank wins).
         data: The payloads, byte for byte.
         where: ``channel_id`` → "path: channel" for problem messages.
+        ranks: Keep only batches of these data-parallel ranks (None: all); a batch's own
+            rank is known once decoded, so this selection is made by :func:`decode_chunk`.
     """
 
     log_time: list[int] = field(default_factory=list)
@@ -797,6 +807,7 @@ class RawChunk:
     data: list[bytes] = field(default_factory=list)
     where: dict[int, str] = field(default_factory=dict)
     bytes: int = 0
+    ranks: frozenset[int | None] | None = None
 
 
 @dataclass
@@ -810,6 +821,7 @@ class DecodedChunk:
         bad_batches: Payloads that were not a batch.
         skipped_events: Events skipped.
         problems: Messages naming what was skipped, in stream order.
+        unselected: Batches left out by ``ranks``.
     """
 
     table: pl.DataFrame
@@ -818,6 +830,7 @@ class DecodedChunk:
     bad_batches: int = 0
     skipped_events: int = 0
     problems: list[str] = field(default_factory=list)
+    unselected: int = 0
 
 
 def decode_chunk(raw: RawChunk) -> DecodedChunk:
@@ -831,6 +844,7 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
     """
     st = ReadStats()
     pending = _Pending()
+    ranks = raw.ranks
     # The cyclic GC would walk every decoded event again and again while a chunk
     # accumulates (nothing here makes cycles): pause it while decoding.
     gc_was = gc.isenabled()
@@ -845,6 +859,10 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
                 st.bad_batches += 1
                 st.note(f"{raw.where.get(cid, cid)}: {err}")
                 continue
+            kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
+            if ranks is not None and kept_rank not in ranks:
+                st.unselected += 1
+                continue
             if b.skipped:
                 st.skipped_events += len(b.skipped)
                 for text in b.skipped:
@@ -853,14 +871,14 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
             pending.ts.append(b.ts)
             pending.seq.append(seq)
             pending.chan.append(cid)
-            pending.rank.append(b.data_parallel_rank if b.data_parallel_rank is not None else rank)
+            pending.rank.append(kept_rank)
             pending.events.append(b.events)
     finally:
         if gc_was:
             gc.enable()
     table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
     return DecodedChunk(table, st.events, st.rows, st.bad_batches, st.skipped_events,
-                        st.problems)
+                        st.problems, st.unselected)
 
 
 def iter_raw_chunks(
@@ -868,6 +886,8 @@ def iter_raw_chunks(
     *,
     stats: ReadStats | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[RawChunk]:
     """Read recordings into chunks of undecoded payloads, in stream order.
 
@@ -881,6 +901,11 @@ def iter_raw_chunks(
         paths: Recordings.
         stats: Receives recordings, channels, messages, payload bytes and damage.
         chunk_bytes: Payload bytes per chunk.
+        select: Keep only these batches (``--channel``, ``--rank``, ``--since``,
+            ``--until``, ``--seq``; :class:`kvtool.replay.BatchFilter`, the selection
+            ``replay`` makes): times are receive times, relative ones counted from the
+            first message of the (merged) input, as ``replay`` counts them.
+        progress: Called with (bytes done, bytes total) of the input files as they are read.
 
     Yields:
         Chunks of about ``chunk_bytes`` of payload.
@@ -904,8 +929,20 @@ def iter_raw_chunks(
         # recordings) continues as one stream, as the merge's same-batch rule assumes.
         chan_ids: dict[tuple[str, str, int | None], int] = {}
         where: dict[int, str] = {}
-        raw = RawChunk()
+        ranks = select.ranks if select is not None else None
+        raw = RawChunk(ranks=ranks)
+        keep = _selector(select, st) if select is not None else None
+        sizes = [reader_size(r) for r in opened]
+        total = sum(sizes)
+        at = [0] * len(opened)
+        done = 0
         for i, m in _merged_messages(iters, st.merge):
+            if progress is not None and m.offset > at[i]:
+                done += min(m.offset, sizes[i]) - at[i]
+                at[i] = min(m.offset, sizes[i])
+                progress(done, total)
+            if keep is not None and not keep(m):
+                continue
             key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
             cid = chan_ids.get(key)
             if cid is None:
@@ -923,10 +960,12 @@ def iter_raw_chunks(
             if raw.bytes >= chunk_bytes:
                 raw.where = dict(where)
                 yield raw
-                raw = RawChunk()
+                raw = RawChunk(ranks=ranks)
         if raw.data:
             raw.where = dict(where)
             yield raw
+        if progress is not None:
+            progress(total, total)
         for reader in opened:
             rec = reader.recovery
             if not rec.complete:
@@ -951,6 +990,48 @@ def iter_raw_chunks(
             reader.close()
 
 
+def reader_size(reader: Any) -> int:
+    """The size in bytes of an opened recording's file (0 when unknown)."""
+    try:
+        return os.path.getsize(reader.path)
+    except OSError:
+        return 0
+
+
+def _selector(select: BatchFilter, st: ReadStats) -> Callable[[RecordedMessage], bool]:
+    """Return a test of each message against ``select`` (all but ``ranks``), counting misses.
+
+    Receive-time bounds relative to the start count from the first message read.
+    """
+    bounds: list[int | None] = []
+    channel_ok: dict[tuple[str, int], bool] = {}
+
+    def keep(m: RecordedMessage) -> bool:
+        if not bounds:
+            bounds.append(select.since.resolve(m.log_time) if select.since is not None else None)
+            bounds.append(select.until.resolve(m.log_time) if select.until is not None else None)
+        since, until = bounds
+        first, last = select.seq_first, select.seq_last
+        ok = not (
+            (since is not None and m.log_time < since)
+            or (until is not None and m.log_time > until)
+            or (first is not None and m.seq < first)
+            or (last is not None and m.seq > last)
+        )
+        if ok and select.channels is not None:
+            ch = m.channel
+            key = (ch.path, ch.id)
+            got = channel_ok.get(key)
+            if got is None:
+                got = channel_ok[key] = select.channel_match(ch.name, ch.endpoint)
+            ok = got
+        if not ok:
+            st.unselected += 1
+        return ok
+
+    return keep
+
+
 DecodeMap = Callable[[Iterator[RawChunk]], Iterator[DecodedChunk]]
 """Decodes raw chunks, in order: ``map(decode_chunk, ...)`` or a process pool's map."""
 
@@ -970,6 +1051,9 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     stats.rows += d.rows
     stats.bad_batches += d.bad_batches
     stats.skipped_events += d.skipped_events
+    # Batches dropped by --rank were counted as read by iter_raw_chunks.
+    stats.messages -= d.unselected
+    stats.unselected += d.unselected
     for text in d.problems:
         stats.note(text)
     if first_event and d.table.height:
@@ -984,6 +1068,8 @@ def iter_tables(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     labels: bool = True,
     decode_map: DecodeMap | None = None,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[pl.DataFrame]:
     """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
 
@@ -1000,6 +1086,8 @@ def iter_tables(
         labels: Add the ``recording``, ``channel`` and ``type`` string columns (the
             report works on ``channel_id`` and ``type_code`` and skips them).
         decode_map: Decodes the raw chunks in order (default: in this process).
+        select: Keep only these batches (see :func:`iter_raw_chunks`).
+        progress: Called with (bytes done, bytes total) of the input files.
 
     Yields:
         Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
@@ -1009,7 +1097,9 @@ def iter_tables(
         RecordingError: A recording cannot be opened.
     """
     st = stats if stats is not None else ReadStats()
-    raws = iter_raw_chunks(paths, stats=st, chunk_bytes=chunk_bytes)
+    raws = iter_raw_chunks(
+        paths, stats=st, chunk_bytes=chunk_bytes, select=select, progress=progress
+    )
     decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
     for d in decoded:
         table = add_decoded(d, st)
@@ -1411,6 +1501,8 @@ def iter_annotated(
     stats: ReadStats | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     annotator: TableAnnotator | None = None,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[pl.DataFrame]:
     """Read and annotate: :func:`iter_tables` followed by a :class:`TableAnnotator`.
 
@@ -1421,6 +1513,8 @@ def iter_annotated(
         stats: Receives counts and problems.
         chunk_bytes: Payload bytes per chunk.
         annotator: Use this annotator (default: :func:`make_annotator` of ``paths``).
+        select: Keep only these batches (see :func:`iter_raw_chunks`).
+        progress: Called with (bytes done, bytes total) of the input files.
 
     Yields:
         Annotated chunks.
@@ -1433,7 +1527,9 @@ def iter_annotated(
     ann = annotator
     if ann is None:
         ann = make_annotator(paths, groups_file=groups_file, group_flags=group_flags)
-    for df in iter_tables(paths, stats=st, chunk_bytes=chunk_bytes):
+    for df in iter_tables(
+        paths, stats=st, chunk_bytes=chunk_bytes, select=select, progress=progress
+    ):
         yield ann(df, st)
 
 
@@ -1451,6 +1547,7 @@ __all__ = [
     "DecodedChunk",
     "KvtoolError",
     "LeanBatch",
+    "Progress",
     "RawChunk",
     "ReadStats",
     "TableAnnotator",

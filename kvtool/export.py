@@ -44,8 +44,9 @@ if TYPE_CHECKING:
     import polars as pl
 
     from kvtool.annotate import GroupTable
-    from kvtool.columns import ReadStats
+    from kvtool.columns import Progress, ReadStats
     from kvtool.recording import RecordedMessage, RecordingReader, RecordingWriter
+    from kvtool.replay import BatchFilter
 
 PARTITION_COLUMNS = ("channel", "dp_rank")
 
@@ -143,6 +144,8 @@ def export_table(
     group_flags: Sequence[str] | None = None,
     force: bool = False,
     stats: ReadStats | None = None,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
 ) -> ExportResult:
     """Write the annotated flat table of ``files`` to ``output`` (Parquet, CSV or a directory).
 
@@ -156,6 +159,9 @@ def export_table(
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         force: Replace kvtool's own earlier export at ``output``.
         stats: Receives read counts and problems.
+        select: Export only these batches (``--channel``, ``--rank``, ``--since``,
+            ``--until``: the selection of :func:`kvtool.columns.iter_raw_chunks`).
+        progress: Called with (bytes done, bytes total) of the input files.
 
     Returns:
         What was written.
@@ -185,6 +191,8 @@ def export_table(
             groups_file=os.fspath(groups_file) if groups_file is not None else None,
             group_flags=group_flags or None,
             stats=st,
+            select=select,
+            progress=progress,
         )
     )
     try:

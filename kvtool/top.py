@@ -280,44 +280,33 @@ class ReportFeed:
         Args:
             messages: Recorded (or just received) messages.
         """
-        from kvtool.columns import ChannelRef, _build, _finish, _Pending, decode_lean
-        from kvtool.errors import ProtocolError
+        from kvtool.columns import ChannelRef, RawChunk, _finish, add_decoded, decode_chunk
         from kvtool.report import ReportBuilder
 
         if not messages:
             return
         st = self.stats
-        pending = _Pending()
+        # The one decode path (report's): a raw chunk through decode_chunk and add_decoded.
+        chunk = RawChunk()
         for m in messages:
             key = (m.channel.path, m.channel.id)
             cid = self._chan_ids.get(key)
             if cid is None:
                 cid = self._chan_ids[key] = len(self._chan_ids)
                 st.channels[cid] = ChannelRef(cid, m.channel.path, m.channel)
+            chunk.where.setdefault(cid, m.channel.name)
             st.messages += 1
-            try:
-                b = decode_lean(m.data, seq=m.seq)
-            except ProtocolError as err:
-                st.bad_batches += 1
-                st.note(f"{m.channel.name}: {err}")
-                continue
-            if b.skipped:
-                st.skipped_events += len(b.skipped)
-                for s in b.skipped:
-                    st.note(f"{m.channel.name}: {s}")
-            pending.log_time.append(m.log_time)
-            pending.ts.append(b.ts)
-            pending.seq.append(m.seq)
-            pending.chan.append(cid)
-            pending.rank.append(
-                b.data_parallel_rank if b.data_parallel_rank is not None else m.channel.dp_rank
-            )
-            pending.events.append(b.events)
-            pending.bytes += len(m.data)
+            chunk.log_time.append(m.log_time)
+            chunk.seq.append(m.seq)
+            chunk.channel_id.append(cid)
+            chunk.dp_rank.append(m.channel.dp_rank)
+            chunk.data.append(m.data)
+            chunk.bytes += len(m.data)
             st.payload_bytes += len(m.data)
-        if not len(pending):
+        table = add_decoded(decode_chunk(chunk), st)
+        if not table.height:
             return
-        raw = _finish(_build(pending, st.events, st), st, False)
+        raw = _finish(table, st, False)
         if self._live is not None:
             from kvtool.annotate import Annotation
             from kvtool.columns import learn_table

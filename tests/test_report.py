@@ -713,7 +713,7 @@ def test_far_off_ts_does_not_blow_up_the_timeline(tmp_path: Path) -> None:
         w.write(ch, 0, ENC.encode([1e9, [stored([1], 0, "full_attention")], 0]), log_time=1)
         w.write(ch, 1, ENC.encode([1e10, [removed([1], 0)], 0]), log_time=2)
         w.write(ch, 2, ENC.encode([1e300, [stored([3], 0, "full_attention")], 0]), log_time=3)
-    rep = report_json(str(path), "--every", "1ms")
+    rep = report_json(str(path), "--every", "1ms", "--clock", "publish")
     # 1e300 is no time: that batch is placed at its receive time (3 ns).
     assert [r["live_blocks"] for r in rep["timeline"]] == [1, 2, 1]
 

@@ -34,6 +34,13 @@ class ReportFormat(StrEnum):
     markdown = "markdown"
 
 
+class Clock(StrEnum):
+    """Clocks of ``--clock``."""
+
+    receive = "receive"
+    publish = "publish"
+
+
 DEFAULT_PLOT_EVERY = "1s"
 
 
@@ -54,7 +61,8 @@ def report(
     ],
     by: Annotated[
         str, typer.Option("--by", metavar="TABLE,...",
-                          help="Tables to show: kind,window,group (any subset, in order).")
+                          help="Tables to show: kind,window,group,rank,channel (any subset, "
+                          "in order).")
     ] = "kind,window",
     every: Annotated[
         str | None,
@@ -113,6 +121,32 @@ def report(
         typer.Option("--ray", metavar="ADDRESS",
                      help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray])."),
     ] = None,
+    clock: Annotated[
+        Clock,
+        typer.Option("--clock", help="Time axis of --every and --plot: receive (when the recorder "
+                     "got each batch, the clock of info and replay --since) or publish (the "
+                     "batch ts, the engine's clock). Lifetimes always use publish."),
+    ] = Clock.receive,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", metavar="TIME", show_default=False,
+                     help="Only batches received at or after TIME (as replay --since)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", metavar="TIME", show_default=False,
+                     help="Only batches received at or before TIME."),
+    ] = None,
+    rank: Annotated[
+        list[str] | None,
+        typer.Option("--rank", metavar="RANK", show_default=False,
+                     help="Only these data-parallel ranks (repeat or comma list; 'none')."),
+    ] = None,
+    channel: Annotated[
+        list[str] | None,
+        typer.Option("--channel", metavar="CHANNEL", show_default=False,
+                     help="Only these channels (name, endpoint, glob or port)."),
+    ] = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
@@ -125,8 +159,11 @@ def report(
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
     table (by_kind, by_window, by_group, timeline).
     """
+    from kvtool.selection import make_selection, selection_note
+
     env = get_env()
     tables = _parse_by(by)
+    select = make_selection(channel=channel, rank=rank, since=since, until=until)
     cols = parse_columns(columns) if columns is not None else None
     if wide:
         cols = parse_columns("all")
@@ -148,10 +185,9 @@ def report(
         every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
     from kvtool.render.progress import input_size
 
-    # build_report has no progress hook yet: the bar pulses with the time elapsed.
     size = input_size(files)
-    what = f"reading {len(files)} recording(s)" + (f", {size:,} bytes" if size else "")
-    with env.progress(what, None, quiet=quiet):
+    what = f"reading {len(files)} recording(s)"
+    with env.progress(what, size, quiet=quiet) as bar:
         rep = build_report(
             [str(f) for f in files],
             groups_file=str(groups) if groups is not None else None,
@@ -159,7 +195,29 @@ def report(
             every_ns=every_ns,
             jobs=jobs if jobs is not None else default_jobs(),
             ray_address=ray,
+            clock=clock.value,
+            select=select,
+            progress=bar.update if bar.shown else None,
+            split=[t for t in tables if t in ("rank", "channel")],
         )
+    batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
+    note = selection_note(
+        [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],
+        batches if isinstance(batches, int) else 0,
+        unselected if isinstance(unselected, int) else 0,
+    )
+    if note is not None:
+        env.err.print(f"kvtool: {note}", markup=False, highlight=False)
+    if rep.timeline is not None:
+        points = rep.timeline["time_s"].n_unique()
+        if points < 2:
+            env.err.print(
+                f"kvtool: warning: the timeline has {points} point(s) on the {clock.value} clock "
+                f"(buckets of {every or DEFAULT_PLOT_EVERY}); "
+                f"try a smaller --every or --clock "
+                f"{'publish' if clock is Clock.receive else 'receive'}",
+                markup=False, highlight=False,
+            )
     if plot is not None and every is None:
         # The timeline was only built for the plot; keep the output as asked.
         shown = type(rep)(**{**rep.__dict__, "timeline": None})

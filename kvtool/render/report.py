@@ -20,13 +20,16 @@ if TYPE_CHECKING:
 
     from kvtool.report import Report
 
-TABLES = ("kind", "window", "group")
+TABLES = ("kind", "window", "group", "rank", "channel")
 """Names accepted by ``--by``."""
 
-_TITLES = {"kind": "by kind", "window": "by sliding window", "group": "by group"}
-_FRAME = {"kind": "by_kind", "window": "by_window", "group": "by_group"}
+_TITLES = {"kind": "by kind", "window": "by sliding window", "group": "by group",
+           "rank": "by data-parallel rank", "channel": "by channel"}
+_FRAME = {"kind": "by_kind", "window": "by_window", "group": "by_group", "rank": "by_rank",
+          "channel": "by_channel"}
 _KEYS = {"kind": ["kind"], "window": ["sliding_window"], "group": ["group_idx", "kind",
-                                                                     "sliding_window"]}
+                                                                     "sliding_window"],
+         "rank": ["dp_rank"], "channel": ["channel"]}
 
 
 COLUMN_LABELS = {
@@ -210,6 +213,7 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     """
     w = csv.writer(stream, lineterminator="\n")
     key_cols = ["kind", "sliding_window", "group_idx"]
+    key_cols += [k for k, t in (("dp_rank", "rank"), ("channel", "channel")) if t in by]
     tl = report.timeline
     tl_cols = [c for c in tl.columns if c != "kind"] if tl is not None else []
     w.writerow(["table", *key_cols, *COLUMNS, *tl_cols])
@@ -220,11 +224,12 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
             w.writerow([_FRAME[name], *[_csv(r.get(k)) for k in key_cols],
                         *[_csv(r.get(c)) for c in COLUMNS], *pad])
         tot = report.totals.to_dicts()[0] if report.totals.height else {}
-        w.writerow([_FRAME[name], "total", "", "", *[_csv(tot.get(c)) for c in COLUMNS], *pad])
+        w.writerow([_FRAME[name], "total", *[""] * (len(key_cols) - 1),
+                    *[_csv(tot.get(c)) for c in COLUMNS], *pad])
     if report.timeline is not None:
         empty = [""] * len(COLUMNS)
         for r in report.timeline.to_dicts():
-            w.writerow(["timeline", _csv(r.get("kind")), "", "", *empty,
+            w.writerow(["timeline", _csv(r.get("kind")), *[""] * (len(key_cols) - 1), *empty,
                         *[_csv(r.get(c)) for c in tl_cols]])
 
 

@@ -107,6 +107,8 @@ class Report:
         findings: One line each for things that look wrong.
         damaged: True when input was skipped or a recording was damaged.
         every_s: The timeline bucket in seconds, or None.
+        by_rank: One row per data-parallel rank (``dp_rank``), when asked for.
+        by_channel: One row per channel (``channel``), when asked for.
     """
 
     source: dict[str, object]
@@ -118,6 +120,8 @@ class Report:
     findings: list[str] = field(default_factory=list)
     damaged: bool = False
     every_s: float | None = None
+    by_rank: pl.DataFrame | None = None
+    by_channel: pl.DataFrame | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the JSON contract: source, totals, by_kind, by_window, by_group (+ timeline).
@@ -132,6 +136,10 @@ class Report:
             "by_window": self.by_window.to_dicts(),
             "by_group": self.by_group.to_dicts(),
         }
+        if self.by_rank is not None:
+            out["by_rank"] = self.by_rank.to_dicts()
+        if self.by_channel is not None:
+            out["by_channel"] = self.by_channel.to_dicts()
         if self.timeline is not None:
             out["timeline"] = self.timeline.to_dicts()
         return finite(out)  # type: ignore[return-value]
@@ -274,7 +282,7 @@ class Peaks:
 # -- timeline ---------------------------------------------------------------------------
 
 
-def bucket_of(column: str, every_ns: int) -> pl.Expr:
+def bucket_of(column: str | pl.Expr, every_ns: int) -> pl.Expr:
     """The timeline bucket (integer) of a float-seconds column.
 
     Integer arithmetic on microseconds: float division would put rows right at a bucket
@@ -288,10 +296,55 @@ def bucket_of(column: str, every_ns: int) -> pl.Expr:
     Returns:
         An Int64 expression.
     """
-    us = (pl.col(column) * 1e6).round().cast(pl.Int64, strict=False)
+    col = pl.col(column) if isinstance(column, str) else column
+    us = (col * 1e6).round().cast(pl.Int64, strict=False)
     if every_ns % 1000 == 0:  # whole microseconds: no overflow for any plausible ts
         return us.floordiv(every_ns // 1000)
     return (us * 1000).floordiv(every_ns)
+
+
+CLOCKS = ("receive", "publish")
+"""Clocks a timeline can read: the recorder's receive time or the batch ``ts``."""
+
+DEFAULT_CLOCK = "receive"
+"""The default clock: receive time, the clock of ``info`` and ``replay --since/--until``
+(a recording replayed at full speed keeps its batches' publish ``ts``, squeezed into a
+fraction of the time they were received over, or the other way round)."""
+
+
+def check_clock(clock: str) -> str:
+    """Return ``clock`` when it is one of :data:`CLOCKS`.
+
+    Args:
+        clock: ``receive`` or ``publish``.
+
+    Returns:
+        The clock.
+
+    Raises:
+        UsageError: Any other value.
+    """
+    if clock not in CLOCKS:
+        from kvtool.errors import UsageError
+
+        raise UsageError(f"--clock {clock!r}: expected receive or publish")
+    return clock
+
+
+def bucket_expr(clock: str, every_ns: int) -> pl.Expr:
+    """The timeline bucket of each row on ``clock``.
+
+    Args:
+        clock: ``publish`` (the batch ``ts``, :func:`plausible_ts`, microsecond
+            resolution) or ``receive`` (``log_time``, exact nanoseconds).
+        every_ns: Bucket width.
+
+    Returns:
+        An Int64 expression (null when the time is not a finite number).
+    """
+    if clock == "receive":
+        return pl.col("log_time").floordiv(every_ns)
+    return bucket_of(plausible_ts(), every_ns)
 
 
 def timeline_frame(per_bucket: pl.DataFrame, every_ns: int) -> tuple[pl.DataFrame, bool]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -36,6 +37,7 @@ from kvtool.columns import (
     STORED,
     UNATTRIBUTED,
     DecodeMap,
+    Progress,
     ReadStats,
     TableAnnotator,
     iter_tables,
@@ -48,12 +50,14 @@ from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
     COUNT_COLUMNS,
+    DEFAULT_CLOCK,
     EXACT_LIFETIMES,
     HIST_BINS_PER_OCTAVE,
     LIFETIME_COLUMNS,
     Peaks,
     Report,
-    bucket_of,
+    bucket_expr,
+    check_clock,
     hist_bin,
     hist_centre,
     plausible_ts,
@@ -62,6 +66,9 @@ from kvtool.report.aggregates import (
     timeline_frame,
 )
 from kvtool.report.findings import report_findings
+
+if TYPE_CHECKING:
+    from kvtool.replay import BatchFilter
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
@@ -84,14 +91,18 @@ class ReportBuilder:
         group_kind: (channel_id, group_idx, event_index) -> (kind, window) of a group, for
             removes without group_idx attributed through the hash state
             (:meth:`kvtool.columns.TableAnnotator.group_kind`).
+        clock: The timeline's clock: ``receive`` (the recorder's receive time, what
+            ``info`` and ``replay --since`` read) or ``publish`` (the batch ``ts``).
     """
 
     def __init__(
         self,
         every_ns: int | None = None,
         group_kind: attribution.GroupKind | None = None,
+        clock: str = DEFAULT_CLOCK,
     ) -> None:
         self.every_ns = every_ns
+        self.clock = check_clock(clock)
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
@@ -180,26 +191,36 @@ class ReportBuilder:
             row=pl.int_range(first_row, first_row + n, dtype=pl.Int64),
             ts=plausible_ts(),
         )
+        if self.every_ns is not None:
+            df = df.with_columns(bucket=bucket_expr(self.clock, self.every_ns))
         self.rows += n
-        lo, hi = df["ts"].min(), df["ts"].max()
+        # One pass for the chunk's facts: time span, channels, and the channels whose
+        # stores carry group_idx (there a remove without one needs the (hash -> group)
+        # state; elsewhere -- old vLLM, no group_idx at all -- it is keyed by
+        # (channel, no group, hash) like its stores).
+        facts = df.select(
+            lo=pl.col("ts").min(),
+            hi=pl.col("ts").max(),
+            channels=pl.col("channel_id").n_unique(),
+            grouped=pl.col("channel_id")
+            .filter((tc == STORED) & pl.col("group_idx").is_not_null())
+            .unique()
+            .implode(),
+            ungrouped_removes=(
+                (tc == REMOVED) & pl.col("group_idx").is_null() & pl.col("hash").is_not_null()
+            ).any(),
+        ).row(0, named=True)
+        lo, hi = facts["lo"], facts["hi"]
         if isinstance(lo, float):
             self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
         if isinstance(hi, float):
             self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
-        # Channels whose stores carry group_idx: there a remove without one needs the
-        # (hash -> group) state; elsewhere (old vLLM: no group_idx at all) it is keyed
-        # by (channel, no group, hash) like its stores.
-        self.grouped_channels |= set(
-            df.select(
-                pl.col("channel_id")
-                .filter((tc == STORED) & pl.col("group_idx").is_not_null())
-                .unique()
-            )
-            .to_series()
-            .to_list()
-        )
-        df = self._attribute(df)
-        one_channel = df["channel_id"].n_unique() == 1
+        self.grouped_channels |= set(facts["grouped"])
+        if facts["ungrouped_removes"]:
+            df = self._attribute(df)
+        else:
+            df = df.with_columns(unattributed=pl.lit(False), unattributed_orphan=pl.lit(False))
+        one_channel = facts["channels"] == 1
         is_clear = (tc == CLEARED).cast(pl.Int64)
         df = df.with_columns(
             *attribution.final_kind(tc),
@@ -233,7 +254,9 @@ class ReportBuilder:
         self.live = step.live
         dropped = step.dropped
         if dropped.height:
-            clears = df.filter(tc == CLEARED).select("channel_id", "epoch", "row", "ts")
+            clears = df.filter(tc == CLEARED).select(
+                "channel_id", "epoch", "row", *(["bucket"] if "bucket" in df.columns else [])
+            )
             dropped = dropped.join(clears, on=["channel_id", "epoch"], how="left")
         self._add_counts(df, step, dropped)
         self._add_distinct(step.new_stores)
@@ -336,6 +359,7 @@ class ReportBuilder:
         entry it removes); each clear adds its drops at its own row.
         """
         tc = pl.col("type_code")
+        n = df.height
         delta = df.select(
             pl.when((tc == STORED) & pl.col("hash").is_not_null())
             .then(pl.lit(1, pl.Int64))
@@ -346,13 +370,20 @@ class ReportBuilder:
             at = pairs["row"] - first_row
             delta = delta.scatter(at, -1)
             gkey = gkey.scatter(at, pairs["gkey"])
-        deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "t": df["ts"], "delta": delta})
+        # The timeline bucket of each delta (its row's): null without a timeline.
+        bucket = df["bucket"] if "bucket" in df.columns else pl.repeat(None, n, dtype=pl.Int64,
+                                                                         eager=True)
+        deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "bucket": bucket, "delta": delta})
         if dropped.height:
+            drop_bucket = (
+                pl.col("bucket").first() if "bucket" in dropped.columns
+                else pl.lit(None, pl.Int64)
+            )
             drops = (
                 dropped.group_by("row", "gkey")
-                .agg(t=pl.col("ts").first(), delta=-pl.len().cast(pl.Int64))
+                .agg(bucket=drop_bucket, delta=-pl.len().cast(pl.Int64))
                 .sort("row")
-                .select("row", "gkey", "t", "delta")
+                .select("row", "gkey", "bucket", "delta")
             )
             deltas = deltas.merge_sorted(drops, key="row")
         return deltas
@@ -417,13 +448,11 @@ class ReportBuilder:
         self.hist = h
 
     def _add_timeline(self, df: pl.DataFrame, deltas: pl.DataFrame) -> None:
-        assert self.every_ns is not None
-        every = self.every_ns
         tc = pl.col("type_code")
         blocks = (
             df.lazy()
             .filter(pl.col("hash").is_not_null() & (tc != CLEARED))
-            .group_by(bucket_of("ts", every).alias("bucket"), "gkey")
+            .group_by("bucket", "gkey")
             .agg(
                 stores=(tc == STORED).sum().cast(pl.Int64),
                 removes=(tc == REMOVED).sum().cast(pl.Int64),
@@ -432,7 +461,7 @@ class ReportBuilder:
         live = (
             deltas.lazy()
             .filter(pl.col("gkey").is_not_null())
-            .group_by(bucket_of("t", every).alias("bucket"), "gkey")
+            .group_by("bucket", "gkey")
             .agg(delta=pl.col("delta").sum())
         )
         self.timeline = (
@@ -588,6 +617,10 @@ def build_report(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     jobs: int = 1,
     ray_address: str | None = None,
+    clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
+    split: Sequence[str] = (),
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -603,6 +636,12 @@ def build_report(
         chunk_bytes: Payload bytes per chunk.
         jobs: Decoding processes on this machine (1: decode in this process).
         ray_address: Decode on the Ray cluster at this address instead.
+        clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
+            batch ``ts``: the engine's own clock).
+        select: Report only these batches (``--channel``, ``--rank``, ``--since``,
+            ``--until``: :func:`kvtool.columns.iter_raw_chunks`).
+        progress: Called with (bytes done, bytes total) of the input files.
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
 
     Returns:
         The report.
@@ -614,6 +653,7 @@ def build_report(
     """
     from kvtool.report import parallel
 
+    check_clock(clock)
     annotator = make_annotator(
         recording_groups(paths), groups_file=groups_file, group_flags=group_flags
     )
@@ -625,7 +665,15 @@ def build_report(
         decode_map, close = parallel.pool_decode_map(jobs)
     try:
         return report_with(
-            paths, annotator, every_ns=every_ns, chunk_bytes=chunk_bytes, decode_map=decode_map
+            paths,
+            annotator,
+            every_ns=every_ns,
+            chunk_bytes=chunk_bytes,
+            decode_map=decode_map,
+            clock=clock,
+            select=select,
+            progress=progress,
+            split=split,
         )
     finally:
         if close is not None:
@@ -639,6 +687,10 @@ def report_with(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
+    clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
+    split: Sequence[str] = (),
 ) -> Report:
     """Build a report with a given annotator and decoder map (the pieces build_report picks).
 
@@ -652,18 +704,97 @@ def report_with(
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        clock: The timeline's clock (``receive`` or ``publish``).
+        select: Report only these batches.
+        progress: Called with (bytes done, bytes total) of the input files.
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
 
     Returns:
         The report.
     """
     stats = ReadStats()
-    builder = ReportBuilder(every_ns, annotator.group_kind)
+    builder = ReportBuilder(every_ns, annotator.group_kind, clock)
     chunks = iter_tables(
-        paths, stats=stats, chunk_bytes=chunk_bytes, labels=False, decode_map=decode_map
+        paths,
+        stats=stats,
+        chunk_bytes=chunk_bytes,
+        labels=False,
+        decode_map=decode_map,
+        select=select,
+        progress=progress,
     )
+    splits = Splits(split, annotator.group_kind)
     for chunk in prefetch(chunks):
-        builder.add(annotator(chunk, stats))
-    return finish_report(builder, annotator, stats)
+        df = annotator(chunk, stats)
+        builder.add(df)
+        splits.add(df)
+    rep = finish_report(builder, annotator, stats)
+    return splits.finish(rep, stats)
+
+
+_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}
+
+
+class Splits:
+    """``--by rank`` and ``--by channel``: one more builder per rank or channel.
+
+    Each gets its rank's (channel's) rows only. The live state is keyed by channel, and a
+    data-parallel rank publishes on its own channel, so each builder's state is the one
+    its rows have in the whole report: its totals are that rank's (channel's) row.
+
+    Args:
+        split: ``rank`` and/or ``channel``.
+        group_kind: As for :class:`ReportBuilder`.
+    """
+
+    def __init__(self, split: Sequence[str], group_kind: attribution.GroupKind | None) -> None:
+        bad = [s for s in split if s not in _SPLIT_COLUMN]
+        if bad:
+            raise ValueError(f"unknown split {bad[0]!r}")
+        self.group_kind = group_kind
+        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split}
+
+    def add(self, df: pl.DataFrame) -> None:
+        """Feed one annotated chunk's rows to the builder of each rank (channel)."""
+        for by, builders in self.parts.items():
+            for (key,), part in df.partition_by(_SPLIT_COLUMN[by], as_dict=True).items():
+                b = builders.get(key)
+                if b is None:
+                    b = builders[key] = ReportBuilder(None, self.group_kind)
+                b.add(part)
+
+    def finish(self, rep: Report, stats: ReadStats) -> Report:
+        """Return ``rep`` with ``by_rank``/``by_channel`` tables."""
+        if not self.parts:
+            return rep
+        out = dict(rep.__dict__)
+        if "rank" in self.parts:
+            ranks = sorted(
+                self.parts["rank"], key=lambda r: (r is None, r if isinstance(r, int) else 0)
+            )
+            out["by_rank"] = _split_table(
+                [self.parts["rank"][r] for r in ranks], {"dp_rank": ranks}, {"dp_rank": pl.Int64()}
+            )
+        if "channel" in self.parts:
+            ids = sorted(self.parts["channel"])  # type: ignore[type-var]
+            refs = [stats.channels[int(i)] for i in ids]  # type: ignore[call-overload]
+            out["by_channel"] = _split_table(
+                [self.parts["channel"][i] for i in ids],
+                {"channel": [r.info.name for r in refs]},
+                {"channel": pl.String()},
+            )
+        return Report(**out)
+
+
+def _split_table(
+    builders: list[ReportBuilder], keys: dict[str, list[object]], schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    totals = [b.tables()["totals"] for b in builders]
+    frame = pl.DataFrame(keys, schema=schema)
+    if not totals:
+        return pl.concat([frame, pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Int64))],
+                         how="horizontal")
+    return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
 
 
 def report_from_chunks(
@@ -672,6 +803,7 @@ def report_from_chunks(
     stats: ReadStats | None = None,
     annotator: TableAnnotator | None = None,
     every_ns: int | None = None,
+    clock: str = DEFAULT_CLOCK,
 ) -> Report:
     """Build a report from table chunks already read (tests, other front ends).
 
@@ -680,13 +812,14 @@ def report_from_chunks(
         stats: The read's stats.
         annotator: Annotates each chunk (default: learn from the stream).
         every_ns: Timeline bucket in ns.
+        clock: The timeline's clock (``receive`` or ``publish``).
 
     Returns:
         The report.
     """
     st = stats if stats is not None else ReadStats()
     ann = annotator if annotator is not None else TableAnnotator()
-    builder = ReportBuilder(every_ns, ann.group_kind)
+    builder = ReportBuilder(every_ns, ann.group_kind, clock)
     for chunk in chunks:
         builder.add(ann(chunk, st))
     return finish_report(builder, ann, st)
@@ -723,9 +856,11 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         ],
         "group_metadata": annotator.sources(),
         "batches": stats.messages,
+        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
         "events": stats.events,
         "block_rows": stats.rows,
         "duration_s": dur,
+        **({"clock": builder.clock} if builder.every_ns is not None else {}),
         "lifetimes": "exact"
         if builder.hist is None
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
@@ -754,6 +889,7 @@ __all__ = [
     "LIFETIME_COLUMNS",
     "Report",
     "ReportBuilder",
+    "Splits",
     "build_report",
     "finish_report",
     "report_from_chunks",

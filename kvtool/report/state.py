@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from kvtool.columns import np
+
 LIVE_SCHEMA: dict[str, pl.DataType] = {
     "row": pl.Int64(),
     "channel_id": pl.UInt32(),
@@ -87,6 +89,27 @@ class LiveStep:
     new_stores: pl.DataFrame
 
 
+def _sort_by_key(rows: pl.DataFrame) -> pl.DataFrame:
+    """Stable sort by (hash, channel_id, group_idx), null groups first.
+
+    ``np.lexsort`` over the separate key columns (stable radix/merge sorts, last key
+    primary): no packed key, any int64 value. Only contiguity of each key and stream order
+    inside it matter, not the order of the keys.
+    """
+    if np is None or rows.height == 0:
+        return rows.sort(list(_KEY), maintain_order=True)
+    g = rows["group_idx"]
+    order = np.lexsort(
+        (
+            g.fill_null(0).to_numpy(),
+            g.is_not_null().to_numpy(),
+            rows["channel_id"].to_numpy(),
+            rows["hash"].to_numpy(),
+        )
+    )
+    return rows[order]
+
+
 def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame) -> LiveStep:
     """Advance the multiset by one chunk (see the module docstring for the method).
 
@@ -115,7 +138,7 @@ def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame)
     rows = pl.concat([carried, blocks.select(list(BLOCK_SCHEMA))])
     # Carried entries are older than the chunk's rows and both parts are in stream order,
     # so a stable sort by the key keeps stream order inside each key.
-    rows = rows.sort(list(_KEY), maintain_order=True)
+    rows = _sort_by_key(rows)
     stride = 2 * rows.height + 2
     is_store = (pl.col("delta") > 0).cast(pl.Int64)
 
