@@ -585,6 +585,10 @@ class Sequencer:
                 self._advance((topic, seq, payload, t, LIVE))
         else:
             self._hold((topic, seq, payload, t, LIVE))
+            if self.held_bytes > self.limits.max_held_bytes:
+                # Past the bound: give the request up now (outside any merge), so the
+                # held bytes never exceed it by more than this one batch.
+                self._give_up(now)
         return self._take()
 
     def live_drained(self, started: int, now: int) -> None:
@@ -731,21 +735,28 @@ class Sequencer:
             or now - req.started_mono > max(lim.replay_deadline_ns, timeout)
             or (self.held and now - self.held_since_mono > lim.max_hold_ns)
         ):
-            self.stats.replay_timeouts += 1
-            self.replay_dead_until = now + lim.backoff_ns
-            if req.sent:
-                self.stale_ends += 1
-            if self.stale_ends > 1 or req.flooded:
-                # Two requests unanswered (the socket is dead), or one flooding: start
-                # afresh, dropping whatever it still queues.
-                self._out.append(ResetReplySocket())
-                self.stale_ends = 0
-            if req.kind == "tail" and req.topic is not None:
-                ch = self.channels.get(req.topic)
-                if ch is not None:
-                    ch.tail_checked = False  # ask again at stop
-            self._finish_replay(timed_out=True)
+            self._give_up(now)
         return self._take()
+
+    def _give_up(self, now: int) -> None:
+        """Give the pending request up: its outstanding seqs are lost, the held placed."""
+        req = self.pending
+        assert req is not None
+        lim = self.limits
+        self.stats.replay_timeouts += 1
+        self.replay_dead_until = now + lim.backoff_ns
+        if req.sent:
+            self.stale_ends += 1
+        if self.stale_ends > 1 or req.flooded:
+            # Two requests unanswered (the socket is dead), or one flooding: start
+            # afresh, dropping whatever it still queues.
+            self._out.append(ResetReplySocket())
+            self.stale_ends = 0
+        if req.kind == "tail" and req.topic is not None:
+            ch = self.channels.get(req.topic)
+            if ch is not None:
+                ch.tail_checked = False  # ask again at stop
+        self._finish_replay(timed_out=True)
 
     def check_quiet(self, now: int) -> list[Action]:
         """Resolve held behind-seqs and ask quiet channels for a lost tail.
@@ -1185,6 +1196,11 @@ class Sequencer:
         self.stats.replay_requests += 1
         self._out.append(Request(start, kind, topic))
 
+    def _plausible_high(self, ch: ChannelState) -> int:
+        """The highest seq a reply may have for ``ch``, by its own live evidence."""
+        highs = (ch.expected, ch.live_high, ch.last_live)
+        return max(v for v in highs if v is not None) + MAX_REPLY_COUNT
+
     def _late_reply(self, topic: bytes | None, seq: int, payload: bytes, t: int) -> None:
         """File a reply to a request given up on in its channel's reserve (by seq).
 
@@ -1259,6 +1275,7 @@ class Sequencer:
                 self.stats.replay_discarded += len(replies) - len(kept)
                 self._out.append(Discard(len(replies) - len(kept), "discarded"))
             replies = kept
+        rejected = 0
         for tp, seq, payload, t, origin in replies:
             if origin == _NO_TOPIC:
                 tp = default_topic
@@ -1271,6 +1288,11 @@ class Sequencer:
                 ch = self._channel(tp)
                 if ch is None:
                     continue
+            if ch.expected is not None and seq > self._plausible_high(ch):
+                # In the request's window only through another channel's seqs: a lie
+                # for this channel, never a gap of that size (issue 8.7).
+                rejected += 1
+                continue
             if tp not in first_reply:
                 first_reply[tp] = seq
                 touched.append(ch)
@@ -1301,10 +1323,18 @@ class Sequencer:
                     ch.history_asked = True
                     if ch.expected is None and ch.reserve:
                         ch.expected = min(ch.reserve)
+                        far = [k for k in ch.reserve if k - ch.expected > MAX_PLAUSIBLE_JUMP]
+                        for k in far:
+                            del ch.reserve[k]
+                        rejected += len(far)
+                        ch.known_max = max(ch.reserve)
                     first_live = next((it[1] for it in held if it[0] == ch.topic), None)
                     self._fill(ch, None if first_live is None else first_live - 1)
             finally:
                 self._in_history = False
+        if rejected:
+            self.stats.replay_rejected += rejected
+            self._out.append(Discard(rejected, "rejected"))
         for item in held:
             self._feed(item)
         if req.kind == "tail" and self.pending is None:
