@@ -5,38 +5,16 @@ message is known to come from its endpoint), writes every batch through
 :class:`~kvtool.recording.RecordingWriter` byte for byte, and tracks the publisher's
 ``seq`` per channel (one channel per (endpoint, topic)):
 
-- a **gap** (the live seq jumps ahead) is fetched from the publisher's replay ROUTER
-  over a DEALER socket (``[b"", start_seq]``; replies ``[b"", topic, seq, payload]`` or
-  the older ``[b"", seq, payload]``, then the end marker seq ``-1``). While a request is
-  outstanding every live message of that endpoint is *held*. Replayed batches go to a
-  per-channel *reserve*; the held live batches are then placed again in seq order and
-  each hole the live stream shows is filled from the reserve, so a replayed
-  ``BlockStored(A)`` never lands after a live ``BlockRemoved(A)`` that followed it
-  (PROTOCOL.md, "Ordering trap"). Replayed batches beyond the live stream stay in the
-  reserve (their live copies are most likely still in flight) until a hole or a quiet
-  moment needs them. What neither the live stream nor the replay buffer has is *lost*;
-- a lost **tail** is invisible to gap detection, so a channel quiet for about a second
-  (and every quiet channel at stop) asks the replay socket for anything after its last seq;
-- ``history`` first asks the replay socket for everything it still buffers;
-- a seq going **backwards** followed by a consistent new run is a publisher restart:
-  noted in the ledger (not a gap), tracking restarts at seq 0 (a restarted publisher
-  numbers from 0, so what it sent before we saw it is a gap to recover like any other).
-  One old seq followed by the old run going on is a *stray*: dropped and counted, never
-  written twice (:class:`~kvtool.capture.sequencer.LiveOrder`);
-- a replay reply outside the requested range, or not ascending, is a counted protocol
-  error (``replay_rejected``), never a gap (:class:`~kvtool.capture.sequencer.ReplyWindow`);
-- a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
-  socket), that runs past its total deadline (:data:`REPLAY_DEADLINE_NS`, a trickling
-  socket), that floods (past its reply count or byte cap), or that holds live batches
-  past :data:`MAX_HOLD_NS` or :data:`MAX_HELD_BYTES` is given up: its outstanding seqs
-  are lost, the held batches are written, and the replay socket is left alone for a
-  while (a flooding one is closed). The clock only runs while the loop could read (a
-  pass busy writing or merging is not charged), the DEALER is drained before a timeout
-  is declared, and it is kept afterwards: a late answer is still filed by seq (a second
-  unanswered request replaces the socket);
-- at stop, each quiet channel asks for its tail once more (also inside that back-off,
-  with a short timeout); every seq the recorder has evidence of (written, or in a
-  reply) but did not write goes to the ledger as lost: nothing goes missing silently.
+- every seq decision -- a **gap** fetched over the replay DEALER (``[b"", start_seq]``;
+  replies ``[b"", topic, seq, payload]`` or the older ``[b"", seq, payload]``, then the
+  end marker seq ``-1``) while the endpoint's live batches are held, replayed batches
+  placed in seq order among them (PROTOCOL.md, "Ordering trap"), a lost **tail** asked
+  for when a channel is quiet and at stop, ``history``, publisher **restarts** and
+  implausible jumps, **strays**, lying or flooding replay sockets, replay timeouts and
+  back-off, and what goes to the ledger as **lost** -- is made by the pure
+  :class:`~kvtool.capture.sequencer.Sequencer` (one per endpoint). This module feeds it
+  what the sockets receive and the clock, and carries out the actions it returns
+  (write, send a request, replace the replay socket); nothing goes missing silently.
 
 Guarantees, whatever the peers do:
 
@@ -63,18 +41,15 @@ The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`buil
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
-import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -94,6 +69,9 @@ from kvtool.capture.sequencer import (
     Sequencer,
     Write,
 )
+from kvtool.capture.stats import EvStat as _EvStat
+from kvtool.capture.stats import event_count as _event_count
+from kvtool.capture.stats import stat_events as _stat_events
 from kvtool.endpoints import (
     ConnectTimeout,
     Source,
@@ -102,7 +80,7 @@ from kvtool.endpoints import (
     offset_endpoint,
 )
 from kvtool.errors import EndpointError, KvtoolError, MetadataError
-from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
+from kvtool.protocol import peek_ts
 from kvtool.recording import RecordingWriter
 from kvtool.recording.ledger import ChannelLedger, GapLedger, GapRecord, RestartRecord
 
@@ -167,9 +145,6 @@ SETTLE_STEP = 256
 """Reserve batches written at stop between two looks at the clock."""
 
 
-_Item = tuple[bytes, int, bytes, int, int]
-
-
 def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     """Read and validate a groups file (``get_kv_cache_group_metadata()``'s JSON list).
 
@@ -186,123 +161,6 @@ def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     from kvtool.annotate import load_groups_file
 
     return load_groups_file(path).to_metadata()
-
-
-# ------------------------------------------------------------------ stats decoding
-# A lean decode for the live status: event types, group_idx and kind only. Fields the
-# status does not need are skipped as Raw (no allocation), so it costs a fraction of a
-# full decode. Anything it cannot read goes through decode_batch; a payload that fails
-# both is still written, raw.
-
-
-class _SStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-def _raw() -> msgspec.Raw:
-    return msgspec.Raw()
-
-
-class _SStoredA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f3: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f4: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f5: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f6: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f7: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f8: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemovedA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SClearedA(
-    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", gc=False
-):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-_STAT_KEY = operator.attrgetter("code", "group_idx", "kv_cache_spec_kind")
-
-_SMap = _SStored | _SRemoved | _SCleared
-_SArr = _SStoredA | _SRemovedA | _SClearedA
-
-
-_STATS = BatchProjection("stats", _SMap, _SArr, gc=False)
-
-# (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
-_EvStat = tuple[int, int | None, str | None]
-_CLEARED: _EvStat = (2, None, None)
-
-
-def _event_count(raw: bytes) -> int | None:
-    """Return the number of events a batch's header announces, or None if unsure.
-
-    Reads the array header that follows the float ts of an array batch (every vLLM
-    release); any other shape returns None (the caller decodes instead).
-    """
-    if len(raw) < 7 or raw[0] not in (0x92, 0x93):
-        return None
-    i = 10 if raw[1] == 0xCB else 6 if raw[1] == 0xCA else 0
-    if not i or len(raw) <= i:
-        return None
-    b = raw[i]
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F
-    if b == 0xDC and len(raw) >= i + 3:
-        return int.from_bytes(raw[i + 1 : i + 3], "big")
-    if b == 0xDD and len(raw) >= i + 5:
-        return int.from_bytes(raw[i + 1 : i + 5], "big")
-    return None
-
-
-def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
-    """Return ``(events, {(type, group_idx, kind): count})``; ProtocolError for garbage.
-
-    Types are 0 (BlockStored), 1 (BlockRemoved), 2 (AllBlocksCleared).
-    """
-    hit = _STATS.decode(payload)
-    if hit is not None:
-        events = hit[0].events
-        # Counted in C (attrgetter, Counter): no Python statement per event.
-        return len(events), Counter(map(_STAT_KEY, events))
-    agg: dict[_EvStat, int] = {}
-    get = agg.get
-    full = decode_batch(payload, seq=seq)
-    for e in full.events:
-        t = event_type(e)
-        key = (
-            0 if t == "BlockStored" else 1 if t == "BlockRemoved" else 2,
-            getattr(e, "group_idx", None),
-            getattr(e, "kv_cache_spec_kind", None),
-        )
-        agg[key] = get(key, 0) + 1
-    return len(full.events), agg
 
 
 # ---------------------------------------------------------------------- results

@@ -25,6 +25,24 @@ module and the writer.
   :class:`ResetReplySocket`) that the recorder carries out in order. A live seq jumping
   further ahead than any replay buffer could hold (:data:`MAX_PLAUSIBLE_JUMP`) opens a
   new run like a restart: it is never a gap of that size.
+
+What a :class:`Sequencer` decides, per channel (one per (endpoint, topic)):
+
+- a **gap** (the live seq jumps ahead) is asked of the replay socket; while the request
+  is outstanding every live batch of the endpoint is *held*. Replayed batches go to the
+  channel's *reserve*; the held batches are then placed again in seq order and each
+  hole the live stream shows is filled from the reserve. Replayed batches beyond the
+  live stream stay in the reserve (their live copies are most likely in flight) until a
+  hole or a quiet moment needs them; what neither has is *lost*;
+- a lost **tail** is invisible to gap detection, so a channel quiet for ``quiet_ns``
+  (and every quiet channel at stop) asks for anything after its last seq;
+- ``history`` first asks for everything the replay buffer still holds;
+- a request with no answer within its timeout, past its total deadline, flooding, or
+  holding live batches too long or too many is given up: its outstanding seqs are lost,
+  the held batches placed, and the replay socket left alone for ``backoff_ns`` (reset
+  when dead or flooding); late answers are still filed by seq;
+- at stop, what the reserve holds is written, and every seq the sequencer has evidence
+  of (written, or in a reply) but did not write goes to the ledger as lost.
 """
 
 from __future__ import annotations
