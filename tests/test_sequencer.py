@@ -546,3 +546,42 @@ def test_issue8_7_live_jump_near_2_63_opens_a_new_run() -> None:
     assert [a for a in acts if isinstance(a, (Lose, Restart))] == [Restart(b"", 20, 2**63 - 10)]
     assert [a.seq for a in acts if isinstance(a, Write)] == [*range(21), 2**63 - 10, 2**63 - 9]
     assert s.stats.lost == 0 and s.stats.restarts == 1
+
+
+def test_issue8_7_a_reply_cannot_borrow_another_channels_seq_range() -> None:
+    """Channel b at seq ~2**32 must not make a lie for channel a at that height plausible
+    (found by the state machine: the ledger claimed ~4.3e9 lost batches on a)."""
+    s = Sequencer("tcp://127.0.0.1:5557", 0)
+    far = MAX_PLAUSIBLE_JUMP + 100
+    s.live(b"a", 0, b"p", 0, 0)
+    s.live(b"b", far, b"p", 0, 0)
+    acts = s.live(b"a", 2, b"p", 0, 0)  # a gap at a:1, asked of the replay socket
+    assert [a for a in acts if isinstance(a, Request)] == [Request(1, "gap", b"a")]
+    s.reply(b"a", 1, b"r", 0, 1)
+    s.reply(b"a", far + 5, b"lie", 0, 1)  # inside the endpoint's window, not a's
+    acts = s.reply_end(2)
+    assert [a.seq for a in acts if isinstance(a, Write)] == [1, 2]
+    assert s.stats.replay_rejected == 1
+    s.begin_stop(10**9)
+    s.release(10**9)
+    acts, done = s.settle()
+    assert done and not [a for a in acts if isinstance(a, Lose)]
+    assert s.stats.lost == 0
+
+
+def test_issue8_3_held_bytes_never_pass_the_bound_by_more_than_one_batch() -> None:
+    """Live batches held for a slow replay: the request is given up as soon as the bound
+    is passed (not at the next tick, which a fast stream may not reach for a burst)."""
+    limits = Limits(max_held_bytes=1_000)
+    s = Sequencer("tcp://127.0.0.1:5557", 0, limits=limits)
+    s.live(b"", 0, b"p", 0, 0)
+    s.live(b"", 2, b"x" * 100, 0, 0)  # a gap at 1: held from here on
+    assert s.pending is not None
+    peak = 0
+    for seq in range(3, 40):
+        acts = s.live(b"", seq, b"x" * 100, 0, 0)
+        peak = max(peak, s.held_bytes)
+    assert peak <= limits.max_held_bytes + 100
+    assert s.pending is None and s.stats.replay_timeouts == 1
+    assert [a for a in acts if isinstance(a, Write)][-1].seq == 39
+    assert s.stats.lost == 1  # seq 1, in the ledger
