@@ -115,6 +115,8 @@ class Peer:
         huge_bytes: Payload size of a ``"huge"`` reply.
         stray: ``(after_seq, old_seq)`` pairs: after publishing ``after_seq``, send
             ``old_seq`` again live, with its own payload (one out-of-order batch).
+        jump: ``(after_seq, next_seq)`` pairs: after ``after_seq`` the live seqs go on
+            from ``next_seq`` (a hostile publisher jumping, e.g. to near ``2**63``).
     """
 
     def __init__(
@@ -145,12 +147,14 @@ class Peer:
         replay_mode: str = "honest",
         huge_bytes: int = 4 * 1024 * 1024,
         stray: Iterable[tuple[int, int]] = (),
+        jump: Iterable[tuple[int, int]] = (),
     ) -> None:
         if replay_mode not in ("honest", "lie", "flood", "huge", "trickle"):
             raise ValueError(f"unknown replay_mode {replay_mode!r}")
         self.replay_mode = replay_mode
         self.huge_bytes = huge_bytes
         self.stray = dict(stray)
+        self.jump = dict(jump)
         # Endless answers being sent: [ident, next seq, next send time]
         self._streams: list[list[object]] = []
         self.hostile_sent = 0
@@ -317,7 +321,7 @@ class Peer:
                 deadline = time.monotonic() + self.pause_timeout
                 while not self._served.is_set() and time.monotonic() < deadline:
                     self._serve(0.01)
-            seq += 1
+            seq = self.jump.get(seq, seq + 1)
             if self.rate > 0:
                 due = t0 + (i + 1) / self.rate
                 self._serve(max(0.0, due - time.monotonic()))

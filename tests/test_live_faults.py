@@ -574,6 +574,24 @@ def test_issue8_7_lying_replay_socket_is_a_protocol_error_not_a_gap(tmp_path: Pa
 
 
 @pytest.mark.zmq
+def test_issue8_7_live_jump_near_2_63_is_a_new_run_not_a_gap(tmp_path: Path) -> None:
+    """A live publisher jumping from seq 20 to 2**63-10: a new run (a restart in the
+    ledger), every batch written; before, the ledger claimed ~9.2e18 lost batches."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    far = 2**63 - 10
+    with Peer(msgs, jump=[(20, far)]) as peer:
+        res = record(tmp_path / "r.mcap", peer, max_batches=n, quiet_ns=60 * SECOND)
+    got = read_back(tmp_path / "r.mcap")
+    assert [s for s, _ in got] == [*range(21), *range(far, far + n - 21)]
+    assert [d for _, d in got] == [p for _, _, p in msgs]
+    assert (res.stats.lost, res.ledger["lost"], res.ledger["lost_ranges"]) == (0, 0, [])
+    assert (res.stats.restarts, res.ledger["restarts"]) == (1, 1)
+    restarts = res.ledger["channels"][0]["restarts"]  # type: ignore[index]
+    assert [(r["from_seq"], r["to_seq"]) for r in restarts] == [(20, far)]
+
+
+@pytest.mark.zmq
 def test_issue8_3_trickling_replay_cannot_hold_live_batches(tmp_path: Path) -> None:
     """One reply every 200 ms, never an end marker: the request is given up once live
     batches were held MAX_HOLD_NS, and the capture goes on. Before, the trickle kept the

@@ -5,38 +5,16 @@ message is known to come from its endpoint), writes every batch through
 :class:`~kvtool.recording.RecordingWriter` byte for byte, and tracks the publisher's
 ``seq`` per channel (one channel per (endpoint, topic)):
 
-- a **gap** (the live seq jumps ahead) is fetched from the publisher's replay ROUTER
-  over a DEALER socket (``[b"", start_seq]``; replies ``[b"", topic, seq, payload]`` or
-  the older ``[b"", seq, payload]``, then the end marker seq ``-1``). While a request is
-  outstanding every live message of that endpoint is *held*. Replayed batches go to a
-  per-channel *reserve*; the held live batches are then placed again in seq order and
-  each hole the live stream shows is filled from the reserve, so a replayed
-  ``BlockStored(A)`` never lands after a live ``BlockRemoved(A)`` that followed it
-  (PROTOCOL.md, "Ordering trap"). Replayed batches beyond the live stream stay in the
-  reserve (their live copies are most likely still in flight) until a hole or a quiet
-  moment needs them. What neither the live stream nor the replay buffer has is *lost*;
-- a lost **tail** is invisible to gap detection, so a channel quiet for about a second
-  (and every quiet channel at stop) asks the replay socket for anything after its last seq;
-- ``history`` first asks the replay socket for everything it still buffers;
-- a seq going **backwards** followed by a consistent new run is a publisher restart:
-  noted in the ledger (not a gap), tracking restarts at seq 0 (a restarted publisher
-  numbers from 0, so what it sent before we saw it is a gap to recover like any other).
-  One old seq followed by the old run going on is a *stray*: dropped and counted, never
-  written twice (:class:`~kvtool.capture.sequencer.LiveOrder`);
-- a replay reply outside the requested range, or not ascending, is a counted protocol
-  error (``replay_rejected``), never a gap (:class:`~kvtool.capture.sequencer.ReplyWindow`);
-- a replay request that gets no answer within ``replay_timeout_ns`` (a dead replay
-  socket), that runs past its total deadline (:data:`REPLAY_DEADLINE_NS`, a trickling
-  socket), that floods (past its reply count or byte cap), or that holds live batches
-  past :data:`MAX_HOLD_NS` or :data:`MAX_HELD_BYTES` is given up: its outstanding seqs
-  are lost, the held batches are written, and the replay socket is left alone for a
-  while (a flooding one is closed). The clock only runs while the loop could read (a
-  pass busy writing or merging is not charged), the DEALER is drained before a timeout
-  is declared, and it is kept afterwards: a late answer is still filed by seq (a second
-  unanswered request replaces the socket);
-- at stop, each quiet channel asks for its tail once more (also inside that back-off,
-  with a short timeout); every seq the recorder has evidence of (written, or in a
-  reply) but did not write goes to the ledger as lost: nothing goes missing silently.
+- every seq decision -- a **gap** fetched over the replay DEALER (``[b"", start_seq]``;
+  replies ``[b"", topic, seq, payload]`` or the older ``[b"", seq, payload]``, then the
+  end marker seq ``-1``) while the endpoint's live batches are held, replayed batches
+  placed in seq order among them (PROTOCOL.md, "Ordering trap"), a lost **tail** asked
+  for when a channel is quiet and at stop, ``history``, publisher **restarts** and
+  implausible jumps, **strays**, lying or flooding replay sockets, replay timeouts and
+  back-off, and what goes to the ledger as **lost** -- is made by the pure
+  :class:`~kvtool.capture.sequencer.Sequencer` (one per endpoint). This module feeds it
+  what the sockets receive and the clock, and carries out the actions it returns
+  (write, send a request, replace the replay socket); nothing goes missing silently.
 
 Guarantees, whatever the peers do:
 
@@ -63,31 +41,37 @@ The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`buil
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import ClassVar, Literal, TypeVar
+from typing import TypeVar
 
-import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvtool.annotate import StatusKinds, groups_from_list
 from kvtool.capture.sequencer import (
-    MAX_REPLY_BYTES,
+    DEFAULT_QUIET_NS,
+    DEFAULT_REPLAY_TIMEOUT_NS,
     MAX_REPLY_COUNT,
-    LiveOrder,
-    ReplyVerdict,
-    ReplyWindow,
-    Resolution,
-    Verdict,
+    Action,
+    Budget,
+    CaptureStats,
+    ChannelState,
+    Limits,
+    NewChannel,
+    Request,
+    ResetReplySocket,
+    Sequencer,
+    Write,
 )
+from kvtool.capture.stats import EvStat as _EvStat
+from kvtool.capture.stats import event_count as _event_count
+from kvtool.capture.stats import stat_events as _stat_events
 from kvtool.endpoints import (
     ConnectTimeout,
     Source,
@@ -96,16 +80,15 @@ from kvtool.endpoints import (
     offset_endpoint,
 )
 from kvtool.errors import EndpointError, KvtoolError, MetadataError
-from kvtool.protocol import BatchProjection, decode_batch, event_type, peek_ts
+from kvtool.protocol import peek_ts
 from kvtool.recording import RecordingWriter
-from kvtool.recording import format as fmt
 from kvtool.recording.ledger import ChannelLedger, GapLedger, GapRecord, RestartRecord
 
 END_SEQ = b"\xff" * 8
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
 
-DEFAULT_REPLAY_TIMEOUT_NS = 2_000_000_000
-DEFAULT_QUIET_NS = 1_000_000_000
+# The recorder reads these when it starts (tests may change them); the sequencer keeps
+# them as its Limits.
 REPLAY_BACKOFF_NS = 10_000_000_000
 """After a replay request timed out, gaps are recorded as lost for this long."""
 REPLAY_DEADLINE_NS = 5_000_000_000
@@ -158,14 +141,8 @@ BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
 MAX_LATE_REPLIES = MAX_REPLY_COUNT
 """Late replies (to requests given up on) filed per request; past this the socket is closed."""
-
-Origin = Literal[0, 1]
-LIVE: Origin = 0
-REPLAY: Origin = 1
-_NO_TOPIC = 2  # a replayed batch in the old reply layout, without a topic frame
-
-# (topic, seq, payload, log_time, origin)
-_Item = tuple[bytes, int, bytes, int, int]
+SETTLE_STEP = 256
+"""Reserve batches written at stop between two looks at the clock."""
 
 
 def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
@@ -186,190 +163,7 @@ def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
     return load_groups_file(path).to_metadata()
 
 
-# ------------------------------------------------------------------ stats decoding
-# A lean decode for the live status: event types, group_idx and kind only. Fields the
-# status does not need are skipped as Raw (no allocation), so it costs a fraction of a
-# full decode. Anything it cannot read goes through decode_batch; a payload that fails
-# both is still written, raw.
-
-
-class _SStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-def _raw() -> msgspec.Raw:
-    return msgspec.Raw()
-
-
-class _SStoredA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f3: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f4: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f5: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f6: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f7: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f8: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemovedA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SClearedA(
-    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", gc=False
-):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-_STAT_KEY = operator.attrgetter("code", "group_idx", "kv_cache_spec_kind")
-
-_SMap = _SStored | _SRemoved | _SCleared
-_SArr = _SStoredA | _SRemovedA | _SClearedA
-
-
-_STATS = BatchProjection("stats", _SMap, _SArr, gc=False)
-
-# (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
-_EvStat = tuple[int, int | None, str | None]
-_CLEARED: _EvStat = (2, None, None)
-
-
-def _event_count(raw: bytes) -> int | None:
-    """Return the number of events a batch's header announces, or None if unsure.
-
-    Reads the array header that follows the float ts of an array batch (every vLLM
-    release); any other shape returns None (the caller decodes instead).
-    """
-    if len(raw) < 7 or raw[0] not in (0x92, 0x93):
-        return None
-    i = 10 if raw[1] == 0xCB else 6 if raw[1] == 0xCA else 0
-    if not i or len(raw) <= i:
-        return None
-    b = raw[i]
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F
-    if b == 0xDC and len(raw) >= i + 3:
-        return int.from_bytes(raw[i + 1 : i + 3], "big")
-    if b == 0xDD and len(raw) >= i + 5:
-        return int.from_bytes(raw[i + 1 : i + 5], "big")
-    return None
-
-
-def _stat_events(payload: bytes, seq: int) -> tuple[int, dict[_EvStat, int]]:
-    """Return ``(events, {(type, group_idx, kind): count})``; ProtocolError for garbage.
-
-    Types are 0 (BlockStored), 1 (BlockRemoved), 2 (AllBlocksCleared).
-    """
-    hit = _STATS.decode(payload)
-    if hit is not None:
-        events = hit[0].events
-        # Counted in C (attrgetter, Counter): no Python statement per event.
-        return len(events), Counter(map(_STAT_KEY, events))
-    agg: dict[_EvStat, int] = {}
-    get = agg.get
-    full = decode_batch(payload, seq=seq)
-    for e in full.events:
-        t = event_type(e)
-        key = (
-            0 if t == "BlockStored" else 1 if t == "BlockRemoved" else 2,
-            getattr(e, "group_idx", None),
-            getattr(e, "kv_cache_spec_kind", None),
-        )
-        agg[key] = get(key, 0) + 1
-    return len(full.events), agg
-
-
-# ---------------------------------------------------------------------- statistics
-
-
-@dataclass
-class CaptureStats:
-    """Counters of a running capture, for a live status and the summary line.
-
-    Attributes:
-        batches: Batches written.
-        events: Events in them (from each batch's header, or its decoding).
-        bytes: Payload bytes written.
-        stores: ``BlockStored`` events per kind (``unannotated`` without one).
-        removes: ``BlockRemoved`` events per kind (through group_idx; else ``unattributed``).
-        cleared: ``AllBlocksCleared`` events.
-        gaps: Gaps detected (missing seq ranges, including lost tails that were found).
-        recovered: Batches fetched from a replay socket to fill gaps.
-        lost: Batches neither received nor recovered.
-        history: Batches fetched with ``history`` from before the subscription.
-        restarts: Publisher restarts seen (seq going backwards).
-        duplicates: Batches received twice (live and replay) and written once.
-        malformed: Messages without vLLM's 3-frame shape, dropped.
-        undecodable: Payloads written raw that did not decode as a batch.
-        unsampled: Batches left out of the per-kind counts (``stores``, ``removes``,
-            ``cleared``) because the recorder was past its decode budget and counted a
-            sample (:data:`STATS_DECODE_PER_S`); their events are in ``events``, and they
-            are in the recording all the same.
-        replay_requests: Requests sent to replay sockets.
-        replay_timeouts: Requests given up (no answer in time, past their total deadline,
-            flooding, or holding live batches too long or too many).
-        stray: Live batches behind the stream that were not a restart (dropped; their
-            seq was written already or is in the ledger).
-        replay_rejected: Replay replies outside the requested range or not ascending
-            (a lying replay socket): protocol errors, dropped.
-        replay_discarded: Replay replies past a request's count or byte cap, or late
-            replies past the reserve's bound: dropped.
-        held_bytes_peak: Most live bytes ever held at once for a replay.
-        reply_bytes_peak: Most reply bytes one replay request ever accepted.
-        start_ns: Wall time the capture started (ns).
-        elapsed_ns: Time since the start, updated by the loop.
-        connected: Endpoints whose SUB socket has a connection.
-    """
-
-    batches: int = 0
-    events: int = 0
-    bytes: int = 0
-    stores: Counter[str] = field(default_factory=Counter)
-    removes: Counter[str] = field(default_factory=Counter)
-    cleared: int = 0
-    gaps: int = 0
-    recovered: int = 0
-    lost: int = 0
-    history: int = 0
-    restarts: int = 0
-    duplicates: int = 0
-    malformed: int = 0
-    undecodable: int = 0
-    unsampled: int = 0
-    replay_requests: int = 0
-    replay_timeouts: int = 0
-    stray: int = 0
-    replay_rejected: int = 0
-    replay_discarded: int = 0
-    held_bytes_peak: int = 0
-    reply_bytes_peak: int = 0
-    start_ns: int = 0
-    elapsed_ns: int = 0
-    connected: set[str] = field(default_factory=set)
+# ---------------------------------------------------------------------- results
 
 
 @dataclass
@@ -395,84 +189,16 @@ class CaptureResult:
 
 
 @dataclass
-class _Gap:
-    first: int
-    last: int | None
-    recovered: int = 0
-    lost_ranges: list[list[int]] = field(default_factory=list)
-
-    def covers(self, a: int, b: int) -> bool:
-        return self.first <= a and (self.last is None or b <= self.last)
-
-
-@dataclass
-class _Channel:
-    src: _Src
-    topic: bytes
-    topic_str: str
-    name: str
-    channel_id: int
-    expected: int | None = None  # next seq we want
-    last_live: int | None = None  # last seq received live (this epoch)
-    last_live_mono: int = 0
-    tail_checked: bool = True
-    # Batches a replay gave that are not written yet: they fill a hole when the live
-    # stream skips them, or are written at a quiet moment if it never delivers them.
-    reserve: dict[int, tuple[bytes, int]] = field(default_factory=dict)
-    # The replay buffer no longer holds seqs below this (it only moves forward).
-    floor: int = 0
-    open_gap: _Gap | None = None
-    # The highest seq (this epoch) the recorder has evidence of: written, or held in the
-    # reserve. At stop, whatever below it was not written is in the ledger as lost.
-    known_max: int | None = None
-    history_asked: bool = False
-    replayed: dict[int, int] = field(default_factory=dict)  # recent replay writes: payload hash
-    order: LiveOrder = field(default_factory=LiveOrder)
-    suspect: _Item | None = None  # a live batch behind the stream, until order resolves it
-    live_high: int | None = None  # the highest live seq this epoch
-    batches: int = 0
-    seq_first: int | None = None
-    seq_last: int | None = None
-    gaps: list[_Gap] = field(default_factory=list)
-    restarts: list[dict[str, int]] = field(default_factory=list)
-
-
-@dataclass
-class _Request:
-    kind: Literal["gap", "tail", "history"]
-    topic: bytes | None
-    start: int
-    progress_mono: int
-    replies: list[_Item] = field(default_factory=list)
-    trigger: int | None = None  # the live seq that revealed the gap
-    abandon: bool = False
-    sent: bool = True  # False: the DEALER could not queue it (no connection)
-    timeout_ns: int | None = None  # None: the recorder's replay_timeout_ns
-    flooded: bool = False
-    started_mono: int = 0  # for the total deadline (moved on like progress_mono when busy)
-    window: ReplyWindow | None = None
-
-
-@dataclass
 class _Src:
+    """One endpoint's sockets and its sequencer."""
+
     spec: Source
     index: int
     sub: zmq.Socket[bytes]
     sub_mon: zmq.Socket[bytes] | None
+    seq: Sequencer
     dealer: zmq.Socket[bytes] | None = None
-    channels: dict[bytes, _Channel] = field(default_factory=dict)
-    pending: _Request | None = None
-    held: list[_Item] = field(default_factory=list)
-    held_bytes: int = 0
-    held_since_mono: int = 0  # when the first held batch came (moved on when busy)
-    replay_dead_until: int = 0
-    late_accepted: int = 0  # late replies seen since the last request
-    late_bytes: int = 0
-    # Requests given up on whose end marker has not come yet: the ROUTER answers in
-    # order on the same DEALER, so the next replies (up to that many end markers)
-    # belong to them; their batches are still filed by seq (late replies).
-    stale_ends: int = 0
-    stop_tail_asked: bool = False
+    channel_ids: dict[bytes, int] = field(default_factory=dict)
     connected: bool = False
     received: int = 0
 
@@ -594,6 +320,7 @@ class Recorder:
         self._srcs: list[_Src] = []
         self._writer: RecordingWriter | _NullWriter | None = None
         self._full = False
+        self._budget = Budget(max_batches)
         # Status labels come from the one annotation rule (kvtool.annotate): the metadata
         # given, else what annotated stores of each channel said so far.
         table = groups_from_list(groups, source=groups_source or "groups") if groups else None
@@ -652,12 +379,16 @@ class Recorder:
             "history": self.history,
         }
         ctx_context.update(self._extra_context)
-        writer = RecordingWriter(
-            self.path,
-            force=self.force,
-            context=ctx_context,
-            **self._writer_options,  # type: ignore[arg-type]
-        ) if self.path else _NullWriter()
+        writer = (
+            RecordingWriter(
+                self.path,
+                force=self.force,
+                context=ctx_context,
+                **self._writer_options,  # type: ignore[arg-type]
+            )
+            if self.path
+            else _NullWriter()
+        )
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
         error: BaseException | None = None
@@ -705,7 +436,7 @@ class Recorder:
                 )
             if "[" in spec.endpoint:
                 sub.setsockopt(zmq.IPV6, 1)
-            src = _Src(spec=spec, index=i, sub=sub, sub_mon=mon)
+            src = _Src(spec=spec, index=i, sub=sub, sub_mon=mon, seq=self._sequencer(spec))
             if mon is None:
                 src.connected = True
             self._srcs.append(src)
@@ -721,6 +452,32 @@ class Recorder:
             if spec.replay:
                 self._new_dealer(src, ctx)
         self._ctx = ctx
+
+    def _sequencer(self, spec: Source) -> Sequencer:
+        # The module's values as they are now (tests lower some of them).
+        limits = Limits(
+            replay_timeout_ns=self.replay_timeout_ns,
+            quiet_ns=self.quiet_ns,
+            replay_deadline_ns=REPLAY_DEADLINE_NS,
+            backoff_ns=REPLAY_BACKOFF_NS,
+            max_held_bytes=MAX_HELD_BYTES,
+            max_hold_ns=MAX_HOLD_NS,
+            max_late_replies=MAX_LATE_REPLIES,
+            max_channels=MAX_CHANNELS_PER_SOURCE,
+            max_remembered=MAX_REMEMBERED,
+            stop_tail_quiet_ns=STOP_TAIL_QUIET_NS,
+            stop_tail_timeout_ns=STOP_TAIL_TIMEOUT_NS,
+        )
+        return Sequencer(
+            spec.endpoint,
+            spec.dp_rank,
+            topic_prefix=self._topic_b,
+            has_replay=bool(spec.replay),
+            history=self.history,
+            limits=limits,
+            stats=self.stats,
+            budget=self._budget,
+        )
 
     def _new_dealer(self, src: _Src, ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
         if src.dealer is not None:
@@ -779,7 +536,7 @@ class Recorder:
         if self.history:
             for src in self._srcs:
                 if src.dealer is not None:
-                    self._request(src, "history", None, 0)
+                    self._act(src, src.seq.start_history(start))
         poller, roles = self._build_poller(live=True)
         dealers_version = self._dealer_ids()
         busy = False
@@ -828,50 +585,22 @@ class Recorder:
         # Each request is bounded by its own timeouts; this caps the whole, so a stop
         # ends promptly whatever the replay sockets do.
         end = time.monotonic_ns() + STOP_GRACE_NS
-        # Channels quiet at stop may have lost their tail; a busy one has batches in
-        # flight rather than lost, so it is not asked.
-        tails: dict[int, list[_Channel]] = {}
-        if not self._full:
-            now = time.monotonic_ns()
-            for src in self._srcs:
-                if src.dealer is None:
-                    continue
-                tails[src.index] = [
-                    ch
-                    for ch in src.channels.values()
-                    if not ch.tail_checked
-                    and ch.expected is not None
-                    and now - ch.last_live_mono >= STOP_TAIL_QUIET_NS
-                ]
+        now = time.monotonic_ns()
+        for src in self._srcs:
+            src.seq.begin_stop(now)
         poller, roles = self._build_poller(live=False)
         version = self._dealer_ids()
         prev = time.monotonic_ns()
         while True:
             now = time.monotonic_ns()
-            if not self._full:
-                for src in self._srcs:
-                    todo = tails.get(src.index)
-                    if src.pending is not None or not todo or src.dealer is None:
-                        continue
-                    short = not self._replay_usable(src, now)
-                    if short and src.stop_tail_asked:
-                        continue
-                    # Inside the back-off, still one last (short) request per source.
-                    ch = todo.pop(0)
-                    self._fill(ch, None, tail=True)
-                    ch.tail_checked = True
-                    src.stop_tail_asked = True
-                    self._request(src, "tail", ch.topic, ch.expected or 0)
-                    if short and src.pending is not None:
-                        src.pending.timeout_ns = min(self.replay_timeout_ns, STOP_TAIL_TIMEOUT_NS)
-            if not any(s.pending is not None for s in self._srcs):
+            for src in self._srcs:
+                if src.dealer is not None:
+                    self._act(src, src.seq.stop_tail(now))
+            if not any(s.seq.pending is not None for s in self._srcs):
                 break
             if self._abort_flag.is_set() or now >= end:
                 for src in self._srcs:
-                    src.replay_dead_until = now + REPLAY_BACKOFF_NS
-                    if src.pending is not None:
-                        self.stats.replay_timeouts += 1
-                        self._finish_replay(src, timed_out=True)
+                    self._act(src, src.seq.abort_replay(now))
                 break
             if self._dealer_ids() != version:
                 poller, roles = self._build_poller(live=False)
@@ -888,56 +617,36 @@ class Recorder:
             writer.maybe_flush()
         # Anything still held (no replay could be finished) is written as it stands.
         for src in self._srcs:
-            src.replay_dead_until = time.monotonic_ns() + REPLAY_BACKOFF_NS
-            held, src.held, src.held_bytes = src.held, [], 0
-            for item in held:
-                self._feed(src, item)
-            for ch in list(src.channels.values()):
-                self._resolve_suspect(ch, None)
-        if not self._full:
+            self._act(src, src.seq.release(time.monotonic_ns()))
+        if not self._budget.full:
             self._settle()
         if self._status is not None:
             self._status(self.stats)
 
     def _settle(self) -> None:
-        """At stop: write what the reserve still holds; every known seq not written is lost.
+        """At stop: write what the reserves still hold; every known seq not written is lost.
 
-        The reserve (replayed batches the live stream never delivered) is written in seq
-        order; a hole between its entries, or between the last written seq and the
-        highest seq the recorder saw evidence of, goes to the ledger as lost. Writing
-        gets :data:`STOP_WRITE_BUDGET_NS`; what is left then is lost too (never silent).
+        Writing gets :data:`STOP_WRITE_BUDGET_NS`; what is left then is lost too.
         """
         deadline = time.monotonic_ns() + STOP_WRITE_BUDGET_NS
         for src in self._srcs:
-            for ch in src.channels.values():
-                if ch.expected is None:
-                    continue
-                # One pass in seq order: every key below the current one is gone, so
-                # the holes are lost without rescanning the reserve.
-                for k in sorted(ch.reserve):
-                    if k not in ch.reserve:
-                        continue
-                    if k < ch.expected:
-                        del ch.reserve[k]
-                        continue
-                    if time.monotonic_ns() > deadline:
-                        break
-                    if k > ch.expected:
-                        self._lose(ch, ch.expected, k - 1, scan=False)
-                    self._fill(ch, None, tail=True)
-                    if self._full:
-                        return
-                ch.reserve.clear()
-                if ch.known_max is not None and ch.known_max >= ch.expected:
-                    self._lose(ch, ch.expected, ch.known_max)
+            done = False
+            while not done and time.monotonic_ns() <= deadline:
+                actions, done = src.seq.settle(SETTLE_STEP)
+                self._act(src, actions)
+            if self._budget.full:
+                return
+            if not done:
+                self._act(src, src.seq.settle_give_up())
 
     # ------------------------------------------------------------ receive
     def _drain_sub(self, src: _Src) -> bool:
         """Read up to BURST messages; return True when more may be waiting."""
         recv = src.sub.recv_multipart
         time_ns = time.time_ns
-        channels = src.channels
-        self._mono = start = time.monotonic_ns()
+        live = src.seq.live
+        act = self._act
+        start = time.monotonic_ns()
         if self._stats_tokens < STATS_DECODE_BURST:
             self._stats_tokens = min(
                 float(STATS_DECODE_BURST),
@@ -956,26 +665,12 @@ class Recorder:
                 continue
             topic, seq_b, payload = frames
             seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
-            if src.pending is None:
-                ch = channels.get(topic)
-                if ch is not None and seq == ch.expected and not ch.reserve and ch.suspect is None:
-                    # The common case, inline: the next batch of a known channel.
-                    ch.tail_checked = False
-                    ch.last_live_mono = start
-                    ch.last_live = seq
-                    self._write(ch, seq, payload, time_ns(), LIVE)
-                else:
-                    self._advance(src, (topic, seq, payload, time_ns(), LIVE))
-            else:
-                self._hold(src, (topic, seq, payload, time_ns(), LIVE))
-            if self._full:
+            act(src, live(topic, seq, payload, time_ns(), start))
+            if self._budget.full:
                 break
         if n:
             # A long drain must not make its channels look quiet.
-            self._mono = time.monotonic_ns()
-            for ch in src.channels.values():
-                if ch.last_live_mono == start:
-                    ch.last_live_mono = self._mono
+            src.seq.live_drained(start, time.monotonic_ns())
             src.received += n
             src.connected = True
             self.stats.connected.add(src.spec.endpoint)
@@ -1012,199 +707,50 @@ class Recorder:
             "(raise --connect-timeout, or 0 to wait forever)"
         )
 
-    def _hold(self, src: _Src, item: _Item) -> None:
-        if not src.held:
-            src.held_since_mono = time.monotonic_ns()
-        src.held.append(item)
-        src.held_bytes += len(item[2])
-        if src.held_bytes > self.stats.held_bytes_peak:
-            self.stats.held_bytes_peak = src.held_bytes
-        if src.held_bytes > MAX_HELD_BYTES and src.pending is not None:
-            # The replay is taking too long for this stream's rate: give it up (from the
-            # loop, never from inside a merge that is still feeding).
-            src.pending.abandon = True
+    # ------------------------------------------------------------ actions
+    def _act(self, src: _Src, actions: list[Action]) -> bool:
+        """Carry out a sequencer's actions; return True when the replay socket was replaced."""
+        reset = False
+        for a in actions:
+            if type(a) is Write:
+                if not self._full:
+                    self._write(src, a)
+            elif type(a) is Request:
+                self._request(src, a.kind, a.topic, a.start_seq)
+            elif type(a) is NewChannel:
+                writer = self._writer
+                assert writer is not None
+                ch = src.seq.channels[a.topic]
+                src.channel_ids[a.topic] = writer.add_channel(
+                    src.spec.endpoint, ch.topic_str, src.spec.dp_rank
+                )
+            elif type(a) is ResetReplySocket:
+                self._new_dealer(src)
+                reset = True
+            # Lose, Restart, Stray and Discard are in the ledger and counters already.
+        return reset
 
-    # ------------------------------------------------------ seq tracking
-    def _channel(self, src: _Src, topic: bytes) -> _Channel | None:
-        ch = src.channels.get(topic)
-        if ch is None:
-            if len(src.channels) >= MAX_CHANNELS_PER_SOURCE:
-                return None  # a peer inventing topics: bounded, like every buffer
-            writer = self._writer
-            assert writer is not None
-            topic_str = topic.decode("utf-8", "backslashreplace")
-            cid = writer.add_channel(src.spec.endpoint, topic_str, src.spec.dp_rank)
-            ch = _Channel(
-                src=src,
-                topic=topic,
-                topic_str=topic_str,
-                name=fmt.channel_topic(src.spec.endpoint, topic_str),
-                channel_id=cid,
-            )
-            src.channels[topic] = ch
-        return ch
+    def _request(
+        self,
+        src: _Src,
+        kind: str,
+        topic: bytes | None,
+        start: int,
+        trigger: int | None = None,
+    ) -> None:
+        """Send a replay request the sequencer decided on (``[b"", start_seq]``)."""
+        dealer = src.dealer
+        try:
+            if dealer is None:
+                raise zmq.Again
+            dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
+        except zmq.Again:  # unsent: times out like an unanswered one
+            src.seq.unsent()
 
-    def _feed(self, src: _Src, item: _Item) -> None:
-        if src.pending is not None:
-            self._hold(src, item)
-        else:
-            self._advance(src, item)
-
-    def _advance(self, src: _Src, item: _Item) -> None:
-        """Place one live batch in its channel's seq order (filling holes first)."""
-        if self._full:
-            return
-        topic, seq, payload, t, _ = item
-        ch = src.channels.get(topic) or self._channel(src, topic)
-        if ch is None:
-            self.stats.malformed += 1
-            return
-        ch.tail_checked = False
-        ch.last_live_mono = self._mono
-        if ch.suspect is not None:
-            self._resolve_suspect(ch, seq)
-            if self._full:
-                return
-            if src.pending is not None:  # the restart's own gap is being fetched
-                self._hold(src, item)
-                return
-        e = ch.expected
-        if (
-            e is None
-            and self.history
-            and not ch.history_asked
-            and seq > 0
-            and self._replay_usable(src, time.monotonic_ns())
-        ):
-            # The first batch of a channel: with history, what came before it too.
-            self._request(src, "history", topic, 0, trigger=seq)
-            self._hold(src, item)
-            return
-        if e is not None and seq < e and ch.replayed.get(seq) == hash(payload):
-            # A late live copy of a batch the replay already gave us.
-            self.stats.duplicates += 1
-            ch.last_live = seq
-            return
-        verdict = ch.order.judge(seq, e)
-        if verdict is Verdict.WRITE:
-            ch.last_live = seq
-            if ch.live_high is None or seq > ch.live_high:
-                ch.live_high = seq
-            self._write(ch, seq, payload, t, LIVE)
-            return
-        if verdict is Verdict.HOLD:
-            # Behind the stream: a restart only if a consistent new run follows.
-            ch.suspect = item
-            return
-        assert e is not None
-        if ch.live_high is None or seq > ch.live_high:
-            ch.live_high = seq
-        # A hole [e, seq - 1]: the live stream skipped it (ZeroMQ keeps order, so it
-        # will not come live any more).
-        gap = ch.open_gap
-        if gap is None or gap.last != seq - 1 or gap.first > e:
-            gap = _Gap(e, seq - 1)
-            ch.gaps.append(gap)
-            ch.open_gap = gap
-            self.stats.gaps += 1
-        while True:
-            self._fill(ch, seq - 1)
-            if self._full:
-                return
-            e = ch.expected
-            assert e is not None
-            if e >= seq:
-                break
-            nxt = min((k for k in ch.reserve if e < k < seq), default=seq)
-            if e < ch.floor or not self._replay_usable(src, time.monotonic_ns()):
-                end = min(nxt, seq, ch.floor if e < ch.floor else seq) - 1
-                self._lose(ch, e, end)
-                continue
-            self._request(src, "gap", topic, e, trigger=seq)
-            self._hold(src, item)
-            return
-        ch.last_live = seq
-        if ch.expected == seq:
-            self._write(ch, seq, payload, t, LIVE)
-
-    def _fill(self, ch: _Channel, upto: int | None, *, tail: bool = False) -> None:
-        """Write reserve batches contiguous from ``expected`` (up to ``upto``, inclusive).
-
-        With ``tail``, what is written is a lost tail (or batches the live stream
-        never delivered) and gets its own gap record.
-        """
-        reserve = ch.reserve
-        if not reserve or ch.expected is None:
-            return
-        first = ch.expected
-        while (upto is None or ch.expected <= upto) and ch.expected in reserve:
-            if self._full:
-                return
-            if tail and ch.expected == first:
-                gap = _Gap(first, None)
-                ch.gaps.append(gap)
-                ch.open_gap = gap
-                self.stats.gaps += 1
-            seq = ch.expected
-            payload, t = reserve.pop(seq)
-            self._write(ch, seq, payload, t, REPLAY)
-        if tail and ch.expected != first and ch.open_gap is not None:
-            ch.open_gap.last = ch.expected - 1
-        if reserve and len(reserve) > MAX_REMEMBERED:
-            for k in [k for k in reserve if k < ch.expected]:
-                del reserve[k]
-
-    def _resolve_suspect(self, ch: _Channel, next_seq: int | None) -> None:
-        """Drop the held behind-seq as a stray, or start a new epoch with it (a restart)."""
-        item = ch.suspect
-        if item is None:
-            return
-        ch.suspect = None
-        if ch.order.resolve(next_seq, ch.expected) is Resolution.STRAY:
-            self.stats.stray += 1
-            return
-        _, seq, payload, t, _ = item
-        self._restart(ch, seq, t)
-        if seq == 0:
-            ch.last_live = ch.live_high = 0
-            self._write(ch, 0, payload, t, LIVE)
-        else:
-            self._advance(ch.src, item)  # a hole [0, seq - 1] in the new epoch
-
-    def _restart(self, ch: _Channel, seq: int, t: int) -> None:
-        ch.restarts.append({"log_time": t, "from_seq": ch.seq_last or 0, "to_seq": seq})
-        self.stats.restarts += 1
-        # A restarted publisher numbers from 0: what we did not see of it is a gap.
-        ch.expected = 0
-        ch.last_live = None
-        ch.live_high = None
-        ch.floor = 0
-        ch.open_gap = None
-        ch.known_max = None
-        ch.replayed.clear()
-        ch.reserve.clear()
-
-    def _lose(self, ch: _Channel, a: int, b: int, *, scan: bool = True) -> None:
-        if b < a:
-            return
-        gap = ch.open_gap
-        if gap is None or not gap.covers(a, b):
-            gap = _Gap(a, b)
-            ch.gaps.append(gap)
-            ch.open_gap = gap
-            self.stats.gaps += 1
-        gap.lost_ranges.append([a, b])
-        self.stats.lost += b - a + 1
-        ch.expected = b + 1
-        reserve = ch.reserve
-        if reserve and scan:
-            for k in [k for k in reserve if k <= b]:
-                del reserve[k]
-
-    def _write(self, ch: _Channel, seq: int, payload: bytes, t: int, origin: int) -> None:
-        if self._full:
-            return
+    def _write(self, src: _Src, w: Write) -> None:
         st = self.stats
+        seq, payload, t = w.seq, w.payload, w.log_time
+        ch = src.seq.channels[w.topic]
         ts = peek_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
         # Decoding for the status costs more than writing: past its budget, a sample only.
@@ -1221,43 +767,20 @@ class Recorder:
                 st.unsampled += 1
         writer = self._writer
         assert writer is not None
-        writer.write(ch.channel_id, seq, payload, t, pub)
+        writer.write(src.channel_ids[w.topic], seq, payload, t, pub)
         if self._sink is not None:
-            self._sink((ch.src.spec.endpoint, ch.topic_str, ch.src.spec.dp_rank), seq, payload, t)
-        ch.expected = seq + 1
-        ch.batches += 1
-        if ch.seq_first is None:
-            ch.seq_first = seq
-        ch.seq_last = seq
-        if ch.known_max is None or seq > ch.known_max:
-            ch.known_max = seq
+            self._sink((src.spec.endpoint, ch.topic_str, src.spec.dp_rank), seq, payload, t)
         st.batches += 1
         st.bytes += len(payload)
-        if ch.reserve and origin == LIVE:
-            ch.reserve.pop(seq, None)
-        if origin == REPLAY:
-            replayed = ch.replayed
-            replayed[seq] = hash(payload)
-            if len(replayed) > MAX_REMEMBERED:
-                del replayed[next(iter(replayed))]
-            if self._in_history:
-                st.history += 1
-            else:
-                st.recovered += 1
-                gap = ch.open_gap
-                if gap is not None and gap.covers(seq, seq):
-                    gap.recovered += 1
         if self.max_batches is not None and st.batches >= self.max_batches:
             self._full = True
             self.stop("max_batches")
 
-    _in_history = False
-    _mono = 0
     _sample_tick = 0
     _stats_tokens = float(STATS_DECODE_BURST)
     _stats_refill_mono = 0
 
-    def _decode_stats(self, ch: _Channel, seq: int, payload: bytes) -> None:
+    def _decode_stats(self, ch: ChannelState, seq: int, payload: bytes) -> None:
         try:
             n, agg = _stat_events(payload, seq)
         except Exception:  # any payload, however broken (even RecursionError), is recorded
@@ -1266,46 +789,17 @@ class Recorder:
             self._count(ch, n, agg)
 
     # -------------------------------------------------------------- replay
-    def _replay_usable(self, src: _Src, now: int) -> bool:
-        return src.dealer is not None and now >= src.replay_dead_until
-
-    def _request(
-        self,
-        src: _Src,
-        kind: Literal["gap", "tail", "history"],
-        topic: bytes | None,
-        start: int,
-        trigger: int | None = None,
-    ) -> None:
-        assert src.dealer is not None and src.pending is None
-        now = time.monotonic_ns()
-        req = _Request(kind, topic, start, now, trigger=trigger, started_mono=now)
-        highs = [
-            v for ch in src.channels.values() for v in (ch.live_high, ch.last_live) if v is not None
-        ]
-        if trigger is not None:
-            highs.append(trigger)
-        req.window = ReplyWindow(start, max(highs, default=None))
-        src.pending = req
-        src.late_accepted = src.late_bytes = 0
-        self.stats.replay_requests += 1
-        try:
-            src.dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
-        except zmq.Again:  # unsent: times out like an unanswered one
-            req.sent = False
-
     def _drain_dealer(self, src: _Src) -> None:
         """Read up to BURST replies (a flooding socket cannot keep the loop here)."""
         dealer = src.dealer
         assert dealer is not None
+        seq_ = src.seq
         for _ in range(BURST):
             try:
                 frames = dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            req = src.pending
-            if req is not None:
-                req.progress_mono = time.monotonic_ns()  # the replay socket is alive
+            now = time.monotonic_ns()
             if len(frames) == 4 and not frames[0]:
                 _, topic_f, seq_b, payload = frames
                 topic: bytes | None = topic_f
@@ -1313,247 +807,47 @@ class Recorder:
                 _, seq_b, payload = frames
                 topic = None
             else:
+                seq_.reply_seen(now)  # the replay socket is alive
                 self.stats.malformed += 1
                 continue
             if seq_b[:8] == END_SEQ:
-                if src.stale_ends:
-                    src.stale_ends -= 1  # the end of a request given up on
-                    continue
-                if req is None:
-                    continue
-                self._finish_replay(src, timed_out=False)
-                if src.dealer is not dealer:
+                if self._act(src, seq_.reply_end(now)):
                     return
                 continue
             if len(seq_b) < 8:
+                seq_.reply_seen(now)
                 self.stats.malformed += 1
                 continue
             seq = int.from_bytes(seq_b[:8], "big")
-            if src.stale_ends or req is None:
-                # A late answer to a request given up on: its batches are still good.
-                self._late_reply(src, topic, seq, payload)
-                if src.dealer is not dealer:
-                    return
-                continue
-            assert req.window is not None
-            verdict = req.window.check(topic, seq, len(payload))
-            if verdict is ReplyVerdict.REJECT:
-                self.stats.replay_rejected += 1  # a lie: never a gap, never written
-                continue
-            if verdict is ReplyVerdict.DISCARD:
-                self.stats.replay_discarded += 1
-                req.abandon = True  # flooding: given up (and the socket closed) by the loop
-                req.flooded = True
-                continue
-            if req.window.nbytes > self.stats.reply_bytes_peak:
-                self.stats.reply_bytes_peak = req.window.nbytes
-            req.replies.append(
-                (
-                    topic if topic is not None else b"",
-                    seq,
-                    payload,
-                    time.time_ns(),
-                    REPLAY if topic is not None else _NO_TOPIC,
-                )
-            )
-
-    def _late_reply(self, src: _Src, topic: bytes | None, seq: int, payload: bytes) -> None:
-        """File a reply to a request given up on in its channel's reserve (by seq).
-
-        Only as many as one request may bring, and only seqs inside the window the live
-        stream makes plausible; past that the socket floods and is closed.
-        """
-        if src.late_accepted >= MAX_LATE_REPLIES or src.late_bytes > MAX_REPLY_BYTES:
-            # It keeps answering what nobody asked: start afresh, and keep of its late
-            # replies only what fills holes the live stream shows.
-            self.stats.replay_discarded += 1
-            self._new_dealer(src)
-            src.stale_ends = 0
-            for c in src.channels.values():
-                beyond = [k for k in c.reserve if c.live_high is None or k > c.live_high]
-                for k in beyond:
-                    del c.reserve[k]
-                self.stats.replay_discarded += len(beyond)
-                if beyond:
-                    c.known_max = max(
-                        (v for v in (c.seq_last, c.live_high, *c.reserve) if v is not None),
-                        default=None,
-                    )
-            return
-        if topic is None:
-            if len(src.channels) != 1:
+            if self._act(src, seq_.reply(topic, seq, payload, time.time_ns(), now)):
                 return
-            ch: _Channel | None = next(iter(src.channels.values()))
-        else:
-            ch = src.channels.get(topic)
-        src.late_accepted += 1  # counts every late reply: a flood of lies is a flood too
-        if ch is None or ch.expected is None or seq < ch.expected or seq in ch.reserve:
-            return  # written already, or known lost, or a duplicate
-        if seq > max(ch.expected, ch.live_high or 0) + MAX_LATE_REPLIES:
-            self.stats.replay_rejected += 1  # a lie: never a gap, never written
-            return
-        src.late_bytes += len(payload)
-        ch.reserve[seq] = (payload, time.time_ns())
-        if ch.known_max is None or seq > ch.known_max:
-            ch.known_max = seq
 
     def _credit_busy(self, now: int, busy_ns: int) -> None:
         """Do not charge pending replays for a loop pass spent busy elsewhere."""
         if busy_ns <= LOOP_STALL_NS:
             return
         for src in self._srcs:
-            req = src.pending
-            if req is not None:
-                req.progress_mono = min(now, req.progress_mono + busy_ns)
-                req.started_mono = min(now, req.started_mono + busy_ns)
-            if src.held:
-                src.held_since_mono = min(now, src.held_since_mono + busy_ns)
+            src.seq.credit_busy(now, busy_ns)
 
     def _check_replays(self, now: int) -> None:
         for src in self._srcs:
-            req = src.pending
-            if req is None:
+            seq_ = src.seq
+            if seq_.pending is None:
                 continue
-            if not req.abandon and src.dealer is not None:
+            if seq_.awaiting_replies and src.dealer is not None:
                 # Never time out a request whose replies are waiting to be read.
+                req = seq_.pending
                 self._drain_dealer(src)
-                if src.pending is not req:
+                if seq_.pending is not req:
                     continue
                 now = max(now, time.monotonic_ns())
-            timeout = self.replay_timeout_ns if req.timeout_ns is None else req.timeout_ns
-            if (
-                req.abandon
-                or now - req.progress_mono > timeout
-                or now - req.started_mono > max(REPLAY_DEADLINE_NS, timeout)
-                or (src.held and now - src.held_since_mono > MAX_HOLD_NS)
-            ):
-                self.stats.replay_timeouts += 1
-                src.replay_dead_until = now + REPLAY_BACKOFF_NS
-                if req.sent:
-                    src.stale_ends += 1
-                if src.stale_ends > 1 or req.flooded:
-                    # Two requests unanswered (the socket is dead), or one flooding:
-                    # start afresh, dropping whatever it still queues.
-                    self._new_dealer(src)
-                    src.stale_ends = 0
-                if req.kind == "tail" and req.topic is not None:
-                    ch = src.channels.get(req.topic)
-                    if ch is not None:
-                        ch.tail_checked = False  # ask again at stop
-                self._finish_replay(src, timed_out=True)
+            self._act(src, seq_.check_replay(now))
 
     def _check_quiet(self, now: int) -> None:
         for src in self._srcs:
-            for ch in src.channels.values():
-                if ch.suspect is not None and now - ch.last_live_mono >= self.quiet_ns:
-                    self._resolve_suspect(ch, None)
-            if src.pending is not None:
-                continue
-            if not self._replay_usable(src, now):
-                # Late replies of a request given up on: write what the live stream
-                # did not deliver once the channel is quiet.
-                for ch in src.channels.values():
-                    if ch.reserve and now - ch.last_live_mono >= self.quiet_ns:
-                        self._fill(ch, None, tail=True)
-                continue
-            for ch in src.channels.values():
-                if (
-                    not ch.tail_checked
-                    and ch.expected is not None
-                    and now - ch.last_live_mono >= self.quiet_ns
-                ):
-                    # Replayed batches the live stream never delivered, then the tail.
-                    self._fill(ch, None, tail=True)
-                    ch.tail_checked = True
-                    self._request(src, "tail", ch.topic, ch.expected)
-                    break
+            self._act(src, src.seq.check_quiet(now))
 
-    def _finish_replay(self, src: _Src, *, timed_out: bool) -> None:
-        """File a finished replay's batches in the reserve, then release the held ones.
-
-        The held live batches are placed in seq order as they would have been: each hole
-        the live stream has is filled from the reserve; what neither has is lost.
-        """
-        req = src.pending
-        assert req is not None
-        src.pending = None
-        held, src.held, src.held_bytes = src.held, [], 0
-        self._mono = time.monotonic_ns()
-        # Old-layout replies carry no topic: they belong to the channel that asked, or to
-        # the endpoint's only channel, or to the topic we subscribed to.
-        default_topic = req.topic
-        if default_topic is None:
-            default_topic = next(iter(src.channels)) if len(src.channels) == 1 else self._topic_b
-        first_reply: dict[bytes, int] = {}
-        touched: list[_Channel] = []
-        replies = req.replies
-        if req.flooded and req.window is not None:
-            # A flooding socket is trusted only where the live stream shows the seqs
-            # exist (to fill its holes); what it sent beyond is dropped, not written.
-            hi = -1 if req.window.live_high is None else req.window.live_high
-            kept = [r for r in replies if r[1] <= hi]
-            self.stats.replay_discarded += len(replies) - len(kept)
-            replies = kept
-        for tp, seq, payload, t, origin in replies:
-            if origin == _NO_TOPIC:
-                tp = default_topic
-            if not tp.startswith(self._topic_b):
-                continue
-            ch = src.channels.get(tp)
-            if ch is None:
-                if req.kind != "history" and tp != default_topic:
-                    continue
-                ch = self._channel(src, tp)
-                if ch is None:
-                    continue
-            if tp not in first_reply:
-                first_reply[tp] = seq
-                touched.append(ch)
-            if ch.expected is None or seq >= ch.expected:
-                ch.reserve[seq] = (payload, t)
-                if ch.known_max is None or seq > ch.known_max:
-                    ch.known_max = seq
-        # What the buffer no longer holds: below its first reply (when that is past the
-        # start asked for) or, for a gap, everything before the live batch that showed it.
-        if not timed_out:
-            for ch in touched:
-                r0 = first_reply[ch.topic]
-                if r0 > req.start:
-                    ch.floor = max(ch.floor, r0)
-            if req.kind == "gap" and req.trigger is not None:
-                # Whatever the replay had before the batch that revealed the gap is in
-                # the reserve now; the rest of the hole is gone.
-                ch = src.channels.get(default_topic)
-                if ch is not None:
-                    ch.floor = max(ch.floor, req.trigger)
-        if req.kind == "history":
-            asked = src.channels.get(default_topic)
-            if asked is not None:
-                asked.history_asked = True
-            self._in_history = True
-            try:
-                for ch in touched:
-                    ch.history_asked = True
-                    if ch.expected is None and ch.reserve:
-                        ch.expected = min(ch.reserve)
-                    first_live = next((it[1] for it in held if it[0] == ch.topic), None)
-                    self._fill(ch, None if first_live is None else first_live - 1)
-            finally:
-                self._in_history = False
-        for item in held:
-            self._feed(src, item)
-        if req.kind == "tail" and src.pending is None:
-            ch = src.channels.get(default_topic)
-            if ch is not None:
-                e = ch.expected
-                if e is not None and e < ch.floor and ch.reserve and min(ch.reserve) >= ch.floor:
-                    # The buffer had moved past what we asked for: the tail's start is gone.
-                    self._lose(ch, e, ch.floor - 1)
-                self._fill(ch, None, tail=True)
-        if timed_out:
-            src.replay_dead_until = max(src.replay_dead_until, time.monotonic_ns() + 1)
-
-    def _count(self, ch: _Channel, n_events: int, agg: dict[_EvStat, int]) -> None:
+    def _count(self, ch: ChannelState, n_events: int, agg: dict[_EvStat, int]) -> None:
         st = self.stats
         st.events += n_events
         name = ch.name
@@ -1572,10 +866,10 @@ class Recorder:
         Returns:
             The typed ledger.
         """
-        return build_ledger(ch for src in self._srcs for ch in src.channels.values())
+        return build_ledger(ch for src in self._srcs for ch in src.seq.channels.values())
 
 
-def build_ledger(channels: Iterable[_Channel]) -> GapLedger:
+def build_ledger(channels: Iterable[ChannelState]) -> GapLedger:
     """Build the gap ledger (:class:`kvtool.recording.ledger.GapLedger`) -- the only builder.
 
     The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries: the
@@ -1606,9 +900,9 @@ def build_ledger(channels: Iterable[_Channel]) -> GapLedger:
         chans.append(
             ChannelLedger(
                 channel=ch.name,
-                endpoint=ch.src.spec.endpoint,
+                endpoint=ch.endpoint,
                 topic=ch.topic_str,
-                dp_rank=ch.src.spec.dp_rank,
+                dp_rank=ch.dp_rank,
                 batches=ch.batches,
                 seq_first=ch.seq_first,
                 seq_last=ch.seq_last,
