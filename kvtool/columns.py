@@ -145,8 +145,9 @@ class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=
 
 # Array-encoded events (vLLM <= 0.23): every declared field in order, see
 # protocol.STORED_ARRAY_INDEX; fields the table does not use stay undecoded (Raw).
-class _StoredArrayLayout(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored",
-                         frozen=True, gc=False):
+class _StoredArrayLayout(
+    msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", frozen=True, gc=False
+):
     block_hashes: msgspec.Raw = _EMPTY
     parent_block_hash: msgspec.Raw = _NIL
     token_ids: msgspec.Raw = _NO_TOKENS
@@ -160,8 +161,9 @@ class _StoredArrayLayout(msgspec.Struct, array_like=True, tag_field="type", tag=
     kv_cache_spec_sliding_window: int | None = None
 
 
-class _RemovedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
-                          tag="BlockRemoved", frozen=True, gc=False):
+class _RemovedArrayLayout(
+    msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", frozen=True, gc=False
+):
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
@@ -170,8 +172,9 @@ class _RemovedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
     kv_cache_spec_sliding_window: ClassVar[None] = None
 
 
-class _ClearedArrayLayout(msgspec.Struct, array_like=True, tag_field="type",
-                          tag="AllBlocksCleared", frozen=True, gc=False):
+class _ClearedArrayLayout(
+    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False
+):
     block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
@@ -502,9 +505,9 @@ def _pl_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.
         values = el["v"]
         bad_el = ~el["ok"].fill_null(False)
         if bad_el.any():
-            fast_ok = fast_ok & ~pl.Series(
-                [False] * n_ev, dtype=pl.Boolean
-            ).scatter(ev_of.filter(bad_el).unique(), True)
+            fast_ok = fast_ok & ~pl.Series([False] * n_ev, dtype=pl.Boolean).scatter(
+                ev_of.filter(bad_el).unique(), True
+            )
     else:
         values = pl.Series("hash", [], dtype=pl.Int64)
         ev_of = pl.Series([], dtype=pl.UInt32)
@@ -512,7 +515,11 @@ def _pl_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.
 
 
 def _fix_slow(
-    raws: list[object], n: pl.Series, values: pl.Series, ev_of: pl.Series, slow: list[int],
+    raws: list[object],
+    n: pl.Series,
+    values: pl.Series,
+    ev_of: pl.Series,
+    slow: list[int],
     total: int,
 ) -> tuple[pl.Series, pl.Series, list[int]]:
     n_ev = len(raws)
@@ -526,10 +533,16 @@ def _fix_slow(
             invalid.append(i)
             hs = []
         fixed[i] = [protocol.hash_key(h) for h in hs]
-    keep = ~pl.Series([False] * n_ev, dtype=pl.Boolean).scatter(slow, True).gather(ev_of) \
-        if total else pl.Series([], dtype=pl.Boolean)
-    parts = pl.DataFrame({"e": ev_of, "v": values}).filter(keep) if total else \
-        pl.DataFrame(schema={"e": pl.UInt32, "v": pl.Int64})
+    keep = (
+        ~pl.Series([False] * n_ev, dtype=pl.Boolean).scatter(slow, True).gather(ev_of)
+        if total
+        else pl.Series([], dtype=pl.Boolean)
+    )
+    parts = (
+        pl.DataFrame({"e": ev_of, "v": values}).filter(keep)
+        if total
+        else pl.DataFrame(schema={"e": pl.UInt32, "v": pl.Int64})
+    )
     extra = pl.DataFrame(
         {"e": [i for i in slow for _ in fixed[i]], "v": [v for i in slow for v in fixed[i]]},
         schema={"e": pl.UInt32, "v": pl.Int64},
@@ -568,9 +581,12 @@ def hash_series(hashes: list[object]) -> pl.Series:
         sizes = b.bin.size()
         lo, hi = sizes.min(), sizes.max()
         if isinstance(lo, int) and lo == hi and lo >= 8:
-            return b.bin.slice(-8).bin.reinterpret(dtype=pl.UInt64, endianness="big").reinterpret(
-                signed=True
-            ).rename("hash")
+            return (
+                b.bin.slice(-8)
+                .bin.reinterpret(dtype=pl.UInt64, endianness="big")
+                .reinterpret(signed=True)
+                .rename("hash")
+            )
     return pl.Series("hash", [protocol.hash_key(h) for h in hashes], dtype=pl.Int64)  # type: ignore[arg-type]
 
 
@@ -714,15 +730,15 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
         .to_series()
         .drop_nulls()
     )
-    ev = pl.concat(
-        [ev, batches.drop("n")[batch_of_event]], how="horizontal"
-    )
+    ev = pl.concat([ev, batches.drop("n")[batch_of_event]], how="horizontal")
     if invalid:
         # block_hashes that is not a list of hashes: the event is skipped (as the protocol
         # decoder would), its neighbours kept.
         for i in invalid[:5]:
-            stats.note(f"seq {ev['seq'][i]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
-                       "(block_hashes is not a list of hashes)")
+            stats.note(
+                f"seq {ev['seq'][i]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
+                "(block_hashes is not a list of hashes)"
+            )
         stats.skipped_events += len(invalid)
         ev = ev.filter(~pl.Series([False] * n_ev).scatter(invalid, True))
         n_ev = ev.height
@@ -768,9 +784,9 @@ def _finish(df: pl.DataFrame, stats: ReadStats, labels: bool) -> pl.DataFrame:
         schema={"channel_id": pl.UInt32, "recording": pl.String, "channel": pl.String},
     )
     df = df.join(recs, on="channel_id", how="left", maintain_order="left").with_columns(
-        type=pl.col("type_code").cast(pl.Int64).replace_strict(
-            [0, 1, 2], list(EVENT_TYPE_NAMES), return_dtype=EVENT_TYPE
-        )
+        type=pl.col("type_code")
+        .cast(pl.Int64)
+        .replace_strict([0, 1, 2], list(EVENT_TYPE_NAMES), return_dtype=EVENT_TYPE)
     )
     return df.select([*TABLE_SCHEMA, "type_code"])
 
@@ -877,8 +893,9 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         if gc_was:
             gc.enable()
     table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
-    return DecodedChunk(table, st.events, st.rows, st.bad_batches, st.skipped_events,
-                        st.problems, st.unselected)
+    return DecodedChunk(
+        table, st.events, st.rows, st.bad_batches, st.skipped_events, st.problems, st.unselected
+    )
 
 
 def iter_raw_chunks(
@@ -1344,8 +1361,14 @@ def learn_table(df: pl.DataFrame, channels: dict[int, ChannelRef]) -> GroupLearn
         ref = channels[cid]
         info = ref.info
         learner.observe_store(
-            info.name, None if rank == _NO_RANK else rank, g, k, w, seq=seq,
-            position=(t, info.endpoint, info.topic, seq), count=n,
+            info.name,
+            None if rank == _NO_RANK else rank,
+            g,
+            k,
+            w,
+            seq=seq,
+            position=(t, info.endpoint, info.topic, seq),
+            count=n,
         )
     return learner
 
@@ -1409,8 +1432,9 @@ class TableAnnotator:
         got = ann.learned.get((ref.info.name, ref.info.dp_rank, group_idx))
         if got is not None:
             return got
-        vals = {kw for (ch, _r, g), kw in ann.learned.items()
-                if ch == ref.info.name and g == group_idx}
+        vals = {
+            kw for (ch, _r, g), kw in ann.learned.items() if ch == ref.info.name and g == group_idx
+        }
         return next(iter(vals)) if len(vals) == 1 else None
 
     def sources(self) -> list[str]:

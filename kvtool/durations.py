@@ -34,9 +34,7 @@ def parse_duration_ns(text: str, *, option: str = "duration", allow_zero: bool =
     """
     m = _DURATION.match(text)
     if not m:
-        raise UsageError(
-            f"{option}: {text!r} is not a duration (try 90, 10s, 250ms, 10m or 1h)"
-        )
+        raise UsageError(f"{option}: {text!r} is not a duration (try 90, 10s, 250ms, 10m or 1h)")
     ns = int(float(m.group(1)) * _UNIT_NS[m.group(2) or "s"])
     if ns <= 0 and not allow_zero:
         raise UsageError(f"{option}: {text!r} must be greater than zero")

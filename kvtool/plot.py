@@ -36,8 +36,7 @@ def require_matplotlib(path: str | os.PathLike[str] | None = None) -> None:
         fmt = _format(path)
         if fmt not in FigureCanvasBase.get_supported_filetypes():
             raise UsageError(
-                f"--plot {os.fspath(path)!r}: cannot draw {fmt!r} images; use .png, .svg "
-                "or .pdf"
+                f"--plot {os.fspath(path)!r}: cannot draw {fmt!r} images; use .png, .svg or .pdf"
             )
 
 
@@ -90,15 +89,20 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
         part = tl.filter(tl["kind"] == kind)
         t = [x + every for x in part["time_s"].to_list()]
         ax_live.step(t, part["live_blocks"].to_list(), where="post", label=kind)
-        ax_rate.step(t, [r / every for r in part["removes"].to_list()], where="post",
-                     label=kind)
+        ax_rate.step(t, [r / every for r in part["removes"].to_list()], where="post", label=kind)
     ax_live.set_ylabel("live blocks (blocks)")
     ax_live.set_title("KV cache blocks live per kind")
     if tl.height:
         ax_live.legend(loc="best", fontsize="small")
     else:
-        ax_live.text(0.5, 0.5, "no blocks stored or removed", ha="center", va="center",
-                     transform=ax_live.transAxes)
+        ax_live.text(
+            0.5,
+            0.5,
+            "no blocks stored or removed",
+            ha="center",
+            va="center",
+            transform=ax_live.transAxes,
+        )
     ax_live.grid(True, alpha=0.3)
     ax_rate.set_ylabel("evictions (blocks/s)")
     ax_rate.set_xlabel(f"time since first bucket (s; buckets of {every:g} s)")

@@ -186,16 +186,37 @@ _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 # msgpack first byte -> (fixed extra bytes, bytes of a length field, children per count),
 # for the iterative skipper below; fix* types are handled inline.
 _SKIP: dict[int, tuple[int, int, int]] = {
-    0xC0: (0, 0, 0), 0xC2: (0, 0, 0), 0xC3: (0, 0, 0),
-    0xC4: (0, 1, 0), 0xC5: (0, 2, 0), 0xC6: (0, 4, 0),  # bin: length = bytes
-    0xC7: (1, 1, 0), 0xC8: (1, 2, 0), 0xC9: (1, 4, 0),  # ext: type byte + data
-    0xCA: (4, 0, 0), 0xCB: (8, 0, 0),
-    0xCC: (1, 0, 0), 0xCD: (2, 0, 0), 0xCE: (4, 0, 0), 0xCF: (8, 0, 0),
-    0xD0: (1, 0, 0), 0xD1: (2, 0, 0), 0xD2: (4, 0, 0), 0xD3: (8, 0, 0),
-    0xD4: (2, 0, 0), 0xD5: (3, 0, 0), 0xD6: (5, 0, 0), 0xD7: (9, 0, 0), 0xD8: (17, 0, 0),
-    0xD9: (0, 1, 0), 0xDA: (0, 2, 0), 0xDB: (0, 4, 0),  # str
-    0xDC: (0, 2, 1), 0xDD: (0, 4, 1),  # array: length = items
-    0xDE: (0, 2, 2), 0xDF: (0, 4, 2),  # map: length = key/value pairs
+    0xC0: (0, 0, 0),
+    0xC2: (0, 0, 0),
+    0xC3: (0, 0, 0),
+    0xC4: (0, 1, 0),
+    0xC5: (0, 2, 0),
+    0xC6: (0, 4, 0),  # bin: length = bytes
+    0xC7: (1, 1, 0),
+    0xC8: (1, 2, 0),
+    0xC9: (1, 4, 0),  # ext: type byte + data
+    0xCA: (4, 0, 0),
+    0xCB: (8, 0, 0),
+    0xCC: (1, 0, 0),
+    0xCD: (2, 0, 0),
+    0xCE: (4, 0, 0),
+    0xCF: (8, 0, 0),
+    0xD0: (1, 0, 0),
+    0xD1: (2, 0, 0),
+    0xD2: (4, 0, 0),
+    0xD3: (8, 0, 0),
+    0xD4: (2, 0, 0),
+    0xD5: (3, 0, 0),
+    0xD6: (5, 0, 0),
+    0xD7: (9, 0, 0),
+    0xD8: (17, 0, 0),
+    0xD9: (0, 1, 0),
+    0xDA: (0, 2, 0),
+    0xDB: (0, 4, 0),  # str
+    0xDC: (0, 2, 1),
+    0xDD: (0, 4, 1),  # array: length = items
+    0xDE: (0, 2, 2),
+    0xDF: (0, 4, 2),  # map: length = key/value pairs
 }
 
 
@@ -368,8 +389,11 @@ class BatchProjection:
             for eenc, union in (("map", map_events), ("array", array_events)):
                 struct = msgspec.defstruct(
                     f"{name}_{benc}_batch_{eenc}_events",
-                    [("ts", float), ("events", list[union]),  # type: ignore[valid-type]
-                     ("data_parallel_rank", int | None, None)],
+                    [
+                        ("ts", float),
+                        ("events", list[union]),  # type: ignore[valid-type]
+                        ("data_parallel_rank", int | None, None),
+                    ],
                     array_like=benc == "array",
                     gc=gc,
                 )
@@ -448,9 +472,7 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         try:
             rawb = _split_batch(raw, benc)
         except _DECODE_ERRORS as err2:
-            raise ProtocolError(
-                f"{where}malformed payload: {_reason(err2)}", seq=seq
-            ) from err
+            raise ProtocolError(f"{where}malformed payload: {_reason(err2)}", seq=seq) from err
     except _DECODE_ERRORS as err:
         raise ProtocolError(f"{where}malformed payload: {_reason(err)}", seq=seq) from err
     assert isinstance(rawb, _ArrayBatchRaw | _MapBatchRaw)

@@ -139,8 +139,11 @@ def _annotate_raw_event(
     ev = _ANY.decode(raw)
     if isinstance(ev, dict):
         decision = annotation_for(
-            str(ev.get("type")), ev.get("group_idx"), rule,
-            ev.get("kv_cache_spec_kind"), ev.get("kv_cache_spec_sliding_window"),
+            str(ev.get("type")),
+            ev.get("group_idx"),
+            rule,
+            ev.get("kv_cache_spec_kind"),
+            ev.get("kv_cache_spec_sliding_window"),
         )
         if isinstance(decision, tuple):
             if _patch_map(ev, decision):
@@ -160,9 +163,7 @@ def _annotate_raw_event(
     return None
 
 
-def annotate_payload(
-    payload: bytes, table: GroupTable | ChannelRule
-) -> tuple[bytes, list[int]]:
+def annotate_payload(payload: bytes, table: GroupTable | ChannelRule) -> tuple[bytes, list[int]]:
     """Annotate a payload on the wire, re-encoding it in the layout it was recorded in.
 
     Each ``BlockStored`` is patched by the same rule as :func:`kvtool.annotate.annotate`

@@ -68,8 +68,9 @@ def make_selection(
     )
 
 
-def selection_note(given: Sequence[tuple[str, str | Sequence[str] | None]], batches: int,
-                   unselected: int) -> str | None:
+def selection_note(
+    given: Sequence[tuple[str, str | Sequence[str] | None]], batches: int, unselected: int
+) -> str | None:
     """The stderr line when a valid selection kept nothing, else None.
 
     Args:
@@ -83,9 +84,7 @@ def selection_note(given: Sequence[tuple[str, str | Sequence[str] | None]], batc
     if batches or not unselected:
         return None
     shown = " ".join(
-        f"{opt} {printable(v if isinstance(v, str) else ','.join(v))}"
-        for opt, v in given
-        if v
+        f"{opt} {printable(v if isinstance(v, str) else ','.join(v))}" for opt, v in given if v
     )
     return f"0 of {unselected:,} batches matched {shown}"
 

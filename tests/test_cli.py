@@ -217,8 +217,10 @@ def test_issue11_12_plot_write_error_is_reported(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
-    proc = _kvtool(["report", str(GEMMA), "--plot", "/dev/full", "-o", str(tmp_path / "r.txt")],
-                   capture_output=True)
+    proc = _kvtool(
+        ["report", str(GEMMA), "--plot", "/dev/full", "-o", str(tmp_path / "r.txt")],
+        capture_output=True,
+    )
     err = proc.stderr.decode()
     assert proc.returncode != 0
     assert "plot written" not in err
@@ -273,8 +275,19 @@ def test_issue8_3_sigterm_removes_temporary_outputs(tmp_path: Path) -> None:
     # Waiting for a subscriber that never comes holds the -o temporary open: no timing.
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtool", "replay", str(GEMMA), "--publish",
-             f"tcp://127.0.0.1:{port}", "--wait-subscribers", "1", "-o", str(out)],
+            [
+                sys.executable,
+                "-m",
+                "kvtool",
+                "replay",
+                str(GEMMA),
+                "--publish",
+                f"tcp://127.0.0.1:{port}",
+                "--wait-subscribers",
+                "1",
+                "-o",
+                str(out),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
@@ -337,9 +350,7 @@ def test_issue11_10_help_has_examples_placeholders_and_fits(name: str | None) ->
 
 
 def test_issue11_10_usage_shows_placeholders() -> None:
-    usage = {
-        n: runner.invoke(app, [n, "-h"]).stdout.splitlines()[0] for n in COMMANDS
-    }
+    usage = {n: runner.invoke(app, [n, "-h"]).stdout.splitlines()[0] for n in COMMANDS}
     assert usage["report"] == "Usage: kvtool report [OPTIONS] FILE..."
     assert usage["record"] == "Usage: kvtool record [OPTIONS] ENDPOINT..."
     assert usage["info"] == "Usage: kvtool info [OPTIONS] FILE..."
@@ -354,8 +365,20 @@ def test_issue11_10_replay_group_does_one_job(tmp_path: Path) -> None:
         "metadata as --group-meta 0=full_attention"
     ]
     meta = runner.invoke(
-        app, ["replay", str(GEMMA), "--annotate", "--group-meta", "0=mamba", "--group", "0",
-              "--format", "jsonl", "--type", "BlockStored"]
+        app,
+        [
+            "replay",
+            str(GEMMA),
+            "--annotate",
+            "--group-meta",
+            "0=mamba",
+            "--group",
+            "0",
+            "--format",
+            "jsonl",
+            "--type",
+            "BlockStored",
+        ],
     )
     assert meta.exit_code == 0, meta.stderr
     rows = [json.loads(line) for line in meta.stdout.splitlines()]
@@ -366,19 +389,21 @@ def test_issue11_10_replay_group_does_one_job(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "same"),
     [
-        (["report", str(GEMMA), "--group", "0=mamba", "-f", "json"],
-         ["report", str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
-        (["diff", str(GEMMA), str(GEMMA), "--group", "0=mamba", "-f", "json"],
-         ["diff", str(GEMMA), str(GEMMA), "--group-meta", "0=mamba", "-f", "json"]),
+        (
+            ["report", str(GEMMA), "--group", "0=mamba", "-f", "json"],
+            ["report", str(GEMMA), "--group-meta", "0=mamba", "-f", "json"],
+        ),
+        (
+            ["diff", str(GEMMA), str(GEMMA), "--group", "0=mamba", "-f", "json"],
+            ["diff", str(GEMMA), str(GEMMA), "--group-meta", "0=mamba", "-f", "json"],
+        ),
     ],
 )
 def test_issue11_10_old_option_names_still_work(args: list[str], same: list[str]) -> None:
     old, new = runner.invoke(app, args), runner.invoke(app, same)
     assert old.exit_code == new.exit_code == 0, old.stderr
     assert old.stdout == new.stdout
-    assert "--group " not in runner.invoke(app, [args[0], "-h"]).stdout.replace(
-        "--group IDX", ""
-    )
+    assert "--group " not in runner.invoke(app, [args[0], "-h"]).stdout.replace("--group IDX", "")
 
 
 def test_issue11_10_record_replay_endpoint_and_hidden_alias() -> None:

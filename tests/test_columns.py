@@ -36,10 +36,17 @@ def _lean_views(events: list) -> list[tuple]:
     out = []
     pos = 0
     for e, k, t in zip(events, n.to_list(), toks, strict=True):
-        out.append((
-            type(e).__struct_config__.tag, flat[pos:pos + k], t, e.medium, e.group_idx,
-            e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window,
-        ))
+        out.append(
+            (
+                type(e).__struct_config__.tag,
+                flat[pos : pos + k],
+                t,
+                e.medium,
+                e.group_idx,
+                e.kv_cache_spec_kind,
+                e.kv_cache_spec_sliding_window,
+            )
+        )
         pos += k
     return out
 
@@ -91,9 +98,7 @@ def test_table_rows_of_every_capture(name: str, tmp_path: Path) -> None:
     stores = df.filter(pl.col("type") == "BlockStored")
     assert stores["tokens"].sum() == truth["block_stored"]["total"]["tokens"]
     assert stores["hash"].null_count() == truth["block_stored"]["events_with_zero_block_hashes"]
-    assert stores.height == truth["block_stored"]["total"]["blocks"] + stores[
-        "hash"
-    ].null_count()
+    assert stores.height == truth["block_stored"]["total"]["blocks"] + stores["hash"].null_count()
     want = [hash_key(h) for e in events for h in getattr(e, "block_hashes", [])]
     assert df["hash"].drop_nulls().to_list() == want
     assert df["event_index"].n_unique() == len(events)
@@ -126,12 +131,12 @@ def test_raw_hashes_every_encoding(numpy: bool, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setattr(columns, "np", None)
     big = (1 << 64) - 5
     lists = [
-        [big, 1 << 40],            # uint64: 0xcf, vectorised
-        [-(1 << 40), 1 << 50],     # int64 and uint64 mixed: 9 bytes each, vectorised
-        [bytes(range(32))] * 3,    # 32-byte hashes, vectorised
+        [big, 1 << 40],  # uint64: 0xcf, vectorised
+        [-(1 << 40), 1 << 50],  # int64 and uint64 mixed: 9 bytes each, vectorised
+        [bytes(range(32))] * 3,  # 32-byte hashes, vectorised
         [],
-        [5, -3, 300, 1 << 20],     # small ints: msgspec path
-        [b"\x01\x02", big],        # short bytes and ints: msgspec path
+        [5, -3, 300, 1 << 20],  # small ints: msgspec path
+        [b"\x01\x02", big],  # short bytes and ints: msgspec path
         list(range(1 << 40, (1 << 40) + 20)),  # 0xdc header (>= 16 elements)
     ]
     raws = [msgspec.Raw(ENC.encode(x)) for x in lists] + [msgspec.Raw(ENC.encode("nope"))]
@@ -144,28 +149,62 @@ def test_raw_hashes_every_encoding(numpy: bool, monkeypatch: pytest.MonkeyPatch)
 
 
 def _store_map(hashes, **kw):
-    ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
-          "token_ids": list(range(16 * len(hashes))), "block_size": 16, "lora_id": None,
-          "medium": "GPU", "lora_name": None}
+    ev = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": list(range(16 * len(hashes))),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
     ev.update(kw)
     return ev
 
 
 def test_zero_hash_store_is_one_row(tmp_path: Path) -> None:
-    rec = _record(tmp_path / "r.mcap", [ENC.encode([1.0, [
-        _store_map([], token_ids=[1, 2, 3], group_idx=1, kv_cache_spec_kind="mamba"),
-        _store_map([5, 6], group_idx=0),
-    ], 0])])
+    rec = _record(
+        tmp_path / "r.mcap",
+        [
+            ENC.encode(
+                [
+                    1.0,
+                    [
+                        _store_map(
+                            [], token_ids=[1, 2, 3], group_idx=1, kv_cache_spec_kind="mamba"
+                        ),
+                        _store_map([5, 6], group_idx=0),
+                    ],
+                    0,
+                ]
+            )
+        ],
+    )
     df = read_table([rec])
     assert df.select("hash", "tokens", "block_index", "block_count", "kind").rows() == [
-        (None, 3, 0, 0, "mamba"), (5, 32, 0, 2, None), (6, 0, 1, 2, None)
+        (None, 3, 0, 0, "mamba"),
+        (5, 32, 0, 2, None),
+        (6, 0, 1, 2, None),
     ]
 
 
 @pytest.mark.parametrize("length", [6, 7, 8, 9, 10, 12])
 def test_every_array_layout(length: int, tmp_path: Path) -> None:
-    fields = ["BlockStored", [11, 12], None, list(range(20)), 16, None, "CPU", None, None, 2,
-              "sliding_window", 128]
+    fields = [
+        "BlockStored",
+        [11, 12],
+        None,
+        list(range(20)),
+        16,
+        None,
+        "CPU",
+        None,
+        None,
+        2,
+        "sliding_window",
+        128,
+    ]
     removed = ["BlockRemoved", [11], "CPU", 2][: {6: 2, 7: 3, 8: 3, 9: 3, 10: 4, 12: 4}[length]]
     payload = ENC.encode([2.5, [fields[:length], removed, ["AllBlocksCleared"]]])
     lean = decode_lean(payload)
@@ -173,8 +212,12 @@ def test_every_array_layout(length: int, tmp_path: Path) -> None:
     assert _lean_views(lean.events) == [_full_view(e) for e in full.events]
     rec = _record(tmp_path / "r.mcap", [payload])
     df = read_table([rec])
-    assert df["type"].to_list() == ["BlockStored", "BlockStored", "BlockRemoved",
-                                    "AllBlocksCleared"]
+    assert df["type"].to_list() == [
+        "BlockStored",
+        "BlockStored",
+        "BlockRemoved",
+        "AllBlocksCleared",
+    ]
     assert df["tokens"].to_list() == [20, 0, 0, 0]
     assert df["medium"][0] == ("CPU" if length >= 7 else None)
     assert df["group_idx"][0] == (2 if length >= 10 else None)
@@ -183,8 +226,13 @@ def test_every_array_layout(length: int, tmp_path: Path) -> None:
 
 
 def test_map_batch_and_bytes_hashes(tmp_path: Path) -> None:
-    payload = ENC.encode({"ts": 3.0, "events": [_store_map([b"\x00" * 24 + b"\x00" * 7 + b"\x09"])],
-                          "data_parallel_rank": 5})
+    payload = ENC.encode(
+        {
+            "ts": 3.0,
+            "events": [_store_map([b"\x00" * 24 + b"\x00" * 7 + b"\x09"])],
+            "data_parallel_rank": 5,
+        }
+    )
     rec = _record(tmp_path / "r.mcap", [payload])
     df = read_table([rec])
     assert df.select("hash", "dp_rank", "ts").rows() == [(9, 5, 3.0)]
@@ -192,8 +240,9 @@ def test_map_batch_and_bytes_hashes(tmp_path: Path) -> None:
 
 def test_bad_event_and_bad_payload_are_skipped_and_counted(tmp_path: Path) -> None:
     good = ENC.encode([1.0, [_store_map([1])], 0])
-    mixed = ENC.encode([2.0, [_store_map([2]), {"type": "BlockMoved", "x": 1},
-                              _store_map([3], medium=7)], 0])
+    mixed = ENC.encode(
+        [2.0, [_store_map([2]), {"type": "BlockMoved", "x": 1}, _store_map([3], medium=7)], 0]
+    )
     garbage = b"\xc1not msgpack"
     rec = _record(tmp_path / "r.mcap", [good, mixed, garbage, good])
     stats = ReadStats()

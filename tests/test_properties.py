@@ -101,8 +101,9 @@ msgpack_scalars = (
 )
 msgpack_values = st.recursive(
     msgpack_scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -132,12 +133,16 @@ def stored_fields(draw: st.DrawFn) -> dict[str, Any]:
         ),
         "extra_keys": draw(
             st.none()
-            | st.lists(st.none() | st.lists(st.integers(0, 1000) | small_text, max_size=3),
-                       max_size=n, min_size=n)
+            | st.lists(
+                st.none() | st.lists(st.integers(0, 1000) | small_text, max_size=3),
+                max_size=n,
+                min_size=n,
+            )
         ),
         "group_idx": draw(st.none() | st.integers(0, 63)),
         "kv_cache_spec_kind": draw(
-            st.none() | st.sampled_from(["full_attention", "sliding_window", "mamba", "unknown"])
+            st.none()
+            | st.sampled_from(["full_attention", "sliding_window", "mamba", "unknown"])
             | small_text
         ),
         "kv_cache_spec_sliding_window": draw(st.none() | st.integers(1, 1 << 20)),
@@ -294,16 +299,37 @@ def _good_pair(encoding: str) -> tuple[Any, Any, list[type]]:
     if encoding == "map":
         return (
             {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU", "group_idx": 0},
-            {"type": "BlockStored", "block_hashes": [22, 23], "parent_block_hash": 11,
-             "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": "GPU",
-             "lora_name": None, "group_idx": 1, "kv_cache_spec_kind": "sliding_window",
-             "kv_cache_spec_sliding_window": 64},
+            {
+                "type": "BlockStored",
+                "block_hashes": [22, 23],
+                "parent_block_hash": 11,
+                "token_ids": list(range(32)),
+                "block_size": 16,
+                "lora_id": None,
+                "medium": "GPU",
+                "lora_name": None,
+                "group_idx": 1,
+                "kv_cache_spec_kind": "sliding_window",
+                "kv_cache_spec_sliding_window": 64,
+            },
             [BlockRemoved, BlockStored],
         )
     return (
         ["BlockRemoved", [11], "GPU", 0],
-        ["BlockStored", [22, 23], 11, list(range(32)), 16, None, "GPU", None, None, 1,
-         "sliding_window", 64],
+        [
+            "BlockStored",
+            [22, 23],
+            11,
+            list(range(32)),
+            16,
+            None,
+            "GPU",
+            None,
+            None,
+            1,
+            "sliding_window",
+            64,
+        ],
         [BlockRemoved, BlockStored],
     )
 
@@ -348,14 +374,18 @@ def test_wrong_type_in_every_field_keeps_neighbours(
             bad[field] = value
         else:
             bad = encode_array_event(tag, fields, "+kind")
-            index = 0 if field == "type" else (
-                STORED_ARRAY_INDEX if tag == "BlockStored" else REMOVED_ARRAY_INDEX
-            )[field]
+            index = (
+                0
+                if field == "type"
+                else (STORED_ARRAY_INDEX if tag == "BlockStored" else REMOVED_ARRAY_INDEX)[field]
+            )
             bad[index] = value
         before, after, _ = _good_pair(encoding)
         evs = [before, bad, after]
-        raw = _enc([1.0, evs, 0]) if batch_layout == "array" else _enc(
-            {"ts": 1.0, "events": evs, "data_parallel_rank": 0}
+        raw = (
+            _enc([1.0, evs, 0])
+            if batch_layout == "array"
+            else _enc({"ts": 1.0, "events": evs, "data_parallel_rank": 0})
         )
         _check_neighbours_kept(raw, encoding)
 
@@ -385,7 +415,8 @@ def test_wrong_type_in_batch_fields(field: str, value: Any, batch_layout: str) -
 @FUZZ
 @given(
     tag=st.text(max_size=20).filter(lambda t: t not in EVENT_TYPES)
-    | st.integers(-(1 << 63), (1 << 64) - 1) | st.none(),
+    | st.integers(-(1 << 63), (1 << 64) - 1)
+    | st.none(),
     encoding=st.sampled_from(["map", "array"]),
     rest=st.lists(msgpack_values, max_size=4),
 )
@@ -434,8 +465,13 @@ def test_unknown_fields_are_ignored(
     assert event_type(got) == tag and decoded_fields(got) == fields
     # Array event longer than any known layout (fields after the last known one), in an
     # array batch longer than three elements.
-    n = 1 + (len(STORED_FIELDS) if tag == "BlockStored" else len(REMOVED_FIELDS) if tag ==
-             "BlockRemoved" else 0)
+    n = 1 + (
+        len(STORED_FIELDS)
+        if tag == "BlockStored"
+        else len(REMOVED_FIELDS)
+        if tag == "BlockRemoved"
+        else 0
+    )
     arr = [tag, *(fields[k] for k in list(fields)[: n - 1]), *trailing]
     raw = _enc([1.0, [arr], 2, *trailing])
     batch = check_decode(raw)
@@ -450,8 +486,7 @@ def _nest(depth: int, kind: str) -> bytes:
     return b"\x81\xa1k" * depth + b"\xc0"
 
 
-DEEP_PLACES = ["payload", "ts", "events", "event", "known_field", "unknown_field", "hash",
-               "rank"]
+DEEP_PLACES = ["payload", "ts", "events", "event", "known_field", "unknown_field", "hash", "rank"]
 
 
 @FEW
@@ -468,12 +503,32 @@ def test_deep_nesting(depth: int) -> None:
                 "ts": b"\x93" + nest + b"\x90\xc0",
                 "events": b"\x93" + ts + nest + b"\xc0",
                 "event": b"\x93" + ts + b"\x93" + good + nest + good + b"\xc0",
-                "known_field": b"\x93" + ts + b"\x93" + good + stored_head + b"\xaaextra_keys"
-                + nest + good + b"\xc0",
-                "unknown_field": b"\x93" + ts + b"\x93" + good + stored_head + b"\xa9not_known"
-                + nest + good + b"\xc0",
-                "hash": b"\x93" + ts + b"\x93" + good
-                + b"\x82\xa4type\xacBlockRemoved\xacblock_hashes\x91" + nest + good + b"\xc0",
+                "known_field": b"\x93"
+                + ts
+                + b"\x93"
+                + good
+                + stored_head
+                + b"\xaaextra_keys"
+                + nest
+                + good
+                + b"\xc0",
+                "unknown_field": b"\x93"
+                + ts
+                + b"\x93"
+                + good
+                + stored_head
+                + b"\xa9not_known"
+                + nest
+                + good
+                + b"\xc0",
+                "hash": b"\x93"
+                + ts
+                + b"\x93"
+                + good
+                + b"\x82\xa4type\xacBlockRemoved\xacblock_hashes\x91"
+                + nest
+                + good
+                + b"\xc0",
                 "rank": b"\x93" + ts + b"\x90" + nest,
             }[where]
             batch = check_decode(raw, seq=4)
@@ -491,9 +546,12 @@ def test_deep_nesting_regression_issue5() -> None:
     deep = b"\x91" * 100_000 + b"\xc0"
     ts = b"\xcb" + struct.pack(">d", 1.0)
     good = _enc({"type": "BlockRemoved", "block_hashes": [7], "medium": None})
-    for raw in (b"\x92" + ts + b"\x91" + deep, b"\x92" + ts + deep,
-                b"\x92" + ts + b"\x91\x82\xa4type\xabBlockStored\xa7unknown" + deep,
-                b"\x93" + ts + b"\x93" + good + deep + good + b"\x05"):
+    for raw in (
+        b"\x92" + ts + b"\x91" + deep,
+        b"\x92" + ts + deep,
+        b"\x92" + ts + b"\x91\x82\xa4type\xabBlockStored\xa7unknown" + deep,
+        b"\x93" + ts + b"\x93" + good + deep + good + b"\x05",
+    ):
         batch = decode_batch(raw, seq=1)
         assert [e for e in batch.events if not isinstance(e, BlockRemoved)] == []
         assert len(batch.skipped) == 1
@@ -512,12 +570,17 @@ def test_deep_nesting_regression_issue5() -> None:
 @given(
     batch=st.one_of(
         st.lists(msgpack_values, min_size=2, max_size=5),
-        st.dictionaries(st.sampled_from(["ts", "events", "data_parallel_rank", "x"]),
-                        msgpack_values, max_size=4),
-        st.tuples(st.floats(allow_nan=False), st.lists(msgpack_values, max_size=5),
-                  st.none() | st.integers(0, 9)).map(list),
-        st.fixed_dictionaries({"ts": st.floats(allow_nan=False),
-                               "events": st.lists(msgpack_values, max_size=5)}),
+        st.dictionaries(
+            st.sampled_from(["ts", "events", "data_parallel_rank", "x"]), msgpack_values, max_size=4
+        ),
+        st.tuples(
+            st.floats(allow_nan=False),
+            st.lists(msgpack_values, max_size=5),
+            st.none() | st.integers(0, 9),
+        ).map(list),
+        st.fixed_dictionaries(
+            {"ts": st.floats(allow_nan=False), "events": st.lists(msgpack_values, max_size=5)}
+        ),
     )
 )
 def test_recursion_free_batch_splitter_agrees_with_msgspec(batch: Any) -> None:
@@ -549,8 +612,18 @@ HUGE_HEADERS = {
 }
 
 
-HUGE_PLACES = ["payload", "ts", "events", "event", "block_hashes", "token_ids", "hash", "tag",
-               "field_name", "unknown_field"]
+HUGE_PLACES = [
+    "payload",
+    "ts",
+    "events",
+    "event",
+    "block_hashes",
+    "token_ids",
+    "hash",
+    "tag",
+    "field_name",
+    "unknown_field",
+]
 
 
 @FEW
@@ -565,11 +638,12 @@ def test_huge_declared_lengths(tail: bytes) -> None:
                 "ts": b"\x92" + h,
                 "events": b"\x93" + ts + h,
                 "event": b"\x93" + ts + b"\x92" + good + h,
-                "block_hashes": b"\x93" + ts
-                + b"\x91\x82\xa4type\xacBlockRemoved\xacblock_hashes" + h,
+                "block_hashes": b"\x93"
+                + ts
+                + b"\x91\x82\xa4type\xacBlockRemoved\xacblock_hashes"
+                + h,
                 "token_ids": b"\x93" + ts + b"\x91\x82\xa4type\xabBlockStored\xa9token_ids" + h,
-                "hash": b"\x93" + ts
-                + b"\x91\x82\xa4type\xacBlockRemoved\xacblock_hashes\x91" + h,
+                "hash": b"\x93" + ts + b"\x91\x82\xa4type\xacBlockRemoved\xacblock_hashes\x91" + h,
                 "tag": b"\x93" + ts + b"\x91\x81\xa4type" + h,
                 "field_name": b"\x93" + ts + b"\x91\x82\xa4type\xacBlockRemoved" + h,
                 "unknown_field": b"\x93" + ts + b"\x91\x82\xa4type\xacBlockRemoved\xa1x" + h,
@@ -620,8 +694,9 @@ def test_mixed_event_encodings_in_one_batch(
     evs: list[tuple[str, dict[str, Any]]], data: st.DataObject
 ) -> None:
     # Not something vLLM sends, but a decoder must not lose events over it.
-    enc_per_event = data.draw(st.lists(st.sampled_from(["map", "+kind"]), min_size=len(evs),
-                                       max_size=len(evs)))
+    enc_per_event = data.draw(
+        st.lists(st.sampled_from(["map", "+kind"]), min_size=len(evs), max_size=len(evs))
+    )
     encoded = [
         encode_map_event(t, f) if e == "map" else encode_array_event(t, f, e)
         for (t, f), e in zip(evs, enc_per_event, strict=True)
@@ -664,9 +739,19 @@ def test_event_to_builtins_deep_nesting_regression_issue5() -> None:
 # Report invariant: vLLM-shaped streams from bench/gen.py report exactly their truth
 # ---------------------------------------------------------------------------
 
-REPORT_COUNTS = ("store_events", "blocks_stored", "tokens_stored", "remove_events",
-                 "blocks_removed", "blocks_cleared", "live_blocks_end", "peak_live_blocks",
-                 "distinct_hashes", "restored_blocks", "orphan_removes")
+REPORT_COUNTS = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "distinct_hashes",
+    "restored_blocks",
+    "orphan_removes",
+)
 
 
 def _load_gen() -> Any:
@@ -682,17 +767,27 @@ def _load_gen() -> Any:
 
 
 def _report_diffs(rep: dict[str, Any], truth: dict[str, Any]) -> list[str]:
-    diffs = [f"totals.{c}: {rep['totals'][c]} != {truth['totals'][c]}"
-             for c in REPORT_COUNTS if rep["totals"][c] != truth["totals"][c]]
-    for table, key in (("by_kind", "kind"), ("by_window", "sliding_window"),
-                       ("by_group", "group_idx")):
+    diffs = [
+        f"totals.{c}: {rep['totals'][c]} != {truth['totals'][c]}"
+        for c in REPORT_COUNTS
+        if rep["totals"][c] != truth["totals"][c]
+    ]
+    for table, key in (
+        ("by_kind", "kind"),
+        ("by_window", "sliding_window"),
+        ("by_group", "group_idx"),
+    ):
         got = {r[key]: r for r in rep[table]}
         want = {r[key]: r for r in truth[table]}
         if set(got) != set(want):
             diffs.append(f"{table} keys {sorted(got, key=str)} != {sorted(want, key=str)}")
             continue
-        diffs += [f"{table}[{k}].{c}: {got[k][c]} != {want[k][c]}"
-                  for k in want for c in REPORT_COUNTS if got[k][c] != want[k][c]]
+        diffs += [
+            f"{table}[{k}].{c}: {got[k][c]} != {want[k][c]}"
+            for k in want
+            for c in REPORT_COUNTS
+            if got[k][c] != want[k][c]
+        ]
     return diffs
 
 
@@ -709,8 +804,15 @@ def _report_diffs(rep: dict[str, Any], truth: dict[str, Any]) -> list[str]:
     chunk_bytes=st.sampled_from([1 << 12, 1 << 16, 1 << 24]),
 )
 def test_report_equals_reference_on_vllm_shaped_streams(
-    tmp_path_factory: pytest.TempPathFactory, seed: int, model: str, layout: str,
-    hash_type: str, pool: int, running: int, reannounce: float, chunk_bytes: int,
+    tmp_path_factory: pytest.TempPathFactory,
+    seed: int,
+    model: str,
+    layout: str,
+    hash_type: str,
+    pool: int,
+    running: int,
+    reannounce: float,
+    chunk_bytes: int,
 ) -> None:
     """kvtool report == a plain reference computation (bench/gen.py's truth), whatever the
     model, layout, hash type, pool pressure, re-announce rate and report chunking."""
@@ -722,11 +824,37 @@ def test_report_equals_reference_on_vllm_shaped_streams(
 
     gen = _load_gen()
     out = tmp_path_factory.mktemp("gen")
-    gen.main(["--name", "s", "--outdir", str(out), "--block-events", "3000", "--seed", str(seed),
-              "--model", model, "--layout", layout, "--hash", hash_type,
-              "--pool-blocks", str(pool), "--max-running", str(running), "--prefixes", "12",
-              "--reannounce", str(reannounce), "--prefill-tokens", "512",
-              "--warmup-steps", "15", "--no-frames"])
+    gen.main(
+        [
+            "--name",
+            "s",
+            "--outdir",
+            str(out),
+            "--block-events",
+            "3000",
+            "--seed",
+            str(seed),
+            "--model",
+            model,
+            "--layout",
+            layout,
+            "--hash",
+            hash_type,
+            "--pool-blocks",
+            str(pool),
+            "--max-running",
+            str(running),
+            "--prefixes",
+            "12",
+            "--reannounce",
+            str(reannounce),
+            "--prefill-tokens",
+            "512",
+            "--warmup-steps",
+            "15",
+            "--no-frames",
+        ]
+    )
     truth = json.loads((out / "s.truth.json").read_text())
     buf = io.StringIO()
     render_json(build_report([out / "s.mcap"], chunk_bytes=chunk_bytes), buf)
@@ -817,8 +945,7 @@ def _state_reference(ops: list[tuple[Any, ...]]) -> dict[str, Any]:
         else:
             orphans += 1
     left = sorted(((k, t) for k, q in live.items() for t in q), key=repr)
-    return {"orphans": orphans, "restored": restored, "lifetimes": sorted(lifetimes),
-            "live": left}
+    return {"orphans": orphans, "restored": restored, "lifetimes": sorted(lifetimes), "live": left}
 
 
 @settings(max_examples=150, deadline=None)
@@ -843,20 +970,39 @@ def test_state_step_equals_a_plain_multiset_over_any_chunking(
                 epochs[op[1]] += 1
                 continue
             kind, cid, g, h = op
-            rows.append((t, cid, g, h, epochs[cid], float(t), 1 if kind == "S" else -1, False,
-                         0, g is None, True))
+            rows.append(
+                (
+                    t,
+                    cid,
+                    g,
+                    h,
+                    epochs[cid],
+                    float(t),
+                    1 if kind == "S" else -1,
+                    False,
+                    0,
+                    g is None,
+                    True,
+                )
+            )
         blocks = pl.DataFrame(rows, schema=state.BLOCK_SCHEMA, orient="row")
-        final = pl.DataFrame({"channel_id": [0, 1], "final_epoch": [epochs[0], epochs[1]]},
-                             schema={"channel_id": pl.UInt32, "final_epoch": pl.Int64})
+        final = pl.DataFrame(
+            {"channel_id": [0, 1], "final_epoch": [epochs[0], epochs[1]]},
+            schema={"channel_id": pl.UInt32, "final_epoch": pl.Int64},
+        )
         step = state.advance(blocks, live, final)
         live = step.live
         orphans += int(step.blocks["orphan"].sum())
         restored += int(step.blocks["restored"].sum())
-        lifetimes += [round(r - s) for r, s in zip(step.pairs["remove_ts"],
-                                                    step.pairs["store_ts"], strict=True)]
+        lifetimes += [
+            round(r - s)
+            for r, s in zip(step.pairs["remove_ts"], step.pairs["store_ts"], strict=True)
+        ]
     got_live = sorted(
-        (((c, g, h), round(t)) for c, g, h, t in live.select(
-            "channel_id", "group_idx", "hash", "store_ts").iter_rows()),
+        (
+            ((c, g, h), round(t))
+            for c, g, h, t in live.select("channel_id", "group_idx", "hash", "store_ts").iter_rows()
+        ),
         key=repr,
     )
     want = _state_reference(ops)

@@ -42,8 +42,10 @@ def test_capture_matches_truth(capture: str) -> None:
     assert dict(types) == truth["events_by_type"]
     assert blocks == truth["block_stored"]["total"]["blocks"]
     assert tokens == truth["block_stored"]["total"]["tokens"]
-    if "legacy_fields" in truth["wire"] and truth["wire"]["legacy_fields"] and (
-        "kv_cache_spec_kind" not in truth["wire"]["legacy_fields"]["stored"]
+    if (
+        "legacy_fields" in truth["wire"]
+        and truth["wire"]["legacy_fields"]
+        and ("kv_cache_spec_kind" not in truth["wire"]["legacy_fields"]["stored"])
     ):
         assert set(by_kind) == {(None, None)}
     else:
@@ -106,10 +108,19 @@ def test_map_batch_map_events_unknown_fields_and_bytes_hashes() -> None:
         {
             "ts": 2,
             "events": [
-                {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": None,
-                 "token_ids": [1], "block_size": 16, "lora_id": None, "medium": "GPU",
-                 "lora_name": None, "future_field": {"x": 1}, "group_idx": 0,
-                 "kv_cache_spec_kind": "brand_new_kind"},
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [h],
+                    "parent_block_hash": None,
+                    "token_ids": [1],
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "future_field": {"x": 1},
+                    "group_idx": 0,
+                    "kv_cache_spec_kind": "brand_new_kind",
+                },
             ],
             "data_parallel_rank": None,
         }
@@ -125,10 +136,16 @@ def test_map_batch_map_events_unknown_fields_and_bytes_hashes() -> None:
 
 def test_unknown_event_type_is_skipped_and_neighbours_kept() -> None:
     payload = _enc(
-        [1.0, [{"type": "BlockRemoved", "block_hashes": [5], "medium": None},
-               {"type": "BlockMoved", "block_hashes": [5]},
-               {"type": "BlockRemoved", "block_hashes": "oops", "medium": None},
-               {"type": "AllBlocksCleared"}], 0]
+        [
+            1.0,
+            [
+                {"type": "BlockRemoved", "block_hashes": [5], "medium": None},
+                {"type": "BlockMoved", "block_hashes": [5]},
+                {"type": "BlockRemoved", "block_hashes": "oops", "medium": None},
+                {"type": "AllBlocksCleared"},
+            ],
+            0,
+        ]
     )
     out = decode_batch(payload, seq=42)
     assert [event_type(e) for e in out.events] == ["BlockRemoved", "AllBlocksCleared"]
@@ -165,10 +182,34 @@ def test_pass_through_fields_of_unexpected_type_keep_the_event() -> None:
     The report's lean decoder never looks at these fields, so decode_batch must not
     drop the event either, or replay and report would count different events.
     """
-    stored = ["BlockStored", [1, 2], {"x": 1}, [5, "six", [7, 8]], "16", 1.5,
-              "GPU", {"cache_salt": "s"}, "keys", 0]
-    payload = _enc([1.0, [stored, {"type": "BlockRemoved", "block_hashes": [1],
-                                   "medium": "GPU", "locality": 3, "ownership": [1]}], 0])
+    stored = [
+        "BlockStored",
+        [1, 2],
+        {"x": 1},
+        [5, "six", [7, 8]],
+        "16",
+        1.5,
+        "GPU",
+        {"cache_salt": "s"},
+        "keys",
+        0,
+    ]
+    payload = _enc(
+        [
+            1.0,
+            [
+                stored,
+                {
+                    "type": "BlockRemoved",
+                    "block_hashes": [1],
+                    "medium": "GPU",
+                    "locality": 3,
+                    "ownership": [1],
+                },
+            ],
+            0,
+        ]
+    )
     out = decode_batch(payload)
     assert out.skipped == ()
     st, rm = out.events

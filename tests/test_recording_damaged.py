@@ -574,9 +574,7 @@ def _hostile_files(tmp_path: Path) -> dict[str, Path]:
     [["info"], ["report", "-f", "json"], ["replay", "--format", "jsonl"], ["export", "-o"]],
     ids=["info", "report", "replay", "export"],
 )
-def test_every_read_command_reads_hostile_files(
-    tmp_path: Path, command: list[str]
-) -> None:
+def test_every_read_command_reads_hostile_files(tmp_path: Path, command: list[str]) -> None:
     from typer.testing import CliRunner
 
     from kvtool.cli import app

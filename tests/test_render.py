@@ -52,8 +52,14 @@ def _removed(hashes: list[int], group: int) -> dict:
     return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": group}
 
 
-def _record(path: Path, batches: list[list[dict]], *, endpoint: str = "tcp://127.0.0.1:5557",
-            topic: str = "", groups: list[dict] | None = None) -> Path:
+def _record(
+    path: Path,
+    batches: list[list[dict]],
+    *,
+    endpoint: str = "tcp://127.0.0.1:5557",
+    topic: str = "",
+    groups: list[dict] | None = None,
+) -> Path:
     with RecordingWriter(path) as w:
         ch = w.add_channel(endpoint, topic, 0)
         for seq, events in enumerate(batches):
@@ -84,8 +90,9 @@ def _no_raw_escape(text: str) -> None:
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv", "json"])
 def test_issue8_15_report_escapes_hostile_strings(tmp_path: Path, fmt: str) -> None:
     rec = _hostile(tmp_path)
-    result = runner.invoke(app, ["report", str(rec), "--format", fmt, "--every", "1s",
-                                 "--by", "kind,group"])
+    result = runner.invoke(
+        app, ["report", str(rec), "--format", fmt, "--every", "1s", "--by", "kind,group"]
+    )
     assert result.exit_code == 0, result.stderr
     _no_raw_escape(result.stdout)
     _no_raw_escape(result.stderr)
@@ -128,9 +135,12 @@ def test_issue8_15_replay_check_escapes_hostile_strings(tmp_path: Path) -> None:
 def _big(tmp_path: Path) -> Path:
     # long kind names and seven-digit counts: the widest cells a default table meets
     batches = [
-        [_stored(list(range(k * 10**7, k * 10**7 + 2000)), k, kind)
-         for k, kind in enumerate(["chunked_local_attention", "encoder_only_attention",
-                                   "sliding_window_mla"])]
+        [
+            _stored(list(range(k * 10**7, k * 10**7 + 2000)), k, kind)
+            for k, kind in enumerate(
+                ["chunked_local_attention", "encoder_only_attention", "sliding_window_mla"]
+            )
+        ]
         for _ in range(60)
     ]
     return _record(tmp_path / "big.mcap", batches)
@@ -238,8 +248,10 @@ def test_issue11_5_known_kinds_are_accepted(kind: str) -> None:
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
-        (["--seq", "70:80"],
-         "kvtool: 0 of 1,925 events (64 batches) matched --seq 70:80; seqs in the input: 0-63"),
+        (
+            ["--seq", "70:80"],
+            "kvtool: 0 of 1,925 events (64 batches) matched --seq 70:80; seqs in the input: 0-63",
+        ),
         (["--since", "5s"], "matched --since 5s; the input spans 0-3.150 s (receive time)"),
         (["--kind", "mamba"], "kinds of stores in the input: full_attention, sliding_window"),
     ],
@@ -302,19 +314,19 @@ def test_issue11_11_jsonl_default_is_exact_in_json_and_matches_pretty() -> None:
     assert any(int(h) > 2**53 for h in hashes) or int(hashes[0]) >= 0
     pretty = runner.invoke(app, ["replay", str(GEMMA), "-f", "pretty", "--seq", "0"])
     assert f"hash {hashes[0]}" in pretty.stdout.splitlines()[0]
-    hexed = runner.invoke(app, ["replay", str(GEMMA), "-f", "jsonl", "--seq", "0",
-                                "--hash-format", "hex"])
-    assert json.loads(hexed.stdout.splitlines()[0])["block_hashes"][0] == (
-        f"{int(hashes[0]):016x}"
+    hexed = runner.invoke(
+        app, ["replay", str(GEMMA), "-f", "jsonl", "--seq", "0", "--hash-format", "hex"]
     )
+    assert json.loads(hexed.stdout.splitlines()[0])["block_hashes"][0] == (f"{int(hashes[0]):016x}")
 
 
 # -- 11.12: time column, stable widths, | head, --plot --------------------------------------
 
 
 def test_issue11_12_pretty_has_time_column_and_stable_widths() -> None:
-    result = runner.invoke(app, ["replay", str(GEMMA), "-f", "pretty", "--seq", "0:20",
-                                 "--type", "BlockStored"])
+    result = runner.invoke(
+        app, ["replay", str(GEMMA), "-f", "pretty", "--seq", "0:20", "--type", "BlockStored"]
+    )
     lines = result.stdout.splitlines()
     assert lines[0].lstrip().startswith("0.000s")
     assert lines[-1].split()[0].endswith("s") and float(lines[-1].split()[0][:-1]) > 0
@@ -331,17 +343,26 @@ def test_issue11_12_pretty_since_counts_from_the_file_start() -> None:
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv", "markdown"])
 def test_issue11_12_report_into_head_exits_0(fmt: str) -> None:
-    cmd = (f"{sys.executable} -m kvtool report {GEMMA} --every 1ms --wide --by kind,window,group "
-           f"-f {fmt} | head -c 1 >/dev/null; echo $? ${{PIPESTATUS[0]}}")
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120,
-                          env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"})
+    cmd = (
+        f"{sys.executable} -m kvtool report {GEMMA} --every 1ms --wide --by kind,window,group "
+        f"-f {fmt} | head -c 1 >/dev/null; echo $? ${{PIPESTATUS[0]}}"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", cmd],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.stdout.split() == ["0", "0"], proc.stderr
     assert proc.stderr == ""
 
 
 def test_issue11_12_replay_pretty_into_head_exits_0() -> None:
-    cmd = (f"{sys.executable} -m kvtool replay {GEMMA} -f pretty | head -1 >/dev/null; "
-           "echo ${PIPESTATUS[0]}")
+    cmd = (
+        f"{sys.executable} -m kvtool replay {GEMMA} -f pretty | head -1 >/dev/null; "
+        "echo ${PIPESTATUS[0]}"
+    )
     proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["0"], proc.stderr
 

@@ -52,8 +52,16 @@ def _run(*args: object) -> object:
 @pytest.mark.parametrize("name", CAPTURES)
 def test_stripped_capture_annotates_to_what_vllm_produced(tmp_path: Path, name: str) -> None:
     rec = capture_recording(tmp_path, name, strip=True)
-    result = _run(rec, "--annotate", "--groups", _groups_file(tmp_path, name), "--format", "jsonl",
-                  "--hash-format", "int")
+    result = _run(
+        rec,
+        "--annotate",
+        "--groups",
+        _groups_file(tmp_path, name),
+        "--format",
+        "jsonl",
+        "--hash-format",
+        "int",
+    )
     assert result.exit_code == 0, result.stderr  # type: ignore[attr-defined]
     got = _jsonl(result)
     want = _vllm_events(name)
@@ -349,8 +357,10 @@ def test_library_filters_without_decoding(tmp_path: Path) -> None:
         (["--groups", "g.json"], "give metadata for --annotate or --check"),
         (["--group-meta", "0=full_attention"], "give metadata for --annotate or --check"),
         (["--group", "0=full_attention"], "give group metadata as --group-meta 0=full"),
-        (["--annotate", "--group-meta", "0=full_attention", "--group-meta", "0=mamba"],
-         "given twice"),
+        (
+            ["--annotate", "--group-meta", "0=full_attention", "--group-meta", "0=mamba"],
+            "given twice",
+        ),
         (["--check", "-o", "x.mcap"], "--check only reports"),
     ],
 )

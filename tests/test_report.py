@@ -112,8 +112,10 @@ def reference(payloads: list[bytes], table: dict[int, tuple[str, int | None]] | 
     n_seen = 0
     for raw in payloads:
         for ev in decode_batch(raw).events:
-            if event_type(ev) == "BlockStored" and ev.kv_cache_spec_kind is not None and (
-                ev.group_idx is not None
+            if (
+                event_type(ev) == "BlockStored"
+                and ev.kv_cache_spec_kind is not None
+                and (ev.group_idx is not None)
             ):
                 kw = (ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window)
                 got = said[ev.group_idx].setdefault(kw, [0, n_seen])
@@ -344,8 +346,11 @@ def test_report_json_equals_truth(name: str, tmp_path: Path) -> None:
         key = None if legacy_no_group else g["group_idx"]
         assert by_group[key]["blocks_stored"] == g["blocks"]
     # The independent per-event loop agrees on every column, lifetimes included.
-    table = {g["group_idx"]: (g["kind"], g["sliding_window"]) for g in meta} \
-        if "group-idx" in name else None
+    table = (
+        {g["group_idx"]: (g["kind"], g["sliding_window"]) for g in meta}
+        if "group-idx" in name
+        else None
+    )
     payloads = [p for _t, _s, p in capture_messages(name)]
     check_against_reference(rep, payloads, table)
 
@@ -378,7 +383,8 @@ def test_group_flags(tmp_path: Path) -> None:
         flags += ["--group", f"{g}=sliding_window:64"]
     rep = report_json(str(rec), *flags)
     assert {(r["sliding_window"], r["blocks_stored"]) for r in rep["by_window"]} == {
-        (None, 315), (64, 1575)
+        (None, 315),
+        (64, 1575),
     }
 
 
@@ -455,15 +461,15 @@ def test_restored_orphan_and_clear(tmp_path: Path) -> None:
     rec = record_batches(
         tmp_path / "r.mcap",
         [
-            [stored([1, 2], 0, fa)],       # t=0: live {1, 2}
-            [stored([1], 0, fa)],          # t=1: 1 again -> restored, live 1 twice
-            [removed([1], 0)],             # t=2: lifetime 2 (FIFO: first store of 1)
-            [removed([3], 0)],             # t=3: orphan, changes nothing
-            [removed([1], 0)],             # t=4: lifetime 3
-            [removed([1], 0)],             # t=5: orphan (1 no longer live)
-            [stored([4], 0, fa), CLEAR],   # t=6: clear drops {2, 4}
-            [removed([4], 0)],             # t=7: orphan after the clear
-            [stored([5, 5], 0, fa)],       # t=8: 5 twice in one store: restored once
+            [stored([1, 2], 0, fa)],  # t=0: live {1, 2}
+            [stored([1], 0, fa)],  # t=1: 1 again -> restored, live 1 twice
+            [removed([1], 0)],  # t=2: lifetime 2 (FIFO: first store of 1)
+            [removed([3], 0)],  # t=3: orphan, changes nothing
+            [removed([1], 0)],  # t=4: lifetime 3
+            [removed([1], 0)],  # t=5: orphan (1 no longer live)
+            [stored([4], 0, fa), CLEAR],  # t=6: clear drops {2, 4}
+            [removed([4], 0)],  # t=7: orphan after the clear
+            [stored([5, 5], 0, fa)],  # t=8: 5 twice in one store: restored once
             [stored([], 0, fa, tokens=[1, 2, 3])],  # a store with zero hashes
         ],
     )
@@ -514,9 +520,7 @@ def _encode(events) -> list[dict]:
         if e[0] == "S":
             _, hs, g, annotated = e
             kind = ("full_attention", None) if g in (0, None) else ("sliding_window", 8)
-            out.append(
-                stored(hs, g, *kind) if annotated and g is not None else stored(hs, g)
-            )
+            out.append(stored(hs, g, *kind) if annotated and g is not None else stored(hs, g))
         elif e[0] == "R":
             out.append(removed(e[1], e[2]) if e[2] is not None else removed(e[1], with_group=False))
         else:
@@ -525,10 +529,13 @@ def _encode(events) -> list[dict]:
 
 
 @pytest.mark.slow
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(st.lists(_event, max_size=5), min_size=1, max_size=12),
-       chunk=st.sampled_from([1, 200, 10_000_000]))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batches=st.lists(st.lists(_event, max_size=5), min_size=1, max_size=12),
+    chunk=st.sampled_from([1, 200, 10_000_000]),
+)
 def test_vectorised_equals_event_loop(batches, chunk, tmp_path_factory) -> None:
     path = tmp_path_factory.mktemp("h") / "r.mcap"
     encoded = [_encode(b) for b in batches]
@@ -599,8 +606,9 @@ def test_csv_format(gemma_rec: Path) -> None:
 
 def test_markdown_format_and_out(gemma_rec: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
-    result = runner.invoke(app, ["report", str(gemma_rec), "--format", "markdown", "--out",
-                                 str(out)])
+    result = runner.invoke(
+        app, ["report", str(gemma_rec), "--format", "markdown", "--out", str(out)]
+    )
     assert result.exit_code == 0
     assert result.stdout == ""
     text = out.read_text()
@@ -624,8 +632,9 @@ def test_missing_file_is_one_line(tmp_path: Path) -> None:
 
 def test_plot(gemma_rec: Path, tmp_path: Path) -> None:
     png = tmp_path / "p.png"
-    result = runner.invoke(app, ["report", str(gemma_rec), "--every", "5ms", "--plot", str(png),
-                                 "--format", "json"])
+    result = runner.invoke(
+        app, ["report", str(gemma_rec), "--every", "5ms", "--plot", str(png), "--format", "json"]
+    )
     assert result.exit_code == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "timeline" in json.loads(result.stdout)
@@ -660,8 +669,9 @@ def test_kind_with_stores_but_no_removes_is_a_finding(tmp_path: Path) -> None:
         ],
     )
     rep = build_report([rec])
-    assert any(f.startswith("sliding_window stored 1 blocks but none was evicted")
-               for f in rep.findings)
+    assert any(
+        f.startswith("sliding_window stored 1 blocks but none was evicted") for f in rep.findings
+    )
 
 
 def test_report_frames_are_polars(gemma_rec: Path) -> None:
@@ -692,11 +702,19 @@ def test_non_finite_ts_falls_back_to_receive_time(tmp_path: Path) -> None:
     path = tmp_path / "r.mcap"
     with RecordingWriter(path) as w:
         ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
-        w.write(ch, 0, ENC.encode([float("nan"), [stored([7], 0, "full_attention")], 0]),
-                log_time=5 * 10**9)
+        w.write(
+            ch,
+            0,
+            ENC.encode([float("nan"), [stored([7], 0, "full_attention")], 0]),
+            log_time=5 * 10**9,
+        )
         w.write(ch, 1, ENC.encode([7.0, [removed([7], 0)], 0]), log_time=7 * 10**9)
-        w.write(ch, 2, ENC.encode([float("inf"), [stored([8], 0, "full_attention")], 0]),
-                log_time=8 * 10**9)
+        w.write(
+            ch,
+            2,
+            ENC.encode([float("inf"), [stored([8], 0, "full_attention")], 0]),
+            log_time=8 * 10**9,
+        )
     result = runner.invoke(app, ["report", str(path), "--format", "json", "--every", "1s"])
     assert result.exit_code == 0, result.stderr
     assert "NaN" not in result.stdout and "Infinity" not in result.stdout
@@ -724,8 +742,9 @@ def test_out_of_range_ints_become_null(tmp_path: Path) -> None:
     path = tmp_path / "r.mcap"
     with RecordingWriter(path) as w:
         ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
-        w.write(ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention"), bad], 2**64 - 1]),
-                log_time=1)
+        w.write(
+            ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention"), bad], 2**64 - 1]), log_time=1
+        )
     rep = report_json(str(path), "--by", "group")
     assert rep["totals"]["store_events"] == 2
     assert {r["group_idx"] for r in rep["by_group"]} == {0, None}
@@ -737,8 +756,9 @@ def test_lost_batches_are_a_finding(tmp_path: Path) -> None:
     ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
     w.write(ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention")], 0]), log_time=1)
     w.write(ch, 3, ENC.encode([4.0, [removed([1], 0), removed([2], 0)], 0]), log_time=4)
-    w.close(ledger={"channels": [], "recovered": 0, "lost": 2, "lost_ranges": [[1, 2]],
-                    "restarts": 0})
+    w.close(
+        ledger={"channels": [], "recovered": 0, "lost": 2, "lost_ranges": [[1, 2]], "restarts": 0}
+    )
     rep = build_report([path])
     assert any("2 batch(es) were lost while recording (seq 1-2)" in f for f in rep.findings)
     assert rep.totals["orphan_removes"][0] == 1
@@ -784,12 +804,16 @@ def test_issue8_9_negative_or_pre_2000_ts_is_not_a_time(bad_ts: float, tmp_path:
     path = tmp_path / "r.mcap"
     with RecordingWriter(path) as w:
         ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
-        w.write(ch, 0, ENC.encode([t0, [stored([1], 0, "full_attention")], 0]),
-                log_time=int(t0 * 1e9))
-        w.write(ch, 1, ENC.encode([bad_ts, [stored([2], 0, "full_attention")], 0]),
-                log_time=int((t0 + 1) * 1e9))
-        w.write(ch, 2, ENC.encode([t0 + 2, [removed([1, 2], 0)], 0]),
-                log_time=int((t0 + 2) * 1e9))
+        w.write(
+            ch, 0, ENC.encode([t0, [stored([1], 0, "full_attention")], 0]), log_time=int(t0 * 1e9)
+        )
+        w.write(
+            ch,
+            1,
+            ENC.encode([bad_ts, [stored([2], 0, "full_attention")], 0]),
+            log_time=int((t0 + 1) * 1e9),
+        )
+        w.write(ch, 2, ENC.encode([t0 + 2, [removed([1, 2], 0)], 0]), log_time=int((t0 + 2) * 1e9))
     rep = report_json(str(path), "--every", "1s")
     # The bad batch sits at its receive time: the timeline spans 2 s, not decades.
     assert [r["time_s"] for r in rep["timeline"]] == [0.0, 1.0, 2.0]

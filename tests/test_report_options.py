@@ -21,8 +21,20 @@ ENC = msgspec.msgpack.Encoder()
 def stored(hashes: list[int], group: int, kind: str = "full_attention") -> list[object]:
     # vLLM 0.33 array layout: tag, block_hashes, parent, token_ids, block_size, lora_id,
     # medium, lora_name, extra_keys, group_idx, kind, window.
-    return ["BlockStored", hashes, None, [1] * 16 * len(hashes), 16, None, None, None, None,
-            group, kind, None]
+    return [
+        "BlockStored",
+        hashes,
+        None,
+        [1] * 16 * len(hashes),
+        16,
+        None,
+        None,
+        None,
+        None,
+        group,
+        kind,
+        None,
+    ]
 
 
 def removed(hashes: list[int], group: int) -> list[object]:
@@ -49,8 +61,9 @@ def test_issue11_2_readme_timeline_has_rows_on_the_receive_clock() -> None:
 
 
 def test_issue11_2_publish_clock_and_one_point_warning() -> None:
-    code, out, err = run("report", str(GEMMA), "--every", "500ms", "--format", "json",
-                         "--clock", "publish")
+    code, out, err = run(
+        "report", str(GEMMA), "--every", "500ms", "--format", "json", "--clock", "publish"
+    )
     assert code == 0
     rep = json.loads(out)
     assert rep["source"]["clock"] == "publish"
@@ -101,17 +114,21 @@ def two_ranks(path: Path) -> Path:
         c1 = w.add_channel("tcp://127.0.0.1:5558", "", 1)
         t0 = 1_800_000_000 * 10**9
         for i in range(4):
-            w.write(c0, i, ENC.encode([1.8e9 + i, [stored([10 + i], 0)], 0]),
-                    log_time=t0 + i * 10**9)
-            w.write(c1, i, ENC.encode([1.8e9 + i, [stored([20 + i, 30 + i], 0)], 1]),
-                    log_time=t0 + i * 10**9 + 1)
+            w.write(
+                c0, i, ENC.encode([1.8e9 + i, [stored([10 + i], 0)], 0]), log_time=t0 + i * 10**9
+            )
+            w.write(
+                c1,
+                i,
+                ENC.encode([1.8e9 + i, [stored([20 + i, 30 + i], 0)], 1]),
+                log_time=t0 + i * 10**9 + 1,
+            )
     return path
 
 
 def test_issue11_4_report_since_until_equals_report_of_a_replay_slice(tmp_path: Path) -> None:
     sliced = tmp_path / "slice.mcap"
-    code, _out, err = run("replay", str(GEMMA), "--since", "1s", "--until", "2s", "-o",
-                          str(sliced))
+    code, _out, err = run("replay", str(GEMMA), "--since", "1s", "--until", "2s", "-o", str(sliced))
     assert code == 0, err
     code, out, err = run("report", str(GEMMA), "--since", "1s", "--until", "2s", "-f", "json")
     assert code == 0, err
@@ -257,7 +274,8 @@ def test_issue11_2_plot_warns_with_one_point_and_draws_on_receive_clock(tmp_path
     code, _out, err = run("report", str(GEMMA), "--every", "1s", "--plot", str(png))
     assert code == 0, err
     assert png.stat().st_size > 0 and "warning" not in err
-    code, _out, err = run("report", str(GEMMA), "--every", "1s", "--plot", str(png), "--force",
-                          "--clock", "publish")
+    code, _out, err = run(
+        "report", str(GEMMA), "--every", "1s", "--plot", str(png), "--force", "--clock", "publish"
+    )
     assert code == 0
     assert "warning: the timeline has 1 point" in err

@@ -70,8 +70,12 @@ def check_kinds(kinds: Iterable[str], rp: Replay) -> None:
         )
 
 
-def check_time_order(since: TimeBound | None, until: TimeBound | None, start_ns: int | None,
-                     texts: tuple[str | None, str | None]) -> None:
+def check_time_order(
+    since: TimeBound | None,
+    until: TimeBound | None,
+    start_ns: int | None,
+    texts: tuple[str | None, str | None],
+) -> None:
     """Refuse ``--since`` later than ``--until`` (an empty window, never what was meant).
 
     Args:

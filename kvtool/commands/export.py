@@ -52,23 +52,39 @@ def export(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
     since: Annotated[
         str | None,
-        typer.Option("--since", metavar="TIME", show_default=False,
-                     help="Only batches received at or after TIME (as replay --since)."),
+        typer.Option(
+            "--since",
+            metavar="TIME",
+            show_default=False,
+            help="Only batches received at or after TIME (as replay --since).",
+        ),
     ] = None,
     until: Annotated[
         str | None,
-        typer.Option("--until", metavar="TIME", show_default=False,
-                     help="Only batches received at or before TIME."),
+        typer.Option(
+            "--until",
+            metavar="TIME",
+            show_default=False,
+            help="Only batches received at or before TIME.",
+        ),
     ] = None,
     rank: Annotated[
         list[str] | None,
-        typer.Option("--rank", metavar="RANK", show_default=False,
-                     help="Only these data-parallel ranks (repeat or comma list; 'none')."),
+        typer.Option(
+            "--rank",
+            metavar="RANK",
+            show_default=False,
+            help="Only these data-parallel ranks (repeat or comma list; 'none').",
+        ),
     ] = None,
     channel: Annotated[
         list[str] | None,
-        typer.Option("--channel", metavar="CHANNEL", show_default=False,
-                     help="Only these channels (name, endpoint, glob or port)."),
+        typer.Option(
+            "--channel",
+            metavar="CHANNEL",
+            show_default=False,
+            help="Only these channels (name, endpoint, glob or port).",
+        ),
     ] = None,
 ) -> ExitStatus:
     """Write the flat table (one row per block event, annotated) to Parquet or CSV.
@@ -85,15 +101,23 @@ def export(
     check_inputs([*files, groups])
     stats = ReadStats()
     select = make_selection(channel=channel, rank=rank, since=since, until=until)
-    with env.progress(f"exporting {len(files)} recording(s)", input_size(files),
-                      quiet=quiet) as bar:
+    with env.progress(
+        f"exporting {len(files)} recording(s)", input_size(files), quiet=quiet
+    ) as bar:
         result = export_table(
-            files, output, groups_file=groups, group_flags=group or None, force=force,
-            stats=stats, select=select, progress=bar.update if bar.shown else None,
+            files,
+            output,
+            groups_file=groups,
+            group_flags=group or None,
+            force=force,
+            stats=stats,
+            select=select,
+            progress=bar.update if bar.shown else None,
         )
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],
-        stats.messages, stats.unselected,
+        stats.messages,
+        stats.unselected,
     )
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)

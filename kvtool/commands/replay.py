@@ -127,8 +127,7 @@ def replay(
             "--output",
             "-o",
             metavar="FILE.mcap",
-            help="Write the selected batches, bytes unchanged, to a new recording "
-            "(- for stdout).",
+            help="Write the selected batches, bytes unchanged, to a new recording (- for stdout).",
             show_default=False,
         ),
     ] = None,
@@ -158,8 +157,7 @@ def replay(
         typer.Option(
             "--group-meta",
             metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for group IDX, for --annotate and --check; repeat per "
-            "group.",
+            help="Group metadata for group IDX, for --annotate and --check; repeat per group.",
             show_default=False,
         ),
     ] = None,
@@ -490,10 +488,21 @@ def replay(
             status = _run_plain(
                 rp, env, output=output, force=force, show_events=show_events, fmt=fmt
             )
-        selected_by = [(o, ",".join(v) if isinstance(v, list) else v) for o, v in (
-            ("--type", type_), ("--kind", kind), ("--window", window),
-            ("--group", group_filter), ("--channel", channel), ("--rank", rank),
-            ("--since", since), ("--until", until), ("--seq", seq)) if v]
+        selected_by = [
+            (o, ",".join(v) if isinstance(v, list) else v)
+            for o, v in (
+                ("--type", type_),
+                ("--kind", kind),
+                ("--window", window),
+                ("--group", group_filter),
+                ("--channel", channel),
+                ("--rank", rank),
+                ("--since", since),
+                ("--until", until),
+                ("--seq", seq),
+            )
+            if v
+        ]
         if not quiet:
             say_if_empty(rp, env, selected_by)
         return _finish(rp, env, status)
@@ -525,14 +534,20 @@ class _Sinks:
             self.printer = (
                 JsonlWriter(env.stdout, hash_format=hf)
                 if fmt is EventFormat.jsonl
-                else PrettyWriter(env.out, multi_channel=multi, hash_format=hf,
-                                  start_ns=getattr(rp, "start_ns", None))
+                else PrettyWriter(
+                    env.out,
+                    multi_channel=multi,
+                    hash_format=hf,
+                    start_ns=getattr(rp, "start_ns", None),
+                )
             )
         if output is not None:
             self.copy = RecordingCopy(
-                output, rp.readers, given=rp.given, force=force, stream=_binary_stdout(
-                    env, output, show_events
-                )
+                output,
+                rp.readers,
+                given=rp.given,
+                force=force,
+                stream=_binary_stdout(env, output, show_events),
             )
 
     @property
@@ -574,8 +589,11 @@ def _run_plain(
     sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
     sizes = {r.path: input_size([r.path]) or 0 for r in rp.readers}
     # A bar only while copying to -o: printed events would scroll it away.
-    bar = env.progress(f"writing {printable(output)}", sum(sizes.values()) or None,
-                       quiet=output is None or (show_events and env.stdout_is_tty))
+    bar = env.progress(
+        f"writing {printable(output)}",
+        sum(sizes.values()) or None,
+        quiet=output is None or (show_events and env.stdout_is_tty),
+    )
     try:
         with bar:
             done = FileOffsets(bar, sizes)
@@ -692,9 +710,7 @@ def _run_publish(
             env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
 
     def on_wait(n: int) -> None:
-        progress.status(
-            f"waiting for {n_wait} subscriber(s) on {printable(endpoint)} ({n} so far)"
-        )
+        progress.status(f"waiting for {n_wait} subscriber(s) on {printable(endpoint)} ({n} so far)")
 
     try:
         try:
@@ -822,13 +838,35 @@ COMMAND_OPTIONS = {
 }
 HELP_PANELS = {
     "replay": {
-        "Filters": ["--type", "--kind", "--window", "--group", "--channel", "--rank",
-                    "--since", "--until", "--seq"],
+        "Filters": [
+            "--type",
+            "--kind",
+            "--window",
+            "--group",
+            "--channel",
+            "--rank",
+            "--since",
+            "--until",
+            "--seq",
+        ],
         "Annotation": ["--annotate", "--check", "--groups", "--group-meta"],
         "Output": ["--format", "--hash-format", "--output", "--force", "--quiet"],
-        "Publishing": ["--publish", "--connect", "--replay-endpoint", "--legacy-replay",
-                       "--buffer-steps", "--renumber", "--speed", "--rate", "--max-speed",
-                       "--loop", "--wait-subscribers", "--wait-timeout", "--start-delay",
-                       "--hold", "--drop"],
+        "Publishing": [
+            "--publish",
+            "--connect",
+            "--replay-endpoint",
+            "--legacy-replay",
+            "--buffer-steps",
+            "--renumber",
+            "--speed",
+            "--rate",
+            "--max-speed",
+            "--loop",
+            "--wait-subscribers",
+            "--wait-timeout",
+            "--start-delay",
+            "--hold",
+            "--drop",
+        ],
     }
 }

@@ -48,35 +48,48 @@ def _parse_by(text: str) -> list[str]:
     out = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in out if p not in TABLES]
     if bad or not out:
-        raise UsageError(
-            f"--by {text!r}: expected a comma-separated list of {', '.join(TABLES)}"
-        )
+        raise UsageError(f"--by {text!r}: expected a comma-separated list of {', '.join(TABLES)}")
     return out
 
 
 def report(
     files: Annotated[
-        list[Path], typer.Argument(help="Recordings (.mcap); several make one combined report.",
-                                   show_default=False, metavar="FILE...")
+        list[Path],
+        typer.Argument(
+            help="Recordings (.mcap); several make one combined report.",
+            show_default=False,
+            metavar="FILE...",
+        ),
     ],
     by: Annotated[
-        str, typer.Option("--by", metavar="TABLE,...",
-                          help="Tables to show: kind,window,group,rank,channel (any subset, "
-                          "in order).")
+        str,
+        typer.Option(
+            "--by",
+            metavar="TABLE,...",
+            help="Tables to show: kind,window,group,rank,channel (any subset, in order).",
+        ),
     ] = "kind,window",
     every: Annotated[
         str | None,
-        typer.Option("--every", metavar="DURATION", help="Add a timeline per kind with "
-                     "buckets of this duration (e.g. 1s, 250ms)."),
+        typer.Option(
+            "--every",
+            metavar="DURATION",
+            help="Add a timeline per kind with buckets of this duration (e.g. 1s, 250ms).",
+        ),
     ] = None,
     format: Annotated[
-        ReportFormat, typer.Option("--format", "-f", help="table (for people), json, csv or "
-                                   "markdown.")
+        ReportFormat,
+        typer.Option("--format", "-f", help="table (for people), json, csv or markdown."),
     ] = ReportFormat.table,
     out: Annotated[
         Path | None,
-        typer.Option("--output", "-o", "--out", metavar="FILE",
-                     help="Write the report to FILE instead of stdout (- is stdout)."),
+        typer.Option(
+            "--output",
+            "-o",
+            "--out",
+            metavar="FILE",
+            help="Write the report to FILE instead of stdout (- is stdout).",
+        ),
     ] = None,
     force: Annotated[
         bool,
@@ -84,68 +97,112 @@ def report(
     ] = False,
     plot: Annotated[
         Path | None,
-        typer.Option("--plot", metavar="FILE.png", help="Draw live blocks and eviction "
-                     "rate per kind into FILE.png "
-                     f"(needs kvtool[plot]; buckets of --every, default {DEFAULT_PLOT_EVERY})."),
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Draw live blocks and eviction "
+            "rate per kind into FILE.png "
+            f"(needs kvtool[plot]; buckets of --every, default {DEFAULT_PLOT_EVERY}).",
+        ),
     ] = None,
     groups: Annotated[
         Path | None,
-        typer.Option("--groups", metavar="FILE", help="KV cache group metadata JSON "
-                     "(get_kv_cache_group_metadata() or spec descriptions)."),
+        typer.Option(
+            "--groups",
+            metavar="FILE",
+            help="KV cache group metadata JSON "
+            "(get_kv_cache_group_metadata() or spec descriptions).",
+        ),
     ] = None,
     group: Annotated[
         list[str] | None,
-        typer.Option("--group-meta", "--group", metavar="IDX=KIND[:WINDOW]",
-                     help="Group metadata for group IDX; repeat per group."),
+        typer.Option(
+            "--group-meta",
+            "--group",
+            metavar="IDX=KIND[:WINDOW]",
+            help="Group metadata for group IDX; repeat per group.",
+        ),
     ] = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")
     ] = False,
     columns: Annotated[
         str | None,
-        typer.Option("--columns", metavar="COL,...", show_default=False,
-                     help="Columns for table and markdown output, by their JSON names, or "
-                     "'all' (default for tables: blocks stored, removed, live at end, peak, "
-                     "restored, lifetime p50/p99; markdown: all)."),
+        typer.Option(
+            "--columns",
+            metavar="COL,...",
+            show_default=False,
+            help="Columns for table and markdown output, by their JSON names, or "
+            "'all' (default for tables: blocks stored, removed, live at end, peak, "
+            "restored, lifetime p50/p99; markdown: all).",
+        ),
     ] = None,
     wide: Annotated[
         bool, typer.Option("--wide", help="Every column (same as --columns all).")
     ] = False,
     jobs: Annotated[
         int | None,
-        typer.Option("--jobs", "-j", min=1, metavar="N", show_default="the machine's cores",
-                     help="Decode in this many processes (the result is the same for any N)."),
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            metavar="N",
+            show_default="the machine's cores",
+            help="Decode in this many processes (the result is the same for any N).",
+        ),
     ] = None,
     ray: Annotated[
         str | None,
-        typer.Option("--ray", metavar="ADDRESS",
-                     help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray])."),
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray]).",
+        ),
     ] = None,
     clock: Annotated[
         Clock,
-        typer.Option("--clock", help="Time axis of --every and --plot: receive (when the recorder "
-                     "got each batch, the clock of info and replay --since) or publish (the "
-                     "batch ts, the engine's clock). Lifetimes always use publish."),
+        typer.Option(
+            "--clock",
+            help="Time axis of --every and --plot: receive (when the recorder "
+            "got each batch, the clock of info and replay --since) or publish (the "
+            "batch ts, the engine's clock). Lifetimes always use publish.",
+        ),
     ] = Clock.receive,
     since: Annotated[
         str | None,
-        typer.Option("--since", metavar="TIME", show_default=False,
-                     help="Only batches received at or after TIME (as replay --since)."),
+        typer.Option(
+            "--since",
+            metavar="TIME",
+            show_default=False,
+            help="Only batches received at or after TIME (as replay --since).",
+        ),
     ] = None,
     until: Annotated[
         str | None,
-        typer.Option("--until", metavar="TIME", show_default=False,
-                     help="Only batches received at or before TIME."),
+        typer.Option(
+            "--until",
+            metavar="TIME",
+            show_default=False,
+            help="Only batches received at or before TIME.",
+        ),
     ] = None,
     rank: Annotated[
         list[str] | None,
-        typer.Option("--rank", metavar="RANK", show_default=False,
-                     help="Only these data-parallel ranks (repeat or comma list; 'none')."),
+        typer.Option(
+            "--rank",
+            metavar="RANK",
+            show_default=False,
+            help="Only these data-parallel ranks (repeat or comma list; 'none').",
+        ),
     ] = None,
     channel: Annotated[
         list[str] | None,
-        typer.Option("--channel", metavar="CHANNEL", show_default=False,
-                     help="Only these channels (name, endpoint, glob or port)."),
+        typer.Option(
+            "--channel",
+            metavar="CHANNEL",
+            show_default=False,
+            help="Only these channels (name, endpoint, glob or port).",
+        ),
     ] = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
@@ -216,7 +273,8 @@ def report(
                 f"(buckets of {every or DEFAULT_PLOT_EVERY}); "
                 f"try a smaller --every or --clock "
                 f"{'publish' if clock is Clock.receive else 'receive'}",
-                markup=False, highlight=False,
+                markup=False,
+                highlight=False,
             )
     if plot is not None and every is None:
         # The timeline was only built for the plot; keep the output as asked.
@@ -256,8 +314,7 @@ def report(
     if format is not ReportFormat.table and not quiet:
         for line in rep.findings:
             if line not in damage and not (lost and "lost while recording" in line):
-                env.err.print(f"kvtool: finding: {printable(line)}", markup=False,
-                              highlight=False)
+                env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 
 

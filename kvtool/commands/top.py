@@ -211,8 +211,15 @@ COMMANDS = {"top": top}
 COMMAND_OPTIONS = {"top": {"epilog": EXAMPLES}}
 HELP_PANELS = {
     "top": {
-        "Live": ["--replay-endpoint", "--dp-size", "--topic", "--replay-timeout", "--record",
-                 "--force", "--groups"],
+        "Live": [
+            "--replay-endpoint",
+            "--dp-size",
+            "--topic",
+            "--replay-timeout",
+            "--record",
+            "--force",
+            "--groups",
+        ],
         "Recording": ["--speed"],
         "Display": ["--view", "--interval", "--duration", "--once"],
     }

@@ -255,10 +255,17 @@ def event_line(
             win_s = f" w{win}" if win is not None else ""
             kw = wd.pad("kind", kind_t[0] + win_s)
             parts += [
-                (wd.pad("type", tag), "green"), "  ", grp, "  ",
-                (kind_t[0], kind_t[1]), kw[len(kind_t[0]):], "  ",
-                blocks, " ",
-                f"{wd.pad('tokens', str(len(event.token_ids)), right=True)} tokens", first,
+                (wd.pad("type", tag), "green"),
+                "  ",
+                grp,
+                "  ",
+                (kind_t[0], kind_t[1]),
+                kw[len(kind_t[0]) :],
+                "  ",
+                blocks,
+                " ",
+                f"{wd.pad('tokens', str(len(event.token_ids)), right=True)} tokens",
+                first,
             ]
         else:
             parts += [(wd.pad("type", tag), "red"), "  ", grp, "  ", blocks, first]
@@ -289,8 +296,7 @@ class PrettyWriter:
         self.multi_channel = multi_channel
         self.start_ns = start_ns
         self.hash_format: HashFormat = hash_format
-        self.widths = _Widths(time=8, seq=5, rank=2, type=16, group=3, kind=18,
-                              blocks=2, tokens=3)
+        self.widths = _Widths(time=8, seq=5, rank=2, type=16, group=3, kind=18, blocks=2, tokens=3)
         self.lines = 0
 
     def write(self, item: ReplayBatch) -> None:
@@ -309,8 +315,14 @@ class PrettyWriter:
             return
         for ev in item.events:
             self.console.print(
-                event_line(item, ev, multi_channel=self.multi_channel, start_ns=self.start_ns,
-                           hash_format=self.hash_format, widths=self.widths),
+                event_line(
+                    item,
+                    ev,
+                    multi_channel=self.multi_channel,
+                    start_ns=self.start_ns,
+                    hash_format=self.hash_format,
+                    widths=self.widths,
+                ),
                 highlight=False,
             )
             self.lines += 1

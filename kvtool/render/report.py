@@ -23,13 +23,27 @@ if TYPE_CHECKING:
 TABLES = ("kind", "window", "group", "rank", "channel")
 """Names accepted by ``--by``."""
 
-_TITLES = {"kind": "by kind", "window": "by sliding window", "group": "by group",
-           "rank": "by data-parallel rank", "channel": "by channel"}
-_FRAME = {"kind": "by_kind", "window": "by_window", "group": "by_group", "rank": "by_rank",
-          "channel": "by_channel"}
-_KEYS = {"kind": ["kind"], "window": ["sliding_window"], "group": ["group_idx", "kind",
-                                                                     "sliding_window"],
-         "rank": ["dp_rank"], "channel": ["channel"]}
+_TITLES = {
+    "kind": "by kind",
+    "window": "by sliding window",
+    "group": "by group",
+    "rank": "by data-parallel rank",
+    "channel": "by channel",
+}
+_FRAME = {
+    "kind": "by_kind",
+    "window": "by_window",
+    "group": "by_group",
+    "rank": "by_rank",
+    "channel": "by_channel",
+}
+_KEYS = {
+    "kind": ["kind"],
+    "window": ["sliding_window"],
+    "group": ["group_idx", "kind", "sliding_window"],
+    "rank": ["dp_rank"],
+    "channel": ["channel"],
+}
 
 
 COLUMN_LABELS = {
@@ -108,8 +122,9 @@ def parse_columns(text: str) -> list[str]:
     return wanted
 
 
-def _rows(report: Report, by: str, columns: Sequence[str], *,
-          totals: bool) -> tuple[list[str], list[list[object]]]:
+def _rows(
+    report: Report, by: str, columns: Sequence[str], *, totals: bool
+) -> tuple[list[str], list[list[object]]]:
     frame: pl.DataFrame = getattr(report, _FRAME[by])
     keys = _KEYS[by]
     header = [*keys, *columns]
@@ -169,15 +184,22 @@ def render_table(
     for name in by:
         header, rows = _rows(report, name, columns, totals=True)
         nkeys = len(_KEYS[name])
-        cols = [Column(h, key=i < nkeys) if i < nkeys else Column(COLUMN_LABELS[h])
-                for i, h in enumerate(header)]
-        print_table(console, _TITLES[name], cols, [[cell(v) for v in r] for r in rows],
-                    total_last=True)
+        cols = [
+            Column(h, key=i < nkeys) if i < nkeys else Column(COLUMN_LABELS[h])
+            for i, h in enumerate(header)
+        ]
+        print_table(
+            console, _TITLES[name], cols, [[cell(v) for v in r] for r in rows], total_last=True
+        )
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
         cols = [Column(_TIMELINE_LABELS.get(h, h), key=h in ("time_s", "kind")) for h in header]
-        print_table(console, f"timeline (every {report.every_s:g} s)", cols,
-                    [[cell(v) for v in r] for r in rows])
+        print_table(
+            console,
+            f"timeline (every {report.every_s:g} s)",
+            cols,
+            [[cell(v) for v in r] for r in rows],
+        )
     console.print(Text(_legend(columns), style="dim"), highlight=False)
     for line in report.findings:
         console.print(Text(f"finding: {printable(line)}"), highlight=False)
@@ -221,16 +243,36 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     for name in by:
         frame: pl.DataFrame = getattr(report, _FRAME[name])
         for r in frame.to_dicts():
-            w.writerow([_FRAME[name], *[_csv(r.get(k)) for k in key_cols],
-                        *[_csv(r.get(c)) for c in COLUMNS], *pad])
+            w.writerow(
+                [
+                    _FRAME[name],
+                    *[_csv(r.get(k)) for k in key_cols],
+                    *[_csv(r.get(c)) for c in COLUMNS],
+                    *pad,
+                ]
+            )
         tot = report.totals.to_dicts()[0] if report.totals.height else {}
-        w.writerow([_FRAME[name], "total", *[""] * (len(key_cols) - 1),
-                    *[_csv(tot.get(c)) for c in COLUMNS], *pad])
+        w.writerow(
+            [
+                _FRAME[name],
+                "total",
+                *[""] * (len(key_cols) - 1),
+                *[_csv(tot.get(c)) for c in COLUMNS],
+                *pad,
+            ]
+        )
     if report.timeline is not None:
         empty = [""] * len(COLUMNS)
         for r in report.timeline.to_dicts():
-            w.writerow(["timeline", _csv(r.get("kind")), *[""] * (len(key_cols) - 1), *empty,
-                        *[_csv(r.get(c)) for c in tl_cols]])
+            w.writerow(
+                [
+                    "timeline",
+                    _csv(r.get("kind")),
+                    *[""] * (len(key_cols) - 1),
+                    *empty,
+                    *[_csv(r.get(c)) for c in tl_cols],
+                ]
+            )
 
 
 def _csv(v: object) -> object:
@@ -273,8 +315,9 @@ def _md(text: str) -> str:
     return printable(text).replace("|", "\\|")
 
 
-def _md_table(stream: TextIO, header: list[str], rows: list[list[object]], *,
-              bold_last: bool) -> None:
+def _md_table(
+    stream: TextIO, header: list[str], rows: list[list[object]], *, bold_last: bool
+) -> None:
     stream.write("| " + " | ".join(header) + " |\n")
     stream.write("|" + "|".join("---" for _ in header) + "|\n")
     for i, r in enumerate(rows):

@@ -57,8 +57,9 @@ def _width(texts: Sequence[str]) -> int:
     return max((cell_len(line) for t in texts for line in t.split("\n")), default=0)
 
 
-def _table(title: str | None, cols: Sequence[Column], rows: Sequence[Sequence[str]],
-           total_last: bool) -> Table:
+def _table(
+    title: str | None, cols: Sequence[Column], rows: Sequence[Sequence[str]], total_last: bool
+) -> Table:
     t = Table(
         title=Text(title) if title else None,
         title_justify="left",
@@ -122,8 +123,12 @@ def print_table(
         blocks.append(current)
     for n, block in enumerate(blocks):
         idx = keys + block
-        t = _table(title if n == 0 else None, [columns[i] for i in idx],
-                   [[r[i] for i in idx] for r in rows], total_last)
+        t = _table(
+            title if n == 0 else None,
+            [columns[i] for i in idx],
+            [[r[i] for i in idx] for r in rows],
+            total_last,
+        )
         console.print(t)
 
 

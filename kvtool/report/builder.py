@@ -371,13 +371,15 @@ class ReportBuilder:
             delta = delta.scatter(at, -1)
             gkey = gkey.scatter(at, pairs["gkey"])
         # The timeline bucket of each delta (its row's): null without a timeline.
-        bucket = df["bucket"] if "bucket" in df.columns else pl.repeat(None, n, dtype=pl.Int64,
-                                                                         eager=True)
+        bucket = (
+            df["bucket"]
+            if "bucket" in df.columns
+            else pl.repeat(None, n, dtype=pl.Int64, eager=True)
+        )
         deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "bucket": bucket, "delta": delta})
         if dropped.height:
             drop_bucket = (
-                pl.col("bucket").first() if "bucket" in dropped.columns
-                else pl.lit(None, pl.Int64)
+                pl.col("bucket").first() if "bucket" in dropped.columns else pl.lit(None, pl.Int64)
             )
             drops = (
                 dropped.group_by("row", "gkey")
@@ -792,8 +794,9 @@ def _split_table(
     totals = [b.tables()["totals"] for b in builders]
     frame = pl.DataFrame(keys, schema=schema)
     if not totals:
-        return pl.concat([frame, pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Int64))],
-                         how="horizontal")
+        return pl.concat(
+            [frame, pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Int64))], how="horizontal"
+        )
     return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
 
 
