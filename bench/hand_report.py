@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # ruff: noqa
-# Copied verbatim from /work/shared/bench/hand_report.py (the baseline issue 10 measured).
+# Copied verbatim from the shared baseline bench/hand_report.py (the loop issue 10 measures against).
 """The hand-written baseline for `kvtool report`: what a user writes to get the same numbers.
 
 Reads an MCAP recording (one message per vLLM batch, data = msgpack payload) with the `mcap`

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from kvtool.columns import ReadStats, decode_chunk, iter_raw_chunks, iter_tables
 from kvtool.recording import RecordingWriter
 from kvtool.report import RAY_INSTALL_HINT, build_report
 from tests.conftest import CAPTURES, capture_messages
+from tests.recutil import write_capture
 from tests.test_report import record_capture
 
 runner = CliRunner()
@@ -85,3 +89,41 @@ def test_cli_ray_without_ray_says_how_to_install(
     assert RAY_INSTALL_HINT in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 of stat: the process group
+            out.append(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_jobs_2_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The pool's workers, forkserver and resource tracker all end with the report."""
+    rec = tmp_path / "g.mcap"
+    write_capture(rec, "gemma3")
+    code = (
+        "from kvtool.report import build_report;"
+        f"build_report([{str(rec)!r}], chunk_bytes=2000, jobs=2)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 0.2  # the kernel's own exit bookkeeping, not kvtool's
+    left = _group_members(proc.pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = _group_members(proc.pid)
+    assert left == [], left

@@ -25,6 +25,7 @@ installed (payloads travel through Ray's object store).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -141,8 +142,29 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
     def close() -> None:
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        if pools:
+            _stop_forkserver()
 
     return run, close
+
+
+def _stop_forkserver() -> None:
+    """Stop the forkserver and resource-tracker processes the pool started.
+
+    They would outlive the report by a moment and be left for init to reap. ``multiprocessing``
+    offers no public call for it; their private ``_stop`` (used by CPython's own tests) closes
+    each server's pipe and reaps it. Without it, they end when this process does.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    for server in (
+        getattr(forkserver, "_forkserver", None),
+        getattr(resource_tracker, "_resource_tracker", None),
+    ):
+        stop = getattr(server, "_stop", None)
+        if callable(stop):
+            with contextlib.suppress(OSError, ValueError, ChildProcessError):
+                stop()
 
 
 def import_ray() -> ModuleType:
