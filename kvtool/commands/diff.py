@@ -10,6 +10,7 @@ import typer
 
 from kvtool.commands import TextOutput, check_inputs, examples, get_env, lost_batches
 from kvtool.commands._help import KvtoolCommand
+from kvtool.commands._options import ForceText, OutputFile
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.render.diff import render_json, render_markdown, render_table
@@ -142,15 +143,8 @@ def diff(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No findings or check lines on stderr.")
     ] = False,
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (- is stdout)."
-        ),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing text FILE of -o.")
-    ] = False,
+    output: OutputFile = None,
+    force: ForceText = False,
 ) -> ExitStatus:
     """Compare two recordings (or two sets) metric by metric, per kind, window or group.
 

@@ -9,6 +9,7 @@ import typer
 
 from kvtool.columns import ReadStats
 from kvtool.commands import check_inputs, examples, get_env
+from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus
 from kvtool.export import export_table
 
@@ -28,19 +29,8 @@ def export(
             "(Parquet partitioned by channel and dp_rank, hive style).",
         ),
     ],
-    groups: Annotated[
-        Path | None,
-        typer.Option("--groups", metavar="FILE", help="KV cache group metadata JSON."),
-    ] = None,
-    group: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--group-meta",
-            "--group",
-            metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for group IDX; repeat per group.",
-        ),
-    ] = None,
+    groups: GroupsFile = None,
+    group: GroupMeta = None,
     force: Annotated[
         bool,
         typer.Option(
@@ -50,42 +40,10 @@ def export(
         ),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,
-    since: Annotated[
-        str | None,
-        typer.Option(
-            "--since",
-            metavar="TIME",
-            show_default=False,
-            help="Only batches received at or after TIME (as replay --since).",
-        ),
-    ] = None,
-    until: Annotated[
-        str | None,
-        typer.Option(
-            "--until",
-            metavar="TIME",
-            show_default=False,
-            help="Only batches received at or before TIME.",
-        ),
-    ] = None,
-    rank: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rank",
-            metavar="RANK",
-            show_default=False,
-            help="Only these data-parallel ranks (repeat or comma list; 'none').",
-        ),
-    ] = None,
-    channel: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--channel",
-            metavar="CHANNEL",
-            show_default=False,
-            help="Only these channels (name, endpoint, glob or port).",
-        ),
-    ] = None,
+    since: Since = None,
+    until: Until = None,
+    rank: Ranks = None,
+    channel: Channels = None,
 ) -> ExitStatus:
     """Write the flat table (one row per block event, annotated) to Parquet or CSV.
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import TextOutput, check_inputs, examples, get_env
+from kvtool.commands._options import ForceText, OutputFile
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.info import RecordingInfo, summarize
 from kvtool.render.info import render_info_json, render_info_table
@@ -35,15 +36,8 @@ def info(
         InfoFormat,
         typer.Option("--format", "-f", help="table (for people) or json (for scripts)."),
     ] = InfoFormat.table,
-    output: Annotated[
-        Path | None,
-        typer.Option(
-            "--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (- is stdout)."
-        ),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing text FILE of -o.")
-    ] = False,
+    output: OutputFile = None,
+    force: ForceText = False,
 ) -> ExitStatus:
     """Summarise recordings: channels, batches, events, blocks, gaps, restarts, groups.
 

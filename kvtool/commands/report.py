@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, lost_batches, parse_duration_ns
+from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
 from kvtool.render.report import (
@@ -105,24 +106,8 @@ def report(
             f"(needs kvtool[plot]; buckets of --every, default {DEFAULT_PLOT_EVERY}).",
         ),
     ] = None,
-    groups: Annotated[
-        Path | None,
-        typer.Option(
-            "--groups",
-            metavar="FILE",
-            help="KV cache group metadata JSON "
-            "(get_kv_cache_group_metadata() or spec descriptions).",
-        ),
-    ] = None,
-    group: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--group-meta",
-            "--group",
-            metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for group IDX; repeat per group.",
-        ),
-    ] = None,
+    groups: GroupsFile = None,
+    group: GroupMeta = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No status lines on stderr.")
     ] = False,
@@ -168,42 +153,10 @@ def report(
             "batch ts, the engine's clock). Lifetimes always use publish.",
         ),
     ] = Clock.receive,
-    since: Annotated[
-        str | None,
-        typer.Option(
-            "--since",
-            metavar="TIME",
-            show_default=False,
-            help="Only batches received at or after TIME (as replay --since).",
-        ),
-    ] = None,
-    until: Annotated[
-        str | None,
-        typer.Option(
-            "--until",
-            metavar="TIME",
-            show_default=False,
-            help="Only batches received at or before TIME.",
-        ),
-    ] = None,
-    rank: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--rank",
-            metavar="RANK",
-            show_default=False,
-            help="Only these data-parallel ranks (repeat or comma list; 'none').",
-        ),
-    ] = None,
-    channel: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--channel",
-            metavar="CHANNEL",
-            show_default=False,
-            help="Only these channels (name, endpoint, glob or port).",
-        ),
-    ] = None,
+    since: Since = None,
+    until: Until = None,
+    rank: Ranks = None,
+    channel: Channels = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 

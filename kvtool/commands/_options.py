@@ -1,0 +1,69 @@
+"""Options several commands share, declared once so their names, metavars and help agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+Since = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        metavar="TIME",
+        show_default=False,
+        help="Only batches received at or after TIME (as replay --since).",
+    ),
+]
+Until = Annotated[
+    str | None,
+    typer.Option(
+        "--until",
+        metavar="TIME",
+        show_default=False,
+        help="Only batches received at or before TIME.",
+    ),
+]
+Ranks = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rank",
+        metavar="RANK",
+        show_default=False,
+        help="Only these data-parallel ranks (repeat or comma list; 'none').",
+    ),
+]
+Channels = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--channel",
+        metavar="CHANNEL",
+        show_default=False,
+        help="Only these channels (name, endpoint, glob or port).",
+    ),
+]
+GroupsFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--groups",
+        metavar="FILE",
+        help="KV cache group metadata JSON (get_kv_cache_group_metadata() or spec descriptions).",
+    ),
+]
+GroupMeta = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--group-meta",
+        "--group",
+        metavar="IDX=KIND[:WINDOW]",
+        help="Group metadata for group IDX; repeat per group.",
+    ),
+]
+OutputFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--output", "-o", metavar="FILE", help="Write to FILE instead of stdout (- is stdout)."
+    ),
+]
+ForceText = Annotated[bool, typer.Option("--force", help="Replace an existing text FILE of -o.")]
