@@ -111,17 +111,47 @@ def _parquet_metadata() -> dict[str, str]:
     return {PARQUET_KEY: json.dumps({"kvtool_version": kvtool.__version__, "table": "events"})}
 
 
+TIME_AND_HASH_COLUMNS = ("receive_time", "publish_time", "hash_hex")
+"""Exported after the table's own columns (:data:`kvtool.columns.TABLE_SCHEMA`)."""
+
+
+def _hash_hex(hashes: pl.Series) -> pl.Series:
+    """16 lower-case hex digits of each 64-bit hash: ``replay --hash-format hex``'s form.
+
+    For 32-byte hashes (which the table keys by their last 8 bytes, as vLLM does) it is
+    the last 16 hex digits of replay's full hex, so the two join on a suffix.
+    """
+    import polars as pl
+
+    raw = hashes.fill_null(0).to_numpy().astype(">i8").view("S8")
+    hexed = pl.Series("hash_hex", raw, dtype=pl.Binary).bin.encode("hex")
+    return pl.select(pl.when(hashes.is_not_null()).then(hexed)).to_series().alias("hash_hex")
+
+
 def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
-    """The exported columns: TABLE_SCHEMA, kind ``unannotated`` for blocks without one."""
+    """The exported columns.
+
+    TABLE_SCHEMA (kind ``unannotated`` for blocks without one), then the same instants as
+    timestamp types (``receive_time`` from ``log_time``, ``publish_time`` from ``ts``, UTC,
+    ns) and ``hash_hex``, the hash as ``replay --format jsonl --hash-format hex`` shows it.
+    """
     import polars as pl
 
     from kvtool.columns import TABLE_SCHEMA, UNANNOTATED
 
-    return df.with_columns(
+    out = df.with_columns(
         kind=pl.when(pl.col("kind").is_null() & (pl.col("type") != "AllBlocksCleared"))
         .then(pl.lit(UNANNOTATED))
         .otherwise(pl.col("kind"))
     ).select(list(TABLE_SCHEMA))
+    return out.with_columns(
+        receive_time=pl.col("log_time").cast(pl.Datetime("ns", "UTC")),
+        publish_time=(pl.col("ts") * 1e9)
+        .round()
+        .cast(pl.Int64, strict=False)
+        .cast(pl.Datetime("ns", "UTC")),
+        hash_hex=_hash_hex(out["hash"]),
+    )
 
 
 def _empty_frame() -> pl.DataFrame:

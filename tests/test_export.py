@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.columns import TABLE_SCHEMA
+from kvtool.export import TIME_AND_HASH_COLUMNS
 from kvtool.recording import RecordedMessage
 from tests.conftest import capture_truth
 from tests.test_report import record_capture
@@ -33,7 +34,7 @@ def test_parquet_roundtrip(rec: Path, tmp_path: Path) -> None:
     assert "exported 3419 rows" in result.stderr
     df = pl.read_parquet(out)
     truth = capture_truth("gemma3")
-    assert list(df.columns) == list(TABLE_SCHEMA)
+    assert list(df.columns) == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS]
     assert (
         df.height
         == truth["block_stored"]["total"]["blocks"]
@@ -74,7 +75,7 @@ def test_csv_roundtrip(rec: Path, tmp_path: Path) -> None:
     assert result.stderr == ""
     df = pl.read_csv(out)
     assert df.height == 3419
-    assert df.columns == list(TABLE_SCHEMA)
+    assert df.columns == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS]
 
 
 def test_directory_is_hive_partitioned(tmp_path: Path) -> None:
@@ -375,3 +376,29 @@ def test_recording_to_a_full_unbuffered_stdout_fails(tmp_path: Path) -> None:
         )
     assert proc.returncode != 0
     assert b"No space left on device" in proc.stderr and b"wrote" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma3.byteshash"])
+def test_issue11_11_times_are_timestamps_and_hash_hex_joins_replay_jsonl(
+    name: str, tmp_path: Path
+) -> None:
+    from tests.recutil import write_capture
+
+    rec = tmp_path / "r.mcap"
+    write_capture(rec, name)
+    out = tmp_path / "e.parquet"
+    res = CliRunner().invoke(app, ["export", str(rec), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.stderr
+    df = pl.read_parquet(out)
+    assert df.schema["receive_time"] == pl.Datetime("ns", "UTC")
+    assert df.schema["publish_time"] == pl.Datetime("ns", "UTC")
+    assert (df["receive_time"].dt.epoch("ns") == df["log_time"]).all()
+    res = CliRunner().invoke(app, ["replay", str(rec), "--format", "jsonl", "--hash-format", "hex"])
+    assert res.exit_code == 0, res.stderr
+    jsonl = [
+        h for line in res.stdout.splitlines() for h in json.loads(line).get("block_hashes") or []
+    ]
+    exported = df.filter(pl.col("hash").is_not_null())["hash_hex"].to_list()
+    # Every replayed hash is found in the export by its hex form (bytes hashes: the suffix).
+    assert len(jsonl) == len(exported)
+    assert all(j.endswith(e) for j, e in zip(jsonl, exported, strict=True))
