@@ -424,20 +424,15 @@ class RecordingSource:
 
     def health(self) -> Health:
         """Return the recording's health: channels seen, batches played, its gap ledger."""
-        ledger = self._reader.ledger or {}
-
-        def n(k: str) -> int:
-            v = ledger.get(k)
-            return v if isinstance(v, int) else 0
-
+        ledger = self._reader.gap_ledger
         return Health(
             source=self.path,
             publishers=len(self._reader.channels) or len(self._channels),
             connected=len(self._channels),
             batches=self._batches,
-            gaps_recovered=n("recovered"),
-            lost=n("lost"),
-            restarts=n("restarts"),
+            gaps_recovered=ledger.recovered if ledger else 0,
+            lost=ledger.lost if ledger else 0,
+            restarts=ledger.restarts if ledger else 0,
             last_batch_age_s=None
             if not self._batches
             else max(0.0, self._stream_t - (self._last - self._t0) / 1e9),

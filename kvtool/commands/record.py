@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 
@@ -12,6 +12,7 @@ from kvtool.commands import examples, get_env, parse_duration_ns
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
+from kvtool.recording.ledger import parse_ledger
 from kvtool.render.status import no_batch_line, record_status, summary_line
 from kvtool.text import printable
 
@@ -168,7 +169,8 @@ def record(
         env.err.print(no_batch_line(result, names), markup=False, highlight=False)
         return ExitStatus.FAILED
     if result.stats.lost:
-        ranges = cast("list[list[int]]", result.ledger.get("lost_ranges") or [])
+        ledger = parse_ledger(result.ledger)
+        ranges = ledger.lost_ranges if ledger is not None else []
         shown = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:10])
         more = " …" if len(ranges) > 10 else ""
         env.err.print(
