@@ -585,3 +585,14 @@ def test_issue8_3_held_bytes_never_pass_the_bound_by_more_than_one_batch() -> No
     assert s.pending is None and s.stats.replay_timeouts == 1
     assert [a for a in acts if isinstance(a, Write)][-1].seq == 39
     assert s.stats.lost == 1  # seq 1, in the ledger
+
+
+def test_a_whole_vllm_replay_buffer_is_not_a_flood() -> None:
+    """An honest answer to a request is vLLM's whole buffer (10,000 batches of ~16 kB):
+    every reply is accepted. A 64 MiB cap took it for a flood and lost its tail (bench)."""
+    from kvtool.capture.sequencer import VLLM_BUFFER_STEPS, ReplyVerdict
+
+    w = ReplyWindow(0, VLLM_BUFFER_STEPS)
+    verdicts = {w.check(b"", seq, 16_000) for seq in range(VLLM_BUFFER_STEPS)}
+    assert verdicts == {ReplyVerdict.ACCEPT} and not w.flooded
+    assert w.count == VLLM_BUFFER_STEPS

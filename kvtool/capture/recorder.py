@@ -24,7 +24,7 @@ Guarantees, whatever the peers do:
 - **SIGKILL** loses at most about 2 s of received batches: the writer flushes every
   second and live batches are held for a replay at most :data:`MAX_HOLD_NS` (1 s);
 - **memory**: the recorder's own buffers (held live batches, one request's replies, the
-  reserve, remembered payload hashes) stay under :data:`MEMORY_BOUND_BYTES` (512 MiB), for up
+  reserve, remembered payload hashes) stay under :data:`MEMORY_BOUND_BYTES` (768 MiB), for up
   to :data:`MAX_CHANNELS_PER_SOURCE` channels per endpoint. ZeroMQ's queues (SUB
   ``RCVHWM`` 5,000 messages, DEALER :data:`DEALER_RCVHWM`) come on top; each message
   is at most :data:`MAX_MESSAGE_BYTES` (a larger one drops the peer's connection).
@@ -129,7 +129,7 @@ the others only have their events counted from the batch header (about 1 us inst
 of 100-200 us for a 15 kB batch)."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
-MEMORY_BOUND_BYTES = 512 * 1024 * 1024
+MEMORY_BOUND_BYTES = 768 * 1024 * 1024
 """The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
 replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) +
 remembered hashes, with room to spare."""

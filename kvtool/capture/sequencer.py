@@ -57,8 +57,14 @@ from kvtool.recording import format as fmt
 
 MAX_REPLY_COUNT = 100_000
 """Replies accepted for one replay request (10x vLLM's default ``buffer_steps``)."""
-MAX_REPLY_BYTES = 64 * 1024 * 1024
-"""Payload bytes accepted for one replay request; the rest is discarded and counted."""
+VLLM_BUFFER_STEPS = 10_000
+"""vLLM's default replay buffer: the last ``buffer_steps`` batches."""
+MAX_REPLY_BYTES = 192 * 1024 * 1024
+"""Payload bytes accepted for one replay request; the rest is discarded and counted.
+
+A legitimate answer is a whole vLLM replay buffer: 10,000 batches of ~15 kB is ~150 MB.
+A cap below that (64 MiB at first) took an honest full-buffer reply for a flood and lost
+its tail: 2,400-4,200 of 7,660 batches in the SNDHWM 1,000 bench, 0 with this cap."""
 
 
 class Verdict(Enum):
