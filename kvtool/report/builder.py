@@ -25,7 +25,7 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -726,8 +726,14 @@ def report_with(
         progress=progress,
     )
     splits = Splits(split, annotator.group_kind)
-    for chunk in prefetch(chunks):
-        df = annotator(chunk, stats)
+
+    def annotated() -> Iterator[pl.DataFrame]:
+        # Annotating is per chunk and needs no builder state: done in the prefetch thread,
+        # it overlaps the builder (both are mostly polars, which releases the GIL).
+        for chunk in chunks:
+            yield annotator(chunk, stats)
+
+    for df in prefetch(annotated()):
         builder.add(df)
         splits.add(df)
     rep = finish_report(builder, annotator, stats)
