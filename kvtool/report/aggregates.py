@@ -260,9 +260,13 @@ class Peaks:
             return
         sets: dict[tuple[int, ...], int] = {}
         exprs = []
+        singles: dict[tuple[int, ...], tuple[int, int]] = {}
         for ids in members.values():
             t = tuple(sorted(ids))
-            if t in sets:
+            if t in sets or t in singles:
+                continue
+            if len(t) == 1 and len(rows) > 1:
+                singles[t] = (0, 0)  # filled by one group_by below
                 continue
             n = sets[t] = len(sets)
             part = (
@@ -271,12 +275,29 @@ class Peaks:
                 else pl.col("delta")
             )
             exprs += [part.cum_sum().max().alias(f"high{n}"), part.sum().alias(f"end{n}")]
-        got = deltas.lazy().select(exprs).collect().row(0)
+        got = deltas.lazy().select(exprs).collect().row(0) if exprs else ()
+        if singles:
+            # One report row's own running sum: one group_by for all of them rather than
+            # a masked pass over the chunk each. Its highest value over its own rows only
+            # can be below 0 where the masked sum's is 0, which ``now`` below covers.
+            for gkey, high, end in (
+                deltas.lazy()
+                .filter(pl.col("gkey").is_not_null())
+                .group_by("gkey")
+                .agg(pl.col("delta").cum_sum().max(), pl.col("delta").sum().alias("end"))
+                .collect()
+                .iter_rows()
+            ):
+                singles[(gkey,)] = (high, end)
         for (level, key), ids in members.items():
-            n = sets[tuple(sorted(ids))]
+            t = tuple(sorted(ids))
+            if t in singles:
+                high, end = singles[t]
+            else:
+                n = sets[t]
+                high, end = got[2 * n], got[2 * n + 1]
             now, peak = self.levels[level].get(key, (0, 0))
-            high, end = got[2 * n] + now, got[2 * n + 1] + now
-            self.levels[level][key] = (end, max(peak, high, now))
+            self.levels[level][key] = (end + now, max(peak, high + now, now))
 
 
 # -- timeline ---------------------------------------------------------------------------

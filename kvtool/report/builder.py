@@ -25,7 +25,8 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -682,6 +683,10 @@ def build_report(
             close()
 
 
+_SWITCH_INTERVAL = 0.0005
+"""GIL switch interval (s) while the report's decode thread and builder run together."""
+
+
 def report_with(
     paths: Sequence[str | os.PathLike[str]],
     annotator: TableAnnotator,
@@ -726,10 +731,25 @@ def report_with(
         progress=progress,
     )
     splits = Splits(split, annotator.group_kind)
-    for chunk in prefetch(chunks):
-        df = annotator(chunk, stats)
-        builder.add(df)
-        splits.add(df)
+
+    def annotated() -> Iterator[pl.DataFrame]:
+        # Annotating is per chunk and needs no builder state: done in the prefetch thread,
+        # it overlaps the builder (both are mostly polars, which releases the GIL).
+        for chunk in chunks:
+            yield annotator(chunk, stats)
+
+    # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
+    # builder here hands the GIL back at every polars query (~55 a chunk) and then waits
+    # to get it back: up to a switch interval (5 ms by default) each time. A shorter
+    # interval for the loop keeps the builder -- the slower stage -- from idling.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(_SWITCH_INTERVAL)
+    try:
+        for df in prefetch(annotated()):
+            builder.add(df)
+            splits.add(df)
+    finally:
+        sys.setswitchinterval(switch)
     rep = finish_report(builder, annotator, stats)
     return splits.finish(rep, stats)
 

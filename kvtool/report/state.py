@@ -34,6 +34,7 @@ columns; a null ``group_idx`` (older vLLM) is its own group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 
@@ -89,25 +90,57 @@ class LiveStep:
     new_stores: pl.DataFrame
 
 
+_SIGN = 1 << 63
+_DIGIT = 0xFFFF
+
+
+def _stable_order(keys: list[Any]) -> Any:
+    """The stable sort order of rows by ``keys`` (numpy arrays, last key primary).
+
+    A least-significant-digit radix sort: one stable ``argsort`` per key, least
+    significant first, each on the rows as the earlier passes ordered them. numpy sorts
+    16-bit integers stably by radix (linear time), and any other dtype by timsort, so the
+    caller passes 16-bit digits where it can.
+    """
+    order = np.argsort(keys[0], kind="stable")
+    for key in keys[1:]:
+        order = order[np.argsort(key[order], kind="stable")]
+    return order
+
+
+def _small(values: Any) -> Any:
+    """``values`` as uint16 if they all fit (radix-sortable), else unchanged."""
+    if values.min() >= 0 and values.max() <= _DIGIT:
+        return values.astype(np.uint16)
+    return values
+
+
 def _sort_by_key(rows: pl.DataFrame) -> pl.DataFrame:
     """Stable sort by (hash, channel_id, group_idx), null groups first.
 
-    ``np.lexsort`` over the separate key columns (stable radix/merge sorts, last key
-    primary): no packed key, any int64 value. Only contiguity of each key and stream order
-    inside it matter, not the order of the keys.
+    The order is exactly that of ``np.lexsort`` over the separate key columns (group with
+    nulls first, then channel, then hash as the primary key): no packed key, any int64
+    value. The signed hash is sorted as four 16-bit digits of its bits with the sign
+    flipped (which orders them as signed values), each digit a linear-time radix pass;
+    a key that is constant over the rows is left out (it does not change a stable
+    order). Only contiguity of each key and stream order inside it matter to the state
+    step, but keeping lexsort's order keeps every downstream sum in the same order.
     """
     if np is None or rows.height == 0:
         return rows.sort(list(_KEY), maintain_order=True)
     g = rows["group_idx"]
-    order = np.lexsort(
-        (
-            g.fill_null(0).to_numpy(),
-            g.is_not_null().to_numpy(),
-            rows["channel_id"].to_numpy(),
-            rows["hash"].to_numpy(),
-        )
-    )
-    return rows[order]
+    c = rows["channel_id"]
+    keys: list[Any] = []
+    if g.null_count():
+        keys += [g.fill_null(0).to_numpy(), g.is_not_null().to_numpy()]
+    elif g.n_unique() > 1:
+        keys.append(_small(g.to_numpy()))
+    if c.n_unique() > 1:
+        keys.append(_small(c.to_numpy()))
+    h = rows["hash"].to_numpy().view(np.uint64) ^ np.uint64(_SIGN)
+    keys += [((h >> np.uint64(s)) & np.uint64(_DIGIT)).astype(np.uint16) for s in (0, 16, 32, 48)]
+    out: pl.DataFrame = rows[_stable_order(keys)]
+    return out
 
 
 def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame) -> LiveStep:
