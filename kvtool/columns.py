@@ -987,17 +987,13 @@ def iter_raw_chunks(
             rec = reader.recovery
             if not rec.complete:
                 st.damaged.append(rec.summary())
-            ledger = reader.ledger
-            lost = ledger.get("lost") if ledger else None
-            if isinstance(lost, int) and lost > 0:
-                ranges = ledger.get("lost_ranges") if ledger else None
+            ledger = reader.gap_ledger
+            if ledger is not None and ledger.lost > 0:
                 shown = ", ".join(
-                    f"{r[0]}-{r[1]}" if r[0] != r[1] else f"{r[0]}"
-                    for r in (ranges if isinstance(ranges, list) else [])[:5]
-                    if isinstance(r, list) and len(r) == 2
+                    f"{a}-{b}" if a != b else f"{a}" for a, b in ledger.lost_ranges[:5]
                 )
                 st.lost.append(
-                    f"{reader.path}: {lost} batch(es) were lost while recording"
+                    f"{reader.path}: {ledger.lost} batch(es) were lost while recording"
                     + (f" (seq {shown})" if shown else "")
                     + ": counts miss their events, and removes of blocks stored in them "
                     "count as orphans"
