@@ -67,3 +67,36 @@ OutputFile = Annotated[
     ),
 ]
 ForceText = Annotated[bool, typer.Option("--force", help="Replace an existing text FILE of -o.")]
+
+# The live-stream options of `record` and `top` (one recorder behind both).
+Topic = Annotated[
+    str, typer.Option("--topic", help="Topic filter (vLLM's default topic is empty).")
+]
+ReplayEndpoints = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--replay-endpoint",
+        "--replay",
+        metavar="ENDPOINT",
+        help="The publisher's replay endpoint (vLLM's replay_endpoint), to recover gaps "
+        "(once per endpoint).",
+    ),
+]
+DpSize = Annotated[
+    int | None,
+    typer.Option(
+        "--dp-size",
+        min=1,
+        metavar="N",
+        help="Data-parallel ranks 0..N-1 of each endpoint: port + rank, for the replay "
+        "endpoint too.",
+    ),
+]
+ReplayTimeout = Annotated[
+    str,
+    typer.Option(
+        "--replay-timeout",
+        metavar="DURATION",
+        help="Give up a replay request unanswered this long.",
+    ),
+]

@@ -9,6 +9,7 @@ import typer
 
 from kvtool.capture import Recorder, load_groups
 from kvtool.commands import examples, get_env, parse_duration_ns
+from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
@@ -36,28 +37,9 @@ def record(
     bind: Annotated[
         bool, typer.Option("--bind", help="Bind the endpoints instead of connecting to them.")
     ] = False,
-    topic: Annotated[
-        str, typer.Option("--topic", help="Topic filter (vLLM's default topic is empty).")
-    ] = "",
-    dp_size: Annotated[
-        int | None,
-        typer.Option(
-            "--dp-size",
-            min=1,
-            metavar="N",
-            help="Record data-parallel ranks 0..N-1: port + rank, for the replay endpoint too.",
-        ),
-    ] = None,
-    replay: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--replay-endpoint",
-            "--replay",
-            metavar="ENDPOINT",
-            help="The publisher's replay endpoint (vLLM's replay_endpoint), to recover gaps "
-            "(once per endpoint).",
-        ),
-    ] = None,
+    topic: Topic = "",
+    dp_size: DpSize = None,
+    replay: ReplayEndpoints = None,
     history: Annotated[
         bool,
         typer.Option("--history", help="First fetch what the replay buffer still holds."),
@@ -98,14 +80,7 @@ def record(
             "forever.",
         ),
     ] = "30s",
-    replay_timeout: Annotated[
-        str,
-        typer.Option(
-            "--replay-timeout",
-            metavar="DURATION",
-            help="Give up a replay request unanswered this long.",
-        ),
-    ] = "2s",
+    replay_timeout: ReplayTimeout = "2s",
     status_every: Annotated[
         str,
         typer.Option(

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
+from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.errors import ExitStatus, UsageError
 
 EXAMPLES = examples(
@@ -47,25 +48,9 @@ def top(
             show_default=False,
         ),
     ],
-    replay: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--replay-endpoint",
-            "--replay",
-            metavar="ENDPOINT",
-            help="The publisher's replay endpoint, to recover gaps as record does "
-            "(once per endpoint).",
-        ),
-    ] = None,
-    dp_size: Annotated[
-        int | None,
-        typer.Option(
-            "--dp-size", min=1, metavar="N", help="Watch data-parallel ranks 0..N-1: port + rank."
-        ),
-    ] = None,
-    topic: Annotated[
-        str, typer.Option("--topic", help="Topic filter (vLLM's default topic is empty).")
-    ] = "",
+    replay: ReplayEndpoints = None,
+    dp_size: DpSize = None,
+    topic: Topic = "",
     record: Annotated[
         Path | None,
         typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
@@ -110,14 +95,7 @@ def top(
             "also stored with --record.",
         ),
     ] = None,
-    replay_timeout: Annotated[
-        str,
-        typer.Option(
-            "--replay-timeout",
-            metavar="DURATION",
-            help="Give up a replay request unanswered this long.",
-        ),
-    ] = "2s",
+    replay_timeout: ReplayTimeout = "2s",
 ) -> ExitStatus:
     """Watch the KV cache live, per kind, sliding window, group or rank (like htop).
 
