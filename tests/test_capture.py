@@ -15,9 +15,6 @@ from kvtool.capture import (
     Recorder,
     Source,
     capture,
-    expand_endpoints,
-    normalize_endpoint,
-    offset_endpoint,
 )
 from kvtool.errors import EndpointError
 from kvtool.protocol import decode_batch, event_type, peek_ts
@@ -74,63 +71,6 @@ def assert_truth(path: Path, name: str) -> None:
     assert c["events"] == {k: v for k, v in truth["events_by_type"].items() if v}
     assert c["stored"] == truth["block_stored"]["total"]["blocks"]
     assert c["removed"] == truth["block_removed"]["total"]["blocks"]
-
-
-# ------------------------------------------------------------------ endpoints
-
-
-@pytest.mark.parametrize(
-    ("text", "bind", "want"),
-    [
-        ("5557", False, "tcp://127.0.0.1:5557"),
-        ("tcp://gpu-7:5557", False, "tcp://gpu-7:5557"),
-        ("tcp://[::1]:5557", False, "tcp://[::1]:5557"),
-        ("tcp://*:5557", True, "tcp://*:5557"),
-        ("ipc:///tmp/kv.sock", False, "ipc:///tmp/kv.sock"),
-        ("inproc://kv", False, "inproc://kv"),
-    ],
-)
-def test_normalize_endpoint(text: str, bind: bool, want: str) -> None:
-    assert normalize_endpoint(text, bind=bind) == want
-
-
-@pytest.mark.parametrize(
-    ("text", "match"),
-    [
-        ("tcp://127.0.0.1", "expected tcp://HOST:PORT"),
-        ("tcp://127.0.0.1:70000", "port 70000 is not in 1-65535"),
-        ("tcp://*:5557", "cannot connect to '\\*'"),
-        ("http://x:1", "not a ZeroMQ endpoint"),
-        ("ipc://", "needs a name"),
-        ("", "not a ZeroMQ endpoint"),
-    ],
-)
-def test_normalize_endpoint_rejects(text: str, match: str) -> None:
-    with pytest.raises(EndpointError, match=match):
-        normalize_endpoint(text)
-
-
-def test_offset_endpoint_like_vllm() -> None:
-    assert offset_endpoint("tcp://127.0.0.1:5557", 3) == "tcp://127.0.0.1:5560"
-    assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
-    assert offset_endpoint("ipc:///tmp/kv", 0) == "ipc:///tmp/kv"  # vLLM: rank 0 unchanged
-    with pytest.raises(EndpointError, match="exceeds 65535"):
-        offset_endpoint("tcp://h:65535", 1)
-
-
-def test_expand_endpoints_dp_size() -> None:
-    got = expand_endpoints(["5557"], replay=["5600"], dp_size=3)
-    assert got == [
-        Source("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5600", 0),
-        Source("tcp://127.0.0.1:5558", "tcp://127.0.0.1:5601", 1),
-        Source("tcp://127.0.0.1:5559", "tcp://127.0.0.1:5602", 2),
-    ]
-    with pytest.raises(EndpointError, match="one --replay per endpoint"):
-        expand_endpoints(["5557", "5558"], replay=["5600"])
-    with pytest.raises(EndpointError, match="given twice"):
-        expand_endpoints(["5557", "tcp://127.0.0.1:5557"])
-    with pytest.raises(EndpointError, match="given twice"):
-        expand_endpoints(["5557", "5558"], dp_size=2)
 
 
 # -------------------------------------------------------------- recordings

@@ -152,3 +152,19 @@ def test_replay_endpoint_that_is_a_publisher_endpoint_is_refused() -> None:
     with pytest.raises(EndpointError, match=r"replay endpoint tcp://127\.0\.0\.1:5600 given twice"):
         expand_endpoints(["5557", "5558"], replay=["5600", "5600"])
     assert len(expand_endpoints(["5557"], replay=["5560"], dp_size=2)) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("tcp://127.0.0.1", "expected tcp://HOST:PORT"),
+        ("tcp://127.0.0.1:70000", "port 70000 is not in 1-65535"),
+        ("tcp://*:5557", "cannot connect to '\\*'"),
+        ("http://x:1", "not a ZeroMQ endpoint"),
+        ("ipc://", "needs a name"),
+        ("", "not a ZeroMQ endpoint"),
+    ],
+)
+def test_normalize_endpoint_rejects(text: str, match: str) -> None:
+    with pytest.raises(EndpointError, match=match):
+        normalize_endpoint(text)
