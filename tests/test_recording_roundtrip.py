@@ -501,3 +501,32 @@ def test_issue8_3_writer_never_writes_a_chunk_its_reader_refuses(
     assert [s for s, _ in got] == [0, 1, 2, 3, 4, 5, 6]
     assert got[5][1] == 4 << 20
     assert path.stat().st_size > 4 << 20  # that chunk is stored as received
+
+
+def test_discard_if_empty_removes_only_the_writers_own_file(tmp_path: Path) -> None:
+    """A recorder that reached no publisher leaves no empty file -- but only its own: a file
+    put at the path since (the recording moved away, another file in its place) stays."""
+    path = tmp_path / "r.mcap"
+    w = RecordingWriter(path)
+    os.rename(path, tmp_path / "moved.mcap")
+    path.write_bytes(b"the user's file")
+    assert w.discard_if_empty() is False
+    w.close()
+    assert path.read_bytes() == b"the user's file"
+
+    own = tmp_path / "own.mcap"
+    w = RecordingWriter(own)
+    assert w.discard_if_empty() is True
+    w.close()
+    assert not own.exists()
+
+
+def test_discard_if_empty_keeps_a_recording_with_messages(tmp_path: Path) -> None:
+    path = tmp_path / "r.mcap"
+    w = RecordingWriter(path)
+    ch = w.add_channel(ENDPOINT, "", 0)
+    w.write(ch, 0, capture_messages("gemma3")[0][2], BASE_NS)
+    assert w.discard_if_empty() is False
+    w.close()
+    with open_recording(path) as r:
+        assert [m.seq for m in r.messages()] == [0]

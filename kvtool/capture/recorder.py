@@ -232,6 +232,9 @@ class _NullWriter:
     def close(self, *, ledger: dict[str, object] | None = None) -> None:
         pass
 
+    def discard_if_empty(self) -> bool:
+        return False
+
 
 _Role = tuple[str, _Src]
 
@@ -406,16 +409,16 @@ class Recorder:
             self._close_sockets()
             if self._ctx_given is None:
                 ctx.term()
+            if isinstance(error, EndpointError):
+                # Nothing reached: leave no empty file behind (the writer removes only
+                # its own file, while it still holds it and its lock).
+                writer.discard_if_empty()
             ledger = self.ledger().to_json()
             try:
                 writer.close(ledger=ledger)
             except (KvtoolError, OSError):
                 if error is None:
                     raise
-            if isinstance(error, EndpointError) and writer.messages_written == 0 and self.path:
-                # Nothing was recorded: leave no empty file behind.
-                with contextlib.suppress(OSError):
-                    os.remove(self.path)
         try:
             size = os.path.getsize(self.path)
         except OSError:

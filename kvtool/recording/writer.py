@@ -559,6 +559,33 @@ class RecordingWriter:
         if self._atomic is not None:
             self._atomic.abort()
 
+    def discard_if_empty(self) -> bool:
+        """Remove the recording this writer made in place, when it holds no message.
+
+        For a start that failed before the first batch (no publisher reached): no empty
+        file is left behind. Only this writer's own file goes, and only while the writer
+        still holds it (and its lock): the path must name the very file it has open (same
+        device and inode), so a file someone put at the path since is never touched. A
+        copy (``atomic``) is dropped by :meth:`abort` instead; a stream is never removed.
+
+        Returns:
+            True when the file was removed.
+        """
+        if self.messages_written or not self._own_file or self._atomic is not None:
+            return False
+        try:
+            held = os.fstat(self._file.fileno())
+            named = os.stat(self.path)
+        except (OSError, ValueError):
+            return False
+        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            return False
+        try:
+            os.unlink(self.path)
+        except OSError:
+            return False
+        return True
+
     @property
     def closed(self) -> bool:
         """True once :meth:`close` ran."""
