@@ -1450,6 +1450,18 @@ class TableAnnotator:
         out.extend(c.describe() for c in self.annotation.conflicts)
         return out
 
+    def adopt(self, stats: ReadStats, out_of_range: Iterable[dict[int, int]]) -> None:
+        """Take over what other annotators saw (the units of a merged report).
+
+        Args:
+            stats: The merged read's stats (its channels).
+            out_of_range: Each unit's stores per group index outside a given table.
+        """
+        self._channels.update(stats.channels)
+        for part in out_of_range:
+            for g, n in part.items():
+                self.out_of_range[g] = self.out_of_range.get(g, 0) + n
+
     def __call__(self, df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
         """Annotate one chunk.
 

@@ -50,3 +50,17 @@ def test_cli_ray_equals_local(tmp_path: Path, local_cluster: None) -> None:
         assert result.exit_code == 0, result.stderr
         out.append(json.loads(result.stdout))
     assert out[0] == out[1]
+
+
+def test_issue10_ray_fleet_units_equal_local(tmp_path: Path, local_cluster: None) -> None:
+    # Three ranks, one recording each: three units, each a Ray task that reads its own
+    # recording (by absolute path) and returns a partial report; merged exactly.
+    from kvtool.report.partial import plan_units
+    from tests.test_report_partial import _fleet, _same
+
+    paths = _fleet(tmp_path, ["gemma3", "gemma3.byteshash", "full_only"])
+    assert len(plan_units(paths)) == 3
+    local = build_report(paths, every_ns=5_000_000).to_dict()
+    on_ray = build_report(paths, every_ns=5_000_000, ray_address="auto").to_dict()
+    _same(on_ray, local)
+    assert on_ray["source"]["recordings"] == [str(p) for p in paths]

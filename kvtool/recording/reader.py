@@ -729,6 +729,17 @@ class RecordingReader:
 
     # -- messages ---------------------------------------------------------------------
 
+    def summary_channels(self) -> list[ChannelInfo]:
+        """The channels a complete recording's summary lists (read at open, no scan).
+
+        Returns:
+            The channels; empty when the summary is missing or damaged (then only a scan
+            finds them).
+        """
+        if not self._tail_ok or self._tail_reason is not None:
+            return []
+        return list(self.channels.values())
+
     def messages(self) -> Iterator[RecordedMessage]:
         """Yield every intact message in file order, then finalise :attr:`recovery`.
 

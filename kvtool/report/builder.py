@@ -24,6 +24,7 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +38,7 @@ from kvtool.columns import (
     REMOVED,
     STORED,
     UNATTRIBUTED,
+    ChannelRef,
     DecodeMap,
     Progress,
     ReadStats,
@@ -70,6 +72,7 @@ from kvtool.report.findings import report_findings
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
+    from kvtool.report.partial import PartialReport, PeakLog
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
@@ -127,6 +130,11 @@ class ReportBuilder:
         self.first_ts: float | None = None
         self.last_ts: float | None = None
         self.ambiguous_removes = 0
+        # Live blocks at the end per gkey when merged from partial reports (no entries).
+        self.live_end: dict[int, int] | None = None
+        # Set by run_builder: the read's channels, and the peak log of a unit of work.
+        self.streams: dict[int, ChannelRef] = {}
+        self.peak_log: PeakLog | None = None
 
     @property
     def levels(self) -> dict[str, dict[object, tuple[int, int]]]:
@@ -263,9 +271,181 @@ class ReportBuilder:
         self._add_distinct(step.new_stores)
         self._add_lifetimes(step.pairs)
         deltas = self._live_deltas(df, step.pairs, dropped, first_row)
-        self.peaks.add(deltas, {i: key for key, i in self.registry.items()})
+        rows = {i: key for key, i in self.registry.items()}
+        self.peaks.add(deltas, rows)
+        if self.peak_log is not None:
+            self._log_peaks(df, deltas, first_row, rows)
         if self.every_ns is not None:
             self._add_timeline(df, deltas)
+
+    def _log_peaks(
+        self,
+        df: pl.DataFrame,
+        deltas: pl.DataFrame,
+        first_row: int,
+        rows: dict[int, ReportRow],
+    ) -> None:
+        """Hand the chunk's deltas, with their batches, to the peak log (partial reports)."""
+        assert self.peak_log is not None
+        at = (deltas["row"] - first_row).to_numpy()
+        streams = {
+            cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
+            for cid, ref in self.streams.items()
+        }
+        self.peak_log.add(
+            df["log_time"].to_numpy()[at],
+            df["seq"].to_numpy()[at],
+            df["channel_id"].cast(pl.Int64).to_numpy()[at],
+            deltas["gkey"].cast(pl.Int64).fill_null(-1).to_numpy(),
+            deltas["delta"].to_numpy(),
+            streams,
+            rows,
+        )
+
+    def partial(self, stats: ReadStats, annotator: TableAnnotator, inputs: list[int]) -> PartialReport:
+        """This builder's state as a partial report (keyed by report row, not gkey).
+
+        Args:
+            stats: The read's stats.
+            annotator: The annotator used.
+            inputs: The recordings' indices in the command line.
+
+        Returns:
+            The partial report (:mod:`kvtool.report.partial`).
+        """
+        from kvtool.report.partial import PartialReport, PeakLog
+
+        self._merge_distinct()
+        log = self.peak_log if self.peak_log is not None else PeakLog()
+        counts = {
+            int(r[0]): tuple(int(v) for v in r[1:])
+            for r in self.counts.select("gkey", *ADDITIVE).iter_rows()
+        }
+        live_end = {
+            int(g): int(n) for g, n in self.live.group_by("gkey").agg(pl.len()).iter_rows()
+        }
+        exact = pl.concat(self.lifetimes) if self.lifetimes else None
+        return PartialReport(
+            inputs=inputs,
+            stats=stats,
+            streams={
+                cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
+                for cid, ref in stats.channels.items()
+            },
+            first_keys=dict(log.firsts),
+            rows=list(self.registry),
+            counts=counts,
+            live_end=live_end,
+            distinct={g: h.to_numpy() for g, h in self.distinct.items()},
+            lifetimes=exact,
+            hist=self.hist,
+            n_lifetimes=self.n_lifetimes,
+            negative_lifetimes=self.negative_lifetimes,
+            ambiguous_removes=self.ambiguous_removes,
+            first_ts=self.first_ts,
+            last_ts=self.last_ts,
+            grouped=bool(self.grouped_channels),
+            timeline=self.timeline if self.every_ns is not None else None,
+            peaks=log,
+            out_of_range=dict(annotator.out_of_range),
+        )
+
+    @classmethod
+    def from_partials(
+        cls,
+        parts: Sequence[PartialReport],
+        group_kind: attribution.GroupKind | None,
+        every_ns: int | None,
+        clock: str,
+    ) -> tuple[ReportBuilder, ReadStats]:
+        """Merge partial reports of units that share no stream (exactly; see partial.py).
+
+        Args:
+            parts: The units' partial reports, in unit order.
+            group_kind: As for the constructor.
+            every_ns: The timeline bucket the units used.
+            clock: The timeline's clock.
+
+        Returns:
+            A builder holding the merged state (ready for :func:`finish_report`) and the
+            merged read stats.
+
+        Raises:
+            NotMergeable: The parts cannot be merged exactly.
+        """
+        from kvtool.report.partial import merge_peaks, merge_stats
+
+        stats, _channels = merge_stats(parts)
+        b = cls(every_ns, group_kind, clock)
+        row_ids = [{i: b._gkey_of(*key) for i, key in enumerate(p.rows)} for p in parts]
+        b.peaks.levels = merge_peaks(parts, row_ids)
+        counts: dict[int, list[int]] = {}
+        live_end: dict[int, int] = {}
+        distinct: dict[int, list[pl.Series]] = {}
+        exact: list[pl.DataFrame] = []
+        hists: list[pl.DataFrame] = []
+        timelines: list[pl.DataFrame] = []
+
+        def remap(frame: pl.DataFrame, ids: dict[int, int]) -> pl.DataFrame:
+            return frame.with_columns(
+                gkey=pl.col("gkey").replace_strict(
+                    list(ids), list(ids.values()), return_dtype=pl.UInt32
+                )
+            )
+
+        for p, ids in zip(parts, row_ids, strict=True):
+            for g, values in p.counts.items():
+                acc = counts.setdefault(ids[g], [0] * len(ADDITIVE))
+                for k, v in enumerate(values):
+                    acc[k] += v
+            for g, n in p.live_end.items():
+                live_end[ids[g]] = live_end.get(ids[g], 0) + n
+            for g, h in p.distinct.items():
+                distinct.setdefault(ids[g], []).append(pl.Series("hash", h, dtype=pl.Int64))
+            if p.lifetimes is not None and p.lifetimes.height:
+                exact.append(remap(p.lifetimes, ids))
+            if p.hist is not None:
+                hists.append(remap(p.hist, ids))
+            if p.timeline is not None and p.timeline.height:
+                timelines.append(remap(p.timeline, ids))
+            b.n_lifetimes += p.n_lifetimes
+            b.negative_lifetimes += p.negative_lifetimes
+            b.ambiguous_removes += p.ambiguous_removes
+            for ts in (p.first_ts, p.last_ts):
+                if ts is not None:
+                    b.first_ts = ts if b.first_ts is None else min(b.first_ts, ts)
+                    b.last_ts = ts if b.last_ts is None else max(b.last_ts, ts)
+            if p.grouped:
+                b.grouped_channels.add(0)
+        b.counts = pl.DataFrame(
+            [(g, *v) for g, v in counts.items()], schema=_COUNTS_SCHEMA, orient="row"
+        )
+        b.live_end = live_end
+        b.distinct = {g: sorted_union(hs) for g, hs in distinct.items()}
+        # One process keeps lifetimes exactly until it has seen more than EXACT_LIFETIMES,
+        # then bins them all: the same rule on the merged count gives the same numbers.
+        if hists or b.n_lifetimes > EXACT_LIFETIMES:
+            binned = [
+                f.select("gkey", bin=hist_bin(pl.col("lifetime_s"))).group_by("gkey", "bin").len("n")
+                for f in exact
+            ]
+            b.hist = (
+                pl.concat(
+                    [*(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in hists),
+                     *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in binned)]
+                )
+                .group_by("gkey", "bin")
+                .agg(pl.col("n").sum())
+            )
+        elif exact:
+            b.lifetimes = [pl.concat(exact)]
+        if timelines:
+            b.timeline = (
+                pl.concat(timelines)
+                .group_by("bucket", "gkey")
+                .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+            )
+        return b, stats
 
     def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
         """Resolve removes without group_idx on grouped channels (see attribution)."""
@@ -503,7 +683,13 @@ class ReportBuilder:
         self._merge_distinct()
         self._distinct_counts = {}
         reg = self._level_map()
-        live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
+        if self.live_end is not None:
+            live_end = pl.DataFrame(
+                {"gkey": list(self.live_end), "live_blocks_end": list(self.live_end.values())},
+                schema={"gkey": pl.UInt32, "live_blocks_end": pl.Int64},
+            )
+        else:
+            live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
         base = (
             reg.join(self.counts, on="gkey", how="left")
             .join(live_end, on="gkey", how="left")
@@ -654,12 +840,29 @@ def build_report(
         MetadataError: Invalid group metadata.
         UsageError: ``ray_address`` given but Ray is not installed.
     """
-    from kvtool.report import parallel
+    from kvtool.report import parallel, partial
 
     check_clock(clock)
     annotator = make_annotator(
         recording_groups(paths), groups_file=groups_file, group_flags=group_flags
     )
+    if (jobs > 1 or ray_address is not None) and select is None and not split:
+        # Recordings that share no stream are separate units of work: each is reported
+        # on its own (a worker, a Ray task) and the partial reports merged exactly.
+        units = partial.plan_units(paths)
+        if len(units) > 1:
+            with contextlib.suppress(partial.NotMergeable):
+                return parallel.report_units(
+                    paths,
+                    units,
+                    annotator,
+                    every_ns=every_ns,
+                    chunk_bytes=chunk_bytes,
+                    clock=clock,
+                    jobs=jobs,
+                    ray_address=ray_address,
+                    progress=progress,
+                )
     decode_map: DecodeMap | None = None
     close: Callable[[], None] | None = None
     if ray_address is not None:
@@ -719,8 +922,56 @@ def report_with(
     Returns:
         The report.
     """
+    splits = Splits(split, annotator.group_kind)
+    builder, stats = run_builder(
+        paths,
+        annotator,
+        every_ns=every_ns,
+        chunk_bytes=chunk_bytes,
+        decode_map=decode_map,
+        clock=clock,
+        select=select,
+        progress=progress,
+        splits=splits,
+    )
+    rep = finish_report(builder, annotator, stats)
+    return splits.finish(rep, stats)
+
+
+def run_builder(
+    paths: Sequence[str | os.PathLike[str]],
+    annotator: TableAnnotator,
+    *,
+    every_ns: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    decode_map: DecodeMap | None = None,
+    clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
+    splits: Splits | None = None,
+    peak_log: PeakLog | None = None,
+) -> tuple[ReportBuilder, ReadStats]:
+    """Read, decode, annotate and feed a builder, in stream order (no finishing).
+
+    Args:
+        paths: Recordings.
+        annotator: Annotates each table chunk (stream order).
+        every_ns: Timeline bucket in ns, or None.
+        chunk_bytes: Payload bytes per chunk.
+        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        clock: The timeline's clock (``receive`` or ``publish``).
+        select: Report only these batches.
+        progress: Called with (bytes done, bytes total) of the input files.
+        splits: Also feeds these per-rank/per-channel builders.
+        peak_log: Logs the peaks per batch (for a merge with other units' partial reports).
+
+    Returns:
+        The fed builder and the read's stats.
+    """
     stats = ReadStats()
     builder = ReportBuilder(every_ns, annotator.group_kind, clock)
+    builder.peak_log = peak_log
+    builder.streams = stats.channels
     chunks = iter_tables(
         paths,
         stats=stats,
@@ -730,7 +981,6 @@ def report_with(
         select=select,
         progress=progress,
     )
-    splits = Splits(split, annotator.group_kind)
 
     def annotated() -> Iterator[pl.DataFrame]:
         # Annotating is per chunk and needs no builder state: done in the prefetch thread,
@@ -739,19 +989,19 @@ def report_with(
             yield annotator(chunk, stats)
 
     # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back at every polars query (~55 a chunk) and then waits
-    # to get it back: up to a switch interval (5 ms by default) each time. A shorter
-    # interval for the loop keeps the builder -- the slower stage -- from idling.
+    # builder here hands the GIL back at every polars query and then waits to get it
+    # back: up to a switch interval (5 ms by default) each time. A shorter interval for
+    # the loop keeps the builder -- the slower stage -- from idling.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(_SWITCH_INTERVAL)
     try:
         for df in prefetch(annotated()):
             builder.add(df)
-            splits.add(df)
+            if splits is not None:
+                splits.add(df)
     finally:
         sys.setswitchinterval(switch)
-    rep = finish_report(builder, annotator, stats)
-    return splits.finish(rep, stats)
+    return builder, stats
 
 
 _SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}

@@ -37,11 +37,20 @@ from concurrent.futures.process import BrokenProcessPool
 from itertools import chain
 from typing import TYPE_CHECKING, TypeVar
 
-from kvtool.columns import DecodedChunk, DecodeMap, RawChunk, decode_chunk
+from kvtool.columns import (
+    DecodedChunk,
+    DecodeMap,
+    Progress,
+    RawChunk,
+    TableAnnotator,
+    decode_chunk,
+)
 from kvtool.errors import KvtoolError, UsageError
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from kvtool.report.aggregates import Report
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -106,6 +115,38 @@ def ordered(
         yield result(pending.popleft())
 
 
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    """A process pool of ``jobs`` workers forked from a server that imported kvtool once.
+
+    Not a fork of this process, whose threads (polars' pool, the prefetch thread) must
+    not be forked.
+    """
+    method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["kvtool.columns"])
+    # Ctrl-C reaches the whole process group: the driver handles it (and shuts the pool
+    # down); a worker dying of it would only blur the exit status.
+    return ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=ctx,
+        initializer=signal.signal,
+        initargs=(signal.SIGINT, signal.SIG_IGN),
+    )
+
+
+def _ray_connect(ray: ModuleType, address: str) -> bool:
+    """Connect to the Ray cluster at ``address`` unless connected; True if connected here."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise KvtoolError(f"--ray {address}: cannot connect to the Ray cluster: {first}") from err
+    return True
+
+
 def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
     """A :data:`kvtool.columns.DecodeMap` over a local process pool of ``jobs`` workers.
 
@@ -124,20 +165,7 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
 
     def start() -> ProcessPoolExecutor:
         if not pools:
-            method = "forkserver" if sys.platform.startswith("linux") else "spawn"
-            ctx = multiprocessing.get_context(method)
-            if method == "forkserver":
-                ctx.set_forkserver_preload(["kvtool.columns"])
-            # Ctrl-C reaches the whole process group: the driver handles it (and shuts
-            # the pool down); a worker dying of it would only blur the exit status.
-            pools.append(
-                ProcessPoolExecutor(
-                    max_workers=jobs,
-                    mp_context=ctx,
-                    initializer=signal.signal,
-                    initargs=(signal.SIGINT, signal.SIG_IGN),
-                )
-            )
+            pools.append(_pool(jobs))
         return pools[0]
 
     def result(f: Future[DecodedChunk]) -> DecodedChunk:
@@ -220,16 +248,7 @@ def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callabl
         KvtoolError: The cluster cannot be reached.
     """
     ray = import_ray()
-    connected_here = False
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError...
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise KvtoolError(
-                f"--ray {address}: cannot connect to the Ray cluster: {first}"
-            ) from err
-        connected_here = True
+    connected_here = _ray_connect(ray, address)
     task = ray.remote(decode_chunk)
 
     def run(items: Iterator[RawChunk]) -> Iterator[DecodedChunk]:
@@ -246,6 +265,104 @@ def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callabl
     return run, close
 
 
+def report_units(
+    paths: Sequence[str | os.PathLike[str]],
+    units: list[list[int]],
+    annotator: TableAnnotator,
+    *,
+    every_ns: int | None,
+    chunk_bytes: int,
+    clock: str,
+    jobs: int,
+    ray_address: str | None,
+    progress: Progress | None = None,
+) -> Report:
+    """Report each unit on its own (pool or Ray) and merge the partial reports exactly.
+
+    Args:
+        paths: The recordings, in command-line order.
+        units: Input indices per unit (:func:`kvtool.report.partial.plan_units`).
+        annotator: The driver's annotator (THE annotation of the whole input).
+        every_ns: Timeline bucket (ns), or None.
+        chunk_bytes: Payload bytes per chunk.
+        clock: The timeline's clock.
+        jobs: Worker processes on this machine.
+        ray_address: Run the units as Ray tasks on this cluster instead.
+        progress: Called with (bytes done, bytes total) as units finish.
+
+    Returns:
+        The report.
+
+    Raises:
+        NotMergeable: The partial reports cannot be merged exactly.
+        UsageError: ``ray_address`` given but Ray is not installed.
+        KvtoolError: A worker died, or the cluster cannot be reached.
+    """
+    from kvtool.report.builder import ReportBuilder, finish_report
+    from kvtool.report.partial import PartialReport, UnitTask, report_unit
+
+    names = [os.fspath(p) for p in paths]
+    # Ray workers run elsewhere (another working directory): they get absolute paths,
+    # and the partial reports name each recording as the command line did.
+    where = [os.path.abspath(n) for n in names] if ray_address is not None else names
+    tasks = [
+        UnitTask(
+            paths=[where[i] for i in unit],
+            names=[names[i] for i in unit],
+            inputs=list(unit),
+            annotation=annotator.annotation,
+            every_ns=every_ns,
+            clock=clock,
+            chunk_bytes=chunk_bytes,
+        )
+        for unit in units
+    ]
+    sizes = []
+    for unit in units:
+        total = 0
+        for i in unit:
+            with contextlib.suppress(OSError):
+                total += os.stat(names[i]).st_size
+        sizes.append(total)
+    total_bytes = sum(sizes)
+    done = 0
+    parts: list[PartialReport] = []
+    if ray_address is not None:
+        ray = import_ray()
+        connected_here = _ray_connect(ray, ray_address)
+        try:
+            task = ray.remote(report_unit)
+            refs = [task.remote(t) for t in tasks]
+            for ref, size in zip(refs, sizes, strict=True):
+                parts.append(ray.get(ref))
+                done += size
+                if progress is not None:
+                    progress(done, total_bytes)
+        finally:
+            if connected_here:
+                ray.shutdown()
+    else:
+        pool = _pool(min(jobs, len(tasks)))
+        try:
+            futures = [pool.submit(report_unit, t) for t in tasks]
+            for fut, size in zip(futures, sizes, strict=True):
+                try:
+                    parts.append(fut.result())
+                except BrokenProcessPool as err:
+                    raise KvtoolError(
+                        f"a report worker process died ({err}); try --jobs 1"
+                    ) from err
+                done += size
+                if progress is not None:
+                    progress(done, total_bytes)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            _stop_forkserver()
+    builder, stats = ReportBuilder.from_partials(parts, annotator.group_kind, every_ns, clock)
+    annotator.adopt(stats, [p.out_of_range for p in parts])
+    return finish_report(builder, annotator, stats)
+
+
 __all__ = [
     "RAY_INSTALL_HINT",
     "default_jobs",
@@ -253,4 +370,5 @@ __all__ = [
     "ordered",
     "pool_decode_map",
     "ray_decode_map",
+    "report_units",
 ]

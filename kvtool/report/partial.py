@@ -1,0 +1,502 @@
+"""Partial reports: a unit of work (a group of recordings) → a partial report, and the exact merge.
+
+DESIGN.md "Scale": the report's work is a map (a file, rank or chunk range → a partial
+report) and an exact merge. Here the unit is a group of recordings whose publisher
+streams (endpoint, topic, rank) no other group holds -- a fleet's engines, each recorded
+to its own file, are one unit each; files that share a stream (one recording split in
+two) are one unit, read in THE merge order. The live-block state is keyed by channel, so
+units share no state, and every part of a report merges exactly:
+
+- counts, live blocks at the end, restores, orphans and clears add;
+- distinct hashes are the sorted union of each unit's sorted sets, per report row;
+- lifetimes are kept exactly while there are at most
+  :data:`~kvtool.report.aggregates.EXACT_LIFETIMES` of them in all (quantiles are then
+  exact, as in one process), else the units' values and histograms add into the same log
+  histogram one process would have built;
+- the timeline's (bucket, row) sums add;
+- peaks need the streams' interleaving: each unit logs, per batch and level key (kind,
+  window, group, total), the batch's net change of live blocks and the highest point
+  inside it (:class:`PeakLog`); the merge orders every unit's batches as THE merge order
+  does -- receive time, endpoint, topic, seq -- and takes the running maximum. That is
+  the order one process reads them in when each recording is in that order itself (a
+  recorder writes in receive order); a unit whose recordings are not, or two units with
+  a batch at the very same (time, endpoint, topic, seq), make the merge decline
+  (:class:`NotMergeable`) and the caller reads everything in one ordered pass instead.
+
+The map (:func:`report_unit`) is a plain function of picklable arguments: the local
+process pool (``--jobs``) and Ray (``--ray``) run the same one, and the driver merges
+(:func:`merge_partials`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import msgspec
+import polars as pl
+
+from kvtool.annotate import Annotation
+from kvtool.columns import ChannelRef, ReadStats, TableAnnotator, np
+from kvtool.recording import open_recording
+
+RowKey = tuple[int | None, str, int | None]
+"""(group_idx, kind, sliding_window): one report row, the same in every unit."""
+
+LevelKey = tuple[str, object]
+"""A level of the peaks: ("kind", kind), ("window", window), ("group", RowKey), ("total", 0)."""
+
+StreamKey = tuple[str, str, int | None]
+"""A publisher stream: (endpoint, topic, rank)."""
+
+
+class NotMergeable(Exception):
+    """The units' partial reports cannot be merged exactly (read in one pass instead)."""
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def plan_units(paths: Sequence[str | os.PathLike[str]]) -> list[list[int]]:
+    """Group the inputs into units that share no publisher stream.
+
+    The streams of a complete recording are listed in its summary (read without
+    scanning); an input without one (cut short, damaged) puts every input in one unit.
+
+    Args:
+        paths: The recordings, in command-line order.
+
+    Returns:
+        Lists of input indices, each in command-line order, ordered by their first index;
+        one list holding every input when they cannot be split.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+    """
+    everything = [list(range(len(paths)))]
+    if len(paths) < 2:
+        return everything
+    streams: list[set[StreamKey]] = []
+    for p in paths:
+        with open_recording(p) as r:
+            chans = r.summary_channels()
+            if not chans:
+                return everything
+            streams.append({(c.endpoint, c.topic, c.dp_rank) for c in chans})
+    parent = list(range(len(paths)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[StreamKey, int] = {}
+    for i, keys in enumerate(streams):
+        for k in keys:
+            j = owner.setdefault(k, i)
+            a, b = root(i), root(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(paths)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+# -- the peak log ---------------------------------------------------------------------------
+
+
+@dataclass
+class PeakLog:
+    """Per batch and level key: the net change of live blocks and the highest point inside.
+
+    Fed by the :class:`~kvtool.report.builder.ReportBuilder` of one unit, chunk by chunk,
+    with each chunk's live-block deltas in stream order. A batch is identified by its
+    (receive time, endpoint, topic, seq); only batches that change a level are logged.
+
+    Attributes:
+        levels: The level keys logged, by their number in :meth:`frame`.
+        ordered: False once a batch came before the one read ahead of it in THE merge
+            order's key (receive time, endpoint, topic, seq).
+        firsts: channel id → the merge-order key of its first batch with rows.
+    """
+
+    levels: list[LevelKey] = field(default_factory=list)
+    ordered: bool = True
+    firsts: dict[int, tuple[int, str, str, int]] = field(default_factory=dict)
+    _ids: dict[LevelKey, int] = field(default_factory=dict)
+    _parts: list[pl.DataFrame] = field(default_factory=list)
+    _last: tuple[int, str, str, int] | None = None
+
+    def add(
+        self,
+        log_time: Any,
+        seq: Any,
+        channel: Any,
+        gkey: Any,
+        delta: Any,
+        streams: dict[int, StreamKey],
+        rows: dict[int, RowKey],
+    ) -> None:
+        """Log one chunk's deltas.
+
+        Args:
+            log_time: Receive time (ns) of each delta's batch (numpy int64, stream order).
+            seq: Seq of each delta's batch (numpy int64).
+            channel: Channel id of each delta's batch (numpy int64).
+            gkey: Report row of each delta (numpy int64, -1 for none).
+            delta: The live-block change (numpy int64).
+            streams: channel id → its stream (endpoint, topic, rank).
+            rows: gkey → report row.
+        """
+        n = len(delta)
+        if n == 0:
+            return
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(log_time[1:], log_time[:-1], out=new[1:])
+        new[1:] |= seq[1:] != seq[:-1]
+        new[1:] |= channel[1:] != channel[:-1]
+        starts = np.flatnonzero(new)
+        ends = np.append(starts[1:], n) - 1
+        b_time, b_seq = log_time[starts], seq[starts]
+        b_ep = [streams[c][0] for c in channel[starts].tolist()]
+        b_tp = [streams[c][1] for c in channel[starts].tolist()]
+        self._check_order(b_time.tolist(), b_ep, b_tp, b_seq.tolist())
+        for c, t, e, tp, q in zip(
+            channel[starts].tolist(), b_time.tolist(), b_ep, b_tp, b_seq.tolist(), strict=True
+        ):
+            if c not in self.firsts:
+                self.firsts[c] = (t, e, tp, q)
+        members: dict[LevelKey, list[int]] = {}
+        for g in np.unique(gkey[gkey >= 0]).tolist():
+            row = rows[g]
+            levels: tuple[LevelKey, ...] = (
+                ("kind", row[1]),
+                ("window", row[2]),
+                ("group", row),
+                ("total", 0),
+            )
+            for level in levels:
+                members.setdefault(level, []).append(g)
+        frames = []
+        for level, ids in members.items():
+            d = np.where(np.isin(gkey, ids), delta, 0)
+            cs = np.cumsum(d)
+            before = cs[starts] - d[starts]
+            net = cs[ends] - before
+            high = np.maximum.reduceat(cs, starts) - before
+            keep = np.flatnonzero((net != 0) | (high > 0))
+            if len(keep) == 0:
+                continue
+            lid = self._ids.get(level)
+            if lid is None:
+                lid = self._ids[level] = len(self.levels)
+                self.levels.append(level)
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "level": np.full(len(keep), lid, dtype=np.int64),
+                        "log_time": b_time[keep],
+                        "endpoint": [b_ep[i] for i in keep.tolist()],
+                        "topic": [b_tp[i] for i in keep.tolist()],
+                        "seq": b_seq[keep],
+                        "net": net[keep],
+                        "high": high[keep],
+                    },
+                    schema=PEAK_SCHEMA,
+                )
+            )
+        if frames:
+            self._parts.append(pl.concat(frames))
+
+    def _check_order(self, t: list[int], ep: list[str], tp: list[str], seq: list[int]) -> None:
+        keys = list(zip(t, ep, tp, seq, strict=True))
+        if self._last is not None:
+            keys.insert(0, self._last)
+        if self.ordered:
+            for a, b in pairwise(keys):
+                if b < a:
+                    self.ordered = False
+                    break
+        self._last = keys[-1]
+
+    def frame(self) -> pl.DataFrame:
+        """Every logged (batch, level) entry (:data:`PEAK_SCHEMA`), in stream order."""
+        if not self._parts:
+            return pl.DataFrame(schema=PEAK_SCHEMA)
+        return pl.concat(self._parts)
+
+
+PEAK_SCHEMA: dict[str, pl.DataType] = {
+    "level": pl.Int64(),
+    "log_time": pl.Int64(),
+    "endpoint": pl.String(),
+    "topic": pl.String(),
+    "seq": pl.Int64(),
+    "net": pl.Int64(),
+    "high": pl.Int64(),
+}
+"""One logged (batch, level) entry: the batch's merge-order key, its net change of the
+level's live blocks and the highest the level went inside it (both relative to the level
+before the batch)."""
+
+
+# -- the partial report -----------------------------------------------------------------------
+
+
+@dataclass
+class PartialReport:
+    """What one unit's report is made of, keyed by values that mean the same in every unit.
+
+    Attributes:
+        inputs: The unit's inputs (indices in the command line).
+        stats: The unit's read statistics (channel ids are the unit's own).
+        streams: channel id → (endpoint, topic, rank), for the unit's channels.
+        first_keys: channel id → THE merge order's key of the channel's first batch.
+        rows: The report rows, in the order the unit met them.
+        counts: Additive counts per row (``rows`` index → the :data:`ADDITIVE` values).
+        live_end: Live blocks at the end per row index.
+        distinct: Sorted distinct stored hashes per row index (numpy int64).
+        lifetimes: Exact lifetimes (``row``, ``lifetime_s``), or None once a histogram.
+        hist: The lifetime histogram (``row``, ``bin``, ``n``), or None while exact.
+        n_lifetimes: Lifetimes counted.
+        negative_lifetimes: Lifetimes clamped at 0.
+        ambiguous_removes: Removes without group_idx that could not be attributed.
+        first_ts: Earliest plausible batch ts.
+        last_ts: Latest plausible batch ts.
+        grouped: True when a channel's stores carried group_idx.
+        timeline: Per (bucket, row) stores, removes and live-block change, or None.
+        peaks: The unit's :class:`PeakLog`.
+        out_of_range: Stores per group index not in a given metadata table.
+    """
+
+    inputs: list[int]
+    stats: ReadStats
+    streams: dict[int, StreamKey]
+    first_keys: dict[int, tuple[int, str, str, int]]
+    rows: list[RowKey]
+    counts: dict[int, tuple[int, ...]]
+    live_end: dict[int, int]
+    distinct: dict[int, Any]
+    lifetimes: pl.DataFrame | None
+    hist: pl.DataFrame | None
+    n_lifetimes: int
+    negative_lifetimes: int
+    ambiguous_removes: int
+    first_ts: float | None
+    last_ts: float | None
+    grouped: bool
+    timeline: pl.DataFrame | None
+    peaks: PeakLog
+    out_of_range: dict[int, int]
+
+
+@dataclass
+class UnitTask:
+    """One unit of work: its recordings and what every unit shares.
+
+    Attributes:
+        paths: The unit's recordings, in command-line order, as this worker opens them.
+        names: The same recordings as the command line names them (for the report).
+        inputs: Their indices in the command line.
+        annotation: THE annotation of the whole input (resolved once by the driver).
+        every_ns: Timeline bucket (ns), or None.
+        clock: The timeline's clock.
+        chunk_bytes: Payload bytes per chunk.
+    """
+
+    paths: list[str]
+    names: list[str]
+    inputs: list[int]
+    annotation: Annotation
+    every_ns: int | None
+    clock: str
+    chunk_bytes: int
+
+
+def report_unit(task: UnitTask) -> PartialReport:
+    """The map: read, decode and report one unit, from empty state (runs in any process).
+
+    Args:
+        task: The unit.
+
+    Returns:
+        Its partial report.
+    """
+    from kvtool.report.builder import run_builder
+
+    annotator = TableAnnotator(task.annotation)
+    builder, stats = run_builder(
+        task.paths,
+        annotator,
+        every_ns=task.every_ns,
+        chunk_bytes=task.chunk_bytes,
+        clock=task.clock,
+        peak_log=PeakLog(),
+    )
+    if task.names != task.paths:
+        _rename(stats, dict(zip(task.paths, task.names, strict=True)))
+    return builder.partial(stats, annotator, task.inputs)
+
+
+def _rename(stats: ReadStats, names: dict[str, str]) -> None:
+    """Name each recording in ``stats`` as the command line did (not as a worker opened it)."""
+    stats.recordings = [names.get(p, p) for p in stats.recordings]
+    stats.groups = {names.get(p, p): g for p, g in stats.groups.items()}
+    for cid, ref in list(stats.channels.items()):
+        info = msgspec.structs.replace(ref.info, path=names.get(ref.info.path, ref.info.path))
+        stats.channels[cid] = ChannelRef(ref.id, names.get(ref.recording, ref.recording), info)
+
+    def line(text: str) -> str:
+        for old, new in names.items():
+            if text.startswith(old):
+                return new + text[len(old) :]
+        return text
+
+    stats.damaged = [line(t) for t in stats.damaged]
+    stats.lost = [line(t) for t in stats.lost]
+    stats.problems = [line(t) for t in stats.problems]
+
+
+# -- the merge --------------------------------------------------------------------------------
+
+
+def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[int, int]]]:
+    """Merge the units' read statistics; channels numbered in THE merge order.
+
+    Args:
+        parts: The partial reports, in unit order.
+
+    Returns:
+        The merged stats, and per part its channel id → the merged channel id.
+
+    Raises:
+        NotMergeable: Two units hold the same stream.
+    """
+    owners: dict[StreamKey, int] = {}
+    firsts = []
+    for i, p in enumerate(parts):
+        for cid, key in p.streams.items():
+            if owners.setdefault(key, i) != i:
+                raise NotMergeable(f"stream {key} is in two units")
+            firsts.append((p.first_keys.get(cid, (1 << 63, "", "", 0)), i, cid))
+    firsts.sort()
+    maps: list[dict[int, int]] = [{} for _ in parts]
+    st = ReadStats()
+    for gid, (_key, i, cid) in enumerate(firsts):
+        maps[i][cid] = gid
+        ref = parts[i].stats.channels[cid]
+        st.channels[gid] = ChannelRef(gid, ref.recording, ref.info)
+    by_input: list[tuple[int, str]] = []
+    for p in parts:
+        s = p.stats
+        by_input += zip(p.inputs, s.recordings, strict=True)
+        st.messages += s.messages
+        st.events += s.events
+        st.rows += s.rows
+        st.payload_bytes += s.payload_bytes
+        st.bad_batches += s.bad_batches
+        st.skipped_events += s.skipped_events
+        st.unselected += s.unselected
+        for text in s.problems:
+            st.note(text)
+        st.groups.update(s.groups)
+        st.merge.duplicates += s.merge.duplicates
+        st.merge.differing += s.merge.differing
+        for text in s.merge.examples:
+            st.merge._note(text)
+    by_input.sort()
+    st.recordings = [path for _i, path in by_input]
+    order = {path: n for n, path in enumerate(st.recordings)}
+
+    def in_input_order(lines: list[tuple[str, str]]) -> list[str]:
+        return [t for _p, t in sorted(lines, key=lambda pt: order.get(pt[0], 0))]
+
+    st.damaged = in_input_order(
+        [(path, t) for p in parts for path, t in zip_lines(p.stats.recordings, p.stats.damaged)]
+    )
+    st.lost = in_input_order(
+        [(path, t) for p in parts for path, t in zip_lines(p.stats.recordings, p.stats.lost)]
+    )
+    return st, maps
+
+
+def zip_lines(paths: list[str], lines: list[str]) -> list[tuple[str, str]]:
+    """Pair each line (which starts with its recording's path) with that path."""
+    out = []
+    for line in lines:
+        owner = next((p for p in paths if line.startswith(p)), "")
+        out.append((owner, line))
+    return out
+
+
+def merge_peaks(
+    parts: Sequence[PartialReport], row_ids: list[dict[int, int]]
+) -> dict[str, dict[object, tuple[int, int]]]:
+    """Merge the units' peak logs in THE merge order: (live at the end, peak) per level key.
+
+    Args:
+        parts: The partial reports.
+        row_ids: Per part, its row index → the merged report row (gkey).
+
+    Returns:
+        ``kind``/``window``/``group``/``total`` → key → (live at the end, peak).
+
+    Raises:
+        NotMergeable: A unit's recordings are not in THE merge order, or two units have a
+            batch with the same key.
+    """
+    levels: dict[LevelKey, int] = {}
+    frames = []
+    for i, p in enumerate(parts):
+        if not p.peaks.ordered:
+            raise NotMergeable("a recording is not in receive-time order")
+        local = []
+        for level, key in p.peaks.levels:
+            if level == "group":
+                key = row_ids[i][p.rows.index(key)]  # type: ignore[arg-type]
+            local.append(levels.setdefault((level, key), len(levels)))
+        f = p.peaks.frame()
+        if f.height:
+            frames.append(
+                f.with_columns(
+                    level=pl.col("level").replace_strict(
+                        list(range(len(local))), local, return_dtype=pl.Int64
+                    ),
+                    unit=pl.lit(i, pl.Int64),
+                )
+            )
+    out: dict[str, dict[object, tuple[int, int]]] = {
+        "kind": {},
+        "window": {},
+        "group": {},
+        "total": {},
+    }
+    if not frames:
+        return out
+    keys = ["log_time", "endpoint", "topic", "seq"]
+    allf = pl.concat(frames).sort(keys, maintain_order=True)
+    clash = (
+        allf.select(*keys, "unit")
+        .unique()
+        .group_by(keys)
+        .agg(pl.len())
+        .filter(pl.col("len") > 1)
+        .height
+    )
+    if clash:
+        raise NotMergeable("two units hold a batch with the same time, stream and seq")
+    per_level = allf.group_by("level").agg(
+        end=pl.col("net").sum(),
+        peak=(pl.col("net").cum_sum() - pl.col("net") + pl.col("high")).max(),
+    )
+    names = {v: k for k, v in levels.items()}
+    for lid, end, peak in per_level.iter_rows():
+        level, key = names[lid]
+        out[level][key] = (int(end), max(0, int(peak)))
+    return out

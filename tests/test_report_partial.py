@@ -1,0 +1,177 @@
+"""Partial reports (a unit of recordings → a partial report) merge into the one-pass report."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from kvtool.recording import RecordingWriter
+from kvtool.report import build_report
+from kvtool.report.partial import NotMergeable, plan_units
+from tests.conftest import capture_messages
+
+ENC = msgspec.msgpack.Encoder()
+T0 = 1_764_000_000_000_000_000
+
+
+def _fleet(tmp_path: Path, names: list[str], *, step_ns: int = 1_000_000) -> list[Path]:
+    """One recording per data-parallel rank (port offset by the rank), batches interleaved."""
+    paths = []
+    for rank, name in enumerate(names):
+        p = tmp_path / f"rank{rank}.mcap"
+        with RecordingWriter(p) as w:
+            ch = w.add_channel(f"tcp://127.0.0.1:{5557 + rank}", "", rank)
+            for i, (_topic, seq, payload) in enumerate(capture_messages(name)):
+                w.write(ch, seq, payload, log_time=T0 + i * step_ns + rank * 333)
+        paths.append(p)
+    return paths
+
+
+def _same(a: dict, b: dict) -> None:
+    # The findings are the same lines; every table, count and percentile is identical.
+    fa, fb = a.pop("findings", None), b.pop("findings", None)
+    assert a == b
+    assert sorted(fa or []) == sorted(fb or [])
+
+
+def test_issue10_partial_fleet_equals_one_pass(tmp_path: Path) -> None:
+    paths = _fleet(tmp_path, ["gemma3", "gemma3.byteshash", "full_only"])
+    assert plan_units(paths) == [[0], [1], [2]]
+    for every in (None, 5_000_000):
+        one = build_report(paths, every_ns=every).to_dict()
+        merged = build_report(paths, every_ns=every, jobs=2).to_dict()
+        assert merged["totals"]["blocks_stored"] > 0
+        _same(merged, one)
+
+
+def test_issue10_partial_files_sharing_a_stream_are_one_unit(tmp_path: Path) -> None:
+    a, b = _fleet(tmp_path, ["gemma3", "full_only"])
+    c = tmp_path / "rank0-again.mcap"
+    with RecordingWriter(c) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 10_000, capture_messages("gemma3")[0][2], log_time=T0 + 10**12)
+    assert plan_units([a, b, c]) == [[0, 2], [1]]
+    _same(build_report([a, b, c], jobs=2).to_dict(), build_report([a, b, c]).to_dict())
+
+
+def _stored(hashes: list[int], group: int) -> dict:
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": list(range(16 * len(hashes))),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "group_idx": group,
+        "kv_cache_spec_kind": "full_attention" if group == 0 else "sliding_window",
+        "kv_cache_spec_sliding_window": None if group == 0 else 1024,
+    }
+
+
+def _removed(hashes: list[int], group: int) -> dict:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": group}
+
+
+def _random_rank(path: Path, rank: int, rng: random.Random, times: list[int]) -> None:
+    """A rank's stream of random stores, removes (often of live blocks) and a clear."""
+    live: list[tuple[int, int]] = []
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(f"tcp://127.0.0.1:{6000 + rank}", "", rank)
+        for seq, t in enumerate(times):
+            events = []
+            for _ in range(rng.randint(1, 6)):
+                r = rng.random()
+                if r < 0.45 or not live:
+                    g = rng.randint(0, 1)
+                    hs = [rng.randint(-(1 << 63), (1 << 63) - 1) for _ in range(rng.randint(1, 4))]
+                    if live and rng.random() < 0.2:
+                        hs.append(rng.choice(live)[1])  # a restore
+                    events.append(_stored(hs, g))
+                    live += [(g, h) for h in hs]
+                elif r < 0.97:
+                    g, h = live.pop(rng.randrange(len(live)))
+                    events.append(_removed([h], g))
+                    if rng.random() < 0.1:
+                        events.append(_removed([h], g))  # an orphan
+                else:
+                    events.append({"type": "AllBlocksCleared"})
+                    live = []
+            w.write(ch, seq, ENC.encode([t / 1e9, events, rank]), log_time=t)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_issue10_partial_random_fleets_merge_exactly(tmp_path: Path, seed: int) -> None:
+    # Peaks across ranks depend on how the ranks interleave: random interleavings,
+    # equal times on different ranks, random chunk sizes.
+    rng = random.Random(seed)
+    paths = []
+    for rank in range(rng.randint(2, 4)):
+        times = sorted(
+            T0 + rng.randrange(0, 2_000_000_000, 1000) for _ in range(rng.randint(5, 60))
+        )
+        p = tmp_path / f"r{rank}.mcap"
+        _random_rank(p, rank, rng, times)
+        paths.append(p)
+    chunk = rng.choice([500, 4000, 1 << 20])
+    one = build_report(paths, chunk_bytes=chunk, every_ns=100_000_000).to_dict()
+    merged = build_report(paths, chunk_bytes=chunk, every_ns=100_000_000, jobs=2).to_dict()
+    _same(merged, one)
+
+
+def test_issue10_partial_out_of_order_recording_is_read_in_one_pass(tmp_path: Path) -> None:
+    # A rank whose receive times step backwards: its order is not THE merge order's key,
+    # so the units are not merged (NotMergeable inside) and the one-pass report is given.
+    rng = random.Random(7)
+    a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
+    _random_rank(a, 0, rng, [T0 + i * 1000 for i in range(30)])
+    _random_rank(b, 1, rng, [T0 + (30 - i) * 1000 + 500 for i in range(30)])
+    _same(build_report([a, b], jobs=2).to_dict(), build_report([a, b]).to_dict())
+
+
+def test_issue10_partial_not_mergeable_is_an_exception() -> None:
+    assert issubclass(NotMergeable, Exception)
+
+
+def _merged(paths: list[Path], **kw: object) -> dict:
+    """The merge itself (no fallback to one pass): report_units over the planned units."""
+    from kvtool.columns import make_annotator
+    from kvtool.report.parallel import report_units
+
+    units = plan_units(paths)
+    assert len(units) > 1
+    return report_units(
+        paths,
+        units,
+        make_annotator(paths),
+        every_ns=kw.get("every_ns"),  # type: ignore[arg-type]
+        chunk_bytes=kw.get("chunk_bytes", 1 << 20),  # type: ignore[arg-type]
+        clock="receive",
+        jobs=2,
+        ray_address=None,
+    ).to_dict()
+
+
+def test_issue10_partial_merge_itself_is_exact(tmp_path: Path) -> None:
+    paths = _fleet(tmp_path, ["gemma3", "gemma3.byteshash", "full_only"])
+    _same(_merged(paths, every_ns=5_000_000), build_report(paths, every_ns=5_000_000).to_dict())
+    rng = random.Random(11)
+    fleet = []
+    for rank in range(3):
+        times = sorted(T0 + rng.randrange(0, 10**9, 1000) for _ in range(80))
+        _random_rank(tmp_path / f"x{rank}.mcap", rank, rng, times)
+        fleet.append(tmp_path / f"x{rank}.mcap")
+    _same(_merged(fleet, chunk_bytes=700), build_report(fleet, chunk_bytes=700).to_dict())
+
+
+def test_issue10_partial_merge_declines_an_out_of_order_unit(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
+    _random_rank(a, 0, rng, [T0 + i * 1000 for i in range(30)])
+    _random_rank(b, 1, rng, [T0 + (30 - i) * 1000 + 500 for i in range(30)])
+    with pytest.raises(NotMergeable):
+        _merged([a, b])
