@@ -627,6 +627,9 @@ class ReadStats:
         lost: One line per recording whose gap ledger names batches lost while recording.
         merge: What the same-batch rule found across inputs (:mod:`kvtool.inputs`).
         unselected: Batches read but left out by a selection (``--since``, ``--rank`` …).
+        unordered: A read of some streams only (``streams``) met a batch of the input
+            whose (receive time, endpoint, topic, seq) came before the previous one's.
+        streams_seen: Every stream such a read met, kept or not.
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -643,6 +646,8 @@ class ReadStats:
     lost: list[str] = field(default_factory=list)
     merge: MergeFindings = field(default_factory=MergeFindings)
     unselected: int = 0
+    unordered: bool = False
+    streams_seen: set[tuple[str, str, int | None]] = field(default_factory=set)
 
     def note(self, msg: str) -> None:
         """Keep a problem message (the first 20 only)."""
@@ -905,6 +910,7 @@ def iter_raw_chunks(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
+    streams: frozenset[tuple[str, str, int | None]] | None = None,
 ) -> Iterator[RawChunk]:
     """Read recordings into chunks of undecoded payloads, in stream order.
 
@@ -923,6 +929,10 @@ def iter_raw_chunks(
             ``replay`` makes): times are receive times, relative ones counted from the
             first message of the (merged) input, as ``replay`` counts them.
         progress: Called with (bytes done, bytes total) of the input files as they are read.
+        streams: Read only these publisher streams (endpoint, topic, rank): one unit of
+            a report split by stream (:mod:`kvtool.report.partial`). The others are not
+            counted at all; ``stats.unordered`` tells whether the whole input was in THE
+            merge order's key order.
 
     Yields:
         Chunks of about ``chunk_bytes`` of payload.
@@ -953,14 +963,23 @@ def iter_raw_chunks(
         total = sum(sizes)
         at = [0] * len(opened)
         done = 0
+        last_order: tuple[int, str, str, int] | None = None
         for i, m in _merged_messages(iters, st.merge):
             if progress is not None and m.offset > at[i]:
                 done += min(m.offset, sizes[i]) - at[i]
                 at[i] = min(m.offset, sizes[i])
                 progress(done, total)
+            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
+            if streams is not None:
+                order = (m.log_time, key[0], key[1], m.seq)
+                if last_order is not None and order < last_order:
+                    st.unordered = True
+                last_order = order
+                st.streams_seen.add(key)
+                if key not in streams:
+                    continue
             if keep is not None and not keep(m):
                 continue
-            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
             cid = chan_ids.get(key)
             if cid is None:
                 cid = chan_ids[key] = len(chan_ids)
@@ -1083,6 +1102,7 @@ def iter_tables(
     decode_map: DecodeMap | None = None,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
+    streams: frozenset[tuple[str, str, int | None]] | None = None,
 ) -> Iterator[pl.DataFrame]:
     """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
 
@@ -1101,6 +1121,7 @@ def iter_tables(
         decode_map: Decodes the raw chunks in order (default: in this process).
         select: Keep only these batches (see :func:`iter_raw_chunks`).
         progress: Called with (bytes done, bytes total) of the input files.
+        streams: Read only these publisher streams (see :func:`iter_raw_chunks`).
 
     Yields:
         Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
@@ -1111,7 +1132,12 @@ def iter_tables(
     """
     st = stats if stats is not None else ReadStats()
     raws = iter_raw_chunks(
-        paths, stats=st, chunk_bytes=chunk_bytes, select=select, progress=progress
+        paths,
+        stats=st,
+        chunk_bytes=chunk_bytes,
+        select=select,
+        progress=progress,
+        streams=streams,
     )
     decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
     for d in decoded:

@@ -10,7 +10,7 @@ import pytest
 
 from kvtool.recording import RecordingWriter
 from kvtool.report import build_report
-from kvtool.report.partial import NotMergeable, plan_units
+from kvtool.report.partial import NotMergeable, Unit, plan_units
 from tests.conftest import capture_messages
 
 ENC = msgspec.msgpack.Encoder()
@@ -39,7 +39,7 @@ def _same(a: dict, b: dict) -> None:
 
 def test_issue10_partial_fleet_equals_one_pass(tmp_path: Path) -> None:
     paths = _fleet(tmp_path, ["gemma3", "gemma3.byteshash", "full_only"])
-    assert plan_units(paths) == [[0], [1], [2]]
+    assert plan_units(paths) == [Unit((0,)), Unit((1,)), Unit((2,))]
     for every in (None, 5_000_000):
         one = build_report(paths, every_ns=every).to_dict()
         merged = build_report(paths, every_ns=every, jobs=2).to_dict()
@@ -53,7 +53,7 @@ def test_issue10_partial_files_sharing_a_stream_are_one_unit(tmp_path: Path) -> 
     with RecordingWriter(c) as w:
         ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
         w.write(ch, 10_000, capture_messages("gemma3")[0][2], log_time=T0 + 10**12)
-    assert plan_units([a, b, c]) == [[0, 2], [1]]
+    assert plan_units([a, b, c]) == [Unit((0, 2)), Unit((1,))]
     _same(build_report([a, b, c], jobs=2).to_dict(), build_report([a, b, c]).to_dict())
 
 
@@ -137,12 +137,12 @@ def test_issue10_partial_not_mergeable_is_an_exception() -> None:
     assert issubclass(NotMergeable, Exception)
 
 
-def _merged(paths: list[Path], **kw: object) -> dict:
+def _merged(paths: list[Path], split: int = 1, **kw: object) -> dict:
     """The merge itself (no fallback to one pass): report_units over the planned units."""
     from kvtool.columns import make_annotator
     from kvtool.report.parallel import report_units
 
-    units = plan_units(paths)
+    units = plan_units(paths, split=split)
     assert len(units) > 1
     return report_units(
         paths,
@@ -175,3 +175,89 @@ def test_issue10_partial_merge_declines_an_out_of_order_unit(tmp_path: Path) -> 
     _random_rank(b, 1, rng, [T0 + (30 - i) * 1000 + 500 for i in range(30)])
     with pytest.raises(NotMergeable):
         _merged([a, b])
+
+
+def _one_file_fleet(path: Path, rng: random.Random, ranks: int, backwards: bool = False) -> Path:
+    """One recorder's file of several ranks' streams (one channel each), interleaved."""
+    live: dict[int, list[tuple[int, int]]] = {r: [] for r in range(ranks)}
+    with RecordingWriter(path) as w:
+        chans = [w.add_channel(f"tcp://127.0.0.1:{7000 + r}", "", r) for r in range(ranks)]
+        t = T0
+        for n in range(200):
+            r = rng.randrange(ranks)
+            t += rng.choice([1, 2, 1000]) if not (backwards and n == 150) else -5000
+            events = []
+            for _ in range(rng.randint(1, 5)):
+                if rng.random() < 0.5 or not live[r]:
+                    hs = [rng.randint(0, 50) for _ in range(rng.randint(1, 3))]
+                    events.append(_stored(hs, rng.randint(0, 1)))
+                    live[r] += [(events[-1]["group_idx"], h) for h in hs]
+                else:
+                    g, h = live[r].pop(rng.randrange(len(live[r])))
+                    events.append(_removed([h], g))
+            w.write(chans[r], n, ENC.encode([t / 1e9, events, r]), log_time=t)
+    return path
+
+
+def test_issue10_partial_one_recording_of_many_ranks_splits_by_stream(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    p = _one_file_fleet(tmp_path / "all.mcap", rng, 3)
+    units = plan_units([p], split=2)
+    assert [u.inputs for u in units] == [(0,), (0,)]
+    assert len(units[0].streams or ()) + len(units[1].streams or ()) == 3
+    one = build_report([p], every_ns=1_000_000).to_dict()
+    _same(_merged([p], split=2, every_ns=1_000_000), one)
+    _same(build_report([p], every_ns=1_000_000, jobs=2).to_dict(), one)
+    _same(_merged([p], split=8, chunk_bytes=300), build_report([p], chunk_bytes=300).to_dict())
+
+
+def test_issue10_partial_stream_split_declines_an_unordered_recording(tmp_path: Path) -> None:
+    p = _one_file_fleet(tmp_path / "all.mcap", random.Random(4), 2, backwards=True)
+    with pytest.raises(NotMergeable):
+        _merged([p], split=2)
+    _same(build_report([p], jobs=2).to_dict(), build_report([p]).to_dict())
+
+
+def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past EXACT_LIFETIMES one process bins every lifetime; units below the limit each
+    # (exact) and above it (histogram) merge into the same bins. Run in this process, so
+    # a small limit applies to the units too.
+    import kvtool.report.builder as builder_mod
+    from kvtool.columns import TableAnnotator, make_annotator
+    from kvtool.report.builder import ReportBuilder, finish_report
+    from kvtool.report.partial import UnitTask, report_unit
+
+    rng = random.Random(5)
+    paths = []
+    for rank in range(3):
+        times = sorted(T0 + rng.randrange(0, 10**9, 1000) for _ in range(40 + 40 * rank))
+        _random_rank(tmp_path / f"h{rank}.mcap", rank, rng, times)
+        paths.append(tmp_path / f"h{rank}.mcap")
+    ann = make_annotator(paths)
+    for limit in (10**9, 60, 5):
+        monkeypatch.setattr(builder_mod, "EXACT_LIFETIMES", limit)
+        one = build_report(paths).to_dict()
+        units = plan_units(paths)
+        parts = [
+            report_unit(
+                UnitTask(
+                    [str(paths[i]) for i in u.inputs],
+                    [str(paths[i]) for i in u.inputs],
+                    list(u.inputs),
+                    u.streams,
+                    ann.annotation,
+                    None,
+                    "receive",
+                    1 << 20,
+                )
+            )
+            for u in units
+        ]
+        builder, stats = ReportBuilder.from_partials(parts, None, None, "receive")
+        annotator = TableAnnotator(ann.annotation)
+        annotator.adopt(stats, [p.out_of_range for p in parts])
+        merged = finish_report(builder, annotator, stats).to_dict()
+        assert ("histogram" in str(merged["source"]["lifetimes"])) == (limit < 200)
+        _same(merged, one)

@@ -327,6 +327,7 @@ class ReportBuilder:
         exact = pl.concat(self.lifetimes) if self.lifetimes else None
         return PartialReport(
             inputs=inputs,
+            only=None,
             stats=stats,
             streams={
                 cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
@@ -849,7 +850,7 @@ def build_report(
     if (jobs > 1 or ray_address is not None) and select is None and not split:
         # Recordings that share no stream are separate units of work: each is reported
         # on its own (a worker, a Ray task) and the partial reports merged exactly.
-        units = partial.plan_units(paths)
+        units = partial.plan_units(paths, split=jobs if ray_address is None else 1 << 16)
         if len(units) > 1:
             with contextlib.suppress(partial.NotMergeable):
                 return parallel.report_units(
@@ -950,6 +951,7 @@ def run_builder(
     progress: Progress | None = None,
     splits: Splits | None = None,
     peak_log: PeakLog | None = None,
+    streams: frozenset[tuple[str, str, int | None]] | None = None,
 ) -> tuple[ReportBuilder, ReadStats]:
     """Read, decode, annotate and feed a builder, in stream order (no finishing).
 
@@ -964,6 +966,7 @@ def run_builder(
         progress: Called with (bytes done, bytes total) of the input files.
         splits: Also feeds these per-rank/per-channel builders.
         peak_log: Logs the peaks per batch (for a merge with other units' partial reports).
+        streams: Only these publisher streams (see :func:`kvtool.columns.iter_raw_chunks`).
 
     Returns:
         The fed builder and the read's stats.
@@ -980,6 +983,7 @@ def run_builder(
         decode_map=decode_map,
         select=select,
         progress=progress,
+        streams=streams,
     )
 
     def annotated() -> Iterator[pl.DataFrame]:

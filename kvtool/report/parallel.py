@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from kvtool.report.aggregates import Report
+    from kvtool.report.partial import Unit
 
 T = TypeVar("T")
 H = TypeVar("H")
@@ -267,7 +268,7 @@ def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callabl
 
 def report_units(
     paths: Sequence[str | os.PathLike[str]],
-    units: list[list[int]],
+    units: list[Unit],
     annotator: TableAnnotator,
     *,
     every_ns: int | None,
@@ -307,9 +308,10 @@ def report_units(
     where = [os.path.abspath(n) for n in names] if ray_address is not None else names
     tasks = [
         UnitTask(
-            paths=[where[i] for i in unit],
-            names=[names[i] for i in unit],
-            inputs=list(unit),
+            paths=[where[i] for i in unit.inputs],
+            names=[names[i] for i in unit.inputs],
+            inputs=list(unit.inputs),
+            streams=unit.streams,
             annotation=annotator.annotation,
             every_ns=every_ns,
             clock=clock,
@@ -320,7 +322,7 @@ def report_units(
     sizes = []
     for unit in units:
         total = 0
-        for i in unit:
+        for i in unit.inputs:
             with contextlib.suppress(OSError):
                 total += os.stat(names[i]).st_size
         sizes.append(total)

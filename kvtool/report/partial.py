@@ -60,32 +60,49 @@ class NotMergeable(Exception):
 # -- planning ---------------------------------------------------------------------------------
 
 
-def plan_units(paths: Sequence[str | os.PathLike[str]]) -> list[list[int]]:
+@dataclass(frozen=True)
+class Unit:
+    """One unit of work: some recordings, and maybe only some of their streams.
+
+    Attributes:
+        inputs: Indices of its recordings in the command line, in that order.
+        streams: Its streams, when the unit is part of one recording's streams (a
+            recorder that subscribed to every rank writes them all to one file); None
+            for every stream of its recordings.
+    """
+
+    inputs: tuple[int, ...]
+    streams: frozenset[StreamKey] | None = None
+
+
+def plan_units(paths: Sequence[str | os.PathLike[str]], split: int = 1) -> list[Unit]:
     """Group the inputs into units that share no publisher stream.
 
     The streams of a complete recording are listed in its summary (read without
     scanning); an input without one (cut short, damaged) puts every input in one unit.
+    A unit that is a single recording of several streams is split into up to ``split``
+    units of whole streams (each reads the file and keeps its own streams).
 
     Args:
         paths: The recordings, in command-line order.
+        split: How many units one recording may become (the workers there are).
 
     Returns:
-        Lists of input indices, each in command-line order, ordered by their first index;
-        one list holding every input when they cannot be split.
+        The units, ordered by their first input; one unit holding every input when they
+        cannot be split.
 
     Raises:
         RecordingError: A recording cannot be opened.
     """
-    everything = [list(range(len(paths)))]
-    if len(paths) < 2:
-        return everything
-    streams: list[set[StreamKey]] = []
+    everything = [Unit(tuple(range(len(paths))))]
+    streams: list[list[StreamKey]] = []
     for p in paths:
         with open_recording(p) as r:
             chans = r.summary_channels()
             if not chans:
                 return everything
-            streams.append({(c.endpoint, c.topic, c.dp_rank) for c in chans})
+            keys = {(c.endpoint, c.topic, c.dp_rank): None for c in chans}
+            streams.append(list(keys))
     parent = list(range(len(paths)))
 
     def root(i: int) -> int:
@@ -104,7 +121,16 @@ def plan_units(paths: Sequence[str | os.PathLike[str]]) -> list[list[int]]:
     groups: dict[int, list[int]] = {}
     for i in range(len(paths)):
         groups.setdefault(root(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: g[0])
+    units: list[Unit] = []
+    for group in sorted(groups.values(), key=lambda g: g[0]):
+        keys = streams[group[0]]
+        if len(group) == 1 and len(keys) > 1 and split > 1:
+            n = min(split, len(keys))
+            for k in range(n):
+                units.append(Unit((group[0],), frozenset(keys[k::n])))
+        else:
+            units.append(Unit(tuple(group)))
+    return units
 
 
 # -- the peak log ---------------------------------------------------------------------------
@@ -255,6 +281,7 @@ class PartialReport:
 
     Attributes:
         inputs: The unit's inputs (indices in the command line).
+        only: The streams it was limited to (a unit of one recording's streams), or None.
         stats: The unit's read statistics (channel ids are the unit's own).
         streams: channel id → (endpoint, topic, rank), for the unit's channels.
         first_keys: channel id → THE merge order's key of the channel's first batch.
@@ -276,6 +303,7 @@ class PartialReport:
     """
 
     inputs: list[int]
+    only: frozenset[StreamKey] | None
     stats: ReadStats
     streams: dict[int, StreamKey]
     first_keys: dict[int, tuple[int, str, str, int]]
@@ -304,6 +332,7 @@ class UnitTask:
         paths: The unit's recordings, in command-line order, as this worker opens them.
         names: The same recordings as the command line names them (for the report).
         inputs: Their indices in the command line.
+        streams: Only these streams of the recordings (None: all).
         annotation: THE annotation of the whole input (resolved once by the driver).
         every_ns: Timeline bucket (ns), or None.
         clock: The timeline's clock.
@@ -313,6 +342,7 @@ class UnitTask:
     paths: list[str]
     names: list[str]
     inputs: list[int]
+    streams: frozenset[StreamKey] | None
     annotation: Annotation
     every_ns: int | None
     clock: str
@@ -338,10 +368,13 @@ def report_unit(task: UnitTask) -> PartialReport:
         chunk_bytes=task.chunk_bytes,
         clock=task.clock,
         peak_log=PeakLog(),
+        streams=task.streams,
     )
     if task.names != task.paths:
         _rename(stats, dict(zip(task.paths, task.names, strict=True)))
-    return builder.partial(stats, annotator, task.inputs)
+    part = builder.partial(stats, annotator, task.inputs)
+    part.only = task.streams
+    return part
 
 
 def _rename(stats: ReadStats, names: dict[str, str]) -> None:
@@ -378,6 +411,16 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
     Raises:
         NotMergeable: Two units hold the same stream.
     """
+    covered: dict[int, set[StreamKey]] = {}
+    for p in parts:
+        if p.only is not None:
+            covered.setdefault(p.inputs[0], set()).update(p.only)
+    for p in parts:
+        if p.only is not None:
+            if p.stats.unordered:
+                raise NotMergeable("a recording is not in receive-time order")
+            if not p.stats.streams_seen <= covered[p.inputs[0]]:
+                raise NotMergeable("a recording holds a stream its summary does not list")
     owners: dict[StreamKey, int] = {}
     firsts = []
     for i, p in enumerate(parts):
@@ -392,10 +435,15 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         maps[i][cid] = gid
         ref = parts[i].stats.channels[cid]
         st.channels[gid] = ChannelRef(gid, ref.recording, ref.info)
-    by_input: list[tuple[int, str]] = []
+    by_input: dict[int, str] = {}
+    damaged: dict[tuple[str, str], None] = {}
+    lost: dict[tuple[str, str], None] = {}
     for p in parts:
         s = p.stats
-        by_input += zip(p.inputs, s.recordings, strict=True)
+        by_input.update(zip(p.inputs, s.recordings, strict=True))
+        # Units that split one recording's streams each saw its damage and ledger.
+        damaged.update(dict.fromkeys(zip_lines(s.recordings, s.damaged)))
+        lost.update(dict.fromkeys(zip_lines(s.recordings, s.lost)))
         st.messages += s.messages
         st.events += s.events
         st.rows += s.rows
@@ -410,19 +458,14 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         st.merge.differing += s.merge.differing
         for text in s.merge.examples:
             st.merge._note(text)
-    by_input.sort()
-    st.recordings = [path for _i, path in by_input]
+    st.recordings = [by_input[i] for i in sorted(by_input)]
     order = {path: n for n, path in enumerate(st.recordings)}
 
-    def in_input_order(lines: list[tuple[str, str]]) -> list[str]:
+    def in_input_order(lines: dict[tuple[str, str], None]) -> list[str]:
         return [t for _p, t in sorted(lines, key=lambda pt: order.get(pt[0], 0))]
 
-    st.damaged = in_input_order(
-        [(path, t) for p in parts for path, t in zip_lines(p.stats.recordings, p.stats.damaged)]
-    )
-    st.lost = in_input_order(
-        [(path, t) for p in parts for path, t in zip_lines(p.stats.recordings, p.stats.lost)]
-    )
+    st.damaged = in_input_order(damaged)
+    st.lost = in_input_order(lost)
     return st, maps
 
 
