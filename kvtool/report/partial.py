@@ -101,8 +101,8 @@ def plan_units(paths: Sequence[str | os.PathLike[str]], split: int = 1) -> list[
             chans = r.summary_channels()
             if not chans:
                 return everything
-            keys = {(c.endpoint, c.topic, c.dp_rank): None for c in chans}
-            streams.append(list(keys))
+            listed = {(c.endpoint, c.topic, c.dp_rank): None for c in chans}
+            streams.append(list(listed))
     parent = list(range(len(paths)))
 
     def root(i: int) -> int:
@@ -123,11 +123,11 @@ def plan_units(paths: Sequence[str | os.PathLike[str]], split: int = 1) -> list[
         groups.setdefault(root(i), []).append(i)
     units: list[Unit] = []
     for group in sorted(groups.values(), key=lambda g: g[0]):
-        keys = streams[group[0]]
-        if len(group) == 1 and len(keys) > 1 and split > 1:
-            n = min(split, len(keys))
+        own = streams[group[0]]
+        if len(group) == 1 and len(own) > 1 and split > 1:
+            n = min(split, len(own))
             for k in range(n):
-                units.append(Unit((group[0],), frozenset(keys[k::n])))
+                units.append(Unit((group[0],), frozenset(own[k::n])))
         else:
             units.append(Unit(tuple(group)))
     return units
