@@ -126,8 +126,8 @@ def plan_units(paths: Sequence[str | os.PathLike[str]], split: int = 1) -> list[
         own = streams[group[0]]
         if len(group) == 1 and len(own) > 1 and split > 1:
             n = min(split, len(own))
-            for k in range(n):
-                units.append(Unit((group[0],), frozenset(own[k::n])))
+            for part in range(n):
+                units.append(Unit((group[0],), frozenset(own[part::n])))
         else:
             units.append(Unit(tuple(group)))
     return units
