@@ -261,3 +261,13 @@ def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
         merged = finish_report(builder, annotator, stats).to_dict()
         assert ("histogram" in str(merged["source"]["lifetimes"])) == (limit < 200)
         _same(merged, one)
+
+
+def test_issue10_default_jobs_counts_streams(tmp_path: Path) -> None:
+    from kvtool.report.parallel import _streams, default_jobs
+
+    paths = _fleet(tmp_path, ["gemma3", "full_only"])
+    assert _streams(paths) == 2
+    assert _streams(paths[:1]) == 1
+    # Small inputs: one process (a pool's start-up costs more than it saves).
+    assert default_jobs(paths) == 1

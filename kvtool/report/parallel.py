@@ -60,19 +60,23 @@ RAY_INSTALL_HINT = "--ray needs Ray: pip install 'kvtool[ray]' (or pip install r
 
 
 PARALLEL_FROM_BYTES = 64 << 20
-"""Recordings smaller than this in all are decoded in one process by default.
+"""One stream smaller than this in all is decoded in one process by default.
 
 Measured (bench/RESULTS.md): on a 10 MB recording, shipping chunks to worker processes costs
 more than the decoding they take over (``--jobs 2`` 0.98x the time of the default, ``--jobs
 1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
+
+UNITS_FROM_BYTES = 4 << 20
+"""Several streams (units of work that need no shipping) use the pool from this size on."""
 
 
 def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
     """The default of ``--jobs``: the machine's usable cores, or 1 for small inputs.
 
     Args:
-        paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in
-            all, one process is faster than a pool.
+        paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in all
+            (less than :data:`UNITS_FROM_BYTES` when they hold several publisher streams,
+            each a unit of work), one process is faster than a pool.
 
     Returns:
         At least 1.
@@ -82,12 +86,30 @@ def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
         for p in paths:
             with contextlib.suppress(OSError):
                 total += os.stat(p).st_size
-        if total < PARALLEL_FROM_BYTES:
+        if total < UNITS_FROM_BYTES or (total < PARALLEL_FROM_BYTES and _streams(paths) < 2):
             return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def _streams(paths: Sequence[str | os.PathLike[str]]) -> int:
+    """Publisher streams the recordings' summaries list (0 when a summary is missing)."""
+    from kvtool.errors import KvtoolError
+    from kvtool.recording import open_recording
+
+    keys: set[tuple[str, str, int | None]] = set()
+    for p in paths:
+        try:
+            with open_recording(p) as r:
+                chans = r.summary_channels()
+        except KvtoolError:
+            return 0
+        if not chans:
+            return 0
+        keys.update((c.endpoint, c.topic, c.dp_rank) for c in chans)
+    return len(keys)
 
 
 def ordered(
