@@ -24,6 +24,7 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -109,10 +110,28 @@ def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
     return np.where(ok, ts, fallback)
 
 
-def _dense(values: NDArray[Any]) -> tuple[NDArray[Any], int]:
-    """Dense codes of ``values`` (0..k-1, in value order) and k."""
-    uniq, inverse = np.unique(values, return_inverse=True)
-    return inverse.reshape(-1), len(uniq)
+def _pack(cols: list[NDArray[Any]]) -> NDArray[Any]:
+    """One int64 per row that is equal exactly where all ``cols`` (integer arrays) are.
+
+    Each column is offset by its minimum and scaled by the span of the ones before it;
+    when the spans' product would not fit, the columns are replaced by dense codes first.
+    """
+    lows = [int(v.min()) for v in cols]
+    spans = [int(v.max()) - lo + 1 for v, lo in zip(cols, lows, strict=True)]
+    if math.prod(spans) >= 1 << 62:
+        dense = [np.unique(v, return_inverse=True) for v in cols]
+        cols = [inv.reshape(-1) for _u, inv in dense]
+        lows = [0] * len(cols)
+        spans = [len(u) for u, _inv in dense]
+        if math.prod(spans) >= 1 << 62:  # pragma: no cover - needs > 2**10 distinct of each
+            packed = np.zeros(len(cols[0]), dtype=_I64)
+            for codes, span in zip(cols, spans, strict=True):
+                packed = np.unique(packed * span + codes, return_inverse=True)[1].reshape(-1)
+            return packed
+    packed = np.zeros(len(cols[0]), dtype=_I64)
+    for values, lo, span in zip(cols, lows, spans, strict=True):
+        packed = packed * span + (values.astype(_I64) - lo)
+    return packed
 
 
 class ReportBuilder:
@@ -222,10 +241,7 @@ class ReportBuilder:
         for values in cols:
             state._changes(values, change)
         starts = np.flatnonzero(change)
-        packed = np.zeros(len(starts), dtype=_I64)
-        for values in cols:
-            codes, k = _dense(values[starts])
-            packed, _ = _dense(packed * k + codes)
+        packed = _pack([values[starts] for values in cols])
         _uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         code_gkey = np.full(len(first), -1, dtype=_I64)
         for j in np.argsort(first).tolist():

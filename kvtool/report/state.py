@@ -80,11 +80,12 @@ def _i64(values: Any) -> NDArray[Any]:
 
 @dataclass
 class Live:
-    """The live entries: one per cached block, sorted by key, stream order inside a key.
+    """The live entries: one per cached block.
 
-    The key order is that of :func:`key_order` (hash, then channel, then group, null
-    groups first); entries of one key keep the order they were stored in, which is what
-    FIFO lifetimes pair removes with. This is the whole state carried between chunks.
+    Entries of one key (channel, group, hash) are in the order they were stored in,
+    which is what FIFO lifetimes pair removes with; the order between keys is arbitrary
+    (:func:`step` leaves them grouped by key). This is the whole state carried between
+    chunks; partial states of different channels concatenate.
 
     Attributes:
         row: Stream row of the store (the builder's ``row`` numbering).
@@ -189,44 +190,31 @@ class Step:
     dropped_gkey: NDArray[Any]
 
 
-_SIGN = 1 << 63
-_DIGIT = 0xFFFF
-
-
-def _stable_order(keys: list[Any]) -> Any:
-    """The stable sort order of rows by ``keys`` (numpy arrays, last key primary).
-
-    A least-significant-digit radix sort: one stable ``argsort`` per key, least
-    significant first, each on the rows as the earlier passes ordered them. numpy sorts
-    16-bit integers stably by radix (linear time), and any other dtype by timsort, so the
-    caller passes 16-bit digits where it can.
-    """
-    order = np.argsort(keys[0], kind="stable")
-    for key in keys[1:]:
-        order = order[np.argsort(key[order], kind="stable")]
-    return order
-
-
-def _small(values: Any) -> Any:
-    """``values`` as uint16 if they all fit (radix-sortable), else unchanged."""
-    if values.min() >= 0 and values.max() <= _DIGIT:
-        return values.astype(np.uint16)
-    return values
+_MIX_CHANNEL = 0x9E3779B1
+_MIX_GROUP = 0x85EBCA77
+_MIX_NO_GROUP = 0xC2B2AE3D
+"""Odd 32-bit constants that spread channel and group over the bucket key's bits."""
 
 
 def _constant(values: Any) -> bool:
     return len(values) == 0 or bool((values == values[0]).all())
 
 
-def key_order(hash_: Any, channel: Any, group: Any, no_group: Any) -> Any:
-    """The stable sort order of rows by (hash, channel_id, group_idx), null groups first.
+def _changes(values: Any, out: Any) -> None:
+    """``out[1:] |= values[1:] != values[:-1]`` unless ``values`` is constant."""
+    if not _constant(values):
+        out[1:] |= values[1:] != values[:-1]
 
-    The order is exactly that of ``np.lexsort`` over the separate key columns (group with
-    nulls first, then channel, then hash as the primary key): no packed key, any int64
-    value. The signed hash is sorted as four 16-bit digits of its bits with the sign
-    flipped (which orders them as signed values), each digit a linear-time radix pass;
-    a key that is constant over the rows is left out (it does not change a stable
-    order).
+
+def group_keys(hash_: Any, channel: Any, group: Any, no_group: Any) -> tuple[Any, Any]:
+    """A stable order that makes each key (hash, channel, group) contiguous, and key starts.
+
+    Rows are radix-sorted (two stable 16-bit passes: linear time) by a 32-bit *bucket
+    key*: the hash's low 32 bits mixed with the channel and group. Equal keys have equal
+    bucket keys, so each key is contiguous unless two keys share a bucket key (a few
+    rows in a chunk of random hashes); those buckets are found by comparing each row
+    with its neighbour and re-sorted by the full key, stably. Only contiguity and stream
+    order inside a key matter to :func:`step`: the order between keys is arbitrary.
 
     Args:
         hash_: Int64 hashes.
@@ -235,26 +223,53 @@ def key_order(hash_: Any, channel: Any, group: Any, no_group: Any) -> Any:
         no_group: True for a null group.
 
     Returns:
-        The permutation.
+        The permutation, and per sorted row whether it starts a key.
     """
-    if len(hash_) == 0:
-        return np.zeros(0, dtype=np.intp)
-    keys: list[Any] = []
-    if no_group.any():
-        keys += [np.where(no_group, 0, group), ~no_group]
-    elif not _constant(group):
-        keys.append(_small(group))
-    if not _constant(channel):
-        keys.append(_small(channel))
-    h = hash_.view(np.uint64) ^ np.uint64(_SIGN)
-    keys += [((h >> np.uint64(s)) & np.uint64(_DIGIT)).astype(np.uint16) for s in (0, 16, 32, 48)]
-    return _stable_order(keys)
-
-
-def _changes(values: Any, out: Any) -> None:
-    """``out[1:] |= values[1:] != values[:-1]`` unless ``values`` is constant."""
-    if not _constant(values):
-        out[1:] |= values[1:] != values[:-1]
+    m = len(hash_)
+    if m == 0:
+        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool)
+    bucket = hash_.astype(np.uint32)
+    parts = [hash_]
+    for values, mix in ((channel, _MIX_CHANNEL), (group, _MIX_GROUP), (no_group, _MIX_NO_GROUP)):
+        if not _constant(values):
+            bucket ^= values.astype(np.uint32) * np.uint32(mix)
+            parts.append(values)
+    order = np.argsort((bucket & np.uint32(0xFFFF)).astype(np.uint16), kind="stable")
+    order = order[np.argsort((bucket >> np.uint32(16)).astype(np.uint16)[order], kind="stable")]
+    sorted_bucket = bucket[order]
+    start = np.empty(m, dtype=bool)
+    start[0] = True
+    np.not_equal(sorted_bucket[1:], sorted_bucket[:-1], out=start[1:])
+    # Rows in the same bucket as the row before them: they must hold the same key.
+    inner = np.flatnonzero(~start[1:]) + 1
+    if len(inner) == 0:
+        return order, start
+    here, before = order[inner], order[inner - 1]
+    differ = np.zeros(len(inner), dtype=bool)
+    for values in parts:
+        differ |= values[here] != values[before]
+    if not differ.any():
+        return order, start
+    # Buckets holding several keys: re-sort their rows by the full key (stable, so a
+    # key keeps stream order) inside the slots the bucket already occupies.
+    run = np.cumsum(start) - 1
+    firsts = np.flatnonzero(start)
+    bad = np.unique(run[inner[differ]])
+    lo = firsts[bad]
+    hi = np.append(firsts, m)[bad + 1]
+    lengths = hi - lo
+    slots = np.repeat(lo - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    rows = order[slots]
+    sub = np.lexsort([values[rows] for values in reversed(parts)] + [run[slots]])
+    rows = rows[sub]
+    order[slots] = rows
+    key_start = np.zeros(len(rows), dtype=bool)
+    key_start[0] = True
+    for values in parts:
+        v = values[rows]
+        key_start[1:] |= v[1:] != v[:-1]
+    start[slots] = key_start | start[slots]
+    return order, start
 
 
 def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
@@ -286,16 +301,13 @@ def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
     ng_all = both(live.no_group, blocks.no_group)
     # Carried entries are older than the chunk's rows and both parts are in stream order
     # (inside a key), so a stable sort by the key keeps stream order inside each key.
-    src = key_order(h_all, c_all, g_all, ng_all)
-    h, c, g, ng = h_all[src], c_all[src], g_all[src], ng_all[src]
-    ep = both(np.zeros(n_live, dtype=_I64), blocks.epoch)[src]
+    src, start = group_keys(h_all, c_all, g_all, ng_all)
     is_store = both(np.ones(n_live, dtype=bool), blocks.store)[src]
-
-    start = np.zeros(m, dtype=bool)
-    start[0] = True
-    start[1:] = h[1:] != h[:-1]
-    for values in (c, g, ng, ep):
-        _changes(values, start)
+    # A chunk with no clear has one epoch: nothing to split, nothing dropped.
+    has_epochs = bool(np.asarray(final_epoch).any())
+    ep = both(np.zeros(n_live, dtype=_I64), blocks.epoch)[src] if has_epochs else None
+    if ep is not None:
+        _changes(ep, start)
     first = np.flatnonzero(start)
     seg = np.cumsum(start) - 1
     delta = np.where(is_store, 1, -1)
@@ -337,11 +349,15 @@ def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
     survives = is_store.copy()
     survives[paired] = False
     surv = np.flatnonzero(survives)
-    fe = np.asarray(final_epoch)[c[surv]]
-    keep = ep[surv] == fe
-    kept, gone = surv[keep], surv[~keep]
-    ks = src[kept]
-    new_live = Live(row_all[ks], c[kept], g[kept], ng[kept], h[kept], ts_all[ks], gkey_all[ks])
+    if ep is not None:
+        keep = ep[surv] == np.asarray(final_epoch)[c_all[src[surv]]]
+        kept, gone = surv[keep], surv[~keep]
+    else:
+        kept, gone = surv, surv[:0]
+    ks, gs = src[kept], src[gone]
+    new_live = Live(
+        row_all[ks], c_all[ks], g_all[ks], ng_all[ks], h_all[ks], ts_all[ks], gkey_all[ks]
+    )
     return Step(
         out_orphan,
         out_restored,
@@ -349,9 +365,9 @@ def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
         ts_all[paired_src],
         gkey_all[paired_src],
         new_live,
-        c[gone],
-        ep[gone] + 1,
-        gkey_all[src[gone]],
+        c_all[gs],
+        ep[gone] + 1 if ep is not None else np.zeros(0, dtype=_I64),
+        gkey_all[gs],
     )
 
 
@@ -380,7 +396,7 @@ class LiveStep:
 
 
 def live_from_frame(live: pl.DataFrame) -> Live:
-    """Return a :class:`Live` from a :data:`LIVE_SCHEMA` frame (re-sorted by key).
+    """Return a :class:`Live` from a :data:`LIVE_SCHEMA` frame.
 
     Args:
         live: The entries, in stream order inside each key.
@@ -398,8 +414,7 @@ def live_from_frame(live: pl.DataFrame) -> Live:
         np.asarray(live["store_ts"].to_numpy(), dtype=np.float64),
         _i64(live["gkey"].to_numpy()),
     )
-    order = key_order(state.hash, state.channel_id, state.group_idx, state.no_group)
-    return Live(*(getattr(state, f)[order] for f in Live.__dataclass_fields__))
+    return state
 
 
 def advance(blocks: pl.DataFrame, live: pl.DataFrame, final_epoch: pl.DataFrame) -> LiveStep:
