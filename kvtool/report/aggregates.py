@@ -163,7 +163,8 @@ def sorted_union(parts: list[NDArray[Any]]) -> NDArray[Any]:
     Returns:
         One sorted, duplicate-free int64 array.
     """
-    values = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    # Stable (timsort) merges the already sorted parts instead of sorting from scratch.
+    values = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0], kind="stable")
     if len(values) > 1:
         keep = np.empty(len(values), dtype=bool)
         keep[0] = True
@@ -262,7 +263,7 @@ class Peaks:
             return
         gk = gkeys[on]
         d = deltas[on]
-        present = np.unique(gk).tolist()
+        present = np.flatnonzero(np.bincount(gk)).tolist()  # gkeys are small: no sort
         table = np.zeros(present[-1] + 1, dtype=np.int64)
         done: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
         for level in ("kind", "window", "group", "total"):
@@ -304,9 +305,11 @@ def _segment_peaks(
     sd = d[order]
     starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
     run = np.cumsum(sd)
-    run -= np.repeat(run[starts] - sd[starts], np.diff(np.append(starts, len(sd))))
-    highs = np.maximum.reduceat(run, starts)
-    ends = np.add.reduceat(sd, starts)
+    # Each key's own running sum is the overall one minus its value before the key's
+    # first row: a constant per key, so it comes off the maximum and the end.
+    before = run[starts] - sd[starts]
+    highs = np.maximum.reduceat(run, starts) - before
+    ends = run[np.append(starts[1:], len(sd)) - 1] - before
     out_h = [0] * k
     out_e = [0] * k
     for s, h, e in zip(sk[starts].tolist(), highs.tolist(), ends.tolist(), strict=True):

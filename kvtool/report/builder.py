@@ -302,7 +302,9 @@ class ReportBuilder:
         # The channels whose stores carry group_idx: there a remove without one needs the
         # (hash -> group) state; elsewhere -- old vLLM, no group_idx at all -- it is keyed
         # by (channel, no group, hash) like its stores.
-        self.grouped_channels |= set(np.unique(channel[is_store & ~no_group]).tolist())
+        grouped = channel[is_store & ~no_group]
+        if len(grouped):
+            self.grouped_channels |= set(np.flatnonzero(np.bincount(grouped)).tolist())
         unattributed = unattributed_orphan = np.zeros(n, dtype=bool)
         if group_null is not None and (is_remove & no_group & has_hash).any():
             df = self._attribute(df.with_columns(row=pl.int_range(first_row, first_row + n)))
@@ -476,7 +478,7 @@ class ReportBuilder:
         h = blocks.hash[blocks.store]
         if len(gk) == 0:
             return
-        keys = np.unique(gk)
+        keys = np.flatnonzero(np.bincount(gk))
         for key in keys.tolist():
             part = h if len(keys) == 1 else h[gk == key]
             self._distinct_parts.setdefault(key, []).append(part)
@@ -599,6 +601,18 @@ class ReportBuilder:
             L_total=pl.lit(0, pl.Int64),
         )
 
+    def _exact_lifetimes(self) -> dict[int, NDArray[Any]]:
+        """The exact lifetimes of each gkey (unsorted)."""
+        if not self.lifetimes:
+            return {}
+        gk = np.concatenate([lt["gkey"].to_numpy() for lt in self.lifetimes])
+        life = np.concatenate([lt["lifetime_s"].to_numpy() for lt in self.lifetimes])
+        order = np.argsort(gk, kind="stable")
+        gk, life = gk[order], life[order]
+        keys, starts = np.unique(gk, return_index=True)
+        ends = np.append(starts[1:], len(gk))
+        return {int(k): life[s:e] for k, s, e in zip(keys.tolist(), starts, ends, strict=True)}
+
     def _lifetime_frame(self) -> pl.DataFrame:
         """(gkey, lifetime_s, n) rows: exact values (n=1) or histogram bin centres."""
         if self.hist is not None:
@@ -646,8 +660,15 @@ class ReportBuilder:
                 *[pl.lit(0, pl.Int64).alias(c) for c in (*ADDITIVE, "live_blocks_end")]
             )
         )
-        lts = self._lifetime_frame().join(
-            reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"), on="gkey", how="left"
+        exact = self._exact_lifetimes() if self.hist is None else None
+        lts = (
+            self._lifetime_frame().join(
+                reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"),
+                on="gkey",
+                how="left",
+            )
+            if exact is None
+            else None
         )
         members: dict[str, dict[object, list[int]]] = {}
         for _g, k, w, i in reg.select(
@@ -675,7 +696,11 @@ class ReportBuilder:
                 },
                 schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
             )
-            q = quantiles(lts, col)
+            q = (
+                quantiles(lts, col)
+                if lts is not None
+                else _exact_quantiles(exact, col, members.get(col, {}), agg.schema[col])
+            )
             level_peaks = self.levels[level]
             peaks = pl.DataFrame(
                 {col: list(level_peaks), "peak_live_blocks": [v[1] for v in level_peaks.values()]},
@@ -728,6 +753,59 @@ class ReportBuilder:
         )
         frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns)
         return frame
+
+
+def _linear_quantiles(values: NDArray[Any]) -> list[float]:
+    """p50/p90/p99 of ``values`` with linear interpolation, as polars computes them.
+
+    The two order statistics around each quantile come from one ``np.partition`` (linear
+    time) instead of a sort; the interpolation is polars' ``quantile(q, "linear")``:
+    ``(f - floor(f)) * (upper - lower) + lower`` with ``f = (n - 1) * q``.
+    """
+    n = len(values)
+    where = [((n - 1) * q, math.floor((n - 1) * q), math.ceil((n - 1) * q)) for q in _QS]
+    kth = sorted({i for _f, lo, hi in where for i in (lo, hi)})
+    part = np.partition(values, kth)
+    out = []
+    for f, lo, hi in where:
+        low, high = float(part[lo]), float(part[hi])
+        out.append(low if low == high else (f - lo) * (high - low) + low)
+    return out
+
+
+_QS = (0.5, 0.9, 0.99)
+
+
+def _exact_quantiles(
+    lifetimes: dict[int, NDArray[Any]] | None,
+    col: str,
+    members: dict[object, list[int]],
+    dtype: pl.DataType,
+) -> pl.DataFrame:
+    """Lifetime percentiles per level key from the exact lifetimes of its gkeys."""
+    assert lifetimes is not None
+    keys: list[object] = []
+    rows: list[list[float]] = []
+    done: dict[tuple[int, ...], list[float]] = {}
+    for key, ids in members.items():
+        have = tuple(sorted(i for i in ids if i in lifetimes))
+        if not have:
+            continue
+        got = done.get(have)
+        if got is None:
+            parts = [lifetimes[i] for i in have]
+            got = done[have] = _linear_quantiles(
+                np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+            )
+        keys.append(key)
+        rows.append(got)
+    return pl.DataFrame(
+        {
+            col: pl.Series(keys, dtype=dtype),
+            **{c: [r[j] for r in rows] for j, c in enumerate(LIFETIME_COLUMNS)},
+        },
+        schema={col: dtype, **{c: pl.Float64 for c in LIFETIME_COLUMNS}},
+    ).with_columns(pl.col(c).round(6) for c in LIFETIME_COLUMNS)
 
 
 def build_report(
