@@ -377,3 +377,17 @@ def test_issue10_state_peaks_equal_a_running_sum_per_level(seed: int) -> None:
     want = _peaks_reference(gkeys, deltas, rows)
     for level, keys in want.items():
         assert p.levels[level] == keys
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_issue10_state_lifetime_percentiles_equal_polars_linear_quantile(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    values = np.rint(rng.exponential(float(rng.choice([0.01, 1.0, 100.0])), n) * 1e6) * 1e-6
+    if seed % 4 == 0:
+        values[: n // 2] = values[0]  # ties
+    got = builder._linear_quantiles(values.copy())
+    want = pl.DataFrame({"v": values}).select(
+        pl.col("v").quantile(q, "linear").alias(str(q)) for q in (0.5, 0.9, 0.99)
+    )
+    assert got == list(want.row(0))
