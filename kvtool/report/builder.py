@@ -292,8 +292,9 @@ class ReportBuilder:
         is_store = tc == STORED
         is_remove = tc == REMOVED
         ts = _plausible_ts(df)
-        self.first_ts = float(ts.min()) if self.first_ts is None else min(self.first_ts, ts.min())
-        self.last_ts = float(ts.max()) if self.last_ts is None else max(self.last_ts, ts.max())
+        lo, hi = float(ts.min()), float(ts.max())
+        self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+        self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
         hashes, hash_null = _column(df, "hash")
         has_hash = ~hash_null if hash_null is not None else np.ones(n, dtype=bool)
         group, group_null = _column(df, "group_idx")
@@ -607,7 +608,10 @@ class ReportBuilder:
             return {}
         gk = np.concatenate([lt["gkey"].to_numpy() for lt in self.lifetimes])
         life = np.concatenate([lt["lifetime_s"].to_numpy() for lt in self.lifetimes])
-        order = np.argsort(gk, kind="stable")
+        # gkeys are few: as uint16 the stable argsort is a linear-time radix sort.
+        order = np.argsort(
+            gk.astype(np.uint16) if len(self.registry) <= 0xFFFF else gk, kind="stable"
+        )
         gk, life = gk[order], life[order]
         keys, starts = np.unique(gk, return_index=True)
         ends = np.append(starts[1:], len(gk))
@@ -795,7 +799,7 @@ def _exact_quantiles(
         if got is None:
             parts = [lifetimes[i] for i in have]
             got = done[have] = _linear_quantiles(
-                np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+                np.concatenate(parts) if len(parts) > 1 else parts[0]
             )
         keys.append(key)
         rows.append(got)
