@@ -302,16 +302,18 @@ def test_issue10_state_step_equals_the_polars_step(seed: int) -> None:
         old_live, new_live = o_live, got.live
 
 
-def test_issue10_state_group_keys_with_colliding_buckets() -> None:
+@pytest.mark.parametrize("groups", [[0, 1, 1 << 32, (1 << 32) + 1], [0, 1, 2, 3]])
+def test_issue10_state_group_keys_with_colliding_buckets(groups: list[int]) -> None:
     # Keys that share the 32-bit bucket key (same low hash bits; groups and channels
-    # whose mixes cancel) still come out contiguous, each in its original order.
+    # whose mixes cancel, or packed one-to-one) still come out contiguous, each in its
+    # original order.
     rng = np.random.default_rng(5)
     n = 5000
     high = rng.integers(0, 4, n).astype(np.int64) << 32
     low = rng.integers(0, 3, n).astype(np.int64)
     h = high | low
     c = rng.integers(0, 2, n).astype(np.int64)
-    g = rng.choice(np.array([0, 1, 1 << 32, (1 << 32) + 1]), n).astype(np.int64)
+    g = rng.choice(np.array(groups), n).astype(np.int64)
     ng = rng.random(n) < 0.1
     order, start = state.group_keys(h, c, g, ng)
     assert sorted(order.tolist()) == list(range(n))

@@ -206,6 +206,23 @@ def _changes(values: Any, out: Any) -> None:
         out[1:] |= values[1:] != values[:-1]
 
 
+def _lane(columns: list[Any]) -> Any:
+    """The columns packed one-to-one into uint32 (offset, bit-shifted), or None if too wide."""
+    if not columns:
+        return None
+    shift = 0
+    lane = np.zeros(len(columns[0]), dtype=np.uint32)
+    for values in columns:
+        v = values.astype(np.int64)
+        lo = int(v.min())
+        bits = (int(v.max()) - lo).bit_length()
+        if shift + bits > 32:
+            return None
+        lane |= (v - lo).astype(np.uint32) << np.uint32(shift)
+        shift += bits
+    return lane
+
+
 def group_keys(hash_: Any, channel: Any, group: Any, no_group: Any) -> tuple[Any, Any]:
     """A stable order that makes each key (hash, channel, group) contiguous, and key starts.
 
@@ -230,8 +247,14 @@ def group_keys(hash_: Any, channel: Any, group: Any, no_group: Any) -> tuple[Any
         return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=bool)
     bucket = hash_.astype(np.uint32)
     parts = [hash_]
-    for values, mix in ((channel, _MIX_CHANNEL), (group, _MIX_GROUP), (no_group, _MIX_NO_GROUP)):
-        if not _constant(values):
+    lanes = [v for v in (channel, group, no_group) if not _constant(v)]
+    lane = _lane(lanes)
+    if lane is not None:
+        # One-to-one in (channel, group, no_group) for a given hash: rows of one bucket
+        # with the same hash hold the same key, so only the hash needs checking below.
+        bucket ^= lane * np.uint32(_MIX_GROUP)
+    else:
+        for values, mix in zip(lanes, (_MIX_CHANNEL, _MIX_GROUP, _MIX_NO_GROUP), strict=False):
             bucket ^= values.astype(np.uint32) * np.uint32(mix)
             parts.append(values)
     order = np.argsort((bucket & np.uint32(0xFFFF)).astype(np.uint16), kind="stable")
