@@ -3,7 +3,7 @@
 Pure: chunks of the flat table (:mod:`kvtool.columns`) in, a :class:`Report` of polars
 DataFrames out; nothing here prints.
 
-Per chunk (:meth:`ReportBuilder.add`):
+Per chunk (:meth:`ReportBuilder.add`), on numpy arrays of the chunk's columns:
 
 1. rows get their stream position (``row``), a plausible ``ts``
    (:func:`~kvtool.report.aggregates.plausible_ts`) and their channel's clear epoch;
@@ -12,8 +12,8 @@ Per chunk (:meth:`ReportBuilder.add`):
    (group_idx, kind, window) seen, numbered in order of appearance);
 3. the live-block multiset advances (:mod:`kvtool.report.state`): orphans, restores,
    FIFO lifetime pairs, survivors, blocks dropped by clears;
-4. counts, distinct hashes, lifetimes, peaks and the timeline take the chunk
-   (:mod:`kvtool.report.aggregates`).
+4. counts (one ``bincount`` per column over the gkeys), distinct hashes, lifetimes, peaks
+   and the timeline take the chunk (:mod:`kvtool.report.aggregates`).
 
 Between chunks only the live entries, the per-row totals, the distinct hashes, the
 lifetimes (or their histogram), the peak levels and the timeline's (bucket, row) sums are
@@ -216,9 +216,11 @@ class ReportBuilder:
     ) -> NDArray[Any]:
         """Return each row's report row (``gkey``; -1 where ``skip``: clears belong to none).
 
-        A row's report row is (group_idx, kind_final, sliding_window)
-        (:func:`kvtool.report.attribution.final_kind`). Rows come in runs of one key (an
-        event's blocks share it), so the keys are read at run starts only; the few
+        A row's report row is (group_idx, kind_final, sliding_window): stores count under
+        their own kind, removes under their group's; a remove left ``unattributed`` by
+        :func:`kvtool.report.attribution.resolve_ungrouped` has no window; a row with no
+        kind is ``unannotated`` (distinct from vLLM's own ``unknown``). Rows come in runs
+        of one key (an event's blocks share it), so the keys are read at run starts only; the few
         distinct keys of the chunk are registered in order of first appearance, so
         numbering follows the stream.
         """

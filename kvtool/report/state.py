@@ -405,7 +405,7 @@ class LiveStep:
         blocks: The chunk's block rows with ``orphan`` and ``restored`` flags.
         pairs: One row per effective remove: ``row``, ``remove_ts``, ``remove_gkey`` and
             the ``store_ts`` and ``gkey`` of the entry it removed.
-        live: The entries live after the chunk (:data:`LIVE_SCHEMA`, in key order).
+        live: The entries live after the chunk (:data:`LIVE_SCHEMA`, grouped by key).
         dropped: Entries an ``AllBlocksCleared`` in this chunk dropped: ``channel_id``,
             ``epoch`` (the clear that dropped them is the channel's ``epoch``-th), ``gkey``.
         new_stores: This chunk's stores (``gkey``, ``hash``), for distinct hashes.
