@@ -937,14 +937,14 @@ def report_with(
 
     def annotated() -> Iterator[pl.DataFrame]:
         # Annotating is per chunk and needs no builder state: done in the prefetch thread,
-        # it overlaps the builder (both are mostly polars, which releases the GIL).
+        # it overlaps the builder (polars and numpy release the GIL).
         for chunk in chunks:
             yield annotator(chunk, stats)
 
     # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back at every polars query (~55 a chunk) and then waits
-    # to get it back: up to a switch interval (5 ms by default) each time. A shorter
-    # interval for the loop keeps the builder -- the slower stage -- from idling.
+    # builder here hands the GIL back in its polars queries and numpy sorts and then
+    # waits to get it back: up to a switch interval (5 ms by default) each time. A
+    # shorter interval for the loop keeps the builder from idling.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(_SWITCH_INTERVAL)
     try:
