@@ -336,11 +336,14 @@ def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
     delta = np.where(is_store, 1, -1)
     running = np.cumsum(delta)
     unclamped = running - (running - delta)[first][seg]
-    # Segmented running minimum: one pass over the chunk, each segment shifted below all
-    # earlier ones by segment * stride.
-    shift = seg * (2 * m + 2)
-    seg_min = np.minimum.accumulate(unclamped - shift) + shift
-    count = unclamped - np.minimum(seg_min, 0)
+    if unclamped.min() >= 0:
+        count = unclamped  # no remove of a key that is not live: nothing to clamp
+    else:
+        # Segmented running minimum: one pass over the chunk, each segment shifted below
+        # all earlier ones by segment * stride.
+        shift = seg * (2 * m + 2)
+        seg_min = np.minimum.accumulate(unclamped - shift) + shift
+        count = unclamped - np.minimum(seg_min, 0)
     count_before = np.empty(m, dtype=count.dtype)
     count_before[0] = 0
     count_before[1:] = count[:-1]
