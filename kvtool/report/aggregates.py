@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from kvtool.columns import np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 COUNT_COLUMNS = (
     "store_events",
@@ -148,26 +152,25 @@ class Report:
 # -- distinct hashes -------------------------------------------------------------------------
 
 
-def sorted_union(parts: list[pl.Series]) -> pl.Series:
-    """Return the sorted set union of Int64 series: one sort, then drop repeats.
+def sorted_union(parts: list[NDArray[Any]]) -> NDArray[Any]:
+    """Return the sorted set union of int64 arrays: one sort, then drop repeats.
 
     (``numpy.unique`` hashes first in numpy 2, several times slower on these sizes.)
 
     Args:
-        parts: The series.
+        parts: The arrays.
 
     Returns:
-        One sorted, duplicate-free series named ``hash``.
+        One sorted, duplicate-free int64 array.
     """
-    if np is not None:
-        values = np.sort(np.concatenate([p.to_numpy() for p in parts]))
-        if len(values) > 1:
-            keep = np.empty(len(values), dtype=bool)
-            keep[0] = True
-            np.not_equal(values[1:], values[:-1], out=keep[1:])
-            values = values[keep]
-        return pl.Series("hash", values, dtype=pl.Int64)
-    return pl.concat(parts).unique().sort().rename("hash")
+    # Stable (timsort) merges the already sorted parts instead of sorting from scratch.
+    values = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0], kind="stable")
+    if len(values) > 1:
+        keep = np.empty(len(values), dtype=bool)
+        keep[0] = True
+        np.not_equal(values[1:], values[:-1], out=keep[1:])
+        values = values[keep]
+    return values
 
 
 # -- lifetimes ---------------------------------------------------------------------------
@@ -231,9 +234,11 @@ def quantiles(lifetimes: pl.DataFrame, col: str) -> pl.DataFrame:
 class Peaks:
     """Live blocks now and at their highest, per level key (kind, window, group, total).
 
-    Each chunk hands over its live-block deltas in stream order; every level key whose
-    member report rows are the same set shares one running sum (one ``cum_sum().max()``
-    and one ``sum()`` per distinct set, all in a single query).
+    Each chunk hands over its live-block deltas in stream order, each under a report row
+    (gkey). A level (kind, window, group, total) partitions the report rows into its
+    keys; per key, the running sum of its rows' deltas gives the chunk's highest level
+    and its end. One stable sort by key per level and a segmented prefix sum serve every
+    key of the level at once; levels that partition the chunk's rows alike share it.
     """
 
     levels: dict[str, dict[object, tuple[int, int]]] = field(
@@ -241,63 +246,75 @@ class Peaks:
     )
 
     def add(
-        self, deltas: pl.DataFrame, rows: dict[int, tuple[int | None, str, int | None]]
+        self,
+        gkeys: NDArray[Any],
+        deltas: NDArray[Any],
+        rows: dict[int, tuple[int | None, str, int | None]],
     ) -> None:
         """Advance by one chunk's deltas.
 
         Args:
-            deltas: ``gkey`` and ``delta`` per event row, in stream order.
+            gkeys: The report row of each delta (-1: none), in stream order.
+            deltas: The live-block deltas.
             rows: gkey → (group_idx, kind, window) of every report row.
         """
-        if deltas.height == 0:
+        on = gkeys >= 0
+        if not on.any():
             return
-        members: dict[tuple[str, object], list[int]] = {}
-        for gkey in deltas["gkey"].drop_nulls().unique().to_list():
-            _g, kind, window = rows[gkey]
-            for level, key in (("kind", kind), ("window", window), ("group", gkey), ("total", 0)):
-                members.setdefault((level, key), []).append(gkey)
-        if not members:
-            return
-        sets: dict[tuple[int, ...], int] = {}
-        exprs = []
-        singles: dict[tuple[int, ...], tuple[int, int]] = {}
-        for ids in members.values():
-            t = tuple(sorted(ids))
-            if t in sets or t in singles:
-                continue
-            if len(t) == 1 and len(rows) > 1:
-                singles[t] = (0, 0)  # filled by one group_by below
-                continue
-            n = sets[t] = len(sets)
-            part = (
-                pl.when(pl.col("gkey").is_in(list(t))).then(pl.col("delta")).otherwise(0)
-                if len(t) < len(rows)
-                else pl.col("delta")
-            )
-            exprs += [part.cum_sum().max().alias(f"high{n}"), part.sum().alias(f"end{n}")]
-        got = deltas.lazy().select(exprs).collect().row(0) if exprs else ()
-        if singles:
-            # One report row's own running sum: one group_by for all of them rather than
-            # a masked pass over the chunk each. Its highest value over its own rows only
-            # can be below 0 where the masked sum's is 0, which ``now`` below covers.
-            for gkey, high, end in (
-                deltas.lazy()
-                .filter(pl.col("gkey").is_not_null())
-                .group_by("gkey")
-                .agg(pl.col("delta").cum_sum().max(), pl.col("delta").sum().alias("end"))
-                .collect()
-                .iter_rows()
-            ):
-                singles[(gkey,)] = (high, end)
-        for (level, key), ids in members.items():
-            t = tuple(sorted(ids))
-            if t in singles:
-                high, end = singles[t]
+        gk = gkeys[on]
+        d = deltas[on]
+        present = np.flatnonzero(np.bincount(gk)).tolist()  # gkeys are small: no sort
+        table = np.zeros(present[-1] + 1, dtype=np.int64)
+        done: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+        for level in ("kind", "window", "group", "total"):
+            if level == "kind":
+                names: list[object] = [rows[g][1] for g in present]
+            elif level == "window":
+                names = [rows[g][2] for g in present]
+            elif level == "group":
+                names = list(present)
             else:
-                n = sets[t]
-                high, end = got[2 * n], got[2 * n + 1]
-            now, peak = self.levels[level].get(key, (0, 0))
-            self.levels[level][key] = (end + now, max(peak, high + now, now))
+                names = [0] * len(present)
+            index: dict[object, int] = {}
+            codes = tuple(index.setdefault(k, len(index)) for k in names)
+            got = done.get(codes)
+            if got is None:
+                got = done[codes] = _segment_peaks(table, present, codes, len(index), gk, d)
+            highs, ends = got
+            for key, j in index.items():
+                now, peak = self.levels[level].get(key, (0, 0))
+                self.levels[level][key] = (ends[j] + now, max(peak, highs[j] + now, now))
+
+
+def _segment_peaks(
+    table: NDArray[Any],
+    present: list[int],
+    codes: tuple[int, ...],
+    k: int,
+    gk: NDArray[Any],
+    d: NDArray[Any],
+) -> tuple[list[int], list[int]]:
+    """Highest running sum and sum of ``d`` per key (``codes``: key of each present gkey)."""
+    if k == 1:
+        run = np.cumsum(d)
+        return [int(run.max())], [int(run[-1])]
+    table[present] = codes
+    key = table[gk].astype(np.uint16) if k <= 0xFFFF else table[gk]
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    sd = d[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    run = np.cumsum(sd)
+    # Each key's own running sum is the overall one minus its value before the key's
+    # first row: a constant per key, so it comes off the maximum and the end.
+    before = run[starts] - sd[starts]
+    highs = np.maximum.reduceat(run, starts) - before
+    ends = run[np.append(starts[1:], len(sd)) - 1] - before
+    out_h = [0] * k
+    out_e = [0] * k
+    for s, h, e in zip(sk[starts].tolist(), highs.tolist(), ends.tolist(), strict=True):
+        out_h[s], out_e[s] = h, e
+    return out_h, out_e
 
 
 # -- timeline ---------------------------------------------------------------------------

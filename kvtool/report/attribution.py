@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from kvtool.columns import CLEARED, REMOVED, STORED, UNANNOTATED, UNATTRIBUTED
+from kvtool.columns import CLEARED, REMOVED, STORED, UNANNOTATED
 
 GroupKind = Callable[[int, int, int], "tuple[str, int | None] | None"]
 """(channel_id, group_idx, event_index) -> (kind, window) of a group, or None."""
@@ -145,31 +145,3 @@ def resolve_ungrouped(
             if c == 1:
                 groups_of.get((cid, h), set()).discard(g)
     return pl.DataFrame(out, schema=RESOLVED_SCHEMA, orient="row"), ambiguous
-
-
-def final_kind(tc: pl.Expr) -> list[pl.Expr]:
-    """Expressions giving each row its report ``kind_final`` and ``sliding_window``.
-
-    Stores count under their own kind, removes under their group's; a remove left
-    ``unattributed`` by :func:`resolve_ungrouped` has no window; a row with no kind is
-    ``unannotated`` (distinct from vLLM's own ``unknown``).
-
-    Args:
-        tc: The ``type_code`` column.
-
-    Returns:
-        Two expressions for ``with_columns``.
-    """
-    unattributed = pl.col("unattributed") & (tc == REMOVED)
-    return [
-        pl.when(unattributed)
-        .then(pl.lit(UNATTRIBUTED))
-        .when(pl.col("kind").is_null())
-        .then(pl.lit(UNANNOTATED))
-        .otherwise(pl.col("kind"))
-        .alias("kind_final"),
-        pl.when(unattributed)
-        .then(None)
-        .otherwise(pl.col("sliding_window"))
-        .alias("sliding_window"),
-    ]

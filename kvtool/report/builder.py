@@ -3,7 +3,7 @@
 Pure: chunks of the flat table (:mod:`kvtool.columns`) in, a :class:`Report` of polars
 DataFrames out; nothing here prints.
 
-Per chunk (:meth:`ReportBuilder.add`):
+Per chunk (:meth:`ReportBuilder.add`), on numpy arrays of the chunk's columns:
 
 1. rows get their stream position (``row``), a plausible ``ts``
    (:func:`~kvtool.report.aggregates.plausible_ts`) and their channel's clear epoch;
@@ -12,8 +12,8 @@ Per chunk (:meth:`ReportBuilder.add`):
    (group_idx, kind, window) seen, numbered in order of appearance);
 3. the live-block multiset advances (:mod:`kvtool.report.state`): orphans, restores,
    FIFO lifetime pairs, survivors, blocks dropped by clears;
-4. counts, distinct hashes, lifetimes, peaks and the timeline take the chunk
-   (:mod:`kvtool.report.aggregates`).
+4. counts (one ``bincount`` per column over the gkeys), distinct hashes, lifetimes, peaks
+   and the timeline take the chunk (:mod:`kvtool.report.aggregates`).
 
 Between chunks only the live entries, the per-row totals, the distinct hashes, the
 lifetimes (or their histogram), the peak levels and the timeline's (bucket, row) sums are
@@ -25,10 +25,11 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -37,6 +38,7 @@ from kvtool.columns import (
     DEFAULT_CHUNK_BYTES,
     REMOVED,
     STORED,
+    UNANNOTATED,
     UNATTRIBUTED,
     ChannelRef,
     DecodeMap,
@@ -45,6 +47,7 @@ from kvtool.columns import (
     TableAnnotator,
     iter_tables,
     make_annotator,
+    np,
     prefetch,
     recording_groups,
 )
@@ -57,13 +60,14 @@ from kvtool.report.aggregates import (
     EXACT_LIFETIMES,
     HIST_BINS_PER_OCTAVE,
     LIFETIME_COLUMNS,
+    PLAUSIBLE_TS_MAX,
+    PLAUSIBLE_TS_MIN,
     Peaks,
     Report,
     bucket_expr,
     check_clock,
     hist_bin,
     hist_centre,
-    plausible_ts,
     quantiles,
     sorted_union,
     timeline_frame,
@@ -71,13 +75,14 @@ from kvtool.report.aggregates import (
 from kvtool.report.findings import report_findings
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from kvtool.replay import BatchFilter
     from kvtool.report.partial import PartialReport, PeakLog
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
 
-_COUNTS_SCHEMA: dict[str, pl.DataType] = {"gkey": pl.UInt32(), **{c: pl.Int64() for c in ADDITIVE}}
 _TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "bucket": pl.Int64(),
     "gkey": pl.UInt32(),
@@ -86,9 +91,69 @@ _TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "delta": pl.Int64(),
 }
 
+_I64 = "int64"
+
+
+def _column(df: pl.DataFrame, name: str, fill: int = 0) -> tuple[NDArray[Any], NDArray[Any] | None]:
+    """Return a column as an int64 array (nulls as ``fill``) and its null mask (None: none)."""
+    s = df[name]
+    if s.null_count():
+        return np.asarray(s.fill_null(fill).to_numpy(), dtype=_I64), s.is_null().to_numpy()
+    return np.asarray(s.to_numpy(), dtype=_I64), None
+
+
+def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
+    """:func:`~kvtool.report.aggregates.plausible_ts` on arrays (same floats)."""
+    ts = np.asarray(df["ts"].fill_null(float("nan")).to_numpy(), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(ts) & (ts >= PLAUSIBLE_TS_MIN) & (ts < PLAUSIBLE_TS_MAX)
+    if ok.all():
+        return ts
+    fallback = df["log_time"].to_numpy().astype(np.float64) * 1e-9
+    return np.where(ok, ts, fallback)
+
+
+def _pack(cols: list[NDArray[Any]]) -> NDArray[Any]:
+    """One int64 per row that is equal exactly where all ``cols`` (integer arrays) are.
+
+    Each column is offset by its minimum and scaled by the span of the ones before it;
+    when the spans' product would not fit, the columns are replaced by dense codes first.
+    """
+    lows = [int(v.min()) for v in cols]
+    spans = [int(v.max()) - lo + 1 for v, lo in zip(cols, lows, strict=True)]
+    if math.prod(spans) >= 1 << 62:
+        dense = [np.unique(v, return_inverse=True) for v in cols]
+        cols = [inv.reshape(-1) for _u, inv in dense]
+        lows = [0] * len(cols)
+        spans = [len(u) for u, _inv in dense]
+        if math.prod(spans) >= 1 << 62:  # pragma: no cover - needs > 2**10 distinct of each
+            packed = np.zeros(len(cols[0]), dtype=_I64)
+            for codes, span in zip(cols, spans, strict=True):
+                packed = np.unique(packed * span + codes, return_inverse=True)[1].reshape(-1)
+            return packed
+    packed = np.zeros(len(cols[0]), dtype=_I64)
+    for values, lo, span in zip(cols, lows, spans, strict=True):
+        packed = packed * span + (values.astype(_I64) - lo)
+    return packed
+
 
 class ReportBuilder:
     """Feeds annotated table chunks through the live-block state and keeps the totals.
+
+    State carried between chunks (all of it; every part merges by key):
+
+    - ``registry``: report row (``gkey``) of each (group_idx, kind, window), numbered in
+      order of first appearance in the stream;
+    - ``live``: the live entries (:class:`kvtool.report.state.Live`);
+    - ``counts``: per gkey, the :data:`~kvtool.report.aggregates.ADDITIVE` sums (an
+      int64 array, one row per gkey);
+    - ``distinct``: per gkey, a sorted duplicate-free int64 array of stored hashes (plus
+      unmerged parts);
+    - ``lifetimes`` (exact, per gkey) or ``hist`` (the log histogram past
+      :data:`~kvtool.report.aggregates.EXACT_LIFETIMES`);
+    - ``peaks``: live blocks now and at their highest per level key;
+    - ``timeline``: per (bucket, gkey) sums (with ``every_ns``);
+    - ``rows``: rows seen (the ``row`` numbering), time span, grouped channels.
 
     Args:
         every_ns: Timeline bucket (ns), or None for no timeline.
@@ -110,12 +175,12 @@ class ReportBuilder:
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
-        self.live = pl.DataFrame(schema=state.LIVE_SCHEMA)
-        self.counts = pl.DataFrame(schema=_COUNTS_SCHEMA)
-        # Distinct stored hashes per gkey: a sorted, duplicate-free Int64 series each, merged
+        self.live = state.Live.empty()
+        self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
+        # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
-        self.distinct: dict[int, pl.Series] = {}
-        self._distinct_parts: dict[int, list[pl.Series]] = {}
+        self.distinct: dict[int, NDArray[Any]] = {}
+        self._distinct_parts: dict[int, list[NDArray[Any]]] = {}
         self._distinct_rows = 0
         self._distinct_size = 0
         self._distinct_counts: dict[tuple[int, ...], int] = {}
@@ -149,27 +214,63 @@ class ReportBuilder:
             self.registry[key] = len(self.registry)
         return self.registry[key]
 
-    def _with_gkeys(self, df: pl.DataFrame) -> pl.DataFrame:
-        """Return df with ``gkey``: the report row of (group_idx, kind_final, sliding_window).
+    def _gkeys(
+        self,
+        df: pl.DataFrame,
+        skip: NDArray[Any],
+        unattributed: NDArray[Any],
+        group: NDArray[Any],
+        no_group: NDArray[Any],
+    ) -> NDArray[Any]:
+        """Return each row's report row (``gkey``; -1 where ``skip``: clears belong to none).
 
-        The few distinct combinations of a chunk are found once (in order of appearance,
-        so numbering follows the stream) and joined back; clears belong to no row.
+        A row's report row is (group_idx, kind_final, sliding_window): stores count under
+        their own kind, removes under their group's; a remove left ``unattributed`` by
+        :func:`kvtool.report.attribution.resolve_ungrouped` has no window; a row with no
+        kind is ``unannotated`` (distinct from vLLM's own ``unknown``). Rows come in runs
+        of one key (an event's blocks share it), so the keys are read at run starts only; the few
+        distinct keys of the chunk are registered in order of first appearance, so
+        numbering follows the stream.
         """
-        key_cols = ["group_idx", "kind_final", "sliding_window"]
-        firsts = (
-            df.lazy()
-            .filter(pl.col("type_code") != CLEARED)
-            .select(key_cols)
-            .unique(maintain_order=True)
-            .collect()
+        n = df.height
+        kind_s = df["kind"]
+        kind = np.asarray(
+            kind_s.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy(),
+            dtype=_I64,
         )
-        mapping = firsts.with_columns(
-            gkey=pl.Series(
-                [self._gkey_of(g, k, w) for g, k, w in firsts.iter_rows()], dtype=pl.UInt32
+        window, window_null = _column(df, "sliding_window")
+        if window_null is None:
+            window_null = np.zeros(n, dtype=bool)
+        if unattributed.any():
+            kind = np.where(unattributed, -2, kind)
+            window_null = window_null | unattributed
+            window = np.where(unattributed, 0, window)
+        cols = (group, no_group, kind, window, window_null, skip)
+        change = np.zeros(n, dtype=bool)
+        change[0] = True
+        for values in cols:
+            state._changes(values, change)
+        starts = np.flatnonzero(change)
+        packed = _pack([values[starts] for values in cols])
+        _uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        code_gkey = np.full(len(first), -1, dtype=_I64)
+        for j in np.argsort(first).tolist():
+            r = int(starts[first[j]])
+            if skip[r]:
+                continue
+            if unattributed[r]:
+                k_final = UNATTRIBUTED
+            else:
+                k_value = kind_s[r]
+                k_final = UNANNOTATED if k_value is None else k_value
+            code_gkey[j] = self._gkey_of(
+                None if no_group[r] else int(group[r]),
+                k_final,
+                None if window_null[r] else int(window[r]),
             )
-        )
-        joined = df.join(mapping, on=key_cols, how="left", nulls_equal=True, maintain_order="left")
-        return joined.with_columns(gkey=pl.when(pl.col("type_code") != CLEARED).then("gkey"))
+        lengths = np.diff(np.append(starts, n))
+        out: NDArray[Any] = np.repeat(code_gkey[inverse.reshape(-1)], lengths)
+        return out
 
     def _registry_frame(self) -> pl.DataFrame:
         return pl.DataFrame(
@@ -195,114 +296,153 @@ class ReportBuilder:
             return
         n = df.height
         first_row = self.rows
-        tc = pl.col("type_code")
-        df = df.with_columns(
-            row=pl.int_range(first_row, first_row + n, dtype=pl.Int64),
-            ts=plausible_ts(),
-        )
-        if self.every_ns is not None:
-            df = df.with_columns(bucket=bucket_expr(self.clock, self.every_ns))
         self.rows += n
-        # One pass for the chunk's facts: time span, channels, and the channels whose
-        # stores carry group_idx (there a remove without one needs the (hash -> group)
-        # state; elsewhere -- old vLLM, no group_idx at all -- it is keyed by
-        # (channel, no group, hash) like its stores).
-        facts = df.select(
-            lo=pl.col("ts").min(),
-            hi=pl.col("ts").max(),
-            channels=pl.col("channel_id").n_unique(),
-            grouped=pl.col("channel_id")
-            .filter((tc == STORED) & pl.col("group_idx").is_not_null())
-            .unique()
-            .implode(),
-            ungrouped_removes=(
-                (tc == REMOVED) & pl.col("group_idx").is_null() & pl.col("hash").is_not_null()
-            ).any(),
-        ).row(0, named=True)
-        lo, hi = facts["lo"], facts["hi"]
-        if isinstance(lo, float):
-            self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
-        if isinstance(hi, float):
-            self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
-        self.grouped_channels |= set(facts["grouped"])
-        if facts["ungrouped_removes"]:
-            df = self._attribute(df)
-        else:
-            df = df.with_columns(unattributed=pl.lit(False), unattributed_orphan=pl.lit(False))
-        one_channel = facts["channels"] == 1
-        is_clear = (tc == CLEARED).cast(pl.Int64)
-        df = df.with_columns(
-            *attribution.final_kind(tc),
-            epoch=is_clear.cum_sum() if one_channel else is_clear.cum_sum().over("channel_id"),
+        tc = df["type_code"].to_numpy()
+        is_clear = tc == CLEARED
+        is_store = tc == STORED
+        is_remove = tc == REMOVED
+        ts = _plausible_ts(df)
+        lo, hi = float(ts.min()), float(ts.max())
+        self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
+        self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        hashes, hash_null = _column(df, "hash")
+        has_hash = ~hash_null if hash_null is not None else np.ones(n, dtype=bool)
+        group, group_null = _column(df, "group_idx")
+        no_group = group_null if group_null is not None else np.zeros(n, dtype=bool)
+        channel = np.asarray(df["channel_id"].to_numpy(), dtype=_I64)
+        # The channels whose stores carry group_idx: there a remove without one needs the
+        # (hash -> group) state; elsewhere -- old vLLM, no group_idx at all -- it is keyed
+        # by (channel, no group, hash) like its stores.
+        grouped = channel[is_store & ~no_group]
+        if len(grouped):
+            self.grouped_channels |= set(np.flatnonzero(np.bincount(grouped)).tolist())
+        unattributed = unattributed_orphan = np.zeros(n, dtype=bool)
+        if group_null is not None and (is_remove & no_group & has_hash).any():
+            df = self._attribute(df.with_columns(row=pl.int_range(first_row, first_row + n)))
+            if "unattributed" in df.columns:
+                group, group_null = _column(df, "group_idx")
+                no_group = group_null if group_null is not None else np.zeros(n, dtype=bool)
+                unattributed = df["unattributed"].to_numpy() & is_remove
+                unattributed_orphan = df["unattributed_orphan"].to_numpy()
+        gkey = self._gkeys(df, is_clear, unattributed, group, no_group)
+        clears = np.flatnonzero(is_clear)
+        epoch = np.zeros(n, dtype=_I64)
+        top = int(channel.max())
+        if len(self.live):
+            top = max(top, int(self.live.channel_id.max()))
+        final_epoch = np.zeros(top + 1, dtype=_I64)
+        if len(clears):
+            for cid in np.unique(channel[clears]).tolist():
+                on = channel == cid
+                epoch[on] = np.cumsum(is_clear[on])
+            final_epoch += np.bincount(channel[clears], minlength=top + 1)
+        idx = np.flatnonzero(has_hash & ~is_clear & ~unattributed)
+        blocks = state.Blocks(
+            idx + first_row,
+            channel[idx],
+            group[idx],
+            no_group[idx],
+            hashes[idx],
+            epoch[idx],
+            ts[idx],
+            is_store[idx],
+            gkey[idx],
         )
-        df = self._with_gkeys(df)
-        has_hash = pl.col("hash").is_not_null()
-        first_block = pl.col("block_index") == 0
-        blocks = (
-            df.lazy()
-            .filter(has_hash & (tc != CLEARED) & ~pl.col("unattributed"))
-            .select(
-                "row",
-                "channel_id",
-                "group_idx",
-                "hash",
-                "epoch",
-                "ts",
-                delta=pl.when(tc == STORED)
-                .then(pl.lit(1, pl.Int64))
-                .otherwise(pl.lit(-1, pl.Int64)),
-                carried=pl.lit(False),
-                gkey="gkey",
-                no_group=pl.col("group_idx").is_null(),
-                first_block=first_block,
-            )
-            .collect()
-        )
-        final_epoch = df.group_by("channel_id").agg(final_epoch=pl.col("epoch").max())
-        step = state.advance(blocks, self.live, final_epoch)
+        step = state.step(self.live, blocks, final_epoch)
         self.live = step.live
-        dropped = step.dropped
-        if dropped.height:
-            clears = df.filter(tc == CLEARED).select(
-                "channel_id", "epoch", "row", *(["bucket"] if "bucket" in df.columns else [])
-            )
-            dropped = dropped.join(clears, on=["channel_id", "epoch"], how="left")
-        self._add_counts(df, step, dropped)
-        self._add_distinct(step.new_stores)
-        self._add_lifetimes(step.pairs)
-        deltas = self._live_deltas(df, step.pairs, dropped, first_row)
+        first_block = df["block_index"].fill_null(-1).to_numpy() == 0
+        self._add_counts(
+            df,
+            gkey,
+            is_clear,
+            is_store,
+            is_remove,
+            has_hash,
+            first_block,
+            unattributed_orphan,
+            blocks,
+            idx,
+            step,
+        )
+        self._add_distinct(blocks)
+        self._add_lifetimes(blocks, step)
+        # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
+        # (under the report row of the entry it removes), a clear's drops at its row.
+        delta = np.zeros(n, dtype=_I64)
+        delta_gkey = gkey.copy()
+        stores = idx[blocks.store]
+        delta[stores] = 1
+        removes = idx[step.remove]
+        delta[removes] = -1
+        delta_gkey[removes] = step.store_gkey
+        delta_row = np.arange(n)
+        if len(step.dropped_gkey):
+            drop_at = self._clear_rows(clears, channel[clears], step)
+            # One delta per (clear, gkey): the drops' order inside a clear cannot change a
+            # peak (all negative).
+            base = len(self.registry) + 1
+            pair, cnt = np.unique(drop_at * base + step.dropped_gkey, return_counts=True)
+            at, gk = np.divmod(pair, base)
+            pos = np.searchsorted(delta_row, at, side="right")
+            delta = np.insert(delta, pos, -cnt)
+            delta_gkey = np.insert(delta_gkey, pos, gk)
+            delta_row = np.insert(delta_row, pos, at)
         rows = {i: key for key, i in self.registry.items()}
-        self.peaks.add(deltas, rows)
+        self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
-            self._log_peaks(df, deltas, first_row, rows)
+            self._log_peaks(df, delta_row, delta_gkey, delta, rows)
         if self.every_ns is not None:
-            self._add_timeline(df, deltas)
+            self._add_timeline(
+                df, gkey, is_clear, is_store, is_remove, has_hash, delta_gkey, delta, delta_row
+            )
+
+    @staticmethod
+    def _clear_rows(
+        clears: NDArray[Any], clear_channel: NDArray[Any], step: state.Step
+    ) -> NDArray[Any]:
+        """The chunk row of the clear that dropped each dropped entry."""
+        order = np.lexsort((clears, clear_channel))
+        by_channel = clear_channel[order]
+        first = np.searchsorted(by_channel, step.dropped_channel, side="left")
+        out: NDArray[Any] = clears[order][first + step.dropped_epoch - 1]
+        return out
 
     def _log_peaks(
         self,
         df: pl.DataFrame,
-        deltas: pl.DataFrame,
-        first_row: int,
+        delta_row: NDArray[Any],
+        delta_gkey: NDArray[Any],
+        delta: NDArray[Any],
         rows: dict[int, ReportRow],
     ) -> None:
         """Hand the chunk's deltas, with their batches, to the peak log (partial reports)."""
         assert self.peak_log is not None
-        at = (deltas["row"] - first_row).to_numpy()
         streams = {
             cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
             for cid, ref in self.streams.items()
         }
         self.peak_log.add(
-            df["log_time"].to_numpy()[at],
-            df["seq"].to_numpy()[at],
-            df["channel_id"].cast(pl.Int64).to_numpy()[at],
-            deltas["gkey"].cast(pl.Int64).fill_null(-1).to_numpy(),
-            deltas["delta"].to_numpy(),
+            df["log_time"].to_numpy()[delta_row],
+            df["seq"].to_numpy()[delta_row],
+            df["channel_id"].cast(pl.Int64).to_numpy()[delta_row],
+            delta_gkey.astype(_I64, copy=False),
+            delta,
             streams,
             rows,
         )
 
-    def partial(self, stats: ReadStats, annotator: TableAnnotator, inputs: list[int]) -> PartialReport:
+    def _live_end(self, size: int) -> NDArray[Any]:
+        """Live blocks now per gkey (``size`` of them)."""
+        if self.live_end is not None:
+            out = np.zeros(size, dtype=_I64)
+            for g, n in self.live_end.items():
+                out[g] = n
+            return out
+        return np.bincount(self.live.gkey, minlength=size)
+
+    def partial(
+        self, stats: ReadStats, annotator: TableAnnotator, inputs: list[int]
+    ) -> PartialReport:
         """This builder's state as a partial report (keyed by report row, not gkey).
 
         Args:
@@ -317,13 +457,9 @@ class ReportBuilder:
 
         self._merge_distinct()
         log = self.peak_log if self.peak_log is not None else PeakLog()
-        counts = {
-            int(r[0]): tuple(int(v) for v in r[1:])
-            for r in self.counts.select("gkey", *ADDITIVE).iter_rows()
-        }
-        live_end = {
-            int(g): int(n) for g, n in self.live.group_by("gkey").agg(pl.len()).iter_rows()
-        }
+        counts = {g: tuple(int(v) for v in row) for g, row in enumerate(self.counts.tolist())}
+        ends = self._live_end(len(self.registry))
+        live_end = {g: int(n) for g, n in enumerate(ends.tolist()) if n}
         exact = pl.concat(self.lifetimes) if self.lifetimes else None
         return PartialReport(
             inputs=inputs,
@@ -337,7 +473,7 @@ class ReportBuilder:
             rows=list(self.registry),
             counts=counts,
             live_end=live_end,
-            distinct={g: h.to_numpy() for g, h in self.distinct.items()},
+            distinct=dict(self.distinct),
             lifetimes=exact,
             hist=self.hist,
             n_lifetimes=self.n_lifetimes,
@@ -382,7 +518,7 @@ class ReportBuilder:
         b.peaks.levels = merge_peaks(parts, row_ids)
         counts: dict[int, list[int]] = {}
         live_end: dict[int, int] = {}
-        distinct: dict[int, list[pl.Series]] = {}
+        distinct: dict[int, list[NDArray[Any]]] = {}
         exact: list[pl.DataFrame] = []
         hists: list[pl.DataFrame] = []
         timelines: list[pl.DataFrame] = []
@@ -402,7 +538,7 @@ class ReportBuilder:
             for g, n in p.live_end.items():
                 live_end[ids[g]] = live_end.get(ids[g], 0) + n
             for g, h in p.distinct.items():
-                distinct.setdefault(ids[g], []).append(pl.Series("hash", h, dtype=pl.Int64))
+                distinct.setdefault(ids[g], []).append(h)
             if p.lifetimes is not None and p.lifetimes.height:
                 exact.append(remap(p.lifetimes, ids))
             if p.hist is not None:
@@ -418,22 +554,26 @@ class ReportBuilder:
                     b.last_ts = ts if b.last_ts is None else max(b.last_ts, ts)
             if p.grouped:
                 b.grouped_channels.add(0)
-        b.counts = pl.DataFrame(
-            [(g, *v) for g, v in counts.items()], schema=_COUNTS_SCHEMA, orient="row"
-        )
+        b.counts = np.zeros((len(b.registry), len(ADDITIVE)), dtype=_I64)
+        for g, sums in counts.items():
+            b.counts[g] = sums
         b.live_end = live_end
         b.distinct = {g: sorted_union(hs) for g, hs in distinct.items()}
         # One process keeps lifetimes exactly until it has seen more than EXACT_LIFETIMES,
         # then bins them all: the same rule on the merged count gives the same numbers.
         if hists or b.n_lifetimes > EXACT_LIFETIMES:
             binned = [
-                f.select("gkey", bin=hist_bin(pl.col("lifetime_s"))).group_by("gkey", "bin").len("n")
+                f.select("gkey", bin=hist_bin(pl.col("lifetime_s")))
+                .group_by("gkey", "bin")
+                .len("n")
                 for f in exact
             ]
             b.hist = (
                 pl.concat(
-                    [*(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in hists),
-                     *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in binned)]
+                    [
+                        *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in hists),
+                        *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in binned),
+                    ]
                 )
                 .group_by("gkey", "bin")
                 .agg(pl.col("n").sum())
@@ -451,10 +591,10 @@ class ReportBuilder:
     def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
         """Resolve removes without group_idx on grouped channels (see attribution)."""
         if not attribution.needs_resolution(df, self.grouped_channels):
-            return df.with_columns(unattributed=pl.lit(False), unattributed_orphan=pl.lit(False))
+            return df
         kind_of_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
         resolved, ambiguous = attribution.resolve_ungrouped(
-            df, self.live, self.grouped_channels, kind_of_gkey, self.group_kind
+            df, self.live.frame(), self.grouped_channels, kind_of_gkey, self.group_kind
         )
         self.ambiguous_removes += ambiguous
         found = pl.col("resolved").fill_null(False)
@@ -468,109 +608,78 @@ class ReportBuilder:
             unattributed_orphan=pl.col("unattributed_orphan").fill_null(False),
         )
 
-    def _add_counts(self, df: pl.DataFrame, step: state.LiveStep, dropped: pl.DataFrame) -> None:
-        tc = pl.col("type_code")
-        has_hash = pl.col("hash").is_not_null()
-        first_block = pl.col("block_index") == 0
-        is_store, is_remove = tc == STORED, tc == REMOVED
-        rows = (
-            df.lazy()
-            .filter(tc != CLEARED)
-            .group_by("gkey")
-            .agg(
-                store_events=(first_block & is_store).sum().cast(pl.Int64),
-                blocks_stored=(has_hash & is_store).sum().cast(pl.Int64),
-                tokens_stored=pl.col("tokens").filter(is_store).sum().cast(pl.Int64),
-                remove_events=(first_block & is_remove).sum().cast(pl.Int64),
-                blocks_removed=(has_hash & is_remove).sum().cast(pl.Int64),
-                # Removes without group_idx live in no group: unattributed orphans.
-                orphan_removes=(pl.col("unattributed_orphan") & has_hash).sum().cast(pl.Int64),
-            )
-            .collect()
-        )
-        blocks = step.blocks
-        flags = blocks.group_by("gkey").agg(
-            restored_blocks=pl.col("restored").sum().cast(pl.Int64),
-            orphan_removes=(pl.col("orphan") & ~pl.col("no_group")).sum().cast(pl.Int64),
-        )
-        # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
-        # the remove is unattributed -- move it off the group it was keyed under.
-        moved = (
-            blocks.filter(pl.col("orphan") & pl.col("no_group"))
-            .group_by("gkey")
-            .agg(n=pl.len().cast(pl.Int64), events=pl.col("first_block").sum().cast(pl.Int64))
-        )
-        adjust = []
-        if moved.height:
+    def _add_counts(
+        self,
+        df: pl.DataFrame,
+        gkey: NDArray[Any],
+        is_clear: NDArray[Any],
+        is_store: NDArray[Any],
+        is_remove: NDArray[Any],
+        has_hash: NDArray[Any],
+        first_block: NDArray[Any],
+        unattributed_orphan: NDArray[Any],
+        blocks: state.Blocks,
+        idx: NDArray[Any],
+        step: state.Step,
+    ) -> None:
+        """Add the chunk's per-gkey sums of :data:`ADDITIVE` (one ``bincount`` each)."""
+        moved = step.orphan & blocks.no_group
+        if moved.any():
+            # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
+            # the remove is unattributed -- move it off the group it was keyed under.
             unattributed_gkey = self._gkey_of(None, UNATTRIBUTED, None)
-            adjust = [
-                moved.select("gkey", blocks_removed=-pl.col("n"), remove_events=-pl.col("events")),
-                moved.select(
-                    gkey=pl.lit(unattributed_gkey, pl.UInt32),
-                    blocks_removed=pl.col("n"),
-                    remove_events=pl.col("events"),
-                    orphan_removes=pl.col("n"),
-                ),
-            ]
-        cleared = dropped.group_by("gkey").agg(blocks_cleared=pl.len().cast(pl.Int64))
-        self.counts = (
-            pl.concat([self.counts, rows, flags, cleared, *adjust], how="diagonal_relaxed")
-            .lazy()
-            .fill_null(0)
-            .group_by("gkey")
-            .agg(*[pl.col(c).sum().cast(pl.Int64) for c in ADDITIVE])
-            .collect()
-        )
+        size = len(self.registry)
+        rows = ~is_clear
+        g = gkey[rows]
 
-    def _add_distinct(self, new_stores: pl.DataFrame) -> None:
+        def per(mask: NDArray[Any], keys: NDArray[Any] = g) -> NDArray[Any]:
+            out: NDArray[Any] = np.bincount(keys[mask], minlength=size)
+            return out
+
+        tokens, _ = _column(df, "tokens")
+        add = np.zeros((size, len(ADDITIVE)), dtype=_I64)
+        st, rm, fb, hh = is_store[rows], is_remove[rows], first_block[rows], has_hash[rows]
+        col = {c: i for i, c in enumerate(ADDITIVE)}
+        add[:, col["store_events"]] = per(fb & st)
+        add[:, col["blocks_stored"]] = per(hh & st)
+        add[:, col["tokens_stored"]] = np.rint(
+            np.bincount(g[st], weights=tokens[rows][st], minlength=size)
+        ).astype(_I64)
+        add[:, col["remove_events"]] = per(fb & rm)
+        add[:, col["blocks_removed"]] = per(hh & rm)
+        add[:, col["orphan_removes"]] = per(unattributed_orphan[rows] & hh)
+        bg = blocks.gkey
+        add[:, col["restored_blocks"]] = per(step.restored, bg)
+        add[:, col["orphan_removes"]] += per(step.orphan & ~blocks.no_group, bg)
+        if moved.any():
+            n_moved = per(moved, bg)
+            events = per(moved & first_block[idx], bg)
+            add[:, col["blocks_removed"]] -= n_moved
+            add[:, col["remove_events"]] -= events
+            add[unattributed_gkey, col["blocks_removed"]] += n_moved.sum()
+            add[unattributed_gkey, col["remove_events"]] += events.sum()
+            add[unattributed_gkey, col["orphan_removes"]] += n_moved.sum()
+        if len(step.dropped_gkey):
+            add[:, col["blocks_cleared"]] = np.bincount(step.dropped_gkey, minlength=size)
+        if len(self.counts) < size:
+            grown = np.zeros((size, len(ADDITIVE)), dtype=_I64)
+            grown[: len(self.counts)] = self.counts
+            self.counts = grown
+        self.counts += add
+
+    def _add_distinct(self, blocks: state.Blocks) -> None:
         """Collect the chunk's stored hashes per gkey (merged now and then: amortised)."""
-        uniq = new_stores.unique()
-        for (gkey,), part in uniq.partition_by("gkey", as_dict=True).items():
-            h = part["hash"]
-            self._distinct_parts.setdefault(int(gkey), []).append(h)
-            self._distinct_rows += len(h)
+        gk = blocks.gkey[blocks.store]
+        h = blocks.hash[blocks.store]
+        if len(gk) == 0:
+            return
+        keys = np.flatnonzero(np.bincount(gk))
+        for key in keys.tolist():
+            part = h if len(keys) == 1 else h[gk == key]
+            self._distinct_parts.setdefault(key, []).append(part)
+            self._distinct_rows += len(part)
         if self._distinct_rows > max(1 << 20, self._distinct_size):
             self._merge_distinct()
-
-    def _live_deltas(
-        self, df: pl.DataFrame, pairs: pl.DataFrame, dropped: pl.DataFrame, first_row: int
-    ) -> pl.DataFrame:
-        """Return one live-block delta per row, in stream order.
-
-        +1 per stored block, -1 per effective remove (counted under the report row of the
-        entry it removes); each clear adds its drops at its own row.
-        """
-        tc = pl.col("type_code")
-        n = df.height
-        delta = df.select(
-            pl.when((tc == STORED) & pl.col("hash").is_not_null())
-            .then(pl.lit(1, pl.Int64))
-            .otherwise(pl.lit(0, pl.Int64))
-        ).to_series()
-        gkey = df["gkey"]
-        if pairs.height:
-            at = pairs["row"] - first_row
-            delta = delta.scatter(at, -1)
-            gkey = gkey.scatter(at, pairs["gkey"])
-        # The timeline bucket of each delta (its row's): null without a timeline.
-        bucket = (
-            df["bucket"]
-            if "bucket" in df.columns
-            else pl.repeat(None, n, dtype=pl.Int64, eager=True)
-        )
-        deltas = pl.DataFrame({"row": df["row"], "gkey": gkey, "bucket": bucket, "delta": delta})
-        if dropped.height:
-            drop_bucket = (
-                pl.col("bucket").first() if "bucket" in dropped.columns else pl.lit(None, pl.Int64)
-            )
-            drops = (
-                dropped.group_by("row", "gkey")
-                .agg(bucket=drop_bucket, delta=-pl.len().cast(pl.Int64))
-                .sort("row")
-                .select("row", "gkey", "bucket", "delta")
-            )
-            deltas = deltas.merge_sorted(drops, key="row")
-        return deltas
 
     def _n_distinct(self, ids: list[int]) -> int:
         """Distinct hashes stored in any of these gkeys (cached per set of gkeys)."""
@@ -583,7 +692,7 @@ class ReportBuilder:
             elif len(parts) == 1:
                 got = len(parts[0])
             else:
-                got = pl.concat(parts).n_unique()
+                got = len(sorted_union(parts))
             self._distinct_counts[key] = got
         return got
 
@@ -595,25 +704,34 @@ class ReportBuilder:
         self._distinct_rows = 0
         self._distinct_size = sum(len(s) for s in self.distinct.values())
 
-    def _add_lifetimes(self, pairs: pl.DataFrame) -> None:
+    def _add_lifetimes(self, blocks: state.Blocks, step: state.Step) -> None:
         """Lifetimes of this chunk's FIFO pairs, counted under the remove's report row.
 
         ts is float seconds since the epoch: the difference is taken at microsecond
-        resolution so that float rounding of large timestamps does not show up. A clock
-        that steps backwards between store and remove gives a negative difference: it is
-        clamped to 0 and counted (a finding), never reported as a negative lifetime.
+        resolution so that float rounding of large timestamps does not show up (rounded
+        half to even, scaled back by a multiplication: what polars computes for
+        ``(r * 1e6).round() - (s * 1e6).round()) / 1e6``). A clock that steps backwards
+        between store and remove gives a negative difference: it is clamped to 0 and
+        counted (a finding), never reported as a negative lifetime.
         """
-        lt = pairs.select(
-            gkey=pl.col("remove_gkey"),
-            lifetime_s=((pl.col("remove_ts") * 1e6).round() - (pl.col("store_ts") * 1e6).round())
-            / 1e6,
-        ).filter(pl.col("lifetime_s").is_finite())  # a ts that is NaN or inf: none
-        if lt.height == 0:
+        if len(step.remove) == 0:
             return
-        negative = int((lt["lifetime_s"] < 0).sum())
+        with np.errstate(invalid="ignore"):
+            life = (np.rint(blocks.ts[step.remove] * 1e6) - np.rint(step.store_ts * 1e6)) * 1e-6
+            finite = np.isfinite(life)
+            gk = blocks.gkey[step.remove]
+            if not finite.all():  # a ts that is NaN or inf: none
+                life, gk = life[finite], gk[finite]
+            if len(life) == 0:
+                return
+            negative = int((life < 0).sum())
         if negative:
             self.negative_lifetimes += negative
-            lt = lt.with_columns(pl.col("lifetime_s").clip(lower_bound=0.0))
+            life = np.maximum(life, 0.0)
+        lt = pl.DataFrame(
+            {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
+            schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
+        )
         if self.hist is None and self.n_lifetimes + lt.height <= EXACT_LIFETIMES:
             self.lifetimes.append(lt)
             self.n_lifetimes += lt.height
@@ -631,30 +749,41 @@ class ReportBuilder:
             h = pl.concat([self.hist, h]).group_by("gkey", "bin").agg(pl.col("n").sum())
         self.hist = h
 
-    def _add_timeline(self, df: pl.DataFrame, deltas: pl.DataFrame) -> None:
-        tc = pl.col("type_code")
-        blocks = (
-            df.lazy()
-            .filter(pl.col("hash").is_not_null() & (tc != CLEARED))
-            .group_by("bucket", "gkey")
-            .agg(
-                stores=(tc == STORED).sum().cast(pl.Int64),
-                removes=(tc == REMOVED).sum().cast(pl.Int64),
-            )
+    def _add_timeline(
+        self,
+        df: pl.DataFrame,
+        gkey: NDArray[Any],
+        is_clear: NDArray[Any],
+        is_store: NDArray[Any],
+        is_remove: NDArray[Any],
+        has_hash: NDArray[Any],
+        delta_gkey: NDArray[Any],
+        delta: NDArray[Any],
+        delta_row: NDArray[Any],
+    ) -> None:
+        """Add per (bucket, gkey): block stores, removes, and live-block deltas."""
+        assert self.every_ns is not None
+        bucket, bucket_null = _column(
+            df.select(bucket=bucket_expr(self.clock, self.every_ns)), "bucket"
         )
-        live = (
-            deltas.lazy()
-            .filter(pl.col("gkey").is_not_null())
-            .group_by("bucket", "gkey")
-            .agg(delta=pl.col("delta").sum())
+        valid = ~bucket_null if bucket_null is not None else np.ones(len(bucket), dtype=bool)
+        blk = has_hash & ~is_clear & valid
+        dl = (delta_gkey >= 0) & valid[delta_row]
+        b_rows = bucket[blk]
+        frame = pl.DataFrame(
+            {
+                "bucket": np.concatenate([b_rows, bucket[delta_row[dl]]]),
+                "gkey": pl.Series(np.concatenate([gkey[blk], delta_gkey[dl]]), dtype=pl.UInt32),
+                "stores": np.concatenate([is_store[blk].astype(_I64), np.zeros(dl.sum(), _I64)]),
+                "removes": np.concatenate([is_remove[blk].astype(_I64), np.zeros(dl.sum(), _I64)]),
+                "delta": np.concatenate([np.zeros(len(b_rows), _I64), delta[dl]]),
+            },
+            schema=_TIMELINE_SCHEMA,
         )
         self.timeline = (
-            pl.concat([self.timeline.lazy(), blocks, live], how="diagonal")
-            .filter(pl.col("bucket").is_not_null())
-            .fill_null(0)
+            pl.concat([self.timeline, frame])
             .group_by("bucket", "gkey")
             .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
-            .collect()
         )
 
     # -- the result ----------------------------------------------------------------------
@@ -666,6 +795,21 @@ class ReportBuilder:
             L_group=pl.col("gkey").cast(pl.Int64),
             L_total=pl.lit(0, pl.Int64),
         )
+
+    def _exact_lifetimes(self) -> dict[int, NDArray[Any]]:
+        """The exact lifetimes of each gkey (unsorted)."""
+        if not self.lifetimes:
+            return {}
+        gk = np.concatenate([lt["gkey"].to_numpy() for lt in self.lifetimes])
+        life = np.concatenate([lt["lifetime_s"].to_numpy() for lt in self.lifetimes])
+        # gkeys are few: as uint16 the stable argsort is a linear-time radix sort.
+        order = np.argsort(
+            gk.astype(np.uint16) if len(self.registry) <= 0xFFFF else gk, kind="stable"
+        )
+        gk, life = gk[order], life[order]
+        keys, starts = np.unique(gk, return_index=True)
+        ends = np.append(starts[1:], len(gk))
+        return {int(k): life[s:e] for k, s, e in zip(keys.tolist(), starts, ends, strict=True)}
 
     def _lifetime_frame(self) -> pl.DataFrame:
         """(gkey, lifetime_s, n) rows: exact values (n=1) or histogram bin centres."""
@@ -684,16 +828,16 @@ class ReportBuilder:
         self._merge_distinct()
         self._distinct_counts = {}
         reg = self._level_map()
-        if self.live_end is not None:
-            live_end = pl.DataFrame(
-                {"gkey": list(self.live_end), "live_blocks_end": list(self.live_end.values())},
-                schema={"gkey": pl.UInt32, "live_blocks_end": pl.Int64},
-            )
-        else:
-            live_end = self.live.group_by("gkey").agg(live_blocks_end=pl.len().cast(pl.Int64))
+        size = len(self.registry)
+        counts = pl.DataFrame(
+            {
+                "gkey": pl.Series(np.arange(len(self.counts)), dtype=pl.UInt32),
+                **{c: self.counts[:, i] for i, c in enumerate(ADDITIVE)},
+                "live_blocks_end": self._live_end(size)[: len(self.counts)],
+            }
+        )
         base = (
-            reg.join(self.counts, on="gkey", how="left")
-            .join(live_end, on="gkey", how="left")
+            reg.join(counts, on="gkey", how="left")
             .with_columns(*[pl.col(c).fill_null(0) for c in (*ADDITIVE, "live_blocks_end")])
             .filter(
                 # A key every row of which moved elsewhere (e.g. orphans without group_idx).
@@ -714,8 +858,15 @@ class ReportBuilder:
                 *[pl.lit(0, pl.Int64).alias(c) for c in (*ADDITIVE, "live_blocks_end")]
             )
         )
-        lts = self._lifetime_frame().join(
-            reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"), on="gkey", how="left"
+        exact = self._exact_lifetimes() if self.hist is None else None
+        lts = (
+            self._lifetime_frame().join(
+                reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"),
+                on="gkey",
+                how="left",
+            )
+            if exact is None
+            else None
         )
         members: dict[str, dict[object, list[int]]] = {}
         for _g, k, w, i in reg.select(
@@ -743,7 +894,11 @@ class ReportBuilder:
                 },
                 schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
             )
-            q = quantiles(lts, col)
+            q = (
+                quantiles(lts, col)
+                if lts is not None
+                else _exact_quantiles(exact, col, members.get(col, {}), agg.schema[col])
+            )
             level_peaks = self.levels[level]
             peaks = pl.DataFrame(
                 {col: list(level_peaks), "peak_live_blocks": [v[1] for v in level_peaks.values()]},
@@ -796,6 +951,59 @@ class ReportBuilder:
         )
         frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns)
         return frame
+
+
+def _linear_quantiles(values: NDArray[Any]) -> list[float]:
+    """p50/p90/p99 of ``values`` with linear interpolation, as polars computes them.
+
+    The two order statistics around each quantile come from one ``np.partition`` (linear
+    time) instead of a sort; the interpolation is polars' ``quantile(q, "linear")``:
+    ``(f - floor(f)) * (upper - lower) + lower`` with ``f = (n - 1) * q``.
+    """
+    n = len(values)
+    where = [((n - 1) * q, math.floor((n - 1) * q), math.ceil((n - 1) * q)) for q in _QS]
+    kth = sorted({i for _f, lo, hi in where for i in (lo, hi)})
+    part = np.partition(values, kth)
+    out = []
+    for f, lo, hi in where:
+        low, high = float(part[lo]), float(part[hi])
+        out.append(low if low == high else (f - lo) * (high - low) + low)
+    return out
+
+
+_QS = (0.5, 0.9, 0.99)
+
+
+def _exact_quantiles(
+    lifetimes: dict[int, NDArray[Any]] | None,
+    col: str,
+    members: dict[object, list[int]],
+    dtype: pl.DataType,
+) -> pl.DataFrame:
+    """Lifetime percentiles per level key from the exact lifetimes of its gkeys."""
+    assert lifetimes is not None
+    keys: list[object] = []
+    rows: list[list[float]] = []
+    done: dict[tuple[int, ...], list[float]] = {}
+    for key, ids in members.items():
+        have = tuple(sorted(i for i in ids if i in lifetimes))
+        if not have:
+            continue
+        got = done.get(have)
+        if got is None:
+            parts = [lifetimes[i] for i in have]
+            got = done[have] = _linear_quantiles(
+                np.concatenate(parts) if len(parts) > 1 else parts[0]
+            )
+        keys.append(key)
+        rows.append(got)
+    return pl.DataFrame(
+        {
+            col: pl.Series(keys, dtype=dtype),
+            **{c: [r[j] for r in rows] for j, c in enumerate(LIFETIME_COLUMNS)},
+        },
+        schema={col: dtype, **{c: pl.Float64 for c in LIFETIME_COLUMNS}},
+    ).with_columns(pl.col(c).round(6) for c in LIFETIME_COLUMNS)
 
 
 def build_report(
@@ -988,14 +1196,14 @@ def run_builder(
 
     def annotated() -> Iterator[pl.DataFrame]:
         # Annotating is per chunk and needs no builder state: done in the prefetch thread,
-        # it overlaps the builder (both are mostly polars, which releases the GIL).
+        # it overlaps the builder (polars and numpy release the GIL).
         for chunk in chunks:
             yield annotator(chunk, stats)
 
     # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back at every polars query and then waits to get it
-    # back: up to a switch interval (5 ms by default) each time. A shorter interval for
-    # the loop keeps the builder -- the slower stage -- from idling.
+    # builder here hands the GIL back in its polars queries and numpy sorts and then
+    # waits to get it back: up to a switch interval (5 ms by default) each time. A
+    # shorter interval for the loop keeps the builder from idling.
     switch = sys.getswitchinterval()
     sys.setswitchinterval(_SWITCH_INTERVAL)
     try:
