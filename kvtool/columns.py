@@ -932,6 +932,7 @@ def iter_raw_chunks(
     """
     st = stats if stats is not None else ReadStats()
     opened = []
+    n = size = 0  # messages and payload bytes read but not yet counted in ``st``
     try:
         for path in paths:
             reader = open_recording(path)
@@ -953,6 +954,14 @@ def iter_raw_chunks(
         total = sum(sizes)
         at = [0] * len(opened)
         done = 0
+        # Per message only appends: a channel's table id and rank are looked up when the
+        # channel object changes (a reader gives all messages of a channel one object),
+        # and the counts go to ``st`` with each chunk.
+        last_ch: ChannelInfo | None = None
+        cid = 0
+        rank: int | None = None
+        add_time, add_seq = raw.log_time.append, raw.seq.append
+        add_cid, add_rank, add_data = raw.channel_id.append, raw.dp_rank.append, raw.data.append
         for i, m in _merged_messages(iters, st.merge):
             if progress is not None and m.offset > at[i]:
                 done += min(m.offset, sizes[i]) - at[i]
@@ -960,24 +969,38 @@ def iter_raw_chunks(
                 progress(done, total)
             if keep is not None and not keep(m):
                 continue
-            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
-            cid = chan_ids.get(key)
-            if cid is None:
-                cid = chan_ids[key] = len(chan_ids)
-                st.channels[cid] = ChannelRef(cid, opened[i].path, m.channel)
-                where[cid] = f"{m.channel.path}: {m.channel.name}"
-            st.messages += 1
-            raw.log_time.append(m.log_time)
-            raw.seq.append(m.seq)
-            raw.channel_id.append(cid)
-            raw.dp_rank.append(m.channel.dp_rank)
-            raw.data.append(m.data)
-            raw.bytes += len(m.data)
-            st.payload_bytes += len(m.data)
-            if raw.bytes >= chunk_bytes:
+            ch = m.channel
+            if ch is not last_ch:
+                key = (ch.endpoint, ch.topic, ch.dp_rank)
+                got = chan_ids.get(key)
+                if got is None:
+                    got = chan_ids[key] = len(chan_ids)
+                    st.channels[got] = ChannelRef(got, opened[i].path, ch)
+                    where[got] = f"{ch.path}: {ch.name}"
+                last_ch, cid, rank = ch, got, ch.dp_rank
+            data = m.data
+            add_time(m.log_time)
+            add_seq(m.seq)
+            add_cid(cid)
+            add_rank(rank)
+            add_data(data)
+            n += 1
+            size += len(data)
+            if size >= chunk_bytes:
+                raw.bytes = size
+                st.messages += n
+                st.payload_bytes += size
+                n = size = 0
                 raw.where = dict(where)
                 yield raw
                 raw = RawChunk(ranks=ranks)
+                add_time, add_seq = raw.log_time.append, raw.seq.append
+                add_cid, add_rank = raw.channel_id.append, raw.dp_rank.append
+                add_data = raw.data.append
+        raw.bytes = size
+        st.messages += n
+        st.payload_bytes += size
+        n = size = 0
         if raw.data:
             raw.where = dict(where)
             yield raw
@@ -999,6 +1022,8 @@ def iter_raw_chunks(
                     "count as orphans"
                 )
     finally:
+        st.messages += n
+        st.payload_bytes += size
         for reader in opened:
             reader.close()
 

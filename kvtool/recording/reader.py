@@ -28,11 +28,11 @@ import os
 import re
 import stat
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import IO
 
 import msgspec
+import zstandard
 
 from kvtool.errors import RecordingError, TruncatedRecording
 from kvtool.recording import format as fmt
@@ -43,6 +43,14 @@ from kvtool.recording.ledger import (
     RecordingContext,
     parse_record,
 )
+
+try:
+    # ISA-L's CRC-32 (the same polynomial and result as zlib's) runs at memory speed
+    # with carry-less multiplication; zlib 1.2's table walk made the check of every
+    # decompressed chunk as costly as decompressing it (issue 10).
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    from zlib import crc32 as _crc32
 
 MAGIC = fmt.MCAP_MAGIC
 
@@ -82,6 +90,8 @@ _SUMMARY_OPS = frozenset(
 
 _REC = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
+# A message record's header and its fixed fields, read with one unpack.
+_MSG_REC = struct.Struct("<BQHIQQ")
 _CHUNK = struct.Struct("<QQQI")
 _FOOTER = struct.Struct("<BQQQI")
 _FOOTER_AT = len(MAGIC) + _FOOTER.size  # footer record + trailing magic
@@ -91,6 +101,9 @@ _DATA_END_LEN = _REC.size + 4
 # opcode followed by a length below 2**32 (its four high bytes zero).
 _SYNC = re.compile(rb"[\x06\x07\x0c](?=....\x00\x00\x00\x00)", re.DOTALL)
 _SYNC_WINDOW = 1 << 20
+# A drop of the 32-bit MCAP sequence from at least _WRAP_FROM to below _WRAP_TO is a wrap.
+_WRAP_FROM = 3 << 30
+_WRAP_TO = 1 << 30
 
 
 class ChannelInfo(msgspec.Struct, frozen=True):
@@ -111,6 +124,10 @@ class ChannelInfo(msgspec.Struct, frozen=True):
     topic: str
     dp_rank: int | None
     path: str = ""
+
+
+# Stands for "no channel yet" in the fast path of the chunk reader; never yielded.
+_NO_CHANNEL = ChannelInfo(id=-1, name="", endpoint="", topic="", dp_rank=None)
 
 
 class RecordedMessage(msgspec.Struct, frozen=True):
@@ -405,16 +422,25 @@ class _Buf:
         return out
 
 
-def _decompress(compression: str, data: bytes, size: int) -> bytes:
-    """Decompress one chunk, never producing more than ``size + 1`` bytes."""
+def _decompress(
+    compression: str, data: bytes, size: int, zstd: zstandard.ZstdDecompressor | None = None
+) -> bytes:
+    """Decompress one chunk, never producing more than ``size + 1`` bytes.
+
+    Args:
+        compression: The chunk's compression.
+        data: The stored records.
+        size: The uncompressed size the chunk states.
+        zstd: A decompressor to reuse (one per reader; a new one otherwise).
+    """
     if compression == "":
         return data
     if compression == "zstd":
-        import zstandard
-
+        if zstd is None:
+            zstd = zstandard.ZstdDecompressor()
         # A streaming read bounded by the chunk's stated size: a damaged frame header
         # cannot make us allocate what it claims.
-        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+        with zstd.stream_reader(data) as reader:
             out = reader.read(size + 1)
         return bytes(out)
     if compression == "lz4":
@@ -471,6 +497,7 @@ class RecordingReader:
         self._unknown_messages = 0
         self._foreign_messages = 0
         self._chunked = False
+        self._zstd: zstandard.ZstdDecompressor | None = None
         try:
             self._check_identity()
             self._read_tail()
@@ -602,7 +629,7 @@ class RecordingReader:
         self._data_limit = summary_start
         self._tail_ok = True
         body = self._pread(summary_start, footer_pos + _FOOTER.size - 4 - summary_start)
-        if crc and zlib.crc32(body) != crc:
+        if crc and _crc32(body) != crc:
             self._tail_reason = f"summary section at byte {summary_start} is damaged (CRC mismatch)"
         summary = memoryview(body)[: footer_pos - summary_start]
         pos = 0
@@ -735,8 +762,9 @@ class RecordingReader:
         Yields:
             One :class:`RecordedMessage` per recorded ZeroMQ message.
         """
-        self._seq_state.clear()
-        yield from self._scan(want_messages=True)
+        # The scan itself, not a generator around it: one generator frame less per
+        # message (it clears the seq state when it starts, as a read begins).
+        return self._scan(want_messages=True)
 
     def __iter__(self) -> Iterator[RecordedMessage]:
         return self.messages()
@@ -752,6 +780,8 @@ class RecordingReader:
             rep.reason = reason
 
     def _scan(self, *, want_messages: bool) -> Iterator[RecordedMessage]:
+        if want_messages:
+            self._seq_state.clear()
         size = self._size
         limit = self._data_limit
         rep = RecoveryReport(path=self.path, file_size=size)
@@ -798,13 +828,9 @@ class RecordingReader:
                             )
                         if view is not None:
                             # Streamed: a chunk's messages never exist all at once.
-                            for m in self._chunk_messages(view, pos, true_end, stored):
-                                channels_seen.add(m.channel.id)
-                                rep.messages += 1
-                                if rep.seq_first is None:
-                                    rep.seq_first = m.seq
-                                rep.seq_last = m.seq
-                                yield m
+                            yield from self._chunk_messages(
+                                view, pos, true_end, stored, rep, channels_seen
+                            )
                             del view
                         pos = true_end
                         rep.last_good_offset = pos
@@ -1096,7 +1122,7 @@ class RecordingReader:
             self._seq_state[cid] = (seq - (seq & fmt.SEQ_MASK), -1)
 
     def _message(
-        self, view: memoryview, start: int, end: int, offset: int
+        self, view: bytes | memoryview, start: int, end: int, offset: int
     ) -> RecordedMessage | None:
         if end - start < _MSG.size:
             raise struct.error("message record is shorter than its header")
@@ -1124,7 +1150,7 @@ class RecordingReader:
         # from the top quarter to the bottom quarter is a wrap and any other drop a
         # publisher restart, which starts again from 0.
         high, last = self._seq_state.get(cid, (0, -1))
-        if last >= 3 << 30 and seq32 < 1 << 30:
+        if last >= _WRAP_FROM and seq32 < _WRAP_TO:
             high += 1 << 32
         elif seq32 < last:
             high = 0
@@ -1140,7 +1166,7 @@ class RecordingReader:
 
     def _open_chunk(
         self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[memoryview | None, int, bool, int]:
+    ) -> tuple[bytes | None, int, bool, int]:
         """Check the chunk at ``pos`` and decompress its records.
 
         Returns:
@@ -1196,8 +1222,10 @@ class RecordingReader:
         if not want:
             return None, true_end, mismatch, n
         data = self._pread(body_at + _CHUNK_FIXED + clen, n)
+        if compression == "zstd" and self._zstd is None:
+            self._zstd = zstandard.ZstdDecompressor()
         try:
-            records = _decompress(compression, data, usize)
+            records = _decompress(compression, data, usize, self._zstd)
         except Exception as err:  # any decompressor failure is damage
             raise _Damage(
                 f"chunk at byte {pos} does not decompress ({type(err).__name__}: {err})",
@@ -1205,12 +1233,19 @@ class RecordingReader:
             ) from None
         if len(records) != usize:
             raise _Damage(f"chunk at byte {pos} decompresses to the wrong size", true_end)
-        if crc and zlib.crc32(records) != crc:
+        # Checked once, here, before any of the chunk's records is read.
+        if crc and _crc32(records) != crc:
             raise _Damage(f"chunk at byte {pos} fails its CRC check", true_end)
-        return memoryview(records), true_end, mismatch, n
+        return records, true_end, mismatch, n
 
     def _chunk_messages(
-        self, view: memoryview, pos: int, end: int, stored: int
+        self,
+        records: bytes,
+        pos: int,
+        end: int,
+        stored: int,
+        rep: RecoveryReport,
+        seen: set[int],
     ) -> Iterator[RecordedMessage]:
         """Yield the messages of one decompressed chunk, one record at a time.
 
@@ -1218,21 +1253,77 @@ class RecordingReader:
         one message. Zero bytes where a record should start, a record that runs past
         the chunk, or more records than the chunk's stored size allows
         (:func:`~kvtool.recording.format.chunk_record_limit`) end the chunk as damage
-        after the messages before it were yielded.
+        after the messages before it were yielded. The messages yielded are counted in
+        ``rep`` (count, first and last seq) and their channels added to ``seen``.
+
+        A message record that is whole, within the record budget and on a channel
+        already defined takes a fast path (one unpack, the channel's seq state held in
+        locals); every other record takes the general path, which makes every check in
+        its order. Both do the same to a record that the fast path takes.
 
         Raises:
             _Damage: The chunk's records are damaged from some point on.
         """
         rpos = 0
-        total = len(view)
+        total = len(records)
         unpack = _REC.unpack_from
+        unpack_msg = _MSG_REC.unpack_from
+        head = _MSG_REC.size
         budget = fmt.chunk_record_limit(stored)
         count = 0
+        fast_end = total - head
+        channels = self.channels
+        placeholders = self._placeholders
+        seq_state = self._seq_state
+        # The channel whose seq unwrap state is held in (high, last) instead of
+        # seq_state; -1 for none. Written back before the general path runs.
+        cur = -1
+        cur_ch = _NO_CHANNEL
+        high, last = 0, -1
+        n = first = seq = 0
         try:
             while rpos < total:
+                if rpos <= fast_end and count < budget:
+                    op, rln, cid, seq32, log_time, publish_time = unpack_msg(records, rpos)
+                    rend = rpos + _REC.size + rln
+                    if op == OP_MESSAGE and rln >= _MSG.size and rend <= total:
+                        if cid != cur:
+                            if cur >= 0:
+                                seq_state[cur] = (high, last)
+                                cur = -1
+                            ch = channels.get(cid)
+                            if ch is not None and cid not in placeholders:
+                                cur, cur_ch = cid, ch
+                                high, last = seq_state.get(cid, (0, -1))
+                                seen.add(cid)
+                        if cid == cur:
+                            count += 1
+                            # The unwrap of :meth:`_message`.
+                            if last >= _WRAP_FROM and seq32 < _WRAP_TO:
+                                high += 1 << 32
+                            elif seq32 < last:
+                                high = 0
+                            last = seq32
+                            seq = high + seq32
+                            if not n:
+                                first = seq
+                            n += 1
+                            yield RecordedMessage(
+                                cur_ch,
+                                seq,
+                                log_time,
+                                publish_time,
+                                records[rpos + head : rend],
+                                pos,
+                            )
+                            rpos = rend
+                            continue
+                if cur >= 0:
+                    seq_state[cur] = (high, last)
+                    cur = -1
                 if rpos + _REC.size > total:
                     raise struct.error("record header runs past the end of the chunk")
-                op, rln = unpack(view, rpos)
+                op, rln = unpack(records, rpos)
                 if op == 0:
                     # Opcode 0 is no MCAP record: zero fill or garbage. Walking it nine
                     # bytes at a time is how 2 GiB of zeros cost 80 s (issue 8.10).
@@ -1248,36 +1339,30 @@ class RecordingReader:
                 if rend > total:
                     raise struct.error("record runs past the end of the chunk")
                 if op == OP_MESSAGE:
-                    m = self._message(view, start, rend, pos)
+                    m = self._message(records, start, rend, pos)
                     if m is not None:
+                        seen.add(m.channel.id)
+                        seq = m.seq
+                        if not n:
+                            first = seq
+                        n += 1
                         yield m
                 elif op == OP_CHANNEL:
-                    self._channel(view[start:rend])
+                    self._channel(records[start:rend])
                 elif op == OP_SCHEMA:
-                    self._schema(view[start:rend])
+                    self._schema(records[start:rend])
                 rpos = rend
         except (struct.error, UnicodeDecodeError, ValueError) as err:
             # A chunk without a CRC whose records do not parse: what came before is kept.
             raise _Damage(f"chunk at byte {pos} holds a damaged record ({err})", end) from None
-
-    def _read_chunk(
-        self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[list[RecordedMessage], int, bool]:
-        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
-
-        Builds a list of the chunk's messages (bounded by the record limit); the scan
-        itself streams them with :meth:`_chunk_messages`.
-        """
-        view, end, mismatch, stored = self._open_chunk(pos, ln, limit, want=want)
-        if view is None:
-            return [], end, mismatch
-        out: list[RecordedMessage] = []
-        try:
-            out.extend(self._chunk_messages(view, pos, end, stored))
-        except _Damage as damage:
-            damage.partial = out
-            raise
-        return out, end, mismatch
+        finally:
+            if cur >= 0:
+                seq_state[cur] = (high, last)
+            if n:
+                rep.messages += n
+                if rep.seq_first is None:
+                    rep.seq_first = first
+                rep.seq_last = seq
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
