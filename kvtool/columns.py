@@ -937,11 +937,17 @@ def iter_raw_chunks(
         for path in paths:
             reader = open_recording(path)
             opened.append(reader)
-        iters: list[Iterator[RecordedMessage]] = []
         for reader in opened:
             st.recordings.append(reader.path)
             st.groups[reader.path] = reader.groups
-            iters.append(reader.messages())
+        batches: Iterator[tuple[int, list[RecordedMessage]]]
+        if len(opened) == 1:
+            # One input is its own merge order (merge_messages pairs its messages with
+            # 0): read it a list at a time, each list from one chunk.
+            batches = ((0, b) for b in opened[0].message_batches())
+        else:
+            merged = _merged_messages([r.messages() for r in opened], st.merge)
+            batches = ((i, [m]) for i, m in merged)
         # One channel_id per publisher stream (endpoint, topic, rank), whichever inputs
         # hold it: a stream split over several files (a file and its slice, consecutive
         # recordings) continues as one stream, as the merge's same-batch rule assumes.
@@ -954,49 +960,70 @@ def iter_raw_chunks(
         total = sum(sizes)
         at = [0] * len(opened)
         done = 0
-        # Per message only appends: a channel's table id and rank are looked up when the
-        # channel object changes (a reader gives all messages of a channel one object),
-        # and the counts go to ``st`` with each chunk.
+        # Work per list of messages, not per message: the columns are extended in C, a
+        # list on one channel (the usual case) takes its channel_id and rank at once, and
+        # the counts go to ``st`` with each chunk. A list's messages share one offset.
+        get_channel, get_data = attrgetter("channel"), attrgetter("data")
+        get_time, get_seq = attrgetter("log_time"), attrgetter("seq")
         last_ch: ChannelInfo | None = None
         cid = 0
         rank: int | None = None
-        add_time, add_seq = raw.log_time.append, raw.seq.append
-        add_cid, add_rank, add_data = raw.channel_id.append, raw.dp_rank.append, raw.data.append
-        for i, m in _merged_messages(iters, st.merge):
-            if progress is not None and m.offset > at[i]:
-                done += min(m.offset, sizes[i]) - at[i]
-                at[i] = min(m.offset, sizes[i])
+        for i, batch in batches:
+            if progress is not None and batch[0].offset > at[i]:
+                off = batch[0].offset
+                done += min(off, sizes[i]) - at[i]
+                at[i] = min(off, sizes[i])
                 progress(done, total)
-            if keep is not None and not keep(m):
+            if keep is not None:
+                batch = [m for m in batch if keep(m)]
+                if not batch:
+                    continue
+            k = len(batch)
+            chans = list(map(get_channel, batch))
+            if chans.count(last_ch) == k:
+                cids, rks = [cid] * k, [rank] * k
+            else:
+                cids, rks = [], []
+                for ch in chans:
+                    if ch is not last_ch:
+                        key = (ch.endpoint, ch.topic, ch.dp_rank)
+                        got = chan_ids.get(key)
+                        if got is None:
+                            got = chan_ids[key] = len(chan_ids)
+                            st.channels[got] = ChannelRef(got, opened[i].path, ch)
+                            where[got] = f"{ch.path}: {ch.name}"
+                        last_ch, cid, rank = ch, got, ch.dp_rank
+                    cids.append(cid)
+                    rks.append(rank)
+            datas = list(map(get_data, batch))
+            lens = list(map(len, datas))
+            if size + sum(lens) < chunk_bytes:
+                raw.log_time.extend(map(get_time, batch))
+                raw.seq.extend(map(get_seq, batch))
+                raw.channel_id.extend(cids)
+                raw.dp_rank.extend(rks)
+                raw.data.extend(datas)
+                n += k
+                size += sum(lens)
                 continue
-            ch = m.channel
-            if ch is not last_ch:
-                key = (ch.endpoint, ch.topic, ch.dp_rank)
-                got = chan_ids.get(key)
-                if got is None:
-                    got = chan_ids[key] = len(chan_ids)
-                    st.channels[got] = ChannelRef(got, opened[i].path, ch)
-                    where[got] = f"{ch.path}: {ch.name}"
-                last_ch, cid, rank = ch, got, ch.dp_rank
-            data = m.data
-            add_time(m.log_time)
-            add_seq(m.seq)
-            add_cid(cid)
-            add_rank(rank)
-            add_data(data)
-            n += 1
-            size += len(data)
-            if size >= chunk_bytes:
-                raw.bytes = size
-                st.messages += n
-                st.payload_bytes += size
-                n = size = 0
-                raw.where = dict(where)
-                yield raw
-                raw = RawChunk(ranks=ranks)
-                add_time, add_seq = raw.log_time.append, raw.seq.append
-                add_cid, add_rank = raw.channel_id.append, raw.dp_rank.append
-                add_data = raw.data.append
+            # The chunk fills inside this list: message by message, to end it exactly
+            # after the message that reaches chunk_bytes.
+            for j, m in enumerate(batch):
+                raw.log_time.append(m.log_time)
+                raw.seq.append(m.seq)
+                raw.channel_id.append(cids[j])
+                raw.dp_rank.append(rks[j])
+                raw.data.append(datas[j])
+                n += 1
+                size += lens[j]
+                if size >= chunk_bytes:
+                    raw.bytes = size
+                    st.messages += n
+                    st.payload_bytes += size
+                    n = size = 0
+                    raw.where = dict(where)
+                    yield raw
+                    raw = RawChunk(ranks=ranks)
         raw.bytes = size
         st.messages += n
         st.payload_bytes += size

@@ -23,6 +23,7 @@ and the scan goes on. A :class:`RecoveryReport` says what was read and what was 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -101,6 +102,9 @@ _DATA_END_LEN = _REC.size + 4
 # opcode followed by a length below 2**32 (its four high bytes zero).
 _SYNC = re.compile(rb"[\x06\x07\x0c](?=....\x00\x00\x00\x00)", re.DOTALL)
 _SYNC_WINDOW = 1 << 20
+# Messages of one chunk handed out together: few enough that memory stays at the chunk's
+# bytes plus its messages' bytes, many enough that a report pays per list, not message.
+_BATCH = 256
 # A drop of the 32-bit MCAP sequence from at least _WRAP_FROM to below _WRAP_TO is a wrap.
 _WRAP_FROM = 3 << 30
 _WRAP_TO = 1 << 30
@@ -278,13 +282,10 @@ def _plural(n: int, word: str) -> str:
 class _Damage(Exception):
     """A record that cannot be read; ``end`` is where it ends when its framing is sound."""
 
-    def __init__(
-        self, reason: str, end: int | None = None, partial: list[RecordedMessage] | None = None
-    ) -> None:
+    def __init__(self, reason: str, end: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.end = end
-        self.partial = partial or []
 
 
 class _Shrunk(Exception):
@@ -759,11 +760,23 @@ class RecordingReader:
     def messages(self) -> Iterator[RecordedMessage]:
         """Yield every intact message in file order, then finalise :attr:`recovery`.
 
-        Yields:
-            One :class:`RecordedMessage` per recorded ZeroMQ message.
+        Returns:
+            An iterator of one :class:`RecordedMessage` per recorded ZeroMQ message.
         """
-        # The scan itself, not a generator around it: one generator frame less per
-        # message (it clears the seq state when it starts, as a read begins).
+        # The scan's lists, flattened in C: no generator frame per message (the scan
+        # clears the seq state when it starts, as a read begins).
+        return itertools.chain.from_iterable(self._scan(want_messages=True))
+
+    def message_batches(self) -> Iterator[list[RecordedMessage]]:
+        """Yield every intact message in file order, in lists; then finalise :attr:`recovery`.
+
+        The same messages as :meth:`messages`, for a reader that handles them a list
+        at a time. A list never spans two chunks (its messages share ``offset``) and
+        holds at most a few hundred messages, so memory stays bounded by a chunk.
+
+        Returns:
+            An iterator of lists of :class:`RecordedMessage`, none empty.
+        """
         return self._scan(want_messages=True)
 
     def __iter__(self) -> Iterator[RecordedMessage]:
@@ -779,7 +792,7 @@ class RecordingReader:
         if rep.reason is None:
             rep.reason = reason
 
-    def _scan(self, *, want_messages: bool) -> Iterator[RecordedMessage]:
+    def _scan(self, *, want_messages: bool) -> Iterator[list[RecordedMessage]]:
         if want_messages:
             self._seq_state.clear()
         size = self._size
@@ -827,7 +840,7 @@ class RecordingReader:
                                 chunk=False,
                             )
                         if view is not None:
-                            # Streamed: a chunk's messages never exist all at once.
+                            # Streamed: at most _BATCH of a chunk's messages exist at once.
                             yield from self._chunk_messages(
                                 view, pos, true_end, stored, rep, channels_seen
                             )
@@ -866,7 +879,7 @@ class RecordingReader:
                                 if rep.seq_first is None:
                                     rep.seq_first = one.seq
                                 rep.seq_last = one.seq
-                                yield one
+                                yield [one]
                     elif op == OP_CHANNEL:
                         self._channel(body)
                     elif op == OP_SCHEMA:
@@ -880,9 +893,6 @@ class RecordingReader:
                         else _Damage(f"record at byte {pos} is damaged ({err})", end)
                     )
                     is_chunk = op == OP_CHUNK and damage.end is not None
-                    if damage.partial:
-                        rep.messages += len(damage.partial)
-                        yield from damage.partial
                     nxt = (
                         damage.end
                         if damage.end is not None and self._plausible(damage.end)
@@ -1246,15 +1256,17 @@ class RecordingReader:
         stored: int,
         rep: RecoveryReport,
         seen: set[int],
-    ) -> Iterator[RecordedMessage]:
-        """Yield the messages of one decompressed chunk, one record at a time.
+    ) -> Iterator[list[RecordedMessage]]:
+        """Yield the messages of one decompressed chunk in lists, one record at a time.
 
-        Nothing is built for the whole chunk, so memory stays at the chunk's bytes plus
-        one message. Zero bytes where a record should start, a record that runs past
-        the chunk, or more records than the chunk's stored size allows
-        (:func:`~kvtool.recording.format.chunk_record_limit`) end the chunk as damage
-        after the messages before it were yielded. The messages yielded are counted in
-        ``rep`` (count, first and last seq) and their channels added to ``seen``.
+        Nothing is built for the whole chunk: a list holds at most :data:`_BATCH`
+        messages, so memory stays at the chunk's bytes plus a part of its messages (a
+        list of them never holds more bytes than the chunk). Zero bytes where a record
+        should start, a record that runs past the chunk, or more records than the
+        chunk's stored size allows (:func:`~kvtool.recording.format.chunk_record_limit`)
+        end the chunk as damage after the messages before it were yielded. The messages
+        yielded are counted in ``rep`` (count, first and last seq) and their channels
+        added to ``seen``.
 
         A message record that is whole, within the record budget and on a channel
         already defined takes a fast path (one unpack, the channel's seq state held in
@@ -1281,6 +1293,9 @@ class RecordingReader:
         cur_ch = _NO_CHANNEL
         high, last = 0, -1
         n = first = seq = 0
+        out: list[RecordedMessage] = []
+        put = out.append
+        flush_at = _BATCH
         try:
             while rpos < total:
                 if rpos <= fast_end and count < budget:
@@ -1308,15 +1323,22 @@ class RecordingReader:
                             if not n:
                                 first = seq
                             n += 1
-                            yield RecordedMessage(
-                                cur_ch,
-                                seq,
-                                log_time,
-                                publish_time,
-                                records[rpos + head : rend],
-                                pos,
+                            put(
+                                RecordedMessage(
+                                    cur_ch,
+                                    seq,
+                                    log_time,
+                                    publish_time,
+                                    records[rpos + head : rend],
+                                    pos,
+                                )
                             )
                             rpos = rend
+                            if n >= flush_at:
+                                flush_at += _BATCH
+                                yield out
+                                out = []
+                                put = out.append
                             continue
                 if cur >= 0:
                     seq_state[cur] = (high, last)
@@ -1346,7 +1368,12 @@ class RecordingReader:
                         if not n:
                             first = seq
                         n += 1
-                        yield m
+                        put(m)
+                        if n >= flush_at:
+                            flush_at += _BATCH
+                            yield out
+                            out = []
+                            put = out.append
                 elif op == OP_CHANNEL:
                     self._channel(records[start:rend])
                 elif op == OP_SCHEMA:
@@ -1354,7 +1381,12 @@ class RecordingReader:
                 rpos = rend
         except (struct.error, UnicodeDecodeError, ValueError) as err:
             # A chunk without a CRC whose records do not parse: what came before is kept.
+            if out:
+                yield out
             raise _Damage(f"chunk at byte {pos} holds a damaged record ({err})", end) from None
+        else:
+            if out:
+                yield out
         finally:
             if cur >= 0:
                 seq_state[cur] = (high, last)
