@@ -165,3 +165,38 @@ def test_issue10_read_raw_chunks_count_as_they_go(tmp_path: Path) -> None:
         every: list[RecordedMessage] = list(r.messages())
     assert st.messages == len(every) and st.payload_bytes == sum(len(m.data) for m in every)
     assert os.path.getsize(path) > 0
+
+
+def _by_message(path: Path, chunk_bytes: int) -> list[tuple[list[object], ...]]:
+    """The raw chunks as a message-by-message fill makes them (the reference)."""
+    out: list[tuple[list[object], ...]] = []
+    ids: dict[tuple[str, str, int | None], int] = {}
+    cols: tuple[list[object], ...] = ([], [], [], [], [])
+    size = 0
+    with open_recording(path) as r:
+        for m in r.messages():
+            ch = m.channel
+            cid = ids.setdefault((ch.endpoint, ch.topic, ch.dp_rank), len(ids))
+            for col, v in zip(cols, (m.log_time, m.seq, cid, ch.dp_rank, m.data), strict=True):
+                col.append(v)
+            size += len(m.data)
+            if size >= chunk_bytes:
+                out.append(cols)
+                cols, size = ([], [], [], [], []), 0
+    if cols[0]:
+        out.append(cols)
+    return out
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 100, 3000, 1 << 30])
+def test_issue10_read_raw_chunks_end_where_a_message_by_message_fill_ends(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    path = tmp_path / "tricky.mcap"
+    path.write_bytes(_tricky())
+    for p in (path, RECORDINGS / "gemma3.mcap"):
+        got = [
+            (raw.log_time, raw.seq, raw.channel_id, raw.dp_rank, raw.data)
+            for raw in iter_raw_chunks([p], chunk_bytes=chunk_bytes)
+        ]
+        assert got == _by_message(p, chunk_bytes)
