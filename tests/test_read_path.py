@@ -200,3 +200,39 @@ def test_issue10_read_raw_chunks_end_where_a_message_by_message_fill_ends(
             for raw in iter_raw_chunks([p], chunk_bytes=chunk_bytes)
         ]
         assert got == _by_message(p, chunk_bytes)
+
+
+def _streamed(data: bytes, size: int) -> bytes | str:
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(data) as r:
+            return bytes(r.read(size + 1))
+    except zstandard.ZstdError as err:
+        return f"ZstdError: {err}"
+
+
+def _one_shot_or_streamed(data: bytes, size: int) -> bytes | str:
+    try:
+        return reader_mod._decompress("zstd", data, size, zstandard.ZstdDecompressor())
+    except zstandard.ZstdError as err:
+        return f"ZstdError: {err}"
+
+
+def test_issue10_read_zstd_one_shot_only_when_the_frame_states_the_chunk_size() -> None:
+    recs = b"".join(mb.message(i, bytes(range(256)) * 3) for i in range(30))
+    z = zstandard.ZstdCompressor(write_content_size=True).compress(recs)
+    no_size = zstandard.ZstdCompressor(write_content_size=False).compress(recs)
+    flipped = bytearray(z)
+    flipped[len(z) // 2] ^= 0xFF
+    cases = [
+        (z, len(recs)),
+        (z, len(recs) - 10),  # the frame states more than the chunk: streamed, bounded
+        (z, len(recs) + 10),
+        (z[: len(z) // 2], len(recs)),  # cut: the streaming read says what it got
+        (bytes(flipped), len(recs)),
+        (z + z, len(recs)),
+        (z + b"junk", len(recs)),
+        (no_size, len(recs)),
+        (mb.zstd_zeros(1 << 24), 1000),  # a bomb stating nothing reads 1001 bytes
+    ]
+    for data, size in cases:
+        assert _one_shot_or_streamed(data, size) == _streamed(data, size)

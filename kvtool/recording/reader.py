@@ -8,9 +8,11 @@ mid-chunk) reads the same way as a finished one. Every length is checked against
 file and :data:`~kvtool.recording.format.MAX_RECORD_BYTES` before anything is read.
 Hostile bytes cost no more than their size: a chunk may not state more uncompressed
 bytes than :func:`~kvtool.recording.format.chunk_size_limit` allows (a decompression
-bomb is refused from its header), its records are streamed out one at a time, never
-built as a list, and opcode 0 (zero fill) or more records than
+bomb is refused from its header), its records are read one at a time and its messages
+handed out in lists of at most a few hundred, never built for the whole chunk, and
+opcode 0 (zero fill) or more records than
 :func:`~kvtool.recording.format.chunk_record_limit` allows end the chunk as damage.
+The CRC of a chunk is checked once, before any of its records is read.
 Only regular files are opened (:func:`check_input`; a FIFO or device is refused before
 any ``open``), and a file that shrinks while it is read ends the read as truncated.
 The ``kvtool.*`` metadata records are validated into structs
@@ -439,6 +441,16 @@ def _decompress(
     if compression == "zstd":
         if zstd is None:
             zstd = zstandard.ZstdDecompressor()
+        try:
+            # A frame that states the chunk's (bounded) size is decompressed in one
+            # call into a buffer of that size; anything else, and any failure, takes
+            # the streaming read below, which says what is wrong.
+            if zstandard.frame_content_size(data) == size:
+                out = zstd.decompress(data)
+                if len(out) == size:
+                    return out
+        except zstandard.ZstdError:
+            pass
         # A streaming read bounded by the chunk's stated size: a damaged frame header
         # cannot make us allocate what it claims.
         with zstd.stream_reader(data) as reader:
