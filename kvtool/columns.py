@@ -968,54 +968,65 @@ def iter_raw_chunks(
         last_ch: ChannelInfo | None = None
         cid = 0
         rank: int | None = None
+
+        def number(ch: ChannelInfo, i: int) -> int:
+            """The channel_id of a channel's stream, numbered when first met."""
+            key = (ch.endpoint, ch.topic, ch.dp_rank)
+            got = chan_ids.get(key)
+            if got is None:
+                got = chan_ids[key] = len(chan_ids)
+                st.channels[got] = ChannelRef(got, opened[i].path, ch)
+                where[got] = f"{ch.path}: {ch.name}"
+            return got
+
         for i, batch in batches:
             if progress is not None and batch[0].offset > at[i]:
                 off = batch[0].offset
                 done += min(off, sizes[i]) - at[i]
                 at[i] = min(off, sizes[i])
                 progress(done, total)
-            if keep is not None:
-                batch = [m for m in batch if keep(m)]
-                if not batch:
+            if keep is None:
+                datas = list(map(get_data, batch))
+                fill = sum(map(len, datas))
+                if size + fill < chunk_bytes:
+                    # The whole list goes into this chunk: nothing is yielded before its
+                    # last message, so its channels may be numbered first.
+                    k = len(batch)
+                    chans = list(map(get_channel, batch))
+                    if chans.count(last_ch) == k:
+                        cids, rks = [cid] * k, [rank] * k
+                    else:
+                        cids, rks = [], []
+                        for ch in chans:
+                            if ch is not last_ch:
+                                last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                            cids.append(cid)
+                            rks.append(rank)
+                    raw.log_time.extend(map(get_time, batch))
+                    raw.seq.extend(map(get_seq, batch))
+                    raw.channel_id.extend(cids)
+                    raw.dp_rank.extend(rks)
+                    raw.data.extend(datas)
+                    n += k
+                    size += fill
                     continue
-            k = len(batch)
-            chans = list(map(get_channel, batch))
-            if chans.count(last_ch) == k:
-                cids, rks = [cid] * k, [rank] * k
-            else:
-                cids, rks = [], []
-                for ch in chans:
-                    if ch is not last_ch:
-                        key = (ch.endpoint, ch.topic, ch.dp_rank)
-                        got = chan_ids.get(key)
-                        if got is None:
-                            got = chan_ids[key] = len(chan_ids)
-                            st.channels[got] = ChannelRef(got, opened[i].path, ch)
-                            where[got] = f"{ch.path}: {ch.name}"
-                        last_ch, cid, rank = ch, got, ch.dp_rank
-                    cids.append(cid)
-                    rks.append(rank)
-            datas = list(map(get_data, batch))
-            lens = list(map(len, datas))
-            if size + sum(lens) < chunk_bytes:
-                raw.log_time.extend(map(get_time, batch))
-                raw.seq.extend(map(get_seq, batch))
-                raw.channel_id.extend(cids)
-                raw.dp_rank.extend(rks)
-                raw.data.extend(datas)
-                n += k
-                size += sum(lens)
-                continue
-            # The chunk fills inside this list: message by message, to end it exactly
-            # after the message that reaches chunk_bytes.
-            for j, m in enumerate(batch):
+            # Message by message, as one loop over the merged messages would: a
+            # selection counts what it leaves out as it goes, and a chunk that fills
+            # inside this list ends exactly after the message that reaches chunk_bytes.
+            for m in batch:
+                if keep is not None and not keep(m):
+                    continue
+                ch = m.channel
+                if ch is not last_ch:
+                    last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                data = m.data
                 raw.log_time.append(m.log_time)
                 raw.seq.append(m.seq)
-                raw.channel_id.append(cids[j])
-                raw.dp_rank.append(rks[j])
-                raw.data.append(datas[j])
+                raw.channel_id.append(cid)
+                raw.dp_rank.append(rank)
+                raw.data.append(data)
                 n += 1
-                size += lens[j]
+                size += len(data)
                 if size >= chunk_bytes:
                     raw.bytes = size
                     st.messages += n

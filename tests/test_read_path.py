@@ -236,3 +236,35 @@ def test_issue10_read_zstd_one_shot_only_when_the_frame_states_the_chunk_size() 
     ]
     for data, size in cases:
         assert _one_shot_or_streamed(data, size) == _streamed(data, size)
+
+
+def test_issue10_read_selection_counts_what_it_leaves_out_as_it_goes(tmp_path: Path) -> None:
+    from kvtool.replay import BatchFilter
+
+    path = tmp_path / "tricky.mcap"
+    path.write_bytes(_tricky())
+    first, last, chunk_bytes = 5, 30, 4
+    expected: list[tuple[list[int], int]] = []
+    seqs: list[int] = []
+    left_out = size = 0
+    with open_recording(path) as r:
+        for m in r.messages():
+            if not first <= m.seq <= last:
+                left_out += 1
+                continue
+            seqs.append(m.seq)
+            size += len(m.data)
+            if size >= chunk_bytes:
+                expected.append((seqs, left_out))
+                seqs, size = [], 0
+    st = ReadStats()
+    got = [
+        (raw.seq, st.unselected)
+        for raw in iter_raw_chunks(
+            [path],
+            stats=st,
+            chunk_bytes=chunk_bytes,
+            select=BatchFilter(seq_first=first, seq_last=last),
+        )
+    ]
+    assert got[: len(expected)] == expected and len(got) >= len(expected)
