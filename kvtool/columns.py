@@ -942,15 +942,22 @@ def iter_raw_chunks(
     """
     st = stats if stats is not None else ReadStats()
     opened = []
+    n = size = 0  # messages and payload bytes read but not yet counted in ``st``
     try:
         for path in paths:
             reader = open_recording(path)
             opened.append(reader)
-        iters: list[Iterator[RecordedMessage]] = []
         for reader in opened:
             st.recordings.append(reader.path)
             st.groups[reader.path] = reader.groups
-            iters.append(reader.messages())
+        batches: Iterator[tuple[int, list[RecordedMessage]]]
+        if len(opened) == 1:
+            # One input is its own merge order (merge_messages pairs its messages with
+            # 0): read it a list at a time, each list from one chunk.
+            batches = ((0, b) for b in opened[0].message_batches())
+        else:
+            merged = _merged_messages([r.messages() for r in opened], st.merge)
+            batches = ((i, [m]) for i, m in merged)
         # One channel_id per publisher stream (endpoint, topic, rank), whichever inputs
         # hold it: a stream split over several files (a file and its slice, consecutive
         # recordings) continues as one stream, as the merge's same-batch rule assumes.
@@ -963,40 +970,97 @@ def iter_raw_chunks(
         total = sum(sizes)
         at = [0] * len(opened)
         done = 0
+        # Work per list of messages, not per message: the columns are extended in C, a
+        # list on one channel (the usual case) takes its channel_id and rank at once, and
+        # the counts go to ``st`` with each chunk. A list's messages share one offset.
+        get_channel, get_data = attrgetter("channel"), attrgetter("data")
+        get_time, get_seq = attrgetter("log_time"), attrgetter("seq")
+        last_ch: ChannelInfo | None = None
+        cid = 0
+        rank: int | None = None
+
+        def number(ch: ChannelInfo, i: int) -> int:
+            """The channel_id of a channel's stream, numbered when first met."""
+            key = (ch.endpoint, ch.topic, ch.dp_rank)
+            got = chan_ids.get(key)
+            if got is None:
+                got = chan_ids[key] = len(chan_ids)
+                st.channels[got] = ChannelRef(got, opened[i].path, ch)
+                where[got] = f"{ch.path}: {ch.name}"
+            return got
+
         last_order: tuple[int, str, str, int] | None = None
-        for i, m in _merged_messages(iters, st.merge):
-            if progress is not None and m.offset > at[i]:
-                done += min(m.offset, sizes[i]) - at[i]
-                at[i] = min(m.offset, sizes[i])
+        for i, batch in batches:
+            if progress is not None and batch[0].offset > at[i]:
+                off = batch[0].offset
+                done += min(off, sizes[i]) - at[i]
+                at[i] = min(off, sizes[i])
                 progress(done, total)
-            key = (m.channel.endpoint, m.channel.topic, m.channel.dp_rank)
-            if streams is not None:
-                order = (m.log_time, key[0], key[1], m.seq)
-                if last_order is not None and order < last_order:
-                    st.unordered = True
-                last_order = order
-                st.streams_seen.add(key)
-                if key not in streams:
+            if keep is None and streams is None:
+                datas = list(map(get_data, batch))
+                fill = sum(map(len, datas))
+                if size + fill < chunk_bytes:
+                    # The whole list goes into this chunk: nothing is yielded before its
+                    # last message, so its channels may be numbered first.
+                    k = len(batch)
+                    chans = list(map(get_channel, batch))
+                    if chans.count(last_ch) == k:
+                        cids, rks = [cid] * k, [rank] * k
+                    else:
+                        cids, rks = [], []
+                        for ch in chans:
+                            if ch is not last_ch:
+                                last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                            cids.append(cid)
+                            rks.append(rank)
+                    raw.log_time.extend(map(get_time, batch))
+                    raw.seq.extend(map(get_seq, batch))
+                    raw.channel_id.extend(cids)
+                    raw.dp_rank.extend(rks)
+                    raw.data.extend(datas)
+                    n += k
+                    size += fill
                     continue
-            if keep is not None and not keep(m):
-                continue
-            cid = chan_ids.get(key)
-            if cid is None:
-                cid = chan_ids[key] = len(chan_ids)
-                st.channels[cid] = ChannelRef(cid, opened[i].path, m.channel)
-                where[cid] = f"{m.channel.path}: {m.channel.name}"
-            st.messages += 1
-            raw.log_time.append(m.log_time)
-            raw.seq.append(m.seq)
-            raw.channel_id.append(cid)
-            raw.dp_rank.append(m.channel.dp_rank)
-            raw.data.append(m.data)
-            raw.bytes += len(m.data)
-            st.payload_bytes += len(m.data)
-            if raw.bytes >= chunk_bytes:
-                raw.where = dict(where)
-                yield raw
-                raw = RawChunk(ranks=ranks)
+            # Message by message, as one loop over the merged messages would: a
+            # selection counts what it leaves out as it goes, and a chunk that fills
+            # inside this list ends exactly after the message that reaches chunk_bytes.
+            for m in batch:
+                ch = m.channel
+                if streams is not None:
+                    # One unit of a report split by stream: check THE merge order's key
+                    # over every message, keep this unit's streams.
+                    key = (ch.endpoint, ch.topic, ch.dp_rank)
+                    order = (m.log_time, key[0], key[1], m.seq)
+                    if last_order is not None and order < last_order:
+                        st.unordered = True
+                    last_order = order
+                    st.streams_seen.add(key)
+                    if key not in streams:
+                        continue
+                if keep is not None and not keep(m):
+                    continue
+                if ch is not last_ch:
+                    last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                data = m.data
+                raw.log_time.append(m.log_time)
+                raw.seq.append(m.seq)
+                raw.channel_id.append(cid)
+                raw.dp_rank.append(rank)
+                raw.data.append(data)
+                n += 1
+                size += len(data)
+                if size >= chunk_bytes:
+                    raw.bytes = size
+                    st.messages += n
+                    st.payload_bytes += size
+                    n = size = 0
+                    raw.where = dict(where)
+                    yield raw
+                    raw = RawChunk(ranks=ranks)
+        raw.bytes = size
+        st.messages += n
+        st.payload_bytes += size
+        n = size = 0
         if raw.data:
             raw.where = dict(where)
             yield raw
@@ -1018,6 +1082,8 @@ def iter_raw_chunks(
                     "count as orphans"
                 )
     finally:
+        st.messages += n
+        st.payload_bytes += size
         for reader in opened:
             reader.close()
 

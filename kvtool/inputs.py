@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -127,15 +128,21 @@ def merge_messages(
         sources: One message iterator per input, in command-line order.
         findings: Receives what the same-batch rule found.
 
-    Yields:
+    Returns:
         ``(input index, message)`` in merge order; copies of a batch already yielded from
-        another input are left out.
+        another input are left out. One input is its own order and holds no copies of
+        itself: its messages are paired with 0 without a heap or a generator frame (the
+        read of a whole recording goes through here, one message at a time).
     """
     if len(sources) == 1:
-        for m in sources[0]:
-            yield 0, m
-        return
-    fnd = findings if findings is not None else MergeFindings()
+        return zip(itertools.repeat(0), sources[0])
+    return _merge_heap(sources, findings if findings is not None else MergeFindings())
+
+
+def _merge_heap(
+    sources: Sequence[Iterable[RecordedMessage]], fnd: MergeFindings
+) -> Iterator[tuple[int, RecordedMessage]]:
+    """The merge of :func:`merge_messages` by a heap over the inputs (any number)."""
     seen: dict[BatchKey, tuple[int, list[tuple[int, bytes]]]] = {}
     order: deque[tuple[int, BatchKey]] = deque()
     for item in heapq.merge(*(_keyed(i, s) for i, s in enumerate(sources))):

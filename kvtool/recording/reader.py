@@ -8,9 +8,11 @@ mid-chunk) reads the same way as a finished one. Every length is checked against
 file and :data:`~kvtool.recording.format.MAX_RECORD_BYTES` before anything is read.
 Hostile bytes cost no more than their size: a chunk may not state more uncompressed
 bytes than :func:`~kvtool.recording.format.chunk_size_limit` allows (a decompression
-bomb is refused from its header), its records are streamed out one at a time, never
-built as a list, and opcode 0 (zero fill) or more records than
+bomb is refused from its header), its records are read one at a time and its messages
+handed out in lists of at most a few hundred, never built for the whole chunk, and
+opcode 0 (zero fill) or more records than
 :func:`~kvtool.recording.format.chunk_record_limit` allows end the chunk as damage.
+The CRC of a chunk is checked once, before any of its records is read.
 Only regular files are opened (:func:`check_input`; a FIFO or device is refused before
 any ``open``), and a file that shrinks while it is read ends the read as truncated.
 The ``kvtool.*`` metadata records are validated into structs
@@ -23,16 +25,17 @@ and the scan goes on. A :class:`RecoveryReport` says what was read and what was 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import stat
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import IO
 
 import msgspec
+import zstandard
 
 from kvtool.errors import RecordingError, TruncatedRecording
 from kvtool.recording import format as fmt
@@ -43,6 +46,14 @@ from kvtool.recording.ledger import (
     RecordingContext,
     parse_record,
 )
+
+try:
+    # ISA-L's CRC-32 (the same polynomial and result as zlib's) runs at memory speed
+    # with carry-less multiplication; zlib 1.2's table walk made the check of every
+    # decompressed chunk as costly as decompressing it (issue 10).
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    from zlib import crc32 as _crc32
 
 MAGIC = fmt.MCAP_MAGIC
 
@@ -82,6 +93,8 @@ _SUMMARY_OPS = frozenset(
 
 _REC = struct.Struct("<BQ")
 _MSG = struct.Struct("<HIQQ")
+# A message record's header and its fixed fields, read with one unpack.
+_MSG_REC = struct.Struct("<BQHIQQ")
 _CHUNK = struct.Struct("<QQQI")
 _FOOTER = struct.Struct("<BQQQI")
 _FOOTER_AT = len(MAGIC) + _FOOTER.size  # footer record + trailing magic
@@ -91,6 +104,12 @@ _DATA_END_LEN = _REC.size + 4
 # opcode followed by a length below 2**32 (its four high bytes zero).
 _SYNC = re.compile(rb"[\x06\x07\x0c](?=....\x00\x00\x00\x00)", re.DOTALL)
 _SYNC_WINDOW = 1 << 20
+# Messages of one chunk handed out together: few enough that memory stays at the chunk's
+# bytes plus its messages' bytes, many enough that a report pays per list, not message.
+_BATCH = 256
+# A drop of the 32-bit MCAP sequence from at least _WRAP_FROM to below _WRAP_TO is a wrap.
+_WRAP_FROM = 3 << 30
+_WRAP_TO = 1 << 30
 
 
 class ChannelInfo(msgspec.Struct, frozen=True):
@@ -111,6 +130,10 @@ class ChannelInfo(msgspec.Struct, frozen=True):
     topic: str
     dp_rank: int | None
     path: str = ""
+
+
+# Stands for "no channel yet" in the fast path of the chunk reader; never yielded.
+_NO_CHANNEL = ChannelInfo(id=-1, name="", endpoint="", topic="", dp_rank=None)
 
 
 class RecordedMessage(msgspec.Struct, frozen=True):
@@ -261,13 +284,10 @@ def _plural(n: int, word: str) -> str:
 class _Damage(Exception):
     """A record that cannot be read; ``end`` is where it ends when its framing is sound."""
 
-    def __init__(
-        self, reason: str, end: int | None = None, partial: list[RecordedMessage] | None = None
-    ) -> None:
+    def __init__(self, reason: str, end: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.end = end
-        self.partial = partial or []
 
 
 class _Shrunk(Exception):
@@ -405,16 +425,35 @@ class _Buf:
         return out
 
 
-def _decompress(compression: str, data: bytes, size: int) -> bytes:
-    """Decompress one chunk, never producing more than ``size + 1`` bytes."""
+def _decompress(
+    compression: str, data: bytes, size: int, zstd: zstandard.ZstdDecompressor | None = None
+) -> bytes:
+    """Decompress one chunk, never producing more than ``size + 1`` bytes.
+
+    Args:
+        compression: The chunk's compression.
+        data: The stored records.
+        size: The uncompressed size the chunk states.
+        zstd: A decompressor to reuse (one per reader; a new one otherwise).
+    """
     if compression == "":
         return data
     if compression == "zstd":
-        import zstandard
-
+        if zstd is None:
+            zstd = zstandard.ZstdDecompressor()
+        try:
+            # A frame that states the chunk's (bounded) size is decompressed in one
+            # call into a buffer of that size; anything else, and any failure, takes
+            # the streaming read below, which says what is wrong.
+            if zstandard.frame_content_size(data) == size:
+                out = zstd.decompress(data)
+                if len(out) == size:
+                    return out
+        except zstandard.ZstdError:
+            pass
         # A streaming read bounded by the chunk's stated size: a damaged frame header
         # cannot make us allocate what it claims.
-        with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+        with zstd.stream_reader(data) as reader:
             out = reader.read(size + 1)
         return bytes(out)
     if compression == "lz4":
@@ -471,6 +510,7 @@ class RecordingReader:
         self._unknown_messages = 0
         self._foreign_messages = 0
         self._chunked = False
+        self._zstd: zstandard.ZstdDecompressor | None = None
         try:
             self._check_identity()
             self._read_tail()
@@ -602,7 +642,7 @@ class RecordingReader:
         self._data_limit = summary_start
         self._tail_ok = True
         body = self._pread(summary_start, footer_pos + _FOOTER.size - 4 - summary_start)
-        if crc and zlib.crc32(body) != crc:
+        if crc and _crc32(body) != crc:
             self._tail_reason = f"summary section at byte {summary_start} is damaged (CRC mismatch)"
         summary = memoryview(body)[: footer_pos - summary_start]
         pos = 0
@@ -743,11 +783,24 @@ class RecordingReader:
     def messages(self) -> Iterator[RecordedMessage]:
         """Yield every intact message in file order, then finalise :attr:`recovery`.
 
-        Yields:
-            One :class:`RecordedMessage` per recorded ZeroMQ message.
+        Returns:
+            An iterator of one :class:`RecordedMessage` per recorded ZeroMQ message.
         """
-        self._seq_state.clear()
-        yield from self._scan(want_messages=True)
+        # The scan's lists, flattened in C: no generator frame per message (the scan
+        # clears the seq state when it starts, as a read begins).
+        return itertools.chain.from_iterable(self._scan(want_messages=True))
+
+    def message_batches(self) -> Iterator[list[RecordedMessage]]:
+        """Yield every intact message in file order, in lists; then finalise :attr:`recovery`.
+
+        The same messages as :meth:`messages`, for a reader that handles them a list
+        at a time. A list never spans two chunks (its messages share ``offset``) and
+        holds at most a few hundred messages, so memory stays bounded by a chunk.
+
+        Returns:
+            An iterator of lists of :class:`RecordedMessage`, none empty.
+        """
+        return self._scan(want_messages=True)
 
     def __iter__(self) -> Iterator[RecordedMessage]:
         return self.messages()
@@ -762,7 +815,9 @@ class RecordingReader:
         if rep.reason is None:
             rep.reason = reason
 
-    def _scan(self, *, want_messages: bool) -> Iterator[RecordedMessage]:
+    def _scan(self, *, want_messages: bool) -> Iterator[list[RecordedMessage]]:
+        if want_messages:
+            self._seq_state.clear()
         size = self._size
         limit = self._data_limit
         rep = RecoveryReport(path=self.path, file_size=size)
@@ -808,14 +863,10 @@ class RecordingReader:
                                 chunk=False,
                             )
                         if view is not None:
-                            # Streamed: a chunk's messages never exist all at once.
-                            for m in self._chunk_messages(view, pos, true_end, stored):
-                                channels_seen.add(m.channel.id)
-                                rep.messages += 1
-                                if rep.seq_first is None:
-                                    rep.seq_first = m.seq
-                                rep.seq_last = m.seq
-                                yield m
+                            # Streamed: at most _BATCH of a chunk's messages exist at once.
+                            yield from self._chunk_messages(
+                                view, pos, true_end, stored, rep, channels_seen
+                            )
                             del view
                         pos = true_end
                         rep.last_good_offset = pos
@@ -851,7 +902,7 @@ class RecordingReader:
                                 if rep.seq_first is None:
                                     rep.seq_first = one.seq
                                 rep.seq_last = one.seq
-                                yield one
+                                yield [one]
                     elif op == OP_CHANNEL:
                         self._channel(body)
                     elif op == OP_SCHEMA:
@@ -865,9 +916,6 @@ class RecordingReader:
                         else _Damage(f"record at byte {pos} is damaged ({err})", end)
                     )
                     is_chunk = op == OP_CHUNK and damage.end is not None
-                    if damage.partial:
-                        rep.messages += len(damage.partial)
-                        yield from damage.partial
                     nxt = (
                         damage.end
                         if damage.end is not None and self._plausible(damage.end)
@@ -1107,7 +1155,7 @@ class RecordingReader:
             self._seq_state[cid] = (seq - (seq & fmt.SEQ_MASK), -1)
 
     def _message(
-        self, view: memoryview, start: int, end: int, offset: int
+        self, view: bytes | memoryview, start: int, end: int, offset: int
     ) -> RecordedMessage | None:
         if end - start < _MSG.size:
             raise struct.error("message record is shorter than its header")
@@ -1135,7 +1183,7 @@ class RecordingReader:
         # from the top quarter to the bottom quarter is a wrap and any other drop a
         # publisher restart, which starts again from 0.
         high, last = self._seq_state.get(cid, (0, -1))
-        if last >= 3 << 30 and seq32 < 1 << 30:
+        if last >= _WRAP_FROM and seq32 < _WRAP_TO:
             high += 1 << 32
         elif seq32 < last:
             high = 0
@@ -1151,7 +1199,7 @@ class RecordingReader:
 
     def _open_chunk(
         self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[memoryview | None, int, bool, int]:
+    ) -> tuple[bytes | None, int, bool, int]:
         """Check the chunk at ``pos`` and decompress its records.
 
         Returns:
@@ -1207,8 +1255,10 @@ class RecordingReader:
         if not want:
             return None, true_end, mismatch, n
         data = self._pread(body_at + _CHUNK_FIXED + clen, n)
+        if compression == "zstd" and self._zstd is None:
+            self._zstd = zstandard.ZstdDecompressor()
         try:
-            records = _decompress(compression, data, usize)
+            records = _decompress(compression, data, usize, self._zstd)
         except Exception as err:  # any decompressor failure is damage
             raise _Damage(
                 f"chunk at byte {pos} does not decompress ({type(err).__name__}: {err})",
@@ -1216,34 +1266,109 @@ class RecordingReader:
             ) from None
         if len(records) != usize:
             raise _Damage(f"chunk at byte {pos} decompresses to the wrong size", true_end)
-        if crc and zlib.crc32(records) != crc:
+        # Checked once, here, before any of the chunk's records is read.
+        if crc and _crc32(records) != crc:
             raise _Damage(f"chunk at byte {pos} fails its CRC check", true_end)
-        return memoryview(records), true_end, mismatch, n
+        return records, true_end, mismatch, n
 
     def _chunk_messages(
-        self, view: memoryview, pos: int, end: int, stored: int
-    ) -> Iterator[RecordedMessage]:
-        """Yield the messages of one decompressed chunk, one record at a time.
+        self,
+        records: bytes,
+        pos: int,
+        end: int,
+        stored: int,
+        rep: RecoveryReport,
+        seen: set[int],
+    ) -> Iterator[list[RecordedMessage]]:
+        """Yield the messages of one decompressed chunk in lists, one record at a time.
 
-        Nothing is built for the whole chunk, so memory stays at the chunk's bytes plus
-        one message. Zero bytes where a record should start, a record that runs past
-        the chunk, or more records than the chunk's stored size allows
-        (:func:`~kvtool.recording.format.chunk_record_limit`) end the chunk as damage
-        after the messages before it were yielded.
+        Nothing is built for the whole chunk: a list holds at most :data:`_BATCH`
+        messages, so memory stays at the chunk's bytes plus a part of its messages (a
+        list of them never holds more bytes than the chunk). Zero bytes where a record
+        should start, a record that runs past the chunk, or more records than the
+        chunk's stored size allows (:func:`~kvtool.recording.format.chunk_record_limit`)
+        end the chunk as damage after the messages before it were yielded. The messages
+        yielded are counted in ``rep`` (count, first and last seq) and their channels
+        added to ``seen``.
+
+        A message record that is whole, within the record budget and on a channel
+        already defined takes a fast path (one unpack, the channel's seq state held in
+        locals); every other record takes the general path, which makes every check in
+        its order. Both do the same to a record that the fast path takes.
 
         Raises:
             _Damage: The chunk's records are damaged from some point on.
         """
         rpos = 0
-        total = len(view)
+        total = len(records)
         unpack = _REC.unpack_from
+        unpack_msg = _MSG_REC.unpack_from
+        head = _MSG_REC.size
         budget = fmt.chunk_record_limit(stored)
         count = 0
+        fast_end = total - head
+        channels = self.channels
+        placeholders = self._placeholders
+        seq_state = self._seq_state
+        # The channel whose seq unwrap state is held in (high, last) instead of
+        # seq_state; -1 for none. Written back before the general path runs.
+        cur = -1
+        cur_ch = _NO_CHANNEL
+        high, last = 0, -1
+        n = first = seq = 0
+        out: list[RecordedMessage] = []
+        put = out.append
+        flush_at = _BATCH
         try:
             while rpos < total:
+                if rpos <= fast_end and count < budget:
+                    op, rln, cid, seq32, log_time, publish_time = unpack_msg(records, rpos)
+                    rend = rpos + _REC.size + rln
+                    if op == OP_MESSAGE and rln >= _MSG.size and rend <= total:
+                        if cid != cur:
+                            if cur >= 0:
+                                seq_state[cur] = (high, last)
+                                cur = -1
+                            ch = channels.get(cid)
+                            if ch is not None and cid not in placeholders:
+                                cur, cur_ch = cid, ch
+                                high, last = seq_state.get(cid, (0, -1))
+                                seen.add(cid)
+                        if cid == cur:
+                            count += 1
+                            # The unwrap of :meth:`_message`.
+                            if last >= _WRAP_FROM and seq32 < _WRAP_TO:
+                                high += 1 << 32
+                            elif seq32 < last:
+                                high = 0
+                            last = seq32
+                            seq = high + seq32
+                            if not n:
+                                first = seq
+                            n += 1
+                            put(
+                                RecordedMessage(
+                                    cur_ch,
+                                    seq,
+                                    log_time,
+                                    publish_time,
+                                    records[rpos + head : rend],
+                                    pos,
+                                )
+                            )
+                            rpos = rend
+                            if n >= flush_at:
+                                flush_at += _BATCH
+                                yield out
+                                out = []
+                                put = out.append
+                            continue
+                if cur >= 0:
+                    seq_state[cur] = (high, last)
+                    cur = -1
                 if rpos + _REC.size > total:
                     raise struct.error("record header runs past the end of the chunk")
-                op, rln = unpack(view, rpos)
+                op, rln = unpack(records, rpos)
                 if op == 0:
                     # Opcode 0 is no MCAP record: zero fill or garbage. Walking it nine
                     # bytes at a time is how 2 GiB of zeros cost 80 s (issue 8.10).
@@ -1259,36 +1384,40 @@ class RecordingReader:
                 if rend > total:
                     raise struct.error("record runs past the end of the chunk")
                 if op == OP_MESSAGE:
-                    m = self._message(view, start, rend, pos)
+                    m = self._message(records, start, rend, pos)
                     if m is not None:
-                        yield m
+                        seen.add(m.channel.id)
+                        seq = m.seq
+                        if not n:
+                            first = seq
+                        n += 1
+                        put(m)
+                        if n >= flush_at:
+                            flush_at += _BATCH
+                            yield out
+                            out = []
+                            put = out.append
                 elif op == OP_CHANNEL:
-                    self._channel(view[start:rend])
+                    self._channel(records[start:rend])
                 elif op == OP_SCHEMA:
-                    self._schema(view[start:rend])
+                    self._schema(records[start:rend])
                 rpos = rend
         except (struct.error, UnicodeDecodeError, ValueError) as err:
             # A chunk without a CRC whose records do not parse: what came before is kept.
+            if out:
+                yield out
             raise _Damage(f"chunk at byte {pos} holds a damaged record ({err})", end) from None
-
-    def _read_chunk(
-        self, pos: int, ln: int, limit: int, *, want: bool
-    ) -> tuple[list[RecordedMessage], int, bool]:
-        """Read the chunk at ``pos``: its messages, its end, and a length mismatch flag.
-
-        Builds a list of the chunk's messages (bounded by the record limit); the scan
-        itself streams them with :meth:`_chunk_messages`.
-        """
-        view, end, mismatch, stored = self._open_chunk(pos, ln, limit, want=want)
-        if view is None:
-            return [], end, mismatch
-        out: list[RecordedMessage] = []
-        try:
-            out.extend(self._chunk_messages(view, pos, end, stored))
-        except _Damage as damage:
-            damage.partial = out
-            raise
-        return out, end, mismatch
+        else:
+            if out:
+                yield out
+        finally:
+            if cur >= 0:
+                seq_state[cur] = (high, last)
+            if n:
+                rep.messages += n
+                if rep.seq_first is None:
+                    rep.seq_first = first
+                rep.seq_last = seq
 
 
 def open_recording(path: str | os.PathLike[str]) -> RecordingReader:
