@@ -15,7 +15,7 @@ import typer.main
 
 import kvtool
 from kvtool.commands import get_env
-from kvtool.commands._help import KvtoolCommand
+from kvtool.commands._help import KvtoolCommand, KvtoolGroup
 from kvtool.errors import ExitStatus, KvtoolError
 
 try:  # typer >= 0.22 vendors its own click
@@ -27,6 +27,7 @@ P = ParamSpec("P")
 
 _app = typer.Typer(
     name="kvtool",
+    cls=KvtoolGroup,
     help="Record, replay and report vLLM KV-cache events, per cache kind and sliding window.",
     pretty_exceptions_show_locals=False,
     pretty_exceptions_enable=False,
