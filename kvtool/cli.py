@@ -221,6 +221,20 @@ def _register(only: str | None = None) -> typer.Typer:
     return _app
 
 
+def _version_first(args: list[str]) -> bool:
+    """True when ``--version`` (eager) is processed before ``--help`` would list commands.
+
+    The root options take no values and click runs eager options in the order given, so
+    with no command named, a ``--version`` ahead of any ``-h/--help`` answers alone.
+    """
+    for arg in args:
+        if arg == "--version":
+            return True
+        if arg in ("-h", "--help", "--"):
+            return False
+    return False
+
+
 def __getattr__(name: str) -> typer.Typer:
     # ``kvtool.cli.app`` (tests, docs, entry points of other tools) is the full app.
     if name == "app":
@@ -234,12 +248,16 @@ def main() -> None:
     Click's own usage errors (unknown option, missing argument, bad value) become one
     line on stderr and exit status 2, like every other kvtool error.
     """
-    wanted = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    args = sys.argv[1:]
+    wanted = next((a for a in args if not a.startswith("-")), None)
     if wanted not in _OWN_SIGNAL_HANDLERS:
         # Python's default SIGTERM ends the process without unwinding: temporary files
         # of -o/--plot/export would stay beside the output.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    app = _register(wanted if wanted in _command_modules() else None)
+    if wanted is None and _version_first(args):
+        app = _app  # `kvtool --version` prints before any command is looked at
+    else:
+        app = _register(wanted if wanted in _command_modules() else None)
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(prog_name="kvtool", standalone_mode=False)
