@@ -80,6 +80,17 @@ def test_issue10_startup_report_help_and_usage_errors_skip_polars(tmp_path: Path
     assert _loaded(modules, "polars", "numpy") == []
 
 
+# diff's help quotes kvtool.diff's --fail-on syntax, and kvtool.diff imports the report's
+# column names from kvtool.report.aggregates, which imports polars.
+@pytest.mark.parametrize("name", ["report", "replay", "info", "export", "record", "top"])
+def test_issue10_startup_command_help_imports_no_library(name: str, tmp_path: Path) -> None:
+    proc, modules = _imports(tmp_path, name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: kvtool ")
+    libraries = ("polars", "numpy", "msgspec", "rich")
+    assert _loaded(modules, *NEVER_AT_START, *libraries) == []
+
+
 # Values a user may type: plain ones kvtool converts, and ones it hands to typer.
 _SAMPLES: list[Any] = [
     "5",
