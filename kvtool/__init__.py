@@ -133,6 +133,10 @@ def __getattr__(name: str) -> object:
     return getattr(importlib.import_module(module), name)
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
 class _Package(types.ModuleType):
     """The ``kvtool`` module, whose exported ``annotate`` is the function, as it always was.
 

@@ -168,3 +168,21 @@ def test_issue10_bad_values_keep_typers_message(args: list[str], tmp_path: Path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("kvtool report: Invalid value for '")
     assert "typer._adapters" in modules  # the fallback: typer words the error
+
+
+def test_issue10_lazy_package_exports_every_name() -> None:
+    # Submodules imported first (as the report path does) do not hide the exports.
+    code = (
+        "import types, kvtool.annotate, kvtool.recording.writer, kvtool\n"
+        "assert not isinstance(kvtool.annotate, types.ModuleType), kvtool.annotate\n"
+        "from kvtool import annotate\n"
+        "assert callable(annotate)\n"
+        "missing = [n for n in kvtool.__all__ if not hasattr(kvtool, n)]\n"
+        "assert missing == [], missing\n"
+        "assert set(kvtool.__all__) <= set(dir(kvtool))\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout == "ok\n", proc.stderr
