@@ -213,13 +213,29 @@ class Env:
         """
         from kvtool.render.progress import ProgressBar
 
-        shown = not (quiet or self.quiet) and self.err.is_terminal
+        shown = not (quiet or self.quiet) and _may_be_terminal(self.stderr) and self.err.is_terminal
         return ProgressBar(self.err if shown else None, description, total)
 
     @property
     def stdout_is_tty(self) -> bool:
         """True when stdout is a terminal (pretty output), False when piped."""
         return bool(getattr(self.stdout, "isatty", lambda: False)())
+
+
+def _may_be_terminal(stream: TextIO) -> bool:
+    """False only where rich's ``Console.is_terminal`` is False too, without importing rich.
+
+    rich says "terminal" for a stream that is a tty, or when ``TTY_COMPATIBLE=1`` or a
+    non-empty ``FORCE_COLOR`` says so; a redirected stderr (scripts, benchmarks) needs no
+    rich to learn that no progress bar is drawn.
+    """
+    if os.environ.get("TTY_COMPATIBLE") == "1" or os.environ.get("FORCE_COLOR") is not None:
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except ValueError:
+        return False
 
 
 @functools.cache
