@@ -66,6 +66,16 @@ def test_issue10_startup_report_json_imports_only_what_it_needs(
     assert _loaded(modules, *(f"kvtool.commands.{c}" for c in others)) == []
 
 
+def test_issue10_startup_cli_module_imports_no_typer() -> None:
+    # Each worker process of `report --jobs` re-imports the console script, which imports
+    # kvtool.cli: typer and the app are built by main(), not at import.
+    code = "import sys, kvtool.cli; print(sorted(m for m in sys.modules if m.startswith('typer')))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout == "[]\n", proc.stderr
+
+
 def test_issue10_startup_version_imports_no_library(tmp_path: Path) -> None:
     proc, modules = _imports(tmp_path, "--version")
     assert proc.returncode == 0, proc.stderr
