@@ -175,11 +175,14 @@ def install(params: Iterable[click.Parameter]) -> None:
     if not _AVAILABLE:
         return
     for param in params:
-        if not isinstance(param, _TyperParameter) or param._runtime_param is not None:
-            continue
-        plain = _plain(param.type_descriptor)
+        if getattr(param, "_runtime_param", True) is not None:
+            continue  # not typer's, or converted already (or a typer that works otherwise)
+        try:
+            plain = _plain(param.type_descriptor)  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # pragma: no cover - another typer's internals
+            return
         if plain is not None:
-            param._runtime_param = plain
+            param._runtime_param = plain  # type: ignore[attr-defined]
 
 
 __all__ = ["install"]
