@@ -4,78 +4,93 @@ from __future__ import annotations
 
 import errno
 import functools
+import gc
 import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any, ParamSpec
-
-import typer
-import typer.main
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 import kvtool
 from kvtool.commands import get_env
-from kvtool.commands._help import KvtoolCommand
 from kvtool.errors import ExitStatus, KvtoolError
 
-try:  # typer >= 0.22 vendors its own click
-    from typer._click import exceptions as click_exc
-except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as click_exc  # type: ignore[no-redef,import-not-found,unused-ignore]
+if TYPE_CHECKING:
+    import typer
+
+# typer (and the typer app) are imported and built when main() or ``app`` first needs
+# them, not when this module is imported: a worker process of ``report --jobs`` imports
+# the console script, hence this module, and needs none of it (~40 ms each).
 
 P = ParamSpec("P")
 
-_app = typer.Typer(
-    name="kvtool",
-    help="Record, replay and report vLLM KV-cache events, per cache kind and sliding window.",
-    pretty_exceptions_show_locals=False,
-    pretty_exceptions_enable=False,
-    no_args_is_help=True,
-    add_completion=False,
-    # Plain help (kvtool.commands._help): help texts hold brackets like IDX=KIND[:WINDOW]
-    # that rich markup would eat; panels and placeholders are rendered there instead.
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    epilog=(
-        "\b\n"
-        "Formats (--format): table for people (info, report, diff); json (info,\n"
-        "report, diff); csv (report); markdown (report, diff); replay: pretty or\n"
-        "jsonl. -o/--output FILE writes a file (- is stdout where the output is a\n"
-        "stream); --force replaces only what kvtool wrote.\n"
-        "\b\n"
-        "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
-        "something); 2 usage error; 3 done, but an input was damaged or batches were\n"
-        "lost while recording; 130 interrupted (Ctrl-C, SIGTERM).\n"
-        "\b\n"
-        "Examples:\n"
-        "  kvtool record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 -o run.mcap\n"
-        "  kvtool info run.mcap\n"
-        "  kvtool report run.mcap --by kind,window,group\n"
-        "  kvtool replay run.mcap --type BlockRemoved --format jsonl | jq .hash"
-    ),
+_EPILOG = (
+    "\b\n"
+    "Formats (--format): table for people (info, report, diff); json (info,\n"
+    "report, diff); csv (report); markdown (report, diff); replay: pretty or\n"
+    "jsonl. -o/--output FILE writes a file (- is stdout where the output is a\n"
+    "stream); --force replaces only what kvtool wrote.\n"
+    "\b\n"
+    "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
+    "something); 2 usage error; 3 done, but an input was damaged or batches were\n"
+    "lost while recording; 130 interrupted (Ctrl-C, SIGTERM).\n"
+    "\b\n"
+    "Examples:\n"
+    "  kvtool record tcp://gpu:5557 --replay-endpoint tcp://gpu:5558 -o run.mcap\n"
+    "  kvtool info run.mcap\n"
+    "  kvtool report run.mcap --by kind,window,group\n"
+    "  kvtool replay run.mcap --type BlockRemoved --format jsonl | jq .hash"
 )
+
+
+@functools.cache
+def _get_app() -> typer.Typer:
+    """The typer app with its root options, and no command yet (see :func:`_register`)."""
+    import typer
+
+    from kvtool.commands._help import KvtoolGroup
+
+    app = typer.Typer(
+        name="kvtool",
+        cls=KvtoolGroup,
+        help="Record, replay and report vLLM KV-cache events, per cache kind and sliding window.",
+        pretty_exceptions_show_locals=False,
+        pretty_exceptions_enable=False,
+        no_args_is_help=True,
+        add_completion=False,
+        # Plain help (kvtool.commands._help): help texts hold brackets like IDX=KIND[:WINDOW]
+        # that rich markup would eat; panels and placeholders are rendered there instead.
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        epilog=_EPILOG,
+    )
+
+    # Options as defaults (not Annotated): typer resolves this module's string
+    # annotations in its globals, where typer is not imported.
+    @app.callback()
+    def _root(
+        traceback: bool = typer.Option(
+            False, "--traceback", help="Show the full traceback on an error."
+        ),
+        version: bool = typer.Option(
+            False, "--version", callback=_version, is_eager=True, help="Print the version."
+        ),
+    ) -> None:
+        """Record, replay and report vLLM KV-cache events, per cache kind and sliding window."""
+        _state["traceback"] = traceback
+
+    return app
+
 
 _state = {"traceback": False}
 
 
 def _version(value: bool) -> None:
+    import typer
+
     if value:
         typer.echo(f"kvtool {kvtool.__version__}")
         raise typer.Exit()
-
-
-@_app.callback()
-def _root(
-    traceback: Annotated[
-        bool, typer.Option("--traceback", help="Show the full traceback on an error.")
-    ] = False,
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
-    ] = False,
-) -> None:
-    """Record, replay and report vLLM KV-cache events, per cache kind and sliding window."""
-    _state["traceback"] = traceback
 
 
 def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
@@ -90,6 +105,8 @@ def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        import typer
+
         env = get_env()
         try:
             status = fn(*args, **kwargs)
@@ -207,6 +224,9 @@ def _register(only: str | None = None) -> typer.Typer:
     """
     import importlib
 
+    from kvtool.commands._help import KvtoolCommand
+
+    app = _get_app()
     for name in [only] if only is not None else _command_modules():
         if name in _registered:
             continue
@@ -216,8 +236,22 @@ def _register(only: str | None = None) -> typer.Typer:
             options: dict[str, Any] = {"cls": KvtoolCommand}
             options.update(getattr(module, "COMMAND_OPTIONS", {}).get(cmd_name, {}))
             KvtoolCommand.panels[cmd_name] = getattr(module, "HELP_PANELS", {}).get(cmd_name, {})
-            _app.command(cmd_name, **options)(command(fn))
-    return _app
+            app.command(cmd_name, **options)(command(fn))
+    return app
+
+
+def _version_first(args: list[str]) -> bool:
+    """True when ``--version`` (eager) is processed before ``--help`` would list commands.
+
+    The root options take no values and click runs eager options in the order given, so
+    with no command named, a ``--version`` ahead of any ``-h/--help`` answers alone.
+    """
+    for arg in args:
+        if arg == "--version":
+            return True
+        if arg in ("-h", "--help", "--"):
+            return False
+    return False
 
 
 def __getattr__(name: str) -> typer.Typer:
@@ -233,12 +267,23 @@ def main() -> None:
     Click's own usage errors (unknown option, missing argument, bad value) become one
     line on stderr and exit status 2, like every other kvtool error.
     """
-    wanted = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    args = sys.argv[1:]
+    wanted = next((a for a in args if not a.startswith("-")), None)
     if wanted not in _OWN_SIGNAL_HANDLERS:
         # Python's default SIGTERM ends the process without unwinding: temporary files
         # of -o/--plot/export would stay beside the output.
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    app = _register(wanted if wanted in _command_modules() else None)
+    import typer.main
+
+    try:  # typer >= 0.22 vendors its own click
+        from typer._click import exceptions as click_exc
+    except ImportError:  # pragma: no cover - older typer uses click itself
+        from click import exceptions as click_exc  # type: ignore[no-redef,import-not-found,unused-ignore]
+
+    if wanted is None and _version_first(args):
+        app = _get_app()  # `kvtool --version` prints before any command is looked at
+    else:
+        app = _register(wanted if wanted in _command_modules() else None)
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(prog_name="kvtool", standalone_mode=False)
@@ -255,6 +300,10 @@ def main() -> None:
     except click_exc.ClickException as err:
         sys.stderr.write(f"kvtool: {err.format_message()}\n")
         sys.exit(err.exit_code)
+    # The command is done and whatever is still alive lives until exit: the collector's
+    # passes over it at shutdown (the modules of polars, numpy, typer: tens of ms) find
+    # nothing kvtool needs; files are closed by the commands and the streams flushed here.
+    gc.freeze()
     try:
         sys.stdout.flush()  # here, not at exit, where a failure would be a traceback
     except BrokenPipeError:

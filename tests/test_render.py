@@ -370,13 +370,13 @@ def test_issue11_12_replay_pretty_into_head_exits_0() -> None:
 def test_issue11_12_plot_without_matplotlib_fails_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvtool.commands.report as cmd
+    import kvtool.report as lib  # the report command imports build_report from here when it runs
 
     def boom(*_a: object, **_k: object) -> None:
         raise AssertionError("the report was computed before matplotlib was checked")
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    monkeypatch.setattr(cmd, "build_report", boom)
+    monkeypatch.setattr(lib, "build_report", boom)
     result = runner.invoke(app, ["report", str(GEMMA), "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 2
     assert "pip install 'kvtool[plot]'" in result.stderr

@@ -6,13 +6,12 @@ Each command parses its options, calls the library, renders and returns an
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
-
-from rich.console import Console
 
 from kvtool.durations import parse_duration_ns
 from kvtool.errors import KvtoolError
@@ -20,6 +19,8 @@ from kvtool.outputs import check_std_streams_not_inputs
 from kvtool.text import printable
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from kvtool.render.progress import ProgressBar
 
 __all__ = [
@@ -48,7 +49,6 @@ class TextOutput:
 
     Attributes:
         stream: Write text here.
-        console: Or print rich tables here (200 columns wide into a file).
     """
 
     def __init__(
@@ -68,13 +68,24 @@ class TextOutput:
         self.inputs = [i for i in inputs if i is not None]
         self.path = None if path is None or is_stdout(path) else path
         self._buf: io.StringIO | None = None
+        self._console: Console | None = None
         self.stream: TextIO = env.stdout
-        self.console: Console = env.out
         if self.path is not None:
             check_output(self.path, kind=OutputKind.TEXT, force=force, inputs=self.inputs)
             self._buf = io.StringIO()
             self.stream = self._buf
-            self.console = Console(file=self._buf, width=200, soft_wrap=True)
+
+    @property
+    def console(self) -> Console:
+        """Or print rich tables here (200 columns wide into a file); made when first used."""
+        if self._console is None:
+            if self._buf is None:
+                self._console = self.env.out
+            else:
+                from rich.console import Console
+
+                self._console = Console(file=self._buf, width=200, soft_wrap=True)
+        return self._console
 
     def close(self) -> None:
         """Write the file (or flush stdout)."""
@@ -164,20 +175,30 @@ class Env:
     Attributes:
         stdout: The data stream.
         stderr: The talk stream.
-        out: A rich console on ``stdout`` for tables.
-        err: A rich console on ``stderr`` for progress, status and errors.
         quiet: Suppress progress and status output.
     """
 
     stdout: TextIO
     stderr: TextIO
-    out: Console = field(init=False)
-    err: Console = field(init=False)
     quiet: bool = False
+    _out: Console | None = field(default=None, init=False, repr=False, compare=False)
+    _err: Console | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        self.out = _Console(file=self.stdout, soft_wrap=True)
-        self.err = _Console(file=self.stderr, stderr=True, soft_wrap=True)
+    # The consoles are made when first used: rich costs ~40 ms of start-up, and a
+    # command that writes JSON or CSV to stdout and nothing to stderr never needs it.
+    @property
+    def out(self) -> Console:
+        """A rich console on ``stdout`` for tables."""
+        if self._out is None:
+            self._out = _console_class()(file=self.stdout, soft_wrap=True)
+        return self._out
+
+    @property
+    def err(self) -> Console:
+        """A rich console on ``stderr`` for progress, status and errors."""
+        if self._err is None:
+            self._err = _console_class()(file=self.stderr, stderr=True, soft_wrap=True)
+        return self._err
 
     def progress(self, description: str, total: int | None, *, quiet: bool = False) -> ProgressBar:
         """Return a progress bar on stderr, drawn only on a terminal and without ``-q``.
@@ -192,7 +213,7 @@ class Env:
         """
         from kvtool.render.progress import ProgressBar
 
-        shown = not (quiet or self.quiet) and self.err.is_terminal
+        shown = not (quiet or self.quiet) and _may_be_terminal(self.stderr) and self.err.is_terminal
         return ProgressBar(self.err if shown else None, description, total)
 
     @property
@@ -201,30 +222,52 @@ class Env:
         return bool(getattr(self.stdout, "isatty", lambda: False)())
 
 
-class _Console(Console):
-    """A console that never passes a control character through and survives ``| head``.
+def _may_be_terminal(stream: TextIO) -> bool:
+    """False only where rich's ``Console.is_terminal`` is False too, without importing rich.
 
-    Every plain string printed has its control characters escaped (newlines kept), so a
-    message quoting a file or a peer cannot drive the terminal even if its author forgot
-    :func:`kvtool.text.printable`. A reader going away (``kvtool report | head``) is not
-    an error: rich's default exits with status 1; kvtool raises :class:`BrokenPipeError`,
-    which the CLI maps to exit 0, after pointing stdout at /dev/null so the interpreter's
-    final flush of it cannot fail (and exit 120) either.
+    rich says "terminal" for a stream that is a tty, or when ``TTY_COMPATIBLE=1`` or a
+    non-empty ``FORCE_COLOR`` says so; a redirected stderr (scripts, benchmarks) needs no
+    rich to learn that no progress bar is drawn.
     """
+    if os.environ.get("TTY_COMPATIBLE") == "1" or os.environ.get("FORCE_COLOR") is not None:
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except ValueError:
+        return False
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:
-        super().print(*(_safe(o) for o in objects), **kwargs)
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        try:
-            fd = self.file.fileno()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass  # not a real file (tests' StringIO): nothing will flush it at exit
-        raise BrokenPipeError
+@functools.cache
+def _console_class() -> type[Console]:
+    from rich.console import Console
+
+    class _Console(Console):
+        """A console that never passes a control character through and survives ``| head``.
+
+        Every plain string printed has its control characters escaped (newlines kept), so a
+        message quoting a file or a peer cannot drive the terminal even if its author forgot
+        :func:`kvtool.text.printable`. A reader going away (``kvtool report | head``) is not
+        an error: rich's default exits with status 1; kvtool raises :class:`BrokenPipeError`,
+        which the CLI maps to exit 0, after pointing stdout at /dev/null so the interpreter's
+        final flush of it cannot fail (and exit 120) either.
+        """
+
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            super().print(*(_safe(o) for o in objects), **kwargs)
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            try:
+                fd = self.file.fileno()
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass  # not a real file (tests' StringIO): nothing will flush it at exit
+            raise BrokenPipeError
+
+    return _Console
 
 
 def _safe(obj: object) -> object:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from kvtool.annotate import KINDS
 from kvtool.errors import UsageError
 from kvtool.text import printable
 
@@ -48,6 +47,8 @@ def check_kinds(kinds: Iterable[str], rp: Replay) -> None:
     Raises:
         UsageError: A misspelt kind, with the closest known names.
     """
+    from kvtool.annotate import KINDS
+
     known = set(KINDS) | set(SPECIAL_KINDS)
     tables = [t for t in getattr(rp, "tables", {}).values() if t is not None]
     if rp.given is not None:

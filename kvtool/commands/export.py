@@ -7,11 +7,9 @@ from typing import Annotated
 
 import typer
 
-from kvtool.columns import ReadStats
 from kvtool.commands import check_inputs, examples, get_env
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus
-from kvtool.export import export_table
 
 
 def export(
@@ -52,6 +50,9 @@ def export(
     medium, event_index, block_index, block_count. Recordings are read chunk by chunk.
     The format follows OUT: .parquet, .csv, or a directory (partitioned Parquet).
     """
+    # Imported here, not with the command list (polars): `kvtool --help` needs none of it.
+    from kvtool.columns import ReadStats
+    from kvtool.export import export_table
     from kvtool.render.progress import input_size
     from kvtool.selection import make_selection, selection_note
 

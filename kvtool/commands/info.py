@@ -11,8 +11,6 @@ import typer
 from kvtool.commands import TextOutput, check_inputs, examples, get_env
 from kvtool.commands._options import ForceText, OutputFile
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
-from kvtool.info import RecordingInfo, summarize
-from kvtool.render.info import render_info_json, render_info_table
 from kvtool.text import printable
 
 
@@ -46,6 +44,10 @@ def info(
     Batches lost while recording and undecodable payloads also exit 3, as in report.
     With --format json one file gives one object, several files a list.
     """
+    # Imported here, not with the command list: `kvtool --help` needs none of them.
+    from kvtool.info import RecordingInfo, summarize
+    from kvtool.render.info import render_info_json, render_info_table
+
     env = get_env()
     # A directory (as `ros2 bag info` takes a bag folder) stands for its .mcap files.
     expanded: list[Path] = []

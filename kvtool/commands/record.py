@@ -7,14 +7,11 @@ from typing import Annotated
 
 import typer
 
-from kvtool.capture import Recorder, load_groups
 from kvtool.commands import examples, get_env, parse_duration_ns
 from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
-from kvtool.recording.ledger import parse_ledger
-from kvtool.render.status import no_batch_line, record_status, summary_line
 from kvtool.text import printable
 
 
@@ -100,6 +97,11 @@ def record(
     with a properly closed file. Exit status 3 when batches were lost; 1 when no batch
     arrived at all (no publisher reached, or it sent nothing).
     """
+    # Imported here, not with the command list (pyzmq, the mcap writer, rich).
+    from kvtool.capture import Recorder, load_groups
+    from kvtool.recording.ledger import parse_ledger
+    from kvtool.render.status import no_batch_line, record_status, summary_line
+
     env = get_env()
     duration_ns = parse_duration_ns(duration, option="--duration") if duration else None
     connect_ns = _timeout_ns(connect_timeout, "--connect-timeout")

@@ -10,28 +10,17 @@ from typing import IO, TYPE_CHECKING, Annotated, cast
 import typer
 
 from kvtool.commands import Env, check_inputs, examples, get_env, lost_batches
-from kvtool.commands._filters import check_kinds, check_time_order, first_log_time, say_if_empty
 from kvtool.errors import ExitStatus, UsageError
-from kvtool.export import RecordingCopy
 from kvtool.outputs import is_stdout
-from kvtool.protocol import EVENT_TYPES
-from kvtool.render.events import HASH_FORMATS
-from kvtool.replay import (
-    BatchFilter,
-    EventFilter,
-    Replay,
-    ReplayBatch,
-    parse_group,
-    parse_rank,
-    parse_seq_range,
-    parse_time_bound,
-    parse_window,
-)
 from kvtool.text import printable
 
+# The replay library (msgspec, rich, the recording copy) is imported when the command
+# runs, so `kvtool --help` and `kvtool replay --help` answer without it.
 if TYPE_CHECKING:
+    from kvtool.export import RecordingCopy
     from kvtool.publish import Publisher, PublishResult
     from kvtool.render.events import HashFormat
+    from kvtool.replay import Replay, ReplayBatch
 
 
 class EventFormat(StrEnum):
@@ -41,7 +30,7 @@ class EventFormat(StrEnum):
     jsonl = "jsonl"
 
 
-_TYPE_ALIASES = {t.lower(): t for t in EVENT_TYPES} | {
+_TYPE_ALIASES = {
     "stored": "BlockStored",
     "store": "BlockStored",
     "removed": "BlockRemoved",
@@ -49,6 +38,7 @@ _TYPE_ALIASES = {t.lower(): t for t in EVENT_TYPES} | {
     "cleared": "AllBlocksCleared",
     "clear": "AllBlocksCleared",
 }
+"""Short names of ``--type``, besides the event types' own names in any case."""
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -84,6 +74,8 @@ def _seconds(text: str | None, option: str) -> float:
 
 
 def _seq_set(text: str | None) -> frozenset[int]:
+    from kvtool.replay import parse_seq_range
+
     out: set[int] = set()
     for part in _split([text] if text else None):
         a, b = parse_seq_range(part)
@@ -367,6 +359,25 @@ def replay(
     which). Formats: pretty (a table of events, default on a terminal) and jsonl (one
     JSON object per event, default when piped); -o writes a recording (.mcap).
     """
+    from kvtool.commands._filters import (
+        check_kinds,
+        check_time_order,
+        first_log_time,
+        say_if_empty,
+    )
+    from kvtool.protocol import EVENT_TYPES
+    from kvtool.render.events import HASH_FORMATS
+    from kvtool.replay import (
+        BatchFilter,
+        EventFilter,
+        Replay,
+        parse_group,
+        parse_rank,
+        parse_seq_range,
+        parse_time_bound,
+        parse_window,
+    )
+
     env = get_env()
     env.quiet = quiet
     check_inputs([*files, groups])
@@ -382,8 +393,9 @@ def replay(
     group_meta = list(group_meta or [])
     group_filter = _split(group)
     types: set[str] = set()
+    aliases = {e.lower(): e for e in EVENT_TYPES} | _TYPE_ALIASES
     for t in _split(type_):
-        name = _TYPE_ALIASES.get(t.lower())
+        name = aliases.get(t.lower())
         if name is None:
             raise UsageError(f"--type {t!r}: expected one of {', '.join(EVENT_TYPES)}")
         types.add(name)
@@ -524,6 +536,7 @@ class _Sinks:
         show_events: bool,
         fmt: EventFormat,
     ) -> None:
+        from kvtool.export import RecordingCopy
         from kvtool.render.events import JsonlWriter, PrettyWriter
 
         self.copy: RecordingCopy | None = None

@@ -13,17 +13,10 @@ from kvtool.commands import check_inputs, examples, get_env, lost_batches, parse
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
-from kvtool.render.report import (
-    DEFAULT_COLUMNS,
-    TABLES,
-    parse_columns,
-    render_csv,
-    render_json,
-    render_markdown,
-    render_table,
-)
-from kvtool.report import COLUMNS, build_report, default_jobs
 from kvtool.text import printable
+
+# The report library (polars, numpy: ~0.25 s) is imported when the command runs, so
+# `kvtool --help`, `kvtool report --help` and usage errors answer without it.
 
 
 class ReportFormat(StrEnum):
@@ -46,6 +39,8 @@ DEFAULT_PLOT_EVERY = "1s"
 
 
 def _parse_by(text: str) -> list[str]:
+    from kvtool.render.report import TABLES
+
     out = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in out if p not in TABLES]
     if bad or not out:
@@ -169,6 +164,15 @@ def report(
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
     table (by_kind, by_window, by_group, timeline).
     """
+    from kvtool.render.report import (
+        DEFAULT_COLUMNS,
+        parse_columns,
+        render_csv,
+        render_json,
+        render_markdown,
+        render_table,
+    )
+    from kvtool.report import COLUMNS, build_report, default_jobs
     from kvtool.selection import make_selection, selection_note
 
     env = get_env()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvtool.errors import RecordingPathError
 from kvtool.recording.reader import (
     ChannelInfo,
@@ -11,7 +13,9 @@ from kvtool.recording.reader import (
     check_input,
     open_recording,
 )
-from kvtool.recording.writer import RecordingWriter
+
+if TYPE_CHECKING:
+    from kvtool.recording.writer import RecordingWriter
 
 __all__ = [
     "ChannelInfo",
@@ -23,3 +27,12 @@ __all__ = [
     "check_input",
     "open_recording",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The writer pulls in the mcap package's writer (~30 ms); reading commands never need it.
+    if name == "RecordingWriter":
+        from kvtool.recording.writer import RecordingWriter
+
+        return RecordingWriter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

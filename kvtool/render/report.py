@@ -7,8 +7,6 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from rich.text import Text
-
 from kvtool.errors import UsageError
 from kvtool.render.tables import Column, cell, print_table
 from kvtool.report import COLUMNS
@@ -180,6 +178,8 @@ def render_table(
         by: Which tables, in order: ``kind``, ``window``, ``group``.
         columns: Which report columns, in order (see :data:`DEFAULT_COLUMNS`).
     """
+    from rich.text import Text
+
     console.print(Text(_summary_line(report)), highlight=False)
     for name in by:
         header, rows = _rows(report, name, columns, totals=True)

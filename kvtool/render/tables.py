@@ -6,14 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rich import box
-from rich.table import Table
-from rich.text import Text
-
 from kvtool.text import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -60,6 +57,11 @@ def _width(texts: Sequence[str]) -> int:
 def _table(
     title: str | None, cols: Sequence[Column], rows: Sequence[Sequence[str]], total_last: bool
 ) -> Table:
+    # rich is imported here, not at start-up: JSON, CSV and Markdown output never need it.
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
     t = Table(
         title=Text(title) if title else None,
         title_justify="left",
