@@ -41,8 +41,8 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, compress
+from operator import not_
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import msgspec
@@ -429,9 +429,14 @@ def raw_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, list[int]]:
     return _fix_slow(raws, n, values, ev_of, slow, total)
 
 
-def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
-    n_ev = len(raws)
-    a, off, lens = _np_joined(raws)
+def _np_hash_arrays(a: Any, off: Any, lens: Any) -> tuple[Any, Any, Any, Any]:
+    """numpy: hashes per event, all keys, the event of each key, and which events parsed.
+
+    ``a`` holds the joined raw lists (and spare bytes after them), ``off``/``lens`` place
+    each event's in it. An event whose list is not all 9-byte ints or all 32-byte bytes
+    is not ``ok``: its count is 0 and it has no keys here (:func:`_fix_slow` decodes it).
+    """
+    n_ev = len(off)
     n, hl = _np_headers(a, off)
     valid = n >= 0
     nn = np.where(valid, n, 0)
@@ -455,8 +460,13 @@ def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.
     if not el_ok.all():
         bad_ev = np.unique(ev_of[~el_ok])
         ok[bad_ev] = False
+    return np.where(ok, nn, 0), values, ev_of, ok
+
+
+def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
+    n, values, ev_of, ok = _np_hash_arrays(*_np_joined(raws))
     return (
-        pl.Series(np.where(ok, nn, 0), dtype=pl.Int64),
+        pl.Series(n, dtype=pl.Int64),
         pl.Series("hash", values, dtype=pl.Int64),
         pl.Series(ev_of, dtype=pl.UInt32),
         pl.Series(ok, dtype=pl.Boolean),
@@ -650,8 +660,27 @@ class ReadStats:
             self.problems.append(msg)
 
 
+_BLOCK = 64
+"""Payloads decoded and taken apart together: their event objects are still in the CPU
+cache while their fields are read and when they are freed (a whole chunk's are not)."""
+
+_BATCH_SCHEMA = {
+    "log_time": pl.Int64,
+    "ts": pl.Float64,
+    "seq": pl.Int64,
+    "channel_id": pl.UInt32,
+    "dp_rank": pl.Int64,
+}
+
+
 class _Pending:
-    """Batches decoded but not yet turned into a table chunk."""
+    """Batches decoded but not yet turned into a table chunk, as columns.
+
+    Per batch: receive time, ts, seq, channel, rank and event count. Per event: type
+    code, the joined raw ``block_hashes`` with each one's length, ``group_idx`` and
+    ``medium`` (runs: a block of events with one medium keeps only it and its count).
+    Per store (the only type with them): ``len(token_ids)``, kind and window.
+    """
 
     def __init__(self) -> None:
         self.log_time: list[int] = []
@@ -659,31 +688,122 @@ class _Pending:
         self.seq: list[int] = []
         self.chan: list[int] = []
         self.rank: list[int | None] = []
-        self.events: list[list[object]] = []
-        self.bytes = 0
+        self.n_events: list[int] = []
+        self.types = bytearray()
+        self.hash_lens: list[Any] = []
+        self.hash_bufs: list[bytes] = []
+        self.groups: list[int | None] = []
+        self.media: list[tuple[str | None, int, list[str | None] | None]] = []
+        self.tokens: list[Any] = []
+        self.kinds: list[str | None] = []
+        self.windows: list[int | None] = []
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.ts)
+
+    def add(
+        self,
+        batches: list[Any],
+        log_time: list[int],
+        seq: list[int],
+        chan: list[int],
+        rank: list[int | None],
+    ) -> None:
+        """Take decoded batches apart into the columns (C-level passes, one per field)."""
+        self.log_time += log_time
+        self.seq += seq
+        self.chan += chan
+        self.rank += rank
+        self.ts += [b.ts for b in batches]
+        evl = [b.events for b in batches]
+        self.n_events += map(len, evl)
+        events = list(chain.from_iterable(evl))
+        types = bytes(map(_TYPE_CODE.__getitem__, map(type, events)))
+        self.types += types
+        hs = [e.block_hashes for e in events]
+        self.hash_lens.append(np.fromiter(map(len, hs), dtype=np.int64, count=len(hs)))
+        self.hash_bufs.append(b"".join(hs))
+        self.groups += [e.group_idx for e in events]
+        media = [e.medium for e in events]
+        if media and media.count(media[0]) == len(media):
+            self.media.append((media[0], len(media), None))
+        else:
+            self.media.append((None, len(media), media))
+        # STORED is 0: not_(code) selects the stores.
+        stores = list(compress(events, map(not_, types)))
+        if stores:
+            # len(token_ids) from each list's msgpack header, here while the block's
+            # bytes are in cache (the lists themselves are not needed).
+            toks = [e.token_ids for e in stores]
+            lens = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))
+            a = np.frombuffer(b"".join(toks) + bytes(8), dtype=np.uint8)
+            n_tok, _hl = _np_headers(a, np.cumsum(lens) - lens)
+            self.tokens.append(np.maximum(n_tok, 0))
+        self.kinds += [e.kv_cache_spec_kind for e in stores]
+        self.windows += [e.kv_cache_spec_sliding_window for e in stores]
+
+    def medium_column(self, row_event: Any, n_rows: int) -> pl.Series:
+        """The ``medium`` of each row (constant when every event has the same one)."""
+        values = {v for v, _n, lst in self.media if lst is None}
+        if len(values) <= 1 and all(lst is None for _v, _n, lst in self.media):
+            return pl.repeat(values.pop() if values else None, n_rows, dtype=pl.String, eager=True)
+        full: list[str | None] = []
+        for v, n, lst in self.media:
+            full += lst if lst is not None else [v] * n
+        return pl.Series(full, dtype=pl.String).gather(row_event)
 
 
-_get_hashes = attrgetter("block_hashes")
-_get_group = attrgetter("group_idx")
-_get_kind = attrgetter("kv_cache_spec_kind")
-_get_window = attrgetter("kv_cache_spec_sliding_window")
-_get_medium = attrgetter("medium")
-_get_tokens = attrgetter("token_ids")
+class _Slices:
+    """The raw values of a joined buffer, by index (what :func:`_fix_slow` reads)."""
+
+    def __init__(self, buf: bytes, off: Any, lens: Any) -> None:
+        self._view = memoryview(buf)
+        self._off = off
+        self._lens = lens
+
+    def __len__(self) -> int:
+        return len(self._off)
+
+    def __getitem__(self, i: int) -> bytes:
+        o = int(self._off[i])
+        return bytes(self._view[o : o + int(self._lens[i])])
+
+
+def _joined_arrays(bufs: list[bytes], lens: list[Any]) -> tuple[bytes, Any, Any, Any]:
+    """The joined buffer (40 spare bytes), its bytes as numpy, offsets and lengths."""
+    buf = b"".join(bufs) + bytes(40)
+    a = np.frombuffer(buf, dtype=np.uint8)
+    ln = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
+    return buf, a, np.cumsum(ln) - ln, ln
+
+
+def _hash_columns(p: _Pending) -> tuple[Any, Any, list[int]]:
+    """:func:`raw_hashes` (numpy) over the pending events' joined hash lists."""
+    buf, a, off, lens = _joined_arrays(p.hash_bufs, p.hash_lens)
+    n, values, ev_of, ok = _np_hash_arrays(a, off, lens)
+    if ok.all():
+        return n, values, []
+    slow = np.flatnonzero(~ok).tolist()
+    n_s, v_s, invalid = _fix_slow(
+        _Slices(buf, off, lens),  # type: ignore[arg-type]
+        pl.Series(n, dtype=pl.Int64),
+        pl.Series("hash", values, dtype=pl.Int64),
+        pl.Series(ev_of, dtype=pl.UInt32),
+        slow,
+        len(values),
+    )
+    return n_s.to_numpy(), v_s.to_numpy(), invalid
 
 
 def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
-    """Turn pending batches into one table chunk (vectorised; no Python per hash)."""
-    evlists = p.events
-    n_per_batch = list(map(len, evlists))
-    events = list(chain.from_iterable(evlists))
-    n_ev = len(events)
-    types = list(map(_TYPE_CODE.__getitem__, map(type, events)))
-    n_hash, hashes, invalid = raw_hashes(list(map(_get_hashes, events)))
-    # Tokens: len(token_ids), read from the msgpack header of each (undecoded) list.
-    tokens = raw_token_counts(list(map(_get_tokens, events)))
+    """Turn pending batches into one table chunk.
+
+    numpy over whole columns (no Python per event or hash), then one gather per column
+    from events (or batches) to rows.
+    """
+    n_batch = len(p)
+    n_per_batch = np.array(p.n_events, dtype=np.int64)
+    batch_of = np.repeat(np.arange(n_batch, dtype=np.int64), n_per_batch)
     batches = pl.DataFrame(
         {
             "log_time": p.log_time,
@@ -691,80 +811,72 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
             "seq": p.seq,
             "channel_id": p.chan,
             "dp_rank": p.rank,
-            "n": n_per_batch,
         },
-        schema={
-            "log_time": pl.Int64,
-            "ts": pl.Float64,
-            "seq": pl.Int64,
-            "channel_id": pl.UInt32,
-            "dp_rank": pl.Int64,
-            "n": pl.Int64,
-        },
+        schema=_BATCH_SCHEMA,
         strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
     )
-    ev = pl.DataFrame(
-        {
-            "type_code": types,
-            "group_idx": list(map(_get_group, events)),
-            "kind": list(map(_get_kind, events)),
-            "sliding_window": list(map(_get_window, events)),
-            "medium": list(map(_get_medium, events)),
-            "tokens": tokens,
-            "block_count": n_hash,
-        },
-        schema={
-            "type_code": pl.UInt8,
-            "group_idx": pl.Int64,
-            "kind": pl.String,
-            "sliding_window": pl.Int64,
-            "medium": pl.String,
-            "tokens": pl.Int64,
-            "block_count": pl.Int32,
-        },
-        strict=False,
-    )
-    # event -> batch
-    batch_of_event = (
-        batches.select(pl.int_range(pl.len(), dtype=pl.UInt32).repeat_by(pl.col("n")).explode())
-        .to_series()
-        .drop_nulls()
-    )
-    ev = pl.concat([ev, batches.drop("n")[batch_of_event]], how="horizontal")
+    types = np.frombuffer(bytes(p.types), dtype=np.uint8)
+    groups = pl.Series(p.groups, dtype=pl.Int64, strict=False)
+    counts, values, invalid = _hash_columns(p)
+    store_of = np.cumsum(types == STORED) - 1  # each store's place among the stores
+    n_store = len(p.kinds)
     if invalid:
         # block_hashes that is not a list of hashes: the event is skipped (as the protocol
         # decoder would), its neighbours kept.
+        seqs = batches["seq"]
         for i in invalid[:5]:
             stats.note(
-                f"seq {ev['seq'][i]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
+                f"seq {seqs[int(batch_of[i])]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
                 "(block_hashes is not a list of hashes)"
             )
         stats.skipped_events += len(invalid)
-        ev = ev.filter(~pl.Series([False] * n_ev).scatter(invalid, True))
-        n_ev = ev.height
-    ev = ev.with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
-    # event -> rows: one per hash, one for an event without hashes.
-    rows_per_event = ev["block_count"].clip(lower_bound=1)
-    row_event = (
-        pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(rows_per_event).explode()
-    )
-    df = ev[row_event]
-    n_rows = df.height
-    starts = (rows_per_event.cum_sum() - rows_per_event).cast(pl.Int64)
-    block_index = (pl.int_range(0, n_rows, eager=True, dtype=pl.Int64) - starts[row_event]).cast(
-        pl.Int32
-    )
-    if len(hashes) == n_rows:
-        hash_col = hashes
+        keep = np.ones(len(types), dtype=bool)
+        keep[invalid] = False
+        types, counts, batch_of = types[keep], counts[keep], batch_of[keep]
+        store_of = store_of[keep]
+        groups = groups.filter(pl.Series(keep))
+        ev_kept = np.flatnonzero(keep)
     else:
-        has = df["block_count"] > 0
-        hash_col = pl.Series("hash", [None] * n_rows, dtype=pl.Int64).scatter(
-            has.arg_true(), hashes
-        )
-    df = df.with_columns(
-        hash=hash_col,
-        block_index=block_index,
-        tokens=pl.when(block_index == 0).then(pl.col("tokens")).otherwise(0),
+        ev_kept = None
+    n_ev = len(types)
+    is_store = types == STORED
+    # event -> rows: one per hash, one for an event without hashes.
+    rows_per_event = np.maximum(counts, 1)
+    row_start = np.cumsum(rows_per_event) - rows_per_event
+    n_rows = int(rows_per_event.sum())
+    row_event = np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
+    # Stores alone carry token_ids, kind and window (the other types: 0, null, null).
+    tokens = np.zeros(n_rows, dtype=np.int64)
+    if n_store:
+        tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
+    store_rows = np.where(is_store, store_of, n_store)[row_event]  # n_store: a null
+    kinds = pl.Series([*p.kinds, None], dtype=pl.String)
+    windows = pl.Series([*p.windows, None], dtype=pl.Int64, strict=False)
+    medium_rows = row_event if ev_kept is None else ev_kept[row_event]
+    if n_rows == len(values):
+        hash_col = pl.Series(values, dtype=pl.Int64)
+    else:
+        has = counts[row_event] > 0
+        full = np.zeros(n_rows, dtype=np.int64)
+        full[has] = values
+        hash_col = pl.Series(full, dtype=pl.Int64).scatter(np.flatnonzero(~has), None)
+    brows = batches[pl.Series(batch_of[row_event], dtype=pl.UInt32)]
+    df = pl.DataFrame(
+        {
+            "type_code": pl.Series(types[row_event], dtype=pl.UInt8),
+            "group_idx": groups.gather(row_event),
+            "kind": kinds.gather(store_rows),
+            "sliding_window": windows.gather(store_rows),
+            "medium": p.medium_column(medium_rows, n_rows),
+            "tokens": pl.Series(tokens, dtype=pl.Int64),
+            "block_count": pl.Series(counts[row_event], dtype=pl.Int32, strict=False),
+            **brows.to_dict(),
+            "event_index": pl.Series(row_event + first_event, dtype=pl.Int64),
+            "hash": hash_col,
+            "block_index": pl.Series(
+                np.arange(n_rows, dtype=np.int64) - row_start[row_event], dtype=pl.Int32
+            ),
+        }
     )
     stats.rows += n_rows
     stats.events += n_ev
@@ -860,42 +972,86 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
     """
     st = ReadStats()
     pending = _Pending()
-    ranks = raw.ranks
-    # The cyclic GC would walk every decoded event again and again while a chunk
-    # accumulates (nothing here makes cycles): pause it while decoding.
+    n = len(raw.data)
+    if not len(raw.log_time) == len(raw.seq) == len(raw.channel_id) == len(raw.dp_rank) == n:
+        raise ValueError("RawChunk columns differ in length")
+    # The cyclic GC would walk the decoded events again and again (nothing here makes
+    # cycles): pause it while decoding.
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for log_time, seq, cid, rank, data in zip(
-            raw.log_time, raw.seq, raw.channel_id, raw.dp_rank, raw.data, strict=True
-        ):
-            try:
-                b = decode_lean(data, seq=seq)
-            except ProtocolError as err:
-                st.bad_batches += 1
-                st.note(f"{raw.where.get(cid, cid)}: {err}")
-                continue
-            kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
-            if ranks is not None and kept_rank not in ranks:
-                st.unselected += 1
-                continue
-            if b.skipped:
-                st.skipped_events += len(b.skipped)
-                for text in b.skipped:
-                    st.note(f"{raw.where.get(cid, cid)}: {text}")
-            pending.log_time.append(log_time)
-            pending.ts.append(b.ts)
-            pending.seq.append(seq)
-            pending.chan.append(cid)
-            pending.rank.append(kept_rank)
-            pending.events.append(b.events)
+        for i in range(0, n, _BLOCK):
+            pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
+        table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
     finally:
         if gc_was:
             gc.enable()
-    table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
     return DecodedChunk(
         table, st.events, st.rows, st.bad_batches, st.skipped_events, st.problems, st.unselected
     )
+
+
+_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
+
+
+def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
+    """Decode some payloads of a chunk: batches, log_time, seq, channel_id, rank.
+
+    Payloads of one stream all fit one lean decoder (the usual case), mapped in C over
+    the block; otherwise the block is decoded payload by payload
+    (:func:`_decode_each`), bad batches and bad events skipped and named.
+    """
+    batches = _LEAN.decode_all(raw.data[sl])
+    if batches is None:
+        return _decode_each(raw, sl, st)
+    log_time, seq, chan = raw.log_time[sl], raw.seq[sl], raw.channel_id[sl]
+    own = [b.data_parallel_rank for b in batches]
+    kept = [r if r is not None else c for r, c in zip(own, raw.dp_rank[sl], strict=True)]
+    ranks = raw.ranks
+    if ranks is not None:
+        sel = [r in ranks for r in kept]
+        st.unselected += sel.count(False)
+        batches = list(compress(batches, sel))
+        log_time = list(compress(log_time, sel))
+        seq = list(compress(seq, sel))
+        chan = list(compress(chan, sel))
+        kept = list(compress(kept, sel))
+    return batches, log_time, seq, chan, kept
+
+
+def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
+    """Decode payloads one by one: bad batches and bad events are skipped and named."""
+    out: _Block = ([], [], [], [], [])
+    batches, log_times, seqs, chans, kept = out
+    ranks = raw.ranks
+    for log_time, seq, cid, rank, data in zip(
+        raw.log_time[sl],
+        raw.seq[sl],
+        raw.channel_id[sl],
+        raw.dp_rank[sl],
+        raw.data[sl],
+        strict=True,
+    ):
+        try:
+            b = decode_lean(data, seq=seq)
+        except ProtocolError as err:
+            st.bad_batches += 1
+            st.note(f"{raw.where.get(cid, cid)}: {err}")
+            continue
+        kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
+        if ranks is not None and kept_rank not in ranks:
+            st.unselected += 1
+            continue
+        if b.skipped:
+            st.skipped_events += len(b.skipped)
+            for text in b.skipped:
+                st.note(f"{raw.where.get(cid, cid)}: {text}")
+        batches.append(b)
+        log_times.append(log_time)
+        seqs.append(seq)
+        chans.append(cid)
+        kept.append(kept_rank)
+    return out
 
 
 def iter_raw_chunks(

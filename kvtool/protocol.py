@@ -11,6 +11,7 @@ fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -425,6 +426,33 @@ class BatchProjection:
             self._last[benc] = eenc
             return batch, benc, eenc
         return None
+
+    def decode_all(self, raws: Sequence[bytes]) -> list[DecodedBatch] | None:
+        """Decode many payloads of one stream with one decoder, or return None.
+
+        A stream keeps its layout, so the decoder that fits the first payload is mapped
+        over all of them in C; if any payload does not fit it (another layout, damage),
+        None is returned and the caller decodes payload by payload with :meth:`decode`.
+        Each payload decodes as :meth:`decode` would decode it: a batch encoding is
+        sniffed from the first byte and one batch decodes in at most one event encoding
+        (an event is either a map or an array), so the two never disagree.
+
+        Args:
+            raws: The payloads.
+
+        Returns:
+            The batches in order, or None.
+        """
+        if not raws or not raws[0]:
+            return None
+        first = self.decode(raws[0])
+        if first is None:
+            return None
+        _batch, benc, eenc = first
+        try:
+            return list(map(self._decoders[(benc, eenc)].decode, raws))
+        except _DECODE_ERRORS:
+            return None
 
 
 _FULL = BatchProjection("kv", _MapEvent, _ArrayEvent)
