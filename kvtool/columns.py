@@ -356,18 +356,21 @@ def _joined(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series]:
 
 def _np_headers(a: Any, off: Any) -> tuple[Any, Any]:
     """numpy: msgpack array count (-1: not an array) and header length at each offset."""
-    h = a[off].astype(np.int64)
-    u16 = (a[off + 1].astype(np.int64) << 8) | a[off + 2]
-    u32 = (
-        (a[off + 1].astype(np.int64) << 24)
-        | (a[off + 2].astype(np.int64) << 16)
-        | (a[off + 3].astype(np.int64) << 8)
-        | a[off + 4]
-    )
-    n = np.where(
-        (h >= 0x90) & (h <= 0x9F), h - 0x90, np.where(h == 0xDC, u16, np.where(h == 0xDD, u32, -1))
-    )
-    hl = np.where(h == 0xDC, 3, np.where(h == 0xDD, 5, 1))
+    h = a[off]
+    n = h.astype(np.int64) - 0x90
+    hl = np.ones(len(off), dtype=np.int64)
+    other = np.flatnonzero((h & 0xF0) != 0x90)  # not a fixarray (rare: >= 16 elements)
+    if len(other):
+        h, o = h[other], off[other]
+        u16 = (a[o + 1].astype(np.int64) << 8) | a[o + 2]
+        u32 = (
+            (a[o + 1].astype(np.int64) << 24)
+            | (a[o + 2].astype(np.int64) << 16)
+            | (a[o + 3].astype(np.int64) << 8)
+            | a[o + 4]
+        )
+        n[other] = np.where(h == 0xDC, u16, np.where(h == 0xDD, u32, -1))
+        hl[other] = np.where(h == 0xDC, 3, np.where(h == 0xDD, 5, 1))
     return n, hl
 
 
@@ -429,6 +432,36 @@ def raw_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, list[int]]:
     return _fix_slow(raws, n, values, ev_of, slow, total)
 
 
+def _np_same_size_hashes(a: Any, off: Any, lens: Any, n: Any, hl: Any) -> Any:
+    """The keys when every list holds hashes of one size (the usual case), else None.
+
+    Each list is its header and then records of 9 bytes (``0xcf``/``0xd3`` + 8) or 34
+    (``0xc4 0x20`` + 32); the last 8 bytes of each record are read through an int64 view
+    at every byte offset. Every record's prefix is checked, so a list that only has the
+    right length is not taken.
+    """
+    if not len(off) or (n < 0).any():
+        return None
+    elems = lens - hl
+    total = int(n.sum())
+    size = 9 if int(elems.sum()) == 9 * total else 34
+    if not (elems == size * n).all():
+        return None
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    start = np.cumsum(n) - n
+    pos = np.repeat(off + hl - size * start, n) + size * np.arange(total, dtype=np.int64)
+    p0 = a[pos]
+    if size == 9:
+        if not ((p0 == 0xCF) | (p0 == 0xD3)).all():
+            return None
+    elif not ((p0 == 0xC4) & (a[pos + 1] == 0x20)).all():
+        return None
+    # The joined buffer has spare bytes after the last list: every view stays inside.
+    at_every_byte = np.ndarray((len(a) - 8,), dtype=">i8", buffer=a, strides=(1,))
+    return at_every_byte[pos + (size - 8)].astype(np.int64)
+
+
 def _np_hash_arrays(a: Any, off: Any, lens: Any) -> tuple[Any, Any, Any, Any]:
     """numpy: hashes per event, all keys, the event of each key, and which events parsed.
 
@@ -440,6 +473,9 @@ def _np_hash_arrays(a: Any, off: Any, lens: Any) -> tuple[Any, Any, Any, Any]:
     n, hl = _np_headers(a, off)
     valid = n >= 0
     nn = np.where(valid, n, 0)
+    fast = _np_same_size_hashes(a, off, lens, n, hl)
+    if fast is not None:  # every event ok: the event of each key is not needed
+        return nn, fast, None, valid
     stride = np.where(lens == hl + 9 * nn, 9, np.where(lens == hl + 34 * nn, 34, 0))
     ok = valid & ((nn == 0) | (stride > 0))
     nn = np.where(ok, nn, 0)
@@ -465,6 +501,8 @@ def _np_hash_arrays(a: Any, off: Any, lens: Any) -> tuple[Any, Any, Any, Any]:
 
 def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
     n, values, ev_of, ok = _np_hash_arrays(*_np_joined(raws))
+    if ev_of is None:
+        ev_of = np.repeat(np.arange(len(n), dtype=np.uint32), n)
     return (
         pl.Series(n, dtype=pl.Int64),
         pl.Series("hash", values, dtype=pl.Int64),
@@ -677,9 +715,9 @@ class _Pending:
     """Batches decoded but not yet turned into a table chunk, as columns.
 
     Per batch: receive time, ts, seq, channel, rank and event count. Per event: type
-    code, the joined raw ``block_hashes`` with each one's length, ``group_idx`` and
-    ``medium`` (runs: a block of events with one medium keeps only it and its count).
-    Per store (the only type with them): ``len(token_ids)``, kind and window.
+    code, hash count (and all the keys), ``group_idx`` and ``medium`` (in runs: a block
+    of events with one medium keeps only it and its count). Per store (the only type
+    with them): ``len(token_ids)``, kind and window.
     """
 
     def __init__(self) -> None:
@@ -690,8 +728,9 @@ class _Pending:
         self.rank: list[int | None] = []
         self.n_events: list[int] = []
         self.types = bytearray()
-        self.hash_lens: list[Any] = []
-        self.hash_bufs: list[bytes] = []
+        self.counts: list[Any] = []
+        self.keys: list[Any] = []
+        self.invalid: list[int] = []
         self.groups: list[int | None] = []
         self.media: list[tuple[str | None, int, list[str | None] | None]] = []
         self.tokens: list[Any] = []
@@ -709,7 +748,12 @@ class _Pending:
         chan: list[int],
         rank: list[int | None],
     ) -> None:
-        """Take decoded batches apart into the columns (C-level passes, one per field)."""
+        """Take a block of decoded batches apart into the columns.
+
+        One C-level pass per field; the raw hash and token lists are parsed here, while
+        the block's bytes are in cache, with small arrays numpy allocates without new
+        pages (a whole chunk's temporaries would be fresh memory every time).
+        """
         self.log_time += log_time
         self.seq += seq
         self.chan += chan
@@ -718,11 +762,14 @@ class _Pending:
         evl = [b.events for b in batches]
         self.n_events += map(len, evl)
         events = list(chain.from_iterable(evl))
+        base = len(self.types)
         types = bytes(map(_TYPE_CODE.__getitem__, map(type, events)))
         self.types += types
-        hs = [e.block_hashes for e in events]
-        self.hash_lens.append(np.fromiter(map(len, hs), dtype=np.int64, count=len(hs)))
-        self.hash_bufs.append(b"".join(hs))
+        counts, keys, invalid = _hash_columns([e.block_hashes for e in events])
+        self.counts.append(counts)
+        self.keys.append(keys)
+        if invalid:
+            self.invalid += [base + i for i in invalid]
         self.groups += [e.group_idx for e in events]
         media = [e.medium for e in events]
         if media and media.count(media[0]) == len(media):
@@ -732,60 +779,35 @@ class _Pending:
         # STORED is 0: not_(code) selects the stores.
         stores = list(compress(events, map(not_, types)))
         if stores:
-            # len(token_ids) from each list's msgpack header, here while the block's
-            # bytes are in cache (the lists themselves are not needed).
-            toks = [e.token_ids for e in stores]
-            lens = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))
-            a = np.frombuffer(b"".join(toks) + bytes(8), dtype=np.uint8)
-            n_tok, _hl = _np_headers(a, np.cumsum(lens) - lens)
+            # len(token_ids), read from each list's msgpack header.
+            a, off, _lens = _np_joined([e.token_ids for e in stores])
+            n_tok, _hl = _np_headers(a, off)
             self.tokens.append(np.maximum(n_tok, 0))
-        self.kinds += [e.kv_cache_spec_kind for e in stores]
-        self.windows += [e.kv_cache_spec_sliding_window for e in stores]
+            self.kinds += [e.kv_cache_spec_kind for e in stores]
+            self.windows += [e.kv_cache_spec_sliding_window for e in stores]
 
-    def medium_column(self, row_event: Any, n_rows: int) -> pl.Series:
+    def medium_column(self, row_event: Callable[[], Any], n_rows: int) -> pl.Series:
         """The ``medium`` of each row (constant when every event has the same one)."""
         values = {v for v, _n, lst in self.media if lst is None}
         if len(values) <= 1 and all(lst is None for _v, _n, lst in self.media):
-            return pl.repeat(values.pop() if values else None, n_rows, dtype=pl.String, eager=True)
+            one = values.pop() if values else None
+            return pl.Series([one], dtype=pl.String).new_from_index(0, n_rows)
         full: list[str | None] = []
         for v, n, lst in self.media:
             full += lst if lst is not None else [v] * n
-        return pl.Series(full, dtype=pl.String).gather(row_event)
+        return pl.Series(full, dtype=pl.String).gather(row_event())
 
 
-class _Slices:
-    """The raw values of a joined buffer, by index (what :func:`_fix_slow` reads)."""
-
-    def __init__(self, buf: bytes, off: Any, lens: Any) -> None:
-        self._view = memoryview(buf)
-        self._off = off
-        self._lens = lens
-
-    def __len__(self) -> int:
-        return len(self._off)
-
-    def __getitem__(self, i: int) -> bytes:
-        o = int(self._off[i])
-        return bytes(self._view[o : o + int(self._lens[i])])
-
-
-def _joined_arrays(bufs: list[bytes], lens: list[Any]) -> tuple[bytes, Any, Any, Any]:
-    """The joined buffer (40 spare bytes), its bytes as numpy, offsets and lengths."""
-    buf = b"".join(bufs) + bytes(40)
-    a = np.frombuffer(buf, dtype=np.uint8)
-    ln = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
-    return buf, a, np.cumsum(ln) - ln, ln
-
-
-def _hash_columns(p: _Pending) -> tuple[Any, Any, list[int]]:
-    """:func:`raw_hashes` (numpy) over the pending events' joined hash lists."""
-    buf, a, off, lens = _joined_arrays(p.hash_bufs, p.hash_lens)
-    n, values, ev_of, ok = _np_hash_arrays(a, off, lens)
+def _hash_columns(raws: list[object]) -> tuple[Any, Any, list[int]]:
+    """:func:`raw_hashes` as numpy arrays: hashes per event, all keys, invalid events."""
+    if not raws:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), []
+    n, values, ev_of, ok = _np_hash_arrays(*_np_joined(raws))
     if ok.all():
         return n, values, []
     slow = np.flatnonzero(~ok).tolist()
     n_s, v_s, invalid = _fix_slow(
-        _Slices(buf, off, lens),  # type: ignore[arg-type]
+        raws,
         pl.Series(n, dtype=pl.Int64),
         pl.Series("hash", values, dtype=pl.Int64),
         pl.Series(ev_of, dtype=pl.UInt32),
@@ -795,15 +817,21 @@ def _hash_columns(p: _Pending) -> tuple[Any, Any, list[int]]:
     return n_s.to_numpy(), v_s.to_numpy(), invalid
 
 
+def _to_rows(s: pl.Series, times: Any, index: Callable[[], Any]) -> pl.Series:
+    """Repeat each value of ``s`` ``times`` times (numpy unless it has nulls)."""
+    if s.null_count():
+        return s.gather(index())
+    return pl.Series(np.repeat(s.to_numpy(), times), dtype=s.dtype)
+
+
 def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     """Turn pending batches into one table chunk.
 
-    numpy over whole columns (no Python per event or hash), then one gather per column
-    from events (or batches) to rows.
+    numpy over whole columns (no Python per event or hash): each event-level or
+    batch-level column is repeated to rows.
     """
     n_batch = len(p)
     n_per_batch = np.array(p.n_events, dtype=np.int64)
-    batch_of = np.repeat(np.arange(n_batch, dtype=np.int64), n_per_batch)
     batches = pl.DataFrame(
         {
             "log_time": p.log_time,
@@ -815,66 +843,86 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
         schema=_BATCH_SCHEMA,
         strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
     )
-    types = np.frombuffer(bytes(p.types), dtype=np.uint8)
+    types = np.frombuffer(p.types, dtype=np.uint8)
+    counts = np.concatenate(p.counts)
+    keys = np.concatenate(p.keys)
     groups = pl.Series(p.groups, dtype=pl.Int64, strict=False)
-    counts, values, invalid = _hash_columns(p)
     store_of = np.cumsum(types == STORED) - 1  # each store's place among the stores
     n_store = len(p.kinds)
-    if invalid:
+    ev_kept = None
+    if p.invalid:
         # block_hashes that is not a list of hashes: the event is skipped (as the protocol
         # decoder would), its neighbours kept.
+        batch_of = np.repeat(np.arange(n_batch, dtype=np.int64), n_per_batch)
         seqs = batches["seq"]
-        for i in invalid[:5]:
+        for i in p.invalid[:5]:
             stats.note(
                 f"seq {seqs[int(batch_of[i])]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
                 "(block_hashes is not a list of hashes)"
             )
-        stats.skipped_events += len(invalid)
+        stats.skipped_events += len(p.invalid)
         keep = np.ones(len(types), dtype=bool)
-        keep[invalid] = False
-        types, counts, batch_of = types[keep], counts[keep], batch_of[keep]
-        store_of = store_of[keep]
+        keep[p.invalid] = False
+        types, counts, store_of = types[keep], counts[keep], store_of[keep]
         groups = groups.filter(pl.Series(keep))
+        n_per_batch = np.bincount(batch_of[keep], minlength=n_batch)
         ev_kept = np.flatnonzero(keep)
-    else:
-        ev_kept = None
     n_ev = len(types)
     is_store = types == STORED
     # event -> rows: one per hash, one for an event without hashes.
     rows_per_event = np.maximum(counts, 1)
-    row_start = np.cumsum(rows_per_event) - rows_per_event
-    n_rows = int(rows_per_event.sum())
-    row_event = np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
+    ends = np.cumsum(rows_per_event)
+    row_start = ends - rows_per_event
+    n_rows = int(ends[-1]) if n_ev else 0
+    batch_rows = np.concatenate(([0], ends))[np.cumsum(n_per_batch)]
+    rows_per_batch = np.diff(batch_rows, prepend=0)
+
+    def row_event() -> Any:
+        return np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
+
+    def row_batch() -> Any:
+        return np.repeat(np.arange(n_batch, dtype=np.int64), rows_per_batch)
+
+    def row_medium() -> Any:
+        return row_event() if ev_kept is None else ev_kept[row_event()]
+
     # Stores alone carry token_ids, kind and window (the other types: 0, null, null).
     tokens = np.zeros(n_rows, dtype=np.int64)
     if n_store:
         tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
-    store_rows = np.where(is_store, store_of, n_store)[row_event]  # n_store: a null
-    kinds = pl.Series([*p.kinds, None], dtype=pl.String)
-    windows = pl.Series([*p.windows, None], dtype=pl.Int64, strict=False)
-    medium_rows = row_event if ev_kept is None else ev_kept[row_event]
-    if n_rows == len(values):
-        hash_col = pl.Series(values, dtype=pl.Int64)
+    store_rows = np.repeat(np.where(is_store, store_of, n_store), rows_per_event)
+    if n_rows == len(keys):
+        hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
-        has = counts[row_event] > 0
+        has = np.repeat(counts > 0, rows_per_event)
         full = np.zeros(n_rows, dtype=np.int64)
-        full[has] = values
+        full[has] = keys
         hash_col = pl.Series(full, dtype=pl.Int64).scatter(np.flatnonzero(~has), None)
-    brows = batches[pl.Series(batch_of[row_event], dtype=pl.UInt32)]
     df = pl.DataFrame(
         {
-            "type_code": pl.Series(types[row_event], dtype=pl.UInt8),
-            "group_idx": groups.gather(row_event),
-            "kind": kinds.gather(store_rows),
-            "sliding_window": windows.gather(store_rows),
-            "medium": p.medium_column(medium_rows, n_rows),
+            "type_code": pl.Series(np.repeat(types, rows_per_event), dtype=pl.UInt8),
+            "group_idx": _to_rows(groups, rows_per_event, row_event),
+            "kind": pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
+            "sliding_window": pl.Series([*p.windows, None], dtype=pl.Int64, strict=False).gather(
+                store_rows
+            ),
+            "medium": p.medium_column(row_medium, n_rows),
             "tokens": pl.Series(tokens, dtype=pl.Int64),
-            "block_count": pl.Series(counts[row_event], dtype=pl.Int32, strict=False),
-            **brows.to_dict(),
-            "event_index": pl.Series(row_event + first_event, dtype=pl.Int64),
+            "block_count": pl.Series(
+                np.repeat(counts.astype(np.int32), rows_per_event), dtype=pl.Int32
+            ),
+            **{c: _to_rows(batches[c], rows_per_batch, row_batch) for c in _BATCH_SCHEMA},
+            "event_index": pl.Series(
+                np.repeat(
+                    np.arange(first_event, first_event + n_ev, dtype=np.int64), rows_per_event
+                ),
+                dtype=pl.Int64,
+            ),
             "hash": hash_col,
             "block_index": pl.Series(
-                np.arange(n_rows, dtype=np.int64) - row_start[row_event], dtype=pl.Int32
+                np.arange(n_rows, dtype=np.int32)
+                - np.repeat(row_start.astype(np.int32), rows_per_event),
+                dtype=pl.Int32,
             ),
         }
     )

@@ -445,14 +445,16 @@ class BatchProjection:
         """
         if not raws or not raws[0]:
             return None
-        first = self.decode(raws[0])
-        if first is None:
-            return None
-        _batch, benc, eenc = first
-        try:
-            return list(map(self._decoders[(benc, eenc)].decode, raws))
-        except _DECODE_ERRORS:
-            return None
+        benc = _batch_encoding(raws[0])
+        guess = self._last[benc]
+        for eenc in (guess, "array" if guess == "map" else "map"):
+            try:
+                batches = list(map(self._decoders[(benc, eenc)].decode, raws))
+            except _DECODE_ERRORS:
+                continue
+            self._last[benc] = eenc
+            return batches
+        return None
 
 
 _FULL = BatchProjection("kv", _MapEvent, _ArrayEvent)
