@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress
 from operator import not_
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 import polars as pl
@@ -189,9 +189,53 @@ _LeanArray = _StoredArrayLayout | _RemovedArrayLayout | _ClearedArrayLayout
 
 _LEAN = protocol.BatchProjection("lean", _LeanMap, _LeanArray, gc=False)
 
+# The media and kinds vLLM sends (PROTOCOL.md, annotate.KINDS). Decoded as literals they
+# are shared strings, not one new string per event: decoding, reading and freeing them
+# costs less. A value outside these fails the block, which the str decoder then takes.
+_Medium = Literal["GPU", "CPU", "STORAGE", "FS", "OBJ", "CPU_TIER1", "CPU_PINNED", "cpu"]
+_Kind = Literal[
+    "full_attention",
+    "mla_attention",
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "sink_full_attention",
+    "encoder_only_attention",
+    "cross_attention",
+    "unknown",
+]
+
+
+class _VocabStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    block_hashes: msgspec.Raw = _EMPTY
+    token_ids: msgspec.Raw = _NO_TOKENS
+    medium: _Medium | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: _Kind | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _VocabRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    block_hashes: msgspec.Raw = _EMPTY
+    medium: _Medium | None = None
+    group_idx: int | None = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+_VOCAB = protocol.BatchProjection(
+    "vocab", _VocabStored | _VocabRemoved | _Cleared, _LeanArray, gc=False
+)
+_VOCAB_BACKOFF = 64
+"""Blocks decoded with the str decoder alone after the vocabulary decoder failed one."""
+
 _TYPE_CODE: dict[type, int] = {
     _Stored: STORED,
     _Removed: REMOVED,
+    _VocabStored: STORED,
+    _VocabRemoved: REMOVED,
     _Cleared: CLEARED,
     _StoredArrayLayout: STORED,
     _RemovedArrayLayout: REMOVED,
@@ -1040,16 +1084,27 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
 
 
 _Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
+_vocab_skip = [0]  # blocks left before the vocabulary decoder is tried again
 
 
 def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     """Decode some payloads of a chunk: batches, log_time, seq, channel_id, rank.
 
     Payloads of one stream all fit one lean decoder (the usual case), mapped in C over
-    the block; otherwise the block is decoded payload by payload
-    (:func:`_decode_each`), bad batches and bad events skipped and named.
+    the block: the vocabulary one (known media and kinds) if it fits, else the str one;
+    otherwise the block is decoded payload by payload (:func:`_decode_each`), bad
+    batches and bad events skipped and named. All three give the same batches.
     """
-    batches = _LEAN.decode_all(raw.data[sl])
+    data = raw.data[sl]
+    batches = None
+    if _vocab_skip[0]:
+        _vocab_skip[0] -= 1
+    else:
+        batches = _VOCAB.decode_all(data)
+        if batches is None:
+            _vocab_skip[0] = _VOCAB_BACKOFF
+    if batches is None:
+        batches = _LEAN.decode_all(data)
     if batches is None:
         return _decode_each(raw, sl, st)
     log_time, seq, chan = raw.log_time[sl], raw.seq[sl], raw.channel_id[sl]
