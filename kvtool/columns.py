@@ -42,7 +42,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress
-from operator import not_
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
@@ -418,10 +417,13 @@ def _np_headers(a: Any, off: Any) -> tuple[Any, Any]:
     return n, hl
 
 
+_SPARE = bytes(40)
+
+
 def _np_joined(raws: list[object]) -> tuple[Any, Any, Any]:
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))  # type: ignore[arg-type]
-    # 8 spare bytes: header and element reads near the end stay inside the buffer.
-    buf = b"".join(raws) + bytes(40)  # type: ignore[arg-type]
+    # Spare bytes: header and element reads near the end stay inside the buffer.
+    buf = b"".join([*raws, _SPARE])  # type: ignore[list-item]
     a = np.frombuffer(buf, dtype=np.uint8)
     off = np.cumsum(lens) - lens
     return a, off, lens
@@ -820,8 +822,8 @@ class _Pending:
             self.media.append((media[0], len(media), None))
         else:
             self.media.append((None, len(media), media))
-        # STORED is 0: not_(code) selects the stores.
-        stores = list(compress(events, map(not_, types)))
+        at = np.flatnonzero(np.frombuffer(types, dtype=np.uint8) == STORED).tolist()
+        stores = events if len(at) == len(events) else list(map(events.__getitem__, at))
         if stores:
             # len(token_ids), read from each list's msgpack header.
             a, off, _lens = _np_joined([e.token_ids for e in stores])

@@ -32,7 +32,7 @@ def _store(hashes: object, **kw: object) -> dict[str, object]:
         "type": "BlockStored",
         "block_hashes": hashes,
         "parent_block_hash": None,
-        "token_ids": list(range(16 * len(hashes))),
+        "token_ids": list(range(16 * len(hashes))) if isinstance(hashes, list) else [],
         "block_size": 16,
         "lora_id": None,
         "medium": "GPU",
