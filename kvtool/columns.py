@@ -116,6 +116,7 @@ _NIL = msgspec.Raw(b"\xc0")
 
 
 class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    type_code: ClassVar[int] = STORED
     block_hashes: msgspec.Raw = _EMPTY
     token_ids: msgspec.Raw = _NO_TOKENS
     medium: str | None = None
@@ -125,6 +126,7 @@ class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, 
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
@@ -134,6 +136,7 @@ class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True
 
 
 class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False):
+    type_code: ClassVar[int] = CLEARED
     block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
@@ -147,6 +150,7 @@ class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=
 class _StoredArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = STORED
     block_hashes: msgspec.Raw = _EMPTY
     parent_block_hash: msgspec.Raw = _NIL
     token_ids: msgspec.Raw = _NO_TOKENS
@@ -163,6 +167,7 @@ class _StoredArrayLayout(
 class _RemovedArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
@@ -174,6 +179,7 @@ class _RemovedArrayLayout(
 class _ClearedArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = CLEARED
     block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
@@ -207,6 +213,7 @@ _Kind = Literal[
 
 
 class _VocabStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    type_code: ClassVar[int] = STORED
     block_hashes: msgspec.Raw = _EMPTY
     token_ids: msgspec.Raw = _NO_TOKENS
     medium: _Medium | None = None
@@ -216,6 +223,7 @@ class _VocabStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=T
 
 
 class _VocabRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: _Medium | None = None
     group_idx: int | None = None
@@ -229,27 +237,6 @@ _VOCAB = protocol.BatchProjection(
 )
 _VOCAB_BACKOFF = 64
 """Blocks decoded with the str decoder alone after the vocabulary decoder failed one."""
-
-_TYPE_CODE: dict[type, int] = {
-    _Stored: STORED,
-    _Removed: REMOVED,
-    _VocabStored: STORED,
-    _VocabRemoved: REMOVED,
-    _Cleared: CLEARED,
-    _StoredArrayLayout: STORED,
-    _RemovedArrayLayout: REMOVED,
-    _ClearedArrayLayout: CLEARED,
-    protocol.BlockStored: STORED,
-    protocol.BlockRemoved: REMOVED,
-    protocol.AllBlocksCleared: CLEARED,
-}
-for _base, _code in (
-    (protocol.BlockStored, STORED),
-    (protocol.BlockRemoved, REMOVED),
-    (protocol.AllBlocksCleared, CLEARED),
-):
-    for _sub in _base.__subclasses__():
-        _TYPE_CODE[_sub] = _code
 
 
 class LeanBatch(msgspec.Struct):
@@ -809,7 +796,7 @@ class _Pending:
         self.n_events += map(len, evl)
         events = list(chain.from_iterable(evl))
         base = len(self.types)
-        types = bytes(map(_TYPE_CODE.__getitem__, map(type, events)))
+        types = bytes([e.type_code for e in events])
         self.types += types
         counts, keys, invalid = _hash_columns([e.block_hashes for e in events])
         self.counts.append(counts)
@@ -893,8 +880,11 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     counts = np.concatenate(p.counts)
     keys = np.concatenate(p.keys)
     groups = pl.Series(p.groups, dtype=pl.Int64, strict=False)
-    store_of = np.cumsum(types == STORED) - 1  # each store's place among the stores
+    # Each store's place among the stores; n_store (the null appended to kinds and
+    # windows below) for the other types.
     n_store = len(p.kinds)
+    store_of = np.full(len(types), n_store, dtype=np.int64)
+    store_of[types == STORED] = np.arange(n_store, dtype=np.int64)
     ev_kept = None
     if p.invalid:
         # block_hashes that is not a list of hashes: the event is skipped (as the protocol
@@ -936,7 +926,7 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     tokens = np.zeros(n_rows, dtype=np.int64)
     if n_store:
         tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
-    store_rows = np.repeat(np.where(is_store, store_of, n_store), rows_per_event)
+    store_rows = np.repeat(store_of, rows_per_event)
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
