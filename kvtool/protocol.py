@@ -430,12 +430,13 @@ class BatchProjection:
     def decode_all(self, raws: Sequence[bytes]) -> list[DecodedBatch] | None:
         """Decode many payloads of one stream with one decoder, or return None.
 
-        A stream keeps its layout, so the decoder that fits the first payload is mapped
-        over all of them in C; if any payload does not fit it (another layout, damage),
-        None is returned and the caller decodes payload by payload with :meth:`decode`.
-        Each payload decodes as :meth:`decode` would decode it: a batch encoding is
-        sniffed from the first byte and one batch decodes in at most one event encoding
-        (an event is either a map or an array), so the two never disagree.
+        A stream keeps its layout, so one decoder (the first payload's batch encoding,
+        the event encoding that worked last, else the other) is mapped over all of them
+        in C; if no decoder fits every payload (mixed layouts, damage), None is returned
+        and the caller decodes payload by payload with :meth:`decode`. Each payload
+        decodes as :meth:`decode` would decode it: a decoder for one batch encoding
+        refuses the other, and a batch decodes in at most one event encoding (an event
+        is either a map or an array; an empty list is the same batch in both).
 
         Args:
             raws: The payloads.
