@@ -850,18 +850,18 @@ def _hash_columns(raws: list[object]) -> tuple[Any, Any, list[int]]:
     return n_s.to_numpy(), v_s.to_numpy(), invalid
 
 
-def _to_rows(s: pl.Series, times: Any, index: Callable[[], Any]) -> pl.Series:
-    """Repeat each value of ``s`` ``times`` times (numpy unless it has nulls)."""
+def _to_rows(s: pl.Series, index: Any) -> pl.Series:
+    """The value of ``s`` at each of ``index`` (numpy unless it has nulls)."""
     if s.null_count():
-        return s.gather(index())
-    return pl.Series(np.repeat(s.to_numpy(), times), dtype=s.dtype)
+        return s.gather(index)
+    return pl.Series(np.take(s.to_numpy(), index), dtype=s.dtype)
 
 
 def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     """Turn pending batches into one table chunk.
 
     numpy over whole columns (no Python per event or hash): each event-level or
-    batch-level column is repeated to rows.
+    batch-level column is taken to rows by one index.
     """
     n_batch = len(p)
     n_per_batch = np.array(p.n_events, dtype=np.int64)
@@ -912,52 +912,42 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
     n_rows = int(ends[-1]) if n_ev else 0
     batch_rows = np.concatenate(([0], ends))[np.cumsum(n_per_batch)]
     rows_per_batch = np.diff(batch_rows, prepend=0)
-
-    def row_event() -> Any:
-        return np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
-
-    def row_batch() -> Any:
-        return np.repeat(np.arange(n_batch, dtype=np.int64), rows_per_batch)
+    row_event = np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
+    row_batch = np.repeat(np.arange(n_batch, dtype=np.int64), rows_per_batch)
 
     def row_medium() -> Any:
-        return row_event() if ev_kept is None else ev_kept[row_event()]
+        return row_event if ev_kept is None else ev_kept[row_event]
 
     # Stores alone carry token_ids, kind and window (the other types: 0, null, null).
     tokens = np.zeros(n_rows, dtype=np.int64)
     if n_store:
         tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
-    store_rows = np.repeat(store_of, rows_per_event)
+    store_rows = np.take(store_of, row_event)
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
-        has = np.repeat(counts > 0, rows_per_event)
+        has = np.take(counts > 0, row_event)
         full = np.zeros(n_rows, dtype=np.int64)
         full[has] = keys
         hash_col = pl.Series(full, dtype=pl.Int64).scatter(np.flatnonzero(~has), None)
     df = pl.DataFrame(
         {
-            "type_code": pl.Series(np.repeat(types, rows_per_event), dtype=pl.UInt8),
-            "group_idx": _to_rows(groups, rows_per_event, row_event),
+            "type_code": pl.Series(np.take(types, row_event), dtype=pl.UInt8),
+            "group_idx": _to_rows(groups, row_event),
             "kind": pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
             "sliding_window": pl.Series([*p.windows, None], dtype=pl.Int64, strict=False).gather(
                 store_rows
             ),
             "medium": p.medium_column(row_medium, n_rows),
             "tokens": pl.Series(tokens, dtype=pl.Int64),
-            "block_count": pl.Series(
-                np.repeat(counts.astype(np.int32), rows_per_event), dtype=pl.Int32
-            ),
-            **{c: _to_rows(batches[c], rows_per_batch, row_batch) for c in _BATCH_SCHEMA},
-            "event_index": pl.Series(
-                np.repeat(
-                    np.arange(first_event, first_event + n_ev, dtype=np.int64), rows_per_event
-                ),
-                dtype=pl.Int64,
-            ),
+            "block_count": pl.Series(np.take(counts.astype(np.int32), row_event), dtype=pl.Int32),
+            **{c: _to_rows(batches[c], row_batch) for c in _BATCH_SCHEMA},
+            "event_index": pl.Series(row_event + first_event, dtype=pl.Int64),
             "hash": hash_col,
             "block_index": pl.Series(
-                np.arange(n_rows, dtype=np.int32)
-                - np.repeat(row_start.astype(np.int32), rows_per_event),
+                (np.arange(n_rows, dtype=np.int64) - np.take(row_start, row_event)).astype(
+                    np.int32
+                ),
                 dtype=pl.Int32,
             ),
         }
