@@ -2,12 +2,14 @@
 
 Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
 needs: ``block_hashes`` and ``token_ids`` stay :class:`msgspec.Raw` (no Python int per
-hash or token), fields the table does not use are skipped. The events of many batches
-are then turned into columns with C-level ``map``/``chain`` passes, and the raw msgpack
-of all hash lists and token lists of a chunk is parsed at once (numpy when installed,
-else polars): fixed-size elements (9-byte ints, 32-byte hashes) are read by stride,
-anything else goes through msgspec per event -- never one Python statement per block
-hash in the common case. A batch the lean decoder refuses goes through
+hash or token), fields the table does not use are skipped, known media and kinds come
+back as shared strings. A chunk is decoded in blocks of :data:`_BLOCK` payloads (one
+msgspec call mapped over each), and each block's events are taken apart into columns
+right away, while they are in the CPU cache: one C-level pass per field, and the raw
+msgpack of the block's hash and token lists parsed with numpy (fixed-size elements --
+9-byte ints, 32-byte hashes -- read by stride, anything else through msgspec per event):
+never one Python statement per block hash in the common case. Rows are then built from
+the columns with numpy. A batch the lean decoder refuses goes through
 :func:`kvtool.protocol.decode_batch`, the one decoder that defines what a payload means
 (unknown event types and malformed events are skipped and counted there), so both paths
 give the same rows for every layout in PROTOCOL.md (tests compare them on every
@@ -1079,7 +1081,7 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     """
     data = raw.data[sl]
     batches = None
-    if _vocab_skip[0]:
+    if _vocab_skip[0] > 0:  # (a heuristic: a race between threads only shifts a retry)
         _vocab_skip[0] -= 1
     else:
         batches = _VOCAB.decode_all(data)
