@@ -944,7 +944,9 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
             "tokens": pl.Series(tokens, dtype=pl.Int64),
             "block_count": pl.Series(np.take(counts.astype(np.int32), row_event), dtype=pl.Int32),
             **{c: _to_rows(batches[c], row_batch) for c in _BATCH_SCHEMA},
-            "event_index": pl.Series(row_event + first_event, dtype=pl.Int64),
+            "event_index": pl.Series(
+                row_event + first_event if first_event else row_event, dtype=pl.Int64
+            ),
             "hash": hash_col,
             "block_index": pl.Series(
                 (np.arange(n_rows, dtype=np.int64) - np.take(row_start, row_event)).astype(
