@@ -2,12 +2,14 @@
 
 Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
 needs: ``block_hashes`` and ``token_ids`` stay :class:`msgspec.Raw` (no Python int per
-hash or token), fields the table does not use are skipped. The events of many batches
-are then turned into columns with C-level ``map``/``chain`` passes, and the raw msgpack
-of all hash lists and token lists of a chunk is parsed at once (numpy when installed,
-else polars): fixed-size elements (9-byte ints, 32-byte hashes) are read by stride,
-anything else goes through msgspec per event -- never one Python statement per block
-hash in the common case. A batch the lean decoder refuses goes through
+hash or token), fields the table does not use are skipped, known media and kinds come
+back as shared strings. A chunk is decoded in blocks of :data:`_BLOCK` payloads (one
+msgspec call mapped over each), and each block's events are taken apart into columns
+right away, while they are in the CPU cache: one C-level pass per field, and the raw
+msgpack of the block's hash and token lists parsed with numpy (fixed-size elements --
+9-byte ints, 32-byte hashes -- read by stride, anything else through msgspec per event):
+never one Python statement per block hash in the common case. Rows are then built from
+the columns with numpy. A batch the lean decoder refuses goes through
 :func:`kvtool.protocol.decode_batch`, the one decoder that defines what a payload means
 (unknown event types and malformed events are skipped and counted there), so both paths
 give the same rows for every layout in PROTOCOL.md (tests compare them on every
@@ -41,9 +43,8 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from itertools import chain, compress
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
 import polars as pl
@@ -117,6 +118,7 @@ _NIL = msgspec.Raw(b"\xc0")
 
 
 class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    type_code: ClassVar[int] = STORED
     block_hashes: msgspec.Raw = _EMPTY
     token_ids: msgspec.Raw = _NO_TOKENS
     medium: str | None = None
@@ -126,6 +128,7 @@ class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, 
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
@@ -135,6 +138,7 @@ class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True
 
 
 class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False):
+    type_code: ClassVar[int] = CLEARED
     block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
@@ -148,6 +152,7 @@ class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=
 class _StoredArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = STORED
     block_hashes: msgspec.Raw = _EMPTY
     parent_block_hash: msgspec.Raw = _NIL
     token_ids: msgspec.Raw = _NO_TOKENS
@@ -164,6 +169,7 @@ class _StoredArrayLayout(
 class _RemovedArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
     group_idx: int | None = None
@@ -175,6 +181,7 @@ class _RemovedArrayLayout(
 class _ClearedArrayLayout(
     msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False
 ):
+    type_code: ClassVar[int] = CLEARED
     block_hashes: ClassVar[msgspec.Raw] = _EMPTY
     medium: ClassVar[None] = None
     group_idx: ClassVar[None] = None
@@ -189,24 +196,49 @@ _LeanArray = _StoredArrayLayout | _RemovedArrayLayout | _ClearedArrayLayout
 
 _LEAN = protocol.BatchProjection("lean", _LeanMap, _LeanArray, gc=False)
 
-_TYPE_CODE: dict[type, int] = {
-    _Stored: STORED,
-    _Removed: REMOVED,
-    _Cleared: CLEARED,
-    _StoredArrayLayout: STORED,
-    _RemovedArrayLayout: REMOVED,
-    _ClearedArrayLayout: CLEARED,
-    protocol.BlockStored: STORED,
-    protocol.BlockRemoved: REMOVED,
-    protocol.AllBlocksCleared: CLEARED,
-}
-for _base, _code in (
-    (protocol.BlockStored, STORED),
-    (protocol.BlockRemoved, REMOVED),
-    (protocol.AllBlocksCleared, CLEARED),
-):
-    for _sub in _base.__subclasses__():
-        _TYPE_CODE[_sub] = _code
+# The media and kinds vLLM sends (PROTOCOL.md, annotate.KINDS). Decoded as literals they
+# are shared strings, not one new string per event: decoding, reading and freeing them
+# costs less. A value outside these fails the block, which the str decoder then takes.
+_Medium = Literal["GPU", "CPU", "STORAGE", "FS", "OBJ", "CPU_TIER1", "CPU_PINNED", "cpu"]
+_Kind = Literal[
+    "full_attention",
+    "mla_attention",
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "sink_full_attention",
+    "encoder_only_attention",
+    "cross_attention",
+    "unknown",
+]
+
+
+class _VocabStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
+    type_code: ClassVar[int] = STORED
+    block_hashes: msgspec.Raw = _EMPTY
+    token_ids: msgspec.Raw = _NO_TOKENS
+    medium: _Medium | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: _Kind | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class _VocabRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
+    type_code: ClassVar[int] = REMOVED
+    block_hashes: msgspec.Raw = _EMPTY
+    medium: _Medium | None = None
+    group_idx: int | None = None
+    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
+    kv_cache_spec_kind: ClassVar[None] = None
+    kv_cache_spec_sliding_window: ClassVar[None] = None
+
+
+_VOCAB = protocol.BatchProjection(
+    "vocab", _VocabStored | _VocabRemoved | _Cleared, _LeanArray, gc=False
+)
+_VOCAB_BACKOFF = 64
+"""Blocks decoded with the str decoder alone after the vocabulary decoder failed one."""
 
 
 class LeanBatch(msgspec.Struct):
@@ -356,25 +388,31 @@ def _joined(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series]:
 
 def _np_headers(a: Any, off: Any) -> tuple[Any, Any]:
     """numpy: msgpack array count (-1: not an array) and header length at each offset."""
-    h = a[off].astype(np.int64)
-    u16 = (a[off + 1].astype(np.int64) << 8) | a[off + 2]
-    u32 = (
-        (a[off + 1].astype(np.int64) << 24)
-        | (a[off + 2].astype(np.int64) << 16)
-        | (a[off + 3].astype(np.int64) << 8)
-        | a[off + 4]
-    )
-    n = np.where(
-        (h >= 0x90) & (h <= 0x9F), h - 0x90, np.where(h == 0xDC, u16, np.where(h == 0xDD, u32, -1))
-    )
-    hl = np.where(h == 0xDC, 3, np.where(h == 0xDD, 5, 1))
+    h = a[off]
+    n = h.astype(np.int64) - 0x90
+    hl = np.ones(len(off), dtype=np.int64)
+    other = np.flatnonzero((h & 0xF0) != 0x90)  # not a fixarray (rare: >= 16 elements)
+    if len(other):
+        h, o = h[other], off[other]
+        u16 = (a[o + 1].astype(np.int64) << 8) | a[o + 2]
+        u32 = (
+            (a[o + 1].astype(np.int64) << 24)
+            | (a[o + 2].astype(np.int64) << 16)
+            | (a[o + 3].astype(np.int64) << 8)
+            | a[o + 4]
+        )
+        n[other] = np.where(h == 0xDC, u16, np.where(h == 0xDD, u32, -1))
+        hl[other] = np.where(h == 0xDC, 3, np.where(h == 0xDD, 5, 1))
     return n, hl
+
+
+_SPARE = bytes(40)
 
 
 def _np_joined(raws: list[object]) -> tuple[Any, Any, Any]:
     lens = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))  # type: ignore[arg-type]
-    # 8 spare bytes: header and element reads near the end stay inside the buffer.
-    buf = b"".join(raws) + bytes(40)  # type: ignore[arg-type]
+    # Spare bytes: header and element reads near the end stay inside the buffer.
+    buf = b"".join([*raws, _SPARE])  # type: ignore[list-item]
     a = np.frombuffer(buf, dtype=np.uint8)
     off = np.cumsum(lens) - lens
     return a, off, lens
@@ -429,12 +467,50 @@ def raw_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, list[int]]:
     return _fix_slow(raws, n, values, ev_of, slow, total)
 
 
-def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
-    n_ev = len(raws)
-    a, off, lens = _np_joined(raws)
+def _np_same_size_hashes(a: Any, off: Any, lens: Any, n: Any, hl: Any) -> Any:
+    """The keys when every list holds hashes of one size (the usual case), else None.
+
+    Each list is its header and then records of 9 bytes (``0xcf``/``0xd3`` + 8) or 34
+    (``0xc4 0x20`` + 32); the last 8 bytes of each record are read through an int64 view
+    at every byte offset. Every record's prefix is checked, so a list that only has the
+    right length is not taken.
+    """
+    if not len(off) or (n < 0).any():
+        return None
+    elems = lens - hl
+    total = int(n.sum())
+    size = 9 if int(elems.sum()) == 9 * total else 34
+    if not (elems == size * n).all():
+        return None
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    start = np.cumsum(n) - n
+    pos = np.repeat(off + hl - size * start, n) + size * np.arange(total, dtype=np.int64)
+    p0 = a[pos]
+    if size == 9:
+        if not ((p0 == 0xCF) | (p0 == 0xD3)).all():
+            return None
+    elif not ((p0 == 0xC4) & (a[pos + 1] == 0x20)).all():
+        return None
+    # The joined buffer has spare bytes after the last list: every view stays inside.
+    at_every_byte = np.ndarray((len(a) - 8,), dtype=">i8", buffer=a, strides=(1,))
+    return at_every_byte[pos + (size - 8)].astype(np.int64)
+
+
+def _np_hash_arrays(a: Any, off: Any, lens: Any) -> tuple[Any, Any, Any, Any]:
+    """numpy: hashes per event, all keys, the event of each key, and which events parsed.
+
+    ``a`` holds the joined raw lists (and spare bytes after them), ``off``/``lens`` place
+    each event's in it. An event whose list is not all 9-byte ints or all 32-byte bytes
+    is not ``ok``: its count is 0 and it has no keys here (:func:`_fix_slow` decodes it).
+    """
+    n_ev = len(off)
     n, hl = _np_headers(a, off)
     valid = n >= 0
     nn = np.where(valid, n, 0)
+    fast = _np_same_size_hashes(a, off, lens, n, hl)
+    if fast is not None:  # every event ok: the event of each key is not needed
+        return nn, fast, None, valid
     stride = np.where(lens == hl + 9 * nn, 9, np.where(lens == hl + 34 * nn, 34, 0))
     ok = valid & ((nn == 0) | (stride > 0))
     nn = np.where(ok, nn, 0)
@@ -455,8 +531,15 @@ def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.
     if not el_ok.all():
         bad_ev = np.unique(ev_of[~el_ok])
         ok[bad_ev] = False
+    return np.where(ok, nn, 0), values, ev_of, ok
+
+
+def _np_hashes(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series, pl.Series]:
+    n, values, ev_of, ok = _np_hash_arrays(*_np_joined(raws))
+    if ev_of is None:
+        ev_of = np.repeat(np.arange(len(n), dtype=np.uint32), n)
     return (
-        pl.Series(np.where(ok, nn, 0), dtype=pl.Int64),
+        pl.Series(n, dtype=pl.Int64),
         pl.Series("hash", values, dtype=pl.Int64),
         pl.Series(ev_of, dtype=pl.UInt32),
         pl.Series(ok, dtype=pl.Boolean),
@@ -655,8 +738,27 @@ class ReadStats:
             self.problems.append(msg)
 
 
+_BLOCK = 64
+"""Payloads decoded and taken apart together: their event objects are still in the CPU
+cache while their fields are read and when they are freed (a whole chunk's are not)."""
+
+_BATCH_SCHEMA = {
+    "log_time": pl.Int64,
+    "ts": pl.Float64,
+    "seq": pl.Int64,
+    "channel_id": pl.UInt32,
+    "dp_rank": pl.Int64,
+}
+
+
 class _Pending:
-    """Batches decoded but not yet turned into a table chunk."""
+    """Batches decoded but not yet turned into a table chunk, as columns.
+
+    Per batch: receive time, ts, seq, channel, rank and event count. Per event: type
+    code, hash count (and all the keys), ``group_idx`` and ``medium`` (in runs: a block
+    of events with one medium keeps only it and its count). Per store (the only type
+    with them): ``len(token_ids)``, kind and window.
+    """
 
     def __init__(self) -> None:
         self.log_time: list[int] = []
@@ -664,31 +766,112 @@ class _Pending:
         self.seq: list[int] = []
         self.chan: list[int] = []
         self.rank: list[int | None] = []
-        self.events: list[list[object]] = []
-        self.bytes = 0
+        self.n_events: list[int] = []
+        self.types = bytearray()
+        self.counts: list[Any] = []
+        self.keys: list[Any] = []
+        self.invalid: list[int] = []
+        self.groups: list[int | None] = []
+        self.media: list[tuple[str | None, int, list[str | None] | None]] = []
+        self.tokens: list[Any] = []
+        self.kinds: list[str | None] = []
+        self.windows: list[int | None] = []
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.ts)
+
+    def add(
+        self,
+        batches: list[Any],
+        log_time: list[int],
+        seq: list[int],
+        chan: list[int],
+        rank: list[int | None],
+    ) -> None:
+        """Take a block of decoded batches apart into the columns.
+
+        One C-level pass per field; the raw hash and token lists are parsed here, while
+        the block's bytes are in cache, with small arrays numpy allocates without new
+        pages (a whole chunk's temporaries would be fresh memory every time).
+        """
+        self.log_time += log_time
+        self.seq += seq
+        self.chan += chan
+        self.rank += rank
+        self.ts += [b.ts for b in batches]
+        evl = [b.events for b in batches]
+        self.n_events += map(len, evl)
+        events = list(chain.from_iterable(evl))
+        base = len(self.types)
+        types = bytes([e.type_code for e in events])
+        self.types += types
+        counts, keys, invalid = _hash_columns([e.block_hashes for e in events])
+        self.counts.append(counts)
+        self.keys.append(keys)
+        if invalid:
+            self.invalid += [base + i for i in invalid]
+        self.groups += [e.group_idx for e in events]
+        media = [e.medium for e in events]
+        if media and media.count(media[0]) == len(media):
+            self.media.append((media[0], len(media), None))
+        else:
+            self.media.append((None, len(media), media))
+        at = np.flatnonzero(np.frombuffer(types, dtype=np.uint8) == STORED).tolist()
+        stores = events if len(at) == len(events) else list(map(events.__getitem__, at))
+        if stores:
+            # len(token_ids), read from each list's msgpack header.
+            a, off, _lens = _np_joined([e.token_ids for e in stores])
+            n_tok, _hl = _np_headers(a, off)
+            self.tokens.append(np.maximum(n_tok, 0))
+            self.kinds += [e.kv_cache_spec_kind for e in stores]
+            self.windows += [e.kv_cache_spec_sliding_window for e in stores]
+
+    def medium_column(self, row_event: Callable[[], Any], n_rows: int) -> pl.Series:
+        """The ``medium`` of each row (constant when every event has the same one)."""
+        values = {v for v, _n, lst in self.media if lst is None}
+        if len(values) <= 1 and all(lst is None for _v, _n, lst in self.media):
+            one = values.pop() if values else None
+            return pl.Series([one], dtype=pl.String).new_from_index(0, n_rows)
+        full: list[str | None] = []
+        for v, n, lst in self.media:
+            full += lst if lst is not None else [v] * n
+        return pl.Series(full, dtype=pl.String).gather(row_event())
 
 
-_get_hashes = attrgetter("block_hashes")
-_get_group = attrgetter("group_idx")
-_get_kind = attrgetter("kv_cache_spec_kind")
-_get_window = attrgetter("kv_cache_spec_sliding_window")
-_get_medium = attrgetter("medium")
-_get_tokens = attrgetter("token_ids")
+def _hash_columns(raws: list[object]) -> tuple[Any, Any, list[int]]:
+    """:func:`raw_hashes` as numpy arrays: hashes per event, all keys, invalid events."""
+    if not raws:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), []
+    n, values, ev_of, ok = _np_hash_arrays(*_np_joined(raws))
+    if ok.all():
+        return n, values, []
+    slow = np.flatnonzero(~ok).tolist()
+    n_s, v_s, invalid = _fix_slow(
+        raws,
+        pl.Series(n, dtype=pl.Int64),
+        pl.Series("hash", values, dtype=pl.Int64),
+        pl.Series(ev_of, dtype=pl.UInt32),
+        slow,
+        len(values),
+    )
+    return n_s.to_numpy(), v_s.to_numpy(), invalid
+
+
+def _to_rows(s: pl.Series, index: Any) -> pl.Series:
+    """The value of ``s`` at each of ``index`` (numpy unless it has nulls)."""
+    if s.null_count():
+        return s.gather(index)
+    return pl.Series(np.take(s.to_numpy(), index), dtype=s.dtype)
 
 
 def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
-    """Turn pending batches into one table chunk (vectorised; no Python per hash)."""
-    evlists = p.events
-    n_per_batch = list(map(len, evlists))
-    events = list(chain.from_iterable(evlists))
-    n_ev = len(events)
-    types = list(map(_TYPE_CODE.__getitem__, map(type, events)))
-    n_hash, hashes, invalid = raw_hashes(list(map(_get_hashes, events)))
-    # Tokens: len(token_ids), read from the msgpack header of each (undecoded) list.
-    tokens = raw_token_counts(list(map(_get_tokens, events)))
+    """Turn pending batches into one table chunk.
+
+    numpy over whole columns (no Python per event or hash): each event-level or
+    batch-level column is taken to rows by one index.
+    """
+    n_batch = len(p)
+    n_per_batch = np.array(p.n_events, dtype=np.int64)
     batches = pl.DataFrame(
         {
             "log_time": p.log_time,
@@ -696,80 +879,87 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
             "seq": p.seq,
             "channel_id": p.chan,
             "dp_rank": p.rank,
-            "n": n_per_batch,
         },
-        schema={
-            "log_time": pl.Int64,
-            "ts": pl.Float64,
-            "seq": pl.Int64,
-            "channel_id": pl.UInt32,
-            "dp_rank": pl.Int64,
-            "n": pl.Int64,
-        },
+        schema=_BATCH_SCHEMA,
         strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
     )
-    ev = pl.DataFrame(
-        {
-            "type_code": types,
-            "group_idx": list(map(_get_group, events)),
-            "kind": list(map(_get_kind, events)),
-            "sliding_window": list(map(_get_window, events)),
-            "medium": list(map(_get_medium, events)),
-            "tokens": tokens,
-            "block_count": n_hash,
-        },
-        schema={
-            "type_code": pl.UInt8,
-            "group_idx": pl.Int64,
-            "kind": pl.String,
-            "sliding_window": pl.Int64,
-            "medium": pl.String,
-            "tokens": pl.Int64,
-            "block_count": pl.Int32,
-        },
-        strict=False,
-    )
-    # event -> batch
-    batch_of_event = (
-        batches.select(pl.int_range(pl.len(), dtype=pl.UInt32).repeat_by(pl.col("n")).explode())
-        .to_series()
-        .drop_nulls()
-    )
-    ev = pl.concat([ev, batches.drop("n")[batch_of_event]], how="horizontal")
-    if invalid:
+    types = np.frombuffer(p.types, dtype=np.uint8)
+    counts = np.concatenate(p.counts)
+    keys = np.concatenate(p.keys)
+    groups = pl.Series(p.groups, dtype=pl.Int64, strict=False)
+    # Each store's place among the stores; n_store (the null appended to kinds and
+    # windows below) for the other types.
+    n_store = len(p.kinds)
+    store_of = np.full(len(types), n_store, dtype=np.int64)
+    store_of[types == STORED] = np.arange(n_store, dtype=np.int64)
+    ev_kept = None
+    if p.invalid:
         # block_hashes that is not a list of hashes: the event is skipped (as the protocol
         # decoder would), its neighbours kept.
-        for i in invalid[:5]:
+        batch_of = np.repeat(np.arange(n_batch, dtype=np.int64), n_per_batch)
+        seqs = batches["seq"]
+        for i in p.invalid[:5]:
             stats.note(
-                f"seq {ev['seq'][i]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
+                f"seq {seqs[int(batch_of[i])]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
                 "(block_hashes is not a list of hashes)"
             )
-        stats.skipped_events += len(invalid)
-        ev = ev.filter(~pl.Series([False] * n_ev).scatter(invalid, True))
-        n_ev = ev.height
-    ev = ev.with_columns(event_index=pl.int_range(first_event, first_event + n_ev, dtype=pl.Int64))
+        stats.skipped_events += len(p.invalid)
+        keep = np.ones(len(types), dtype=bool)
+        keep[p.invalid] = False
+        types, counts, store_of = types[keep], counts[keep], store_of[keep]
+        groups = groups.filter(pl.Series(keep))
+        n_per_batch = np.bincount(batch_of[keep], minlength=n_batch)
+        ev_kept = np.flatnonzero(keep)
+    n_ev = len(types)
+    is_store = types == STORED
     # event -> rows: one per hash, one for an event without hashes.
-    rows_per_event = ev["block_count"].clip(lower_bound=1)
-    row_event = (
-        pl.int_range(0, n_ev, eager=True, dtype=pl.UInt32).repeat_by(rows_per_event).explode()
-    )
-    df = ev[row_event]
-    n_rows = df.height
-    starts = (rows_per_event.cum_sum() - rows_per_event).cast(pl.Int64)
-    block_index = (pl.int_range(0, n_rows, eager=True, dtype=pl.Int64) - starts[row_event]).cast(
-        pl.Int32
-    )
-    if len(hashes) == n_rows:
-        hash_col = hashes
+    rows_per_event = np.maximum(counts, 1)
+    ends = np.cumsum(rows_per_event)
+    row_start = ends - rows_per_event
+    n_rows = int(ends[-1]) if n_ev else 0
+    batch_rows = np.concatenate(([0], ends))[np.cumsum(n_per_batch)]
+    rows_per_batch = np.diff(batch_rows, prepend=0)
+    row_event = np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
+    row_batch = np.repeat(np.arange(n_batch, dtype=np.int64), rows_per_batch)
+
+    def row_medium() -> Any:
+        return row_event if ev_kept is None else ev_kept[row_event]
+
+    # Stores alone carry token_ids, kind and window (the other types: 0, null, null).
+    tokens = np.zeros(n_rows, dtype=np.int64)
+    if n_store:
+        tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
+    store_rows = np.take(store_of, row_event)
+    if n_rows == len(keys):
+        hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
-        has = df["block_count"] > 0
-        hash_col = pl.Series("hash", [None] * n_rows, dtype=pl.Int64).scatter(
-            has.arg_true(), hashes
-        )
-    df = df.with_columns(
-        hash=hash_col,
-        block_index=block_index,
-        tokens=pl.when(block_index == 0).then(pl.col("tokens")).otherwise(0),
+        has = np.take(counts > 0, row_event)
+        full = np.zeros(n_rows, dtype=np.int64)
+        full[has] = keys
+        hash_col = pl.Series(full, dtype=pl.Int64).scatter(np.flatnonzero(~has), None)
+    df = pl.DataFrame(
+        {
+            "type_code": pl.Series(np.take(types, row_event), dtype=pl.UInt8),
+            "group_idx": _to_rows(groups, row_event),
+            "kind": pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
+            "sliding_window": pl.Series([*p.windows, None], dtype=pl.Int64, strict=False).gather(
+                store_rows
+            ),
+            "medium": p.medium_column(row_medium, n_rows),
+            "tokens": pl.Series(tokens, dtype=pl.Int64),
+            "block_count": pl.Series(np.take(counts.astype(np.int32), row_event), dtype=pl.Int32),
+            **{c: _to_rows(batches[c], row_batch) for c in _BATCH_SCHEMA},
+            "event_index": pl.Series(
+                row_event + first_event if first_event else row_event, dtype=pl.Int64
+            ),
+            "hash": hash_col,
+            "block_index": pl.Series(
+                (np.arange(n_rows, dtype=np.int64) - np.take(row_start, row_event)).astype(
+                    np.int32
+                ),
+                dtype=pl.Int32,
+            ),
+        }
     )
     stats.rows += n_rows
     stats.events += n_ev
@@ -865,42 +1055,97 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
     """
     st = ReadStats()
     pending = _Pending()
-    ranks = raw.ranks
-    # The cyclic GC would walk every decoded event again and again while a chunk
-    # accumulates (nothing here makes cycles): pause it while decoding.
+    n = len(raw.data)
+    if not len(raw.log_time) == len(raw.seq) == len(raw.channel_id) == len(raw.dp_rank) == n:
+        raise ValueError("RawChunk columns differ in length")
+    # The cyclic GC would walk the decoded events again and again (nothing here makes
+    # cycles): pause it while decoding.
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for log_time, seq, cid, rank, data in zip(
-            raw.log_time, raw.seq, raw.channel_id, raw.dp_rank, raw.data, strict=True
-        ):
-            try:
-                b = decode_lean(data, seq=seq)
-            except ProtocolError as err:
-                st.bad_batches += 1
-                st.note(f"{raw.where.get(cid, cid)}: {err}")
-                continue
-            kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
-            if ranks is not None and kept_rank not in ranks:
-                st.unselected += 1
-                continue
-            if b.skipped:
-                st.skipped_events += len(b.skipped)
-                for text in b.skipped:
-                    st.note(f"{raw.where.get(cid, cid)}: {text}")
-            pending.log_time.append(log_time)
-            pending.ts.append(b.ts)
-            pending.seq.append(seq)
-            pending.chan.append(cid)
-            pending.rank.append(kept_rank)
-            pending.events.append(b.events)
+        for i in range(0, n, _BLOCK):
+            pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
+        table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
     finally:
         if gc_was:
             gc.enable()
-    table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
     return DecodedChunk(
         table, st.events, st.rows, st.bad_batches, st.skipped_events, st.problems, st.unselected
     )
+
+
+_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
+_vocab_skip = [0]  # blocks left before the vocabulary decoder is tried again
+
+
+def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
+    """Decode some payloads of a chunk: batches, log_time, seq, channel_id, rank.
+
+    Payloads of one stream all fit one lean decoder (the usual case), mapped in C over
+    the block: the vocabulary one (known media and kinds) if it fits, else the str one;
+    otherwise the block is decoded payload by payload (:func:`_decode_each`), bad
+    batches and bad events skipped and named. All three give the same batches.
+    """
+    data = raw.data[sl]
+    batches = None
+    if _vocab_skip[0] > 0:  # (a heuristic: a race between threads only shifts a retry)
+        _vocab_skip[0] -= 1
+    else:
+        batches = _VOCAB.decode_all(data)
+        if batches is None:
+            _vocab_skip[0] = _VOCAB_BACKOFF
+    if batches is None:
+        batches = _LEAN.decode_all(data)
+    if batches is None:
+        return _decode_each(raw, sl, st)
+    log_time, seq, chan = raw.log_time[sl], raw.seq[sl], raw.channel_id[sl]
+    own = [b.data_parallel_rank for b in batches]
+    kept = [r if r is not None else c for r, c in zip(own, raw.dp_rank[sl], strict=True)]
+    ranks = raw.ranks
+    if ranks is not None:
+        sel = [r in ranks for r in kept]
+        st.unselected += sel.count(False)
+        batches = list(compress(batches, sel))
+        log_time = list(compress(log_time, sel))
+        seq = list(compress(seq, sel))
+        chan = list(compress(chan, sel))
+        kept = list(compress(kept, sel))
+    return batches, log_time, seq, chan, kept
+
+
+def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
+    """Decode payloads one by one: bad batches and bad events are skipped and named."""
+    out: _Block = ([], [], [], [], [])
+    batches, log_times, seqs, chans, kept = out
+    ranks = raw.ranks
+    for log_time, seq, cid, rank, data in zip(
+        raw.log_time[sl],
+        raw.seq[sl],
+        raw.channel_id[sl],
+        raw.dp_rank[sl],
+        raw.data[sl],
+        strict=True,
+    ):
+        try:
+            b = decode_lean(data, seq=seq)
+        except ProtocolError as err:
+            st.bad_batches += 1
+            st.note(f"{raw.where.get(cid, cid)}: {err}")
+            continue
+        kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
+        if ranks is not None and kept_rank not in ranks:
+            st.unselected += 1
+            continue
+        if b.skipped:
+            st.skipped_events += len(b.skipped)
+            for text in b.skipped:
+                st.note(f"{raw.where.get(cid, cid)}: {text}")
+        batches.append(b)
+        log_times.append(log_time)
+        seqs.append(seq)
+        chans.append(cid)
+        kept.append(kept_rank)
+    return out
 
 
 def iter_raw_chunks(

@@ -11,6 +11,7 @@ fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -424,6 +425,36 @@ class BatchProjection:
                 continue
             self._last[benc] = eenc
             return batch, benc, eenc
+        return None
+
+    def decode_all(self, raws: Sequence[bytes]) -> list[DecodedBatch] | None:
+        """Decode many payloads of one stream with one decoder, or return None.
+
+        A stream keeps its layout, so one decoder (the first payload's batch encoding,
+        the event encoding that worked last, else the other) is mapped over all of them
+        in C; if no decoder fits every payload (mixed layouts, damage), None is returned
+        and the caller decodes payload by payload with :meth:`decode`. Each payload
+        decodes as :meth:`decode` would decode it: a decoder for one batch encoding
+        refuses the other, and a batch decodes in at most one event encoding (an event
+        is either a map or an array; an empty list is the same batch in both).
+
+        Args:
+            raws: The payloads.
+
+        Returns:
+            The batches in order, or None.
+        """
+        if not raws or not raws[0]:
+            return None
+        benc = _batch_encoding(raws[0])
+        guess = self._last[benc]
+        for eenc in (guess, "array" if guess == "map" else "map"):
+            try:
+                batches = list(map(self._decoders[(benc, eenc)].decode, raws))
+            except _DECODE_ERRORS:
+                continue
+            self._last[benc] = eenc
+            return batches
         return None
 
 
