@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import msgspec
