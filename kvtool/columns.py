@@ -1598,8 +1598,27 @@ def annotate_table(
     """
     if df.height == 0:
         return df
-    meta_rows: list[tuple[int, int, str, int | None]] = []
-    learned_rows: list[tuple[int, int, int, str, int | None]] = []
+    meta_rows, learned_rows, covered = _annotation_rows(annotation, channels)
+    if not covered and not learned_rows:
+        return df
+    if np is not None:
+        fast = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
+        if fast is not None:
+            return fast
+    return _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+
+
+_MetaRow = tuple[int, int, "str | None", "int | None"]
+_LearnedRow = tuple[int, int, int, "str | None", "int | None"]
+_DENSE_CELLS = 1 << 20  # largest lookup table (channel x rank x group cells) of the fast path
+
+
+def _annotation_rows(
+    annotation: Annotation, channels: dict[int, ChannelRef]
+) -> tuple[list[_MetaRow], list[_LearnedRow], list[int]]:
+    """The annotation as rows keyed by channel id: metadata, learned values, covered ids."""
+    meta_rows: list[_MetaRow] = []
+    learned_rows: list[_LearnedRow] = []
     covered: list[int] = []
     by_channel: dict[str, list[tuple[int | None, int, KindWindow]]] = {}
     for (ch, rank, g), kw in annotation.learned.items():
@@ -1613,6 +1632,149 @@ def annotate_table(
             continue
         for rank, g, (k, w) in by_channel.get(ref.info.name, ()):
             learned_rows.append((cid, _NO_RANK if rank is None else rank, g, k, w))
+    return meta_rows, learned_rows, covered
+
+
+def _annotate_dense(
+    df: pl.DataFrame,
+    meta_rows: list[_MetaRow],
+    learned_rows: list[_LearnedRow],
+    covered: list[int],
+    channels: dict[int, ChannelRef],
+    out_of_range: dict[int, int] | None,
+) -> pl.DataFrame | None:
+    """:func:`annotate_table` by numpy lookup tables indexed by (channel, rank, group).
+
+    The keys of the annotation span few channels, ranks and groups, so a dense table over
+    their ranges answers every row by one gather, where a join would hash every row.
+    Rows whose group (or rank) falls outside the keys' range match nothing, which keeps
+    odd values (negative, huge) exact. Returns None when the keys' ranges are too wide
+    (or a key repeats), leaving the chunk to :func:`_annotate_join`.
+    """
+    cid_s = df["channel_id"]
+    if cid_s.null_count():
+        return None
+    cid = cid_s.to_numpy()
+    n_ch = max(int(cid.max()), max(channels, default=0)) + 1
+    if n_ch > _DENSE_CELLS:
+        return None
+    g_s = df["group_idx"]
+    has_g: Any = True
+    if g_s.null_count():
+        has_g = g_s.is_not_null().to_numpy()
+        g_s = g_s.fill_null(0)
+    g = g_s.to_numpy()
+    tc = df["type_code"].to_numpy()
+    not_cleared = tc != CLEARED
+    entries: dict[tuple[str, int | None], int] = {}
+    upd: Any = None
+    code: Any = None
+
+    def lookup(
+        keys: list[tuple[int, ...]], vals: list[tuple[str | None, int | None]], cols: list[Any]
+    ) -> Any:
+        # cols: the rows' key components after the channel (int64 arrays)
+        lo = [min(k[i] for k in keys) for i in range(1, len(keys[0]))]
+        hi = [max(k[i] for k in keys) for i in range(1, len(keys[0]))]
+        spans = [h - l_ + 1 for l_, h in zip(lo, hi, strict=True)]
+        cells = n_ch
+        for sp in spans:
+            cells *= sp
+        if cells > _DENSE_CELLS:
+            return None
+        tbl = np.full(cells, -1, dtype=np.int32)
+        seen: set[int] = set()
+        for key, (k, w) in zip(keys, vals, strict=True):
+            pos = key[0]
+            for i, sp in enumerate(spans):
+                pos = pos * sp + (key[i + 1] - lo[i])
+            if pos in seen:
+                return None  # a repeated key: the join's duplicate rows decide
+            seen.add(pos)
+            if k is not None:
+                tbl[pos] = entries.setdefault((k, w), len(entries))
+        pos_rows = cid.astype(np.int64)
+        ok = has_g
+        for i, sp in enumerate(spans):
+            col = cols[i]
+            ok = ok & (col >= lo[i]) & (col <= hi[i])
+            pos_rows = pos_rows * sp + (np.clip(col, lo[i], hi[i]) - lo[i])
+        hit = tbl[pos_rows]
+        if ok is not True:
+            hit[~ok] = -1
+        return hit
+
+    if covered:
+        if meta_rows:
+            hit = lookup(
+                [(c, gi) for c, gi, _k, _w in meta_rows],
+                [(k, w) for _c, _g, k, w in meta_rows],
+                [g],
+            )
+            if hit is None:
+                return None
+            known = hit >= 0
+        else:
+            hit = np.full(len(cid), -1, dtype=np.int32)
+            known = np.zeros(len(cid), dtype=bool)
+        if out_of_range is not None:
+            is_cov = np.zeros(n_ch, dtype=bool)
+            is_cov[covered] = True
+            oor = (tc == STORED) & has_g & ~known & is_cov[cid]
+            oor &= df["block_index"].to_numpy() == 0
+            if oor.any():
+                counts = df["group_idx"].filter(pl.Series(oor)).value_counts()
+                for gi, cnt in counts.iter_rows():
+                    out_of_range[gi] = out_of_range.get(gi, 0) + cnt
+        upd = known & not_cleared
+        code = hit
+    if learned_rows:
+        ranks = np.zeros(n_ch, dtype=np.int64)
+        has_rank = np.zeros(n_ch, dtype=bool)
+        for c, ref in channels.items():
+            if ref.info.dp_rank is not None:
+                ranks[c] = ref.info.dp_rank
+                has_rank[c] = True
+        row_has = has_rank[cid]
+        rank = ranks[cid]
+        if not row_has.all():
+            dp = df["dp_rank"].fill_null(_NO_RANK).to_numpy()
+            rank = np.where(row_has, rank, dp)
+        hit = lookup(
+            [(c, r, gi) for c, r, gi, _k, _w in learned_rows],
+            [(k, w) for _c, _r, _g, k, w in learned_rows],
+            [rank, g],
+        )
+        if hit is None:
+            return None
+        use = (hit >= 0) & not_cleared & df["kind"].is_null().to_numpy()
+        if upd is None:
+            upd, code = use, hit
+        else:  # learned channels are never covered: the two never hit one row
+            upd |= use
+            code = np.where(use, hit, code)
+    if not upd.any():
+        return df
+    idx = pl.Series(np.where(upd, code, 0).astype(np.uint32))
+    kinds = pl.Series([k for k, _w in entries], dtype=pl.String)
+    windows = pl.Series([w for _k, w in entries], dtype=pl.Int64)
+    kind, window = kinds.gather(idx), windows.gather(idx)
+    if not upd.all():
+        mask = pl.Series(upd)  # zip_with copies every string: only when some rows keep theirs
+        kind = kind.zip_with(mask, df["kind"])
+        window = window.zip_with(mask, df["sliding_window"])
+    return df.with_columns(kind.alias("kind"), window.alias("sliding_window"))
+
+
+def _annotate_join(
+    df: pl.DataFrame,
+    meta_rows: list[_MetaRow],
+    learned_rows: list[_LearnedRow],
+    covered: list[int],
+    channels: dict[int, ChannelRef],
+    out_of_range: dict[int, int] | None,
+) -> pl.DataFrame:
+    """:func:`annotate_table` by left joins on the composite keys (any key values)."""
     is_store = pl.col("type_code") == STORED
     if covered:
         meta = pl.DataFrame(meta_rows, schema=_META_SCHEMA, orient="row", strict=False)
