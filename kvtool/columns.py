@@ -1647,123 +1647,170 @@ def _annotate_dense(
 
     The keys of the annotation span few channels, ranks and groups, so a dense table over
     their ranges answers every row by one gather, where a join would hash every row.
-    Rows whose group (or rank) falls outside the keys' range match nothing, which keeps
-    odd values (negative, huge) exact. Returns None when the keys' ranges are too wide
-    (or a key repeats), leaving the chunk to :func:`_annotate_join`.
+    Rows whose channel, rank or group falls outside the keys' ranges match nothing, which
+    keeps odd values (negative, huge, null) exact. Returns None when the keys' ranges are
+    too wide (or a key repeats), leaving the chunk to :func:`_annotate_join`.
     """
-    cid_s = df["channel_id"]
+    cid_s, g_s = df["channel_id"], df["group_idx"]
     if cid_s.null_count():
         return None
     cid = cid_s.to_numpy()
-    n_ch = max(int(cid.max()), max(channels, default=0)) + 1
-    if n_ch > _DENSE_CELLS:
-        return None
-    g_s = df["group_idx"]
     has_g: Any = True
     if g_s.null_count():
         has_g = g_s.is_not_null().to_numpy()
         g_s = g_s.fill_null(0)
     g = g_s.to_numpy()
     tc = df["type_code"].to_numpy()
-    not_cleared = tc != CLEARED
-    entries: dict[tuple[str, int | None], int] = {}
-    upd: Any = None
-    code: Any = None
-
-    def lookup(
-        keys: list[tuple[int, ...]], vals: list[tuple[str | None, int | None]], cols: list[Any]
-    ) -> Any:
-        # cols: the rows' key components after the channel (int64 arrays)
-        lo = [min(k[i] for k in keys) for i in range(1, len(keys[0]))]
-        hi = [max(k[i] for k in keys) for i in range(1, len(keys[0]))]
-        spans = [h - l_ + 1 for l_, h in zip(lo, hi, strict=True)]
-        cells = n_ch
-        for sp in spans:
-            cells *= sp
-        if cells > _DENSE_CELLS:
-            return None
-        tbl = np.full(cells, -1, dtype=np.int32)
-        seen: set[int] = set()
-        for key, (k, w) in zip(keys, vals, strict=True):
-            pos = key[0]
-            for i, sp in enumerate(spans):
-                pos = pos * sp + (key[i + 1] - lo[i])
-            if pos in seen:
-                return None  # a repeated key: the join's duplicate rows decide
-            seen.add(pos)
-            if k is not None:
-                tbl[pos] = entries.setdefault((k, w), len(entries))
-        pos_rows = cid.astype(np.int64)
-        ok = has_g
-        for i, sp in enumerate(spans):
-            col = cols[i]
-            ok = ok & (col >= lo[i]) & (col <= hi[i])
-            pos_rows = pos_rows * sp + (np.clip(col, lo[i], hi[i]) - lo[i])
-        hit = tbl[pos_rows]
-        if ok is not True:
-            hit[~ok] = -1
-        return hit
-
+    not_cleared: Any = True if int(tc.max()) < CLEARED else tc != CLEARED
+    kinds: list[pl.Series] = []
+    windows: list[pl.Series] = []
+    base = 0
+    parts: list[tuple[Any, Any]] = []  # per table: (row -> cell, rows it sets)
     if covered:
-        if meta_rows:
-            hit = lookup(
-                [(c, gi) for c, gi, _k, _w in meta_rows],
-                [(k, w) for _c, _g, k, w in meta_rows],
-                [g],
-            )
-            if hit is None:
-                return None
-            known = hit >= 0
-        else:
-            hit = np.full(len(cid), -1, dtype=np.int32)
-            known = np.zeros(len(cid), dtype=bool)
-        if out_of_range is not None:
-            is_cov = np.zeros(n_ch, dtype=bool)
-            is_cov[covered] = True
+        found = _dense_lookup(
+            [(c, gi) for c, gi, _k, _w in meta_rows],
+            [(k, w) for _c, _g, k, w in meta_rows],
+            [cid, g],
+            has_g,
+        )
+        if found is None:
+            return None
+        pos, known, cell_kind, cell_window = found
+        if out_of_range is not None and known is not True:
+            is_cov = np.zeros(int(cid.max()) + 1, dtype=bool)
+            is_cov[[c for c in covered if c < len(is_cov)]] = True
             oor = (tc == STORED) & has_g & ~known & is_cov[cid]
             oor &= df["block_index"].to_numpy() == 0
             if oor.any():
                 counts = df["group_idx"].filter(pl.Series(oor)).value_counts()
                 for gi, cnt in counts.iter_rows():
                     out_of_range[gi] = out_of_range.get(gi, 0) + cnt
-        upd = known & not_cleared
-        code = hit
+        parts.append((pos, known & not_cleared))
+        kinds.append(cell_kind)
+        windows.append(cell_window)
+        base = len(cell_kind)
     if learned_rows:
-        ranks = np.zeros(n_ch, dtype=np.int64)
-        has_rank = np.zeros(n_ch, dtype=bool)
+        ranks = np.zeros(int(cid.max()) + 1, dtype=np.int64)
+        has_rank = np.zeros(len(ranks), dtype=bool)
         for c, ref in channels.items():
-            if ref.info.dp_rank is not None:
+            if ref.info.dp_rank is not None and c < len(ranks):
                 ranks[c] = ref.info.dp_rank
                 has_rank[c] = True
         row_has = has_rank[cid]
         rank = ranks[cid]
         if not row_has.all():
-            dp = df["dp_rank"].fill_null(_NO_RANK).to_numpy()
-            rank = np.where(row_has, rank, dp)
-        hit = lookup(
+            rank = np.where(row_has, rank, df["dp_rank"].fill_null(_NO_RANK).to_numpy())
+        found = _dense_lookup(
             [(c, r, gi) for c, r, gi, _k, _w in learned_rows],
             [(k, w) for _c, _r, _g, k, w in learned_rows],
-            [rank, g],
+            [cid, rank, g],
+            has_g,
         )
-        if hit is None:
+        if found is None:
             return None
-        use = (hit >= 0) & not_cleared & df["kind"].is_null().to_numpy()
-        if upd is None:
-            upd, code = use, hit
-        else:  # learned channels are never covered: the two never hit one row
-            upd |= use
-            code = np.where(use, hit, code)
-    if not upd.any():
+        pos, known, cell_kind, cell_window = found
+        nulls = df["kind"].null_count()
+        if nulls != df.height:
+            known = known & (df["kind"].is_null().to_numpy() if nulls else False)
+        parts.append((pos + base if base else pos, known & not_cleared))
+        kinds.append(cell_kind)
+        windows.append(cell_window)
+    if len(parts) == 1:
+        pos, upd = parts[0]
+    else:  # learned channels are never covered: the two never set one row
+        (pos_m, upd_m), (pos_l, upd_l) = parts
+        upd_l = np.broadcast_to(upd_l, cid.shape)
+        pos = np.where(upd_l, pos_l, pos_m)
+        upd = upd_m | upd_l
+    if upd is False or (upd is not True and not upd.any()):
         return df
-    idx = pl.Series(np.where(upd, code, 0).astype(np.uint32))
-    kinds = pl.Series([k for k, _w in entries], dtype=pl.String)
-    windows = pl.Series([w for _k, w in entries], dtype=pl.Int64)
-    kind, window = kinds.gather(idx), windows.gather(idx)
-    if not upd.all():
+    idx = pl.Series(pos)
+    kind = pl.concat(kinds).gather(idx)
+    window = pl.concat(windows).gather(idx)
+    if upd is not True and not upd.all():
         mask = pl.Series(upd)  # zip_with copies every string: only when some rows keep theirs
         kind = kind.zip_with(mask, df["kind"])
         window = window.zip_with(mask, df["sliding_window"])
     return df.with_columns(kind.alias("kind"), window.alias("sliding_window"))
+
+
+def _dense_lookup(
+    keys: list[tuple[int, ...]],
+    vals: list[tuple[str | None, int | None]],
+    cols: list[Any],
+    has_g: Any,
+) -> tuple[Any, Any, pl.Series, pl.Series] | None:
+    """Each row's cell in a dense table over the keys' ranges, and whether it holds a value.
+
+    Args:
+        keys: The table's keys (channel, [rank,] group).
+        vals: Their (kind, window).
+        cols: The rows' key components (numpy arrays; the last one is the group).
+        has_g: Rows whose group is not null (True: all).
+
+    Returns:
+        (row → cell as int64 array, rows whose cell holds a value (True: all), cells'
+        kinds, cells' windows), or None when the table would be too large or a key repeats.
+    """
+    dims = len(cols)
+    if not keys:
+        lo, spans = [0] * dims, [1] * dims
+    else:
+        lo = [min(k[i] for k in keys) for i in range(dims)]
+        spans = [max(k[i] for k in keys) - lo[i] + 1 for i in range(dims)]
+    cells = 1
+    for sp in spans:
+        cells *= sp
+    if cells > _DENSE_CELLS:
+        return None
+    tbl = np.full(cells, -1, dtype=np.int64)
+    for n, key in enumerate(keys):
+        pos = 0
+        for i in range(dims):
+            pos = pos * spans[i] + (key[i] - lo[i])
+        if tbl[pos] != -1:
+            return None  # a repeated key: the join's duplicate rows decide
+        tbl[pos] = n
+    filled = tbl >= 0
+    vk = [vals[i][0] if i >= 0 else None for i in tbl.tolist()] if cells <= 4096 else None
+    if vk is None:
+        codes = pl.Series(np.where(filled, tbl, 0))
+        cell_kind = pl.Series([k for k, _w in vals], dtype=pl.String).gather(codes)
+        cell_window = pl.Series([w for _k, w in vals], dtype=pl.Int64).gather(codes)
+    else:
+        cell_kind = pl.Series(vk, dtype=pl.String)
+        cell_window = pl.Series(
+            [vals[i][1] if i >= 0 else None for i in tbl.tolist()], dtype=pl.Int64
+        )
+    filled &= cell_kind.is_not_null().to_numpy()  # a null kind sets nothing
+    in_bounds = has_g is True and bool(keys)
+    if in_bounds:
+        for i in range(dims):
+            if int(cols[i].min()) < lo[i] or int(cols[i].max()) >= lo[i] + spans[i]:
+                in_bounds = False
+                break
+    pos_rows: Any = None
+    ok: Any = True
+    for i in range(dims):
+        col = cols[i]
+        if spans[i] == 1 and in_bounds:
+            continue  # one value: adds nothing to the cell
+        if not in_bounds:
+            ok = ok & (col >= lo[i]) & (col < lo[i] + spans[i])
+            col = np.clip(col, lo[i], lo[i] + spans[i] - 1)
+        part = col - lo[i] if lo[i] else col
+        pos_rows = part if pos_rows is None else pos_rows * spans[i] + part
+    if pos_rows is None:
+        pos_rows = np.zeros(len(cols[0]), dtype=np.int64)
+    pos_rows = pos_rows.astype(np.int64, copy=False)
+    if in_bounds and filled.all():
+        return pos_rows, True, cell_kind, cell_window
+    known = filled[pos_rows]
+    if ok is not True:
+        known &= ok & has_g
+    elif has_g is not True:
+        known &= has_g
+    return pos_rows, known, cell_kind, cell_window
 
 
 def _annotate_join(
