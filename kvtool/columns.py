@@ -1666,6 +1666,7 @@ def _annotate_dense(
     windows: list[pl.Series] = []
     base = 0
     parts: list[tuple[Any, Any]] = []  # per table: (row -> cell, rows it sets)
+    oor_counts: pl.DataFrame | None = None
     if covered:
         found = _dense_lookup(
             [(c, gi) for c, gi, _k, _w in meta_rows],
@@ -1681,10 +1682,8 @@ def _annotate_dense(
             is_cov[[c for c in covered if c < len(is_cov)]] = True
             oor = (tc == STORED) & has_g & ~known & is_cov[cid]
             oor &= df["block_index"].to_numpy() == 0
-            if oor.any():
-                counts = df["group_idx"].filter(pl.Series(oor)).value_counts()
-                for gi, cnt in counts.iter_rows():
-                    out_of_range[gi] = out_of_range.get(gi, 0) + cnt
+            if oor.any():  # counted once the learned part cannot decline any more
+                oor_counts = df["group_idx"].filter(pl.Series(oor)).value_counts()
         parts.append((pos, known & not_cleared))
         kinds.append(cell_kind)
         windows.append(cell_window)
@@ -1715,6 +1714,11 @@ def _annotate_dense(
         parts.append((pos + base if base else pos, known & not_cleared))
         kinds.append(cell_kind)
         windows.append(cell_window)
+    if out_of_range is not None and oor_counts is not None:
+        for gi, cnt in oor_counts.iter_rows():
+            out_of_range[gi] = out_of_range.get(gi, 0) + cnt
+    if not parts:
+        return df
     if len(parts) == 1:
         pos, upd = parts[0]
     else:  # learned channels are never covered: the two never set one row
