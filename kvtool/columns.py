@@ -1728,14 +1728,17 @@ def _annotate_dense(
         upd = upd_m | upd_l
     if upd is False or (upd is not True and not upd.any()):
         return df
-    idx = pl.Series(pos)
-    kind = pl.concat(kinds).gather(idx)
-    window = pl.concat(windows).gather(idx)
     if upd is not True and not upd.all():
-        mask = pl.Series(upd)  # zip_with copies every string: only when some rows keep theirs
-        kind = kind.zip_with(mask, df["kind"])
-        window = window.zip_with(mask, df["sliding_window"])
-    return df.with_columns(kind.alias("kind"), window.alias("sliding_window"))
+        # Rows that keep their values gather them from behind the cells: one gather is
+        # cheaper than a zip_with over every string.
+        n_cells = sum(len(k) for k in kinds)
+        pos = np.where(upd, pos, np.arange(n_cells, n_cells + len(upd)))
+        kinds.append(df["kind"])
+        windows.append(df["sliding_window"])
+    cells = pl.DataFrame(
+        [pl.concat(kinds).alias("kind"), pl.concat(windows).alias("sliding_window")]
+    )
+    return df.with_columns(cells[pl.Series(pos.astype(np.uint32))])  # a u32 row gather: fastest
 
 
 def _dense_lookup(
