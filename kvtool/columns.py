@@ -1793,7 +1793,7 @@ def _dense_lookup(
     in_bounds = has_g is True and bool(keys)
     if in_bounds:
         for i in range(dims):
-            if int(cols[i].min()) < lo[i] or int(cols[i].max()) >= lo[i] + spans[i]:
+            if int(cols[i].min()) < lo[i] or int(cols[i].max()) > lo[i] + spans[i] - 1:
                 in_bounds = False
                 break
     pos_rows: Any = None
@@ -1802,9 +1802,10 @@ def _dense_lookup(
         col = cols[i]
         if spans[i] == 1 and in_bounds:
             continue  # one value: adds nothing to the cell
-        if not in_bounds:
-            ok = ok & (col >= lo[i]) & (col < lo[i] + spans[i])
-            col = np.clip(col, lo[i], lo[i] + spans[i] - 1)
+        if not in_bounds:  # the bounds are keys, so int64 even for extreme groups
+            hi = lo[i] + spans[i] - 1
+            ok = ok & (col >= lo[i]) & (col <= hi)
+            col = np.clip(col, lo[i], hi)
         part = col - lo[i] if lo[i] else col
         pos_rows = part if pos_rows is None else pos_rows * spans[i] + part
     if pos_rows is None:

@@ -135,3 +135,23 @@ def test_issue10_annotate_dense_equals_join_on_random_tables_with_odd_groups(see
     # Cleared rows are never touched.
     cleared = pl.col("type_code") == CLEARED
     _same(slow.filter(cleared), df.filter(cleared))
+
+
+@pytest.mark.parametrize(
+    "keys", [[2**63 - 1], [-(2**63)], [2**31 - 1, 2**31 - 3], [-1, 0], [-(2**63), -(2**63) + 2]]
+)
+@pytest.mark.parametrize("learned", [False, True])
+def test_issue10_annotate_dense_handles_extreme_keys(keys: list[int], learned: bool) -> None:
+    name = "tcp://127.0.0.1:5557"
+    channels = {0: _channel(0, name, None), 1: _channel(1, name + "#t", 2)}
+    if learned:
+        ann = Annotation(learned={(name, r, g): ("mamba", 16) for g in keys for r in (None, 1)})
+    else:
+        infos = {g: GroupInfo(g, "sliding_window", None, 64) for g in keys}
+        ann = Annotation(tables={name: GroupTable(infos, "test")})
+    df = _random_table(random.Random(len(keys)), 200, 2, [*ODD, *keys, *keys])
+    slow, slow_oor, fast, fast_oor = _both(df, ann, channels)
+    assert fast is not None
+    _same(slow, fast)
+    assert fast_oor == slow_oor
+    assert learned or not slow.equals(df)  # metadata rows were annotated
