@@ -1598,8 +1598,27 @@ def annotate_table(
     """
     if df.height == 0:
         return df
-    meta_rows: list[tuple[int, int, str, int | None]] = []
-    learned_rows: list[tuple[int, int, int, str, int | None]] = []
+    meta_rows, learned_rows, covered = _annotation_rows(annotation, channels)
+    if not covered and not learned_rows:
+        return df
+    if np is not None:
+        fast = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
+        if fast is not None:
+            return fast
+    return _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+
+
+_MetaRow = tuple[int, int, "str | None", "int | None"]
+_LearnedRow = tuple[int, int, int, "str | None", "int | None"]
+_DENSE_CELLS = 1 << 20  # largest lookup table (channel x rank x group cells) of the fast path
+
+
+def _annotation_rows(
+    annotation: Annotation, channels: dict[int, ChannelRef]
+) -> tuple[list[_MetaRow], list[_LearnedRow], list[int]]:
+    """The annotation as rows keyed by channel id: metadata, learned values, covered ids."""
+    meta_rows: list[_MetaRow] = []
+    learned_rows: list[_LearnedRow] = []
     covered: list[int] = []
     by_channel: dict[str, list[tuple[int | None, int, KindWindow]]] = {}
     for (ch, rank, g), kw in annotation.learned.items():
@@ -1613,6 +1632,204 @@ def annotate_table(
             continue
         for rank, g, (k, w) in by_channel.get(ref.info.name, ()):
             learned_rows.append((cid, _NO_RANK if rank is None else rank, g, k, w))
+    return meta_rows, learned_rows, covered
+
+
+def _annotate_dense(
+    df: pl.DataFrame,
+    meta_rows: list[_MetaRow],
+    learned_rows: list[_LearnedRow],
+    covered: list[int],
+    channels: dict[int, ChannelRef],
+    out_of_range: dict[int, int] | None,
+) -> pl.DataFrame | None:
+    """:func:`annotate_table` by numpy lookup tables indexed by (channel, rank, group).
+
+    The keys of the annotation span few channels, ranks and groups, so a dense table over
+    their ranges answers every row by one gather, where a join would hash every row.
+    Rows whose channel, rank or group falls outside the keys' ranges match nothing, which
+    keeps odd values (negative, huge, null) exact. Returns None when the keys' ranges are
+    too wide (or a key repeats), leaving the chunk to :func:`_annotate_join`.
+    """
+    cid_s, g_s = df["channel_id"], df["group_idx"]
+    if cid_s.null_count():
+        return None
+    cid = cid_s.to_numpy()
+    has_g: Any = True
+    if g_s.null_count():
+        has_g = g_s.is_not_null().to_numpy()
+        g_s = g_s.fill_null(0)
+    g = g_s.to_numpy()
+    tc = df["type_code"].to_numpy()
+    not_cleared: Any = True if int(tc.max()) < CLEARED else tc != CLEARED
+    kinds: list[pl.Series] = []
+    windows: list[pl.Series] = []
+    base = 0
+    parts: list[tuple[Any, Any]] = []  # per table: (row -> cell, rows it sets)
+    oor_counts: pl.DataFrame | None = None
+    if covered:
+        found = _dense_lookup(
+            [(c, gi) for c, gi, _k, _w in meta_rows],
+            [(k, w) for _c, _g, k, w in meta_rows],
+            [cid, g],
+            has_g,
+        )
+        if found is None:
+            return None
+        pos, known, cell_kind, cell_window = found
+        if out_of_range is not None and known is not True:
+            is_cov = np.zeros(int(cid.max()) + 1, dtype=bool)
+            is_cov[[c for c in covered if c < len(is_cov)]] = True
+            oor = (tc == STORED) & has_g & ~known & is_cov[cid]
+            oor &= df["block_index"].to_numpy() == 0
+            if oor.any():  # counted once the learned part cannot decline any more
+                oor_counts = df["group_idx"].filter(pl.Series(oor)).value_counts()
+        parts.append((pos, known & not_cleared))
+        kinds.append(cell_kind)
+        windows.append(cell_window)
+        base = len(cell_kind)
+    if learned_rows:
+        ranks = np.zeros(int(cid.max()) + 1, dtype=np.int64)
+        has_rank = np.zeros(len(ranks), dtype=bool)
+        for c, ref in channels.items():
+            if ref.info.dp_rank is not None and c < len(ranks):
+                ranks[c] = ref.info.dp_rank
+                has_rank[c] = True
+        row_has = has_rank[cid]
+        rank = ranks[cid]
+        if not row_has.all():
+            rank = np.where(row_has, rank, df["dp_rank"].fill_null(_NO_RANK).to_numpy())
+        found = _dense_lookup(
+            [(c, r, gi) for c, r, gi, _k, _w in learned_rows],
+            [(k, w) for _c, _r, _g, k, w in learned_rows],
+            [cid, rank, g],
+            has_g,
+        )
+        if found is None:
+            return None
+        pos, known, cell_kind, cell_window = found
+        nulls = df["kind"].null_count()
+        if nulls != df.height:
+            known = known & (df["kind"].is_null().to_numpy() if nulls else False)
+        parts.append((pos + base if base else pos, known & not_cleared))
+        kinds.append(cell_kind)
+        windows.append(cell_window)
+    if out_of_range is not None and oor_counts is not None:
+        for gi, cnt in oor_counts.iter_rows():
+            out_of_range[gi] = out_of_range.get(gi, 0) + cnt
+    if not parts:
+        return df
+    if len(parts) == 1:
+        pos, upd = parts[0]
+    else:  # learned channels are never covered: the two never set one row
+        (pos_m, upd_m), (pos_l, upd_l) = parts
+        upd_l = np.broadcast_to(upd_l, cid.shape)
+        pos = np.where(upd_l, pos_l, pos_m)
+        upd = upd_m | upd_l
+    if upd is False or (upd is not True and not upd.any()):
+        return df
+    if upd is not True and not upd.all():
+        # Rows that keep their values gather them from behind the cells: one gather is
+        # cheaper than a zip_with over every string.
+        n_cells = sum(len(k) for k in kinds)
+        pos = np.where(upd, pos, np.arange(n_cells, n_cells + len(upd)))
+        kinds.append(df["kind"])
+        windows.append(df["sliding_window"])
+    cells = pl.DataFrame(
+        [pl.concat(kinds).alias("kind"), pl.concat(windows).alias("sliding_window")]
+    )
+    return df.with_columns(cells[pl.Series(pos.astype(np.uint32))])  # a u32 row gather: fastest
+
+
+def _dense_lookup(
+    keys: list[tuple[int, ...]],
+    vals: list[tuple[str | None, int | None]],
+    cols: list[Any],
+    has_g: Any,
+) -> tuple[Any, Any, pl.Series, pl.Series] | None:
+    """Each row's cell in a dense table over the keys' ranges, and whether it holds a value.
+
+    Args:
+        keys: The table's keys (channel, [rank,] group).
+        vals: Their (kind, window).
+        cols: The rows' key components (numpy arrays; the last one is the group).
+        has_g: Rows whose group is not null (True: all).
+
+    Returns:
+        (row → cell as int64 array, rows whose cell holds a value (True: all), cells'
+        kinds, cells' windows), or None when the table would be too large or a key repeats.
+    """
+    dims = len(cols)
+    if not keys:
+        lo, spans = [0] * dims, [1] * dims
+    else:
+        lo = [min(k[i] for k in keys) for i in range(dims)]
+        spans = [max(k[i] for k in keys) - lo[i] + 1 for i in range(dims)]
+    cells = 1
+    for sp in spans:
+        cells *= sp
+    if cells > _DENSE_CELLS:
+        return None
+    tbl = np.full(cells, -1, dtype=np.int64)
+    for n, key in enumerate(keys):
+        pos = 0
+        for i in range(dims):
+            pos = pos * spans[i] + (key[i] - lo[i])
+        if tbl[pos] != -1:
+            return None  # a repeated key: the join's duplicate rows decide
+        tbl[pos] = n
+    filled = tbl >= 0
+    vk = [vals[i][0] if i >= 0 else None for i in tbl.tolist()] if cells <= 4096 else None
+    if vk is None:
+        codes = pl.Series(np.where(filled, tbl, 0))
+        cell_kind = pl.Series([k for k, _w in vals], dtype=pl.String).gather(codes)
+        cell_window = pl.Series([w for _k, w in vals], dtype=pl.Int64).gather(codes)
+    else:
+        cell_kind = pl.Series(vk, dtype=pl.String)
+        cell_window = pl.Series(
+            [vals[i][1] if i >= 0 else None for i in tbl.tolist()], dtype=pl.Int64
+        )
+    filled &= cell_kind.is_not_null().to_numpy()  # a null kind sets nothing
+    in_bounds = has_g is True and bool(keys)
+    if in_bounds:
+        for i in range(dims):
+            if int(cols[i].min()) < lo[i] or int(cols[i].max()) > lo[i] + spans[i] - 1:
+                in_bounds = False
+                break
+    pos_rows: Any = None
+    ok: Any = True
+    for i in range(dims):
+        col = cols[i]
+        if spans[i] == 1 and in_bounds:
+            continue  # one value: adds nothing to the cell
+        if not in_bounds:  # the bounds are keys, so int64 even for extreme groups
+            hi = lo[i] + spans[i] - 1
+            ok = ok & (col >= lo[i]) & (col <= hi)
+            col = np.clip(col, lo[i], hi)
+        part = col - lo[i] if lo[i] else col
+        pos_rows = part if pos_rows is None else pos_rows * spans[i] + part
+    if pos_rows is None:
+        pos_rows = np.zeros(len(cols[0]), dtype=np.int64)
+    pos_rows = pos_rows.astype(np.int64, copy=False)
+    if in_bounds and filled.all():
+        return pos_rows, True, cell_kind, cell_window
+    known = filled[pos_rows]
+    if ok is not True:
+        known &= ok & has_g
+    elif has_g is not True:
+        known &= has_g
+    return pos_rows, known, cell_kind, cell_window
+
+
+def _annotate_join(
+    df: pl.DataFrame,
+    meta_rows: list[_MetaRow],
+    learned_rows: list[_LearnedRow],
+    covered: list[int],
+    channels: dict[int, ChannelRef],
+    out_of_range: dict[int, int] | None,
+) -> pl.DataFrame:
+    """:func:`annotate_table` by left joins on the composite keys (any key values)."""
     is_store = pl.col("type_code") == STORED
     if covered:
         meta = pl.DataFrame(meta_rows, schema=_META_SCHEMA, orient="row", strict=False)
