@@ -1183,6 +1183,11 @@ def run_builder(
     builder = ReportBuilder(every_ns, annotator.group_kind, clock)
     builder.peak_log = peak_log
     builder.streams = stats.channels
+    # With a decode map (worker processes), the chunks are annotated where they are
+    # decoded: the annotation is fixed before the first chunk, and the driver (the
+    # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
+    # may annotate otherwise: it annotates here.
+    in_worker = decode_map is not None and type(annotator) is TableAnnotator
     chunks = iter_tables(
         paths,
         stats=stats,
@@ -1192,13 +1197,19 @@ def run_builder(
         select=select,
         progress=progress,
         streams=streams,
+        annotation=annotator.annotation if in_worker else None,
+        out_of_range=annotator.out_of_range if in_worker else None,
     )
 
     def annotated() -> Iterator[pl.DataFrame]:
         # Annotating is per chunk and needs no builder state: done in the prefetch thread,
         # it overlaps the builder (polars and numpy release the GIL).
         for chunk in chunks:
-            yield annotator(chunk, stats)
+            if in_worker:
+                annotator.adopt(stats, ())  # its channels, as annotator() records them
+                yield chunk
+            else:
+                yield annotator(chunk, stats)
 
     # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
     # builder here hands the GIL back in its polars queries and numpy sorts and then

@@ -117,6 +117,7 @@ def ordered(
     submit: Callable[[RawChunk], H],
     result: Callable[[H], T],
     in_flight: int,
+    head: H | None = None,
 ) -> Iterator[T]:
     """Submit items ahead (at most ``in_flight`` outstanding), yield results in item order.
 
@@ -125,17 +126,62 @@ def ordered(
         submit: Starts one item; returns a handle.
         result: Waits for a handle's result.
         in_flight: How many items may be outstanding.
+        head: The handle of an item submitted already, before ``items``.
 
     Yields:
         The results, in the order of ``items``.
     """
-    pending: deque[H] = deque()
+    pending: deque[H] = deque() if head is None else deque([head])
     for item in items:
         pending.append(submit(item))
         if len(pending) >= in_flight:
             yield result(pending.popleft())
     while pending:
         yield result(pending.popleft())
+
+
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+_BIG_BUFFERS = 32 << 20  # glibc's largest mmap threshold on 64-bit (HEAP_MAX_SIZE / 2)
+
+
+def _keep_big_buffers() -> bool:
+    """Let glibc's malloc reuse the heap for chunk-sized buffers instead of mmapping each.
+
+    A chunk crosses the pipe as buffers of ~20 MB (the pickled raw chunk, the decoded
+    table's IPC stream). Past its mmap threshold glibc maps each one fresh and unmaps it
+    on free, so every chunk faults in ~40 MB of new pages on both ends (hundreds of
+    thousands of page faults, seconds of system time on a 100 MB recording). Raising the
+    threshold and keeping a padded heap top lets the next chunk reuse the same pages.
+
+    Returns:
+        True if set (glibc); False elsewhere (nothing changed).
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    ok = mallopt(_M_MMAP_THRESHOLD, _BIG_BUFFERS)
+    ok &= mallopt(_M_TRIM_THRESHOLD, 4 * _BIG_BUFFERS)
+    ok &= mallopt(_M_TOP_PAD, _BIG_BUFFERS)
+    return bool(ok)
+
+
+def _init_worker() -> None:
+    """Set up a pool worker: Ctrl-C is the driver's to handle; big buffers are reused."""
+    # Ctrl-C reaches the whole process group: the driver handles it (and shuts the pool
+    # down); a worker dying of it would only blur the exit status.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _keep_big_buffers()
 
 
 def _pool(jobs: int) -> ProcessPoolExecutor:
@@ -148,14 +194,7 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["kvtool.columns"])
-    # Ctrl-C reaches the whole process group: the driver handles it (and shuts the pool
-    # down); a worker dying of it would only blur the exit status.
-    return ProcessPoolExecutor(
-        max_workers=jobs,
-        mp_context=ctx,
-        initializer=signal.signal,
-        initargs=(signal.SIGINT, signal.SIG_IGN),
-    )
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
 
 
 def _ray_connect(ray: ModuleType, address: str) -> bool:
@@ -186,10 +225,23 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
     """
     pools: list[ProcessPoolExecutor] = []
 
-    def start() -> ProcessPoolExecutor:
-        if not pools:
-            pools.append(_pool(jobs))
-        return pools[0]
+    def start(first: RawChunk) -> tuple[ProcessPoolExecutor, Future[DecodedChunk]]:
+        pool = _pool(jobs)
+        pools.append(pool)
+        # One decode per worker at a time: polars' own thread pool in each worker only
+        # competes with the other workers and the driver for the cores. The fork server
+        # (and the workers it forks) starts on the first submit and reads the variable
+        # when it imports polars; this process's polars has long read it.
+        name = "POLARS_MAX_THREADS"
+        was = os.environ.get(name)
+        os.environ[name] = "1"
+        try:
+            return pool, pool.submit(decode_chunk, first)
+        finally:
+            if was is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = was
 
     def result(f: Future[DecodedChunk]) -> DecodedChunk:
         try:
@@ -205,9 +257,14 @@ def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
         if second is None:
             yield decode_chunk(first)
             return
-        pool = start()
-        rest = chain([first, second], items)
-        yield from ordered(rest, lambda raw: pool.submit(decode_chunk, raw), result, jobs + 1)
+        pool, head = start(first)
+        _keep_big_buffers()
+        rest = chain([second], items)
+
+        def submit(raw: RawChunk) -> Future[DecodedChunk]:
+            return pool.submit(decode_chunk, raw)
+
+        yield from ordered(rest, submit, result, jobs + 1, head=head)
 
     def close() -> None:
         for pool in pools:
