@@ -62,11 +62,13 @@ from kvtool.report.aggregates import (
     LIFETIME_COLUMNS,
     PLAUSIBLE_TS_MAX,
     PLAUSIBLE_TS_MIN,
+    Histogram,
     Peaks,
     Report,
     bucket_expr,
     check_clock,
     hist_bin,
+    hist_bins,
     hist_centre,
     quantiles,
     sorted_union,
@@ -187,7 +189,9 @@ class ReportBuilder:
         self.lifetimes: list[pl.DataFrame] = []
         self.n_lifetimes = 0
         self.negative_lifetimes = 0
-        self.hist: pl.DataFrame | None = None
+        # The lifetime histogram, dense (see the ``hist`` property for its frame).
+        self._hist: Histogram | None = None
+        self._hist_frame: pl.DataFrame | None = None
         self.peaks = Peaks()
         self.timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
         self.timeline_sparse = False
@@ -200,6 +204,20 @@ class ReportBuilder:
         # Set by run_builder: the read's channels, and the peak log of a unit of work.
         self.streams: dict[int, ChannelRef] = {}
         self.peak_log: PeakLog | None = None
+
+    @property
+    def hist(self) -> pl.DataFrame | None:
+        """The lifetime log histogram as (gkey UInt32, bin Int64, n Int64), or None while exact."""
+        if self._hist is None:
+            return None
+        if self._hist_frame is None:
+            self._hist_frame = self._hist.frame()
+        return self._hist_frame
+
+    @hist.setter
+    def hist(self, frame: pl.DataFrame | None) -> None:
+        self._hist = None if frame is None else Histogram.from_frame(frame)
+        self._hist_frame = None
 
     @property
     def levels(self) -> dict[str, dict[object, tuple[int, int]]]:
@@ -728,26 +746,24 @@ class ReportBuilder:
         if negative:
             self.negative_lifetimes += negative
             life = np.maximum(life, 0.0)
-        lt = pl.DataFrame(
-            {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
-            schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
-        )
-        if self.hist is None and self.n_lifetimes + lt.height <= EXACT_LIFETIMES:
-            self.lifetimes.append(lt)
-            self.n_lifetimes += lt.height
+        if self._hist is None and self.n_lifetimes + len(life) <= EXACT_LIFETIMES:
+            self.lifetimes.append(
+                pl.DataFrame(
+                    {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
+                    schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
+                )
+            )
+            self.n_lifetimes += len(life)
             return
-        parts = [*self.lifetimes, lt]
-        self.lifetimes = []
-        self.n_lifetimes += lt.height
-        h = (
-            pl.concat(parts)
-            .select("gkey", bin=hist_bin(pl.col("lifetime_s")))
-            .group_by("gkey", "bin")
-            .agg(n=pl.len().cast(pl.Int64))
-        )
-        if self.hist is not None:
-            h = pl.concat([self.hist, h]).group_by("gkey", "bin").agg(pl.col("n").sum())
-        self.hist = h
+        self.n_lifetimes += len(life)
+        if self._hist is None:
+            # Past EXACT_LIFETIMES: the exact ones so far go into the histogram too.
+            self._hist = Histogram()
+            for lt in self.lifetimes:
+                self._hist.add(lt["gkey"].to_numpy(), hist_bins(lt["lifetime_s"].to_numpy()))
+            self.lifetimes = []
+        self._hist.add(gk, hist_bins(life))
+        self._hist_frame = None
 
     def _add_timeline(
         self,
