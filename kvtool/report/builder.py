@@ -252,24 +252,35 @@ class ReportBuilder:
         """
         n = df.height
         kind_s = df["kind"]
-        kind = np.asarray(
-            kind_s.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy(),
-            dtype=_I64,
-        )
+        # Runs of one kind string (nulls included) without coding every row: the kinds are
+        # coded at run starts only (a categorical cast of the whole column costs more).
+        kind_run = kind_s.rle_id().to_numpy()
         window, window_null = _column(df, "sliding_window")
         if window_null is None:
             window_null = np.zeros(n, dtype=bool)
-        if unattributed.any():
-            kind = np.where(unattributed, -2, kind)
+        any_unattributed = bool(unattributed.any())
+        if any_unattributed:
             window_null = window_null | unattributed
             window = np.where(unattributed, 0, window)
-        cols = (group, no_group, kind, window, window_null, skip)
+        cols = (group, no_group, kind_run, unattributed, window, window_null, skip)
         change = np.zeros(n, dtype=bool)
         change[0] = True
         for values in cols:
             state._changes(values, change)
         starts = np.flatnonzero(change)
-        packed = _pack([values[starts] for values in cols])
+        kind = np.asarray(
+            kind_s.gather(starts)
+            .cast(pl.Categorical)
+            .to_physical()
+            .cast(pl.Int64)
+            .fill_null(-1)
+            .to_numpy(),
+            dtype=_I64,
+        )
+        if any_unattributed:
+            kind = np.where(unattributed[starts], -2, kind)
+        at = [group, no_group, None, window, window_null, skip]
+        packed = _pack([kind if values is None else values[starts] for values in at])
         _uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         code_gkey = np.full(len(first), -1, dtype=_I64)
         for j in np.argsort(first).tolist():
