@@ -400,6 +400,10 @@ class Peaks:
                 self.levels[level][key] = (ends[j] + now, max(peak, highs[j] + now, now))
 
 
+_MASKED_KEYS = 3
+"""Up to this many keys, :func:`_segment_peaks` runs one masked prefix sum per key."""
+
+
 def _segment_peaks(
     table: NDArray[Any],
     present: list[int],
@@ -414,6 +418,19 @@ def _segment_peaks(
         return [int(run.max())], [int(run[-1])]
     table[present] = codes
     key = table[gk].astype(np.uint16) if k <= 0xFFFF else table[gk]
+    if k <= _MASKED_KEYS:
+        # Few keys: one running sum per key with the other keys' deltas zeroed beats a
+        # sort. Its maximum also sees the key's level before its first row (0) and
+        # between its rows (its own last value): neither can raise the peak above the
+        # key's level now (the caller's floor) or its own highest.
+        highs_l: list[int] = []
+        ends_l: list[int] = []
+        zero = np.zeros((), dtype=d.dtype)
+        for j in range(k):
+            run = np.cumsum(np.where(key == j, d, zero))
+            highs_l.append(int(run.max()))
+            ends_l.append(int(run[-1]))
+        return highs_l, ends_l
     order = np.argsort(key, kind="stable")
     sk = key[order]
     sd = d[order]

@@ -106,7 +106,10 @@ def _column(df: pl.DataFrame, name: str, fill: int = 0) -> tuple[NDArray[Any], N
 
 def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
     """:func:`~kvtool.report.aggregates.plausible_ts` on arrays (same floats)."""
-    ts = np.asarray(df["ts"].fill_null(float("nan")).to_numpy(), dtype=np.float64)
+    ts_s = df["ts"]
+    if ts_s.null_count():
+        ts_s = ts_s.fill_null(float("nan"))
+    ts = np.asarray(ts_s.to_numpy(), dtype=np.float64)
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(ts) & (ts >= PLAUSIBLE_TS_MIN) & (ts < PLAUSIBLE_TS_MAX)
     if ok.all():
@@ -379,7 +382,10 @@ class ReportBuilder:
         )
         step = state.step(self.live, blocks, final_epoch)
         self.live = step.live
-        first_block = df["block_index"].fill_null(-1).to_numpy() == 0
+        block_index = df["block_index"]
+        if block_index.null_count():
+            block_index = block_index.fill_null(-1)
+        first_block = block_index.to_numpy() == 0
         self._add_counts(
             df,
             gkey,
