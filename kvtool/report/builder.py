@@ -196,7 +196,10 @@ class ReportBuilder:
         self._hist: Histogram | None = None
         self._hist_frame: pl.DataFrame | None = None
         self.peaks = Peaks()
-        self.timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        # Per (bucket, gkey) sums, plus chunks' rows not yet summed in (see ``timeline``).
+        self._timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        self._timeline_parts: list[pl.DataFrame] = []
+        self._timeline_rows = 0
         self.timeline_sparse = False
         self.grouped_channels: set[int] = set()
         self.first_ts: float | None = None
@@ -221,6 +224,28 @@ class ReportBuilder:
     def hist(self, frame: pl.DataFrame | None) -> None:
         self._hist = None if frame is None else Histogram.from_frame(frame)
         self._hist_frame = None
+
+    @property
+    def timeline(self) -> pl.DataFrame:
+        """Per (bucket, gkey) sums of ``stores``, ``removes`` and ``delta``."""
+        if self._timeline_parts:
+            self._sum_timeline()
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, frame: pl.DataFrame) -> None:
+        self._timeline = frame
+        self._timeline_parts = []
+        self._timeline_rows = 0
+
+    def _sum_timeline(self) -> None:
+        self._timeline = (
+            pl.concat([self._timeline, *self._timeline_parts])
+            .group_by("bucket", "gkey")
+            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+        )
+        self._timeline_parts = []
+        self._timeline_rows = 0
 
     @property
     def levels(self) -> dict[str, dict[object, tuple[int, int]]]:
@@ -813,11 +838,12 @@ class ReportBuilder:
             },
             schema=_TIMELINE_SCHEMA,
         )
-        self.timeline = (
-            pl.concat([self.timeline, frame])
-            .group_by("bucket", "gkey")
-            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
-        )
+        # Summed in with the others now and then, not per chunk: one group_by over many
+        # chunks' rows costs less than re-aggregating the whole timeline each time.
+        self._timeline_parts.append(frame)
+        self._timeline_rows += frame.height
+        if self._timeline_rows > max(1 << 20, self._timeline.height):
+            self._sum_timeline()
 
     # -- the result ----------------------------------------------------------------------
 
