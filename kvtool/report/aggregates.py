@@ -186,6 +186,120 @@ def hist_bin(lifetime_s: pl.Expr) -> pl.Expr:
     )
 
 
+def hist_bins(lifetime_s: NDArray[Any]) -> NDArray[Any]:
+    """:func:`hist_bin` on a float64 array, the same bins (float64; NaN where it gives null).
+
+    numpy's ``log2`` and polars' ``log(2)`` may differ in the last bit, which moves a bin
+    only where ``64·log2(ns)`` is within rounding of an integer (``ns`` a power of two, or
+    nearly): those few values, and any that are not finite, are binned by :func:`hist_bin`
+    itself.
+
+    Args:
+        lifetime_s: Lifetimes in seconds.
+
+    Returns:
+        The bin of each lifetime.
+    """
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        ns = np.maximum(np.rint(lifetime_s * 1e9), 0.0)
+        x = np.log2(ns) * HIST_BINS_PER_OCTAVE
+        out: NDArray[Any] = np.floor(x)
+        near = ~(np.abs(x - np.rint(x)) > 1e-6)  # also NaN and infinities
+    out[ns < 1] = -1.0
+    near &= ns >= 1
+    if near.any():
+        exact = pl.select(bin=hist_bin(pl.lit(pl.Series(lifetime_s[near], dtype=pl.Float64))))
+        out[near] = exact["bin"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    return out
+
+
+HIST_SCHEMA: dict[str, pl.DataType] = {"gkey": pl.UInt32(), "bin": pl.Int64(), "n": pl.Int64()}
+"""The lifetime histogram as a frame: count ``n`` per (report row ``gkey``, ``bin``)."""
+
+
+class Histogram:
+    """The lifetime log histogram, dense: an int64 count per (gkey, bin).
+
+    Bins are bounded (:data:`HIST_BINS_PER_OCTAVE` per doubling of nanoseconds, about
+    4,300 up to a century), so a (gkey, bin + 1) array that grows as they come is small
+    and adds a chunk with one ``bincount``. A bin :func:`hist_bin` makes null (a lifetime
+    too large for a float in nanoseconds) is counted aside.
+    """
+
+    def __init__(self) -> None:
+        self.counts: NDArray[Any] = np.zeros((0, 0), dtype=np.int64)
+        self.nulls: dict[int, int] = {}
+
+    def add(self, gkeys: NDArray[Any], bins: NDArray[Any], n: NDArray[Any] | None = None) -> None:
+        """Count lifetimes (or ``n`` each) by gkey and bin (float, from :func:`hist_bins`).
+
+        Args:
+            gkeys: The report row of each.
+            bins: The bin of each (NaN: null).
+            n: How many each stands for (None: one).
+        """
+        gkeys = np.asarray(gkeys, dtype=np.int64)
+        bad = np.isnan(bins)
+        if bad.any():
+            weights = np.ones(int(bad.sum()), dtype=np.int64) if n is None else n[bad]
+            for g, k in zip(gkeys[bad].tolist(), weights.tolist(), strict=True):
+                self.nulls[g] = self.nulls.get(g, 0) + int(k)
+            ok = ~bad
+            gkeys, bins = gkeys[ok], bins[ok]
+            n = None if n is None else n[ok]
+        if len(gkeys) == 0:
+            return
+        col = bins.astype(np.int64) + 1
+        rows, cols = self.counts.shape
+        need_r, need_c = max(rows, int(gkeys.max()) + 1), max(cols, int(col.max()) + 1)
+        if (need_r, need_c) != (rows, cols):
+            grown = np.zeros((need_r, need_c), dtype=np.int64)
+            grown[:rows, :cols] = self.counts
+            self.counts = grown
+        flat = self.counts.reshape(-1)
+        index = gkeys * need_c + col
+        if len(flat) <= 4 * len(index) + (1 << 16):
+            got = np.bincount(index, weights=n, minlength=len(flat))
+            flat += got if n is None else np.rint(got).astype(np.int64)
+        else:
+            if n is None:
+                keys, got = np.unique(index, return_counts=True)
+            else:
+                keys, inverse = np.unique(index, return_inverse=True)
+                got = np.bincount(inverse.reshape(-1), weights=n).astype(np.int64)
+            flat[keys] += got
+
+    def frame(self) -> pl.DataFrame:
+        """The (gkey, bin, n) rows that hold lifetimes (see :data:`HIST_SCHEMA`)."""
+        g, c = np.nonzero(self.counts)
+        out = pl.DataFrame(
+            {"gkey": g, "bin": c.astype(np.int64) - 1, "n": self.counts[g, c]}, schema=HIST_SCHEMA
+        )
+        if self.nulls:
+            out = pl.concat(
+                [
+                    out,
+                    pl.DataFrame(
+                        {"gkey": list(self.nulls), "bin": None, "n": list(self.nulls.values())},
+                        schema=HIST_SCHEMA,
+                    ),
+                ]
+            )
+        return out
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame) -> Histogram:
+        """The histogram of (gkey, bin, n) rows (a (gkey, bin) may repeat: counts add)."""
+        h = cls()
+        bins = frame["bin"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+        h.add(
+            frame["gkey"].cast(pl.Int64).to_numpy(),
+            np.asarray(bins, dtype=np.float64),
+            np.asarray(frame["n"].cast(pl.Int64).to_numpy(), dtype=np.int64),
+        )
+        return h
+
+
 def hist_centre(b: pl.Expr) -> pl.Expr:
     """The lifetime (s) a histogram bin stands for: its geometric centre."""
     return (
@@ -286,6 +400,10 @@ class Peaks:
                 self.levels[level][key] = (ends[j] + now, max(peak, highs[j] + now, now))
 
 
+_MASKED_KEYS = 3
+"""Up to this many keys, :func:`_segment_peaks` runs one masked prefix sum per key."""
+
+
 def _segment_peaks(
     table: NDArray[Any],
     present: list[int],
@@ -300,6 +418,19 @@ def _segment_peaks(
         return [int(run.max())], [int(run[-1])]
     table[present] = codes
     key = table[gk].astype(np.uint16) if k <= 0xFFFF else table[gk]
+    if k <= _MASKED_KEYS:
+        # Few keys: one running sum per key with the other keys' deltas zeroed beats a
+        # sort. Its maximum also sees the key's level before its first row (0) and
+        # between its rows (its own last value): neither can raise the peak above the
+        # key's level now (the caller's floor) or its own highest.
+        highs_l: list[int] = []
+        ends_l: list[int] = []
+        zero = np.zeros((), dtype=d.dtype)
+        for j in range(k):
+            run = np.cumsum(np.where(key == j, d, zero))
+            highs_l.append(int(run.max()))
+            ends_l.append(int(run[-1]))
+        return highs_l, ends_l
     order = np.argsort(key, kind="stable")
     sk = key[order]
     sd = d[order]

@@ -62,11 +62,13 @@ from kvtool.report.aggregates import (
     LIFETIME_COLUMNS,
     PLAUSIBLE_TS_MAX,
     PLAUSIBLE_TS_MIN,
+    Histogram,
     Peaks,
     Report,
     bucket_expr,
     check_clock,
     hist_bin,
+    hist_bins,
     hist_centre,
     quantiles,
     sorted_union,
@@ -104,7 +106,10 @@ def _column(df: pl.DataFrame, name: str, fill: int = 0) -> tuple[NDArray[Any], N
 
 def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
     """:func:`~kvtool.report.aggregates.plausible_ts` on arrays (same floats)."""
-    ts = np.asarray(df["ts"].fill_null(float("nan")).to_numpy(), dtype=np.float64)
+    ts_s = df["ts"]
+    if ts_s.null_count():
+        ts_s = ts_s.fill_null(float("nan"))
+    ts = np.asarray(ts_s.to_numpy(), dtype=np.float64)
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(ts) & (ts >= PLAUSIBLE_TS_MIN) & (ts < PLAUSIBLE_TS_MAX)
     if ok.all():
@@ -187,9 +192,14 @@ class ReportBuilder:
         self.lifetimes: list[pl.DataFrame] = []
         self.n_lifetimes = 0
         self.negative_lifetimes = 0
-        self.hist: pl.DataFrame | None = None
+        # The lifetime histogram, dense (see the ``hist`` property for its frame).
+        self._hist: Histogram | None = None
+        self._hist_frame: pl.DataFrame | None = None
         self.peaks = Peaks()
-        self.timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        # Per (bucket, gkey) sums, plus chunks' rows not yet summed in (see ``timeline``).
+        self._timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        self._timeline_parts: list[pl.DataFrame] = []
+        self._timeline_rows = 0
         self.timeline_sparse = False
         self.grouped_channels: set[int] = set()
         self.first_ts: float | None = None
@@ -200,6 +210,42 @@ class ReportBuilder:
         # Set by run_builder: the read's channels, and the peak log of a unit of work.
         self.streams: dict[int, ChannelRef] = {}
         self.peak_log: PeakLog | None = None
+
+    @property
+    def hist(self) -> pl.DataFrame | None:
+        """The lifetime log histogram as (gkey UInt32, bin Int64, n Int64), or None while exact."""
+        if self._hist is None:
+            return None
+        if self._hist_frame is None:
+            self._hist_frame = self._hist.frame()
+        return self._hist_frame
+
+    @hist.setter
+    def hist(self, frame: pl.DataFrame | None) -> None:
+        self._hist = None if frame is None else Histogram.from_frame(frame)
+        self._hist_frame = None
+
+    @property
+    def timeline(self) -> pl.DataFrame:
+        """Per (bucket, gkey) sums of ``stores``, ``removes`` and ``delta``."""
+        if self._timeline_parts:
+            self._sum_timeline()
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, frame: pl.DataFrame) -> None:
+        self._timeline = frame
+        self._timeline_parts = []
+        self._timeline_rows = 0
+
+    def _sum_timeline(self) -> None:
+        self._timeline = (
+            pl.concat([self._timeline, *self._timeline_parts])
+            .group_by("bucket", "gkey")
+            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+        )
+        self._timeline_parts = []
+        self._timeline_rows = 0
 
     @property
     def levels(self) -> dict[str, dict[object, tuple[int, int]]]:
@@ -234,24 +280,35 @@ class ReportBuilder:
         """
         n = df.height
         kind_s = df["kind"]
-        kind = np.asarray(
-            kind_s.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy(),
-            dtype=_I64,
-        )
+        # Runs of one kind string (nulls included) without coding every row: the kinds are
+        # coded at run starts only (a categorical cast of the whole column costs more).
+        kind_run = kind_s.rle_id().to_numpy()
         window, window_null = _column(df, "sliding_window")
         if window_null is None:
             window_null = np.zeros(n, dtype=bool)
-        if unattributed.any():
-            kind = np.where(unattributed, -2, kind)
+        any_unattributed = bool(unattributed.any())
+        if any_unattributed:
             window_null = window_null | unattributed
             window = np.where(unattributed, 0, window)
-        cols = (group, no_group, kind, window, window_null, skip)
+        cols = (group, no_group, kind_run, unattributed, window, window_null, skip)
         change = np.zeros(n, dtype=bool)
         change[0] = True
         for values in cols:
             state._changes(values, change)
         starts = np.flatnonzero(change)
-        packed = _pack([values[starts] for values in cols])
+        kind = np.asarray(
+            kind_s.gather(starts)
+            .cast(pl.Categorical)
+            .to_physical()
+            .cast(pl.Int64)
+            .fill_null(-1)
+            .to_numpy(),
+            dtype=_I64,
+        )
+        if any_unattributed:
+            kind = np.where(unattributed[starts], -2, kind)
+        at = [group, no_group, None, window, window_null, skip]
+        packed = _pack([kind if values is None else values[starts] for values in at])
         _uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         code_gkey = np.full(len(first), -1, dtype=_I64)
         for j in np.argsort(first).tolist():
@@ -350,7 +407,10 @@ class ReportBuilder:
         )
         step = state.step(self.live, blocks, final_epoch)
         self.live = step.live
-        first_block = df["block_index"].fill_null(-1).to_numpy() == 0
+        block_index = df["block_index"]
+        if block_index.null_count():
+            block_index = block_index.fill_null(-1)
+        first_block = block_index.to_numpy() == 0
         self._add_counts(
             df,
             gkey,
@@ -728,26 +788,24 @@ class ReportBuilder:
         if negative:
             self.negative_lifetimes += negative
             life = np.maximum(life, 0.0)
-        lt = pl.DataFrame(
-            {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
-            schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
-        )
-        if self.hist is None and self.n_lifetimes + lt.height <= EXACT_LIFETIMES:
-            self.lifetimes.append(lt)
-            self.n_lifetimes += lt.height
+        if self._hist is None and self.n_lifetimes + len(life) <= EXACT_LIFETIMES:
+            self.lifetimes.append(
+                pl.DataFrame(
+                    {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
+                    schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
+                )
+            )
+            self.n_lifetimes += len(life)
             return
-        parts = [*self.lifetimes, lt]
-        self.lifetimes = []
-        self.n_lifetimes += lt.height
-        h = (
-            pl.concat(parts)
-            .select("gkey", bin=hist_bin(pl.col("lifetime_s")))
-            .group_by("gkey", "bin")
-            .agg(n=pl.len().cast(pl.Int64))
-        )
-        if self.hist is not None:
-            h = pl.concat([self.hist, h]).group_by("gkey", "bin").agg(pl.col("n").sum())
-        self.hist = h
+        self.n_lifetimes += len(life)
+        if self._hist is None:
+            # Past EXACT_LIFETIMES: the exact ones so far go into the histogram too.
+            self._hist = Histogram()
+            for lt in self.lifetimes:
+                self._hist.add(lt["gkey"].to_numpy(), hist_bins(lt["lifetime_s"].to_numpy()))
+            self.lifetimes = []
+        self._hist.add(gk, hist_bins(life))
+        self._hist_frame = None
 
     def _add_timeline(
         self,
@@ -780,11 +838,12 @@ class ReportBuilder:
             },
             schema=_TIMELINE_SCHEMA,
         )
-        self.timeline = (
-            pl.concat([self.timeline, frame])
-            .group_by("bucket", "gkey")
-            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
-        )
+        # Summed in with the others now and then, not per chunk: one group_by over many
+        # chunks' rows costs less than re-aggregating the whole timeline each time.
+        self._timeline_parts.append(frame)
+        self._timeline_rows += frame.height
+        if self._timeline_rows > max(1 << 20, self._timeline.height):
+            self._sum_timeline()
 
     # -- the result ----------------------------------------------------------------------
 

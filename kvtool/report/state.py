@@ -333,34 +333,47 @@ def step(live: Live, blocks: Blocks, final_epoch: Any) -> Step:
         _changes(ep, start)
     first = np.flatnonzero(start)
     seg = np.cumsum(start) - 1
-    delta = np.where(is_store, 1, -1)
-    running = np.cumsum(delta)
-    unclamped = running - (running - delta)[first][seg]
+    # The running sum of the deltas (+1 store, -1 remove) comes from the running count of
+    # stores: 2 * stores so far - rows so far (one prefix sum serves both).
+    stores_run = np.cumsum(is_store)
+    stores_before = stores_run[first] - is_store[first]
+    running = 2 * stores_run - np.arange(1, m + 1)
+    unclamped = running - (2 * stores_before - first)[seg]
     if unclamped.min() >= 0:
-        count = unclamped  # no remove of a key that is not live: nothing to clamp
+        # No remove of a key that is not live: nothing to clamp, no orphan, and the count
+        # before a row is its count after minus its own +1/-1.
+        orphan = np.zeros(m, dtype=bool)
+        restored = is_store & (unclamped > 1)
+        restored &= src >= n_live
+        effective = ~is_store
     else:
         # Segmented running minimum: one pass over the chunk, each segment shifted below
         # all earlier ones by segment * stride.
         shift = seg * (2 * m + 2)
         seg_min = np.minimum.accumulate(unclamped - shift) + shift
         count = unclamped - np.minimum(seg_min, 0)
-    count_before = np.empty(m, dtype=count.dtype)
-    count_before[0] = 0
-    count_before[1:] = count[:-1]
-    count_before[first] = 0
-    orphan = ~is_store & (count_before == 0)
-    restored = is_store & (src >= n_live) & (count_before > 0)
-    effective = ~is_store & ~orphan
+        count_before = np.empty(m, dtype=count.dtype)
+        count_before[0] = 0
+        count_before[1:] = count[:-1]
+        count_before[first] = 0
+        orphan = ~is_store & (count_before == 0)
+        restored = is_store & (src >= n_live) & (count_before > 0)
+        effective = ~is_store & ~orphan
 
     # FIFO: the k-th effective remove of a segment pairs with the segment's k-th store.
-    stores_run = np.cumsum(is_store)
-    removes_run = np.cumsum(effective)
-    stores_before = (stores_run - is_store)[first]
-    removes_before = (removes_run - effective)[first]
+    # Effective removes are numbered 0, 1, ... over the chunk; a segment's first one has
+    # the number of those before the segment.
     store_pos = np.flatnonzero(is_store)
     remove_pos = np.flatnonzero(effective)
     rseg = seg[remove_pos]
-    paired = store_pos[stores_before[rseg] + removes_run[remove_pos] - removes_before[rseg] - 1]
+    k = np.arange(len(remove_pos))
+    if len(k):
+        new_seg = np.empty(len(k), dtype=bool)
+        new_seg[0] = True
+        np.not_equal(rseg[1:], rseg[:-1], out=new_seg[1:])
+        seg_first = np.flatnonzero(new_seg)
+        k -= np.repeat(seg_first, np.diff(np.append(seg_first, len(k))))
+    paired = store_pos[stores_before[rseg] + k]
 
     ts_all = both(live.store_ts, blocks.ts)
     gkey_all = both(live.gkey, blocks.gkey)
