@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("small", nargs="?", default=str(ROOT / "bench/data/big1.mcap"))
     ap.add_argument("big", nargs="?", default=str(ROOT / "bench/data/big10.mcap"))
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--name", default="memory", help="result file name (bench/data/results/)")
     ap.add_argument("--cpus", default=None, help="taskset CPU list, e.g. 1")
     ap.add_argument("--jobs", type=int, default=1,
                     help="report --jobs (RSS is the driver's; default 1: one process)")
@@ -70,7 +71,7 @@ def main() -> int:
             truth = json.loads(truth_path.read_text())
             result.setdefault("checks", {})[f"report_vs_truth_{name}"] = compare(
                 reports[name], truth, "report", "truth")
-    save_result("memory", result)
+    save_result(args.name, result)
     for k in files:
         print(f"{k:4s} ({sizes.get(k, '?')} block events): median peak RSS {med_rss[k]:.1f} MB, "
               f"wall {med_wall[k]:.2f} s")

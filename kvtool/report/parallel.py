@@ -66,8 +66,12 @@ Measured (bench/RESULTS.md): on a 10 MB recording, shipping chunks to worker pro
 more than the decoding they take over (``--jobs 2`` 0.98x the time of the default, ``--jobs
 1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
 
-UNITS_FROM_BYTES = 4 << 20
-"""Several streams (units of work that need no shipping) use the pool from this size on."""
+UNITS_FROM_BYTES = 64 << 20
+"""Several streams (units of work that need no shipping) use the pool from this size on.
+
+Measured (bench/RESULTS.md, 4c): a fleet of two 10 MB ranks is reported in 2.2 s by one
+process (the decode thread and the builder already keep both cores of the bench machine
+busy) and in 2.5 s by a pool of two, whose workers first import polars and numpy."""
 
 
 def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
