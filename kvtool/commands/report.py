@@ -128,7 +128,11 @@ def report(
             min=1,
             metavar="N",
             show_default="the machine's cores; 1 below 64 MB of input",
-            help="Decode in this many processes (the result is the same for any N).",
+            help=(
+                "Work in this many processes: each publisher stream's recordings are a unit "
+                "of work, one stream's payloads are decoded in parallel (the result is the "
+                "same for any N)."
+            ),
         ),
     ] = None,
     ray: Annotated[
@@ -136,7 +140,10 @@ def report(
         typer.Option(
             "--ray",
             metavar="ADDRESS",
-            help="Decode on the Ray cluster at ADDRESS (needs kvtool[ray]).",
+            help=(
+                "Run the same work on the Ray cluster at ADDRESS (needs kvtool[ray]; "
+                "every worker must be able to read the input paths)."
+            ),
         ),
     ] = None,
     clock: Annotated[

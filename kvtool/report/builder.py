@@ -1081,9 +1081,11 @@ def build_report(
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
-    With ``jobs`` > 1 or ``ray_address``, payloads are decoded in worker processes or on
-    a Ray cluster and merged in stream order (:mod:`kvtool.report.parallel`): the report
-    is identical to a single-process one.
+    With ``jobs`` > 1 or ``ray_address``, the work runs in worker processes or on a Ray
+    cluster: inputs that hold several publisher streams are split into units of work
+    whose partial reports merge exactly (:mod:`kvtool.report.partial`), one stream's
+    payloads are decoded there and merged in stream order (:mod:`kvtool.report.parallel`).
+    Either way the report is identical to a single-process one.
 
     Args:
         paths: Recordings.
@@ -1091,8 +1093,8 @@ def build_report(
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        jobs: Decoding processes on this machine (1: decode in this process).
-        ray_address: Decode on the Ray cluster at this address instead.
+        jobs: Worker processes on this machine (1: all in this process).
+        ray_address: Run the work on the Ray cluster at this address instead.
         clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
             batch ``ts``: the engine's own clock).
         select: Report only these batches (``--channel``, ``--rank``, ``--since``,

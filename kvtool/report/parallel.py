@@ -1,26 +1,24 @@
-"""``--jobs`` and ``--ray``: decode on many cores or machines, merge in stream order, exactly.
+"""``--jobs`` and ``--ray``: the report's work on many cores or machines, exactly.
 
-The design, and why it is exact:
+Two kinds of work, the same functions on a local process pool and on Ray:
 
-- **Map** (parallel): :func:`kvtool.columns.decode_chunk` -- one chunk of raw payloads
-  (about :data:`kvtool.columns.DEFAULT_CHUNK_BYTES`) to its table rows. It is pure and
-  its input and output pickle cheaply (lists of bytes; an Arrow-backed DataFrame), so
-  the same function runs in a local process pool (``--jobs``) or as Ray tasks
-  (``--ray``). Decoding msgpack is the Python-bound part of a report (about half its
-  CPU), the part that benefits from more cores.
-- **Reduce** (ordered): the driver reads the recordings (MCAP chunks, zstd: C code) into
-  raw chunks, hands them out, and takes the decoded chunks back *in stream order*; the
-  annotator and :class:`kvtool.report.ReportBuilder` consume them exactly as in a
-  single-process run. The live-block multiset carries state from chunk to chunk (a remove
-  in chunk 5 pairs with its store in chunk 2, a group learned in chunk 1 labels chunk 9),
-  and the peaks of several ranks depend on how their streams interleave; an ordered
-  reduce keeps every count, set, percentile and peak identical to ``--jobs 1`` by
-  construction, whatever the number of workers, the files, or shared channels.
+- **Units** (:func:`report_units`): inputs that hold several publisher streams -- a file
+  per rank, or one recorder's file of every rank -- are split into units that share no
+  stream (:func:`kvtool.report.partial.plan_units`). Each unit is reported from empty
+  state by :func:`kvtool.report.partial.report_unit`, in a worker process or a Ray task
+  that reads its own files (Ray: paths every worker can read), and the partial reports
+  merge exactly (:meth:`kvtool.report.ReportBuilder.from_partials`). When the merge
+  cannot be exact (a recording out of THE merge order's key order) it declines and the
+  caller reads everything in one ordered pass.
+- **One stream** (:func:`pool_decode_map`, :func:`ray_decode_map`): a stream's live state
+  carries from chunk to chunk (a remove in chunk 5 pairs with its store in chunk 2), so
+  it is an ordered pass. The map is :func:`kvtool.columns.decode_chunk` (decode and, on
+  the pool, annotate one chunk of raw payloads: pure, picklable in and out); the driver
+  reads the recordings into raw chunks, hands them out, takes the tables back *in stream
+  order* and feeds :class:`kvtool.report.ReportBuilder` exactly as a single-process run
+  does, so every count, set, percentile and peak is identical to ``--jobs 1``.
 - **Memory**: at most ``in_flight`` chunks are out at a time (raw and decoded), so memory
   stays flat as a recording grows, as in a single-process run.
-
-The driver needs the recordings on its own file system; Ray workers need only kvtool
-installed (payloads travel through Ray's object store).
 """
 
 from __future__ import annotations
