@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
-from kvtool.report.aggregates import COUNT_COLUMNS, LIFETIME_COLUMNS
+from kvtool.report.names import COUNT_COLUMNS, LIFETIME_COLUMNS
 
 if TYPE_CHECKING:
     from kvtool.report import Report

@@ -95,8 +95,17 @@ def test_issue10_startup_report_help_and_usage_errors_skip_polars(tmp_path: Path
     assert _loaded(modules, "polars", "numpy") == []
 
 
-# diff's help quotes kvtool.diff's --fail-on syntax, and kvtool.diff imports the report's
-# column names from kvtool.report.aggregates, which imports polars.
+@pytest.mark.parametrize("args", [["--help"], ["diff", "--help"]])
+def test_issue10_startup_root_and_diff_help_skip_polars(args: list[str], tmp_path: Path) -> None:
+    # diff's help quotes kvtool.diff's --fail-on syntax; kvtool.diff takes the report's
+    # column names from kvtool.report.names, which needs no polars (the package loads its
+    # library lazily).
+    proc, modules = _imports(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: kvtool")
+    assert _loaded(modules, "polars", "numpy") == []
+
+
 @pytest.mark.parametrize("name", ["report", "replay", "info", "export", "record", "top"])
 def test_issue10_startup_command_help_imports_no_library(name: str, tmp_path: Path) -> None:
     proc, modules = _imports(tmp_path, name, "--help")

@@ -10,23 +10,50 @@ percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
 
 from __future__ import annotations
 
-from kvtool.report.aggregates import (
-    COLUMNS,
-    COUNT_COLUMNS,
-    EXACT_LIFETIMES,
-    LIFETIME_COLUMNS,
-    MAX_TIMELINE_CELLS,
-    TIMELINE_COLUMNS,
-    Report,
-)
-from kvtool.report.builder import (
-    ReportBuilder,
-    build_report,
-    finish_report,
-    report_from_chunks,
-    report_with,
-)
-from kvtool.report.parallel import RAY_INSTALL_HINT, default_jobs
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from kvtool.report.names import COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS, TIMELINE_COLUMNS
+
+if TYPE_CHECKING:
+    from kvtool.report.aggregates import EXACT_LIFETIMES, MAX_TIMELINE_CELLS, Report
+    from kvtool.report.builder import (
+        ReportBuilder,
+        build_report,
+        finish_report,
+        report_from_chunks,
+        report_with,
+    )
+    from kvtool.report.parallel import RAY_INSTALL_HINT, default_jobs
+
+# The library (polars, numpy) loads on first use of one of its names, so that importing a
+# module of this package for its column names (``kvtool diff --help``) stays cheap.
+_LAZY = {
+    "EXACT_LIFETIMES": "kvtool.report.aggregates",
+    "MAX_TIMELINE_CELLS": "kvtool.report.aggregates",
+    "Report": "kvtool.report.aggregates",
+    "ReportBuilder": "kvtool.report.builder",
+    "build_report": "kvtool.report.builder",
+    "finish_report": "kvtool.report.builder",
+    "report_from_chunks": "kvtool.report.builder",
+    "report_with": "kvtool.report.builder",
+    "RAY_INSTALL_HINT": "kvtool.report.parallel",
+    "default_jobs": "kvtool.report.parallel",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "COLUMNS",

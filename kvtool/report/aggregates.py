@@ -18,40 +18,14 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from kvtool.columns import np
+from kvtool.report.names import ADDITIVE as ADDITIVE
+from kvtool.report.names import COLUMNS as COLUMNS
+from kvtool.report.names import COUNT_COLUMNS as COUNT_COLUMNS
+from kvtool.report.names import LIFETIME_COLUMNS as LIFETIME_COLUMNS
+from kvtool.report.names import TIMELINE_COLUMNS as TIMELINE_COLUMNS
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
-
-COUNT_COLUMNS = (
-    "store_events",
-    "blocks_stored",
-    "tokens_stored",
-    "remove_events",
-    "blocks_removed",
-    "blocks_cleared",
-    "live_blocks_end",
-    "peak_live_blocks",
-    "distinct_hashes",
-    "restored_blocks",
-    "orphan_removes",
-)
-LIFETIME_COLUMNS = ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s")
-COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
-"""Report columns, in DESIGN.md's names and order."""
-
-TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
-
-ADDITIVE = (
-    "store_events",
-    "blocks_stored",
-    "tokens_stored",
-    "remove_events",
-    "blocks_removed",
-    "blocks_cleared",
-    "restored_blocks",
-    "orphan_removes",
-)
-"""Columns that add across chunks and partial reports."""
 
 MAX_TIMELINE_CELLS = 1_000_000
 """A timeline whose dense grid (buckets x kinds) would be larger lists only the

@@ -1,0 +1,36 @@
+"""The report's column names, in DESIGN.md's names and order (no polars: cheap to import)."""
+
+from __future__ import annotations
+
+COUNT_COLUMNS = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "distinct_hashes",
+    "restored_blocks",
+    "orphan_removes",
+)
+LIFETIME_COLUMNS = ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s")
+COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
+"""Report columns, in DESIGN.md's names and order."""
+
+TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
+
+ADDITIVE = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "restored_blocks",
+    "orphan_removes",
+)
+"""Columns that add across chunks and partial reports."""
+
+__all__ = ["ADDITIVE", "COLUMNS", "COUNT_COLUMNS", "LIFETIME_COLUMNS", "TIMELINE_COLUMNS"]
