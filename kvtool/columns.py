@@ -216,24 +216,13 @@ _Kind = Literal[
 ]
 
 
-class _VocabStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
-    type_code: ClassVar[int] = STORED
-    block_hashes: msgspec.Raw = _EMPTY
-    token_ids: msgspec.Raw = _NO_TOKENS
+class _VocabStored(_Stored, tag_field="type", tag="BlockStored", frozen=True, gc=False):
     medium: _Medium | None = None
-    group_idx: int | None = None
     kv_cache_spec_kind: _Kind | None = None
-    kv_cache_spec_sliding_window: int | None = None
 
 
-class _VocabRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
-    type_code: ClassVar[int] = REMOVED
-    block_hashes: msgspec.Raw = _EMPTY
+class _VocabRemoved(_Removed, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
     medium: _Medium | None = None
-    group_idx: int | None = None
-    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
-    kv_cache_spec_kind: ClassVar[None] = None
-    kv_cache_spec_sliding_window: ClassVar[None] = None
 
 
 _VOCAB = protocol.BatchProjection(
