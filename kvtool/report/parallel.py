@@ -64,21 +64,16 @@ Measured (bench/RESULTS.md): on a 10 MB recording, shipping chunks to worker pro
 more than the decoding they take over (``--jobs 2`` 0.98x the time of the default, ``--jobs
 1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
 
-UNITS_FROM_BYTES = 64 << 20
-"""Several streams (units of work that need no shipping) use the pool from this size on.
-
-Measured (bench/RESULTS.md, 4c): a fleet of two 10 MB ranks is reported in 2.2 s by one
-process (the decode thread and the builder already keep both cores of the bench machine
-busy) and in 2.5 s by a pool of two, whose workers first import polars and numpy."""
-
 
 def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
     """The default of ``--jobs``: the machine's usable cores, or 1 for small inputs.
 
     Args:
-        paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in all
-            (less than :data:`UNITS_FROM_BYTES` when they hold several publisher streams,
-            each a unit of work), one process is faster than a pool.
+        paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in
+            all, one process is faster than a pool -- for one stream and for several
+            (measured, bench/RESULTS.md 4c: two 10 MB ranks take 2.2 s in one process,
+            whose decode thread and builder already keep two cores busy, and 2.5 s in a
+            pool of two, whose workers first import polars and numpy).
 
     Returns:
         At least 1.
@@ -88,30 +83,12 @@ def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
         for p in paths:
             with contextlib.suppress(OSError):
                 total += os.stat(p).st_size
-        if total < UNITS_FROM_BYTES or (total < PARALLEL_FROM_BYTES and _streams(paths) < 2):
+        if total < PARALLEL_FROM_BYTES:
             return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def _streams(paths: Sequence[str | os.PathLike[str]]) -> int:
-    """Publisher streams the recordings' summaries list (0 when a summary is missing)."""
-    from kvtool.errors import KvtoolError
-    from kvtool.recording import open_recording
-
-    keys: set[tuple[str, str, int | None]] = set()
-    for p in paths:
-        try:
-            with open_recording(p) as r:
-                chans = r.summary_channels()
-        except KvtoolError:
-            return 0
-        if not chans:
-            return 0
-        keys.update((c.endpoint, c.topic, c.dp_rank) for c in chans)
-    return len(keys)
 
 
 def ordered(
