@@ -541,7 +541,7 @@ class ReportBuilder:
             ambiguous_removes=self.ambiguous_removes,
             first_ts=self.first_ts,
             last_ts=self.last_ts,
-            grouped=bool(self.grouped_channels),
+            grouped=set(self.grouped_channels),
             timeline=self.timeline if self.every_ns is not None else None,
             peaks=log,
             out_of_range=dict(annotator.out_of_range),
@@ -572,7 +572,7 @@ class ReportBuilder:
         """
         from kvtool.report.partial import merge_peaks, merge_stats
 
-        stats, _channels = merge_stats(parts)
+        stats, channels = merge_stats(parts)
         b = cls(every_ns, group_kind, clock)
         row_ids = [{i: b._gkey_of(*key) for i, key in enumerate(p.rows)} for p in parts]
         b.peaks.levels = merge_peaks(parts, row_ids)
@@ -590,7 +590,7 @@ class ReportBuilder:
                 )
             )
 
-        for p, ids in zip(parts, row_ids, strict=True):
+        for i, (p, ids) in enumerate(zip(parts, row_ids, strict=True)):
             for g, values in p.counts.items():
                 acc = counts.setdefault(ids[g], [0] * len(ADDITIVE))
                 for k, v in enumerate(values):
@@ -612,8 +612,7 @@ class ReportBuilder:
                 if ts is not None:
                     b.first_ts = ts if b.first_ts is None else min(b.first_ts, ts)
                     b.last_ts = ts if b.last_ts is None else max(b.last_ts, ts)
-            if p.grouped:
-                b.grouped_channels.add(0)
+            b.grouped_channels.update(channels[i][c] for c in p.grouped if c in channels[i])
         b.counts = np.zeros((len(b.registry), len(ADDITIVE)), dtype=_I64)
         for g, sums in counts.items():
             b.counts[g] = sums

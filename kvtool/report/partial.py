@@ -296,7 +296,7 @@ class PartialReport:
         ambiguous_removes: Removes without group_idx that could not be attributed.
         first_ts: Earliest plausible batch ts.
         last_ts: Latest plausible batch ts.
-        grouped: True when a channel's stores carried group_idx.
+        grouped: The channels whose stores carried group_idx.
         timeline: Per (bucket, row) stores, removes and live-block change, or None.
         peaks: The unit's :class:`PeakLog`.
         out_of_range: Stores per group index not in a given metadata table.
@@ -318,7 +318,7 @@ class PartialReport:
     ambiguous_removes: int
     first_ts: float | None
     last_ts: float | None
-    grouped: bool
+    grouped: set[int]
     timeline: pl.DataFrame | None
     peaks: PeakLog
     out_of_range: dict[int, int]
