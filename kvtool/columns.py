@@ -44,6 +44,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, compress
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
@@ -855,8 +856,10 @@ def _to_rows(s: pl.Series, index: Any) -> pl.Series:
     return pl.Series(np.take(s.to_numpy(), index), dtype=s.dtype)
 
 
-def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
-    """Turn pending batches into one table chunk.
+def _build(
+    p: _Pending, first_event: int, stats: ReadStats, wanted: tuple[str, ...] | None = None
+) -> pl.DataFrame:
+    """Turn pending batches into one table chunk (only the ``wanted`` columns, if given).
 
     numpy over whole columns (no Python per event or hash): each event-level or
     batch-level column is taken to rows by one index.
@@ -928,30 +931,30 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
         full = np.zeros(n_rows, dtype=np.int64)
         full[has] = keys
         hash_col = pl.Series(full, dtype=pl.Int64).scatter(np.flatnonzero(~has), None)
-    df = pl.DataFrame(
-        {
-            "type_code": pl.Series(np.take(types, row_event), dtype=pl.UInt8),
-            "group_idx": _to_rows(groups, row_event),
-            "kind": pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
-            "sliding_window": pl.Series([*p.windows, None], dtype=pl.Int64, strict=False).gather(
-                store_rows
-            ),
-            "medium": p.medium_column(row_medium, n_rows),
-            "tokens": pl.Series(tokens, dtype=pl.Int64),
-            "block_count": pl.Series(np.take(counts.astype(np.int32), row_event), dtype=pl.Int32),
-            **{c: _to_rows(batches[c], row_batch) for c in _BATCH_SCHEMA},
-            "event_index": pl.Series(
-                row_event + first_event if first_event else row_event, dtype=pl.Int64
-            ),
-            "hash": hash_col,
-            "block_index": pl.Series(
-                (np.arange(n_rows, dtype=np.int64) - np.take(row_start, row_event)).astype(
-                    np.int32
-                ),
-                dtype=pl.Int32,
-            ),
-        }
-    )
+    # Each column is made only if wanted (a worker's consumer may read only some).
+    make: dict[str, Callable[[], pl.Series]] = {
+        "type_code": lambda: pl.Series(np.take(types, row_event), dtype=pl.UInt8),
+        "group_idx": lambda: _to_rows(groups, row_event),
+        "kind": lambda: pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
+        "sliding_window": lambda: pl.Series(
+            [*p.windows, None], dtype=pl.Int64, strict=False
+        ).gather(store_rows),
+        "medium": lambda: p.medium_column(row_medium, n_rows),
+        "tokens": lambda: pl.Series(tokens, dtype=pl.Int64),
+        "block_count": lambda: pl.Series(
+            np.take(counts.astype(np.int32), row_event), dtype=pl.Int32
+        ),
+        **{c: partial(_to_rows, batches[c], row_batch) for c in _BATCH_SCHEMA},
+        "event_index": lambda: pl.Series(
+            row_event + first_event if first_event else row_event, dtype=pl.Int64
+        ),
+        "hash": lambda: hash_col,
+        "block_index": lambda: pl.Series(
+            (np.arange(n_rows, dtype=np.int64) - np.take(row_start, row_event)).astype(np.int32),
+            dtype=pl.Int32,
+        ),
+    }
+    df = pl.DataFrame({c: f() for c, f in make.items() if wanted is None or c in wanted})
     stats.rows += n_rows
     stats.events += n_ev
     return df
@@ -959,7 +962,10 @@ def _build(p: _Pending, first_event: int, stats: ReadStats) -> pl.DataFrame:
 
 def _finish(df: pl.DataFrame, stats: ReadStats, labels: bool) -> pl.DataFrame:
     if not labels:
-        return df.select([c for c in TABLE_SCHEMA if c not in _LABELS] + ["type_code"])
+        have = set(df.columns)  # a worker may have returned only some (RawChunk.keep)
+        return df.select(
+            [c for c in TABLE_SCHEMA if c not in _LABELS and c in have] + ["type_code"]
+        )
     names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
     recs = pl.DataFrame(
         {
@@ -1004,6 +1010,8 @@ class RawChunk:
             they are decoded (a pool worker takes that work off the driver); None: leave
             them unannotated.
         channels: The chunk's channels by ``channel_id`` (needed with ``annotation``).
+        keep: Return only these table columns (None: all), those the consumer reads: a
+            table shipped from a worker process costs less the fewer columns it has.
     """
 
     log_time: list[int] = field(default_factory=list)
@@ -1016,6 +1024,7 @@ class RawChunk:
     ranks: frozenset[int | None] | None = None
     annotation: Annotation | None = None
     channels: dict[int, ChannelRef] | None = None
+    keep: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -1085,7 +1094,10 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
     try:
         for i in range(0, n, _BLOCK):
             pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
-        table = _build(pending, 0, st) if len(pending) else pl.DataFrame()
+        keep = raw.keep
+        if keep is not None and raw.annotation is not None:
+            keep = (*keep, *_ANNOTATE_INPUT)
+        table = _build(pending, 0, st, keep) if len(pending) else pl.DataFrame()
     finally:
         if gc_was:
             gc.enable()
@@ -1094,6 +1106,8 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         out_of_range = {}
         if table.height:
             table = annotate_table(table, raw.annotation, raw.channels or {}, out_of_range)
+    if raw.keep is not None and table.width:
+        table = table.select([c for c in table.columns if c in raw.keep])
     return DecodedChunk(
         table,
         st.events,
@@ -1105,6 +1119,17 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         out_of_range,
     )
 
+
+_ANNOTATE_INPUT = (
+    "channel_id",
+    "dp_rank",
+    "type_code",
+    "group_idx",
+    "kind",
+    "sliding_window",
+    "block_index",
+)
+"""The columns :func:`annotate_table` reads."""
 
 _Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
 _vocab_skip = [0]  # blocks left before the vocabulary decoder is tried again
@@ -1408,6 +1433,118 @@ def _selector(select: BatchFilter, st: ReadStats) -> Callable[[RecordedMessage],
 
 
 DecodeMap = Callable[[Iterator[RawChunk]], Iterator[DecodedChunk]]
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """A read as :func:`iter_tables` makes it, picklable.
+
+    A process given it reads the same chunks, numbered the same: the chunking depends on
+    the input alone.
+
+    Attributes:
+        paths: Recordings (paths the reading process can open).
+        chunk_bytes: Payload bytes per chunk.
+        select: Keep only these batches.
+        streams: Read only these publisher streams.
+        annotation: Annotate the chunks with it where they are decoded (None: not).
+        keep: Return only these table columns (None: all).
+    """
+
+    paths: tuple[str, ...]
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    select: BatchFilter | None = None
+    streams: frozenset[tuple[str, str, int | None]] | None = None
+    annotation: Annotation | None = None
+    keep: tuple[str, ...] | None = None
+
+
+@dataclass
+class ShardItem:
+    """What a reading process hands back (:func:`read_shard`).
+
+    Attributes:
+        chunk: A decoded chunk; None in the last item.
+        read: The read side of the process's :class:`ReadStats` so far.
+        progress: Bytes read of the inputs, and their total.
+    """
+
+    chunk: DecodedChunk | None
+    read: ReadStats
+    progress: tuple[int, int] | None = None
+
+
+def read_shard(plan: ReadPlan, shard: int, shards: int) -> Iterator[ShardItem]:
+    """Read the whole input and decode every ``shards``-th chunk, from chunk ``shard``.
+
+    Each of ``shards`` processes runs this on the same plan: each reads everything (the
+    reading is cheap next to decoding, and it is how each knows the chunks, channel ids
+    and seqs of the stream without the others), decodes and annotates its own chunks,
+    and hands them over; the consumer takes chunk ``i`` from process ``i % shards``, so
+    no payload crosses between processes and the order is the stream's. A last item
+    without a chunk carries the read's final stats (damage, lost batches).
+
+    Args:
+        plan: The read.
+        shard: This process's number, from 0.
+        shards: How many processes share the read.
+
+    Yields:
+        This shard's chunks in stream order, then the final item.
+    """
+    st = ReadStats()
+    done: list[tuple[int, int]] = []
+
+    def progress(n: int, total: int) -> None:
+        done[:] = [(n, total)]
+
+    raws = iter_raw_chunks(
+        list(plan.paths),
+        stats=st,
+        chunk_bytes=plan.chunk_bytes,
+        select=plan.select,
+        progress=progress,
+        streams=plan.streams,
+    )
+    for i, raw in enumerate(raws):
+        if i % shards != shard:
+            continue
+        if plan.annotation is not None:
+            raw.annotation = plan.annotation
+            raw.channels = {cid: st.channels[cid] for cid in set(raw.channel_id)}
+        raw.keep = plan.keep
+        yield ShardItem(decode_chunk(raw), st, done[0] if done else None)
+    yield ShardItem(None, st, done[0] if done else None)
+
+
+ShardMap = Callable[[ReadPlan], Iterator[ShardItem]]
+"""Runs :func:`read_shard` in several processes and yields their items in stream order
+(:func:`kvtool.report.parallel.shard_map`)."""
+
+
+def _adopt_read(st: ReadStats, read: ReadStats, noted: int, decoded_unselected: int) -> int:
+    """Take the read side of another process's stats into ``st``; return problems taken.
+
+    The decode side (events, rows, skipped, the batches ``--rank`` left out) is counted
+    by :func:`add_decoded` from each chunk, ``decoded_unselected`` of them so far; the
+    read side is the reading process's, as :func:`iter_raw_chunks` keeps it.
+    """
+    st.recordings[:] = read.recordings
+    st.groups.update(read.groups)
+    st.channels.update(read.channels)  # the same dict: builders and annotators hold it
+    st.messages = read.messages - decoded_unselected
+    st.unselected = read.unselected + decoded_unselected
+    st.payload_bytes = read.payload_bytes
+    st.damaged[:] = read.damaged
+    st.lost[:] = read.lost
+    st.merge = read.merge
+    st.unordered = read.unordered
+    st.streams_seen = set(read.streams_seen)
+    for text in read.problems[noted:]:
+        st.note(text)
+    return len(read.problems)
+
+
 """Decodes raw chunks, in order: ``map(decode_chunk, ...)`` or a process pool's map."""
 
 
@@ -1431,7 +1568,7 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     stats.unselected += d.unselected
     for text in d.problems:
         stats.note(text)
-    if first_event and d.table.height:
+    if first_event and d.table.height and "event_index" in d.table.columns:
         return d.table.with_columns(pl.col("event_index") + first_event)
     return d.table
 
@@ -1448,6 +1585,8 @@ def iter_tables(
     streams: frozenset[tuple[str, str, int | None]] | None = None,
     annotation: Annotation | None = None,
     out_of_range: dict[int, int] | None = None,
+    keep: tuple[str, ...] | None = None,
+    shard_map: ShardMap | None = None,
 ) -> Iterator[pl.DataFrame]:
     """Read recordings into flat table chunks (wire kinds; see :class:`TableAnnotator`).
 
@@ -1471,26 +1610,40 @@ def iter_tables(
             decoded, e.g. in ``decode_map``'s worker processes; None: not annotated.
         out_of_range: With ``annotation``: receives the stores per group index outside
             a given metadata table, as :func:`annotate_table` counts them.
+        keep: With ``decode_map`` or ``shard_map``: the columns the caller reads; the
+            decoder may return only these (:attr:`RawChunk.keep`).
+        shard_map: Reads and decodes in other processes, each reading the input itself
+            (:func:`read_shard`; ``decode_map`` is then not used).
 
     Yields:
-        Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``), in
-        stream order; row order inside a chunk is stream order.
+        Table chunks with the columns of :data:`TABLE_SCHEMA` (plus ``type_code``; with
+        ``keep``, perhaps only those), in stream order; row order inside a chunk is
+        stream order.
 
     Raises:
         RecordingError: A recording cannot be opened.
     """
     st = stats if stats is not None else ReadStats()
-    raws = iter_raw_chunks(
-        paths,
-        stats=st,
-        chunk_bytes=chunk_bytes,
-        select=select,
-        progress=progress,
-        streams=streams,
-    )
-    if annotation is not None:
-        raws = _with_annotation(raws, annotation, st)
-    decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
+    decoded: Iterator[DecodedChunk]
+    if shard_map is not None:
+        plan = ReadPlan(
+            tuple(os.fspath(p) for p in paths), chunk_bytes, select, streams, annotation, keep
+        )
+        decoded = _sharded(shard_map(plan), st, progress)
+    else:
+        raws = iter_raw_chunks(
+            paths,
+            stats=st,
+            chunk_bytes=chunk_bytes,
+            select=select,
+            progress=progress,
+            streams=streams,
+        )
+        if annotation is not None:
+            raws = _with_annotation(raws, annotation, st)
+        if keep is not None and decode_map is not None:
+            raws = _keeping(raws, keep)
+        decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
     for d in decoded:
         if annotation is not None:
             if d.out_of_range is None:  # a decoder that does not annotate
@@ -1512,6 +1665,26 @@ def _with_annotation(
     for raw in raws:
         raw.annotation = annotation
         raw.channels = {cid: stats.channels[cid] for cid in set(raw.channel_id)}
+        yield raw
+
+
+def _sharded(
+    items: Iterator[ShardItem], st: ReadStats, progress: Progress | None
+) -> Iterator[DecodedChunk]:
+    """The chunks of a :data:`ShardMap`, their read's stats taken into ``st`` as they come."""
+    noted = unselected = 0
+    for item in items:
+        noted = _adopt_read(st, item.read, noted, unselected)
+        if progress is not None and item.progress is not None:
+            progress(*item.progress)
+        if item.chunk is not None:
+            unselected += item.chunk.unselected  # counted by add_decoded once yielded
+            yield item.chunk
+
+
+def _keeping(raws: Iterator[RawChunk], keep: tuple[str, ...]) -> Iterator[RawChunk]:
+    for raw in raws:
+        raw.keep = keep
         yield raw
 
 
@@ -2193,7 +2366,10 @@ __all__ = [
     "LeanBatch",
     "Progress",
     "RawChunk",
+    "ReadPlan",
     "ReadStats",
+    "ShardItem",
+    "ShardMap",
     "TableAnnotator",
     "add_decoded",
     "annotate_table",
@@ -2208,6 +2384,7 @@ __all__ = [
     "make_annotator",
     "np",
     "prefetch",
+    "read_shard",
     "read_table",
     "recording_groups",
     "token_counts",

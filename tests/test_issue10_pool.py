@@ -1,4 +1,4 @@
-"""Issue 10 item 2: the --jobs pool annotates in its workers and ships tables cheaply, exactly."""
+"""Issue 10 item 2: --jobs processes read, decode and annotate, and ship tables cheaply, exactly."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kvtool.columns import (
     make_annotator,
 )
 from kvtool.report import build_report
-from kvtool.report.parallel import _keep_big_buffers, pool_decode_map
+from kvtool.report.parallel import _keep_big_buffers, shard_map
 from tests.conftest import CAPTURES
 from tests.test_report import record_capture
 
@@ -41,7 +41,7 @@ def test_issue10_pool_worker_annotated_chunks_equal_driver_annotated(
     rec = record_capture(name, tmp_path / "r.mcap")
     want, want_oor = _driver_annotated(rec, flags)
     annotation = make_annotator([rec], group_flags=flags).annotation
-    decode_map, close = pool_decode_map(2)
+    shards, close = shard_map(2)
     try:
         oor: dict[int, int] = {}
         got = list(
@@ -49,7 +49,7 @@ def test_issue10_pool_worker_annotated_chunks_equal_driver_annotated(
                 [rec],
                 chunk_bytes=3000,
                 labels=False,
-                decode_map=decode_map,
+                shard_map=shards,
                 annotation=annotation,
                 out_of_range=oor,
             )

@@ -44,6 +44,7 @@ from kvtool.columns import (
     DecodeMap,
     Progress,
     ReadStats,
+    ShardMap,
     TableAnnotator,
     iter_tables,
     make_annotator,
@@ -75,6 +76,7 @@ from kvtool.report.aggregates import (
     timeline_frame,
 )
 from kvtool.report.findings import report_findings
+from kvtool.report.names import BUILDER_INPUT
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -1133,11 +1135,12 @@ def build_report(
                     progress=progress,
                 )
     decode_map: DecodeMap | None = None
+    shard_map: ShardMap | None = None
     close: Callable[[], None] | None = None
     if ray_address is not None:
         decode_map, close = parallel.ray_decode_map(ray_address)
-    elif jobs > 1:
-        decode_map, close = parallel.pool_decode_map(jobs)
+    elif jobs > 1 and parallel.input_bytes(paths) >= chunk_bytes // parallel.SHARD_RATIO:
+        shard_map, close = parallel.shard_map(jobs)
     try:
         return report_with(
             paths,
@@ -1145,6 +1148,7 @@ def build_report(
             every_ns=every_ns,
             chunk_bytes=chunk_bytes,
             decode_map=decode_map,
+            shard_map=shard_map,
             clock=clock,
             select=select,
             progress=progress,
@@ -1166,6 +1170,7 @@ def report_with(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
+    shard_map: ShardMap | None = None,
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
@@ -1183,6 +1188,7 @@ def report_with(
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -1198,6 +1204,7 @@ def report_with(
         every_ns=every_ns,
         chunk_bytes=chunk_bytes,
         decode_map=decode_map,
+        shard_map=shard_map,
         clock=clock,
         select=select,
         progress=progress,
@@ -1214,6 +1221,7 @@ def run_builder(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
+    shard_map: ShardMap | None = None,
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
@@ -1229,6 +1237,7 @@ def run_builder(
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -1243,22 +1252,25 @@ def run_builder(
     builder = ReportBuilder(every_ns, annotator.group_kind, clock)
     builder.peak_log = peak_log
     builder.streams = stats.channels
-    # With a decode map (worker processes), the chunks are annotated where they are
-    # decoded: the annotation is fixed before the first chunk, and the driver (the
+    # With a decode or shard map (other processes), the chunks are annotated where they
+    # are decoded: the annotation is fixed before the first chunk, and the driver (the
     # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
     # may annotate otherwise: it annotates here.
-    in_worker = decode_map is not None and type(annotator) is TableAnnotator
+    elsewhere = decode_map is not None or shard_map is not None
+    in_worker = elsewhere and type(annotator) is TableAnnotator
     chunks = iter_tables(
         paths,
         stats=stats,
         chunk_bytes=chunk_bytes,
         labels=False,
         decode_map=decode_map,
+        shard_map=shard_map,
         select=select,
         progress=progress,
         streams=streams,
         annotation=annotator.annotation if in_worker else None,
         out_of_range=annotator.out_of_range if in_worker else None,
+        keep=BUILDER_INPUT if in_worker else None,
     )
 
     def annotated() -> Iterator[pl.DataFrame]:

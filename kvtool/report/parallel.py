@@ -10,15 +10,22 @@ Two kinds of work, the same functions on a local process pool and on Ray:
   merge exactly (:meth:`kvtool.report.ReportBuilder.from_partials`). When the merge
   cannot be exact (a recording out of THE merge order's key order) it declines and the
   caller reads everything in one ordered pass.
-- **One stream** (:func:`pool_decode_map`, :func:`ray_decode_map`): a stream's live state
-  carries from chunk to chunk (a remove in chunk 5 pairs with its store in chunk 2), so
-  it is an ordered pass. The map is :func:`kvtool.columns.decode_chunk` (decode and, on
-  the pool, annotate one chunk of raw payloads: pure, picklable in and out); the driver
-  reads the recordings into raw chunks, hands them out, takes the tables back *in stream
-  order* and feeds :class:`kvtool.report.ReportBuilder` exactly as a single-process run
-  does, so every count, set, percentile and peak is identical to ``--jobs 1``.
-- **Memory**: at most ``in_flight`` chunks are out at a time (raw and decoded), so memory
-  stays flat as a recording grows, as in a single-process run.
+- **One stream**: a stream's live state carries from chunk to chunk (a remove in chunk 5
+  pairs with its store in chunk 2), so the report is one ordered pass; only reading,
+  decoding and annotating are spread out, and the tables come back *in stream order* to
+  feed :class:`kvtool.report.ReportBuilder` exactly as a single-process run does, so every
+  count, set, percentile and peak is identical to ``--jobs 1``.
+
+  - Locally (:func:`shard_map`), each of ``--jobs`` processes reads the whole input
+    itself and decodes every ``jobs``-th chunk (:func:`kvtool.columns.read_shard`):
+    reading costs a tenth of decoding, and no payload crosses a pipe -- only each
+    chunk's table, as compressed Arrow IPC.
+  - On Ray (:func:`ray_decode_map`), the driver reads the recordings into raw chunks and
+    hands them out (:func:`kvtool.columns.decode_chunk`: pure, picklable in and out):
+    the payloads travel, the workers need not see the files.
+- **Memory**: a chunk or two a process (a reading process waits on its pipe until its
+  table is taken; Ray keeps ``in_flight`` chunks out), so memory stays flat as a
+  recording grows, as in a single-process run.
 """
 
 from __future__ import annotations
@@ -30,9 +37,10 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import chain
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import TYPE_CHECKING, TypeVar
 
 from kvtool.columns import (
@@ -40,8 +48,12 @@ from kvtool.columns import (
     DecodeMap,
     Progress,
     RawChunk,
+    ReadPlan,
+    ShardItem,
+    ShardMap,
     TableAnnotator,
     decode_chunk,
+    read_shard,
 )
 from kvtool.errors import KvtoolError, UsageError
 
@@ -65,6 +77,21 @@ more than the decoding they take over (``--jobs 2`` 0.98x the time of the defaul
 1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
 
 
+SHARD_RATIO = 16
+"""An input smaller on disk than a chunk's payload bytes over this (about one chunk of
+payload: recordings are zstd, ~10x) is read in one process even with ``--jobs``: starting
+processes would cost more than the decoding they share."""
+
+
+def input_bytes(paths: Sequence[str | os.PathLike[str]]) -> int:
+    """The recordings' size in bytes on disk (those that cannot be read count 0)."""
+    total = 0
+    for p in paths:
+        with contextlib.suppress(OSError):
+            total += os.stat(p).st_size
+    return total
+
+
 def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
     """The default of ``--jobs``: the machine's usable cores, or 1 for small inputs.
 
@@ -78,13 +105,8 @@ def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
     Returns:
         At least 1.
     """
-    if paths:
-        total = 0
-        for p in paths:
-            with contextlib.suppress(OSError):
-                total += os.stat(p).st_size
-        if total < PARALLEL_FROM_BYTES:
-            return 1
+    if paths and input_bytes(paths) < PARALLEL_FROM_BYTES:
+        return 1
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
@@ -163,17 +185,22 @@ def _init_worker() -> None:
     _keep_big_buffers()
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor:
-    """A process pool of ``jobs`` workers forked from a server that imported kvtool once.
+def _context() -> ForkServerContext | SpawnContext:
+    """Processes forked from a server that imported kvtool once.
 
     Not a fork of this process, whose threads (polars' pool, the prefetch thread) must
     not be forked.
     """
-    method = "forkserver" if sys.platform.startswith("linux") else "spawn"
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["kvtool.columns"])
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker)
+    if not sys.platform.startswith("linux"):
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["kvtool.columns"])
+    return ctx
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    """A process pool of ``jobs`` workers (:func:`_context`)."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_init_worker)
 
 
 def _ray_connect(ray: ModuleType, address: str) -> bool:
@@ -188,70 +215,122 @@ def _ray_connect(ray: ModuleType, address: str) -> bool:
     return True
 
 
-def pool_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
-    """A :data:`kvtool.columns.DecodeMap` over a local process pool of ``jobs`` workers.
+SHARD_POLL_S = 1.0
+"""How often the driver, waiting for a reading process, checks that it is still alive."""
 
-    The pool starts only when a second chunk arrives: a small input (one chunk) is decoded
-    here, without paying for worker start-up. Workers start from a fork server that has
-    imported kvtool once (not a fork of this process, whose threads -- polars' pool, the
-    prefetch thread -- must not be forked).
+
+def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
+    """A :data:`kvtool.columns.ShardMap` over ``jobs`` local processes.
+
+    Each process reads the whole input itself and decodes and annotates every
+    ``jobs``-th chunk (:func:`kvtool.columns.read_shard`); the tables come back over a
+    pipe each, taken in stream order. No payload crosses a pipe and the driver neither
+    reads nor decodes: it only builds the report. A process blocks on its pipe until
+    the driver takes its chunk, so memory stays at a chunk or two a process.
 
     Args:
-        jobs: Worker processes (>= 2; use no pool for 1).
+        jobs: Processes (>= 2).
 
     Returns:
-        The map, and a function that shuts the pool down.
+        The map, and a function that stops what it started.
     """
-    pools: list[ProcessPoolExecutor] = []
+    started = [False]
 
-    def start(first: RawChunk) -> tuple[ProcessPoolExecutor, Future[DecodedChunk]]:
-        pool = _pool(jobs)
-        pools.append(pool)
-        # One decode per worker at a time: polars' own thread pool in each worker only
-        # competes with the other workers and the driver for the cores. The fork server
-        # (and the workers it forks) starts on the first submit and reads the variable
-        # when it imports polars; this process's polars has long read it.
-        name = "POLARS_MAX_THREADS"
+    def run(plan: ReadPlan) -> Iterator[ShardItem]:
+        ctx = _context()
+        procs: list[multiprocessing.process.BaseProcess] = []
+        conns: list[Connection] = []
+        name = "POLARS_MAX_THREADS"  # one polars thread a process: they share the cores
         was = os.environ.get(name)
         os.environ[name] = "1"
         try:
-            return pool, pool.submit(decode_chunk, first)
+            for k in range(jobs):
+                recv, send = ctx.Pipe(duplex=False)
+                proc = ctx.Process(
+                    target=_shard_worker,
+                    args=(plan, k, jobs, send),
+                    name=f"kvtool-read-{k}",
+                    daemon=True,
+                )
+                proc.start()
+                started[0] = True
+                send.close()
+                procs.append(proc)
+                conns.append(recv)
         finally:
             if was is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = was
-
-    def result(f: Future[DecodedChunk]) -> DecodedChunk:
         try:
-            return f.result()
-        except BrokenProcessPool as err:
-            raise KvtoolError(f"a decoding worker process died ({err}); try --jobs 1") from err
-
-    def run(items: Iterator[RawChunk]) -> Iterator[DecodedChunk]:
-        first = next(items, None)
-        if first is None:
-            return
-        second = next(items, None)
-        if second is None:
-            yield decode_chunk(first)
-            return
-        pool, head = start(first)
-        _keep_big_buffers()
-        rest = chain([second], items)
-
-        def submit(raw: RawChunk) -> Future[DecodedChunk]:
-            return pool.submit(decode_chunk, raw)
-
-        yield from ordered(rest, submit, result, jobs + 1, head=head)
+            _keep_big_buffers()
+            i = 0
+            while True:
+                item = _receive(conns[i % jobs], procs[i % jobs])
+                yield item
+                if item.chunk is None:
+                    break
+                i += 1
+            # The others have read to the end too: each sends its final item and ends.
+            for k in range(jobs):
+                if k != i % jobs:
+                    _receive(conns[k], procs[k])
+                procs[k].join(timeout=SHARD_POLL_S)
+        finally:
+            for worker in procs:
+                if worker.is_alive():
+                    worker.terminate()  # by its PID: this process started it
+                worker.join(timeout=5)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join(timeout=5)
+            for conn in conns:
+                conn.close()
 
     def close() -> None:
-        for pool in pools:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if pools:
+        if started[0]:
             _stop_forkserver()
 
     return run, close
+
+
+def _receive(conn: Connection, proc: multiprocessing.process.BaseProcess) -> ShardItem:
+    """The next item of a reading process; a process that died or failed raises."""
+    while not conn.poll(SHARD_POLL_S):
+        if not proc.is_alive() and not conn.poll(0):
+            raise _died(proc)
+    try:
+        got = conn.recv()
+    except (EOFError, OSError) as err:
+        raise _died(proc) from err
+    if isinstance(got, BaseException):
+        raise got
+    if not isinstance(got, ShardItem):
+        raise KvtoolError(f"a decoding process sent {type(got).__name__}; try --jobs 1")
+    return got
+
+
+def _died(proc: multiprocessing.process.BaseProcess) -> KvtoolError:
+    proc.join(timeout=SHARD_POLL_S)
+    return KvtoolError(f"a decoding process died (exit code {proc.exitcode}); try --jobs 1")
+
+
+def _shard_worker(plan: ReadPlan, shard: int, shards: int, conn: Connection) -> None:
+    """A reading process: :func:`kvtool.columns.read_shard` onto its pipe."""
+    _init_worker()
+    try:
+        for item in read_shard(plan, shard, shards):
+            conn.send(item)
+    except BrokenPipeError:
+        pass  # the driver stopped reading: it is ending the report
+    except BaseException as err:  # handed to the driver, which names it
+        try:
+            conn.send(err)
+        except Exception:  # not picklable: its message
+            with contextlib.suppress(OSError):
+                conn.send(KvtoolError(f"{type(err).__name__}: {err}"))
+    finally:
+        conn.close()
 
 
 def _stop_forkserver() -> None:
@@ -425,10 +504,12 @@ def report_units(
 
 __all__ = [
     "RAY_INSTALL_HINT",
+    "SHARD_RATIO",
     "default_jobs",
     "import_ray",
+    "input_bytes",
     "ordered",
-    "pool_decode_map",
     "ray_decode_map",
     "report_units",
+    "shard_map",
 ]
