@@ -17,7 +17,8 @@ from kvtool.columns import (
     make_annotator,
 )
 from kvtool.report import build_report
-from kvtool.report.parallel import _keep_big_buffers, shard_map
+from kvtool.report.parallel import shard_map
+from kvtool.report.procs import keep_big_buffers
 from tests.conftest import CAPTURES
 from tests.test_report import record_capture
 
@@ -93,4 +94,4 @@ def test_issue10_pool_decoded_chunk_crosses_as_arrow_ipc(tmp_path: Path) -> None
 def test_issue10_pool_keeps_big_buffers_on_glibc() -> None:
     import platform
 
-    assert _keep_big_buffers() == (platform.libc_ver()[0] == "glibc")
+    assert keep_big_buffers() == (platform.libc_ver()[0] == "glibc")

@@ -107,15 +107,25 @@ def _group_members(pgid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_jobs_2_leaves_no_process_behind(tmp_path: Path) -> None:
-    """The pool's workers, forkserver and resource tracker all end with the report."""
+@pytest.mark.parametrize("how", ["library", "cli"])
+def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
+    """The reading processes, fork server and resource tracker all end with the report.
+
+    The command starts the fork server before it knows whether the input is big enough
+    to use it (a small one is read in one process): it is stopped either way.
+    """
     rec = tmp_path / "g.mcap"
     write_capture(rec, "gemma3")
     code = (
         "from kvtool.report import build_report;"
         f"build_report([{str(rec)!r}], chunk_bytes=2000, jobs=2)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    args = ["-c", code]
+    if how == "cli":
+        args = ["-m", "kvtool", "report", str(rec), "--jobs", "2", "-q", "-f", "json"]
+    proc = subprocess.Popen(
+        [sys.executable, *args], start_new_session=True, stdout=subprocess.DEVNULL
+    )
     try:
         assert proc.wait(timeout=120) == 0
     finally:

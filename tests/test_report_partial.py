@@ -260,7 +260,7 @@ def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
 
 
 def test_issue10_default_jobs_is_one_process_for_a_small_fleet(tmp_path: Path) -> None:
-    from kvtool.report.parallel import default_jobs
+    from kvtool.report.procs import default_jobs
 
     paths = _fleet(tmp_path, ["gemma3", "full_only"])
     assert len(plan_units(paths, split=2)) == 2  # two units exist...

@@ -171,56 +171,68 @@ def report(
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
     table (by_kind, by_window, by_group, timeline).
     """
-    from kvtool.render.report import (
-        DEFAULT_COLUMNS,
-        parse_columns,
-        render_csv,
-        render_json,
-        render_markdown,
-        render_table,
-    )
-    from kvtool.report import COLUMNS, build_report, default_jobs
-    from kvtool.selection import make_selection, selection_note
+    from kvtool.report.procs import default_jobs, start_server, stop_servers
 
-    env = get_env()
-    tables = _parse_by(by)
-    select = make_selection(channel=channel, rank=rank, since=since, until=until)
-    cols = parse_columns(columns) if columns is not None else None
-    if wide:
-        cols = parse_columns("all")
-    if plot is not None:
-        from kvtool.plot import require_matplotlib
-
-        require_matplotlib(plot)  # before the (long) read, not after it
-    if is_stdout(out):
-        out = None
-    inputs = [*files, *([groups] if groups is not None else [])]
-    check_inputs(inputs)
-    # Refuse a bad output before the work, not after it.
-    if out is not None:
-        check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
-    if plot is not None:
-        check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
-    every_ns = parse_duration_ns(every, option="--every") if every is not None else None
-    if plot is not None and every_ns is None:
-        every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
-    from kvtool.render.progress import input_size
-
-    size = input_size(files)
-    what = f"reading {len(files)} recording(s)"
-    with env.progress(what, size, quiet=quiet) as bar:
-        rep = build_report(
-            [str(f) for f in files],
-            groups_file=str(groups) if groups is not None else None,
-            group_flags=group or None,
-            every_ns=every_ns,
-            jobs=jobs if jobs is not None else default_jobs(files),
-            ray_address=ray,
-            clock=clock.value,
-            select=select,
-            progress=bar.update if bar.shown else None,
-            split=[t for t in tables if t in ("rank", "channel")],
+    n_jobs = jobs if jobs is not None else default_jobs(files)
+    early = n_jobs > 1 and ray is None
+    if early:
+        # Worker processes will fork from a server that imports the report library: it
+        # starts now, its imports on another core while this process makes its own.
+        start_server()
+    try:
+        from kvtool.render.report import (
+            DEFAULT_COLUMNS,
+            parse_columns,
+            render_csv,
+            render_json,
+            render_markdown,
+            render_table,
         )
+        from kvtool.report import COLUMNS, build_report
+        from kvtool.selection import make_selection, selection_note
+
+        env = get_env()
+        tables = _parse_by(by)
+        select = make_selection(channel=channel, rank=rank, since=since, until=until)
+        cols = parse_columns(columns) if columns is not None else None
+        if wide:
+            cols = parse_columns("all")
+        if plot is not None:
+            from kvtool.plot import require_matplotlib
+
+            require_matplotlib(plot)  # before the (long) read, not after it
+        if is_stdout(out):
+            out = None
+        inputs = [*files, *([groups] if groups is not None else [])]
+        check_inputs(inputs)
+        # Refuse a bad output before the work, not after it.
+        if out is not None:
+            check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
+        if plot is not None:
+            check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
+        every_ns = parse_duration_ns(every, option="--every") if every is not None else None
+        if plot is not None and every_ns is None:
+            every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
+        from kvtool.render.progress import input_size
+
+        size = input_size(files)
+        what = f"reading {len(files)} recording(s)"
+        with env.progress(what, size, quiet=quiet) as bar:
+            rep = build_report(
+                [str(f) for f in files],
+                groups_file=str(groups) if groups is not None else None,
+                group_flags=group or None,
+                every_ns=every_ns,
+                jobs=n_jobs,
+                ray_address=ray,
+                clock=clock.value,
+                select=select,
+                progress=bar.update if bar.shown else None,
+                split=[t for t in tables if t in ("rank", "channel")],
+            )
+    finally:
+        if early:
+            stop_servers()
     batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],

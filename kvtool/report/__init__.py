@@ -24,7 +24,8 @@ if TYPE_CHECKING:
         report_from_chunks,
         report_with,
     )
-    from kvtool.report.parallel import RAY_INSTALL_HINT, default_jobs
+    from kvtool.report.parallel import RAY_INSTALL_HINT
+    from kvtool.report.procs import default_jobs
 
 # The library (polars, numpy) loads on first use of one of its names, so that importing a
 # module of this package for its column names (``kvtool diff --help``) stays cheap.
@@ -38,7 +39,7 @@ _LAZY = {
     "report_from_chunks": "kvtool.report.builder",
     "report_with": "kvtool.report.builder",
     "RAY_INSTALL_HINT": "kvtool.report.parallel",
-    "default_jobs": "kvtool.report.parallel",
+    "default_jobs": "kvtool.report.procs",
 }
 
 

@@ -1111,7 +1111,7 @@ def build_report(
         MetadataError: Invalid group metadata.
         UsageError: ``ray_address`` given but Ray is not installed.
     """
-    from kvtool.report import parallel, partial
+    from kvtool.report import parallel, partial, procs
 
     check_clock(clock)
     annotator = make_annotator(
@@ -1139,7 +1139,7 @@ def build_report(
     close: Callable[[], None] | None = None
     if ray_address is not None:
         decode_map, close = parallel.ray_decode_map(ray_address)
-    elif jobs > 1 and parallel.input_bytes(paths) >= chunk_bytes // parallel.SHARD_RATIO:
+    elif jobs > 1 and procs.input_bytes(paths) >= chunk_bytes // procs.SHARD_RATIO:
         shard_map, close = parallel.shard_map(jobs)
     try:
         return report_with(

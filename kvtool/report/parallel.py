@@ -33,14 +33,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import signal
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import TYPE_CHECKING, TypeVar
 
 from kvtool.columns import (
@@ -56,6 +53,14 @@ from kvtool.columns import (
     read_shard,
 )
 from kvtool.errors import KvtoolError, UsageError
+from kvtool.report.procs import (
+    context,
+    init_worker,
+    keep_big_buffers,
+    one_polars_thread,
+    start_server,
+    stop_servers,
+)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -67,50 +72,6 @@ T = TypeVar("T")
 H = TypeVar("H")
 
 RAY_INSTALL_HINT = "--ray needs Ray: pip install 'kvtool[ray]' (or pip install ray)"
-
-
-PARALLEL_FROM_BYTES = 64 << 20
-"""One stream smaller than this in all is decoded in one process by default.
-
-Measured (bench/RESULTS.md): on a 10 MB recording, shipping chunks to worker processes costs
-more than the decoding they take over (``--jobs 2`` 0.98x the time of the default, ``--jobs
-1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
-
-
-SHARD_RATIO = 16
-"""An input smaller on disk than a chunk's payload bytes over this (about one chunk of
-payload: recordings are zstd, ~10x) is read in one process even with ``--jobs``: starting
-processes would cost more than the decoding they share."""
-
-
-def input_bytes(paths: Sequence[str | os.PathLike[str]]) -> int:
-    """The recordings' size in bytes on disk (those that cannot be read count 0)."""
-    total = 0
-    for p in paths:
-        with contextlib.suppress(OSError):
-            total += os.stat(p).st_size
-    return total
-
-
-def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
-    """The default of ``--jobs``: the machine's usable cores, or 1 for small inputs.
-
-    Args:
-        paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in
-            all, one process is faster than a pool -- for one stream and for several
-            (measured, bench/RESULTS.md 4c: two 10 MB ranks take 2.2 s in one process,
-            whose decode thread and builder already keep two cores busy, and 2.5 s in a
-            pool of two, whose workers first import polars and numpy).
-
-    Returns:
-        At least 1.
-    """
-    if paths and input_bytes(paths) < PARALLEL_FROM_BYTES:
-        return 1
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def ordered(
@@ -141,66 +102,10 @@ def ordered(
         yield result(pending.popleft())
 
 
-_M_TRIM_THRESHOLD = -1
-_M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-_BIG_BUFFERS = 32 << 20  # glibc's largest mmap threshold on 64-bit (HEAP_MAX_SIZE / 2)
-
-
-def _keep_big_buffers() -> bool:
-    """Let glibc's malloc reuse the heap for chunk-sized buffers instead of mmapping each.
-
-    A chunk crosses the pipe as buffers of ~20 MB (the pickled raw chunk, the decoded
-    table's IPC stream). Past its mmap threshold glibc maps each one fresh and unmaps it
-    on free, so every chunk faults in ~40 MB of new pages on both ends (hundreds of
-    thousands of page faults, seconds of system time on a 100 MB recording). Raising the
-    threshold and keeping a padded heap top lets the next chunk reuse the same pages.
-
-    Returns:
-        True if set (glibc); False elsewhere (nothing changed).
-    """
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    ok = mallopt(_M_MMAP_THRESHOLD, _BIG_BUFFERS)
-    ok &= mallopt(_M_TRIM_THRESHOLD, 4 * _BIG_BUFFERS)
-    ok &= mallopt(_M_TOP_PAD, _BIG_BUFFERS)
-    return bool(ok)
-
-
-def _init_worker() -> None:
-    """Set up a pool worker: Ctrl-C is the driver's to handle; big buffers are reused."""
-    # Ctrl-C reaches the whole process group: the driver handles it (and shuts the pool
-    # down); a worker dying of it would only blur the exit status.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _keep_big_buffers()
-
-
-def _context() -> ForkServerContext | SpawnContext:
-    """Processes forked from a server that imported kvtool once.
-
-    Not a fork of this process, whose threads (polars' pool, the prefetch thread) must
-    not be forked.
-    """
-    if not sys.platform.startswith("linux"):
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["kvtool.columns"])
-    return ctx
-
-
 def _pool(jobs: int) -> ProcessPoolExecutor:
-    """A process pool of ``jobs`` workers (:func:`_context`)."""
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=_context(), initializer=_init_worker)
+    """A process pool of ``jobs`` workers (:func:`kvtool.report.procs.context`)."""
+    start_server()
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=context(), initializer=init_worker)
 
 
 def _ray_connect(ray: ModuleType, address: str) -> bool:
@@ -237,13 +142,11 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
     started = [False]
 
     def run(plan: ReadPlan) -> Iterator[ShardItem]:
-        ctx = _context()
+        ctx = context()
         procs: list[multiprocessing.process.BaseProcess] = []
         conns: list[Connection] = []
-        name = "POLARS_MAX_THREADS"  # one polars thread a process: they share the cores
-        was = os.environ.get(name)
-        os.environ[name] = "1"
-        try:
+        start_server()
+        with one_polars_thread():
             for k in range(jobs):
                 recv, send = ctx.Pipe(duplex=False)
                 proc = ctx.Process(
@@ -257,13 +160,8 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
                 send.close()
                 procs.append(proc)
                 conns.append(recv)
-        finally:
-            if was is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = was
         try:
-            _keep_big_buffers()
+            keep_big_buffers()
             i = 0
             while True:
                 item = _receive(conns[i % jobs], procs[i % jobs])
@@ -289,7 +187,7 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
 
     def close() -> None:
         if started[0]:
-            _stop_forkserver()
+            stop_servers()
 
     return run, close
 
@@ -317,7 +215,7 @@ def _died(proc: multiprocessing.process.BaseProcess) -> KvtoolError:
 
 def _shard_worker(plan: ReadPlan, shard: int, shards: int, conn: Connection) -> None:
     """A reading process: :func:`kvtool.columns.read_shard` onto its pipe."""
-    _init_worker()
+    init_worker()
     try:
         for item in read_shard(plan, shard, shards):
             conn.send(item)
@@ -331,25 +229,6 @@ def _shard_worker(plan: ReadPlan, shard: int, shards: int, conn: Connection) -> 
                 conn.send(KvtoolError(f"{type(err).__name__}: {err}"))
     finally:
         conn.close()
-
-
-def _stop_forkserver() -> None:
-    """Stop the forkserver and resource-tracker processes the pool started.
-
-    They would outlive the report by a moment and be left for init to reap. ``multiprocessing``
-    offers no public call for it; their private ``_stop`` (used by CPython's own tests) closes
-    each server's pipe and reaps it. Without it, they end when this process does.
-    """
-    from multiprocessing import forkserver, resource_tracker
-
-    for server in (
-        getattr(forkserver, "_forkserver", None),
-        getattr(resource_tracker, "_resource_tracker", None),
-    ):
-        stop = getattr(server, "_stop", None)
-        if callable(stop):
-            with contextlib.suppress(OSError, ValueError, ChildProcessError):
-                stop()
 
 
 def import_ray() -> ModuleType:
@@ -496,7 +375,7 @@ def report_units(
                     progress(done, total_bytes)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-            _stop_forkserver()
+            stop_servers()
     builder, stats = ReportBuilder.from_partials(parts, annotator.group_kind, every_ns, clock)
     annotator.adopt(stats, [p.out_of_range for p in parts])
     return finish_report(builder, annotator, stats)
@@ -504,10 +383,7 @@ def report_units(
 
 __all__ = [
     "RAY_INSTALL_HINT",
-    "SHARD_RATIO",
-    "default_jobs",
     "import_ray",
-    "input_bytes",
     "ordered",
     "ray_decode_map",
     "report_units",
