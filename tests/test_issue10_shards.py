@@ -134,3 +134,26 @@ def test_stopping_early_ends_every_reading_process(tmp_path: Path) -> None:
         assert multiprocessing.active_children() == []
     finally:
         close()
+
+
+def test_a_stalled_reading_process_is_an_error_not_a_hang() -> None:
+    import time
+
+    from kvtool.errors import KvtoolError
+    from kvtool.report.parallel import _receive
+    from kvtool.report.procs import context
+
+    ctx = context()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=time.sleep, args=(30,), daemon=True)  # alive, sends nothing
+    proc.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(KvtoolError, match="handed over nothing"):
+            _receive(recv, proc, stall_s=0.5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        proc.terminate()
+        proc.join(timeout=5)
+        recv.close()
+        send.close()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -123,6 +124,10 @@ def _ray_connect(ray: ModuleType, address: str) -> bool:
 SHARD_POLL_S = 1.0
 """How often the driver, waiting for a reading process, checks that it is still alive."""
 
+SHARD_STALL_S = 600.0
+"""The longest a reading process may take to hand over its next chunk (one chunk takes
+well under a second): past it, the report stops with an error instead of waiting on."""
+
 
 def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
     """A :data:`kvtool.columns.ShardMap` over ``jobs`` local processes.
@@ -192,11 +197,19 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
     return run, close
 
 
-def _receive(conn: Connection, proc: multiprocessing.process.BaseProcess) -> ShardItem:
-    """The next item of a reading process; a process that died or failed raises."""
-    while not conn.poll(SHARD_POLL_S):
+def _receive(
+    conn: Connection, proc: multiprocessing.process.BaseProcess, stall_s: float = SHARD_STALL_S
+) -> ShardItem:
+    """The next item of a reading process; a process that died, failed or stalled raises."""
+    deadline = time.monotonic() + stall_s
+    while not conn.poll(min(SHARD_POLL_S, stall_s)):
         if not proc.is_alive() and not conn.poll(0):
             raise _died(proc)
+        if time.monotonic() >= deadline:
+            raise KvtoolError(
+                f"a decoding process (pid {proc.pid}) handed over nothing for {stall_s:g} s; "
+                "try --jobs 1"
+            )
     try:
         got = conn.recv()
     except (EOFError, OSError) as err:
