@@ -393,3 +393,24 @@ def test_issue10_state_lifetime_percentiles_equal_polars_linear_quantile(seed: i
         pl.col("v").quantile(q, "linear").alias(str(q)) for q in (0.5, 0.9, 0.99)
     )
     assert got == list(want.row(0))
+
+
+def test_by_group_rows_of_one_group_and_kind_are_ordered_by_window() -> None:
+    # One group seen with two windows (two channels, say): the rows tie on (group, kind);
+    # the window orders them, every time (polars' group_by hash order varies per call).
+    from kvtool.report.aggregates import ADDITIVE
+    from kvtool.report.builder import ReportBuilder
+
+    seen = set()
+    for _ in range(40):
+        b = ReportBuilder()
+        for key in [
+            (0, "sliding_window", 128),
+            (1, "full_attention", None),
+            (0, "sliding_window", 64),
+        ]:
+            b._gkey_of(*key)
+        b.counts = np.ones((3, len(ADDITIVE)), dtype=np.int64)
+        by_group = b.tables()["by_group"]
+        seen.add(tuple(zip(by_group["group_idx"], by_group["sliding_window"], strict=True)))
+    assert seen == {((0, 64), (0, 128), (1, None))}

@@ -481,7 +481,8 @@ class ReportBuilder:
         assert self.peak_log is not None
         streams = {
             cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
-            for cid, ref in self.streams.items()
+            # A copy: the reading thread may number a new channel meanwhile.
+            for cid, ref in self.streams.copy().items()
         }
         self.peak_log.add(
             df["log_time"].to_numpy()[delta_row],
@@ -942,7 +943,7 @@ class ReportBuilder:
             ("group", "by_group"),
         ):
             col = f"L_{level}"
-            agg = base.group_by(col).agg(
+            agg = base.group_by(col, maintain_order=True).agg(
                 *[pl.col(c).sum().cast(pl.Int64) for c in (*ADDITIVE, "live_blocks_end")]
             )
             d = pl.DataFrame(
@@ -991,7 +992,9 @@ class ReportBuilder:
                 out[name] = (
                     t.join(keys, on=col, how="left")
                     .select("group_idx", "kind", pl.col("sw").alias("sliding_window"), *COLUMNS)
-                    .sort(["group_idx", "kind"], nulls_last=True)
+                    # One group may hold rows of several windows (several channels):
+                    # the window breaks the tie, so the order never depends on hashing.
+                    .sort(["group_idx", "kind", "sliding_window"], nulls_last=True)
                 )
         return out
 
