@@ -619,7 +619,9 @@ def write_text(path: PathLike, text: str, *, force: bool, inputs: Iterable[PathL
             raise OutputError(f"{path}: cannot write: {err.strerror}") from err
 
 
-def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
+def open_locked(
+    path: PathLike, *, force: bool, kind: OutputKind, truncate: bool = True
+) -> IO[bytes]:
     """Open ``path`` for writing in place under an exclusive lock held until it is closed.
 
     Used for recordings ``record`` writes, which must be readable at their own path after
@@ -631,6 +633,8 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
         path: The output file.
         force: Replace an existing file.
         kind: What is written.
+        truncate: With ``force``: empty an existing file (False: leave its content, for
+            a caller that only holds the lock until a new file takes its place).
 
     Returns:
         The open binary file (locked).
@@ -677,7 +681,8 @@ def open_locked(path: PathLike, *, force: bool, kind: OutputKind) -> IO[bytes]:
                         f"{p}: exists and is not a kvtool {kind}; --force replaces only "
                         "kvtool's own outputs, choose another path"
                     )
-                os.ftruncate(fd, 0)
+                if truncate:
+                    os.ftruncate(fd, 0)
         return os.fdopen(fd, "wb")
     except BaseException:
         if fd >= 0:

@@ -438,3 +438,46 @@ def test_issue8_15_live_status_escapes_a_kind_from_a_real_publisher(tmp_path: Pa
         .plain
     )
     assert "\x1b" not in text and "\\x1b]0;pwned" in text
+
+
+def _old_recording(path: Path) -> bytes:
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557")
+        for i, (_t, seq, payload) in enumerate(capture_messages("full_only")[:3]):
+            w.write(ch, seq, payload, 1_000 + i)
+    return path.read_bytes()
+
+
+@pytest.mark.zmq
+@pytest.mark.parametrize("how", ["connect-timeout", "duration"])
+def test_force_keeps_the_old_recording_until_a_batch_arrives(how: str, tmp_path: Path) -> None:
+    """--force replaces a recording only with one that holds a batch: a run that reaches
+    no publisher leaves the old recording as it was (it used to truncate, then delete it)."""
+    out = tmp_path / "r.mcap"
+    old = _old_recording(out)
+    port = free_port()
+    wait = ["--connect-timeout", "0.3s"] if how == "connect-timeout" else ["-d", "0.5s"]
+    res = runner.invoke(app, ["record", str(port), "-o", str(out), "--force", *wait])
+    assert res.exit_code == 1, res.stderr
+    assert out.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.mcap"]  # no temporary left
+    if how == "duration":
+        assert res.stderr.strip().splitlines()[-1] == (
+            f"kvtool: {out} was left as it was "
+            "(--force replaces a recording only once a batch arrives)"
+        )
+
+
+@pytest.mark.zmq
+def test_force_replaces_the_old_recording_once_a_batch_arrives(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    _old_recording(out)
+    msgs = capture_messages("gemma3")[:4]
+    with Peer(msgs) as peer:
+        res = runner.invoke(
+            app, ["record", peer.endpoint, "-o", str(out), "--force", "-q", "-n", "4"]
+        )
+    assert res.exit_code == 0, res.stderr
+    with open_recording(out) as r:
+        assert [m.data for m in r.messages()] == [p for _t, _s, p in msgs]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.mcap"]

@@ -176,6 +176,8 @@ class CaptureResult:
         ledger: The gap ledger written into the recording.
         stop_reason: ``duration``, ``max_batches``, ``signal`` or ``stopped``.
         file_bytes: Size of the recording on disk.
+        kept_old: ``force`` met a recording at the path and no batch came to replace
+            it: it was left as it was (and ``file_bytes`` is its size).
     """
 
     path: str
@@ -183,6 +185,7 @@ class CaptureResult:
     ledger: dict[str, object]
     stop_reason: str
     file_bytes: int
+    kept_old: bool = False
 
 
 # ------------------------------------------------------------------ internal state
@@ -409,6 +412,7 @@ class Recorder:
             self._close_sockets()
             if self._ctx_given is None:
                 ctx.term()
+            kept_old = isinstance(writer, RecordingWriter) and writer.replaced_nothing
             if isinstance(error, EndpointError):
                 # Nothing reached: leave no empty file behind (the writer removes only
                 # its own file, while it still holds it and its lock).
@@ -423,7 +427,7 @@ class Recorder:
             size = os.path.getsize(self.path)
         except OSError:
             size = 0
-        return CaptureResult(self.path, self.stats, ledger, self._stop_reason, size)
+        return CaptureResult(self.path, self.stats, ledger, self._stop_reason, size, kept_old)
 
     # ------------------------------------------------------------ sockets
     def _open_sockets(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:

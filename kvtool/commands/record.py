@@ -144,6 +144,13 @@ def record(
         # An empty recording is almost always a wrong endpoint or a publisher that is not
         # up: say so, and fail, rather than end like a successful run.
         env.err.print(no_batch_line(result, names), markup=False, highlight=False)
+        if result.kept_old:
+            env.err.print(
+                f"kvtool: {printable(str(output))} was left as it was "
+                "(--force replaces a recording only once a batch arrives)",
+                markup=False,
+                highlight=False,
+            )
         return ExitStatus.FAILED
     if result.stats.lost:
         ledger = parse_ledger(result.ledger)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -25,6 +27,7 @@ from kvtool.outputs import (
     check_output,
     check_std_streams_not_inputs,
     open_locked,
+    temp_prefix,
 )
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
@@ -233,6 +236,10 @@ class RecordingWriter:
                 "must be positive"
             )
         self._atomic: AtomicFile | None = None
+        self._staged: str | None = None  # a new recording not yet at its path
+        self._staged_id = (0, 0)
+        self._staged_target = self.path
+        self._replaced: IO[bytes] | None = None  # the old one it will replace (locked)
         self._wrapped: io.BufferedWriter | None = None
         self._own_file = stream is None
         self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
@@ -270,6 +277,7 @@ class RecordingWriter:
             self._close_quietly()
             if self._atomic is not None:
                 self._atomic.abort()
+            self._drop_staged()
             raise RecordingPathError(
                 f"{self.path}: cannot write: {err.strerror}; choose a writable path with free space"
             ) from err
@@ -303,6 +311,8 @@ class RecordingWriter:
                 # A copy (replay -o): written under a temporary name, renamed at close.
                 self._atomic = AtomicFile(self.path, force=force)
                 return self._atomic.open_bytes()
+            if force and os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
+                return self._stage()
             # A live recording is written in place, so a killed recorder leaves a readable
             # file at its path; the lock makes a second writer of the same path refuse.
             return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
@@ -320,6 +330,78 @@ class RecordingWriter:
             raise RecordingPathError(
                 f"{self.path}: cannot create: {err.strerror}; choose a writable path"
             ) from err
+
+    def _stage(self) -> IO[bytes]:
+        """Write the new recording beside the one ``--force`` replaces, until its first message.
+
+        The old recording stays at its path, locked (a second writer refuses), until a
+        message is written: then the new file takes its place in one rename
+        (:meth:`_take_place`). A recorder that never receives a batch -- no publisher,
+        a wrong endpoint, Ctrl-C at once -- leaves the old recording as it was.
+        """
+        self._replaced = open_locked(
+            self.path, force=True, kind=OutputKind.RECORDING, truncate=False
+        )
+        # Through a symlink, the file it names is replaced (as truncating it in place
+        # would have), not the link.
+        self._staged_target = os.path.realpath(self.path)
+        parent, name = os.path.split(self._staged_target)
+        try:
+            fd, tmp = tempfile.mkstemp(
+                prefix=temp_prefix(name), suffix=".kvtool-tmp.mcap", dir=parent
+            )
+        except BaseException:
+            self._release_replaced()
+            raise
+        self._staged = tmp
+        try:
+            st = os.fstat(fd)
+            self._staged_id = (st.st_dev, st.st_ino)
+            os.fchmod(fd, os.fstat(self._replaced.fileno()).st_mode & 0o777)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return os.fdopen(fd, "wb")
+        except BaseException:
+            os.close(fd)
+            self._drop_staged()
+            raise
+
+    def _take_place(self) -> None:
+        """The first message is written: the new recording replaces the old at its path."""
+        tmp, self._staged = self._staged, None
+        if tmp is None:
+            return
+        self.flush()  # its first chunk on disk before it is what the path names
+        try:
+            os.replace(tmp, self._staged_target)
+        except OSError as err:
+            self._failed = RecordingError(
+                f"{self.path}: cannot replace the old recording: {err.strerror or err}; "
+                f"the new one is at {tmp}"
+            )
+            raise self._failed from err
+        finally:
+            self._release_replaced()
+
+    def _drop_staged(self) -> None:
+        """No message was written: remove the new file; the old recording stays as it was."""
+        tmp, self._staged = self._staged, None
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                named = os.stat(tmp)
+                if (named.st_dev, named.st_ino) == self._staged_id:  # still ours
+                    os.unlink(tmp)
+        self._release_replaced()
+
+    def _release_replaced(self) -> None:
+        old, self._replaced = self._replaced, None
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.close()
+
+    @property
+    def replaced_nothing(self) -> bool:
+        """True when ``force`` met a recording at the path and no message replaced it."""
+        return self._staged is not None
 
     def __enter__(self) -> RecordingWriter:
         return self
@@ -424,6 +506,8 @@ class RecordingWriter:
         )
         self.messages_written += 1
         self.bytes_written += len(payload)
+        if self._staged is not None:
+            self._take_place()
         self.maybe_flush()
 
     def _add_fast(
@@ -522,11 +606,13 @@ class RecordingWriter:
         """
         if self._closed:
             return
-        if self._failed is not None:
+        if self._failed is not None or self._staged is not None:
+            # Failed, or nothing to replace the old recording with (it stays as it was).
             self._closed = True
             self._close_quietly()
             if self._atomic is not None:
                 self._atomic.abort()
+            self._drop_staged()
             return
         try:
             if ledger is not None:
@@ -558,6 +644,7 @@ class RecordingWriter:
         self._close_quietly()
         if self._atomic is not None:
             self._atomic.abort()
+        self._drop_staged()
 
     def discard_if_empty(self) -> bool:
         """Remove the recording this writer made in place, when it holds no message.
@@ -573,6 +660,11 @@ class RecordingWriter:
         """
         if self.messages_written or not self._own_file or self._atomic is not None:
             return False
+        if self._staged is not None:
+            self._close_quietly()
+            self._closed = True
+            self._drop_staged()  # the old recording stays where it was
+            return True
         try:
             held = os.fstat(self._file.fileno())
             named = os.stat(self.path)

@@ -1,0 +1,102 @@
+"""--force on a recording: the old one stays at its path until the new one has a message.
+
+The new recording is written beside the old (locked, so a second writer refuses) and
+takes its place in one rename when its first message is written; closed, aborted or
+discarded without a message, it goes and the old recording is left as it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtool.errors import RecordingPathError
+from kvtool.recording import RecordingWriter, open_recording
+from tests.conftest import capture_messages
+
+PAYLOADS = [p for _t, _s, p in capture_messages("full_only")[:4]]
+
+
+def _old(path: Path) -> bytes:
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557")
+        for i, payload in enumerate(PAYLOADS[:2]):
+            w.write(ch, i, payload, 1_000 + i)
+    return path.read_bytes()
+
+
+def _names(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+@pytest.mark.parametrize("end", ["close", "abort", "discard"])
+def test_no_message_leaves_the_old_recording(end: str, tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    old = _old(out)
+    w = RecordingWriter(out, force=True)
+    w.add_channel("tcp://127.0.0.1:5558")
+    assert w.replaced_nothing
+    assert out.read_bytes() == old  # untouched while the new one has no message
+    if end == "close":
+        w.close(ledger={"lost": 0})
+    elif end == "abort":
+        w.abort()
+    else:
+        assert w.discard_if_empty()
+        w.close()
+    assert out.read_bytes() == old
+    assert _names(tmp_path) == ["r.mcap"]
+
+
+def test_the_first_message_puts_the_new_recording_in_place(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    _old(out)
+    with RecordingWriter(out, force=True) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5558")
+        w.write(ch, 7, PAYLOADS[3], 5_000)
+        assert not w.replaced_nothing
+        assert _names(tmp_path) == ["r.mcap"]
+        with open_recording(out) as r:  # readable at its path from the first message on
+            assert [m.seq for m in r.messages()] == [7]
+        w.write(ch, 8, PAYLOADS[2], 6_000)
+    with open_recording(out) as r:
+        assert [m.data for m in r.messages()] == [PAYLOADS[3], PAYLOADS[2]]
+    assert _names(tmp_path) == ["r.mcap"]
+
+
+def test_a_second_writer_refuses_while_the_first_holds_the_old_recording(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "r.mcap"
+    old = _old(out)
+    w = RecordingWriter(out, force=True)
+    try:
+        with pytest.raises(RecordingPathError, match="another kvtool process is writing it"):
+            RecordingWriter(out, force=True)
+    finally:
+        w.close()
+    assert out.read_bytes() == old
+
+
+def test_force_still_refuses_a_file_that_is_not_a_recording(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    out.write_bytes(b"precious")
+    with pytest.raises(RecordingPathError, match="not a kvtool recording"):
+        RecordingWriter(out, force=True)
+    assert out.read_bytes() == b"precious"
+    assert _names(tmp_path) == ["r.mcap"]
+
+
+def test_through_a_symlink_the_file_it_names_is_replaced(tmp_path: Path) -> None:
+    real = tmp_path / "data" / "r.mcap"
+    real.parent.mkdir()
+    _old(real)
+    link = tmp_path / "latest.mcap"
+    link.symlink_to(real)
+    with RecordingWriter(link, force=True) as w:
+        w.write(w.add_channel("tcp://127.0.0.1:5558"), 9, PAYLOADS[1], 9_000)
+    assert link.is_symlink()
+    with open_recording(real) as r:
+        assert [m.seq for m in r.messages()] == [9]
+    assert _names(real.parent) == ["r.mcap"]
