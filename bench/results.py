@@ -98,10 +98,10 @@ def main() -> int:
                          f"{f(med['report'])} s | {f(med[m] / med['report'])} | same report | "
                          f"{ok(same)} |")
         if rep.get("report_block_events_per_s"):
-            lines.append(f"| 3c | report throughput | "
+            # The 2 M/s goal is on a 10x recording with 2 cores (rows 4b); this is 1x.
+            lines.append(f"| 3c | report throughput, 1x | "
                          f"{rep['report_block_events_per_s'] / 1e6:.2f} M block events/s | floor "
-                         f"{rep['floor_block_events_per_s'] / 1e6:.2f} M/s | | >= 2 M/s | "
-                         f"{ok(rep['report_block_events_per_s'] >= 2e6)} |")
+                         f"{rep['floor_block_events_per_s'] / 1e6:.2f} M/s | | (goal on 10x: 4b) | |")
     if mem:
         r = mem["median_maxrss_mb"]
         lines.append(f"| 4 | `report` peak RSS, 10x | {f(r['10x'], '.0f')} MB | 1x: "
