@@ -137,3 +137,40 @@ def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
         time.sleep(0.02)
         left = _group_members(proc.pid)
     assert left == [], left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
+    """Ctrl-C while reading processes are busy: the report stops at once, and the reading
+    processes and the fork server all end (it used to wait on the server for ever, while
+    the server waited for readers nobody stopped)."""
+    rec = tmp_path / "g.mcap"
+    write_capture(rec, "gemma3")
+    code = (
+        "import _thread\n"
+        "from kvtool.report import build_report\n"
+        "def hit(done, total, fired=[]):\n"
+        "    if not fired:\n"
+        "        fired.append(1)\n"
+        "        _thread.interrupt_main()  # Ctrl-C, as the first chunk comes back\n"
+        "try:\n"
+        f"    build_report([{str(rec)!r}], chunk_bytes=500, jobs=2, progress=hit)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE
+    )
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert out.decode().strip() == "interrupted"
+    deadline = time.monotonic() + 0.5  # the kernel's own exit bookkeeping, not kvtool's
+    left = _group_members(proc.pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.02)
+        left = _group_members(proc.pid)
+    assert left == [], left

@@ -145,27 +145,19 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
         The map, and a function that stops what it started.
     """
     started = [False]
+    # The processes of runs not yet ended. A run is a generator: stopped by an exception
+    # (Ctrl-C) in its consumer, its own ``finally`` runs only when it is collected, and
+    # the fork server waits for every process it forked; ``close`` ends them first.
+    live: list[_Readers] = []
 
     def run(plan: ReadPlan) -> Iterator[ShardItem]:
-        ctx = context()
-        procs: list[multiprocessing.process.BaseProcess] = []
-        conns: list[Connection] = []
         start_server()
-        with one_polars_thread():
-            for k in range(jobs):
-                recv, send = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_shard_worker,
-                    args=(plan, k, jobs, send),
-                    name=f"kvtool-read-{k}",
-                    daemon=True,
-                )
-                proc.start()
-                started[0] = True
-                send.close()
-                procs.append(proc)
-                conns.append(recv)
+        started[0] = True
+        readers: _Readers = ([], [])
+        live.append(readers)
+        procs, conns = readers
         try:
+            _start_readers(plan, jobs, procs, conns)
             keep_big_buffers()
             i = 0
             while True:
@@ -180,21 +172,57 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
                     _receive(conns[k], procs[k])
                 procs[k].join(timeout=SHARD_POLL_S)
         finally:
-            for worker in procs:
-                if worker.is_alive():
-                    worker.terminate()  # by its PID: this process started it
-                worker.join(timeout=5)
-                if worker.is_alive():
-                    worker.kill()
-                    worker.join(timeout=5)
-            for conn in conns:
-                conn.close()
+            _end(procs, conns)
+            live[:] = [r for r in live if r is not readers]
 
     def close() -> None:
+        while live:
+            _end(*live.pop())
         if started[0]:
             stop_servers()
 
     return run, close
+
+
+_Readers = tuple[list[multiprocessing.process.BaseProcess], list[Connection]]
+
+
+def _start_readers(
+    plan: ReadPlan,
+    jobs: int,
+    procs: list[multiprocessing.process.BaseProcess],
+    conns: list[Connection],
+) -> None:
+    """Start ``jobs`` reading processes, adding each (and its pipe) as it starts."""
+    ctx = context()
+    with one_polars_thread():
+        for k in range(jobs):
+            recv, send = ctx.Pipe(duplex=False)
+            conns.append(recv)
+            proc = ctx.Process(
+                target=_shard_worker,
+                args=(plan, k, jobs, send),
+                name=f"kvtool-read-{k}",
+                daemon=True,
+            )
+            proc.start()
+            procs.append(proc)
+            send.close()
+
+
+def _end(procs: list[multiprocessing.process.BaseProcess], conns: list[Connection]) -> None:
+    """Stop reading processes (by their PIDs: this process started them) and close pipes."""
+    for worker in procs:
+        if worker.is_alive():
+            worker.terminate()
+        worker.join(timeout=5)
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5)
+    for conn in conns:
+        conn.close()
+    procs.clear()
+    conns.clear()
 
 
 def _receive(

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import ForkServerContext, SpawnContext
 
@@ -146,8 +147,17 @@ def start_server() -> None:
     from multiprocessing import forkserver
 
     context()
-    with one_polars_thread():
-        forkserver.ensure_running()
+    # Ctrl-C reaches the whole process group: the server, still importing, would print a
+    # traceback of its own. Started with SIGINT ignored, it keeps ignoring it (as its
+    # workers do; this process handles Ctrl-C and stops them).
+    main = threading.current_thread() is threading.main_thread()
+    was = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        with one_polars_thread():
+            forkserver.ensure_running()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, was)
 
 
 def stop_servers() -> None:
