@@ -139,22 +139,18 @@ def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
     assert left == [], left
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
-    """Ctrl-C while reading processes are busy: the report stops at once, and the reading
-    processes and the fork server all end (it used to wait on the server for ever, while
-    the server waited for readers nobody stopped)."""
-    rec = tmp_path / "g.mcap"
-    write_capture(rec, "gemma3")
+def _interrupted_at_first_progress(call: str) -> None:
+    """Run ``call`` (a build_report(...) with ``progress=hit``) in a new session, Ctrl-C at
+    its first progress report; it must say so and leave no process of its own behind."""
     code = (
         "import _thread\n"
         "from kvtool.report import build_report\n"
         "def hit(done, total, fired=[]):\n"
         "    if not fired:\n"
         "        fired.append(1)\n"
-        "        _thread.interrupt_main()  # Ctrl-C, as the first chunk comes back\n"
+        "        _thread.interrupt_main()  # Ctrl-C, as the first piece of work comes back\n"
         "try:\n"
-        f"    build_report([{str(rec)!r}], chunk_bytes=500, jobs=2, progress=hit)\n"
+        f"    {call}\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')\n"
     )
@@ -174,3 +170,27 @@ def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
         time.sleep(0.02)
         left = _group_members(proc.pid)
     assert left == [], left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
+    """Ctrl-C while reading processes are busy: the report stops at once, and the reading
+    processes and the fork server all end (it used to wait on the server for ever, while
+    the server waited for readers nobody stopped)."""
+    rec = tmp_path / "g.mcap"
+    write_capture(rec, "gemma3")
+    _interrupted_at_first_progress(
+        f"build_report([{str(rec)!r}], chunk_bytes=500, jobs=2, progress=hit)"
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_jobs_2_units_interrupted_end_every_process(tmp_path: Path) -> None:
+    """Ctrl-C while a fleet's units run on the pool: the running units end, the server is
+    stopped once (a second stop used to fail on the half-stopped first), no traceback."""
+    a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
+    write_capture(a, "gemma3", dp_rank=0)
+    write_capture(b, "gemma3", dp_rank=1, endpoint="tcp://127.0.0.1:5558")
+    _interrupted_at_first_progress(
+        f"build_report([{str(a)!r}, {str(b)!r}], chunk_bytes=500, jobs=2, progress=hit)"
+    )

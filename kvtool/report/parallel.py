@@ -56,6 +56,7 @@ from kvtool.columns import (
 from kvtool.errors import KvtoolError, UsageError
 from kvtool.report.procs import (
     context,
+    deferred_interrupt,
     init_worker,
     keep_big_buffers,
     one_polars_thread,
@@ -415,7 +416,11 @@ def report_units(
                 if progress is not None:
                     progress(done, total_bytes)
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            # Units not started are cancelled; the ones running end first (a worker
+            # stopped while it sends its result would leave the pool's reader waiting on
+            # half a message for ever). A Ctrl-C meanwhile is held until all have ended.
+            with deferred_interrupt():
+                pool.shutdown(wait=True, cancel_futures=True)
             stop_servers()
     builder, stats = ReportBuilder.from_partials(parts, annotator.group_kind, every_ns, clock)
     annotator.adopt(stats, [p.out_of_range for p in parts])

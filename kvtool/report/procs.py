@@ -169,14 +169,41 @@ def stop_servers() -> None:
     """
     from multiprocessing import forkserver, resource_tracker
 
-    for server in (
-        getattr(forkserver, "_forkserver", None),
-        getattr(resource_tracker, "_resource_tracker", None),
-    ):
-        stop = getattr(server, "_stop", None)
-        if callable(stop):
-            with contextlib.suppress(OSError, ValueError, ChildProcessError):
-                stop()
+    # A Ctrl-C in the middle of a stop would leave a server half stopped (its pipe
+    # closed, its process not reaped), and the next stop failing: it waits until after.
+    with deferred_interrupt():
+        for server in (
+            getattr(forkserver, "_forkserver", None),
+            getattr(resource_tracker, "_resource_tracker", None),
+        ):
+            stop = getattr(server, "_stop", None)
+            if callable(stop):
+                with contextlib.suppress(OSError, ValueError, TypeError, ChildProcessError):
+                    stop()
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block until it ends, then raise it.
+
+    For cleanup that must not stop half way. Only the main thread receives signals; in
+    another thread the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    hit: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        hit.append(signum)
+
+    was = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, was)
+    if hit:
+        raise KeyboardInterrupt
 
 
 __all__ = [
@@ -184,6 +211,7 @@ __all__ = [
     "SHARD_RATIO",
     "context",
     "default_jobs",
+    "deferred_interrupt",
     "init_worker",
     "input_bytes",
     "keep_big_buffers",
