@@ -120,9 +120,8 @@ def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
         "from kvtool.report import build_report;"
         f"build_report([{str(rec)!r}], chunk_bytes=2000, jobs=2)"
     )
-    args = ["-c", code]
-    if how == "cli":
-        args = ["-m", "kvtool", "report", str(rec), "--jobs", "2", "-q", "-f", "json"]
+    cli = ["-m", "kvtool", "report", str(rec), "--jobs", "2", "-q", "-f", "json"]
+    args = cli if how == "cli" else ["-c", code]
     proc = subprocess.Popen(
         [sys.executable, *args], start_new_session=True, stdout=subprocess.DEVNULL
     )
@@ -131,11 +130,16 @@ def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    deadline = time.monotonic() + 0.2  # the kernel's own exit bookkeeping, not kvtool's
-    left = _group_members(proc.pid)
+    _assert_group_gone(proc.pid)
+
+
+def _assert_group_gone(pgid: int, grace_s: float = 0.5) -> None:
+    """No process of the session ``pgid`` is left (after the kernel's own exit bookkeeping)."""
+    deadline = time.monotonic() + grace_s
+    left = _group_members(pgid)
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
-        left = _group_members(proc.pid)
+        left = _group_members(pgid)
     assert left == [], left
 
 
@@ -164,12 +168,7 @@ def _interrupted_at_first_progress(call: str) -> None:
             os.killpg(proc.pid, 9)
             proc.wait()
     assert out.decode().strip() == "interrupted"
-    deadline = time.monotonic() + 0.5  # the kernel's own exit bookkeeping, not kvtool's
-    left = _group_members(proc.pid)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.02)
-        left = _group_members(proc.pid)
-    assert left == [], left
+    _assert_group_gone(proc.pid)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
