@@ -145,14 +145,17 @@ def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
     Returns:
         The map, and a function that stops what it started.
     """
-    started = [False]
+    # Here, in the caller's thread (the main one: the server then ignores Ctrl-C, see
+    # start_server), not in the thread that will iterate a run.
+    start_server()
+    started = [True]
     # The processes of runs not yet ended. A run is a generator: stopped by an exception
     # (Ctrl-C) in its consumer, its own ``finally`` runs only when it is collected, and
     # the fork server waits for every process it forked; ``close`` ends them first.
     live: list[_Readers] = []
 
     def run(plan: ReadPlan) -> Iterator[ShardItem]:
-        start_server()
+        start_server()  # (again: a no-op unless close() stopped it)
         started[0] = True
         readers: _Readers = ([], [])
         live.append(readers)
