@@ -1506,13 +1506,12 @@ def read_shard(plan: ReadPlan, shard: int, shards: int) -> Iterator[ShardItem]:
         progress=progress,
         streams=plan.streams,
     )
-    for i, raw in enumerate(raws):
-        if i % shards != shard:
-            continue
-        if plan.annotation is not None:
-            raw.annotation = plan.annotation
-            raw.channels = {cid: st.channels[cid] for cid in set(raw.channel_id)}
-        raw.keep = plan.keep
+    mine: Iterator[RawChunk] = (raw for i, raw in enumerate(raws) if i % shards == shard)
+    if plan.annotation is not None:
+        mine = _with_annotation(mine, plan.annotation, st)
+    if plan.keep is not None:
+        mine = _keeping(mine, plan.keep)
+    for raw in mine:
         yield ShardItem(decode_chunk(raw), st, done[0] if done else None)
     yield ShardItem(None, st, done[0] if done else None)
 
