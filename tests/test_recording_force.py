@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.errors import RecordingPathError
+from kvtool.errors import RecordingError, RecordingPathError
 from kvtool.recording import RecordingWriter, open_recording
 from tests.conftest import capture_messages
 
@@ -100,3 +100,21 @@ def test_through_a_symlink_the_file_it_names_is_replaced(tmp_path: Path) -> None
     with open_recording(real) as r:
         assert [m.seq for m in r.messages()] == [9]
     assert _names(real.parent) == ["r.mcap"]
+
+
+def test_a_file_another_program_put_at_the_path_is_never_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "r.mcap"
+    _old(out)
+    w = RecordingWriter(out, force=True)
+    ch = w.add_channel("tcp://127.0.0.1:5558")
+    theirs = tmp_path / "theirs"
+    theirs.write_bytes(b"not kvtool's")
+    theirs.replace(out)  # another program (no kvtool lock) replaces the old recording
+    with pytest.raises(RecordingError, match="another program put a file at the path"):
+        w.write(ch, 1, PAYLOADS[0], 1_000)
+    w.close()
+    assert out.read_bytes() == b"not kvtool's"
+    kept = [p for p in tmp_path.iterdir() if p.name != "r.mcap"]
+    assert len(kept) == 1  # the new recording stays where it was written, named in the error
+    with open_recording(kept[0]) as r:  # flushed before the rename was refused: readable
+        assert [m.data for m in r.messages()] == [PAYLOADS[0]]

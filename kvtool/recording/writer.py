@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import json
@@ -372,6 +373,13 @@ class RecordingWriter:
             return
         self.flush()  # its first chunk on disk before it is what the path names
         try:
+            # The lock keeps kvtool writers off the old recording, not other programs:
+            # replace only the file still locked, never one put at the path since.
+            old = self._replaced
+            held = os.fstat(old.fileno()) if old is not None else None
+            named = os.stat(self._staged_target)
+            if held is None or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+                raise OSError(errno.EEXIST, "another program put a file at the path meanwhile")
             os.replace(tmp, self._staged_target)
         except OSError as err:
             self._failed = RecordingError(
