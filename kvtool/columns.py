@@ -58,7 +58,7 @@ except ImportError:  # pragma: no cover - exercised by tests that hide numpy
     np = None  # type: ignore[assignment]
 
 from kvtool import protocol
-from kvtool.annotate import Annotation, GroupLearner, GroupTable, KindWindow
+from kvtool.annotate import KINDS, Annotation, GroupLearner, GroupTable, KindWindow
 from kvtool.errors import KvtoolError, ProtocolError
 from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
@@ -203,18 +203,10 @@ _LEAN = protocol.BatchProjection("lean", _LeanMap, _LeanArray, gc=False)
 # are shared strings, not one new string per event: decoding, reading and freeing them
 # costs less. A value outside these fails the block, which the str decoder then takes.
 _Medium = Literal["GPU", "CPU", "STORAGE", "FS", "OBJ", "CPU_TIER1", "CPU_PINNED", "cpu"]
-_Kind = Literal[
-    "full_attention",
-    "mla_attention",
-    "sliding_window",
-    "sliding_window_mla",
-    "mamba",
-    "chunked_local_attention",
-    "sink_full_attention",
-    "encoder_only_attention",
-    "cross_attention",
-    "unknown",
-]
+if TYPE_CHECKING:
+    _Kind = str
+else:
+    _Kind = Literal[KINDS]  # the one list of kinds (annotate.KINDS)
 
 
 class _VocabStored(_Stored, tag_field="type", tag="BlockStored", frozen=True, gc=False):
