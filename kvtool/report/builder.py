@@ -29,6 +29,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -758,6 +759,14 @@ class ReportBuilder:
             self._distinct_counts[key] = got
         return got
 
+    def _level_distinct(self, members: dict[str, dict[object, list[int]]]) -> dict[str, list[int]]:
+        """The distinct hashes of each level key's gkeys, per level, in ``members``' order."""
+        self._merge_distinct()
+        self._distinct_counts = {}
+        return {
+            col: [self._n_distinct(ids) for ids in keys.values()] for col, keys in members.items()
+        } | {col: [] for col in ("L_total", "L_kind", "L_window", "L_group") if col not in members}
+
     def _merge_distinct(self) -> None:
         for gkey, parts in self._distinct_parts.items():
             old = self.distinct.get(gkey)
@@ -886,8 +895,6 @@ class ReportBuilder:
         Returns:
             The four tables (totals: one row).
         """
-        self._merge_distinct()
-        self._distinct_counts = {}
         reg = self._level_map()
         size = len(self.registry)
         counts = pl.DataFrame(
@@ -935,6 +942,20 @@ class ReportBuilder:
         ).iter_rows():
             for level, key in (("L_kind", k), ("L_window", w), ("L_group", i), ("L_total", 0)):
                 members.setdefault(level, {}).setdefault(key, []).append(i)
+        # The distinct hashes (sorts of the stored hashes) are counted in a thread while
+        # this one takes the lifetime percentiles (partitions): numpy runs both without
+        # the GIL, so they share the cores instead of taking turns.
+        with ThreadPoolExecutor(1, thread_name_prefix="kvtool-distinct") as pool:
+            counted = pool.submit(self._level_distinct, members)
+            quants = (
+                {
+                    col: _exact_quantiles(exact, col, members.get(col, {}), base.schema[col])
+                    for col in ("L_total", "L_kind", "L_window", "L_group")
+                }
+                if exact is not None
+                else {}
+            )
+            distinct = counted.result()
         out: dict[str, pl.DataFrame] = {}
         for level, name in (
             ("total", "totals"),
@@ -947,19 +968,10 @@ class ReportBuilder:
                 *[pl.col(c).sum().cast(pl.Int64) for c in (*ADDITIVE, "live_blocks_end")]
             )
             d = pl.DataFrame(
-                {
-                    col: list(members.get(col, {})),
-                    "distinct_hashes": [
-                        self._n_distinct(ids) for ids in members.get(col, {}).values()
-                    ],
-                },
+                {col: list(members.get(col, {})), "distinct_hashes": distinct[col]},
                 schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
             )
-            q = (
-                quantiles(lts, col)
-                if lts is not None
-                else _exact_quantiles(exact, col, members.get(col, {}), agg.schema[col])
-            )
+            q = quantiles(lts, col) if lts is not None else quants[col]
             level_peaks = self.levels[level]
             peaks = pl.DataFrame(
                 {col: list(level_peaks), "peak_live_blocks": [v[1] for v in level_peaks.values()]},
