@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
@@ -161,6 +164,83 @@ def test_publisher_never_comes_up(tmp_path: Path) -> None:
         Recorder(out, [Source(ep)], connect_timeout_ns=SECOND // 2).run(handle_signals=False)
     assert time.monotonic() - t0 < 3
     assert not out.exists()  # nothing was recorded: no empty file left behind
+
+
+@pytest.mark.zmq
+def test_a_port_that_speaks_no_zeromq_runs_into_the_connect_timeout(tmp_path: Path) -> None:
+    # A plain TCP server (vLLM's HTTP port given by mistake) accepts the connection but
+    # never does the ZMTP handshake: that is no publisher, and --connect-timeout holds.
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    ep = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    out = tmp_path / "r.mcap"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConnectTimeout, match=rf"never reached a publisher at {ep}"):
+            # duration: a recorder that takes the TCP connection for a publisher ends
+            # there (a failure) instead of recording forever.
+            Recorder(out, [Source(ep)], connect_timeout_ns=SECOND // 2, duration_ns=3 * SECOND).run(
+                handle_signals=False
+            )
+    finally:
+        stop.set()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+        server.close()
+    assert accepted, "the recorder should have opened a TCP connection"
+    assert time.monotonic() - t0 < 3
+    assert not out.exists()
+
+
+@pytest.mark.zmq
+def test_stop_is_prompt_while_big_messages_are_queued(tmp_path: Path) -> None:
+    # 300 messages of 8 MiB queued at the recorder: writing them all takes seconds; a
+    # stop must not wait for the whole burst.
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    big = msgspec.msgpack.encode([1.0, [], None]) + bytes(8 << 20)
+    out = tmp_path / "r.mcap"
+    rec = Recorder(out, [Source(f"tcp://127.0.0.1:{port}")], connect_timeout_ns=0)
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(rec.run(handle_signals=False)))
+    try:
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not rec.stats.connected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for seq in range(300):
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), big])
+        while rec.stats.batches < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        rec.stop("signal")
+        thread.join(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        rec.stop("signal")
+        thread.join(timeout=10)
+        pub.close(linger=0)
+        ctx.term()
+    assert not thread.is_alive()
+    assert took < 1.5, f"stop took {took:.2f} s"
+    assert got and rec.stats.batches < 300
+    with open_recording(out) as r:
+        assert len(list(r.messages())) == rec.stats.batches
 
 
 @pytest.mark.zmq

@@ -139,6 +139,9 @@ a recorder that falls behind must see a gap while the replay buffer still holds 
 deep receive queue would only delay the gap past recovery."""
 BURST = 500
 """Messages drained from one socket before the loop looks at its timers again."""
+BURST_NS = 100_000_000
+"""...or this long (ns), whichever comes first: 500 messages of 16 MiB take seconds to
+write, and a stop or a deadline must not wait for them."""
 MAX_LATE_REPLIES = MAX_REPLY_COUNT
 """Late replies (to requests given up on) filed per request; past this the socket is closed."""
 SETTLE_STEP = 256
@@ -438,9 +441,10 @@ class Recorder:
             sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             mon = None
             if not spec.endpoint.startswith("inproc://"):
-                mon = sub.get_monitor_socket(
-                    zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-                )
+                # Connected means a ZMTP handshake done, not a TCP connection: a port
+                # that accepts TCP but speaks no ZeroMQ (vLLM's HTTP port, say) must
+                # still run into --connect-timeout.
+                mon = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
             if "[" in spec.endpoint:
                 sub.setsockopt(zmq.IPV6, 1)
             src = _Src(spec=spec, index=i, sub=sub, sub_mon=mon, seq=self._sequencer(spec))
@@ -661,6 +665,10 @@ class Recorder:
             )
         self._stats_refill_mono = start
         n = 0
+        more = False
+        stopping = self._stop_flag.is_set
+        monotonic_ns = time.monotonic_ns
+        until = start + BURST_NS
         while n < BURST:
             try:
                 frames = recv(zmq.NOBLOCK)
@@ -673,7 +681,10 @@ class Recorder:
             topic, seq_b, payload = frames
             seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
             act(src, live(topic, seq, payload, time_ns(), start))
-            if self._budget.full:
+            if self._budget.full or stopping():
+                break
+            if monotonic_ns() >= until:
+                more = True
                 break
         if n:
             # A long drain must not make its channels look quiet.
@@ -681,7 +692,7 @@ class Recorder:
             src.received += n
             src.connected = True
             self.stats.connected.add(src.spec.endpoint)
-        return n >= BURST
+        return more or n >= BURST
 
     def _drain_monitor(self, src: _Src) -> None:
         assert src.sub_mon is not None
@@ -691,7 +702,7 @@ class Recorder:
             except zmq.Again:
                 return
             ev = msg["event"]
-            if ev in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 src.connected = True
                 self.stats.connected.add(src.spec.endpoint)
             elif ev == zmq.EVENT_DISCONNECTED:
@@ -801,7 +812,10 @@ class Recorder:
         dealer = src.dealer
         assert dealer is not None
         seq_ = src.seq
+        until = time.monotonic_ns() + BURST_NS
         for _ in range(BURST):
+            if time.monotonic_ns() >= until:
+                return  # the rest at the next poll: the loop's timers first
             try:
                 frames = dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
