@@ -84,6 +84,25 @@ def test_lost_batches_exit_3(tmp_path: Path) -> None:
 
 
 @pytest.mark.zmq
+def test_a_stray_batch_is_said_and_exits_3(tmp_path: Path) -> None:
+    # Seq 12 again after 30 (a second publisher on the topic, or a peer resending): the
+    # recording stays in seq order without it, and the run does not end as a clean one.
+    msgs = capture_messages("full_only")
+    with Peer(msgs, stray=[(30, 12)]) as peer:
+        res = runner.invoke(
+            app,
+            ["record", peer.endpoint, "-o", str(tmp_path / "r.mcap"), "-n", str(len(msgs))],
+        )
+    assert res.exit_code == 3, res.stderr
+    summary, stray = res.stderr.strip().splitlines()
+    assert summary.startswith(f"{tmp_path / 'r.mcap'}: 0 lost, 0 gaps; ")
+    assert "1 stray batch dropped" in summary
+    assert stray.startswith("kvtool: 1 live batch arrived behind the stream and was dropped")
+    with open_recording(tmp_path / "r.mcap") as r:
+        assert [m.data for m in r.messages()] == [p for _, _, p in msgs]
+
+
+@pytest.mark.zmq
 def test_publisher_never_comes_up_exit_1(tmp_path: Path) -> None:
     port = free_port()
     res = runner.invoke(

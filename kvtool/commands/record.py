@@ -94,8 +94,9 @@ def record(
     stream are fetched from the publisher's replay socket and written in seq order;
     what it no longer holds is noted as lost in the recording's gap ledger. Stops at
     --duration or --max-batches, whichever comes first, or on Ctrl-C / SIGTERM, always
-    with a properly closed file. Exit status 3 when batches were lost; 1 when no batch
-    arrived at all (no publisher reached, or it sent nothing).
+    with a properly closed file. Exit status 3 when batches were lost, or live batches
+    behind the stream were dropped as strays; 1 when no batch arrived at all (no publisher
+    reached, or it sent nothing).
     """
     # Imported here, not with the command list (pyzmq, the mcap writer, rich).
     from kvtool.capture import Recorder, load_groups
@@ -152,6 +153,21 @@ def record(
                 highlight=False,
             )
         return ExitStatus.FAILED
+    damaged = False
+    if result.stats.stray:
+        # Behind the stream and not a restart: two publishers on one topic and endpoint, or
+        # a peer resending. Their seqs are in the file already (or in the gap ledger), but
+        # what they carried is not: that is never a clean run.
+        n = result.stats.stray
+        what = "1 live batch" if n == 1 else f"{n:,} live batches"
+        env.err.print(
+            f"kvtool: {what} arrived behind the stream and {'was' if n == 1 else 'were'} "
+            "dropped (already in the recording, or listed as lost in its gap ledger); two "
+            "publishers on one topic, or a peer resending?",
+            markup=False,
+            highlight=False,
+        )
+        damaged = True
     if result.stats.lost:
         ledger = parse_ledger(result.ledger)
         ranges = ledger.lost_ranges if ledger is not None else []
@@ -163,8 +179,8 @@ def record(
             markup=False,
             highlight=False,
         )
-        return ExitStatus.DAMAGED
-    return ExitStatus.OK
+        damaged = True
+    return ExitStatus.DAMAGED if damaged else ExitStatus.OK
 
 
 def _timeout_ns(text: str, option: str) -> int | None:

@@ -97,6 +97,8 @@ def status_segments(
         head.append((f"restarts {_n(stats.restarts)}", "yellow"))
     if stats.malformed or stats.undecodable:
         head.append((f"malformed {_n(stats.malformed + stats.undecodable)}", "yellow"))
+    if stats.stray:
+        head.append((f"strays {_n(stats.stray)}", "yellow"))
     head.append((f"batches {_n(stats.batches)}", ""))
     per_s = f" ({rate:,.0f}/s)" if rate is not None else ""
     head.append((f"events {_n(stats.events)}{per_s}", ""))
@@ -317,6 +319,10 @@ def summary_line(result: CaptureResult) -> str:
         parts.append(f"{_n(st.history)} from history")
     if st.malformed or st.undecodable:
         parts.append(f"{_n(st.malformed)} malformed, {_n(st.undecodable)} undecodable")
+    if st.stray:
+        parts.append(_plural(st.stray, "stray batch", "stray batches") + " dropped")
+    if st.replay_rejected:
+        parts.append(_plural(st.replay_rejected, "replay reply", "replay replies") + " rejected")
     if st.replay_timeouts:
         timeouts = _plural(st.replay_timeouts, "replay request") + " timed out"
         parts.append(timeouts + ("" if st.lost else ", nothing lost"))
