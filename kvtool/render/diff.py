@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from kvtool.diff import format_number, format_rel
+from kvtool.render.tables import print_prose
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ _TITLES = {"kind": "kind", "window": "sliding window", "group": "group"}
 
 
 def _line(console: Console, text: str) -> None:
-    # Wrapped at the console's width (folded inside a long path), never cut with "…".
-    console.print(text, markup=False, highlight=False, soft_wrap=False)
+    print_prose(console, text)
 
 
 def _side_lines(name: str, side: dict[str, object]) -> tuple[str, str]:

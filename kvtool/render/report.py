@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from kvtool.errors import UsageError
-from kvtool.render.tables import Column, cell, print_table
+from kvtool.render.tables import Column, cell, print_prose, print_table
 from kvtool.report import COLUMNS
 from kvtool.text import csv_safe, printable
 
@@ -178,9 +178,7 @@ def render_table(
         by: Which tables, in order: ``kind``, ``window``, ``group``.
         columns: Which report columns, in order (see :data:`DEFAULT_COLUMNS`).
     """
-    from rich.text import Text
-
-    console.print(Text(_summary_line(report)), highlight=False)
+    print_prose(console, _summary_line(report))
     for name in by:
         header, rows = _rows(report, name, columns, totals=True)
         nkeys = len(_KEYS[name])
@@ -200,9 +198,9 @@ def render_table(
             cols,
             [[cell(v) for v in r] for r in rows],
         )
-    console.print(Text(_legend(columns), style="dim"), highlight=False)
+    print_prose(console, _legend(columns), style="dim")
     for line in report.findings:
-        console.print(Text(f"finding: {printable(line)}"), highlight=False)
+        print_prose(console, f"finding: {printable(line)}")
 
 
 def render_json(report: Report, stream: TextIO) -> None:

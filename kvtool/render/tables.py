@@ -135,3 +135,20 @@ def print_table(
 
 
 __all__ = ["Column", "cell", "print_table"]
+
+
+def print_prose(console: Console, text: str, style: str = "") -> None:
+    """Print a line of prose wrapped at ``console.width``, never cut with ``…``.
+
+    Wrapped at spaces; a word wider than a line (a long path) is folded; no trailing blanks.
+
+    Args:
+        console: Where to print.
+        text: Printable text (see :func:`kvtool.text.printable`), printed literally.
+        style: A rich style for all of it.
+    """
+    from rich.text import Text
+
+    for line in Text(text, style=style).wrap(console, console.width, overflow="fold"):
+        line.rstrip()
+        console.print(line, highlight=False, soft_wrap=True)
