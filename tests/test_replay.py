@@ -269,6 +269,30 @@ def test_default_format_is_jsonl_when_piped_and_pretty_renders(tmp_path: Path) -
     assert "BlockStored" in pretty.stdout and "sliding_window w64" in pretty.stdout  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
+def test_pretty_lines_fit_the_width(
+    tmp_path: Path, columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At 80 columns the token count and then the hash give way; the type, group, kind,
+    # window and block count always stay, aligned from line to line.
+    monkeypatch.setenv("COLUMNS", str(columns))
+    rec = capture_recording(tmp_path, "gemma3")
+    res = _run(rec, "-f", "pretty")
+    assert res.exit_code == 0  # type: ignore[attr-defined]
+    lines = res.stdout.splitlines()  # type: ignore[attr-defined]
+    assert len(lines) == capture_truth("gemma3")["num_events"]
+    assert max(len(ln) for ln in lines) <= columns
+    assert all(ln == ln.rstrip() for ln in lines)
+    events = [ln for ln in lines if "BlockStored" in ln or "BlockRemoved" in ln]
+    assert len({ln.index(" g") for ln in events}) == 1  # aligned
+    assert any(ln.endswith(" 1 block") or " 1 block " in ln for ln in lines)
+    assert not any(" 1 blocks" in ln for ln in lines)
+    stored = [ln for ln in lines if "BlockStored" in ln]
+    assert all("sliding_window w64" in ln or "full_attention" in ln for ln in stored)
+    assert all(("tokens" in ln) == (columns >= 200) for ln in stored)
+    assert all(("hash " in ln) == (columns >= 100) for ln in stored)
+
+
 # -- filters ----------------------------------------------------------------------------------
 
 

@@ -191,14 +191,24 @@ class JsonlWriter:
 
 
 class _Widths:
-    """Column widths that only grow, so successive lines stay aligned."""
+    """Column widths that only grow, so successive lines stay aligned.
+
+    Attributes:
+        w: Width per column name.
+        tokens: Show the token count (dropped, for good, once a line would not fit).
+    """
 
     def __init__(self, **minimum: int) -> None:
         self.w = dict(minimum)
+        self.tokens = True
 
     def pad(self, name: str, text: str, *, right: bool = False) -> str:
         w = self.w[name] = max(self.w.get(name, 0), len(text))
         return text.rjust(w) if right else text.ljust(w)
+
+
+_MIN_HASH = 6
+"""Fewest hash digits a narrow line shows (then ``…``): enough to find it in JSONL."""
 
 
 def event_line(
@@ -209,6 +219,7 @@ def event_line(
     start_ns: int | None = None,
     hash_format: HashFormat = "str",
     widths: _Widths | None = None,
+    width: int | None = None,
 ) -> Text:
     """Return one human-readable line for an event, every string from the file printable.
 
@@ -220,6 +231,9 @@ def event_line(
             it, as ``--since`` does); None: from this batch.
         hash_format: How the first block hash is shown (as in JSONL).
         widths: Column widths shared by the lines of one replay.
+        width: Fit the line in this many columns if it can: the token count goes first
+            (for the rest of the replay, so the columns stay aligned), then the first hash
+            is shortened to a prefix, then left out. None: no limit.
 
     Returns:
         A line like ``0.063s  seq 12  r0  BlockStored  g1  sliding_window  w64  3 blocks
@@ -239,39 +253,45 @@ def event_line(
     rank = "-" if item.dp_rank is None else str(item.dp_rank)
     parts += ["  ", (wd.pad("rank", f"r{rank}"), "dim"), "  "]
     tag = printable(event_type(event))
-    if isinstance(event, BlockStored | BlockRemoved):
-        grp = wd.pad("group", f"g{event.group_idx}" if event.group_idx is not None else "g-")
-        hashes = event.block_hashes
-        first = ""
-        if hashes:
-            shown = str(format_hash(hashes[0], hash_format))
-            # a 32-byte hash is 64 hex digits: its prefix is enough to find it in JSONL
-            first = f"  hash {shown[:16]}…" if len(shown) > 20 else f"  hash {shown}"
-        blocks = f"{wd.pad('blocks', str(len(hashes)), right=True)} blocks"
-        if isinstance(event, BlockStored):
-            kind = event.kv_cache_spec_kind
-            win = event.kv_cache_spec_sliding_window
-            kind_t = (printable(kind), "cyan") if kind else ("unannotated", "yellow")
-            win_s = f" w{win}" if win is not None else ""
-            kw = wd.pad("kind", kind_t[0] + win_s)
-            parts += [
-                (wd.pad("type", tag), "green"),
-                "  ",
-                grp,
-                "  ",
-                (kind_t[0], kind_t[1]),
-                kw[len(kind_t[0]) :],
-                "  ",
-                blocks,
-                " ",
-                f"{wd.pad('tokens', str(len(event.token_ids)), right=True)} tokens",
-                first,
-            ]
-        else:
-            parts += [(wd.pad("type", tag), "red"), "  ", grp, "  ", blocks, first]
+    if not isinstance(event, BlockStored | BlockRemoved):
+        parts.append((tag, "magenta"))  # the last column: never padded
+        return Text.assemble(*parts)
+    grp = wd.pad("group", f"g{event.group_idx}" if event.group_idx is not None else "g-")
+    hashes = event.block_hashes
+    n = len(hashes)
+    blocks = f"{wd.pad('blocks', str(n), right=True)} {'block' if n == 1 else 'blocks'}"
+    # "1 block" is a column shorter than "2 blocks": what follows starts one further on.
+    after = " " if n == 1 else ""
+    tokens = ""
+    if isinstance(event, BlockStored):
+        kind = event.kv_cache_spec_kind
+        win = event.kv_cache_spec_sliding_window
+        kind_t = (printable(kind), "cyan") if kind else ("unannotated", "yellow")
+        win_s = f" w{win}" if win is not None else ""
+        kw = wd.pad("kind", kind_t[0] + win_s)
+        parts += [(wd.pad("type", tag), "green"), "  ", grp, "  "]
+        parts += [(kind_t[0], kind_t[1]), kw[len(kind_t[0]) :], "  ", blocks]
+        tokens = f"{after}  {wd.pad('tokens', str(len(event.token_ids)), right=True)} tokens"
     else:
-        parts.append((tag, "magenta"))
-    return Text.assemble(*parts)
+        parts += [(wd.pad("type", tag), "red"), "  ", grp, "  ", blocks]
+    line = Text.assemble(*parts)
+    shown = str(format_hash(hashes[0], hash_format)) if hashes else ""
+    # a 32-byte hash is 64 hex digits: its prefix is enough to find it in JSONL
+    if len(shown) > 20:
+        shown = shown[:16] + "…"
+    if width is not None and tokens and line.cell_len + len(tokens) + 7 + len(shown) > width:
+        wd.tokens = False
+    if tokens and wd.tokens:
+        line.append(tokens)
+        after = ""
+    if shown:
+        label = f"{after}  hash "
+        room = None if width is None else width - line.cell_len - len(label)
+        if room is not None and room < len(shown):
+            shown = shown[: room - 1] + "…" if room - 1 >= _MIN_HASH else ""
+        if shown:
+            line.append(label + shown)
+    return line
 
 
 class PrettyWriter:
@@ -296,7 +316,7 @@ class PrettyWriter:
         self.multi_channel = multi_channel
         self.start_ns = start_ns
         self.hash_format: HashFormat = hash_format
-        self.widths = _Widths(time=8, seq=5, rank=2, type=16, group=3, kind=18, blocks=2, tokens=3)
+        self.widths = _Widths(time=8, seq=5, rank=2, type=12, group=3, kind=18, blocks=2, tokens=3)
         self.lines = 0
 
     def write(self, item: ReplayBatch) -> None:
@@ -322,6 +342,7 @@ class PrettyWriter:
                     start_ns=self.start_ns,
                     hash_format=self.hash_format,
                     widths=self.widths,
+                    width=self.console.width,
                 ),
                 highlight=False,
             )
