@@ -310,7 +310,10 @@ def test_issue11_11_hash_formats() -> None:
     assert format_hash(b"\xab\xcd", "int") == "abcd"
 
 
-def test_issue11_11_jsonl_default_is_exact_in_json_and_matches_pretty() -> None:
+def test_issue11_11_jsonl_default_is_exact_in_json_and_matches_pretty(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for the whole hash
     result = runner.invoke(app, ["replay", str(GEMMA), "-f", "jsonl", "--seq", "0"])
     first = json.loads(result.stdout.splitlines()[0])
     hashes = first["block_hashes"]
@@ -327,7 +330,10 @@ def test_issue11_11_jsonl_default_is_exact_in_json_and_matches_pretty() -> None:
 # -- 11.12: time column, stable widths, | head, --plot --------------------------------------
 
 
-def test_issue11_12_pretty_has_time_column_and_stable_widths() -> None:
+def test_issue11_12_pretty_has_time_column_and_stable_widths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # every column (narrower: tests/test_replay.py)
     result = runner.invoke(
         app, ["replay", str(GEMMA), "-f", "pretty", "--seq", "0:20", "--type", "BlockStored"]
     )
@@ -335,7 +341,7 @@ def test_issue11_12_pretty_has_time_column_and_stable_widths() -> None:
     assert lines[0].lstrip().startswith("0.000s")
     assert lines[-1].split()[0].endswith("s") and float(lines[-1].split()[0][:-1]) > 0
     # every column starts at the same place on every line
-    for word in ("seq ", " r0 ", " BlockStored ", " blocks", " hash "):
+    for word in ("seq ", " r0 ", " BlockStored ", " block", " tokens", " hash "):
         assert len({ln.index(word) for ln in lines}) == 1, word
 
 
