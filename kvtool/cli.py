@@ -6,12 +6,12 @@ import errno
 import functools
 import gc
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 import kvtool
+from kvtool import _signals
 from kvtool.commands import get_env
 from kvtool.errors import ExitStatus, KvtoolError
 
@@ -192,14 +192,6 @@ def _silence_stdout() -> None:
         pass  # not a real file (tests' streams): nothing flushes it at exit
 
 
-def _terminate_as_interrupt(signum: int, frame: object) -> None:
-    """SIGTERM takes Ctrl-C's path: temporary outputs removed, exit 130."""
-    raise KeyboardInterrupt
-
-
-# Commands that stop on SIGTERM themselves (closing the recording they write).
-_OWN_SIGNAL_HANDLERS = frozenset({"record", "top"})
-
 _registered: set[str] = set()
 
 
@@ -269,11 +261,19 @@ def main() -> None:
     line on stderr and exit status 2, like every other kvtool error.
     """
     args = sys.argv[1:]
-    wanted = next((a for a in args if not a.startswith("-")), None)
-    if wanted not in _OWN_SIGNAL_HANDLERS:
-        # Python's default SIGTERM ends the process without unwinding: temporary files
-        # of -o/--plot/export would stay beside the output.
-        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    # Python's default SIGTERM ends the process without unwinding: temporary files of
+    # -o/--plot/export would stay beside the output (the console script installed this
+    # already; `kvtool.cli.main()` called from Python gets it here).
+    _signals.install(args)
+    try:
+        _main(args, _signals.command_name(args))
+    except KeyboardInterrupt:
+        # Before a command runs (importing typer, parsing) or after it: one line, never a
+        # traceback; inside a command its wrapper says so and cleans up.
+        _signals.interrupted()
+
+
+def _main(args: list[str], wanted: str | None) -> None:
     import typer.main
 
     try:  # typer >= 0.22 vendors its own click

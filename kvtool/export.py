@@ -38,6 +38,8 @@ from kvtool.outputs import (
     foreign_export_entry,
     is_stdout,
     temp_prefix,
+    track_temp,
+    untrack_temp,
 )
 
 if TYPE_CHECKING:
@@ -265,6 +267,7 @@ def _write_parquet(
             prefix=temp_prefix(out.name), suffix=".kvtool-tmp", dir=out.parent
         ) as tmp,
     ):
+        track_temp(tmp, is_dir=True)
         parts = []
         for n, frame in enumerate(chunks):
             rows += frame.height
@@ -275,6 +278,7 @@ def _write_parquet(
             pl.scan_ipc(parts).sink_parquet(af.tmp, metadata=_parquet_metadata())
         else:
             _empty_frame().write_parquet(af.tmp, metadata=_parquet_metadata())
+    untrack_temp(tmp)
     return rows, (out.name,)
 
 
@@ -287,6 +291,7 @@ def _write_directory(
     new = Path(
         tempfile.mkdtemp(prefix=temp_prefix(resolved.name), suffix=".kvtool-tmp", dir=parent)
     )
+    track_temp(new, is_dir=True)
     rows = 0
     written: list[str] = []
     try:
@@ -301,7 +306,9 @@ def _write_directory(
         _swap_in(new, resolved, force=force)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)  # only ever the new directory kvtool made
+        untrack_temp(new)  # not reached if the removal is cut short: then it goes at exit
         raise
+    untrack_temp(new)
     return rows, tuple(written)
 
 

@@ -10,12 +10,16 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
 
   * a recording: an MCAP file whose header has profile ``kvtool``;
   * a Parquet file: its key-value metadata holds the key ``kvtool``;
-  * a text output (CSV, JSON, Markdown, a table): a regular text file (UTF-8, no NUL
-    byte in its first 64 KiB). Text carries no mark, so a text output replaces text only,
-    never a recording, a Parquet file, an image or any other binary file;
-  * a plot: a PNG, PDF or SVG file that names its maker, kvtool or the plotting library
-    kvtool draws with (matplotlib writes its name into each), so a user's own picture,
-    logo or paper is never a plot to replace;
+  * a text output (CSV, JSON, Markdown, a table): an empty file, or a text file that
+    starts the way one of kvtool's text outputs starts (:data:`_TEXT_HEADS`: the
+    ``report:`` line of a report table, a report's ``{"source":`` JSON, the ``table,kind,``
+    header of its CSV, ``### by …`` Markdown, ``info``'s ``File:``/``Size:`` lines or
+    JSON, ``diff``'s ``A: … batches`` line or ``kvtool.diff`` JSON, ``export``'s CSV
+    header). Text carries no other mark, so a user's notes, data or script are never
+    a text output to replace, nor is a recording, a Parquet file or an image;
+  * a plot: a PNG, PDF or SVG file that names kvtool as its maker (kvtool writes
+    ``kvtool VERSION (matplotlib)`` into each), so a user's own picture, logo, paper or
+    matplotlib figure is never a plot to replace;
   * an export directory: a directory holding nothing but kvtool's hive layout,
     ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
     The marks are the manifest: each file says kvtool wrote it, and a directory file
@@ -41,6 +45,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -167,10 +172,40 @@ def check_std_streams_not_inputs(inputs: Iterable[PathLike]) -> None:
             continue
         for name, st in streams:
             if (st.st_dev, st.st_ino) == (si.st_dev, si.st_ino):
+                if name == "stderr":
+                    # Saying so on stderr would write into the input: say nothing there
+                    # (the exit status tells), and let nothing later write there either.
+                    _silence_fd(2)
                 raise OutputError(
                     f"{i}: {name} is redirected into this input; kvtool never writes over "
                     f"its input, send {name} elsewhere"
                 )
+
+
+def _silence_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+
+def _is_std_stream(path: PathLike) -> bool:
+    """True when ``path`` names the regular file our stdout or stderr is.
+
+    ``-o /dev/stdout`` with ``> out.txt``: a stream the shell opened for us, written to,
+    never replaced.
+    """
+    st = _stat(path)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return False
+    for fd in (1, 2):
+        try:
+            sfd = os.fstat(fd)
+        except OSError:
+            continue
+        if (sfd.st_dev, sfd.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return False
 
 
 def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
@@ -220,6 +255,27 @@ def _is_text(head: bytes) -> bool:
     return True
 
 
+_TEXT_HEADS = re.compile(
+    rb"""\A(?:
+      report:\ [^\n]*\ -\ [\d,]+\ batches          # report, table
+    | \{\n\ \ "source":\ \{                        # report, JSON
+    | table,kind,sliding_window,                  # report, CSV
+    | \#\#\#\ (?:by\ |timeline)                     # report, Markdown
+    | File:\ +[^\n]*\nSize:\                         # info, table
+    | \[?\s*\{\n\s*"file":\                            # info, JSON (one file or several)
+    | -?\ ?A:\ [^\n]*\ -\ [\d,]+\ batches           # diff, table and Markdown
+    | \{\n\ \ "schema":\ "kvtool\.                   # diff, JSON
+    | log_time,ts,seq,recording,channel,          # export, CSV
+    )""",
+    re.X,
+)
+"""How each of kvtool's text outputs starts: what ``--force`` recognises as its own."""
+
+
+def _is_kvtool_text(head: bytes) -> bool:
+    return not head or (_is_text(head) and _TEXT_HEADS.match(head) is not None)
+
+
 def _is_image(head: bytes) -> bool:
     if not head or head.startswith(_IMAGE_MAGICS):
         return True
@@ -227,7 +283,7 @@ def _is_image(head: bytes) -> bool:
     return _is_text(head) and (text.startswith((b"<?xml", b"<svg")))
 
 
-_PLOT_MAKERS = (b"kvtool", b"Matplotlib", b"matplotlib")
+_PLOT_MAKERS = (b"kvtool",)
 
 
 def _is_plot(path: PathLike, head: bytes) -> bool:
@@ -271,7 +327,7 @@ def recognise(path: PathLike, kind: OutputKind) -> bool:
         return _is_kvtool_parquet(path, head)
     if kind is OutputKind.IMAGE:
         return _is_plot(path, head)
-    return _is_text(head)
+    return _is_kvtool_text(head)
 
 
 def export_entry_is_kvtool(directory: PathLike, rel: str) -> bool:
@@ -355,8 +411,8 @@ def check_output(
         return
     if stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{out}: is a directory; give a file name")
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode):
-        return  # a stream (/dev/null, a named pipe): written to, nothing replaced
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or _is_std_stream(out):
+        return  # a stream (/dev/null, a named pipe, our stdout): written to, not replaced
     if not stat.S_ISREG(st.st_mode):
         raise OutputError(f"{out}: not a regular file; kvtool writes only regular files")
     if not force:
@@ -381,6 +437,54 @@ def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
             f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
             "directory kvtool exported to, choose another path"
         )
+
+
+_TEMPS: dict[str, bool] = {}
+"""Temporary outputs kvtool made and has not yet moved into place nor removed (path:
+is a directory), of this process (:data:`_TEMPS_PID`)."""
+_TEMPS_PID = 0
+
+
+def track_temp(path: PathLike, *, is_dir: bool = False) -> None:
+    """Remember a temporary output kvtool just made, until :func:`untrack_temp`.
+
+    Whatever is still remembered when the process exits (normally, or through an
+    interrupt that cut a clean-up short: a second Ctrl-C, a signal sent to the process
+    group and the process) is removed then (:func:`remove_temps`, run at exit).
+
+    Args:
+        path: The temporary file, or the new directory kvtool made (never a user's).
+        is_dir: It is a directory (removed with everything kvtool wrote in it).
+    """
+    global _TEMPS_PID
+    if os.getpid() != _TEMPS_PID:
+        _TEMPS.clear()  # a forked child: its parent's temporaries are not its own
+        if _TEMPS_PID == 0:
+            import atexit
+
+            atexit.register(remove_temps)
+        _TEMPS_PID = os.getpid()
+    _TEMPS[os.fspath(path)] = is_dir
+
+
+def untrack_temp(path: PathLike) -> None:
+    """Forget a temporary output: it was moved into place, or removed."""
+    _TEMPS.pop(os.fspath(path), None)
+
+
+def remove_temps() -> None:
+    """Remove every temporary output still remembered (:func:`track_temp`)."""
+    if os.getpid() != _TEMPS_PID:
+        return
+    import shutil
+
+    for path, is_dir in list(_TEMPS.items()):
+        with contextlib.suppress(OSError):
+            if is_dir:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        _TEMPS.pop(path, None)
 
 
 def temp_prefix(name: str) -> str:
@@ -433,6 +537,22 @@ def _holding_lock(path: PathLike) -> Iterator[None]:
         os.close(fd)
 
 
+def _link_target(path: PathLike) -> Path:
+    """The file a symlink names (what kvtool writes and replaces), else ``path`` itself.
+
+    A link whose target has no name to replace (``/dev/stdout`` on a pipe or terminal:
+    ``pipe:[…]``) stays as given: it is written to as a stream.
+    """
+    p = Path(path)
+    if not os.path.islink(p):
+        return p
+    real = Path(os.path.realpath(p))
+    st, rst = _stat(p), _stat(real)
+    if st is None or (rst is not None and (st.st_dev, st.st_ino) == (rst.st_dev, rst.st_ino)):
+        return real  # dangling: the file it names is created, as the shell's `>` would
+    return p
+
+
 def _is_stream(path: PathLike) -> bool:
     st = _stat(path)
     return st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode))
@@ -453,7 +573,9 @@ def _open_stream(path: PathLike) -> int:
     """
     p = os.fspath(path)
     try:
-        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # O_APPEND: a regular file that is our stdout goes on where the shell's `>` or
+        # `>>` left it, not over it from its first byte.
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_APPEND)
     except OSError as err:
         if err.errno == errno.ENXIO:
             raise OutputError(
@@ -484,10 +606,12 @@ class AtomicFile:
     """
 
     def __init__(self, path: PathLike, *, force: bool) -> None:
-        self.path = Path(path)
+        # Through a symlink, the file it names is written and replaced, never the link
+        # (a user's `latest.txt -> runs/today.txt`, or /dev/stdout itself).
+        self.path = _link_target(path)
         self.force = force
         self._done = False
-        self.direct = _is_stream(self.path)
+        self.direct = _is_stream(self.path) or _is_std_stream(self.path)
         self._stream_fd: int | None = None
         if self.direct:
             self.tmp = self.path
@@ -503,6 +627,7 @@ class AtomicFile:
             )
         except OSError as err:
             raise OutputError(f"{self.path}: cannot create: {err.strerror}") from err
+        track_temp(tmp)
         os.fchmod(fd, 0o666 & ~_umask())
         os.close(fd)
         self.tmp = Path(tmp)
@@ -586,6 +711,7 @@ class AtomicFile:
             with contextlib.suppress(OSError):
                 if self.tmp.exists() and self.tmp != self.path:
                     self.tmp.unlink()
+            untrack_temp(self.tmp)
 
     def abort(self) -> None:
         """Drop the temporary file; the target stays as it was."""
@@ -596,6 +722,7 @@ class AtomicFile:
         if not self.direct:
             with contextlib.suppress(OSError):
                 self.tmp.unlink()
+            untrack_temp(self.tmp)
 
 
 def write_text(path: PathLike, text: str, *, force: bool, inputs: Iterable[PathLike] = ()) -> None:
@@ -703,7 +830,10 @@ __all__ = [
     "is_stdout",
     "open_locked",
     "recognise",
+    "remove_temps",
     "same_file",
     "temp_prefix",
+    "track_temp",
+    "untrack_temp",
     "write_text",
 ]

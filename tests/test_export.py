@@ -186,7 +186,7 @@ def test_issue8_1_force_replaces_kvtool_export_and_refuses_if_foreign_added(
     assert sorted(p.relative_to(out) for p in out.rglob("part-*.parquet")) == first
 
 
-def test_issue8_1_csv_force_replaces_text_but_never_a_recording(rec: Path, tmp_path: Path) -> None:
+def test_issue8_1_csv_force_replaces_only_kvtools_own_csv(rec: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.csv"
     code, err = _export(str(rec), "-o", str(tmp_path / "copy.csv"), "--force")
     assert code == 0, err
@@ -195,10 +195,15 @@ def test_issue8_1_csv_force_replaces_text_but_never_a_recording(rec: Path, tmp_p
     code, err = _export(str(rec), "-o", str(out), "--force")
     assert code == 2 and "not a kvtool text file" in err
     assert out.read_bytes() == rec.read_bytes()
+    # A user's own CSV is not kvtool's either: refused, kept.
     out.write_text("a,b\n1,2\n")
     code, err = _export(str(rec), "-o", str(out), "--force")
+    assert code == 2 and "not a kvtool text file" in err
+    assert out.read_text() == "a,b\n1,2\n"
+    # kvtool's own export is replaced.
+    code, err = _export(str(rec), "-o", str(out.with_name("copy.csv")), "--force")
     assert code == 0, err
-    assert out.read_text().startswith("log_time,")
+    assert out.with_name("copy.csv").read_text().startswith("log_time,")
 
 
 def test_issue8_1_output_is_the_input(rec: Path, tmp_path: Path) -> None:

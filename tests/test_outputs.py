@@ -230,9 +230,84 @@ def test_issue11_10_report_output_needs_force(rec: Path, tmp_path: Path) -> None
     assert result.exit_code == ExitStatus.USAGE
     assert _one_line(result.stderr) == f"kvtool: {out}: file exists; pass --force to overwrite it"
     assert out.read_text() == "mine"
+    # --force replaces only kvtool's own text output: "mine" is the user's, kept.
+    result = runner.invoke(app, ["report", str(rec), "--output", str(out), "-f", "json", "--force"])
+    assert result.exit_code == ExitStatus.USAGE
+    assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+    assert out.read_text() == "mine"
+    out.write_text("")  # empty: nothing to lose
     result = runner.invoke(app, ["report", str(rec), "--output", str(out), "-f", "json", "--force"])
     assert result.exit_code == 0, result.stderr
     assert out.read_text().startswith("{")
+    # kvtool's own output, of any command and format, is replaced by any other.
+    for fmt in ("csv", "markdown", "table", "json"):
+        result = runner.invoke(app, ["report", str(rec), "-o", str(out), "-f", fmt, "--force"])
+        assert result.exit_code == 0, (fmt, result.stderr)
+    for cmd in (["info", str(rec)], ["info", str(rec), "-f", "json"], ["diff", str(rec), str(rec)]):
+        result = runner.invoke(app, [*cmd, "-o", str(out), "--force"])
+        assert result.exit_code == 0, (cmd, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["my notes\n", "x,y\n1,2\n", '{\n  "a": 1\n}\n', "### Notes\n", "A: hello\n", "#!/bin/sh\n"],
+)
+def test_force_never_replaces_a_users_text(rec: Path, tmp_path: Path, text: str) -> None:
+    # Before: any text file counted as a text output kvtool could replace with --force.
+    out = tmp_path / "notes.txt"
+    out.write_text(text)
+    for cmd in (["report", str(rec)], ["info", str(rec)], ["diff", str(rec), str(rec)]):
+        result = runner.invoke(app, [*cmd, "-o", str(out), "--force"])
+        assert result.exit_code == ExitStatus.USAGE, cmd
+        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+    assert out.read_text() == text
+
+
+def test_force_through_a_symlink_replaces_the_file_it_names(rec: Path, tmp_path: Path) -> None:
+    # Before: the link itself was replaced by a regular file (and /dev/stdout with it).
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "today.txt"
+    link = tmp_path / "latest.txt"
+    link.symlink_to(Path("runs") / "today.txt")
+    for _ in range(2):  # created through the link, then replaced through it
+        result = runner.invoke(app, ["report", str(rec), "-o", str(link), "--force"])
+        assert result.exit_code == 0, result.stderr
+        assert link.is_symlink() and target.read_text().startswith("report: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.txt", "run.mcap", "runs"]
+
+
+def test_output_that_is_our_stdout_is_written_not_replaced(rec: Path, tmp_path: Path) -> None:
+    # `-o /dev/stdout > out.txt`: the shell's file, appended to; no --force needed, no
+    # temporary file, the /dev/stdout link untouched.
+    out = tmp_path / "out.txt"
+    out.write_text("before\n")
+    with open(out, "a") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "report", str(rec), "-o", "/dev/stdout", "-f", "json"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.startswith("before\n{") and text.rstrip().endswith("}")
+    assert os.path.islink("/dev/stdout")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt", "run.mcap"]
+
+
+def test_stderr_into_an_input_is_refused_without_writing_it(rec: Path) -> None:
+    # Before: the refusal itself was written into the recording, cutting it off.
+    before = rec.read_bytes()
+    with open(rec, "ab") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "report", str(rec)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=120,
+        )
+    assert proc.returncode == ExitStatus.USAGE
+    assert rec.read_bytes() == before
 
 
 def test_issue11_10_dash_is_stdout(rec: Path, tmp_path: Path) -> None:
@@ -266,10 +341,16 @@ def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
     text = tmp_path / "a.csv"
     text.write_text("x,y\n1,2\n")
     png = tmp_path / "p.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00kvtool 0.1.0 (matplotlib)" + bytes(20))
+    theirs = tmp_path / "fig.png"  # a user's own matplotlib figure
+    theirs.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
+    assert not recognise(theirs, OutputKind.IMAGE)
+    report = tmp_path / "r.csv"
+    report.write_text("table,kind,sliding_window,group_idx\n")
+    assert recognise(report, OutputKind.TEXT)
     assert recognise(rec, OutputKind.RECORDING)
     assert not recognise(text, OutputKind.RECORDING)
-    assert recognise(text, OutputKind.TEXT)
+    assert not recognise(text, OutputKind.TEXT)  # a user's CSV
     assert not recognise(rec, OutputKind.TEXT)
     assert not recognise(png, OutputKind.TEXT)
     assert recognise(png, OutputKind.IMAGE)
@@ -451,3 +532,34 @@ def test_issue8_1_plot_force_never_replaces_a_users_picture(rec: Path, tmp_path:
         for _ in range(2):
             result = runner.invoke(app, ["report", str(rec), "--plot", str(out), "--force"])
             assert result.exit_code == 0, (name, result.output)
+
+
+def test_a_cut_short_cleanup_still_removes_the_temporary_output(tmp_path: Path) -> None:
+    # A second Ctrl-C (or `timeout` signalling the process and its group) used to land in
+    # the clean-up of the first and leave a 100 MB temporary file beside the output: now
+    # the first signal ignores the rest, and whatever is left goes at exit.
+    out = tmp_path / "old.txt"
+    out.write_text("report: old - 1 batches\n")
+    code = """
+import os, signal, sys, time
+from kvtool import _signals
+from kvtool.outputs import AtomicFile
+_signals.install(["report"])
+af = AtomicFile(sys.argv[1], force=True)  # never committed nor aborted
+with open(af.tmp, "w") as f:
+    f.write("x" * 100_000)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    os.kill(os.getpid(), signal.SIGINT)  # ignored, as is a SIGTERM now
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    _signals.interrupted()
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stderr) == (ExitStatus.INTERRUPTED, "kvtool: interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.txt"]
+    assert out.read_text() == "report: old - 1 batches\n"

@@ -1,0 +1,53 @@
+"""How a kvtool process takes Ctrl-C and SIGTERM, installed before anything heavy loads.
+
+Imported by the console script's entry point first of all (only ``signal`` and ``sys``),
+so that an interrupt while Python still imports kvtool, typer or polars is one line and
+exit 130, not a traceback, and SIGTERM is never Python's default (an exit without
+unwinding, temporary outputs left beside the output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+OWN_SIGNAL_HANDLERS = frozenset({"record", "top"})
+"""Commands that stop on SIGTERM and Ctrl-C themselves (closing the recording they write,
+or the screen they drew)."""
+
+
+def interrupt_once(signum: int, frame: object) -> None:
+    """Ctrl-C, and SIGTERM too, end the command: temporary outputs removed, exit 130.
+
+    Only the first: more of them while the command cleans up (a second Ctrl-C, or
+    ``timeout`` signalling the process group as well as the process) are ignored, so the
+    removal of a temporary output or the stop of worker processes is never cut half way
+    (it would leave a 100 MB temporary file beside the output, or print a traceback).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def command_name(args: list[str]) -> str | None:
+    """The command a kvtool command line runs (its first word that is not an option)."""
+    return next((a for a in args if not a.startswith("-")), None)
+
+
+def install(args: list[str]) -> None:
+    """Take Ctrl-C and SIGTERM with :func:`interrupt_once`, unless the command has its own.
+
+    Args:
+        args: The command line (without the program name).
+    """
+    if command_name(args) not in OWN_SIGNAL_HANDLERS:
+        signal.signal(signal.SIGINT, interrupt_once)
+        signal.signal(signal.SIGTERM, interrupt_once)
+
+
+def interrupted() -> None:
+    """Say so in one line and exit 130 (an interrupt outside any command's own handling)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write("kvtool: interrupted\n")
+    sys.exit(130)
