@@ -475,3 +475,17 @@ def test_learned_mode_with_nothing_to_learn_says_so(tmp_path: Path) -> None:
     assert "no store carries a kind to learn from" in err
     assert "not in KV cache metadata" not in err  # vLLM's warning is about real metadata
     assert {e.get("kv_cache_spec_kind") for e in _jsonl(result)} == {None}
+
+
+def test_an_existing_output_is_refused_in_one_line_before_anything_is_said(
+    tmp_path: Path,
+) -> None:
+    # Before: the "annotating with group metadata" line came first, then the refusal.
+    rec = capture_recording(tmp_path, "gemma3")
+    out = tmp_path / "copy.mcap"
+    assert _run(rec, "-o", out).exit_code == 0  # type: ignore[attr-defined]
+    res = _run(rec, "--annotate", "-o", out)
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    assert res.stderr.strip().splitlines() == [  # type: ignore[attr-defined]
+        f"kvtool: {out}: file exists; pass --force to overwrite it"
+    ]

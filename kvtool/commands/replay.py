@@ -365,6 +365,7 @@ def replay(
         first_log_time,
         say_if_empty,
     )
+    from kvtool.outputs import OutputKind, check_output, is_stdout
     from kvtool.protocol import EVENT_TYPES
     from kvtool.render.events import HASH_FORMATS
     from kvtool.replay import (
@@ -443,6 +444,15 @@ def replay(
         raise UsageError("give only one of --speed, --rate and --max-speed")
     if replay_endpoint is None and legacy_replay:
         raise UsageError("--legacy-replay needs --replay-endpoint")
+
+    if output is not None and not is_stdout(output):
+        # Refused before anything is said or read (the copy checks again when it opens).
+        check_output(
+            output,
+            kind=OutputKind.RECORDING,
+            force=force,
+            inputs=[*files, *([groups] if groups is not None else [])],
+        )
 
     show_events = format is not None or (publish is None and output is None and not check)
     fmt = format or (EventFormat.pretty if env.stdout_is_tty else EventFormat.jsonl)
