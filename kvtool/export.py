@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
@@ -328,6 +329,10 @@ def _swap_in(new: Path, out: Path, *, force: bool) -> None:
         return
     # Checked again now: the directory may have changed since check_output.
     check_output(out, kind=OutputKind.EXPORT_DIR, force=force)
+    with contextlib.suppress(OSError):
+        # The directory the user made (or kept) keeps its permissions: a private
+        # `chmod 700` one must not come back world-readable.
+        os.chmod(new, stat.S_IMODE(out.stat().st_mode))
     old = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), suffix=".kvtool-old", dir=out.parent))
     os.rmdir(old)
     os.rename(out, old)

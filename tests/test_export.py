@@ -407,3 +407,14 @@ def test_issue11_11_times_are_timestamps_and_hash_hex_joins_replay_jsonl(
     # Every replayed hash is found in the export by its hex form (bytes hashes: the suffix).
     assert len(jsonl) == len(exported)
     assert all(j.endswith(e) for j, e in zip(jsonl, exported, strict=True))
+
+
+def test_an_existing_directory_keeps_its_permissions(rec: Path, tmp_path: Path) -> None:
+    # Before: the user's empty `chmod 700` directory came back 755 (a new one swapped in).
+    out = tmp_path / "private"
+    out.mkdir()
+    out.chmod(0o700)
+    for extra in ([], ["--force"]):
+        code, err = _export(str(rec), "-o", str(out), *extra)
+        assert code == 0, err
+        assert out.stat().st_mode & 0o777 == 0o700
