@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -342,7 +343,21 @@ def test_issue11_1_diff_table_fits_80_columns_without_ellipsis(recs: dict[str, P
             assert len(line) <= 80, line
     assert "delta = B - A; change = delta / A (new: A was 0)" in text
     # Eleven-digit counts (tens of billions) still fit on one line each.
-    assert "+22,000,000,077   +200.0%" in text and "33,000,000,077" in text
+    assert re.search(r"\+22,000,000,077 +\+200\.0%", text) and "33,000,000,077" in text
+
+
+def test_diff_table_at_40_columns_folds_no_number(recs: dict[str, Path]) -> None:
+    # Before: "+0.001" came out as "+0.00" over "1", metric names cut mid-word; now the
+    # columns that do not fit go to a block below, the metric repeated.
+    d = diff_recordings([recs["base"]], [recs["dropped"]], by="kind")
+    buf = io.StringIO()
+    console = Console(file=buf, width=40, color_system=None, soft_wrap=True)
+    render_table(d, console, all_metrics=True)
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= 40
+    for m in d.totals.metrics:
+        # every metric name whole on its own lines, with whole numbers after it
+        assert any(re.match(rf"{m.metric} +[-+0-9.,%a-z ]+$", ln) for ln in lines), m.metric
 
 
 def test_issue12_strings_from_files_are_printable() -> None:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, TextIO
 
-from rich import box
-from rich.table import Table
-
 from kvtool.diff import format_number, format_rel
-from kvtool.render.tables import print_prose
+from kvtool.render.tables import Column, print_prose, print_table
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -103,9 +100,9 @@ def _check_line(c: FailOnResult) -> str:
 def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> None:
     """Print the sides, a verdict per row, and a table of the changed metrics of each row.
 
-    Each table has five narrow columns (metric, A, B, delta, change) and folds rather than
-    cuts a value, and every text line wraps at the console's width, so the output fits 80
-    columns with nothing replaced by ``…``.
+    Each table has five narrow columns (metric, A, B, delta, change); on a narrow console
+    the values that do not fit go to a block below, and every text line wraps at the
+    console's width, so the output fits 80 columns with nothing replaced by ``…``.
 
     Args:
         diff: The comparison.
@@ -125,12 +122,10 @@ def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> 
         shown = _shown(row, all_metrics=all_metrics)
         if not shown:
             continue
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for i, h in enumerate(HEADER):
-            t.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-        for m in shown:
-            t.add_row(*_cells(m, row))
-        console.print(t)
+        # The tables every command prints: on a narrow console the value columns that do
+        # not fit go to a block below (the metric repeated), so no number is ever folded.
+        cols = [Column(h, key=i == 0) for i, h in enumerate(HEADER)]
+        print_table(console, None, cols, [_cells(m, row) for m in shown])
     if diff.checks:
         console.print()
     for line in check_lines(diff):
