@@ -17,6 +17,17 @@ OWN_SIGNAL_HANDLERS = frozenset({"record", "top"})
 or the screen they drew)."""
 
 
+_taken = False
+
+
+def taken() -> bool:
+    """True once :func:`interrupt_once` ran.
+
+    Code that saved a SIGINT handler and restores it must then leave the signal ignored.
+    """
+    return _taken
+
+
 def interrupt_once(signum: int, frame: object) -> None:
     """Ctrl-C, and SIGTERM too, end the command: temporary outputs removed, exit 130.
 
@@ -25,6 +36,8 @@ def interrupt_once(signum: int, frame: object) -> None:
     removal of a temporary output or the stop of worker processes is never cut half way
     (it would leave a 100 MB temporary file beside the output, or print a traceback).
     """
+    global _taken
+    _taken = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt

@@ -47,6 +47,7 @@ import fcntl
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
@@ -189,23 +190,24 @@ def _silence_fd(fd: int) -> None:
         os.close(devnull)
 
 
-def _is_std_stream(path: PathLike) -> bool:
-    """True when ``path`` names the regular file our stdout or stderr is.
+def _std_stream_fd(path: PathLike) -> int | None:
+    """Return 1 or 2 when ``path`` names the regular file our stdout or stderr is, else None.
 
-    ``-o /dev/stdout`` with ``> out.txt``: a stream the shell opened for us, written to,
-    never replaced.
+    ``-o /dev/stdout`` with ``> out.txt``: a stream the shell opened for us, written to
+    through that very descriptor (one file position, so nothing printed later lands on
+    top of the output), never replaced.
     """
     st = _stat(path)
     if st is None or not stat.S_ISREG(st.st_mode):
-        return False
+        return None
     for fd in (1, 2):
         try:
             sfd = os.fstat(fd)
         except OSError:
             continue
         if (sfd.st_dev, sfd.st_ino) == (st.st_dev, st.st_ino):
-            return True
-    return False
+            return fd
+    return None
 
 
 def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
@@ -257,15 +259,16 @@ def _is_text(head: bytes) -> bool:
 
 _TEXT_HEADS = re.compile(
     rb"""\A(?:
-      report:\ [^\n]*\ -\ [\d,]+\ batches          # report, table
-    | \{\n\ \ "source":\ \{                        # report, JSON
-    | table,kind,sliding_window,                  # report, CSV
-    | \#\#\#\ (?:by\ |timeline)                     # report, Markdown
-    | File:\ +[^\n]*\nSize:\                         # info, table
-    | \[?\s*\{\n\s*"file":\                            # info, JSON (one file or several)
-    | -?\ ?A:\ [^\n]*\ -\ [\d,]+\ batches           # diff, table and Markdown
-    | \{\n\ \ "schema":\ "kvtool\.                   # diff, JSON
-    | log_time,ts,seq,recording,channel,          # export, CSV
+      report:\ [\s\S]{0,8192}?group\ metadata:\s           # report, table (the summary
+                                                        # line may wrap: long paths)
+    | \{\n\ \ "source":\ \{\n\ \ \ \ "recordings":\          # report, JSON
+    | table,kind,sliding_window,group_idx,               # report, CSV
+    | \#\#\#\ by\ [^\n]*\n\n\|\                            # report, Markdown
+    | File:\ +[\s\S]{0,8192}?\nSize:\ +[^\n]*\ bytes\)       # info, table
+    | \[?\s*\{\n\s*"file":\ "[^\n]*",\n\s*"size_bytes":\    # info, JSON (one file or several)
+    | (?:-\ )?A:\ [\s\S]{0,8192}?group\ metadata:\s         # diff, table and Markdown
+    | \{\n\ \ "schema":\ "kvtool\.                          # diff, JSON
+    | log_time,ts,seq,recording,channel,                 # export, CSV
     )""",
     re.X,
 )
@@ -411,7 +414,7 @@ def check_output(
         return
     if stat.S_ISDIR(st.st_mode):
         raise OutputError(f"{out}: is a directory; give a file name")
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or _is_std_stream(out):
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or _std_stream_fd(out):
         return  # a stream (/dev/null, a named pipe, our stdout): written to, not replaced
     if not stat.S_ISREG(st.st_mode):
         raise OutputError(f"{out}: not a regular file; kvtool writes only regular files")
@@ -573,9 +576,7 @@ def _open_stream(path: PathLike) -> int:
     """
     p = os.fspath(path)
     try:
-        # O_APPEND: a regular file that is our stdout goes on where the shell's `>` or
-        # `>>` left it, not over it from its first byte.
-        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_APPEND)
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         if err.errno == errno.ENXIO:
             raise OutputError(
@@ -611,8 +612,14 @@ class AtomicFile:
         self.path = _link_target(path)
         self.force = force
         self._done = False
-        self.direct = _is_stream(self.path) or _is_std_stream(self.path)
+        std = _std_stream_fd(self.path)
+        self.direct = std is not None or _is_stream(self.path)
         self._stream_fd: int | None = None
+        if std is not None:
+            self.tmp = self.path
+            sys.stdout.flush() if std == 1 else sys.stderr.flush()
+            self._stream_fd = os.dup(std)
+            return
         if self.direct:
             self.tmp = self.path
             # Opened now, so a FIFO without a reader fails here instead of hanging later;

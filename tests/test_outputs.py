@@ -346,7 +346,7 @@ def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
     theirs.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
     assert not recognise(theirs, OutputKind.IMAGE)
     report = tmp_path / "r.csv"
-    report.write_text("table,kind,sliding_window,group_idx\n")
+    report.write_text("table,kind,sliding_window,group_idx,store_events\n")
     assert recognise(report, OutputKind.TEXT)
     assert recognise(rec, OutputKind.RECORDING)
     assert not recognise(text, OutputKind.RECORDING)
@@ -563,3 +563,47 @@ except KeyboardInterrupt:
     assert (proc.returncode, proc.stderr) == (ExitStatus.INTERRUPTED, "kvtool: interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.txt"]
     assert out.read_text() == "report: old - 1 batches\n"
+
+
+def test_output_to_our_stderr_shares_its_file_position(tmp_path: Path) -> None:
+    # `-o /dev/stderr 2> e.txt`: the report and the lines printed after it share the one
+    # descriptor; before, a descriptor of its own made the later lines overwrite the report.
+    gaps = Path(__file__).resolve().parent.parent / "recordings" / "gemma3-gaps.mcap"
+    out = tmp_path / "e.txt"
+    with open(out, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "report", str(gaps), "-o", "/dev/stderr"],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+            timeout=120,
+        )
+    assert proc.returncode == ExitStatus.DAMAGED
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("report: ") and "by kind" in lines
+    assert lines[-1].startswith("kvtool: ") and "lost while recording" in lines[-1]
+
+
+def test_force_replaces_its_own_output_with_long_paths_and_one_batch(
+    rec: Path, tmp_path: Path
+) -> None:
+    # The summary line wraps (long paths: 'batches' on the next line), a side of one
+    # batch says 'batch': still kvtool's own output to --force.
+    long_dir = tmp_path / ("a_rather_long_directory_name_for_runs_" * 3)
+    long_dir.mkdir()
+    a, b = long_dir / "a.mcap", long_dir / "b.mcap"
+    a.write_bytes(rec.read_bytes())
+    one = long_dir / "one.mcap"
+    assert runner.invoke(app, ["replay", str(rec), "--seq", "0", "-o", str(one)]).exit_code == 0
+    b.write_bytes(rec.read_bytes())
+    out = tmp_path / "out.txt"
+    for cmd in (
+        ["report", str(a), str(b)],
+        ["diff", str(a), str(b), "--", str(a)],
+        ["diff", str(one), str(one)],
+        ["info", str(a)],
+        ["report", str(one), "-f", "markdown"],
+    ):
+        out.unlink(missing_ok=True)
+        for extra in ([], ["--force"]):
+            result = runner.invoke(app, [*cmd, "-o", str(out), *extra])
+            assert result.exit_code == 0, (cmd, extra, result.stderr)

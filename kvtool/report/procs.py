@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import ForkServerContext, SpawnContext
 
+from kvtool import _signals
+
 PARALLEL_FROM_BYTES = 64 << 20
 """One stream smaller than this in all is decoded in one process by default.
 
@@ -156,7 +158,7 @@ def start_server() -> None:
         with one_polars_thread():
             forkserver.ensure_running()
     finally:
-        if main:
+        if main and not _signals.taken():  # a SIGTERM meanwhile: leave both ignored
             signal.signal(signal.SIGINT, was)
 
 
@@ -201,8 +203,11 @@ def deferred_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, was)
+        if not _signals.taken():  # a SIGTERM meanwhile: leave both ignored
+            signal.signal(signal.SIGINT, was)
     if hit:
+        if was is _signals.interrupt_once:
+            _signals.interrupt_once(signal.SIGINT, None)  # ignoring the rest, as always
         raise KeyboardInterrupt
 
 
