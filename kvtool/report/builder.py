@@ -757,7 +757,12 @@ class ReportBuilder:
             elif len(parts) == 1:
                 got = len(parts[0])
             else:
-                got = len(sorted_union(parts))
+                # One pair at a time: a level's sets (one per group, mostly the same
+                # hashes) never all sit in one concatenation and its sorted copy.
+                acc = parts[0]
+                for part in parts[1:]:
+                    acc = sorted_union([acc, part])
+                got = len(acc)
             self._distinct_counts[key] = got
         return got
 
