@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import functools
 import gc
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec
@@ -14,6 +13,7 @@ import kvtool
 from kvtool import _signals
 from kvtool.commands import get_env
 from kvtool.errors import ExitStatus, KvtoolError
+from kvtool.outputs import silence_fd
 
 if TYPE_CHECKING:
     import typer
@@ -182,14 +182,12 @@ def _stdout_lost(err: OSError) -> None:
 
 
 def _silence_stdout() -> None:
+    # What is still buffered can never be written: fd 1 goes to /dev/null.
     try:
-        # What is still buffered can never be written; point fd 1 at /dev/null so the
-        # interpreter's final flush neither fails nor prints "Exception ignored".
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        fd = sys.stdout.fileno()
     except (OSError, ValueError, AttributeError):
-        pass  # not a real file (tests' streams): nothing flushes it at exit
+        return  # not a real file (tests' streams): nothing flushes it at exit
+    silence_fd(fd)
 
 
 _registered: set[str] = set()

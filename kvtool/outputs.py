@@ -12,11 +12,12 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
   * a Parquet file: its key-value metadata holds the key ``kvtool``;
   * a text output (CSV, JSON, Markdown, a table): an empty file, or a text file that
     starts the way one of kvtool's text outputs starts (:data:`_TEXT_HEADS`: the
-    ``report:`` line of a report table, a report's ``{"source":`` JSON, the ``table,kind,``
-    header of its CSV, ``### by …`` Markdown, ``info``'s ``File:``/``Size:`` lines or
-    JSON, ``diff``'s ``A: … batches`` line or ``kvtool.diff`` JSON, ``export``'s CSV
-    header). Text carries no other mark, so a user's notes, data or script are never
-    a text output to replace, nor is a recording, a Parquet file or an image;
+    summary of a report table (``report: … group metadata:``), a report's
+    ``{"source": {"recordings":`` JSON, the ``table,kind,`` header of its CSV, ``### by``
+    Markdown, ``info``'s ``File:``/``Size:`` lines or JSON, ``diff``'s ``A: … group
+    metadata:`` lines or ``kvtool.diff`` JSON, ``export``'s CSV header). Text carries
+    no other mark, so a user's notes, data or script are never a text output to
+    replace, nor is a recording, a Parquet file or an image;
   * a plot: a PNG, PDF or SVG file that names kvtool as its maker (kvtool writes
     ``kvtool VERSION (matplotlib)`` into each), so a user's own picture, logo, paper or
     matplotlib figure is never a plot to replace;
@@ -154,14 +155,7 @@ def check_std_streams_not_inputs(inputs: Iterable[PathLike]) -> None:
     Raises:
         OutputError: File descriptor 1 or 2 is one of the inputs (same device and inode).
     """
-    streams: list[tuple[str, os.stat_result]] = []
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            streams.append((name, st))
+    streams = _file_std_streams()
     if not streams:
         return
     for inp in inputs:
@@ -171,23 +165,46 @@ def check_std_streams_not_inputs(inputs: Iterable[PathLike]) -> None:
         si = _stat(i)
         if si is None:
             continue
-        for name, st in streams:
+        for fd, st in streams:
             if (st.st_dev, st.st_ino) == (si.st_dev, si.st_ino):
-                if name == "stderr":
+                name = "stdout" if fd == 1 else "stderr"
+                if fd == 2:
                     # Saying so on stderr would write into the input: say nothing there
                     # (the exit status tells), and let nothing later write there either.
-                    _silence_fd(2)
+                    silence_fd(2)
                 raise OutputError(
                     f"{i}: {name} is redirected into this input; kvtool never writes over "
                     f"its input, send {name} elsewhere"
                 )
 
 
-def _silence_fd(fd: int) -> None:
+def silence_fd(fd: int) -> None:
+    """Point descriptor ``fd`` at /dev/null: nothing written there arrives anywhere.
+
+    For a stream that must not be written any more: stderr redirected into an input, or
+    stdout whose reader went away (what is still buffered is dropped, and the
+    interpreter's final flush neither fails nor prints "Exception ignored").
+
+    Args:
+        fd: The descriptor.
+    """
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         os.dup2(devnull, fd)
         os.close(devnull)
+
+
+def _file_std_streams() -> list[tuple[int, os.stat_result]]:
+    """Our stdout and stderr where they are regular files (a shell's ``>``): (fd, stat)."""
+    streams = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            streams.append((fd, st))
+    return streams
 
 
 def _std_stream_fd(path: PathLike) -> int | None:
@@ -200,11 +217,7 @@ def _std_stream_fd(path: PathLike) -> int | None:
     st = _stat(path)
     if st is None or not stat.S_ISREG(st.st_mode):
         return None
-    for fd in (1, 2):
-        try:
-            sfd = os.fstat(fd)
-        except OSError:
-            continue
+    for fd, sfd in _file_std_streams():
         if (sfd.st_dev, sfd.st_ino) == (st.st_dev, st.st_ino):
             return fd
     return None
@@ -839,6 +852,7 @@ __all__ = [
     "recognise",
     "remove_temps",
     "same_file",
+    "silence_fd",
     "temp_prefix",
     "track_temp",
     "untrack_temp",

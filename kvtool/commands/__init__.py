@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from kvtool.durations import parse_duration_ns
 from kvtool.errors import KvtoolError
-from kvtool.outputs import check_std_streams_not_inputs
+from kvtool.outputs import check_std_streams_not_inputs, silence_fd
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -260,11 +260,9 @@ def _console_class() -> type[Console]:
             self.quiet = True
             try:
                 fd = self.file.fileno()
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, fd)
-                os.close(devnull)
             except (OSError, ValueError, AttributeError):
-                pass  # not a real file (tests' StringIO): nothing will flush it at exit
+                raise BrokenPipeError from None  # tests' StringIO: nothing flushes it
+            silence_fd(fd)
             raise BrokenPipeError
 
     return _Console
