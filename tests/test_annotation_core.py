@@ -277,6 +277,24 @@ def test_issue9_1_edge_cases_same_kind_in_replay_export_report(tmp_path: Path, c
     assert_views_agree([rec], flags)
 
 
+@pytest.mark.parametrize(
+    "case",
+    ["mixed", "two-channels", "legacy-removes", "out-of-range", "conflict", "recording-metadata"],
+)
+def test_edge_cases_same_report_when_decoded_in_worker_processes(tmp_path: Path, case: str) -> None:
+    """The decoding processes of ``--jobs 2`` hand the builder every column it reads.
+
+    Removes without ``group_idx`` are attributed with the event index: a worker that left
+    it out of its table made the sharded report fail (it was found by building the
+    in-process table from the same column list).
+    """
+    rec, flags = _edge_cases(tmp_path)[case]
+    one = build_report([str(rec)], group_flags=flags or None, chunk_bytes=64).to_dict()
+    # chunk_bytes=64: the input is many chunks, so it is read by two processes.
+    two = build_report([str(rec)], group_flags=flags or None, chunk_bytes=64, jobs=2).to_dict()
+    assert two == one
+
+
 def test_issue9_1_first_store_unannotated_second_annotated(tmp_path: Path) -> None:
     """The recorded disagreement: replay labelled both stores of group 1, report only one."""
     rec, _ = _edge_cases(tmp_path)["mixed"]

@@ -41,6 +41,17 @@ def test_ray_equals_local(name: str, tmp_path: Path, local_cluster: None) -> Non
     assert ray.is_initialized()  # a cluster kvtool did not connect to is left connected
 
 
+def test_ray_attributes_removes_without_group_idx(tmp_path: Path, local_cluster: None) -> None:
+    # The Ray tasks hand back every column the builder reads: removes without group_idx
+    # are attributed with the event index (a table without it made the report fail).
+    from tests.test_annotation_core import _edge_cases
+
+    rec, _flags = _edge_cases(tmp_path)["legacy-removes"]
+    local = build_report([str(rec)], chunk_bytes=64).to_dict()
+    on_ray = build_report([str(rec)], chunk_bytes=64, ray_address="auto").to_dict()
+    assert on_ray == local
+
+
 def test_cli_ray_equals_local(tmp_path: Path, local_cluster: None) -> None:
     a = record_capture("gemma3", tmp_path / "a.mcap")
     b = record_capture("gemma3.byteshash", tmp_path / "b.mcap", endpoint="tcp://127.0.0.1:5558")

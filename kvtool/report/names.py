@@ -46,10 +46,13 @@ BUILDER_INPUT = (
     "tokens",
     "block_index",
     "type_code",
+    "event_index",
 )
 """The table columns :class:`kvtool.report.builder.ReportBuilder` reads (the others --
-``medium``, ``event_index``, ``block_count`` and the labels -- are not shipped back from
-a decoding worker: an IPC table of these is about a third cheaper to write and read)."""
+``medium``, ``block_count`` and the labels -- are neither built nor shipped back from a
+decoding worker: an IPC table of these is about a third cheaper to write and read).
+``event_index`` is read only to attribute removes without ``group_idx``
+(:mod:`kvtool.report.attribution`), but a chunk may hold such removes anywhere."""
 
 __all__ = [
     "ADDITIVE",
