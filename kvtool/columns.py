@@ -744,7 +744,8 @@ class _Pending:
     with them): ``len(token_ids)``, kind and window.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, media: bool = True) -> None:
+        self.want_media = media  # False: the caller reads no ``medium`` (one pass fewer)
         self.log_time: list[int] = []
         self.ts: list[float] = []
         self.seq: list[int] = []
@@ -795,11 +796,14 @@ class _Pending:
         if invalid:
             self.invalid += [base + i for i in invalid]
         self.groups += [e.group_idx for e in events]
-        media = [e.medium for e in events]
-        if media and media.count(media[0]) == len(media):
-            self.media.append((media[0], len(media), None))
+        if not self.want_media:
+            self.media.append((None, len(events), None))
         else:
-            self.media.append((None, len(media), media))
+            media = [e.medium for e in events]
+            if media and media.count(media[0]) == len(media):
+                self.media.append((media[0], len(media), None))
+            else:
+                self.media.append((None, len(media), media))
         at = np.flatnonzero(np.frombuffer(types, dtype=np.uint8) == STORED).tolist()
         stores = events if len(at) == len(events) else list(map(events.__getitem__, at))
         if stores:
@@ -1075,7 +1079,7 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         The rows, ``event_index`` counted from 0 within the chunk.
     """
     st = ReadStats()
-    pending = _Pending()
+    pending = _Pending(media=raw.keep is None or "medium" in raw.keep)
     n = len(raw.data)
     if not len(raw.log_time) == len(raw.seq) == len(raw.channel_id) == len(raw.dp_rank) == n:
         raise ValueError("RawChunk columns differ in length")
@@ -1601,8 +1605,8 @@ def iter_tables(
             decoded, e.g. in ``decode_map``'s worker processes; None: not annotated.
         out_of_range: With ``annotation``: receives the stores per group index outside
             a given metadata table, as :func:`annotate_table` counts them.
-        keep: With ``decode_map`` or ``shard_map``: the columns the caller reads; the
-            decoder may return only these (:attr:`RawChunk.keep`).
+        keep: The columns the caller reads; the decoder may return only these
+            (:attr:`RawChunk.keep`), wherever it runs.
         shard_map: Reads and decodes in other processes, each reading the input itself
             (:func:`read_shard`; ``decode_map`` is then not used).
 
@@ -1632,7 +1636,7 @@ def iter_tables(
         )
         if annotation is not None:
             raws = _with_annotation(raws, annotation, st)
-        if keep is not None and decode_map is not None:
+        if keep is not None:
             raws = _keeping(raws, keep)
         decoded = map(decode_chunk, raws) if decode_map is None else decode_map(raws)
     for d in decoded:

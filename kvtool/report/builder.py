@@ -1292,7 +1292,7 @@ def run_builder(
         streams=streams,
         annotation=annotator.annotation if in_worker else None,
         out_of_range=annotator.out_of_range if in_worker else None,
-        keep=BUILDER_INPUT if in_worker else None,
+        keep=BUILDER_INPUT if in_worker or type(annotator) is TableAnnotator else None,
     )
 
     def annotated() -> Iterator[pl.DataFrame]:
