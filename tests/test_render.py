@@ -345,6 +345,26 @@ def test_issue11_12_pretty_has_time_column_and_stable_widths(
         assert len({ln.index(word) for ln in lines}) == 1, word
 
 
+def test_pretty_columns_align_in_cells_with_wide_kind_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kind vLLM does not know yet, in CJK: two cells a character. Padding by characters
+    # put the columns after it two cells further right on its line than on the others.
+    from rich.cells import cell_len
+
+    monkeypatch.setenv("COLUMNS", "200")
+    rec = _record(
+        tmp_path / "wide.mcap",
+        [[_stored([1], 0, "注意力")], [_stored([2, 3], 1, "mamba")], [_stored([4], 2, "注意")]],
+    )
+    result = runner.invoke(app, ["replay", str(rec), "-f", "pretty"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    for word in (" block", " tokens", " hash "):
+        assert len({cell_len(ln[: ln.index(word)]) for ln in lines}) == 1, word
+
+
 def test_issue11_12_pretty_since_counts_from_the_file_start() -> None:
     result = runner.invoke(app, ["replay", str(GEMMA), "-f", "pretty", "--since", "1s"])
     t = float(result.stdout.split()[0].rstrip("s"))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal, TextIO
 
 import msgspec
+from rich.cells import cell_len
 from rich.text import Text
 
 from kvtool.protocol import BlockRemoved, BlockStored, Event, event_to_builtins, event_type
@@ -203,8 +204,11 @@ class _Widths:
         self.tokens = True
 
     def pad(self, name: str, text: str, *, right: bool = False) -> str:
-        w = self.w[name] = max(self.w.get(name, 0), len(text))
-        return text.rjust(w) if right else text.ljust(w)
+        # Terminal cells, not characters: a wide character (CJK) takes two.
+        n = cell_len(text)
+        w = self.w[name] = max(self.w.get(name, 0), n)
+        fill = " " * (w - n)
+        return fill + text if right else text + fill
 
 
 _MIN_HASH = 6
