@@ -36,6 +36,7 @@ chunk independently, so the answer does not depend on chunk order.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import io
@@ -675,6 +676,16 @@ class ChannelRef:
     info: ChannelInfo
 
 
+ProblemKey = tuple[int, str, str, int]
+"""THE merge order's key of the message a problem is about: (receive time, endpoint,
+topic, seq), as :mod:`kvtool.inputs` orders messages across recordings."""
+
+_NO_KEY: ProblemKey = (1 << 63, "", "", 0)
+
+MAX_PROBLEMS = 20
+"""Problem messages a read keeps (the counts cover all of them)."""
+
+
 @dataclass
 class ReadStats:
     """What a read decoded and what it had to skip.
@@ -687,7 +698,9 @@ class ReadStats:
         payload_bytes: Payload bytes read.
         bad_batches: Payloads that were not a batch at all (skipped).
         skipped_events: Events skipped by the decoder.
-        problems: The first few messages naming skipped batches/events.
+        problems: Messages naming skipped batches/events: those about the earliest
+            messages (:meth:`note`), the earliest first.
+        problem_keys: The key of each problem's message (:data:`ProblemKey`).
         damaged: One line per recording that was truncated or damaged.
         groups: ``group_idx`` metadata stored in each recording (path → list or None).
         channels: Every channel, by ``channel_id``.
@@ -697,6 +710,8 @@ class ReadStats:
         unordered: A read of some streams only (``streams``) met a batch of the input
             whose (receive time, endpoint, topic, seq) came before the previous one's.
         streams_seen: Every stream such a read met, kept or not.
+        first_keys: By ``channel_id``: THE merge order's key (receive time, endpoint,
+            topic, seq) of the channel's first message, which numbered it.
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -715,11 +730,29 @@ class ReadStats:
     unselected: int = 0
     unordered: bool = False
     streams_seen: set[tuple[str, str, int | None]] = field(default_factory=set)
+    first_keys: dict[int, tuple[int, str, str, int]] = field(default_factory=dict)
 
-    def note(self, msg: str) -> None:
-        """Keep a problem message (the first 20 only)."""
-        if len(self.problems) < 20:
-            self.problems.append(msg)
+    problem_keys: list[ProblemKey] = field(default_factory=list)
+
+    def note(self, msg: str, key: ProblemKey | None = None) -> None:
+        """Keep a problem message: those about the earliest messages, in THE merge order.
+
+        Keyed by the message a problem is about, the kept ones are the same however the
+        read was split (chunks, processes, units of work): each part keeps its earliest
+        :data:`MAX_PROBLEMS`, and noting them all into one keeps the earliest of all.
+
+        Args:
+            msg: The problem.
+            key: Its message's key (None: after every message's).
+        """
+        k = key if key is not None else _NO_KEY
+        at = bisect.bisect_right(self.problem_keys, k)
+        if at >= MAX_PROBLEMS:
+            return
+        self.problem_keys.insert(at, k)
+        self.problems.insert(at, msg)
+        if len(self.problems) > MAX_PROBLEMS:
+            del self.problems[MAX_PROBLEMS:], self.problem_keys[MAX_PROBLEMS:]
 
 
 _BLOCK = 64
@@ -853,9 +886,15 @@ def _to_rows(s: pl.Series, index: Any) -> pl.Series:
 
 
 def _build(
-    p: _Pending, first_event: int, stats: ReadStats, wanted: tuple[str, ...] | None = None
+    p: _Pending,
+    first_event: int,
+    stats: ReadStats,
+    wanted: tuple[str, ...] | None = None,
+    streams: dict[int, tuple[str, str]] | None = None,
 ) -> pl.DataFrame:
     """Turn pending batches into one table chunk (only the ``wanted`` columns, if given).
+
+    ``streams`` (``channel_id`` → endpoint, topic) keys the problems it notes.
 
     numpy over whole columns (no Python per event or hash): each event-level or
     batch-level column is taken to rows by one index.
@@ -889,9 +928,12 @@ def _build(
         batch_of = np.repeat(np.arange(n_batch, dtype=np.int64), n_per_batch)
         seqs = batches["seq"]
         for i in p.invalid[:5]:
+            b = int(batch_of[i])
+            endpoint, topic = (streams or {}).get(p.chan[b], ("", ""))
             stats.note(
-                f"seq {seqs[int(batch_of[i])]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
-                "(block_hashes is not a list of hashes)"
+                f"seq {seqs[b]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
+                "(block_hashes is not a list of hashes)",
+                (p.log_time[b], endpoint, topic, p.seq[b]),
             )
         stats.skipped_events += len(p.invalid)
         keep = np.ones(len(types), dtype=bool)
@@ -1000,6 +1042,7 @@ class RawChunk:
         dp_rank: The channel's data-parallel rank per batch (the batch's own rank wins).
         data: The payloads, byte for byte.
         where: ``channel_id`` → "path: channel" for problem messages.
+        streams: ``channel_id`` → (endpoint, topic), for the problems' keys.
         ranks: Keep only batches of these data-parallel ranks (None: all); a batch's own
             rank is known once decoded, so this selection is made by :func:`decode_chunk`.
         annotation: Annotate the decoded rows with it too (:func:`annotate_table`), where
@@ -1016,6 +1059,7 @@ class RawChunk:
     dp_rank: list[int | None] = field(default_factory=list)
     data: list[bytes] = field(default_factory=list)
     where: dict[int, str] = field(default_factory=dict)
+    streams: dict[int, tuple[str, str]] = field(default_factory=dict)
     bytes: int = 0
     ranks: frozenset[int | None] | None = None
     annotation: Annotation | None = None
@@ -1034,6 +1078,7 @@ class DecodedChunk:
         bad_batches: Payloads that were not a batch.
         skipped_events: Events skipped.
         problems: Messages naming what was skipped, in stream order.
+        problem_keys: Their messages' keys (:meth:`ReadStats.note`).
         unselected: Batches left out by ``ranks``.
         out_of_range: When the chunk came with an annotation, the table is annotated and
             this counts its stores per group index outside a given metadata table (as
@@ -1048,6 +1093,7 @@ class DecodedChunk:
     problems: list[str] = field(default_factory=list)
     unselected: int = 0
     out_of_range: dict[int, int] | None = None
+    problem_keys: list[ProblemKey] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool worker pickles its result back to the driver: polars' own pickling
@@ -1093,7 +1139,7 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         keep = raw.keep
         if keep is not None and raw.annotation is not None:
             keep = (*keep, *_ANNOTATE_INPUT)
-        table = _build(pending, 0, st, keep) if len(pending) else pl.DataFrame()
+        table = _build(pending, 0, st, keep, raw.streams) if len(pending) else pl.DataFrame()
     finally:
         if gc_was:
             gc.enable()
@@ -1113,6 +1159,7 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         st.problems,
         st.unselected,
         out_of_range,
+        st.problem_keys,
     )
 
 
@@ -1166,6 +1213,12 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     return batches, log_time, seq, chan, kept
 
 
+def _key(raw: RawChunk, log_time: int, cid: int, seq: int) -> ProblemKey:
+    """The key of a problem about one of the chunk's messages (:meth:`ReadStats.note`)."""
+    endpoint, topic = raw.streams.get(cid, ("", ""))
+    return (log_time, endpoint, topic, seq)
+
+
 def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     """Decode payloads one by one: bad batches and bad events are skipped and named."""
     out: _Block = ([], [], [], [], [])
@@ -1183,7 +1236,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
             b = decode_lean(data, seq=seq)
         except ProtocolError as err:
             st.bad_batches += 1
-            st.note(f"{raw.where.get(cid, cid)}: {err}")
+            st.note(f"{raw.where.get(cid, cid)}: {err}", _key(raw, log_time, cid, seq))
             continue
         kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
         if ranks is not None and kept_rank not in ranks:
@@ -1192,7 +1245,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         if b.skipped:
             st.skipped_events += len(b.skipped)
             for text in b.skipped:
-                st.note(f"{raw.where.get(cid, cid)}: {text}")
+                st.note(f"{raw.where.get(cid, cid)}: {text}", _key(raw, log_time, cid, seq))
         batches.append(b)
         log_times.append(log_time)
         seqs.append(seq)
@@ -1261,6 +1314,7 @@ def iter_raw_chunks(
         # recordings) continues as one stream, as the merge's same-batch rule assumes.
         chan_ids: dict[tuple[str, str, int | None], int] = {}
         where: dict[int, str] = {}
+        stream_of: dict[int, tuple[str, str]] = {}
         ranks = select.ranks if select is not None else None
         raw = RawChunk(ranks=ranks)
         keep = _selector(select, st) if select is not None else None
@@ -1277,14 +1331,16 @@ def iter_raw_chunks(
         cid = 0
         rank: int | None = None
 
-        def number(ch: ChannelInfo, i: int) -> int:
-            """The channel_id of a channel's stream, numbered when first met."""
+        def number(ch: ChannelInfo, i: int, m: RecordedMessage) -> int:
+            """The channel_id of a channel's stream, numbered when first met (at ``m``)."""
             key = (ch.endpoint, ch.topic, ch.dp_rank)
             got = chan_ids.get(key)
             if got is None:
                 got = chan_ids[key] = len(chan_ids)
                 st.channels[got] = ChannelRef(got, opened[i].path, ch)
+                st.first_keys[got] = (m.log_time, ch.endpoint, ch.topic, m.seq)
                 where[got] = f"{ch.path}: {ch.name}"
+                stream_of[got] = (ch.endpoint, ch.topic)
             return got
 
         last_order: tuple[int, str, str, int] | None = None
@@ -1306,9 +1362,9 @@ def iter_raw_chunks(
                         cids, rks = [cid] * k, [rank] * k
                     else:
                         cids, rks = [], []
-                        for ch in chans:
+                        for ch, m in zip(chans, batch, strict=True):
                             if ch is not last_ch:
-                                last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                                last_ch, cid, rank = ch, number(ch, i, m), ch.dp_rank
                             cids.append(cid)
                             rks.append(rank)
                     raw.log_time.extend(map(get_time, batch))
@@ -1338,7 +1394,7 @@ def iter_raw_chunks(
                 if keep is not None and not keep(m):
                     continue
                 if ch is not last_ch:
-                    last_ch, cid, rank = ch, number(ch, i), ch.dp_rank
+                    last_ch, cid, rank = ch, number(ch, i, m), ch.dp_rank
                 data = m.data
                 raw.log_time.append(m.log_time)
                 raw.seq.append(m.seq)
@@ -1353,6 +1409,7 @@ def iter_raw_chunks(
                     st.payload_bytes += size
                     n = size = 0
                     raw.where = dict(where)
+                    raw.streams = dict(stream_of)
                     yield raw
                     raw = RawChunk(ranks=ranks)
         raw.bytes = size
@@ -1361,6 +1418,7 @@ def iter_raw_chunks(
         n = size = 0
         if raw.data:
             raw.where = dict(where)
+            raw.streams = dict(stream_of)
             yield raw
         if progress is not None:
             progress(total, total)
@@ -1527,6 +1585,7 @@ def _adopt_read(st: ReadStats, read: ReadStats, noted: int, decoded_unselected: 
     st.recordings[:] = read.recordings
     st.groups.update(read.groups)
     st.channels.update(read.channels)  # the same dict: builders and annotators hold it
+    st.first_keys.update(read.first_keys)
     st.messages = read.messages - decoded_unselected
     st.unselected = read.unselected + decoded_unselected
     st.payload_bytes = read.payload_bytes
@@ -1535,8 +1594,8 @@ def _adopt_read(st: ReadStats, read: ReadStats, noted: int, decoded_unselected: 
     st.merge = read.merge
     st.unordered = read.unordered
     st.streams_seen = set(read.streams_seen)
-    for text in read.problems[noted:]:
-        st.note(text)
+    for text, key in zip(read.problems[noted:], read.problem_keys[noted:], strict=True):
+        st.note(text, key)
     return len(read.problems)
 
 
@@ -1561,8 +1620,8 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     # Batches dropped by --rank were counted as read by iter_raw_chunks.
     stats.messages -= d.unselected
     stats.unselected += d.unselected
-    for text in d.problems:
-        stats.note(text)
+    for text, key in zip(d.problems, d.problem_keys, strict=True):
+        stats.note(text, key)
     if first_event and d.table.height and "event_index" in d.table.columns:
         return d.table.with_columns(pl.col("event_index") + first_event)
     return d.table

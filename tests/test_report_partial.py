@@ -265,3 +265,104 @@ def test_issue10_default_jobs_is_one_process_for_a_small_fleet(tmp_path: Path) -
     paths = _fleet(tmp_path, ["gemma3", "full_only"])
     assert len(plan_units(paths, split=2)) == 2  # two units exist...
     assert default_jobs(paths) == 1  # ...but a pool's start-up costs more than they save
+
+
+# -- one pass and units agree on what a report shows besides its numbers --------------------
+
+MS = 1_000_000
+
+
+def _one_rank(path: Path, endpoint: str, rank: int, msgs: list[tuple[int, bytes]]) -> str:
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(endpoint, "", rank)
+        for seq, (t, payload) in enumerate(msgs):
+            w.write(ch, seq, payload, log_time=t)
+    return str(path)
+
+
+def _batch(t: int, events: list[dict]) -> bytes:
+    return ENC.encode([t / 1e9, events, None])
+
+
+def _store_event(h: int, group: int | None, kind: str | None = None) -> dict:
+    ev: dict[str, object] = {
+        "type": "BlockStored",
+        "block_hashes": [h],
+        "parent_block_hash": None,
+        "token_ids": list(range(16)),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+    }
+    if group is not None:
+        ev["group_idx"] = group
+    if kind is not None:
+        ev["kv_cache_spec_kind"] = kind
+    return ev
+
+
+def _remove_event(h: int, group: int | None) -> dict:
+    ev: dict[str, object] = {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"}
+    if group is not None:
+        ev["group_idx"] = group
+    return ev
+
+
+def test_units_number_channels_and_name_the_first_problem_as_one_pass(tmp_path: Path) -> None:
+    # a.mcap's first batch is empty (no rows) and b.mcap's bad payload was received before
+    # a.mcap's: the merge numbered channels by their first batch with rows, and named the
+    # first unit's problem as the first.
+    a = _one_rank(
+        tmp_path / "a.mcap",
+        "tcp://127.0.0.1:5557",
+        0,
+        [
+            (T0, _batch(T0, [])),
+            (T0 + 10 * MS, b"\xc1bad-a"),
+            (T0 + 20 * MS, _batch(T0 + 20 * MS, [_store_event(1, 0, "full_attention")])),
+        ],
+    )
+    b = _one_rank(
+        tmp_path / "b.mcap",
+        "tcp://127.0.0.1:6557",
+        1,
+        [
+            (T0 + 5 * MS, b"\xc1bad-b"),
+            (T0 + 15 * MS, _batch(T0 + 15 * MS, [_store_event(2, 0, "full_attention")])),
+        ],
+    )
+    one = build_report([a, b])
+    two = build_report([a, b], jobs=2)
+    assert [c["channel"] for c in two.source["channels"]] == [
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:6557",
+    ]
+    assert two.source["channels"] == one.source["channels"]
+    first = [f for f in one.findings if f.startswith("skipped 2 malformed")]
+    assert len(first) == 1 and "b.mcap" in first[0] and "seq 0" in first[0]
+    assert two.findings == one.findings
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 64, 2000])
+def test_orphan_remove_without_group_is_unattributed_in_the_timeline_too(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    # Rank 1 removes a hash it never stored, without group_idx, before its first store
+    # with one: the totals called it unattributed, the timeline 'unannotated' when the
+    # two batches fell in different chunks (and so in one process, not in units).
+    p = tmp_path / "r.mcap"
+    with RecordingWriter(p) as w:
+        a = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        b = w.add_channel("tcp://127.0.0.1:5558", "", 1)
+        w.write(a, 0, _batch(T0, [_store_event(1, 0, "full_attention")]), log_time=T0)
+        w.write(b, 0, _batch(T0, [_remove_event(5, None)]), log_time=T0 + 1)
+        w.write(b, 1, _batch(T0, [_store_event(6, 1, "sliding_window")]), log_time=T0 + 2)
+    reports = [
+        build_report([str(p)], chunk_bytes=chunk_bytes, jobs=jobs, every_ns=3 * MS).to_dict()
+        for jobs in (1, 2)
+    ]
+    assert reports[0] == reports[1]
+    removes = {r["kind"]: r["removes"] for r in reports[0]["timeline"] if r["removes"]}
+    assert removes == {"unattributed": 1}
+    assert "unannotated" not in {r["kind"] for r in reports[0]["timeline"]}

@@ -429,6 +429,13 @@ class ReportBuilder:
         )
         self._add_distinct(blocks)
         self._add_lifetimes(blocks, step)
+        moved = step.orphan & blocks.no_group
+        if moved.any():
+            # Orphan removes without group_idx count as unattributed (_add_counts); from
+            # here on (peaks, timeline) they are that row's too, as they are when the
+            # chunk already attributed them (_attribute): chunk boundaries change nothing.
+            gkey = gkey.copy()
+            gkey[idx[moved]] = self._gkey_of(None, UNATTRIBUTED, None)
         # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
         # (under the report row of the entry it removes), a clear's drops at its row.
         delta = np.zeros(n, dtype=_I64)
@@ -533,7 +540,9 @@ class ReportBuilder:
                 cid: (ref.info.endpoint, ref.info.topic, ref.info.dp_rank)
                 for cid, ref in stats.channels.items()
             },
-            first_keys=dict(log.firsts),
+            # Channels are numbered at their first message, rows or not (as one read
+            # numbers them); a batch log's first keys only for a read that kept none.
+            first_keys={**log.firsts, **stats.first_keys},
             rows=list(self.registry),
             counts=counts,
             live_end=live_end,

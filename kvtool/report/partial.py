@@ -451,8 +451,8 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         st.bad_batches += s.bad_batches
         st.skipped_events += s.skipped_events
         st.unselected += s.unselected
-        for text in s.problems:
-            st.note(text)
+        for text, at in zip(s.problems, s.problem_keys, strict=True):
+            st.note(text, at)  # the earliest of every unit's, in THE merge order
         st.groups.update(s.groups)
         st.merge.duplicates += s.merge.duplicates
         st.merge.differing += s.merge.differing
