@@ -12,6 +12,7 @@ from kvtool.recording import RecordingWriter
 from kvtool.report import build_report
 from kvtool.report.partial import NotMergeable, Unit, plan_units
 from tests.conftest import capture_messages
+from tests.test_annotation_core import removed, stored
 
 ENC = msgspec.msgpack.Encoder()
 T0 = 1_764_000_000_000_000_000
@@ -284,31 +285,6 @@ def _batch(t: int, events: list[dict]) -> bytes:
     return ENC.encode([t / 1e9, events, None])
 
 
-def _store_event(h: int, group: int | None, kind: str | None = None) -> dict:
-    ev: dict[str, object] = {
-        "type": "BlockStored",
-        "block_hashes": [h],
-        "parent_block_hash": None,
-        "token_ids": list(range(16)),
-        "block_size": 16,
-        "lora_id": None,
-        "medium": "GPU",
-        "lora_name": None,
-    }
-    if group is not None:
-        ev["group_idx"] = group
-    if kind is not None:
-        ev["kv_cache_spec_kind"] = kind
-    return ev
-
-
-def _remove_event(h: int, group: int | None) -> dict:
-    ev: dict[str, object] = {"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"}
-    if group is not None:
-        ev["group_idx"] = group
-    return ev
-
-
 def test_units_number_channels_and_name_the_first_problem_as_one_pass(tmp_path: Path) -> None:
     # a.mcap's first batch is empty (no rows) and b.mcap's bad payload was received before
     # a.mcap's: the merge numbered channels by their first batch with rows, and named the
@@ -320,7 +296,7 @@ def test_units_number_channels_and_name_the_first_problem_as_one_pass(tmp_path: 
         [
             (T0, _batch(T0, [])),
             (T0 + 10 * MS, b"\xc1bad-a"),
-            (T0 + 20 * MS, _batch(T0 + 20 * MS, [_store_event(1, 0, "full_attention")])),
+            (T0 + 20 * MS, _batch(T0 + 20 * MS, [stored([1], 0, "full_attention")])),
         ],
     )
     b = _one_rank(
@@ -329,7 +305,7 @@ def test_units_number_channels_and_name_the_first_problem_as_one_pass(tmp_path: 
         1,
         [
             (T0 + 5 * MS, b"\xc1bad-b"),
-            (T0 + 15 * MS, _batch(T0 + 15 * MS, [_store_event(2, 0, "full_attention")])),
+            (T0 + 15 * MS, _batch(T0 + 15 * MS, [stored([2], 0, "full_attention")])),
         ],
     )
     one = build_report([a, b])
@@ -355,9 +331,9 @@ def test_orphan_remove_without_group_is_unattributed_in_the_timeline_too(
     with RecordingWriter(p) as w:
         a = w.add_channel("tcp://127.0.0.1:5557", "", 0)
         b = w.add_channel("tcp://127.0.0.1:5558", "", 1)
-        w.write(a, 0, _batch(T0, [_store_event(1, 0, "full_attention")]), log_time=T0)
-        w.write(b, 0, _batch(T0, [_remove_event(5, None)]), log_time=T0 + 1)
-        w.write(b, 1, _batch(T0, [_store_event(6, 1, "sliding_window")]), log_time=T0 + 2)
+        w.write(a, 0, _batch(T0, [stored([1], 0, "full_attention")]), log_time=T0)
+        w.write(b, 0, _batch(T0, [removed([5], None)]), log_time=T0 + 1)
+        w.write(b, 1, _batch(T0, [stored([6], 1, "sliding_window")]), log_time=T0 + 2)
     reports = [
         build_report([str(p)], chunk_bytes=chunk_bytes, jobs=jobs, every_ns=3 * MS).to_dict()
         for jobs in (1, 2)
