@@ -676,11 +676,12 @@ class ChannelRef:
     info: ChannelInfo
 
 
-ProblemKey = tuple[int, str, str, int]
-"""THE merge order's key of the message a problem is about: (receive time, endpoint,
-topic, seq), as :mod:`kvtool.inputs` orders messages across recordings."""
+MergeKey = tuple[int, str, str, int]
+"""THE merge order's key of a message: (receive time, endpoint, topic, seq), as
+:mod:`kvtool.inputs` orders messages across recordings."""
 
-_NO_KEY: ProblemKey = (1 << 63, "", "", 0)
+NO_KEY: MergeKey = (1 << 63, "", "", 0)
+"""After every message's key."""
 
 MAX_PROBLEMS = 20
 """Problem messages a read keeps (the counts cover all of them)."""
@@ -700,7 +701,7 @@ class ReadStats:
         skipped_events: Events skipped by the decoder.
         problems: Messages naming skipped batches/events: those about the earliest
             messages (:meth:`note`), the earliest first.
-        problem_keys: The key of each problem's message (:data:`ProblemKey`).
+        problem_keys: The key of each problem's message (:data:`MergeKey`).
         damaged: One line per recording that was truncated or damaged.
         groups: ``group_idx`` metadata stored in each recording (path → list or None).
         channels: Every channel, by ``channel_id``.
@@ -730,11 +731,11 @@ class ReadStats:
     unselected: int = 0
     unordered: bool = False
     streams_seen: set[tuple[str, str, int | None]] = field(default_factory=set)
-    first_keys: dict[int, tuple[int, str, str, int]] = field(default_factory=dict)
+    first_keys: dict[int, MergeKey] = field(default_factory=dict)
 
-    problem_keys: list[ProblemKey] = field(default_factory=list)
+    problem_keys: list[MergeKey] = field(default_factory=list)
 
-    def note(self, msg: str, key: ProblemKey | None = None) -> None:
+    def note(self, msg: str, key: MergeKey | None = None) -> None:
         """Keep a problem message: those about the earliest messages, in THE merge order.
 
         Keyed by the message a problem is about, the kept ones are the same however the
@@ -745,7 +746,7 @@ class ReadStats:
             msg: The problem.
             key: Its message's key (None: after every message's).
         """
-        k = key if key is not None else _NO_KEY
+        k = key if key is not None else NO_KEY
         at = bisect.bisect_right(self.problem_keys, k)
         if at >= MAX_PROBLEMS:
             return
@@ -929,11 +930,10 @@ def _build(
         seqs = batches["seq"]
         for i in p.invalid[:5]:
             b = int(batch_of[i])
-            endpoint, topic = (streams or {}).get(p.chan[b], ("", ""))
             stats.note(
                 f"seq {seqs[b]}: malformed {EVENT_TYPE_NAMES[types[i]]} "
                 "(block_hashes is not a list of hashes)",
-                (p.log_time[b], endpoint, topic, p.seq[b]),
+                _key(streams or {}, p.log_time[b], p.chan[b], p.seq[b]),
             )
         stats.skipped_events += len(p.invalid)
         keep = np.ones(len(types), dtype=bool)
@@ -1093,7 +1093,7 @@ class DecodedChunk:
     problems: list[str] = field(default_factory=list)
     unselected: int = 0
     out_of_range: dict[int, int] | None = None
-    problem_keys: list[ProblemKey] = field(default_factory=list)
+    problem_keys: list[MergeKey] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool worker pickles its result back to the driver: polars' own pickling
@@ -1213,9 +1213,9 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     return batches, log_time, seq, chan, kept
 
 
-def _key(raw: RawChunk, log_time: int, cid: int, seq: int) -> ProblemKey:
-    """The key of a problem about one of the chunk's messages (:meth:`ReadStats.note`)."""
-    endpoint, topic = raw.streams.get(cid, ("", ""))
+def _key(streams: dict[int, tuple[str, str]], log_time: int, cid: int, seq: int) -> MergeKey:
+    """The key of one of a chunk's messages, by its ``channel_id`` (:attr:`RawChunk.streams`)."""
+    endpoint, topic = streams.get(cid, ("", ""))
     return (log_time, endpoint, topic, seq)
 
 
@@ -1236,7 +1236,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
             b = decode_lean(data, seq=seq)
         except ProtocolError as err:
             st.bad_batches += 1
-            st.note(f"{raw.where.get(cid, cid)}: {err}", _key(raw, log_time, cid, seq))
+            st.note(f"{raw.where.get(cid, cid)}: {err}", _key(raw.streams, log_time, cid, seq))
             continue
         kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
         if ranks is not None and kept_rank not in ranks:
@@ -1245,7 +1245,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         if b.skipped:
             st.skipped_events += len(b.skipped)
             for text in b.skipped:
-                st.note(f"{raw.where.get(cid, cid)}: {text}", _key(raw, log_time, cid, seq))
+                st.note(f"{raw.where.get(cid, cid)}: {text}", _key(raw.streams, log_time, cid, seq))
         batches.append(b)
         log_times.append(log_time)
         seqs.append(seq)
@@ -1343,7 +1343,7 @@ def iter_raw_chunks(
                 stream_of[got] = (ch.endpoint, ch.topic)
             return got
 
-        last_order: tuple[int, str, str, int] | None = None
+        last_order: MergeKey | None = None
         for i, batch in batches:
             if progress is not None and batch[0].offset > at[i]:
                 off = batch[0].offset

@@ -414,6 +414,14 @@ class ReportBuilder:
         if block_index.null_count():
             block_index = block_index.fill_null(-1)
         first_block = block_index.to_numpy() == 0
+        moved = step.orphan & blocks.no_group
+        if moved.any():
+            # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
+            # the remove is unattributed. Its row moves off the group it was keyed under
+            # for everything from here (counts, peaks, timeline), as when the chunk
+            # already attributed it (_attribute): chunk boundaries change nothing.
+            gkey = gkey.copy()
+            gkey[idx[moved]] = self._gkey_of(None, UNATTRIBUTED, None)
         self._add_counts(
             df,
             gkey,
@@ -424,18 +432,11 @@ class ReportBuilder:
             first_block,
             unattributed_orphan,
             blocks,
-            idx,
+            moved,
             step,
         )
         self._add_distinct(blocks)
         self._add_lifetimes(blocks, step)
-        moved = step.orphan & blocks.no_group
-        if moved.any():
-            # Orphan removes without group_idx count as unattributed (_add_counts); from
-            # here on (peaks, timeline) they are that row's too, as they are when the
-            # chunk already attributed them (_attribute): chunk boundaries change nothing.
-            gkey = gkey.copy()
-            gkey[idx[moved]] = self._gkey_of(None, UNATTRIBUTED, None)
         # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
         # (under the report row of the entry it removes), a clear's drops at its row.
         delta = np.zeros(n, dtype=_I64)
@@ -691,15 +692,14 @@ class ReportBuilder:
         first_block: NDArray[Any],
         unattributed_orphan: NDArray[Any],
         blocks: state.Blocks,
-        idx: NDArray[Any],
+        moved: NDArray[Any],
         step: state.Step,
     ) -> None:
-        """Add the chunk's per-gkey sums of :data:`ADDITIVE` (one ``bincount`` each)."""
-        moved = step.orphan & blocks.no_group
-        if moved.any():
-            # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
-            # the remove is unattributed -- move it off the group it was keyed under.
-            unattributed_gkey = self._gkey_of(None, UNATTRIBUTED, None)
+        """Add the chunk's per-gkey sums of :data:`ADDITIVE` (one ``bincount`` each).
+
+        ``gkey`` already puts the ``moved`` rows (orphan removes without group_idx) on
+        the unattributed row.
+        """
         size = len(self.registry)
         rows = ~is_clear
         g = gkey[rows]
@@ -724,13 +724,7 @@ class ReportBuilder:
         add[:, col["restored_blocks"]] = per(step.restored, bg)
         add[:, col["orphan_removes"]] += per(step.orphan & ~blocks.no_group, bg)
         if moved.any():
-            n_moved = per(moved, bg)
-            events = per(moved & first_block[idx], bg)
-            add[:, col["blocks_removed"]] -= n_moved
-            add[:, col["remove_events"]] -= events
-            add[unattributed_gkey, col["blocks_removed"]] += n_moved.sum()
-            add[unattributed_gkey, col["remove_events"]] += events.sum()
-            add[unattributed_gkey, col["orphan_removes"]] += n_moved.sum()
+            add[self._gkey_of(None, UNATTRIBUTED, None), col["orphan_removes"]] += moved.sum()
         if len(step.dropped_gkey):
             add[:, col["blocks_cleared"]] = np.bincount(step.dropped_gkey, minlength=size)
         if len(self.counts) < size:

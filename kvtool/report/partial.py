@@ -40,7 +40,7 @@ import msgspec
 import polars as pl
 
 from kvtool.annotate import Annotation
-from kvtool.columns import ChannelRef, ReadStats, TableAnnotator, np
+from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, TableAnnotator, np
 from kvtool.recording import open_recording
 
 RowKey = tuple[int | None, str, int | None]
@@ -153,10 +153,10 @@ class PeakLog:
 
     levels: list[LevelKey] = field(default_factory=list)
     ordered: bool = True
-    firsts: dict[int, tuple[int, str, str, int]] = field(default_factory=dict)
+    firsts: dict[int, MergeKey] = field(default_factory=dict)
     _ids: dict[LevelKey, int] = field(default_factory=dict)
     _parts: list[pl.DataFrame] = field(default_factory=list)
-    _last: tuple[int, str, str, int] | None = None
+    _last: MergeKey | None = None
 
     def add(
         self,
@@ -306,7 +306,7 @@ class PartialReport:
     only: frozenset[StreamKey] | None
     stats: ReadStats
     streams: dict[int, StreamKey]
-    first_keys: dict[int, tuple[int, str, str, int]]
+    first_keys: dict[int, MergeKey]
     rows: list[RowKey]
     counts: dict[int, tuple[int, ...]]
     live_end: dict[int, int]
@@ -427,7 +427,7 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         for cid, key in p.streams.items():
             if owners.setdefault(key, i) != i:
                 raise NotMergeable(f"stream {key} is in two units")
-            firsts.append((p.first_keys.get(cid, (1 << 63, "", "", 0)), i, cid))
+            firsts.append((p.first_keys.get(cid, NO_KEY), i, cid))
     firsts.sort()
     maps: list[dict[int, int]] = [{} for _ in parts]
     st = ReadStats()
