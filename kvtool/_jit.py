@@ -1,0 +1,33 @@
+"""The one way kvtool compiles a kernel: numba ``njit``, cached on disk, GIL-free.
+
+Every numba kernel in kvtool (the columnar decoder, the state kernel, what-if) is
+decorated with :func:`kernel`, so they share one cache policy: ``cache=True`` (numba
+keeps the machine code beside the module, or in the user's cache folder when
+site-packages is read-only; ``NUMBA_CACHE_DIR`` is honoured by numba itself) and
+``nogil=True`` (so a kernel runs in a thread beside decompression). numba is imported
+here only, the first time a kernel is defined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def kernel(func: F) -> F:
+    """Compile ``func`` with numba: nopython, cached, without the GIL.
+
+    Args:
+        func: A function written in numba's subset of Python.
+
+    Returns:
+        The compiled dispatcher (called like ``func``).
+    """
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(func)  # type: ignore[return-value]
+
+
+__all__ = ["kernel"]

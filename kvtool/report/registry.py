@@ -1,0 +1,157 @@
+"""The one metric registry: every report metric declared once (no polars: cheap to import).
+
+A metric's name (DESIGN.md's column name, the JSON key), its two-line table label, its
+unit, how two partial reports of disjoint parts of a stream merge it, which direction is
+worse for ``diff --fail-on``, and how it is exposed to Prometheus are all read from here:
+the tables, the legend, JSON, CSV, ``diff``, ``top`` and ``serve`` never spell them again.
+Adding a metric is its declaration here plus its computation in the state kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Merge = Literal["sum", "max", "last", "distinct", "quantile", "ratio"]
+"""How partial reports merge: ``sum`` adds; ``max`` takes the largest (a peak);
+``last`` is the value at the end of the last part (state carried across parts);
+``distinct`` unions sets; ``quantile`` is taken again over the merged samples; ``ratio``
+is derived from two summed metrics after the merge (never merged itself)."""
+
+Worse = Literal["up", "down", "none"]
+"""Which way a change is a regression for ``diff``: ``up`` a rise, ``down`` a fall."""
+
+PromType = Literal["counter", "gauge", "histogram", "none"]
+"""How ``kvtool serve`` exposes it: a ``_total`` counter, a gauge, a histogram (of the
+samples behind a quantile metric), or not at all (a derived ratio, a set size)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One report metric.
+
+    Attributes:
+        name: The column and JSON key, as DESIGN.md names it.
+        label: The table header: name over unit, two lines.
+        legend: The legend's line for it (what the label stands for, in vLLM's terms).
+        unit: ``blocks``, ``tokens``, ``events``, ``hashes``, ``seconds``, ``evictions``
+            or ``ratio``.
+        merge: How partials merge (:data:`Merge`).
+        worse: Which direction is worse (:data:`Worse`).
+        prom: The Prometheus type (:data:`PromType`).
+        prom_name: The Prometheus family name (``kvtool_`` prefix, base units, no
+            ``_total``: prometheus_client adds it to counters); empty for ``none``.
+        help: One line of help text for Prometheus and ``--help``.
+        aliases: Older JSON names kept for one release (deprecated).
+    """
+
+    name: str
+    label: str
+    legend: str
+    unit: str
+    merge: Merge
+    worse: Worse
+    prom: PromType
+    prom_name: str
+    help: str
+    aliases: tuple[str, ...] = ()
+
+
+def _m(
+    name: str,
+    label: str,
+    legend: str,
+    unit: str,
+    merge: Merge,
+    worse: Worse,
+    prom: PromType,
+    prom_name: str,
+    help_: str,
+    aliases: tuple[str, ...] = (),
+) -> Metric:
+    return Metric(name, label, legend, unit, merge, worse, prom, prom_name, help_, aliases)
+
+
+# fmt: off
+METRICS: tuple[Metric, ...] = (
+    _m("store_events", "stores\nevents", "stores events = store_events", "events",
+       "sum", "none", "counter", "kvtool_store_events", "BlockStored events."),
+    _m("blocks_stored", "stored\nblocks", "stored blocks = blocks_stored", "blocks",
+       "sum", "none", "counter", "kvtool_blocks_stored", "Blocks stored into the cache."),
+    _m("tokens_stored", "stored\ntokens", "stored tokens = tokens_stored", "tokens",
+       "sum", "none", "counter", "kvtool_tokens_stored", "Tokens of the stored blocks."),
+    _m("remove_events", "removes\nevents", "removes events = remove_events", "events",
+       "sum", "none", "counter", "kvtool_remove_events", "BlockRemoved events."),
+    _m("blocks_removed", "removed\nblocks", "removed = blocks_removed (evicted)", "blocks",
+       "sum", "up", "counter", "kvtool_blocks_removed", "Blocks evicted (BlockRemoved)."),
+    _m("blocks_cleared", "cleared\nblocks", "cleared = blocks_cleared (by AllBlocksCleared)",
+       "blocks", "sum", "up", "counter", "kvtool_blocks_cleared",
+       "Blocks dropped by AllBlocksCleared."),
+    _m("live_blocks_end", "live\nblocks", "live = live_blocks_end (cached at the end)",
+       "blocks", "last", "none", "gauge", "kvtool_live_blocks", "Blocks cached now."),
+    _m("peak_live_blocks", "peak\nblocks", "peak = peak_live_blocks (most cached at once)",
+       "blocks", "max", "none", "gauge", "kvtool_peak_live_blocks",
+       "Most blocks cached at once."),
+    _m("distinct_hashes", "distinct\nhashes", "distinct = distinct_hashes", "hashes",
+       "distinct", "none", "none", "", "Distinct block hashes seen."),
+    _m("stored_while_live", "stored\nwhile live",
+       "stored while live = stored_while_live (a store of a block already cached: a second "
+       "copy, or a hit announced again)", "blocks", "sum", "up", "counter",
+       "kvtool_blocks_stored_while_live", "Stores of a block that was still cached.",
+       aliases=("restored_blocks",)),
+    _m("blocks_recomputed", "recomp\nblocks",
+       "recomp = blocks_recomputed (stored again after it was evicted or cleared)",
+       "blocks", "sum", "up", "counter", "kvtool_blocks_recomputed",
+       "Stores of a block that was cached earlier and evicted or cleared since."),
+    _m("recompute_share", "recomp\nshare",
+       "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
+       "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),
+    _m("orphan_removes", "orphans\nblocks", "orphans = orphan_removes (removed, never seen "
+       "stored)", "blocks", "sum", "up", "counter", "kvtool_orphan_removes",
+       "Removes of a block not cached (the stream began mid-way or lost its store)."),
+    _m("lifetime_p50_s", "life\np50 s", "life pNN s = lifetime_pNN_s (store to remove, "
+       "seconds)", "seconds", "quantile", "down", "histogram", "kvtool_block_lifetime_seconds",
+       "Block lifetime, store to remove."),
+    _m("lifetime_p90_s", "life\np90 s", "", "seconds", "quantile", "down", "histogram",
+       "kvtool_block_lifetime_seconds", "Block lifetime, store to remove."),
+    _m("lifetime_p99_s", "life\np99 s", "", "seconds", "quantile", "down", "histogram",
+       "kvtool_block_lifetime_seconds", "Block lifetime, store to remove."),
+    _m("recompute_gap_s_p50", "gap\np50 s", "gap pNN s = recompute_gap_s_pNN (remove to "
+       "re-store of a recomputed block, seconds)", "seconds", "quantile", "down", "histogram",
+       "kvtool_recompute_gap_seconds", "Time from a block's removal to its re-store."),
+    _m("recompute_gap_s_p90", "gap\np90 s", "", "seconds", "quantile", "down", "histogram",
+       "kvtool_recompute_gap_seconds", "Time from a block's removal to its re-store."),
+    _m("recompute_gap_s_p99", "gap\np99 s", "", "seconds", "quantile", "down", "histogram",
+       "kvtool_recompute_gap_seconds", "Time from a block's removal to its re-store."),
+    _m("recompute_distance_p50", "dist\np50", "dist pNN = recompute_distance_pNN "
+       "(evictions in the pool between a block's removal and its re-store)", "evictions",
+       "quantile", "down", "none", "", "Evictions in the pool between removal and re-store."),
+    _m("recompute_distance_p90", "dist\np90", "", "evictions", "quantile", "down", "none",
+       "", "Evictions in the pool between removal and re-store."),
+    _m("recompute_distance_p99", "dist\np99", "", "evictions", "quantile", "down", "none",
+       "", "Evictions in the pool between removal and re-store."),
+)
+# fmt: on
+"""Every report metric, in DESIGN.md's column order."""
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+"""The metrics by name (aliases included)."""
+BY_NAME.update({a: m for m in METRICS for a in m.aliases})
+
+
+def metric(name: str) -> Metric:
+    """Return the metric named ``name`` (or one of its deprecated aliases).
+
+    Args:
+        name: A metric name or alias.
+
+    Returns:
+        Its declaration.
+
+    Raises:
+        KeyError: No such metric.
+    """
+    return BY_NAME[name]
+
+
+__all__ = ["BY_NAME", "METRICS", "Merge", "Metric", "PromType", "Worse", "metric"]
