@@ -22,12 +22,13 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from kvtool.recording import ChannelInfo, RecordedMessage
+    from kvtool.recording.reader import RecoveryReport
 
 # The views a key switches between, and the row key columns of each.
 VIEWS = {
     "kind": ("kind",),
     "window": ("sliding_window",),
-    "group": ("group_idx", "kind"),
+    "group": ("group_idx", "kind", "sliding_window"),
     "rank": ("dp_rank", "kind"),
 }
 VIEW_KEYS = {"k": "kind", "w": "window", "g": "group", "r": "rank"}
@@ -107,10 +108,68 @@ def row_label(view: str, row: Row) -> str:
         w = row.get("sliding_window")
         return "no window" if w is None else f"window {w}"
     if view == "group":
+        # The group's whole key: one group seen with two windows is two rows (issue 24).
         g = row.get("group_idx")
-        return f"{'-' if g is None else g} {row.get('kind')}"
+        w = row.get("sliding_window")
+        return f"{'-' if g is None else g} {row.get('kind')}" + ("" if w is None else f":{w}")
     r = row.get("dp_rank")
     return f"rank {'-' if r is None else r} {row.get('kind')}"
+
+
+def row_key(view: str, row: Row) -> tuple[object, ...]:
+    """Return the key of a report row in a view: every key column of :data:`VIEWS`.
+
+    Rows are told apart by this key, never by their label, so two rows whose labels print
+    alike (a kind spelled with an invisible character) stay two rows.
+
+    Args:
+        view: One of :data:`VIEWS`.
+        row: A report row.
+
+    Returns:
+        The values of the view's key columns.
+    """
+    return tuple(row.get(c) for c in VIEWS[view])
+
+
+_ESCAPE_FINAL = range(0x40, 0x7F)
+
+
+def split_keys(data: str) -> list[str]:
+    """Split what the terminal sent into key presses, dropping escape sequences.
+
+    Function and arrow keys arrive as escape sequences (F1 is ``ESC O P``, F5 ``ESC [ 1 5 ~``):
+    their letters are not key presses (issue 24: F1/F2 acted as ``p``/``q``).
+
+    Args:
+        data: The characters read.
+
+    Returns:
+        The plain keys, in order.
+    """
+    keys: list[str] = []
+    i, n = 0, len(data)
+    while i < n:
+        ch = data[i]
+        if ch != "\x1b":
+            keys.append(ch)
+            i += 1
+            continue
+        i += 1  # ESC
+        if i < n and data[i] in "[O":
+            intro = data[i]
+            i += 1
+            if intro == "O":
+                i += 1  # SS3: one final character
+                continue
+            while i < n and ord(data[i]) not in _ESCAPE_FINAL:
+                i += 1  # CSI parameters
+            while i < n and not ("@" <= data[i] <= "~"):
+                i += 1
+            i += 1  # the final byte
+        elif i < n:
+            i += 1  # ESC + one character (Alt-key)
+    return keys
 
 
 def _int(row: Row | None, col: str) -> int:
@@ -148,9 +207,13 @@ class TopModel:
     history_s: float = HISTORY_S
     t: float | None = None
     health: Health = field(default_factory=Health)
-    _tables: dict[str, dict[str, Row]] = field(default_factory=dict)
-    _rates: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)
-    _history: dict[str, dict[str, deque[tuple[float, int]]]] = field(default_factory=dict)
+    _tables: dict[str, dict[tuple[object, ...], Row]] = field(default_factory=dict)
+    _rates: dict[str, dict[tuple[object, ...], tuple[float, float, float]]] = field(
+        default_factory=dict
+    )
+    _history: dict[str, dict[tuple[object, ...], deque[tuple[float, int]]]] = field(
+        default_factory=dict
+    )
     batches_per_s: float = 0.0
 
     def update(self, t: float, tables: Mapping[str, Sequence[Row]], health: Health) -> None:
@@ -165,9 +228,9 @@ class TopModel:
         if dt is not None and dt > 0:
             self.batches_per_s = max(0, health.batches - self.health.batches) / dt
         for view, rows in tables.items():
-            new = {row_label(view, r): r for r in rows}
+            new = {row_key(view, r): r for r in rows}
             old = self._tables.get(view, {})
-            rates: dict[str, tuple[float, float, float]] = {}
+            rates: dict[tuple[object, ...], tuple[float, float, float]] = {}
             hist = self._history.setdefault(view, {})
             for label, r in new.items():
                 if dt is not None and dt > 0:
@@ -197,12 +260,12 @@ class TopModel:
         out = []
         rates = self._rates.get(view, {})
         hist = self._history.get(view, {})
-        for label, r in self._tables.get(view, {}).items():
-            s, e, rs = rates.get(label, (0.0, 0.0, 0.0))
+        for key, r in self._tables.get(view, {}).items():
+            s, e, rs = rates.get(key, (0.0, 0.0, 0.0))
             p50 = r.get("lifetime_p50_s")
             out.append(
                 TopRow(
-                    label=label,
+                    label=row_label(view, r),
                     live=_int(r, "live_blocks_end"),
                     peak=_int(r, "peak_live_blocks"),
                     stores_per_s=s,
@@ -210,7 +273,7 @@ class TopModel:
                     restored_per_s=rs,
                     orphans=_int(r, "orphan_removes"),
                     lifetime_p50_s=float(p50) if isinstance(p50, int | float) else None,
-                    spark=tuple(v for _, v in hist.get(label, ())),
+                    spark=tuple(v for _, v in hist.get(key, ())),
                 )
             )
         out.sort(key=lambda x: (-x.live, -x.peak, x.label))
@@ -371,6 +434,7 @@ class RecordingSource:
         self._channels: set[tuple[str, int]] = set()
         self._batches = 0
         self._start: float | None = None
+        self._paused_at: float | None = None
         self._stream_t = 0.0
         self.done = self._next is None
         self.error: BaseException | None = None
@@ -392,6 +456,8 @@ class RecordingSource:
         Returns:
             The messages, in file order.
         """
+        if self._paused_at is not None:
+            now = self._paused_at  # paused: the recording's clock stands still
         start = self._start if self._start is not None else now
         limit = None if self.speed <= 0 else self._t0 + int((now - start) * self.speed * 1e9)
         out: list[RecordedMessage] = []
@@ -410,6 +476,20 @@ class RecordingSource:
             self._stream_t = (limit - self._t0) / 1e9
         return out
 
+    def pause(self, now: float, paused: bool) -> None:
+        """Hold or resume playback: time spent paused does not advance the recording.
+
+        Args:
+            now: Monotonic seconds.
+            paused: True to hold, False to resume.
+        """
+        if paused and self._paused_at is None:
+            self._paused_at = now
+        elif not paused and self._paused_at is not None:
+            if self._start is not None:
+                self._start += now - self._paused_at
+            self._paused_at = None
+
     def clock(self) -> float:
         """Return seconds on the recording's receive clock since its first batch."""
         return self._stream_t
@@ -421,6 +501,11 @@ class RecordingSource:
         if self.speed <= 0:
             return now
         return None
+
+    @property
+    def recovery(self) -> RecoveryReport:
+        """What reading the recording recovered and what it could not (so far)."""
+        return self._reader.recovery
 
     def health(self) -> Health:
         """Return the recording's health: channels seen, batches played, its gap ledger."""
@@ -533,6 +618,14 @@ class LiveSource:
             out, self._inbox = self._inbox, []
         return out
 
+    def pause(self, now: float, paused: bool) -> None:
+        """A live stream cannot be held: batches keep being received (and recorded).
+
+        Args:
+            now: Monotonic seconds.
+            paused: Whether the view is paused (only the view freezes).
+        """
+
     def clock(self) -> float:
         """Return seconds since the start."""
         return 0.0 if self._start is None else self._now - self._start
@@ -587,6 +680,8 @@ class Source(Protocol):
 
     def take(self, now: float) -> list[RecordedMessage]: ...  # noqa: D102
 
+    def pause(self, now: float, paused: bool) -> None: ...  # noqa: D102
+
     def clock(self) -> float: ...  # noqa: D102
 
     def wake(self, now: float) -> float | None: ...  # noqa: D102
@@ -624,11 +719,14 @@ class TopView:
         if not self.paused or self.source.done:
             self.model.update(self.source.clock(), self.feed.snapshot(), self.source.health())
 
-    def key(self, ch: str) -> bool:
+    def key(self, ch: str, now: float | None = None) -> bool:
         """Apply a key; return False for quit.
+
+        ``p`` pauses the view and, on a recording, its playback too (issue 24).
 
         Args:
             ch: One character.
+            now: Monotonic seconds (default: now).
 
         Returns:
             False when the key quits.
@@ -639,6 +737,7 @@ class TopView:
             self.view = VIEW_KEYS[ch]
         elif ch in ("p", "P"):
             self.paused = not self.paused
+            self.source.pause(time.monotonic() if now is None else now, self.paused)
         return True
 
 
@@ -721,11 +820,11 @@ def run_screen(
     key_fd: int | None,
     interval_s: float = 1.0,
     duration_s: float | None = None,
-    render: Callable[[TopModel, str, bool], RenderableType],
+    render: Callable[[TopModel, str, bool, int, int], RenderableType],
 ) -> None:
     """Run the full-screen view until ``q``, ``duration_s`` or Ctrl-C (KeyboardInterrupt).
 
-    At the end of a recording the final screen stays until ``q``.
+    At the end of a recording the final screen stays until ``q``; a resize redraws it.
 
     Args:
         top: The view (its source not started).
@@ -733,11 +832,25 @@ def run_screen(
         key_fd: The terminal to read keys from (None: no keys).
         interval_s: Seconds between refreshes.
         duration_s: Stop after this long.
-        render: Turns the model into the screen (:func:`kvtool.render.top.screen`).
+        render: Turns the model, view, paused flag, width and height into the screen
+            (:func:`kvtool.render.top.screen`).
     """
     import select
 
     from rich.live import Live
+
+    def terminal_size() -> tuple[int, int]:
+        # The terminal's real size: COLUMNS/LINES left exported by a shell or a parent
+        # process must not pin a full screen (rich reads them first), and a resize must show.
+        try:
+            size = os.get_terminal_size(console.file.fileno())
+        except (AttributeError, ValueError, OSError):
+            return console.size.width, console.size.height
+        return size.columns, size.lines
+
+    def draw() -> RenderableType:
+        width, height = shown
+        return render(top.model, top.view, top.paused, width, height)
 
     start = time.monotonic()
     top.model.update(0.0, top.feed.snapshot(), top.source.health())
@@ -745,11 +858,12 @@ def run_screen(
     end = None if duration_s is None else start + duration_s
     next_tick = start
     ended = False
+    shown = console.size = terminal_size()
     try:
         with (
             cbreak(key_fd) as keys,
             Live(
-                render(top.model, top.view, top.paused),
+                draw(),
                 console=console,
                 screen=True,
                 auto_refresh=False,
@@ -767,21 +881,27 @@ def run_screen(
                     if ended and top.source.error is not None:
                         return  # the recorder failed: stop() raises its error
 
-                    live.update(render(top.model, top.view, top.paused), refresh=True)
+                    live.update(draw(), refresh=True)
                     next_tick += interval_s * max(1, int((now - next_tick) // interval_s) + 1)
+                elif terminal_size() != shown:  # resized: redraw now, the final screen too
+                    shown = console.size = terminal_size()
+                    live.update(draw(), refresh=True)
                 wait = max(0.0, min(x for x in (next_tick, end) if x is not None) - now)
                 if ended:
                     wait = 0.5 if end is None else min(0.5, wait)
                 if keys and key_fd is not None:
                     ready, _, _ = select.select([key_fd], [], [], min(wait, 0.5))
                     if ready:
-                        data = os.read(key_fd, 64).decode("utf-8", "replace")
+                        try:
+                            data = os.read(key_fd, 64).decode("utf-8", "replace")
+                        except OSError:  # EIO: the terminal went away (a closed SSH session)
+                            return
                         if not data:  # the terminal went away
                             return
-                        for ch in data:
-                            if not top.key(ch):
+                        for ch in split_keys(data):
+                            if not top.key(ch, time.monotonic()):
                                 return
-                        live.update(render(top.model, top.view, top.paused), refresh=True)
+                        live.update(draw(), refresh=True)
                 else:
                     time.sleep(min(wait, 0.5))
     finally:
@@ -801,8 +921,10 @@ __all__ = [
     "TopRow",
     "TopView",
     "cbreak",
+    "row_key",
     "row_label",
     "run_plain",
     "run_screen",
     "sparkline",
+    "split_keys",
 ]

@@ -6,13 +6,16 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
 from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from kvtool.top import LiveSource, RecordingSource, ReportFeed
 
 EXAMPLES = examples(
     "top tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
@@ -164,7 +167,7 @@ def top(
         run_plain(
             state, env.stdout, interval_s=interval_s, duration_s=duration_s, render=plain_block
         )
-        return ExitStatus.OK
+        return _finish(source, feed, record)
     from rich.console import Console
 
     from kvtool.top import run_screen
@@ -177,12 +180,52 @@ def top(
         key_fd=key_fd,
         interval_s=interval_s,
         duration_s=duration_s,
-        render=lambda m, v, p: screen(m, v, paused=p),
+        render=lambda m, v, p, w, h: screen(m, v, paused=p, width=w, height=h),
     )
     # The final numbers stay in the scrollback after the alternate screen is gone.
     env.stdout.write(plain_block(state.model, state.view))
     env.stdout.flush()
-    return ExitStatus.OK
+    return _finish(source, feed, record)
+
+
+def _finish(
+    source: LiveSource | RecordingSource, feed: ReportFeed, record: Path | None
+) -> ExitStatus:
+    """Say what the numbers miss and where ``--record`` wrote; the exit status (issue 24).
+
+    A damaged or truncated recording, batches lost while recording, and malformed batches
+    or events are one line each on stderr and exit 3, as ``report`` does for the same file.
+    """
+    from kvtool.commands import lost_batches
+    from kvtool.text import printable
+    from kvtool.top import RecordingSource
+
+    env = get_env()
+    lines: list[str] = []
+    if isinstance(source, RecordingSource):
+        if source.recovery.damaged:
+            lines.append(source.recovery.summary())
+        lines += lost_batches([source.path])
+    else:
+        lost = source.recorder.stats.lost
+        if lost:
+            lines.append(f"{source.path}: {lost} batch(es) lost (see the recording's gap ledger)")
+        if record is not None:
+            env.err.print(
+                f"kvtool: top recorded {source.recorder.stats.batches:,} batch(es) to {record}",
+                markup=False,
+                highlight=False,
+            )
+    st = feed.stats
+    if st.bad_batches or st.skipped_events:
+        first = f" (first: {st.problems[0]})" if st.problems else ""
+        lines.append(
+            f"{source.path}: skipped {st.bad_batches} malformed batch(es) and "
+            f"{st.skipped_events} event(s){first}; the numbers miss them"
+        )
+    for line in lines:
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
+    return ExitStatus.DAMAGED if lines else ExitStatus.OK
 
 
 COMMANDS = {"top": top}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -110,31 +111,76 @@ def plain_block(model: TopModel, view: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def screen(model: TopModel, view: str, *, paused: bool = False) -> RenderableType:
+_NUMBER_W = 7
+"""Every number column is at least this wide (its header's width), so no column changes
+width from one refresh to the next while its numbers stay this short."""
+_SPARK_W = 8
+_GIVE_WAY = (7, 6, 5, 4, 3, 2, 1, 0)
+"""The order number columns give way on a narrow terminal (indices into the columns, the
+sparkline being 7): the key column is never the one to go (issue 24)."""
+
+
+def screen(
+    model: TopModel, view: str, *, paused: bool = False, width: int = 80, height: int = 24
+) -> RenderableType:
     """Return the full-screen view: health, the table with sparklines, legend and keys.
+
+    The key column never wraps and never disappears: on a narrow terminal the number
+    columns give way first, from the right (the sparkline, then p50, orphans, …), and a
+    key longer than the whole width is cut with an ellipsis rather than folded. On a short
+    terminal the legend and the keys' help go before any row.
 
     Args:
         model: The model.
         view: The view to show.
         paused: The view is paused.
+        width: The terminal's width.
+        height: The terminal's height.
 
     Returns:
-        A rich renderable that fits 80 columns.
+        A rich renderable that fits ``width`` columns.
     """
-    title = Text(f"kvtool top  {printable(model.health.source)}", style="bold")
+    title = Text(f"kvtool top  {printable(model.health.source)}", style="bold", no_wrap=True)
+    title.truncate(width, overflow="ellipsis")
     line = health_line(model.health, model.batches_per_s, model.t, paused=paused)
     first, _, second = line.partition("  gaps:")
     health = Text(first + ("\ngaps:" + second if second else ""))
+    rows = model.rows(view)
+    labels = [printable(r.label) for r in rows]
+    cells = [_cells(r) for r in rows]
+    sparks = [sparkline(r.spark, _SPARK_W) for r in rows]
+    key_w = min(width, max([cell_len(view), *(cell_len(x) for x in labels)]))
+    heads = [*HEADERS, "60s"]
+    widths = [
+        max(_NUMBER_W, len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADERS)
+    ] + [_SPARK_W]
+    shown = list(range(len(heads)))
+    for i in _GIVE_WAY:
+        if key_w + sum(widths[j] + 1 for j in shown) <= width:
+            break
+        shown.remove(i)
     table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
-    table.add_column(view, overflow="fold", min_width=8, max_width=16)
-    for h in HEADERS:
-        table.add_column(h, justify="right", no_wrap=True)
-    table.add_column("60s", no_wrap=True)
-    for r in model.rows(view):
-        table.add_row(Text(printable(r.label)), *_cells(r), sparkline(r.spark, 8))
+    table.add_column(view, no_wrap=True, overflow="ellipsis", width=key_w)
+    for j in shown:
+        table.add_column(
+            heads[j], justify="right" if j < len(HEADERS) else "left", no_wrap=True,
+            min_width=widths[j],
+        )  # fmt: skip
+    for label, c, spark in zip(labels, cells, sparks, strict=True):
+        values = [*c, spark]
+        table.add_row(Text(label, no_wrap=True, overflow="ellipsis"), *(values[j] for j in shown))
     legend = Text(LEGEND, style="dim")
     keys = Text(KEYS_HELP, style="dim")
-    return Group(title, health, Text(""), table, Text(""), legend, keys)
+    health_lines = sum(max(1, -(-cell_len(x) // max(1, width))) for x in health.plain.split("\n"))
+    legend_lines = -(-cell_len(LEGEND) // max(1, width))
+    keys_lines = -(-cell_len(KEYS_HELP) // max(1, width))
+    used = 1 + health_lines + 1 + 1 + max(1, len(rows))
+    parts: list[RenderableType] = [title, health, Text(""), table]
+    if used + 1 + legend_lines + keys_lines <= height:
+        parts += [Text(""), legend, keys]
+    elif used + 1 + keys_lines <= height:
+        parts += [Text(""), keys]
+    return Group(*parts)
 
 
 __all__ = ["HEADERS", "KEYS_HELP", "health_line", "plain_block", "screen"]
