@@ -15,7 +15,14 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from kvtool.cli import app
-from kvtool.diff import METRICS, SCHEMA, diff_recordings, diff_reports, parse_fail_on
+from kvtool.diff import (
+    METRICS,
+    SCHEMA,
+    MetricDelta,
+    diff_recordings,
+    diff_reports,
+    parse_fail_on,
+)
 from kvtool.errors import UsageError
 from kvtool.protocol import decode_batch
 from kvtool.render.diff import render_json, render_markdown, render_table
@@ -284,6 +291,32 @@ def test_issue12_fail_on_unknown_kind_is_a_usage_error(recs: dict[str, Path]) ->
             [recs["base"]],
             fail_on=[parse_fail_on("blocks_removed{kind=sliding}:1")],
         )
+
+
+@pytest.mark.parametrize(
+    ("expr", "a", "b", "crossed"),
+    [
+        # exactly at the threshold: not past it, whatever float rounding says
+        ("blocks_removed:+0.7%", 1000, 1007, False),
+        ("blocks_removed:+1.1%", 1000, 1011, False),
+        ("blocks_removed:+0.7%", 1000, 1008, True),
+        ("blocks_removed:+1.1%", 1000, 1012, True),
+        ("blocks_removed:-0.7%", 1000, 993, False),
+        ("blocks_removed:0.3%", 1000, 997, False),
+        ("blocks_removed:+0.29%", 1000, 1003, True),
+        ("blocks_removed:+10%", 0, 1, True),  # a rise from 0 crosses any % rise
+        ("blocks_removed:-10%", 0, 1, False),
+        ("lifetime_p50_s:+0.1", 0.3, 0.4, False),  # 0.4 - 0.3 is exactly 0.1 as printed
+        ("lifetime_p50_s:+0.1", 0.3, 0.401, True),
+        ("lifetime_p50_s:+10%", 0.3, 0.33, False),
+    ],
+)
+def test_issue24_fail_on_compares_exactly(
+    expr: str, a: float | int, b: float | int, crossed: bool
+) -> None:
+    """Issue 24: +0.7 % fired on 1000 -> 1007 but +1.1 % did not on 1000 -> 1011 (floats)."""
+    m = MetricDelta("x", a, b, b - a, None if a == 0 else (b - a) / a, a != b)
+    assert parse_fail_on(expr).crossed(m) is crossed
 
 
 def test_parse_fail_on_fields() -> None:
