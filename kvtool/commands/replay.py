@@ -550,6 +550,7 @@ class _Sinks:
         from kvtool.render.events import JsonlWriter, PrettyWriter
 
         self.copy: RecordingCopy | None = None
+        self.stdout = env.stdout
         self.printer: JsonlWriter | PrettyWriter | None = None
         if show_events:
             multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
@@ -579,7 +580,12 @@ class _Sinks:
 
     def feed(self, item: ReplayBatch) -> None:
         if self.printer is not None:
-            self.printer.write(item)
+            if getattr(self.stdout, "reader_gone", False):
+                # `| head` closed stdout: nothing printed arrives; the replay goes on to
+                # its end only for what decides the exit status (lost batches, damage).
+                self.printer = None
+            else:
+                self.printer.write(item)
         if self.copy is not None:
             self.copy.write(item.message)
 
