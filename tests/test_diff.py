@@ -396,14 +396,18 @@ def test_diff_table_at_40_columns_folds_no_number(recs: dict[str, Path]) -> None
 def test_issue12_strings_from_files_are_printable() -> None:
     evil = "evil\x1b]0;pwned\x07\x1b[2J"
     d = diff_reports(_big_report(evil, 1), _big_report(evil, 2), by="group")
-    for render in (
-        lambda s: render_table(d, Console(file=s, width=80, color_system=None)),
-        lambda s: render_markdown(d, s),
+    for render, shown in (
+        (
+            lambda s: render_table(d, Console(file=s, width=80, color_system=None)),
+            "evil\\x1b]0;pwned\\x07\\x1b[2J",
+        ),
+        # Markdown: the backslashes and brackets escaped too (issue 24)
+        (lambda s: render_markdown(d, s), "evil\\\\x1b\\]0;pwned\\\\x07\\\\x1b\\[2J"),
     ):
         buf = io.StringIO()
         render(buf)
         assert "\x1b" not in buf.getvalue() and "\x07" not in buf.getvalue()
-        assert "evil\\x1b]0;pwned\\x07\\x1b[2J" in buf.getvalue()
+        assert shown in buf.getvalue()
     buf = io.StringIO()
     render_json(d, buf)
     assert json.loads(buf.getvalue())["rows"][0]["key"]["kind"] == evil

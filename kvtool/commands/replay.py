@@ -109,8 +109,10 @@ def replay(
         typer.Option(
             "--hash-format",
             metavar="str|hex|int",
-            help="Integer block hashes as decimal strings (exact in jq), 16 hex digits, "
-            "or JSON numbers (jq rounds those above 2**53). Bytes hashes are always hex.",
+            help="Block hashes as decimal strings (exact in jq), 16 hex digits of the "
+            "64-bit key (a 32-byte hash: its last 8 bytes, as vLLM and export's hash_hex), "
+            "or JSON numbers (jq rounds those above 2**53). str and int show bytes hashes "
+            "in full hex.",
         ),
     ] = "str",
     output: Annotated[
