@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import gc
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, cast
 
 import kvtool
 from kvtool import _signals
@@ -106,42 +107,115 @@ def command(fn: Callable[P, ExitStatus | int | None]) -> Callable[P, None]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
-        import typer
-
-        env = get_env()
+        inner = sys.stdout
+        guard = cast("TextIO", ReaderAwareStdout(inner))
+        sys.stdout = guard
         try:
-            status = fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except KvtoolError as err:
-            if _state["traceback"]:
-                raise
-            env.err.print(f"kvtool: {err}", markup=False, highlight=False)
-            raise typer.Exit(int(err.exit_status)) from None
-        except KeyboardInterrupt:
-            env.err.print("kvtool: interrupted", markup=False, highlight=False)
-            raise typer.Exit(int(ExitStatus.INTERRUPTED)) from None
-        except BrokenPipeError:
-            # Reader of our stdout went away (e.g. `| head`): not an error of ours.
-            sys.stderr.close()
-            raise typer.Exit(int(ExitStatus.OK)) from None
-        except Exception as err:
-            if _state["traceback"]:
-                raise
-            if isinstance(err, OSError) and _stdout_failed(err):
-                _stdout_lost(err)
-                raise typer.Exit(int(ExitStatus.FAILED)) from None
-            env.err.print(
-                f"kvtool: internal error: {type(err).__name__}: {err} "
-                "(rerun with --traceback and report it)",
-                markup=False,
-                highlight=False,
-            )
-            raise typer.Exit(int(ExitStatus.FAILED)) from None
-        if status:
-            raise typer.Exit(int(status))
+            _call(fn, args, kwargs)
+        finally:
+            if sys.stdout is guard:
+                sys.stdout = inner
 
     return wrapper
+
+
+def _call(fn: Callable[..., ExitStatus | int | None], args: Any, kwargs: Any) -> None:
+    """Run a command body; errors become one line on stderr and an exit status."""
+    import typer
+
+    env = get_env()
+    try:
+        status = fn(*args, **kwargs)
+    except typer.Exit:
+        raise
+    except KvtoolError as err:
+        if _state["traceback"]:
+            raise
+        env.err.print(f"kvtool: {err}", markup=False, highlight=False)
+        raise typer.Exit(int(err.exit_status)) from None
+    except KeyboardInterrupt:
+        env.err.print("kvtool: interrupted", markup=False, highlight=False)
+        raise typer.Exit(int(ExitStatus.INTERRUPTED)) from None
+    except BrokenPipeError:
+        # A write that bypassed the guard found the reader gone: the command was cut
+        # short, its status unknown; the reader chose to stop reading, not an error.
+        _silence_stdout()
+        raise typer.Exit(int(ExitStatus.OK)) from None
+    except Exception as err:
+        if _state["traceback"]:
+            raise
+        if isinstance(err, OSError) and _stdout_failed(err):
+            _stdout_lost(err)
+            raise typer.Exit(int(ExitStatus.FAILED)) from None
+        env.err.print(
+            f"kvtool: internal error: {type(err).__name__}: {err} "
+            "(rerun with --traceback and report it)",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(int(ExitStatus.FAILED)) from None
+    if status:
+        raise typer.Exit(int(status))
+
+
+class ReaderAwareStdout:
+    """stdout while a command runs: the reader going away (``| head``) does not end it.
+
+    The first write (or flush) that finds the pipe closed points descriptor 1 at
+    /dev/null and sets :attr:`reader_gone`; every later write is dropped. The command
+    runs to its end and its exit status stands: a crossed ``diff --fail-on``, lost
+    batches or a ``replay --check`` disagreement still exit non-zero behind ``| head``
+    (issue 24; before, a broken pipe anywhere meant exit 0). Everything else is the
+    stream's own (``buffer``, ``isatty``, ``fileno``, ``encoding``).
+
+    Args:
+        inner: The real stdout.
+
+    Attributes:
+        reader_gone: The reader closed the pipe; nothing written arrives anywhere.
+    """
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        """Write ``text``; once the reader is gone, drop it."""
+        if not self.reader_gone:
+            try:
+                return self.inner.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        """Write each line (see :meth:`write`)."""
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        """Flush; a reader gone meanwhile is not an error."""
+        if self.reader_gone:
+            with contextlib.suppress(OSError, ValueError):
+                self.inner.flush()  # to /dev/null now: empties the buffer
+            return
+        try:
+            self.inner.flush()
+        except BrokenPipeError:
+            self._gone()
+            with contextlib.suppress(OSError, ValueError):
+                self.inner.flush()
+
+    def _gone(self) -> None:
+        self.reader_gone = True
+        try:
+            fd = self.inner.fileno()
+        except (OSError, ValueError, AttributeError):
+            return  # not a real file (tests' streams)
+        silence_fd(fd)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 # Errors a write to a full, failing or too-small stdout raises (``> /dev/full``).
@@ -303,14 +377,15 @@ def _main(args: list[str], wanted: str | None) -> None:
     # passes over it at shutdown (the modules of polars, numpy, typer: tens of ms) find
     # nothing kvtool needs; files are closed by the commands and the streams flushed here.
     gc.freeze()
+    status = rv if isinstance(rv, int) else int(ExitStatus.OK)
     try:
         sys.stdout.flush()  # here, not at exit, where a failure would be a traceback
     except BrokenPipeError:
-        _silence_stdout()  # the reader went away (`| head`): not an error
-        sys.exit(int(ExitStatus.OK))
+        _silence_stdout()  # the reader went away (`| head`): the command's status stands
+        sys.exit(status)
     except ValueError:
         pass  # stdout already closed
     except OSError as err:
         _stdout_lost(err)
         sys.exit(int(ExitStatus.FAILED))
-    sys.exit(rv if isinstance(rv, int) else int(ExitStatus.OK))
+    sys.exit(status)

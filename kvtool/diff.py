@@ -60,6 +60,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
@@ -221,6 +222,9 @@ class FailOn:
         threshold: The threshold's size (a fraction when ``relative``).
         relative: The threshold is a percentage of A's value.
         direction: +1 (a rise crosses), -1 (a fall crosses) or 0 (either).
+        limit: The threshold exactly, as written (a fraction when ``relative``): what
+            :meth:`crossed` compares with, so ``+1.1%`` means 11/1000 and not the float
+            nearest 0.011 (issue 24). None: taken from ``threshold``.
     """
 
     text: str
@@ -229,6 +233,7 @@ class FailOn:
     threshold: float
     relative: bool
     direction: int
+    limit: Fraction | None = None
 
     @property
     def table(self) -> str:
@@ -262,16 +267,31 @@ class FailOn:
         Returns:
             Whether the threshold is crossed.
         """
-        if not m.changed:
+        if not m.changed or m.a is None or m.b is None:
             return False
-        moved = m.rel_change if self.relative else m.delta
-        if moved is None:
-            return False
+        limit = self.limit if self.limit is not None else _exact(self.threshold)
+        a, b = _exact(m.a), _exact(m.b)
+        if self.relative and a == 0:
+            # A rise from 0 is infinitely large: it crosses every + or unsigned percentage.
+            return self.direction >= 0
+        moved = (b - a) / abs(a) if self.relative else b - a
         if self.direction > 0:
-            return moved > self.threshold
+            return moved > limit
         if self.direction < 0:
-            return moved < -self.threshold
-        return abs(moved) > self.threshold
+            return moved < -limit
+        return abs(moved) > limit
+
+
+def _exact(v: float | int) -> Fraction:
+    """A metric value or threshold as an exact rational: a float as the decimal it prints as.
+
+    Counts are integers; lifetimes are floats rounded to the millisecond, so their shortest
+    decimal (``repr``) is the value a person reads, and the one compared (``0.3 -> 0.4`` is a
+    rise of exactly 0.1, not 0.10000000000000003).
+    """
+    if isinstance(v, float):
+        return Fraction(repr(v)) if math.isfinite(v) else Fraction(0)
+    return Fraction(v)
 
 
 @dataclass(frozen=True)
@@ -558,6 +578,7 @@ def parse_fail_on(text: str) -> FailOn:
         threshold=num / 100 if relative else num,
         relative=relative,
         direction=1 if sign == "+" else -1 if sign == "-" else 0,
+        limit=Fraction(m["num"]) / 100 if relative else Fraction(m["num"]),
     )
 
 

@@ -119,16 +119,25 @@ TIME_AND_HASH_COLUMNS = ("receive_time", "publish_time", "hash_hex")
 
 
 def _hash_hex(hashes: pl.Series) -> pl.Series:
-    """16 lower-case hex digits of each 64-bit hash: ``replay --hash-format hex``'s form.
+    """16 lower-case hex digits of each 64-bit hash key: ``replay --hash-format hex``'s form.
 
-    For 32-byte hashes (which the table keys by their last 8 bytes, as vLLM does) it is
-    the last 16 hex digits of replay's full hex, so the two join on a suffix.
+    One rule in both (issue 24): the hash's 64-bit key as unsigned, zero-padded to 16
+    digits; a 32-byte hash's key is its last 8 bytes (vLLM's conversion, the table's
+    ``hash``), so ``hash_hex`` joins ``replay --hash-format hex`` on equality. Every digit
+    is kept: a hash ending in a zero byte (about 1 in 256) is 16 digits too.
     """
+    import numpy as np
     import polars as pl
 
-    raw = hashes.fill_null(0).to_numpy().astype(">i8").view("S8")
-    hexed = pl.Series("hash_hex", raw, dtype=pl.Binary).bin.encode("hex")
-    return pl.select(pl.when(hashes.is_not_null()).then(hexed)).to_series().alias("hash_hex")
+    hex_digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    raw = hashes.fill_null(0).to_numpy().astype(">i8").view(np.uint8).reshape(-1, 8)
+    digits = np.empty((raw.shape[0], 16), dtype=np.uint8)
+    digits[:, 0::2] = hex_digits[raw >> 4]
+    digits[:, 1::2] = hex_digits[raw & 15]
+    # Never NUL bytes, so the S16 view keeps all 16 (it drops trailing NULs: the old bug).
+    strings = np.frombuffer(digits.tobytes(), dtype="S16").astype("U16")
+    out = pl.Series("hash_hex", strings, dtype=pl.String)
+    return pl.select(pl.when(hashes.is_not_null()).then(out)).to_series().alias("hash_hex")
 
 
 def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
@@ -248,10 +257,35 @@ def _write_csv(
         n = -1
         for n, frame in enumerate(chunks):
             rows += frame.height
-            frame.write_csv(f, include_header=(n == 0))
+            _csv_cells(frame).write_csv(f, include_header=(n == 0))
         if n < 0:
             _empty_frame().write_csv(f)
     return rows, (out.name,)
+
+
+def _csv_cells(frame: pl.DataFrame) -> pl.DataFrame:
+    """Every text cell as the report's CSV writes it: :func:`kvtool.text.csv_text`.
+
+    A kind, channel or path from a recording is made printable and cannot start a formula
+    (``=HYPERLINK(``, ``@SUM(``) in a spreadsheet (issue 24). Vectorised: only cells with a
+    character outside printable ASCII go through :func:`kvtool.text.printable` one by one.
+    """
+    import polars as pl
+
+    from kvtool.text import csv_text
+
+    out = frame
+    for c, t in frame.schema.items():
+        if t != pl.String:
+            continue
+        col = frame[c]
+        odd = (col.str.contains(r"[^\x20-\x7e]") | col.str.contains(r"^[=+\-@]")).fill_null(False)
+        if not odd.any():
+            continue
+        at = odd.arg_true()
+        cells = [csv_text(v) for v in col.gather(at).to_list()]
+        out = out.with_columns(col.scatter(at, pl.Series(cells, dtype=pl.String)))
+    return out
 
 
 def _write_parquet(

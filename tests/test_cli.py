@@ -436,3 +436,64 @@ def test_issue11_10_one_output_option(args: list[str], tmp_path: Path) -> None:
     again = runner.invoke(app, [*args, "-o", str(target)])
     assert again.exit_code == 2 and "pass --force" in again.stderr
     assert runner.invoke(app, [*args, "-o", str(target), "--force"]).exit_code == 0
+
+
+# -- issue 24: every number agrees, every output is honest ---------------------------------
+
+
+def _pipeline(cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {cmd}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "80", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+    )
+
+
+KV = f"{sys.executable} -m kvtool"
+
+
+@pytest.mark.parametrize(
+    ("cmd", "status"),
+    [
+        # a crossed --fail-on behind head: the CI gate still fails
+        (f"{KV} diff {GEMMA} {GAPS} --fail-on blocks_removed:1 | head -1", 1),
+        (f"{KV} diff {GEMMA} {GAPS} --fail-on blocks_removed:1 -f json | head -c 10", 1),
+        # lost batches: exit 3 behind head too
+        (f"{KV} report {GAPS} -f csv | head -1", 3),
+        (f"{KV} replay {GAPS} -f jsonl | head -1", 3),
+        (f"{KV} replay {GAPS} -f pretty | head -1", 3),
+        # a --check disagreement
+        (
+            f"{KV} replay {GEMMA} --check --group-meta 0=mamba --group-meta 1=mamba"
+            " --group-meta 2=mamba --group-meta 3=mamba --group-meta 4=mamba"
+            " --group-meta 5=mamba | head -1",
+            1,
+        ),
+        # and a clean run stays 0
+        (f"{KV} replay {GEMMA} -f jsonl | head -1", 0),
+        (f"{KV} diff {GEMMA} {GEMMA} --fail-on blocks_removed:1 | head -1", 0),
+    ],
+)
+def test_issue24_exit_status_survives_a_closed_stdout(cmd: str, status: int) -> None:
+    """Issue 24: `| head` turned every exit status into 0 (BrokenPipeError mapped to OK)."""
+    proc = _pipeline(f"{cmd} >/dev/null")
+    assert proc.returncode == status, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_issue24_replay_copy_to_a_pipe(tmp_path: Path) -> None:
+    """Issue 24: `replay -o - | cat > c.mcap` failed with 'Illegal seek'."""
+    piped, direct = tmp_path / "piped.mcap", tmp_path / "direct.mcap"
+    proc = _pipeline(f"{KV} replay {GEMMA} -q -o - | cat > {piped}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert _pipeline(f"{KV} replay {GEMMA} -q -o - > {direct}").returncode == 0
+    from kvtool.recording import open_recording
+
+    with open_recording(piped) as a, open_recording(direct) as b:
+        ma = [(m.seq, m.data) for m in a.messages()]
+        mb = [(m.seq, m.data) for m in b.messages()]
+        assert a.recovery.complete  # a summary and footer whose offsets are right
+    assert ma == mb and len(ma) == 64

@@ -15,7 +15,14 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from kvtool.cli import app
-from kvtool.diff import METRICS, SCHEMA, diff_recordings, diff_reports, parse_fail_on
+from kvtool.diff import (
+    METRICS,
+    SCHEMA,
+    MetricDelta,
+    diff_recordings,
+    diff_reports,
+    parse_fail_on,
+)
 from kvtool.errors import UsageError
 from kvtool.protocol import decode_batch
 from kvtool.render.diff import render_json, render_markdown, render_table
@@ -286,6 +293,32 @@ def test_issue12_fail_on_unknown_kind_is_a_usage_error(recs: dict[str, Path]) ->
         )
 
 
+@pytest.mark.parametrize(
+    ("expr", "a", "b", "crossed"),
+    [
+        # exactly at the threshold: not past it, whatever float rounding says
+        ("blocks_removed:+0.7%", 1000, 1007, False),
+        ("blocks_removed:+1.1%", 1000, 1011, False),
+        ("blocks_removed:+0.7%", 1000, 1008, True),
+        ("blocks_removed:+1.1%", 1000, 1012, True),
+        ("blocks_removed:-0.7%", 1000, 993, False),
+        ("blocks_removed:0.3%", 1000, 997, False),
+        ("blocks_removed:+0.29%", 1000, 1003, True),
+        ("blocks_removed:+10%", 0, 1, True),  # a rise from 0 crosses any % rise
+        ("blocks_removed:-10%", 0, 1, False),
+        ("lifetime_p50_s:+0.1", 0.3, 0.4, False),  # 0.4 - 0.3 is exactly 0.1 as printed
+        ("lifetime_p50_s:+0.1", 0.3, 0.401, True),
+        ("lifetime_p50_s:+10%", 0.3, 0.33, False),
+    ],
+)
+def test_issue24_fail_on_compares_exactly(
+    expr: str, a: float | int, b: float | int, crossed: bool
+) -> None:
+    """Issue 24: +0.7 % fired on 1000 -> 1007 but +1.1 % did not on 1000 -> 1011 (floats)."""
+    m = MetricDelta("x", a, b, b - a, None if a == 0 else (b - a) / a, a != b)
+    assert parse_fail_on(expr).crossed(m) is crossed
+
+
 def test_parse_fail_on_fields() -> None:
     r = parse_fail_on(" live_blocks_end { kind = sliding_window , window = 64 } : -12.5 % ")
     assert (r.metric, r.filters, r.threshold, r.relative, r.direction, r.table) == (
@@ -363,14 +396,18 @@ def test_diff_table_at_40_columns_folds_no_number(recs: dict[str, Path]) -> None
 def test_issue12_strings_from_files_are_printable() -> None:
     evil = "evil\x1b]0;pwned\x07\x1b[2J"
     d = diff_reports(_big_report(evil, 1), _big_report(evil, 2), by="group")
-    for render in (
-        lambda s: render_table(d, Console(file=s, width=80, color_system=None)),
-        lambda s: render_markdown(d, s),
+    for render, shown in (
+        (
+            lambda s: render_table(d, Console(file=s, width=80, color_system=None)),
+            "evil\\x1b]0;pwned\\x07\\x1b[2J",
+        ),
+        # Markdown: the backslashes and brackets escaped too (issue 24)
+        (lambda s: render_markdown(d, s), "evil\\\\x1b\\]0;pwned\\\\x07\\\\x1b\\[2J"),
     ):
         buf = io.StringIO()
         render(buf)
         assert "\x1b" not in buf.getvalue() and "\x07" not in buf.getvalue()
-        assert "evil\\x1b]0;pwned\\x07\\x1b[2J" in buf.getvalue()
+        assert shown in buf.getvalue()
     buf = io.StringIO()
     render_json(d, buf)
     assert json.loads(buf.getvalue())["rows"][0]["key"]["kind"] == evil

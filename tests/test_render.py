@@ -96,9 +96,12 @@ def test_issue8_15_report_escapes_hostile_strings(tmp_path: Path, fmt: str) -> N
     assert result.exit_code == 0, result.stderr
     _no_raw_escape(result.stdout)
     _no_raw_escape(result.stderr)
-    if fmt in ("table", "markdown"):
+    if fmt == "table":
         assert "\\x1b[2J" in result.stdout  # shown, visibly, not acted on
         assert "[bold red]kind[/]" in result.stdout  # not taken as rich markup
+    if fmt == "markdown":  # shown, and not taken as Markdown either (issue 24)
+        assert "\\\\x1b\\[2J" in result.stdout
+        assert "\\[bold red\\]kind\\[/\\]" in result.stdout
 
 
 def test_issue8_15_report_csv_neutralises_formulas(tmp_path: Path) -> None:
@@ -448,3 +451,93 @@ def test_issue11_7_live_status_measures_wide_kinds_in_cells(width: int) -> None:
         assert cell_len(line) <= width, line
     assert "\u6ed1\u52a8\u7a97\u53e3\u6ce8\u610f\u529b0 1,000,000,000" in text
     assert "\u2026" not in text
+
+
+# -- issue 24: one printable for every sink ---------------------------------------------------
+
+
+def test_issue24_printable_escapes_every_format_and_separator_character() -> None:
+    """Issue 24: 145 format characters (U+061C, U+2028/2029, soft hyphen, U+206A-206F, the
+    TAG block) passed through printable() unchanged."""
+    import unicodedata
+
+    from kvtool.text import printable
+
+    hidden = [
+        chr(c)
+        for c in range(0x110000)
+        if unicodedata.category(chr(c)) in ("Cc", "Cf", "Zl", "Zp", "Zs") and c != 0x20
+    ]
+    assert len(hidden) > 200
+    for ch in hidden:
+        shown = printable(f"full_attention{ch}")
+        assert shown != f"full_attention{ch}" and shown.isprintable(), hex(ord(ch))
+        assert shown.startswith("full_attention\\"), hex(ord(ch))
+    for ch in ("\u061c", "\u2028", "\u2029", "\u00ad", "\u206a", "\u206f", "\U000e0041"):
+        assert ch not in printable(f"a{ch}b")
+    assert printable("\U000e0041") == "\\U000e0041"
+    assert printable("注意力 full_attention é") == "注意力 full_attention é"
+
+
+def test_issue24_two_kinds_never_print_as_one_row(tmp_path: Path) -> None:
+    tagged = "full_attention\U000e0041"
+    rec = _record(
+        tmp_path / "tag.mcap",
+        [[_stored([1], 0, "full_attention")], [_stored([2], 1, tagged)]],
+    )
+    result = runner.invoke(app, ["report", str(rec), "--by", "kind"])
+    assert result.exit_code == 0, result.stderr
+    rows = [ln.split()[0] for ln in result.stdout.splitlines() if "full_attention" in ln]
+    # two rows, told apart (before: two rows that read "full_attention" alike)
+    assert set(rows) == {"full_attention", "full_attention\\U000e0041"}
+    assert rows.count("full_attention") == rows.count("full_attention\\U000e0041")
+
+
+def test_issue24_markdown_passes_no_html_or_markup_from_a_kind(tmp_path: Path) -> None:
+    rec = _record(
+        tmp_path / "md.mcap",
+        [
+            [_stored([1], 0, "<img src=x onerror=alert(1)>")],
+            [_stored([2], 1, "**bold** [link](http://x) `code` _em_")],
+            [_stored([3], 2, "full_attention")],
+        ],
+    )
+    for cmd in (
+        ["report", str(rec), "-f", "markdown"],
+        ["diff", str(rec), str(rec), "-f", "markdown", "--all"],
+    ):
+        result = runner.invoke(app, cmd)
+        assert result.exit_code == 0, result.stderr
+        out = result.stdout
+        assert "<img" not in out and "&lt;img src=x onerror=alert(1)" in out
+        assert "**bold**" not in out and "\\*\\*bold\\*\\*" in out
+        assert "[link](" not in out and "\\[link\\](http://x)" in out
+        assert "`code`" not in out and "\\_em\\_" in out
+        assert "full_attention" in out  # an underscore inside a word stays as it is
+
+
+def test_issue24_export_csv_cells_are_text_not_formulas(tmp_path: Path) -> None:
+    rec = _record(
+        tmp_path / "f.mcap",
+        [
+            [_stored([1], 0, '=HYPERLINK("http://x","click")')],
+            [_stored([2], 1, "@SUM(A1:A9)")],
+            [_stored([3], 2, "-1+2")],
+            [_stored([4], 3, "+cmd")],
+            [_stored([5], 4, f"zero\u200bwidth{EVIL}")],
+        ],
+    )
+    out = tmp_path / "e.csv"
+    result = runner.invoke(app, ["export", str(rec), "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    kinds = [r["kind"] for r in csv.DictReader(io.StringIO(out.read_text()))]
+    assert kinds == [
+        '\'=HYPERLINK("http://x","click")',
+        "'@SUM(A1:A9)",
+        "'-1+2",
+        "'+cmd",
+        "zero\\u200bwidth\\x1b[2J\\x1b]0;pwned\\x07",
+    ]
+    report = runner.invoke(app, ["report", str(rec), "-f", "csv", "--by", "kind"])
+    rkinds = {r["kind"] for r in csv.DictReader(io.StringIO(report.stdout))}
+    assert set(kinds) <= rkinds  # one rule for both CSVs

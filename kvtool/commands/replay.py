@@ -109,8 +109,10 @@ def replay(
         typer.Option(
             "--hash-format",
             metavar="str|hex|int",
-            help="Integer block hashes as decimal strings (exact in jq), 16 hex digits, "
-            "or JSON numbers (jq rounds those above 2**53). Bytes hashes are always hex.",
+            help="Block hashes as decimal strings (exact in jq), 16 hex digits of the "
+            "64-bit key (a 32-byte hash: its last 8 bytes, as vLLM and export's hash_hex), "
+            "or JSON numbers (jq rounds those above 2**53). str and int show bytes hashes "
+            "in full hex.",
         ),
     ] = "str",
     output: Annotated[
@@ -550,6 +552,7 @@ class _Sinks:
         from kvtool.render.events import JsonlWriter, PrettyWriter
 
         self.copy: RecordingCopy | None = None
+        self.stdout = env.stdout
         self.printer: JsonlWriter | PrettyWriter | None = None
         if show_events:
             multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
@@ -579,7 +582,12 @@ class _Sinks:
 
     def feed(self, item: ReplayBatch) -> None:
         if self.printer is not None:
-            self.printer.write(item)
+            if getattr(self.stdout, "reader_gone", False):
+                # `| head` closed stdout: nothing printed arrives; the replay goes on to
+                # its end only for what decides the exit status (lost batches, damage).
+                self.printer = None
+            else:
+                self.printer.write(item)
         if self.copy is not None:
             self.copy.write(item.message)
 

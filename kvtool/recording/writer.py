@@ -176,6 +176,51 @@ if not isinstance(getattr(_mcap_writer, "lz4", None), _Lz4Namespace | None):
 _U64 = 1 << 64
 
 
+class _Positioned:
+    """A stream that counts the bytes written to it, for a pipe that cannot ``tell()``.
+
+    mcap's Writer asks its stream for the offset of every record it indexes; a pipe
+    (``replay -o - | cat > copy.mcap``) answers "Illegal seek" (issue 24). What the reader
+    of the pipe receives starts at offset 0, so the offset is the count of bytes written.
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._pos = 0
+
+    @classmethod
+    def around(cls, stream: IO[bytes]) -> IO[bytes]:
+        """Return ``stream`` itself where it can tell its position, else a counting wrapper."""
+        try:
+            stream.tell()
+        except (OSError, ValueError):
+            return cls(stream)  # type: ignore[return-value]
+        return stream
+
+    def write(self, data: bytes) -> int:
+        n = self._stream.write(data)
+        self._pos += len(data) if n is None else n
+        return len(data) if n is None else n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
 class RecordingWriter:
     """Writes one recording. Use as a context manager; the file is closed properly on exit.
 
@@ -303,8 +348,8 @@ class RecordingWriter:
                 # recording's end reached stdout only at exit, and a write error (disk
                 # full) was never seen. Buffer it here, where flush() and close() see it.
                 self._wrapped = io.BufferedWriter(stream)
-                return self._wrapped
-            return stream
+                stream = self._wrapped
+            return _Positioned.around(stream)
         try:
             if os.path.lexists(self.path) or os.path.isdir(self.path):
                 check_output(self.path, kind=OutputKind.RECORDING, force=force, inputs=inputs)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kvtool.diff import format_number, format_rel
 from kvtool.render.tables import Column, print_prose, print_table
-from kvtool.text import printable
+from kvtool.text import markdown, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -148,7 +148,7 @@ def render_json(diff: Diff, stream: TextIO) -> None:
 
 
 def _md(text: str) -> str:
-    return printable(text).replace("|", "\\|")
+    return markdown(text)
 
 
 def render_markdown(diff: Diff, stream: TextIO, *, all_metrics: bool = False) -> None:

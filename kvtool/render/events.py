@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 _JSON = msgspec.json.Encoder()
 
 HashFormat = Literal["str", "hex", "int"]
-"""How an integer block hash is shown: ``str`` (decimal string, the JSON-safe default),
-``hex`` (16 lower-case hex digits of its 64 bits) or ``int`` (a JSON number as sent; jq
-and JavaScript round integers above 2**53). Bytes hashes are always lower-case hex."""
+"""How a block hash is shown: ``str`` (decimal string, the JSON-safe default), ``hex`` (16
+lower-case hex digits of its 64-bit key) or ``int`` (a JSON number as sent; jq and
+JavaScript round integers above 2**53). ``str`` and ``int`` show a bytes hash as all its
+bytes in lower-case hex; ``hex`` shows every hash as its 64-bit key, a bytes hash's being
+its last 8 bytes (vLLM's conversion, the report table's ``hash``): exactly ``export``'s
+``hash_hex``, so the two join (issue 24)."""
 
 HASH_FORMATS: tuple[HashFormat, ...] = ("str", "hex", "int")
 
@@ -41,6 +44,8 @@ def format_hash(h: object, hash_format: HashFormat = "str") -> object:
         A str, or the int itself for ``int``.
     """
     if isinstance(h, bytes):
+        if hash_format == "hex":
+            return f"{int.from_bytes(h[-8:], 'big'):016x}"
         return h.hex()
     if isinstance(h, int) and not isinstance(h, bool):
         if hash_format == "str":

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 from kvtool.errors import UsageError
 from kvtool.render.tables import Column, cell, print_prose, print_table
 from kvtool.report import COLUMNS
-from kvtool.text import csv_safe, printable
+from kvtool.text import csv_text, markdown, printable
 
 if TYPE_CHECKING:
     import polars as pl
@@ -224,7 +224,8 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     rows and a ``total`` row (``table`` = ``by_kind``, ``by_window`` or ``by_group``); timeline
     rows have ``table`` = ``timeline``. Cells a row does not have are empty, so
     ``csv.DictReader`` and DuckDB read the whole file as one table; filter on ``table``.
-    Text cells are neutralised against spreadsheet formulas (:func:`kvtool.text.csv_safe`).
+    Text cells are made printable and neutralised against spreadsheet formulas
+    (:func:`kvtool.text.csv_text`).
 
     Args:
         report: The report.
@@ -277,7 +278,7 @@ def _csv(v: object) -> object:
     if v is None:
         return ""
     if isinstance(v, str):
-        return csv_safe(printable(v))
+        return csv_text(v)
     return v
 
 
@@ -310,7 +311,7 @@ def render_markdown(
 
 
 def _md(text: str) -> str:
-    return printable(text).replace("|", "\\|")
+    return markdown(text)
 
 
 def _md_table(
