@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from kvtool.recording import ChannelInfo, RecordedMessage
+    from kvtool.recording.ledger import GapLedger
+    from kvtool.report import ReportBuilder
 
 # The views a key switches between, and the row key columns of each.
 VIEWS = {
@@ -323,6 +325,14 @@ class ReportFeed:
                 rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
             rb.add(part)
 
+    def builders(self) -> dict[int | None, ReportBuilder]:
+        """Return the report builder of each ``dp_rank`` (``serve`` reads its rows from them).
+
+        Returns:
+            dp_rank -> its builder, fed the rows of that rank only.
+        """
+        return dict(self._ranks)
+
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
         """Return the report rows so far per view of :data:`VIEWS`.
 
@@ -421,6 +431,11 @@ class RecordingSource:
         if self.speed <= 0:
             return now
         return None
+
+    @property
+    def gap_ledger(self) -> GapLedger | None:
+        """The recording's gap ledger (None: it has none)."""
+        return self._reader.gap_ledger
 
     def health(self) -> Health:
         """Return the recording's health: channels seen, batches played, its gap ledger."""
