@@ -747,15 +747,17 @@ def run_serve(
     try:
         while stop is None or not stop.is_set():
             now = time.monotonic()
-            if not ended:
-                feed.add(source.take(now))
             done = source.done
             if (done and not ended) or now >= next_snap:
-                if done:
-                    feed.add(source.take(now))  # what arrived before the end
-                exporter.update(feed, source.health(), source_ledger(source))
+                # The health is read before the batches are taken: every batch it counts
+                # is in the feed by the snapshot (a live recorder goes on meanwhile).
+                health, ledger = source.health(), source_ledger(source)
+                feed.add(source.take(now))
+                exporter.update(feed, health, ledger)
                 next_snap = now + interval_s
                 ended = done
+            elif not ended:
+                feed.add(source.take(now))
             if ended and (exit_at_end or source.error is not None):
                 return
             if end is not None and now >= end:
@@ -767,8 +769,9 @@ def run_serve(
                 time.sleep(wait)
     finally:
         source.stop()
+        health, ledger = source.health(), source_ledger(source)
         feed.add(source.take(time.monotonic()))  # what the recorder wrote while stopping
-        exporter.update(feed, source.health(), source_ledger(source))
+        exporter.update(feed, health, ledger)
 
 
 __all__ = [

@@ -4,12 +4,16 @@ stream (a recording played back, a live publisher with gap recovery, a real Prom
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +28,7 @@ from kvtool.top import RecordingSource, ReportFeed
 from tests.conftest import capture_messages
 from tests.peer import Peer
 from tests.replayutil import capture_recording
+from tests.test_live_faults import free_port
 
 DEADLINE_S = 90.0
 FULL_ONLY = Path(__file__).parent / "data" / "recordings" / "full_only-v1.mcap"
@@ -327,3 +332,163 @@ def test_issue22_serve_live_with_gap_recovery_equals_report_of_its_record(
 
 
 # -- a real Prometheus server scraping serve --------------------------------------------------
+
+
+def prometheus_binary() -> str:
+    """Debian's prometheus (``.ci/run`` installs it); skipped without it outside CI only."""
+    path = shutil.which("prometheus")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not installed (apt-get install -y prometheus)")
+        pytest.skip("prometheus is not on PATH (apt-get install -y prometheus)")
+    return path
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Prometheus:
+    """A real Prometheus server on 127.0.0.1 scraping one target; stopped by its PID."""
+
+    def __init__(self, tmp_path: Path, target: str, interval: str = "500ms") -> None:
+        self.port = free_tcp_port()
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text(
+            "global:\n"
+            f"  scrape_interval: {interval}\n"
+            f"  scrape_timeout: {interval}\n"
+            "scrape_configs:\n"
+            "  - job_name: kvtool\n"
+            "    static_configs:\n"
+            f"      - targets: ['{target}']\n"
+        )
+        self.log = tmp_path / "prometheus.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    prometheus_binary(),
+                    f"--config.file={cfg}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"prometheus never ready: {self.log.read_text()}")
+
+    def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
+        q = urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=30) as r:
+            data = json.loads(r.read())
+        assert data["status"] == "success", data
+        return [(res["metric"], float(res["value"][1])) for res in data["data"]["result"]]
+
+    def scalar(self, expr: str) -> float | None:
+        res = self.query(expr)
+        return res[0][1] if res else None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.mark.slow
+@pytest.mark.zmq
+def test_issue22_real_prometheus_scrapes_serve_and_equals_report(tmp_path: Path) -> None:
+    """A real publisher (``kvtool replay --publish`` with two seqs dropped, recovered over
+    its replay socket) feeds ``kvtool serve --record``; a real Prometheus scrapes it; every
+    counter Prometheus holds, per kind, is ``kvtool report``'s on the recording."""
+    prometheus_binary()
+    rec = capture_recording(tmp_path, "gemma3")
+    n = len(capture_messages("gemma3"))
+    pub_ep = f"tcp://127.0.0.1:{free_port()}"
+    rep_ep = f"tcp://127.0.0.1:{free_port()}"
+    out = tmp_path / "kept.mcap"
+    pub = subprocess.Popen(
+        [
+            sys.executable, "-m", "kvtool", "replay", str(rec), "--publish", pub_ep,
+            "--replay-endpoint", rep_ep, "--drop", "5,17", "--wait-subscribers", "1",
+            "--wait-timeout", "120", "--rate", "50", "--hold", "120",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    prom = None
+    try:
+        with serve_proc(
+            tmp_path, pub_ep, "--replay-endpoint", rep_ep, "--record", str(out),
+            "--interval", "200ms",
+        ) as (proc, url):  # fmt: skip
+            target = url.removeprefix("http://").removesuffix("/metrics")
+            prom = Prometheus(tmp_path, target)
+            prom.ready()
+            deadline = time.monotonic() + DEADLINE_S
+            while time.monotonic() < deadline:
+                if prom.scalar("kvtool_batches_received_total") == n:
+                    break
+                time.sleep(0.2)
+            assert prom.scalar("kvtool_batches_received_total") == n
+            assert prom.scalar('up{job="kvtool"}') == 1
+            got = {}
+            for m in METRICS:
+                if m.prom == "counter":
+                    got[m] = dict(
+                        (lab.get("kind", ""), v)
+                        for lab, v in prom.query(f"sum by (kind) ({m.prom_name}_total)")
+                    )
+            health = {
+                name: prom.scalar(name)
+                for name in (
+                    "kvtool_batches_recovered_total",
+                    "kvtool_batches_lost_total",
+                    "kvtool_publisher_restarts_total",
+                    "kvtool_open_gaps",
+                )
+            }
+        assert proc.returncode == 0, proc.stderr_text  # type: ignore[attr-defined]
+    finally:
+        if prom is not None:
+            prom.stop()
+        if pub.poll() is None:
+            pub.send_signal(signal.SIGTERM)
+        pub.wait(60)
+    assert health == {
+        "kvtool_batches_recovered_total": 2,
+        "kvtool_batches_lost_total": 0,
+        "kvtool_publisher_restarts_total": 0,
+        "kvtool_open_gaps": 0,
+    }
+    rep = report_json(out)
+    assert rep["source"]["batches"] == n
+    compared = 0
+    for m, by_kind in got.items():
+        col = report_column(rep["totals"], m)
+        if col is None:
+            assert by_kind == {}  # not computed by the engine yet: not served
+            continue
+        assert by_kind == {r["kind"]: float(r[col]) for r in rep["by_kind"]}, m.name
+        compared += 1
+    assert compared >= 6
