@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
     from kvtool.recording import ChannelInfo, RecordedMessage
+    from kvtool.recording.ledger import GapLedger
     from kvtool.recording.reader import RecoveryReport
+    from kvtool.report import ReportBuilder
 
 # The views a key switches between, and the row key columns of each.
 VIEWS = {
@@ -386,6 +388,14 @@ class ReportFeed:
                 rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
             rb.add(part)
 
+    def builders(self) -> dict[int | None, ReportBuilder]:
+        """Return the report builder of each ``dp_rank`` (``serve`` reads its rows from them).
+
+        Returns:
+            dp_rank -> its builder, fed the rows of that rank only.
+        """
+        return dict(self._ranks)
+
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
         """Return the report rows so far per view of :data:`VIEWS`.
 
@@ -506,6 +516,11 @@ class RecordingSource:
     def recovery(self) -> RecoveryReport:
         """What reading the recording recovered and what it could not (so far)."""
         return self._reader.recovery
+
+    @property
+    def gap_ledger(self) -> GapLedger | None:
+        """The recording's gap ledger (None: it has none)."""
+        return self._reader.gap_ledger
 
     def health(self) -> Health:
         """Return the recording's health: channels seen, batches played, its gap ledger."""

@@ -1,0 +1,281 @@
+"""``kvtool serve``: per-kind KV-cache metrics on /metrics for Prometheus (live or a recording)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
+from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
+from kvtool.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from kvtool.serve import Exporter, MetricsServer
+    from kvtool.top import LiveSource, ReportFeed
+
+EXAMPLES = examples(
+    "serve tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
+    "serve tcp://10.0.0.5:5557 --dp-size 4 --record run.mcap",
+    "serve run.mcap --speed 10 --metrics 127.0.0.1:9401",
+)
+
+MetricsAddr = Annotated[
+    str,
+    typer.Option(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="Serve /metrics here (a bare PORT: on 127.0.0.1). Another address than "
+        "loopback is reachable from other hosts.",
+    ),
+]
+LabelLimit = Annotated[
+    int,
+    typer.Option(
+        "--label-limit",
+        min=1,
+        metavar="N",
+        help="Values kept per label (kind, group, rank, ...); the rest are served as 'other'.",
+    ),
+]
+MaxSeries = Annotated[
+    int,
+    typer.Option(
+        "--max-series",
+        min=1,
+        metavar="N",
+        help="Label sets kept per metric; the rest are served as 'other'.",
+    ),
+]
+PoolBlocks = Annotated[
+    int | None,
+    typer.Option(
+        "--pool-blocks",
+        min=1,
+        metavar="N",
+        help="The KV cache pool size in blocks of each rank: serves pool occupancy.",
+    ),
+]
+
+
+def is_recording(targets: list[str]) -> bool:
+    """True when ``targets`` is one recording (FILE.mcap, or an existing file)."""
+    if len(targets) != 1:
+        return False
+    t = targets[0]
+    return t.endswith(".mcap") or (os.path.isfile(t) and "://" not in t)
+
+
+def open_server(addr: str, exporter: Exporter) -> MetricsServer:
+    """Bind ``/metrics`` at ``addr`` (``--metrics``) and say where on stderr.
+
+    Args:
+        addr: ``HOST:PORT`` or ``PORT``.
+        exporter: The :class:`kvtool.serve.Exporter`.
+
+    Returns:
+        The started :class:`kvtool.serve.MetricsServer`.
+    """
+    from kvtool.serve import MetricsServer, is_loopback, parse_bind
+
+    host, port = parse_bind(addr)
+    server = MetricsServer(exporter, host, port).start()
+    env = get_env()
+    note = "" if is_loopback(host) else " (not loopback: reachable from other hosts)"
+    env.err.print(f"kvtool: serving {server.url}{note}", markup=False, highlight=False)
+    return server
+
+
+def serve(
+    targets: Annotated[
+        list[str],
+        typer.Argument(
+            help="Publisher endpoints (tcp://HOST:PORT, ipc://PATH, or a bare port), or one "
+            "recording (FILE.mcap) to play into /metrics.",
+            metavar="ENDPOINT... | FILE.mcap",
+            show_default=False,
+        ),
+    ],
+    metrics: MetricsAddr = "127.0.0.1:9400",
+    replay: ReplayEndpoints = None,
+    dp_size: DpSize = None,
+    topic: Topic = "",
+    record: Annotated[
+        Path | None,
+        typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing kvtool recording (--record).")
+    ] = False,
+    speed: Annotated[
+        float,
+        typer.Option(
+            "--speed",
+            metavar="X",
+            min=0.0,
+            help="Recording: play its receive-time pace X times faster; 0 all at once.",
+        ),
+    ] = 1.0,
+    exit_at_end: Annotated[
+        bool,
+        typer.Option(
+            "--exit-at-end",
+            help="Recording: exit once it has played (default: keep serving its end).",
+        ),
+    ] = False,
+    interval: Annotated[
+        str,
+        typer.Option(
+            "--interval", metavar="DURATION", help="Take a snapshot this often: 1s, 500ms."
+        ),
+    ] = "1s",
+    duration: Annotated[
+        str | None,
+        typer.Option("--duration", "-d", metavar="DURATION", help="Stop after this long."),
+    ] = None,
+    groups: Annotated[
+        Path | None,
+        typer.Option(
+            "--groups",
+            metavar="FILE",
+            help="KV cache group metadata JSON (get_kv_cache_group_metadata()); live: "
+            "also stored with --record.",
+        ),
+    ] = None,
+    pool_blocks: PoolBlocks = None,
+    label_limit: LabelLimit = 256,
+    max_series: MaxSeries = 2000,
+    replay_timeout: ReplayTimeout = "2s",
+) -> ExitStatus:
+    """Serve the KV cache's numbers per kind, window, group and rank to Prometheus.
+
+    Subscribes like `record` (the same gap recovery over --replay-endpoint, --dp-size,
+    --record FILE to keep the stream too), or plays a recording by receive time, and
+    serves /metrics in Prometheus's text format: kvtool_blocks_stored_total,
+    kvtool_live_blocks, kvtool_block_lifetime_seconds and the rest, labelled kind,
+    sliding_window, group, rank and endpoint, plus the stream's health (batches
+    received, recovered, lost, restarts, seconds since the last batch). The numbers are
+    the report engine's: a counter equals `kvtool report` on the same stream, as of the
+    last snapshot (every --interval). Ctrl-C or SIGTERM stops it (exit 0).
+    """
+    from kvtool.serve import Exporter, run_serve
+    from kvtool.top import RecordingSource, ReportFeed
+
+    env = get_env()
+    interval_s = parse_duration_ns(interval, option="--interval") / 1e9
+    duration_s = (
+        parse_duration_ns(duration, option="--duration") / 1e9 if duration is not None else None
+    )
+    source: LiveSource | RecordingSource
+    feed: ReportFeed
+    if is_recording(targets):
+        check_inputs([targets[0], groups])
+        for opt, given in (
+            ("--replay-endpoint", replay),
+            ("--dp-size", dp_size),
+            ("--record", record),
+        ):
+            if given:
+                raise UsageError(f"serve FILE.mcap: {opt} is for live endpoints, not a recording")
+        source = RecordingSource(targets[0], speed=speed)
+        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
+    else:
+        if exit_at_end:
+            raise UsageError("serve ENDPOINT: --exit-at-end is for a recording")
+        source, feed = live_source(
+            targets, replay, dp_size, topic, record, force, groups, replay_timeout
+        )
+
+    def finding(text: str) -> None:
+        env.err.print(f"kvtool: finding: {text}", markup=False, highlight=False)
+
+    exporter = Exporter(
+        label_limit=label_limit, max_series=max_series, pool_blocks=pool_blocks, on_finding=finding
+    )
+    try:
+        server = open_server(metrics, exporter)
+    except BaseException:
+        source.stop()
+        raise
+    try:
+        run_serve(
+            source,
+            feed,
+            exporter,
+            interval_s=interval_s,
+            duration_s=duration_s,
+            exit_at_end=exit_at_end,
+        )
+    except KeyboardInterrupt:
+        pass  # Ctrl-C and SIGTERM are how a server is stopped: run_serve stopped the source
+    finally:
+        server.stop()
+    return ExitStatus.DAMAGED if source.health().lost else ExitStatus.OK
+
+
+def live_source(
+    targets: list[str],
+    replay: list[str] | None,
+    dp_size: int | None,
+    topic: str,
+    record: Path | None,
+    force: bool,
+    groups: Path | None,
+    replay_timeout: str,
+) -> tuple[LiveSource, ReportFeed]:
+    """Build the live source and feed of `top`/`serve` from their options.
+
+    Returns:
+        (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
+    """
+    from kvtool.capture import load_groups
+    from kvtool.endpoints import expand_endpoints
+    from kvtool.outputs import OutputKind, check_output, is_stdout
+    from kvtool.top import LiveSource
+    from kvtool.top import ReportFeed as Feed
+
+    sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
+    if record is not None:
+        if is_stdout(record):
+            raise UsageError("--record -: a recording is a file; give a path")
+        check_output(
+            record,
+            kind=OutputKind.RECORDING,
+            force=force,
+            inputs=[groups] if groups is not None else [],
+        )
+    group_list = load_groups(groups) if groups is not None else None
+    replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
+    source = LiveSource(
+        sources,
+        record=str(record) if record is not None else None,
+        topic=topic,
+        force=force,
+        replay_timeout_ns=replay_ns,
+        groups=group_list,
+        groups_source=str(groups) if groups is not None else "",
+    )
+    feed = Feed(groups_file=str(groups) if groups is not None else None)
+    return source, feed
+
+
+COMMANDS = {"serve": serve}
+COMMAND_OPTIONS = {"serve": {"epilog": EXAMPLES}}
+HELP_PANELS = {
+    "serve": {
+        "Metrics": ["--metrics", "--interval", "--pool-blocks", "--label-limit", "--max-series"],
+        "Live": [
+            "--replay-endpoint",
+            "--dp-size",
+            "--topic",
+            "--replay-timeout",
+            "--record",
+            "--force",
+            "--groups",
+        ],
+        "Recording": ["--speed", "--exit-at-end"],
+        "Other": ["--duration"],
+    }
+}

@@ -1,0 +1,793 @@
+"""``kvtool serve``: the report engine's numbers per kind as Prometheus metrics on /metrics.
+
+The exporter computes nothing of its own about blocks. The same :class:`kvtool.top.ReportFeed`
+that ``kvtool top`` reads is fed the stream (live through the recorder, with its gap recovery,
+or a recording played back); every interval the report rows of each ``dp_rank`` are read
+and turned into metric families whose names, types and help come from the one metric
+registry (:mod:`kvtool.report.registry`), plus the exporter's own stream-health families
+(:data:`EXPORTER_METRICS`, the one table of them). A counter therefore equals what
+``kvtool report`` prints for the same events, up to the last snapshot.
+
+The exposition text is rendered once per snapshot (by ``prometheus_client``) and a scrape
+only sends those bytes: a scrape flood costs the stream nothing but the copying, and a
+scrape is as fast with 1,000 label sets as with one. Label values are bounded: past
+``label_limit`` values of one label, or ``max_series`` label sets, the rest fold into
+``other`` (sums for counters and live blocks, the largest for peaks) and a finding says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvtool.errors import UsageError
+from kvtool.report.registry import METRICS, Metric, PromType
+from kvtool.text import printable
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+    from prometheus_client.registry import CollectorRegistry
+
+    from kvtool.recording.ledger import GapLedger
+    from kvtool.report import ReportBuilder
+    from kvtool.top import Health, ReportFeed, Source
+
+DEFAULT_BIND = "127.0.0.1:9400"
+"""Where ``/metrics`` is served unless ``--metrics`` says otherwise: loopback."""
+
+LABELS = ("endpoint", "rank", "group", "kind", "sliding_window")
+"""The labels of every per-row family, coarsest first. ``medium`` is not among them: the
+report engine has no per-medium rows (a block's removal carries its medium, a clear none)."""
+
+OTHER = "other"
+"""The label value that label values past the limit fold into."""
+
+NONE = "none"
+"""The label value of an absent key (no ``dp_rank``, no ``group_idx``, no window)."""
+
+DEFAULT_LABEL_LIMIT = 256
+DEFAULT_MAX_SERIES = 2000
+
+RESIDENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0,
+)  # fmt: skip
+"""vLLM's KV-cache residency buckets (``vllm:kv_block_lifetime_seconds``), seconds."""
+
+
+@dataclass(frozen=True)
+class ExporterMetric:
+    """One family the exporter serves that is not a report metric (stream health and such).
+
+    Attributes:
+        name: What it is read from (a :class:`kvtool.top.Health` field or an exporter key).
+        prom: The Prometheus type.
+        prom_name: The family name (counters without ``_total``: prometheus_client adds it).
+        help: One line of help.
+        labels: Its labels.
+    """
+
+    name: str
+    prom: PromType
+    prom_name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+
+EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
+    ExporterMetric("batches", "counter", "kvtool_batches_received",
+                   "Batches received (live or recovered over replay)."),
+    ExporterMetric("gaps_recovered", "counter", "kvtool_batches_recovered",
+                   "Missing batches recovered over the replay socket."),
+    ExporterMetric("lost", "counter", "kvtool_batches_lost",
+                   "Batches lost for good (neither received nor recovered)."),
+    ExporterMetric("restarts", "counter", "kvtool_publisher_restarts",
+                   "Publisher restarts seen (seq went back to the start)."),
+    ExporterMetric("decode_errors", "counter", "kvtool_decode_errors",
+                   "Payloads or events that did not decode, by reason (batch, event).",
+                   ("reason",)),
+    ExporterMetric("last_batch_age_s", "gauge", "kvtool_seconds_since_last_batch",
+                   "Seconds since the last batch arrived (absent before the first)."),
+    ExporterMetric("open_gaps", "gauge", "kvtool_open_gaps",
+                   "Gaps in the gap ledger neither recovered nor lost yet."),
+    ExporterMetric("publishers", "gauge", "kvtool_publishers",
+                   "Publishers subscribed to (a recording: its channels)."),
+    ExporterMetric("connected", "gauge", "kvtool_publishers_connected",
+                   "Publishers connected now (a recording: channels seen so far)."),
+    ExporterMetric("done", "gauge", "kvtool_source_done",
+                   "1 once the source ended (end of the recording, or the recorder stopped)."),
+    ExporterMetric("pool_occupancy", "gauge", "kvtool_pool_occupancy_ratio",
+                   "Live blocks of a rank over its pool size (--pool-blocks).",
+                   ("endpoint", "rank")),
+    ExporterMetric("label_limit_reached", "gauge", "kvtool_label_limit_reached",
+                   "1 when values of this label fold into 'other' (past --label-limit).",
+                   ("label",)),
+)  # fmt: skip
+"""The exporter's own families: the one table of them (the report's are in the registry)."""
+
+EXPORTER_BY_NAME = {m.name: m for m in EXPORTER_METRICS}
+
+HISTOGRAM_SOURCES: dict[str, tuple[str, str, str]] = {
+    "kvtool_block_lifetime_seconds": ("lifetimes", "lifetime_s", "hist"),
+    "kvtool_recompute_gap_seconds": ("recompute_gaps", "gap_s", "gap_hist"),
+}
+"""Per histogram family: the builder's exact-sample frames attribute, their value column,
+and its log-histogram attribute. A family whose attributes the engine does not have yet is
+not served (not an error)."""
+
+
+# -- label folding ---------------------------------------------------------------------------
+
+
+class LabelFolder:
+    """Bounds label values: past the limits, values and label sets fold into ``other``.
+
+    The first ``label_limit`` values of each label are kept, later ones become ``other``;
+    past ``max_series`` label sets, new ones fold into all-``other``. Which value
+    is kept never changes once decided, so a folded counter only ever grows.
+
+    Args:
+        label_limit: Values kept per label.
+        max_series: Label sets kept.
+        on_finding: Called once per label (and once for the series limit) with a finding.
+    """
+
+    def __init__(
+        self,
+        label_limit: int = DEFAULT_LABEL_LIMIT,
+        max_series: int = DEFAULT_MAX_SERIES,
+        on_finding: Callable[[str], None] | None = None,
+    ) -> None:
+        self.label_limit = max(1, label_limit)
+        self.max_series = max(1, max_series)
+        self._kept: dict[str, dict[str, None]] = {}
+        self._series: dict[tuple[str, ...], None] = {}
+        self.reached: dict[str, None] = {}
+        self.findings: list[str] = []
+        self._on_finding = on_finding
+
+    def _note(self, key: str, text: str) -> None:
+        if key in self.reached:
+            return
+        self.reached[key] = None
+        self.findings.append(text)
+        if self._on_finding is not None:
+            self._on_finding(text)
+
+    def value(self, label: str, value: str) -> str:
+        """Return the value served for ``value`` of ``label`` (itself, or ``other``)."""
+        kept = self._kept.setdefault(label, {})
+        if value in kept:
+            return value
+        if len(kept) < self.label_limit:
+            kept[value] = None
+            return value
+        self._note(
+            label,
+            f"label {label}: more than {self.label_limit} values; the rest are served as "
+            f"{OTHER!r} (--label-limit)",
+        )
+        return OTHER
+
+    def key(self, labels: Sequence[str], values: Sequence[str]) -> tuple[str, ...]:
+        """Return the label set served for ``values`` (one per name in ``labels``)."""
+        key = tuple(self.value(n, v) for n, v in zip(labels, values, strict=True))
+        if key in self._series:
+            return key
+        if len(self._series) < self.max_series:
+            self._series[key] = None
+            return key
+        self._note(
+            "series",
+            f"more than {self.max_series} label sets; the rest are served as {OTHER!r} "
+            "(--max-series)",
+        )
+        return tuple(OTHER for _ in labels)
+
+
+# -- histograms from a builder's lifetimes ------------------------------------------------------
+
+
+_EDGES = np.asarray(RESIDENCY_BUCKETS, dtype=np.float64)
+_NB = len(RESIDENCY_BUCKETS) + 1  # the last is +Inf
+
+
+@dataclass
+class _Hist:
+    """Bucket counts per gkey of one builder's samples of one histogram family."""
+
+    counts: NDArray[Any] = field(default_factory=lambda: np.zeros((0, _NB), dtype=np.int64))
+    sums: NDArray[Any] = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    frames_done: int = 0
+
+    def _grow(self, n: int) -> None:
+        if n > len(self.counts):
+            extra = n - len(self.counts)
+            self.counts = np.vstack([self.counts, np.zeros((extra, _NB), dtype=np.int64)])
+            self.sums = np.concatenate([self.sums, np.zeros(extra)])
+
+    def _add(self, gkey: NDArray[Any], values: NDArray[Any], weight: NDArray[Any]) -> None:
+        if len(gkey) == 0:
+            return
+        self._grow(int(gkey.max()) + 1)
+        idx = np.searchsorted(_EDGES, values, side="left")  # bucket i: value <= le_i
+        flat = np.bincount(gkey * _NB + idx, weights=weight, minlength=len(self.counts) * _NB)
+        self.counts += flat.reshape(-1, _NB).astype(np.int64)
+        self.sums += np.bincount(gkey, weights=values * weight, minlength=len(self.sums))
+
+    def update(self, builder: ReportBuilder, source: tuple[str, str, str]) -> bool:
+        """Take the builder's new samples; return False when it has none of this kind."""
+        frames_attr, column, hist_attr = source
+        hist = getattr(builder, hist_attr, None)
+        frames = getattr(builder, frames_attr, None)
+        if hist is None and frames is None:
+            return False
+        if hist is not None:
+            # Past the exact limit the engine keeps a log histogram of every sample: the
+            # buckets are taken again from its bin centres, never below what was served.
+            import polars as pl
+
+            from kvtool.report.aggregates import hist_centre
+
+            f = hist.select("gkey", v=hist_centre(pl.col("bin")), n="n")
+            old_c, old_s = self.counts, self.sums
+            self.counts = np.zeros((0, _NB), dtype=np.int64)
+            self.sums = np.zeros(0)
+            self._add(
+                f["gkey"].to_numpy().astype(np.int64),
+                f["v"].to_numpy(),
+                f["n"].to_numpy().astype(np.float64),
+            )
+            self._grow(len(old_c))
+            self.counts[: len(old_c)] = np.maximum(self.counts[: len(old_c)], old_c)
+            self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
+            self.frames_done = 0
+            return True
+        assert frames is not None
+        for frame in frames[self.frames_done :]:
+            gk = frame["gkey"].to_numpy().astype(np.int64)
+            v = frame[column].to_numpy()
+            self._add(gk, v, np.ones(len(v)))
+        self.frames_done = len(frames)
+        return True
+
+    def get(self, gkey: int) -> tuple[NDArray[Any], float] | None:
+        """Return (per-bucket counts, sum) of a gkey, or None without samples."""
+        if gkey >= len(self.counts):
+            return None
+        return self.counts[gkey], float(self.sums[gkey])
+
+
+# -- the exporter -------------------------------------------------------------------------------
+
+
+def _value(v: object) -> str:
+    return NONE if v is None else printable(v)
+
+
+def _number(row: Mapping[str, object], m: Metric) -> float | None:
+    for name in (m.name, *m.aliases):
+        v = row.get(name)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            return float(v)
+    return None
+
+
+def open_gaps(ledger: GapLedger | None) -> int:
+    """Return the gaps of a gap ledger not settled yet (neither all recovered nor lost).
+
+    Args:
+        ledger: The ledger (None: no gaps).
+
+    Returns:
+        How many.
+    """
+    if ledger is None:
+        return 0
+    n = 0
+    for ch in ledger.channels:
+        for g in ch.gaps:
+            lost = sum(b - a + 1 for a, b in g.lost_ranges)
+            if g.last is None or g.recovered + lost < g.last - g.first + 1:
+                n += 1
+    return n
+
+
+def source_ledger(source: object) -> GapLedger | None:
+    """Return a source's gap ledger as it stands (a recorder's live one, a recording's own).
+
+    Args:
+        source: A :class:`kvtool.top.LiveSource` or :class:`kvtool.top.RecordingSource`.
+
+    Returns:
+        The ledger, or None.
+    """
+    recorder = getattr(source, "recorder", None)
+    if recorder is not None:
+        # Read from another thread while the recorder runs: a channel added meanwhile
+        # changes the dict under the iteration; the next snapshot reads it again.
+        with contextlib.suppress(RuntimeError):
+            ledger: GapLedger = recorder.ledger()
+            return ledger
+        return None
+    return getattr(source, "gap_ledger", None)
+
+
+class Exporter:
+    """The metrics of a :class:`kvtool.top.ReportFeed`, as a prometheus_client collector.
+
+    :meth:`update` takes a snapshot (report rows per rank, the source's health) and renders
+    the exposition text once; :meth:`body` is what a scrape sends.
+
+    Args:
+        label_limit: Values kept per label (the rest: ``other``).
+        max_series: Label sets kept per family (the rest: ``other``).
+        pool_blocks: The pool size in blocks of each rank (``--pool-blocks``), or None.
+        on_finding: Called with each finding (a label limit reached).
+    """
+
+    def __init__(
+        self,
+        *,
+        label_limit: int = DEFAULT_LABEL_LIMIT,
+        max_series: int = DEFAULT_MAX_SERIES,
+        pool_blocks: int | None = None,
+        on_finding: Callable[[str], None] | None = None,
+    ) -> None:
+        from prometheus_client.registry import CollectorRegistry
+
+        self.folder = LabelFolder(label_limit, max_series, on_finding)
+        self.pool_blocks = pool_blocks
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
+        self._families: list[Any] = []
+        self._hists: dict[tuple[int | None, str], _Hist] = {}
+        self._served_hists: set[str] = set()
+        self._body = b""
+        self.snapshots = 0
+        self.render_s = 0.0
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the families of the last snapshot (prometheus_client's Collector protocol).
+
+        Yields:
+            Metric families.
+        """
+        yield from self._families
+
+    def body(self) -> bytes:
+        """Return the exposition text of the last snapshot (what ``/metrics`` sends)."""
+        return self._body
+
+    def update(self, feed: ReportFeed, health: Health, ledger: GapLedger | None = None) -> None:
+        """Take a snapshot of the feed and the source's health and render it.
+
+        Args:
+            feed: The report feed (fed by the caller, in this thread).
+            health: The source's health now.
+            ledger: The source's gap ledger as it stands (for the open gaps).
+        """
+        from prometheus_client import generate_latest
+
+        t0 = time.perf_counter()
+        self._families = self._build(feed, health, ledger)
+        self._body = generate_latest(self.registry)
+        self.snapshots += 1
+        self.render_s = time.perf_counter() - t0
+
+    # -- building the families ---------------------------------------------------------------
+
+    def _rows(
+        self, feed: ReportFeed
+    ) -> list[tuple[tuple[str, ...], Mapping[str, object], dict[str, tuple[Any, float]]]]:
+        """(served label set, report row, histogram samples per family) of every rank x row."""
+        endpoints: dict[int | None, set[str]] = {}
+        for ref in feed.stats.channels.values():
+            endpoints.setdefault(ref.info.dp_rank, set()).add(ref.info.endpoint)
+        out: list[tuple[tuple[str, ...], Mapping[str, object], dict[str, tuple[Any, float]]]] = []
+        for rank, builder in sorted(
+            feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
+        ):
+            hists: dict[str, _Hist] = {}
+            for fam, src in HISTOGRAM_SOURCES.items():
+                h = self._hists.setdefault((rank, fam), _Hist())
+                if h.update(builder, src):
+                    hists[fam] = h
+                    self._served_hists.add(fam)
+            # A channel with no rank of its own whose payloads carry one serves that rank.
+            eps = endpoints.get(rank) or endpoints.get(None) or set()
+            endpoint = printable(",".join(sorted(eps))) or NONE
+            for row in builder.tables()["by_group"].to_dicts():
+                g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
+                gkey = builder.registry.get((g, k, w))  # type: ignore[arg-type]
+                samples: dict[str, tuple[Any, float]] = {}
+                for fam, h in hists.items():
+                    got = None if gkey is None else h.get(gkey)
+                    if got is not None:
+                        samples[fam] = got
+                values = (endpoint, _value(rank), _value(g), _value(k), _value(w))
+                out.append((self.folder.key(LABELS, values), row, samples))
+        return out
+
+    def _build(self, feed: ReportFeed, health: Health, ledger: GapLedger | None) -> list[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        rows = self._rows(feed)
+        fams: list[Any] = []
+        seen: set[str] = set()
+        for m in METRICS:
+            if m.prom == "none" or m.prom_name in seen:
+                continue
+            seen.add(m.prom_name)
+            if m.prom == "histogram":
+                agg_h: dict[tuple[str, ...], tuple[Any, float]] = {}
+                for key, _row, samples in rows:
+                    got = samples.get(m.prom_name)
+                    if got is None:
+                        continue
+                    c, s = got
+                    old = agg_h.get(key)
+                    agg_h[key] = (c, s) if old is None else (old[0] + c, old[1] + s)
+                if m.prom_name not in self._served_hists:
+                    continue  # the engine does not keep these samples (yet): not served
+                hf = HistogramMetricFamily(m.prom_name, m.help, labels=LABELS)
+                for key, (c, s) in agg_h.items():
+                    cum = np.cumsum(c).tolist()
+                    buckets = [
+                        (repr(le), float(n))
+                        for le, n in zip(RESIDENCY_BUCKETS, cum[:-1], strict=True)
+                    ]
+                    buckets.append(("+Inf", float(cum[-1])))
+                    hf.add_metric(list(key), buckets, s)
+                fams.append(hf)
+                continue
+            agg: dict[tuple[str, ...], float] = {}
+            present = False
+            for key, row, _s in rows:
+                v = _number(row, m)
+                if v is None:
+                    continue
+                present = True
+                old_v = agg.get(key)
+                if old_v is None:
+                    agg[key] = v
+                elif m.merge == "max":
+                    agg[key] = max(old_v, v)
+                else:
+                    agg[key] = old_v + v
+            if not present and rows:
+                continue  # the engine does not compute it (yet): not served
+            fam: Any = (
+                CounterMetricFamily(m.prom_name, m.help, labels=LABELS)
+                if m.prom == "counter"
+                else GaugeMetricFamily(m.prom_name, m.help, labels=LABELS)
+            )
+            for key, v in agg.items():
+                fam.add_metric(list(key), v)
+            fams.append(fam)
+        fams.extend(self._health(feed, health, ledger, rows))
+        return fams
+
+    def _health(
+        self,
+        feed: ReportFeed,
+        health: Health,
+        ledger: GapLedger | None,
+        rows: Iterable[tuple[tuple[str, ...], Mapping[str, object], object]],
+    ) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        values: dict[str, float | None] = {
+            "batches": health.batches,
+            "gaps_recovered": health.gaps_recovered,
+            "lost": health.lost,
+            "restarts": health.restarts,
+            "last_batch_age_s": health.last_batch_age_s,
+            "open_gaps": open_gaps(ledger),
+            "publishers": health.publishers,
+            "connected": health.connected,
+            "done": 1.0 if health.done else 0.0,
+        }
+        for em in EXPORTER_METRICS:
+            fam: Any = (
+                CounterMetricFamily(em.prom_name, em.help, labels=em.labels)
+                if em.prom == "counter"
+                else GaugeMetricFamily(em.prom_name, em.help, labels=em.labels)
+            )
+            if em.name == "decode_errors":
+                fam.add_metric(["batch"], float(feed.stats.bad_batches))
+                fam.add_metric(["event"], float(feed.stats.skipped_events))
+            elif em.name == "pool_occupancy":
+                if not self.pool_blocks:
+                    continue
+                live: dict[tuple[str, str], float] = {}
+                for key, row, _s in rows:
+                    v = row.get("live_blocks_end")
+                    k2 = (key[0], key[1])
+                    live[k2] = live.get(k2, 0.0) + (float(v) if isinstance(v, int) else 0.0)
+                for (ep, rank), n in live.items():
+                    fam.add_metric([ep, rank], n / self.pool_blocks)
+            elif em.name == "label_limit_reached":
+                for label in self.folder.reached:
+                    fam.add_metric([label], 1.0)
+            else:
+                v = values.get(em.name)
+                if v is None:
+                    continue
+                fam.add_metric([], float(v))
+            yield fam
+
+
+# -- the HTTP endpoint ------------------------------------------------------------------------
+
+
+def parse_bind(text: str, *, option: str = "--metrics") -> tuple[str, int]:
+    """Parse ``HOST:PORT``, ``[V6]:PORT`` or a bare ``PORT`` (on 127.0.0.1).
+
+    Args:
+        text: The address.
+        option: The option it came from (for the error).
+
+    Returns:
+        (host, port).
+
+    Raises:
+        UsageError: Not an address.
+    """
+    t = text.strip()
+    host = "127.0.0.1"
+    port_s = t
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0 or not t[end + 1 :].startswith(":"):
+            raise UsageError(f"{option} {printable(text)}: expected [ADDRESS]:PORT")
+        host, port_s = t[1:end], t[end + 2 :]
+    elif ":" in t:
+        host, _, port_s = t.rpartition(":")
+    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535 or not host:
+        raise UsageError(f"{option} {printable(text)}: expected HOST:PORT (e.g. {DEFAULT_BIND})")
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise UsageError(
+                f"{option} {printable(text)}: {printable(host)} is not an IP address"
+            ) from None
+    return host, int(port_s)
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """GET /metrics: the last snapshot's bytes; anything else 404."""
+
+    server: _HTTPServer
+    timeout = 5.0  # a client that sends nothing is dropped after this
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body, ctype = self.server.body(), CONTENT_TYPE_LATEST
+        elif path == "/":
+            body, ctype = b'kvtool serve: see <a href="/metrics">/metrics</a>\n', "text/html"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Say nothing per request (stderr is for findings)."""
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], body: Callable[[], bytes], max_clients: int):
+        self.body = body
+        self._slots = threading.BoundedSemaphore(max_clients)
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # At most ``max_clients`` requests at once: a flood waits in the listen backlog
+        # (and is refused past it) instead of taking threads and memory without bound.
+        if not self._slots.acquire(timeout=1.0):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class MetricsServer:
+    """``/metrics`` over HTTP, served from a background thread.
+
+    Args:
+        exporter: What is served.
+        host: Address to bind (loopback unless the caller chose otherwise).
+        port: Port (0: any free one; see :attr:`address`).
+        max_clients: Requests served at once.
+
+    Raises:
+        UsageError: The address cannot be bound.
+    """
+
+    def __init__(
+        self, exporter: Exporter, host: str = "127.0.0.1", port: int = 9400, max_clients: int = 8
+    ) -> None:
+        try:
+            self._server = _HTTPServer((host, port), exporter.body, max_clients)
+        except OSError as err:
+            raise UsageError(
+                f"--metrics {printable(host)}:{port}: cannot bind: {err.strerror or err}"
+            ) from None
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+            name="kvtool-metrics",
+        )  # fmt: skip
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) bound."""
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        """The ``/metrics`` URL."""
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+    def start(self) -> MetricsServer:
+        """Start serving.
+
+        Returns:
+            Itself.
+        """
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving (requests in flight get ``timeout_s`` to finish) and close the socket.
+
+        Args:
+            timeout_s: Seconds to wait for the server thread.
+        """
+        if self._thread.is_alive():
+            stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+            stopper.start()
+            stopper.join(timeout_s)
+            self._thread.join(timeout_s)
+        self._server.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+def run_serve(
+    source: Source,
+    feed: ReportFeed,
+    exporter: Exporter,
+    *,
+    interval_s: float = 1.0,
+    duration_s: float | None = None,
+    exit_at_end: bool = False,
+    stop: threading.Event | None = None,
+) -> None:
+    """Feed the source into the report feed and snapshot it into ``exporter`` every interval.
+
+    Runs until ``duration_s``, ``stop`` is set, a live source fails, or (``exit_at_end``)
+    the source ends; a recording that ended keeps being served otherwise. The source is
+    stopped on the way out (a ``--record`` file closed); its error, if any, is raised then.
+
+    Args:
+        source: A :class:`kvtool.top.LiveSource` or :class:`kvtool.top.RecordingSource`
+            (not started).
+        feed: The report feed.
+        exporter: Where snapshots go.
+        interval_s: Seconds between snapshots.
+        duration_s: Stop after this long (None: never on its own).
+        exit_at_end: Return once the source has ended and its last snapshot is taken.
+        stop: Set to stop.
+    """
+    start = time.monotonic()
+    exporter.update(feed, source.health(), source_ledger(source))
+    source.start(start)
+    end = None if duration_s is None else start + duration_s
+    next_snap = start + interval_s
+    ended = False
+    try:
+        while stop is None or not stop.is_set():
+            now = time.monotonic()
+            done = source.done
+            if (done and not ended) or now >= next_snap:
+                # The health is read before the batches are taken: every batch it counts
+                # is in the feed by the snapshot (a live recorder goes on meanwhile).
+                health, ledger = source.health(), source_ledger(source)
+                feed.add(source.take(now))
+                exporter.update(feed, health, ledger)
+                next_snap = now + interval_s
+                ended = done
+            elif not ended:
+                feed.add(source.take(now))
+            if ended and (exit_at_end or source.error is not None):
+                return
+            if end is not None and now >= end:
+                return
+            wait = min(0.05, max(0.0, next_snap - now))
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                time.sleep(wait)
+    finally:
+        source.stop()
+        health, ledger = source.health(), source_ledger(source)
+        feed.add(source.take(time.monotonic()))  # what the recorder wrote while stopping
+        exporter.update(feed, health, ledger)
+
+
+__all__ = [
+    "DEFAULT_BIND",
+    "EXPORTER_METRICS",
+    "HISTOGRAM_SOURCES",
+    "LABELS",
+    "OTHER",
+    "RESIDENCY_BUCKETS",
+    "Exporter",
+    "ExporterMetric",
+    "LabelFolder",
+    "MetricsServer",
+    "is_loopback",
+    "open_gaps",
+    "parse_bind",
+    "run_serve",
+    "source_ledger",
+]
