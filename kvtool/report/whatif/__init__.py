@@ -277,6 +277,7 @@ def predict(
     block_size = max([g.block_size for g in pool.groups] + [1])
     recorded, _ = _run(pool, 0, True)
     out: list[dict[str, object]] = []
+    done: set[int] = set()
     for e in extras:
         k = e.resolve(pool_blocks)
         if k is None:
@@ -284,6 +285,9 @@ def predict(
                 f"--what-if {e.text}: the pool size of {pool.channel} is unknown; "
                 "give --pool-blocks N (vllm:cache_config_info num_gpu_blocks) or K in blocks"
             )
+        if k in done:
+            continue  # +60 and +10% of 600 are one prediction
+        done.add(k)
         pred, hit = _run(pool, k, True)
         band = None
         if mamba:
