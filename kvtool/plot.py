@@ -122,4 +122,85 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
         f.write(buf.getvalue())
 
 
-__all__ = ["INSTALL_HINT", "plot_report", "require_matplotlib"]
+def plot_what_if(
+    entries: list[dict[str, object]], path: str | os.PathLike[str], *, force: bool = False
+) -> None:
+    """Draw predicted recomputed blocks against pool size, one line per pool and kind.
+
+    The x axis is the pool size (``pool_blocks + extra_blocks``) when the size is known,
+    else the extra blocks; the recorded pool is the first point of every line.
+
+    Args:
+        entries: The ``what_if`` entries of :func:`kvtool.report.whatif.what_if`.
+        path: The image file (already checked with :func:`kvtool.outputs.check_output`).
+        force: Replace an existing image.
+
+    Raises:
+        UsageError: matplotlib is not installed, or the suffix names no image format.
+        OutputError: The image cannot be written.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise UsageError(INSTALL_HINT) from err
+    require_matplotlib(path)
+    lines: dict[str, list[tuple[int, int, int | None, int | None]]] = {}
+    known = all(isinstance(e.get("pool_blocks"), int) for e in entries)
+    pools = {(e["channel"], e["rank"]) for e in entries}
+    for e in entries:
+        base = e["pool_blocks"] if known else 0
+        assert isinstance(base, int)
+        k = e["extra_blocks"]
+        assert isinstance(k, int)
+        rows = e["by_kind"]
+        assert isinstance(rows, list)
+        for row in rows:
+            name = str(row["kind"])
+            if len(pools) > 1:
+                rank = e["rank"]
+                name = f"{e['channel']} r{rank if rank is not None else '-'} {name}"
+            pts = lines.setdefault(
+                name, [(base, int(row["blocks_recomputed_recorded"]), None, None)]
+            )
+            band = row.get("blocks_recomputed_band")
+            lo, hi = (int(band[0]), int(band[1])) if isinstance(band, list) else (None, None)
+            pts.append((base + k, int(row["blocks_recomputed"]), lo, hi))
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for name, pts in sorted(lines.items()):
+        pts.sort()
+        xs = [p[0] for p in pts]
+        (ln,) = ax.plot(xs, [p[1] for p in pts], marker="o", label=name)
+        banded = [(p[0], p[2], p[3]) for p in pts if p[2] is not None and p[3] is not None]
+        if banded:
+            ax.fill_between(
+                [p[0] for p in banded],
+                [p[1] or 0 for p in banded],
+                [p[2] or 0 for p in banded],
+                color=ln.get_color(),
+                alpha=0.2,
+            )
+    ax.set_xlabel("pool size (blocks)" if known else "extra blocks (K; pool size unknown)")
+    ax.set_ylabel("blocks recomputed (predicted)")
+    ax.set_title("What if the KV cache had more blocks: recomputed blocks per kind")
+    ax.set_ylim(bottom=0)
+    if lines:
+        ax.legend(loc="best", fontsize="small")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    target = Path(path)
+    fmt = _format(target)
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, metadata=_metadata(fmt))
+    finally:
+        plt.close(fig)
+    from kvtool.outputs import AtomicFile
+
+    with AtomicFile(target, force=force) as af, af.open_bytes() as f:
+        f.write(buf.getvalue())
+
+
+__all__ = ["INSTALL_HINT", "plot_report", "plot_what_if", "require_matplotlib"]

@@ -159,6 +159,27 @@ def report(
     until: Until = None,
     rank: Ranks = None,
     channel: Channels = None,
+    what_if: Annotated[
+        str | None,
+        typer.Option(
+            "--what-if",
+            metavar="+K[,+K...]",
+            show_default=False,
+            help="Predict, per pool, kind, window and group, the blocks still recomputed "
+            "with K more blocks (or +P% of --pool-blocks), from the recorded event order; "
+            "--plot then draws recomputed blocks against pool size.",
+        ),
+    ] = None,
+    pool_blocks: Annotated[
+        int | None,
+        typer.Option(
+            "--pool-blocks",
+            min=2,
+            metavar="N",
+            show_default=False,
+            help="The engine's num_gpu_blocks (vllm:cache_config_info), per pool.",
+        ),
+    ] = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
@@ -193,6 +214,13 @@ def report(
 
         env = get_env()
         tables = _parse_by(by)
+        extras = None
+        if what_if is not None:
+            from kvtool.report.whatif import parse_what_if
+
+            extras = parse_what_if(what_if)
+            if format in (ReportFormat.csv, ReportFormat.markdown):
+                raise UsageError("--what-if prints with --format table or json")
         select = make_selection(channel=channel, rank=rank, since=since, until=until)
         cols = parse_columns(columns) if columns is not None else None
         if wide:
@@ -211,7 +239,7 @@ def report(
         if plot is not None:
             check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
         every_ns = parse_duration_ns(every, option="--every") if every is not None else None
-        if plot is not None and every_ns is None:
+        if plot is not None and every_ns is None and extras is None:
             every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
         from kvtool.render.progress import input_size
 
@@ -229,6 +257,19 @@ def report(
                 select=select,
                 progress=bar.update if bar.shown else None,
                 split=[t for t in tables if t in ("rank", "channel")],
+            )
+        wi = None
+        if extras is not None:
+            from kvtool.report.whatif import what_if as predict_what_if
+
+            wi = predict_what_if(
+                [str(f) for f in files],
+                extras,
+                pool_blocks=pool_blocks,
+                groups_file=str(groups) if groups is not None else None,
+                group_flags=group or None,
+                batch_filter=select,
+                lost=lost_batches(files),
             )
     finally:
         if early:
@@ -252,7 +293,7 @@ def report(
                 markup=False,
                 highlight=False,
             )
-    if plot is not None and every is None:
+    if plot is not None and every is None and wi is None:
         # The timeline was only built for the plot; keep the output as asked.
         shown = type(rep)(**{**rep.__dict__, "timeline": None})
     else:
@@ -260,7 +301,7 @@ def report(
     buf = io.StringIO() if out is not None else None
     stream = buf if buf is not None else env.stdout
     if format is ReportFormat.json:
-        render_json(shown, stream)
+        render_json(shown, stream, what_if=wi.entries if wi is not None else None)
     elif format is ReportFormat.csv:
         render_csv(shown, stream, tables)
     elif format is ReportFormat.markdown:
@@ -270,11 +311,26 @@ def report(
 
         console = Console(file=buf, width=200, soft_wrap=True) if buf is not None else env.out
         render_table(shown, console, tables, cols or DEFAULT_COLUMNS)
+        if wi is not None:
+            from kvtool.render.tables import print_prose
+            from kvtool.render.whatif import condition_lines, what_if_lines
+
+            console.print()
+            for line in what_if_lines(wi.entries):
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+            for line in condition_lines(wi.entries):
+                print_prose(console, line, style="dim")
     if buf is not None and out is not None:
         write_text(out, buf.getvalue(), force=force, inputs=inputs)
     else:
         env.stdout.flush()
-    if plot is not None:
+    if plot is not None and wi is not None:
+        from kvtool.plot import plot_what_if
+
+        plot_what_if(wi.entries, plot, force=force)
+        if not quiet:
+            env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
+    elif plot is not None:
         from kvtool.plot import plot_report
 
         plot_report(rep, plot, force=force)
@@ -288,7 +344,7 @@ def report(
     for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
-        for line in rep.findings:
+        for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
             if line not in damage and not (lost and "lost while recording" in line):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
@@ -299,15 +355,16 @@ COMMAND_OPTIONS = {
     "report": {
         "epilog": examples(
             "report run.mcap",
-            "report run.mcap --by kind,window,group --wide",
             "report run.mcap --every 1s --plot run.png",
             "report rank0.mcap rank1.mcap --format json -o report.json",
+            "report run.mcap --what-if +60,+10% --pool-blocks 600",
         )
     }
 }
 HELP_PANELS = {
     "report": {
         "Tables": ["--by", "--every", "--columns", "--wide", "--clock"],
+        "What-if": ["--what-if", "--pool-blocks"],
         "Filters": ["--since", "--until", "--rank", "--channel"],
         "Annotation": ["--groups", "--group-meta"],
         "Output": ["--format", "--output", "--force", "--plot", "--quiet"],

@@ -1,0 +1,384 @@
+"""What-if sizing: the blocks a pool K blocks larger would still recompute, from one recording.
+
+``kvtool report FILE --what-if +K[,+K…]``: every pool (channel, data-parallel rank) of
+the input is replayed in its recorded event order against a pool K blocks larger
+(:mod:`kvtool.report.whatif.kernel`), per kind, sliding window and group. The
+prediction assumes the same requests in the same order; where the stream says an
+assumption fails, the entry's ``conditions`` say so, and a pool whose stream cannot
+support a prediction at all is refused (:class:`WhatIfRefused`, exit status 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvtool.errors import ExitStatus, KvtoolError, UsageError
+from kvtool.replay import BatchFilter
+from kvtool.report.whatif.extract import GroupInfo, PoolStream, extract_pools
+from kvtool.report.whatif.kernel import KIND_MAMBA, simulate
+
+UNANNOTATED = "unannotated"
+"""Kind label of groups whose stores carry no kind (as in the report's tables)."""
+
+COLUMNS = ("blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained")
+"""The predicted columns of every what-if row (plus ``blocks_recomputed_recorded``)."""
+
+_EXTRA = re.compile(r"^\+?(\d+(?:\.\d+)?)(%?)$")
+
+
+class WhatIfRefused(KvtoolError):
+    """A pool whose stream cannot support a what-if prediction (exit status 2)."""
+
+    exit_status = ExitStatus.USAGE
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One ``--what-if`` value: K blocks, or P percent of the pool.
+
+    Attributes:
+        text: As given (``+60``, ``+10%``).
+        blocks: K, when given in blocks.
+        percent: P, when given in percent.
+    """
+
+    text: str
+    blocks: int | None = None
+    percent: float | None = None
+
+    def resolve(self, pool_blocks: int | None) -> int | None:
+        """Return K in blocks for a pool of ``pool_blocks`` (None: size unknown).
+
+        Args:
+            pool_blocks: The pool's ``num_gpu_blocks``, when known.
+
+        Returns:
+            The extra blocks, or None when a percentage meets an unknown pool size.
+        """
+        if self.blocks is not None:
+            return self.blocks
+        if pool_blocks is None or self.percent is None:
+            return None
+        return round(pool_blocks * self.percent / 100.0)
+
+
+def parse_what_if(text: str) -> list[Extra]:
+    """Parse ``--what-if +K[,+K…]`` (blocks) or ``+P%`` values.
+
+    Args:
+        text: The option's value.
+
+    Returns:
+        The extras, in the order given, each once.
+
+    Raises:
+        UsageError: A value is neither ``+K`` nor ``+P%``.
+    """
+    out: list[Extra] = []
+    for part in (p.strip() for p in text.split(",")):
+        m = _EXTRA.match(part)
+        if not part or m is None:
+            raise UsageError(
+                f"--what-if {text!r}: expected +K blocks or +P% (e.g. +60,+10%), got {part!r}"
+            )
+        value, pct = m.group(1), m.group(2)
+        if pct:
+            e = Extra(part, percent=float(value))
+        elif "." in value:
+            raise UsageError(f"--what-if {part!r}: a count of blocks is a whole number")
+        else:
+            e = Extra(part, blocks=int(value))
+        if e not in out:
+            out.append(e)
+    return out
+
+
+@dataclass
+class WhatIf:
+    """The what-if result: JSON-ready entries (one per pool and K) and findings.
+
+    Attributes:
+        entries: The ``what_if`` list of ``--format json``.
+        findings: One line per condition that weakens a prediction.
+    """
+
+    entries: list[dict[str, object]] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+
+
+def _kind(info: GroupInfo) -> str:
+    return info.kind or UNANNOTATED
+
+
+def _conditions(pool: PoolStream, lost: Sequence[str], evictions: int) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for line in lost:
+        out.append(
+            {"condition": "lost_batches", "detail": f"{line}: the eviction order is incomplete"}
+        )
+    if pool.removes_without_group:
+        out.append(
+            {
+                "condition": "removes_without_group_idx",
+                "detail": f"{pool.removes_without_group} removed blocks carry no group_idx "
+                "(layouts before vLLM 0.21); attributed to the pool's only group",
+            }
+        )
+    if pool.seq_regressions:
+        out.append(
+            {
+                "condition": "publisher_restart",
+                "detail": f"the publisher's seq went backwards {pool.seq_regressions} time(s); "
+                "each restart starts the pool afresh",
+            }
+        )
+    if any(g.kind == "mamba" for g in pool.groups):
+        out.append(
+            {
+                "condition": "mamba",
+                "detail": "Mamba states are cached where chunks ended, which a larger pool "
+                "changes: the prediction is a band (blocks_recomputed_band)",
+            }
+        )
+    if evictions == 0:
+        out.append(
+            {
+                "condition": "no_evictions",
+                "detail": "the pool never evicted: a larger pool saves nothing",
+            }
+        )
+    out.append(
+        {
+            "condition": "same_requests",
+            "detail": "assumes the same requests in the same order; preemption, "
+            "connectors/offload and speculative decoding are not modelled",
+        }
+    )
+    return out
+
+
+def _refusal(pool: PoolStream) -> str | None:
+    name = f"{pool.channel} rank {pool.rank if pool.rank is not None else 'none'}"
+    multi = len([g for g in pool.groups if g.group_idx is not None]) > 1
+    if multi and pool.removes_without_group:
+        return (
+            f"what-if refused for {name}: {pool.removes_without_group} removed blocks carry "
+            "no group_idx in a pool of several groups, so the eviction order cannot be "
+            "attributed (record with vLLM 0.21 or later)"
+        )
+    if multi and pool.stores_without_group:
+        return (
+            f"what-if refused for {name}: {pool.stores_without_group} stored blocks carry no "
+            "group_idx in a pool of several groups"
+        )
+    if pool.seq_regressions > max(2, pool.batches // 100):
+        return (
+            f"what-if refused for {name}: the seq goes backwards {pool.seq_regressions} "
+            "times: several pools are merged in one stream without ranks"
+        )
+    return None
+
+
+def _rows(
+    pool: PoolStream,
+    keyname: str,
+    rec: np.ndarray,
+    pred: np.ndarray,
+    band: tuple[np.ndarray, np.ndarray] | None,
+    hit_tokens: int,
+) -> list[dict[str, object]]:
+    buckets: dict[object, list[int]] = {}
+    for i, g in enumerate(pool.groups):
+        if keyname == "kind":
+            k: object = _kind(g)
+        elif keyname == "sliding_window":
+            k = g.sliding_window
+        else:
+            k = g.group_idx
+        buckets.setdefault(k, []).append(i)
+    out: list[dict[str, object]] = []
+    for k, idx in buckets.items():
+        row: dict[str, object] = {keyname: k}
+        if keyname == "group_idx":
+            g = pool.groups[idx[0]]
+            row["kind"] = _kind(g)
+            row["sliding_window"] = g.sliding_window
+        r = int(rec[idx].sum())
+        p = int(pred[idx].sum())
+        row["blocks_recomputed_recorded"] = r
+        row["blocks_recomputed"] = p
+        row["blocks_recomputed_saved"] = r - p
+        row["hit_tokens_gained"] = hit_tokens
+        if band is not None:
+            lo, hi = int(band[0][idx].sum()), int(band[1][idx].sum())
+            row["blocks_recomputed_band"] = [min(lo, hi, p), max(lo, hi, p)]
+        out.append(row)
+    return out
+
+
+def _run(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int]:
+    a = pool.arrays
+    rc, _dup, _saved, _stores, _first, hit = simulate(
+        a["op_kind"],
+        a["op_a"],
+        a["op_depth"],
+        a["op_group"],
+        a["op_rec"],
+        a["rec_req"],
+        a["rec_s0"],
+        a["rec_depths"],
+        a["req_first_rec"],
+        a["req_l0"],
+        a["req_cap"],
+        a["req_c0"],
+        a["cand"],
+        a["gkind"],
+        a["gsw"],
+        pool.n_keys,
+        extra,
+        rejoin,
+    )
+    return rc, int(hit)
+
+
+def predict(
+    pool: PoolStream,
+    extras: Sequence[Extra],
+    *,
+    pool_blocks: int | None = None,
+    lost: Sequence[str] = (),
+) -> list[dict[str, object]]:
+    """Predict one pool at every extra size.
+
+    Args:
+        pool: The pool's arrays (:func:`kvtool.report.whatif.extract.extract_pools`).
+        extras: The ``--what-if`` values.
+        pool_blocks: The pool's ``num_gpu_blocks``, when known.
+        lost: Lines naming batches lost while recording.
+
+    Returns:
+        One JSON-ready entry per extra.
+
+    Raises:
+        WhatIfRefused: The stream cannot support a prediction, or a percentage needs
+            the unknown pool size.
+    """
+    why = _refusal(pool)
+    if why is not None:
+        raise WhatIfRefused(why)
+    evictions = int((pool.arrays["op_kind"] == 1).sum())
+    conditions = _conditions(pool, lost, evictions)
+    mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
+    block_size = max([g.block_size for g in pool.groups] + [1])
+    recorded, _ = _run(pool, 0, True)
+    out: list[dict[str, object]] = []
+    done: set[int] = set()
+    for e in extras:
+        k = e.resolve(pool_blocks)
+        if k is None:
+            raise WhatIfRefused(
+                f"--what-if {e.text}: the pool size of {pool.channel} is unknown; "
+                "give --pool-blocks N (vllm:cache_config_info num_gpu_blocks) or K in blocks"
+            )
+        if k in done:
+            continue  # +60 and +10% of 600 are one prediction
+        done.add(k)
+        pred, hit = _run(pool, k, True)
+        band = None
+        if mamba:
+            alt, _ = _run(pool, k, False)
+            band = (alt, pred)
+        tokens = hit * block_size
+        entry: dict[str, object] = {
+            "channel": pool.channel,
+            "rank": pool.rank,
+            "pool_blocks": pool_blocks,
+            "extra_blocks": k,
+            "extra": e.text,
+            "totals": _totals(recorded, pred, band, tokens),
+            "by_kind": _rows(pool, "kind", recorded, pred, band, tokens),
+            "by_window": _rows(pool, "sliding_window", recorded, pred, band, tokens),
+            "by_group": _rows(pool, "group_idx", recorded, pred, band, tokens),
+            "conditions": conditions,
+        }
+        out.append(entry)
+    return out
+
+
+def _totals(
+    rec: np.ndarray, pred: np.ndarray, band: tuple[np.ndarray, np.ndarray] | None, tokens: int
+) -> dict[str, object]:
+    r, p = int(rec.sum()), int(pred.sum())
+    row: dict[str, object] = {
+        "blocks_recomputed_recorded": r,
+        "blocks_recomputed": p,
+        "blocks_recomputed_saved": r - p,
+        "hit_tokens_gained": tokens,
+    }
+    if band is not None:
+        lo, hi = int(band[0].sum()), int(band[1].sum())
+        row["blocks_recomputed_band"] = [min(lo, hi, p), max(lo, hi, p)]
+    return row
+
+
+def what_if(
+    paths: Sequence[str | os.PathLike[str]],
+    extras: Sequence[Extra],
+    *,
+    pool_blocks: int | None = None,
+    groups_file: str | os.PathLike[str] | None = None,
+    group_flags: Sequence[str] | None = None,
+    batch_filter: BatchFilter | None = None,
+    lost: Sequence[str] = (),
+) -> WhatIf:
+    """Read the recordings and predict every pool at every extra size.
+
+    Args:
+        paths: The recordings.
+        extras: The ``--what-if`` values.
+        pool_blocks: ``--pool-blocks N``: every pool's ``num_gpu_blocks``.
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        batch_filter: ``--channel/--rank/--since/--until``.
+        lost: Lines naming batches lost while recording (``lost_batches``).
+
+    Returns:
+        The entries and findings.
+
+    Raises:
+        WhatIfRefused: A pool's stream cannot support a prediction.
+        RecordingError: A recording cannot be opened.
+        MetadataError: The group metadata is invalid.
+    """
+    pools = extract_pools(
+        paths, groups_file=groups_file, group_flags=group_flags, batch_filter=batch_filter
+    )
+    result = WhatIf()
+    for pool in pools:
+        entries = predict(pool, extras, pool_blocks=pool_blocks, lost=lost)
+        result.entries.extend(entries)
+        if entries:
+            conds = entries[0]["conditions"]
+            assert isinstance(conds, list)
+            for c in conds:
+                if c["condition"] != "same_requests":
+                    line = f"what-if {pool.channel}: {c['detail']}"
+                    if line not in result.findings:
+                        result.findings.append(line)
+    return result
+
+
+__all__ = [
+    "COLUMNS",
+    "Extra",
+    "WhatIf",
+    "WhatIfRefused",
+    "parse_what_if",
+    "predict",
+    "what_if",
+]

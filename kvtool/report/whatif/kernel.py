@@ -1,0 +1,288 @@
+"""The what-if kernel: one pool's recorded event order replayed against a larger pool.
+
+The model (vLLM 0.33's block pool, see the project's WHATIF notes): one free queue per
+engine, least recently freed first, shared by every group. The order of the recorded
+``BlockRemoved`` events is the pool's eviction order, so a pool ``K`` blocks larger keeps
+what the recorded pool evicted for ``K`` more evictions: a *ghost* FIFO of evicted keys
+(oldest first) with room for ``K`` entries, plus the room that hits at the larger pool
+leave free (a hit allocates nothing). At each request's lookup the hit is extended with
+the per-kind rules (full attention: every block up to the hit; sliding window: the last
+``ceil((w-1)/block_size)`` blocks; Mamba: the state exactly at the hit) and capped where
+the recorded engine itself stopped although its own cache held more (the prompt - 1
+limit). A store at the larger pool of a key that is neither live nor ghost is a
+recompute; a store it would not make (inside the longer hit) is saved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtool._jit import kernel
+
+I64 = npt.NDArray[np.int64]
+
+KIND_FULL = 0
+"""Group kinds of the kernel: full attention and every kind that needs the whole prefix."""
+KIND_SLIDING = 1
+"""Sliding-window groups (their hit needs the last blocks of the window only)."""
+KIND_MAMBA = 2
+"""Mamba groups (their hit needs the state at exactly the hit length)."""
+
+OP_STORE = 0
+"""Op codes: one stored block (``op_a`` is its key)."""
+OP_REMOVE = 1
+"""One removed block (``op_a`` is its key)."""
+OP_CLEAR = 2
+"""``AllBlocksCleared``: the pool starts afresh."""
+OP_RECORD = 3
+"""A record begins (``op_a`` is the record): a request's lookup point when it is the first."""
+
+
+@kernel
+def _cached(k: int, n0: I64, ph: I64, kin: I64, gc: I64, n0_only: bool) -> bool:
+    if k < 0:
+        return False
+    if n0_only:
+        return bool(n0[k] > 0)
+    return bool(n0[k] - ph[k] + kin[k] + gc[k] > 0)
+
+
+@kernel
+def _lookup(
+    cand: I64,
+    c0: int,
+    l0: int,
+    cap: int,
+    gkind: I64,
+    gsw: I64,
+    n0: I64,
+    ph: I64,
+    kin: I64,
+    gc: I64,
+    n0_only: bool,
+) -> int:
+    """Return the longest hit (blocks) in [l0, cap] under the per-kind rules."""
+    n_groups = gkind.shape[0]
+    lfa = l0
+    for d in range(l0 + 1, cap + 1):
+        row = c0 + d - l0 - 1
+        ok = True
+        for g in range(n_groups):
+            if gkind[g] == KIND_FULL and not _cached(cand[row, g], n0, ph, kin, gc, n0_only):
+                ok = False
+                break
+        if not ok:
+            break
+        lfa = d
+    hit = lfa
+    while hit > l0:
+        ok = True
+        row = c0 + hit - l0 - 1
+        for g in range(n_groups):
+            if gkind[g] == KIND_SLIDING:
+                lo = max(hit - gsw[g] + 1, l0 + 1)
+                for dd in range(lo, hit + 1):
+                    if not _cached(cand[c0 + dd - l0 - 1, g], n0, ph, kin, gc, n0_only):
+                        ok = False
+                        break
+            elif gkind[g] == KIND_MAMBA and not _cached(cand[row, g], n0, ph, kin, gc, n0_only):
+                ok = False
+            if not ok:
+                break
+        if ok:
+            break
+        hit -= 1
+    return hit
+
+
+@kernel
+def simulate(
+    op_kind: I64,
+    op_a: I64,
+    op_depth: I64,
+    op_group: I64,
+    op_rec: I64,
+    rec_req: I64,
+    rec_s0: I64,
+    rec_depths: I64,
+    req_first_rec: I64,
+    req_l0: I64,
+    req_cap: I64,
+    req_c0: I64,
+    cand: I64,
+    gkind: I64,
+    gsw: I64,
+    n_keys: int,
+    extra: int,
+    rejoin: bool,
+) -> tuple[I64, I64, I64, I64, I64, int]:
+    """Replay one pool's ops against a pool ``extra`` blocks larger.
+
+    Args:
+        op_kind: Op codes (``OP_*``), in the recorded order.
+        op_a: Key of a store or remove; record of ``OP_RECORD``.
+        op_depth: Depth (1-based block position in its request) of a stored block.
+        op_group: Group position of a store or remove.
+        op_rec: Record of a store (-1 for other ops).
+        rec_req: Request of each record.
+        rec_s0: CSR offsets of each record's store depths in ``rec_depths``.
+        rec_depths: The depths of every record's stored blocks.
+        req_first_rec: Each request's first record (its lookup).
+        req_l0: The recorded hit of each request (blocks).
+        req_cap: The deepest block a lookup may reach (end of the prompt's blocks).
+        req_c0: Offset of each request's candidate rows in ``cand``.
+        cand: Per candidate depth (``req_l0 + 1`` …) and group, the key or -1.
+        gkind: Kernel kind of each group (``KIND_*``).
+        gsw: Blocks a sliding-window hit needs, per group.
+        n_keys: Number of keys.
+        extra: K, the extra blocks.
+        rejoin: A Mamba state hit at the larger pool rejoins the queue tail.
+
+    Returns:
+        Per group: recomputed, stored-while-live, saved stores, stores, first stores;
+        and the blocks of extra prefix hit over all requests.
+    """
+    n_groups = gkind.shape[0]
+    n_ops = op_kind.shape[0]
+    n0 = np.zeros(n_keys, np.int64)
+    ph = np.zeros(n_keys, np.int64)
+    kin = np.zeros(n_keys, np.int64)
+    gc = np.zeros(n_keys, np.int64)
+    seen = np.zeros(n_keys, np.bool_)
+    ent_key = np.zeros(n_ops + 1, np.int64)
+    ent_alive = np.zeros(n_ops + 1, np.bool_)
+    ent_prev = np.full(n_ops + 1, -1, np.int64)
+    key_last = np.full(n_keys, -1, np.int64)
+    head = 0
+    tail = 0
+    free = extra
+    req_hit = np.full(req_l0.shape[0], -1, np.int64)
+    rc = np.zeros(n_groups, np.int64)
+    dup = np.zeros(n_groups, np.int64)
+    saved = np.zeros(n_groups, np.int64)
+    stores = np.zeros(n_groups, np.int64)
+    first = np.zeros(n_groups, np.int64)
+    hit_blocks = 0
+    for i in range(n_ops):
+        t = op_kind[i]
+        if t == OP_RECORD:
+            r = op_a[i]
+            q = rec_req[r]
+            if req_first_rec[q] == r:
+                l0 = req_l0[q]
+                c0 = req_c0[q]
+                cap = req_cap[q]
+                own = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, True)
+                hit = l0
+                if own <= l0:
+                    hit = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, False)
+                req_hit[q] = hit
+                hit_blocks += hit - l0
+                # The larger pool touches what it hits: ghost copies leave the queue.
+                for d in range(l0 + 1, hit + 1):
+                    row = c0 + d - l0 - 1
+                    for g in range(n_groups):
+                        k = cand[row, g]
+                        if k < 0:
+                            continue
+                        kd = gkind[g]
+                        if kd == KIND_SLIDING and d <= hit - gsw[g]:
+                            continue
+                        if kd == KIND_MAMBA and d != hit:
+                            continue
+                        if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0:
+                            continue
+                        if kd == KIND_MAMBA and not rejoin:
+                            continue  # the state stays where it was in the queue
+                        e = key_last[k]
+                        while e >= 0 and not ent_alive[e]:
+                            e = ent_prev[e]
+                        ent_alive[e] = False
+                        gc[k] -= 1
+                        key_last[k] = ent_prev[e]
+                        if kd == KIND_MAMBA and rejoin:
+                            ent_key[tail] = k
+                            ent_alive[tail] = True
+                            ent_prev[tail] = key_last[k]
+                            key_last[k] = tail
+                            gc[k] += 1
+                            tail += 1
+                        else:
+                            kin[k] += 1
+            hit = req_hit[q]
+            if hit >= 0:
+                # This record's saved stores allocate nothing at the larger pool.
+                for j in range(rec_s0[r], rec_s0[r + 1]):
+                    if rec_depths[j] <= hit:
+                        free += 1
+        elif t == OP_REMOVE:
+            k = op_a[i]
+            if n0[k] <= 0:
+                continue
+            n0[k] -= 1
+            if ph[k] > 0:
+                ph[k] -= 1
+            else:
+                ent_key[tail] = k
+                ent_alive[tail] = True
+                ent_prev[tail] = key_last[k]
+                key_last[k] = tail
+                gc[k] += 1
+                tail += 1
+            if free > 0:
+                free -= 1
+            else:
+                while head < tail:
+                    e = head
+                    head += 1
+                    if ent_alive[e]:
+                        ent_alive[e] = False
+                        gc[ent_key[e]] -= 1
+                        break
+        elif t == OP_CLEAR:
+            n0[:] = 0
+            ph[:] = 0
+            kin[:] = 0
+            gc[:] = 0
+            ent_alive[:] = False
+            key_last[:] = -1
+            head = tail
+            free = extra
+        else:
+            k = op_a[i]
+            g = op_group[i]
+            q = rec_req[op_rec[i]]
+            hit = req_hit[q]
+            if hit >= 0 and op_depth[i] <= hit:
+                if kin[k] > 0:
+                    kin[k] -= 1
+                else:
+                    ph[k] += 1
+                n0[k] += 1
+                saved[g] += 1
+                seen[k] = True
+                continue
+            stores[g] += 1
+            if seen[k]:
+                if n0[k] - ph[k] + kin[k] + gc[k] > 0:
+                    dup[g] += 1
+                else:
+                    rc[g] += 1
+            else:
+                first[g] += 1
+            seen[k] = True
+            n0[k] += 1
+    return rc, dup, saved, stores, first, hit_blocks
+
+
+__all__ = [
+    "KIND_FULL",
+    "KIND_MAMBA",
+    "KIND_SLIDING",
+    "OP_CLEAR",
+    "OP_RECORD",
+    "OP_REMOVE",
+    "OP_STORE",
+    "simulate",
+]
