@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import msgspec
 
 from kvtool.errors import ProtocolError
-from kvtool.protocol import EVENT_TYPES, BlockRemoved, BlockStored, decode_batch
+from kvtool.protocol import (
+    EVENT_TYPES,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode_batch,
+)
 from kvtool.recording import open_recording
 from kvtool.recording.ledger import GroupMeta
 
@@ -85,6 +92,10 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         kvtool_version: The kvtool that wrote it, when stored.
         recorded_at: The writer's start time (ISO 8601), when stored.
         command_line: The command that wrote it, when stored.
+        source_like: ``sglang`` when the stream shows SGLang's signature (no ``group_idx``
+            on any event, signed 64-bit hashes, an ``AllBlocksCleared`` alone at seq 0:
+            PROTOCOL.md "SGLang 0.5.23"), else None. A hint, never a rule: nothing else
+            depends on it.
     """
 
     path: str
@@ -112,6 +123,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     kvtool_version: str | None = None
     recorded_at: str | None = None
     command_line: list[str] | None = None
+    source_like: str | None = None
 
     def problems(self) -> list[str]:
         """Say what is missing from this recording, one line each; empty when nothing is.
@@ -196,6 +208,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             "kvtool_version": self.kvtool_version,
             "recorded_at": self.recorded_at,
             "command_line": self.command_line,
+            "source_like": self.source_like,
         }
 
 
@@ -221,6 +234,40 @@ class _SeqTrack:
                 # A seq going backwards is a publisher restart, not a gap (issue 2).
                 self.restarts += 1
         self.last = seq
+
+
+class _Signature:
+    """What tells an SGLang stream from vLLM's, from the wire alone (PROTOCOL.md).
+
+    SGLang 0.5.23 sends no ``group_idx``, signed int64 hashes (about half negative), and
+    its cache's constructor publishes an ``AllBlocksCleared`` as seq 0. vLLM since 0.21
+    sends ``group_idx``, and since 0.10.2 unsigned hashes.
+    """
+
+    __slots__ = ("clear_at_0", "grouped", "negative", "stores")
+
+    def __init__(self) -> None:
+        self.grouped = False
+        self.negative = False
+        self.clear_at_0 = False
+        self.stores = 0
+
+    def see(self, seq: int, events: Sequence[object]) -> None:
+        if seq == 0 and len(events) == 1 and isinstance(events[0], AllBlocksCleared):
+            self.clear_at_0 = True
+        for ev in events:
+            if isinstance(ev, BlockStored | BlockRemoved):
+                if ev.group_idx is not None:
+                    self.grouped = True
+                if isinstance(ev, BlockStored):
+                    self.stores += 1
+                if not self.negative:
+                    self.negative = any(isinstance(h, int) and h < 0 for h in ev.block_hashes)
+
+    def verdict(self) -> str | None:
+        if self.stores and not self.grouped and self.negative and self.clear_at_0:
+            return "sglang"
+        return None
 
 
 def _merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
@@ -259,6 +306,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         end: int | None = None
         stored = removed = tokens = 0
         by_class: dict[type, int] = {}
+        sig = _Signature()
         for msg in reader.messages():
             ch = msg.channel
             cs = chans.get(ch.id)
@@ -285,6 +333,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
             if cs.dp_rank is None and batch.data_parallel_rank is not None:
                 cs.dp_rank = batch.data_parallel_rank
             info.skipped_events += len(batch.skipped)
+            sig.see(msg.seq, batch.events)
             # Hot loop (one pass per event): count by class, map classes to tags at the end.
             for ev in batch.events:
                 cls = type(ev)
@@ -298,6 +347,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
             tag = cls.__struct_config__.tag
             events[str(tag)] = events.get(str(tag), 0) + n
         rec = reader.recovery
+        info.source_like = sig.verdict()
         info.batches = sum(c.batches for c in chans.values())
         info.events = events
         info.blocks_stored, info.blocks_removed, info.tokens_stored = stored, removed, tokens

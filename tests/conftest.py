@@ -11,7 +11,11 @@ from tests.peer import read_frames
 
 DATA = Path(__file__).parent / "data"
 CAPTURES_DIR = DATA / "captures"
-CAPTURES = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
+_ALL = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
+CAPTURES = [c for c in _ALL if not c.startswith("sglang_")]
+"""vLLM's captures (their truth files share one layout)."""
+SGLANG_CAPTURES = [c for c in _ALL if c.startswith("sglang_")]
+"""SGLang 0.5.23's captures (truth files of their own layout: captures/README.md)."""
 
 
 def capture_messages(name: str) -> list[tuple[bytes, int, bytes]]:

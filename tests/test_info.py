@@ -443,3 +443,25 @@ def test_issue8_14_huge_group_idx_is_damage_and_the_rest_is_read(tmp_path: Path)
     result = runner.invoke(app, ["report", "-f", "json", str(path)])
     assert result.exit_code == 3, result.stderr
     assert json.loads(result.stdout)["totals"]["store_events"] > 0
+
+
+@pytest.mark.parametrize("name", ["sglang_full", "sglang_swa"])
+def test_issue21_info_says_an_sglang_stream_is_sglang_like(tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"{name}.mcap"
+    write_capture(path, name)
+    truth = capture_truth(name)
+    info = summarize(path)
+    assert info.source_like == "sglang"
+    assert info.events == {**dict.fromkeys(info.events, 0), **truth["events_by_type"]}
+    assert info.blocks_stored == truth["block_stored"]["blocks"]
+    result = runner.invoke(app, ["info", str(path)], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.stderr
+    assert "SGLang-like" in result.stdout
+    assert "sliding-window evictions send no event" in " ".join(result.stdout.split())
+
+
+def test_issue21_a_vllm_stream_is_not_sglang_like(tmp_path: Path, capture: str) -> None:
+    path = tmp_path / f"{capture}.mcap"
+    write_capture(path, capture)
+    # The legacy signed capture has signed hashes and no group_idx but no clear at seq 0.
+    assert summarize(path).source_like is None

@@ -196,6 +196,12 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
                 f"{plural(info.skipped_events, 'event')} skipped",
             )
         row("Groups:", _groups(info))
+        if info.source_like == "sglang":
+            row(
+                "Source:",
+                "SGLang-like (signed hashes, no group_idx, a clear at seq 0): one ungrouped "
+                "stream; sliding-window evictions send no event",
+            )
         row("Status:", _status(info))
         row("Channels:", f"{len(info.channels):,}")
         indent = max(len(k) for k, _ in lines) + 2
