@@ -11,7 +11,11 @@ from tests.peer import read_frames
 
 DATA = Path(__file__).parent / "data"
 CAPTURES_DIR = DATA / "captures"
-CAPTURES = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
+_ALL_CAPTURES = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
+# SGLang's captures have their own truth layout (tests/test_sglang.py reads them, issue 21);
+# CAPTURES are the vLLM ones, whose truth files share one layout.
+SGLANG_CAPTURES = [n for n in _ALL_CAPTURES if n.startswith("sglang_")]
+CAPTURES = [n for n in _ALL_CAPTURES if n not in SGLANG_CAPTURES]
 
 
 def capture_messages(name: str) -> list[tuple[bytes, int, bytes]]:

@@ -26,9 +26,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from kvtool.protocol import (
@@ -36,10 +35,8 @@ from kvtool.protocol import (
     BlockRemoved,
     BlockStored,
     Event,
-    decode_batch,
     hash_key,
 )
-from kvtool.recording import open_recording
 
 ReportMode = Literal["auto", "full", "incremental"]
 
@@ -66,6 +63,11 @@ _PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attenti
 _WINDOW_KINDS = frozenset({"sliding_window", "sliding_window_mla"})
 
 
+def _age(removed: float, stored: float) -> float:
+    """A lifetime in seconds, on whole microseconds of each ``ts`` as kvtool computes it."""
+    return (round(removed * 1e6) - round(stored * 1e6)) / 1e6
+
+
 @dataclass(frozen=True)
 class GroupInfo:
     """One KV cache group as ``get_kv_cache_group_metadata()`` describes it."""
@@ -85,6 +87,7 @@ class Block:
     store_class: str
     batch: int
     tokens: tuple[object, ...] = ()
+    origin: int = 0
 
 
 @dataclass
@@ -104,14 +107,14 @@ class Counts:
     peak_live_blocks: int = 0
     hit_blocks: int = 0
     hit_tokens: int = 0
+    failed_lookups: int = 0
     ambiguous_announcements: int = 0
     ambiguous_announced_blocks: int = 0
+    ambiguous_taken_blocks: int = 0
     ambiguous_copy_evictions: int = 0
     evicted_same_batch: int = 0
     distinct: set[int] = field(default_factory=set)
     lifetimes: list[float] = field(default_factory=list)
-    lifetimes_low: list[float] = field(default_factory=list)
-    lifetimes_high: list[float] = field(default_factory=list)
 
 
 class _Group:
@@ -156,127 +159,61 @@ class _Pending:
     folded: Counter[int] = field(default_factory=Counter)
     rekey: Block | None = None
     promoted: dict[int, Block] = field(default_factory=dict)
+    last_evicted_origin: int = -1
 
 
-class SemanticsModel:
-    """The reference model: feed batches in stream order, read :attr:`counts` at the end.
+def _token_blocks(ev: BlockStored, n: int, bs: int) -> list[tuple[object, ...]]:
+    """Each stored hash's tokens. ``token_ids`` spans skipped (null) blocks too; the hashed
+    blocks are the last ``n`` of the range (the skipped ones precede them)."""
+    toks = ev.token_ids
+    if not bs or len(toks) < n * bs:
+        return [() for _ in range(n)]
+    base = len(toks) - n * bs
+    return [tuple(toks[base + k * bs : base + (k + 1) * bs]) for k in range(n)]
 
-    Args:
-        groups: The group metadata per group index (``get_kv_cache_group_metadata()``).
-        report_mode: ``incremental`` (no request announces its hits), ``full`` (every
-            request does) or ``auto`` (decide from what the stream shows).
-    """
 
-    def __init__(
-        self, groups: Sequence[dict[str, object]] | None = None, report_mode: ReportMode = "auto"
-    ) -> None:
-        self.meta: dict[int, GroupInfo] = {}
-        for g in groups or ():
-            bs, win = g.get("block_size"), g.get("sliding_window")
-            self.meta[int(g["group_idx"])] = GroupInfo(  # type: ignore[call-overload]
-                kind=str(g["kind"]) if g.get("kind") is not None else None,
-                block_size=int(bs) if isinstance(bs, int) else None,
-                sliding_window=int(win) if isinstance(win, int) else None,
-            )
-        self.report_mode: ReportMode = report_mode
-        self.channels: dict[tuple[object, object], dict[int | None, _Group]] = {}
-        self.last_seq: dict[tuple[object, object], int] = {}
-        self.counts: dict[int | None, Counts] = defaultdict(Counts)
-        self.kinds: dict[int | None, str] = {}
-        self.kind_live: Counter[str] = Counter()
-        self.kind_peak: Counter[str] = Counter()
-        self.unknown_tags: Counter[str] = Counter()
-        self.announcements_seen = 0
-        self.debug: list[object] | None = None
-        self.batch_index = 0
-        # The last counted announcement per (channel, group): a lookup repeated in the next
-        # batch (its allocation failed) is counted once (see _count_hit).
-        self._last_hit: dict[tuple[object, object, int | None], tuple[int, tuple[int, ...]]] = {}
+def _contains(toks: tuple[object, ...], part: tuple[object, ...]) -> bool:
+    """Whether ``part`` is one hash unit of ``toks`` (at a multiple of its length)."""
+    n = len(part)
+    return bool(n) and any(toks[j : j + n] == part for j in range(0, len(toks) - n + 1, n))
 
-    # ------------------------------------------------------------------ input
 
-    def feed(
-        self,
-        events: Sequence[Event],
-        ts: float,
-        *,
-        channel: object = 0,
-        rank: object = None,
-        seq: int | None = None,
-        skipped: Iterable[str] = (),
-    ) -> None:
-        """Apply one batch.
+def _host(p: _Pending, toks: tuple[object, ...]) -> Block | None:
+    """The full block cached earlier in this batch whose tokens hold a partial's."""
+    for blk in reversed(p.full):
+        if blk.keys and _contains(blk.tokens, toks):
+            return blk
+    return None
 
-        Args:
-            events: The batch's decoded events in order.
-            ts: The batch's ``ts``.
-            channel: The channel the batch came on.
-            rank: Its data-parallel rank.
-            seq: Its sequence number (a seq going backwards is a publisher restart).
-            skipped: ``KVEventBatch.skipped`` (unknown tags are counted, never dropped).
-        """
-        for msg in skipped:
-            m = _UNKNOWN_TAG.search(msg)
-            self.unknown_tags[m.group(1) if m else "<malformed>"] += 1
-        ck = (channel, rank)
-        if seq is not None:
-            if ck in self.last_seq and seq <= self.last_seq[ck]:
-                self._clear(ck, count=False)  # a restart: the state starts afresh
-            self.last_seq[ck] = seq
-        groups = self.channels.setdefault(ck, {})
-        pend: dict[int | None, _Pending] = defaultdict(_Pending)
-        announced: set[int] = set()
-        run_end = -1
-        for i, ev in enumerate(events):
-            if i > run_end and isinstance(ev, BlockStored):
-                # Judged on the live state where the run starts (earlier evictions count).
-                run = self._run(events, i)
-                if run:
-                    run_end = run[-1]
-                    if self._is_announcement(ck, events, run):
-                        announced.update(run)
-            if isinstance(ev, AllBlocksCleared):
-                self._clear(ck, count=True)
-                pend.clear()
-            elif isinstance(ev, BlockStored):
-                g = self._group(groups, ev.group_idx, ev.kv_cache_spec_kind)
-                self._store(ck, ev, ts, g, pend[ev.group_idx], i in announced, events, i)
-            elif isinstance(ev, BlockRemoved):
-                gi = self._remove_group(groups, ev)
-                g = self._group(groups, gi, None)
-                for h in ev.block_hashes:
-                    self._remove(gi, hash_key(h), ts, g, pend[gi], events, i)
-                self.counts[gi].remove_events += 1
-        for gi, p in pend.items():
-            for key, n in p.folded.items():
-                # An evicted block's extra key whose remove never came: vLLM pops every key
-                # of the block, so this is only possible on a damaged stream.
-                self.counts[gi].removes["extra_key_without_remove"] += n
-                del key
-        self.batch_index += 1
+
+def _promotion_target(p: _Pending, toks: tuple[object, ...]) -> Block | None:
+    """The promoted block (its partial primary key removed in this batch) a full block is."""
+    for key, blk in list(p.promoted.items()):
+        if _contains(toks, blk.tokens):
+            del p.promoted[key]
+            return blk
+    return None
+
+
+class _AnnouncementRules:
+    """The rules that tell a hit announcement from a store (a part of SemanticsModel)."""
+
+    report_mode: ReportMode
+    meta: dict[int, GroupInfo]
+    channels: dict[tuple[object, object], dict[int | None, _Group]]
+    counts: dict[int | None, Counts]
+    announcements_seen: int
+    batch_index: int
+    _last_hit: dict[tuple[object, object, int | None], tuple[int, int, int, int, bool]]
 
     def _group(
-        self, groups: dict[int | None, _Group], gi: int | None, kind: str | None
+        self,
+        groups: dict[int | None, _Group],
+        gi: int | None,
+        kind: str | None,
+        window: int | None = None,
     ) -> _Group:
-        if gi not in groups:
-            info = self.meta.get(gi) if gi is not None else None
-            if info is None:
-                info = GroupInfo(kind=kind, block_size=None, sliding_window=None)
-            groups[gi] = _Group(info)
-        g = groups[gi]
-        if gi not in self.kinds or self.kinds[gi] == "unannotated":
-            self.kinds[gi] = g.info.kind or kind or "unannotated"
-        return g
-
-    def _remove_group(self, groups: dict[int | None, _Group], ev: BlockRemoved) -> int | None:
-        if ev.group_idx is not None or not ev.block_hashes:
-            return ev.group_idx
-        # Older vLLM: no group on removes. The group that holds the key, if only one does.
-        key = hash_key(ev.block_hashes[0])
-        holders = [gi for gi, g in groups.items() if g.live(key)]
-        return holders[0] if len(holders) == 1 else None
-
-    # ---------------------------------------------------------- announcements
+        raise NotImplementedError
 
     def _is_announcement(
         self, ck: tuple[object, object], events: Sequence[Event], run: list[int]
@@ -303,15 +240,15 @@ class SemanticsModel:
         for j in run:
             ev = events[j]
             assert isinstance(ev, BlockStored)
-            g = self._group(groups, ev.group_idx, ev.kv_cache_spec_kind)
+            g = self._group(
+                groups, ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
+            )
             verdicts.append(self._hit_lengths(g, hashes))
         # Every group of the channel announces a hit (a hybrid hit has one length for
         # all groups; a group's block list holds its skipped null blocks too).
-        want = set(self.meta) or set(groups)
+        want: set[int | None] = set(self.meta) or set(groups)
         covered = {getattr(events[j], "group_idx", None) for j in run}
         full_ok = covered >= want and all(v[0] for v in verdicts)
-        if self.debug is not None:
-            self.debug.append(("run", self.batch_index, run, verdicts, covered >= want))
         if not full_ok:
             return False
         shorter = all(v[1] for v in verdicts)
@@ -320,11 +257,16 @@ class SemanticsModel:
         if certain:
             self.announcements_seen += 1
             return True
+        # Auto mode: once the stream has shown certain announcements, an ambiguous run is
+        # taken as one too; either way it widens the bound.
+        taken = self.announcements_seen > 0
         for j in run:
             c = self.counts[getattr(events[j], "group_idx", None)]
             c.ambiguous_announcements += 1
             c.ambiguous_announced_blocks += len(hashes)
-        return self.announcements_seen > 0
+            if taken:
+                c.ambiguous_taken_blocks += len(hashes)
+        return taken
 
     def _run(self, events: Sequence[Event], i: int) -> list[int]:
         """The run of announcement-shaped stores (one per group, same hashes) from ``i``."""
@@ -374,27 +316,178 @@ class SemanticsModel:
             return all(g.live(h) for h in hashes[max(0, n - need) : n])
         if kind == "mamba":
             return g.live(hashes[n - 1])  # MambaManager (align): the state at the length
-        return True  # a kind whose hit rule the model does not know constrains nothing
+        # A kind whose hit rule the model does not know (or no kind at all: no metadata,
+        # unannotated stores) cannot prove an announcement, unless every request announces.
+        return self.report_mode == "full"
 
     @staticmethod
     def _continues(events: Sequence[Event], start: int, last: int) -> bool:
         for ev in events[start:]:
-            if isinstance(ev, BlockStored) and ev.parent_block_hash is not None:
-                if hash_key(ev.parent_block_hash) == last:  # type: ignore[arg-type]
-                    return True
+            parent = ev.parent_block_hash if isinstance(ev, BlockStored) else None
+            if isinstance(parent, int | bytes) and hash_key(parent) == last:
+                return True
         return False
 
-    def _count_hit(self, ck: tuple[object, object], ev: BlockStored, keys: list[int]) -> None:
+    def _count_hit(
+        self,
+        ck: tuple[object, object],
+        ev: BlockStored,
+        keys: list[int],
+        events: Sequence[Event],
+        i: int,
+    ) -> None:
+        """Count an announced hit once per admitted request.
+
+        A lookup whose allocation fails announces and stops the step: nothing is stored
+        after it in its group in that batch, and the scheduler looks the same request up
+        again in the next step, so the next batch announces the same prefix (its length may
+        differ). That earlier announcement is taken back.
+        """
         c = self.counts[ev.group_idx]
         k = (ck[0], ck[1], ev.group_idx)
         prev = self._last_hit.get(k)
-        if prev is not None and prev[0] == self.batch_index - 1 and prev[1] == tuple(keys):
-            # The same lookup again in the next batch: its allocation failed and it repeats.
-            c.hit_blocks -= len(keys)
-            c.hit_tokens -= len(ev.token_ids)
-        self._last_hit[k] = (self.batch_index, tuple(keys))
+        if prev is not None and prev[0] == self.batch_index - 1 and prev[1] == keys[0] and prev[4]:
+            c.hit_blocks -= prev[2]
+            c.hit_tokens -= prev[3]
+            c.failed_lookups += 1
+        tail = not any(
+            isinstance(e, BlockStored) and e.group_idx == ev.group_idx for e in events[i + 1 :]
+        )
+        self._last_hit[k] = (self.batch_index, keys[0], len(keys), len(ev.token_ids), tail)
         c.hit_blocks += len(keys)
         c.hit_tokens += len(ev.token_ids)
+
+
+class SemanticsModel(_AnnouncementRules):
+    """The reference model: feed batches in stream order, read :attr:`counts` at the end.
+
+    Args:
+        groups: The group metadata per group index (``get_kv_cache_group_metadata()``).
+        report_mode: ``incremental`` (no request announces its hits), ``full`` (every
+            request does) or ``auto`` (decide from what the stream shows).
+        copy_rule: Which copy of a key with two live copies a remove evicts: ``adjacent``
+            (the model's rule, see :meth:`_evict`), ``oldest`` or ``newest`` (the two
+            extremes, for the lifetime bound).
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[dict[str, object]] | None = None,
+        report_mode: ReportMode = "auto",
+        copy_rule: Literal["adjacent", "oldest", "newest"] = "adjacent",
+    ) -> None:
+        self.copy_rule = copy_rule
+        self.event_serial = 0
+        self.meta: dict[int, GroupInfo] = {}
+        for g in groups or ():
+            bs, win = g.get("block_size"), g.get("sliding_window")
+            self.meta[int(g["group_idx"])] = GroupInfo(  # type: ignore[call-overload]
+                kind=str(g["kind"]) if g.get("kind") is not None else None,
+                block_size=int(bs) if isinstance(bs, int) else None,
+                sliding_window=int(win) if isinstance(win, int) else None,
+            )
+        self.report_mode: ReportMode = report_mode
+        self.channels: dict[tuple[object, object], dict[int | None, _Group]] = {}
+        self.last_seq: dict[tuple[object, object], int] = {}
+        self.counts: dict[int | None, Counts] = defaultdict(Counts)
+        self.kinds: dict[int | None, str] = {}
+        self.kind_live: Counter[str] = Counter()
+        self.kind_peak: Counter[str] = Counter()
+        self.unknown_tags: Counter[str] = Counter()
+        self.announcements_seen = 0
+        self.batch_index = 0
+        # The last counted announcement per (channel, group): a lookup repeated in the next
+        # batch (its allocation failed) is counted once (see _count_hit).
+        self._last_hit: dict[
+            tuple[object, object, int | None], tuple[int, int, int, int, bool]
+        ] = {}
+
+    # ------------------------------------------------------------------ input
+
+    def feed(
+        self,
+        events: Sequence[Event],
+        ts: float,
+        *,
+        channel: object = 0,
+        rank: object = None,
+        seq: int | None = None,
+        skipped: Iterable[str] = (),
+    ) -> None:
+        """Apply one batch.
+
+        Args:
+            events: The batch's decoded events in order.
+            ts: The batch's ``ts``.
+            channel: The channel the batch came on.
+            rank: Its data-parallel rank.
+            seq: Its sequence number (a seq going backwards is a publisher restart).
+            skipped: ``KVEventBatch.skipped`` (unknown tags are counted, never dropped).
+        """
+        for msg in skipped:
+            m = _UNKNOWN_TAG.search(msg)
+            self.unknown_tags[m.group(1) if m else "<malformed>"] += 1
+        ck = (channel, rank)
+        if seq is not None:
+            if ck in self.last_seq and seq <= self.last_seq[ck]:
+                self._clear(ck, count=False)  # a restart: the state starts afresh
+            self.last_seq[ck] = seq
+        groups = self.channels.setdefault(ck, {})
+        pend: dict[int | None, _Pending] = defaultdict(_Pending)
+        announced: set[int] = set()
+        run_end = -1
+        for i, ev in enumerate(events):
+            if i > run_end and isinstance(ev, BlockStored):
+                # Judged on the live state where the run starts (earlier evictions count).
+                run = self._run(events, i)
+                if run:
+                    run_end = run[-1]
+                    if self._is_announcement(ck, events, run):
+                        announced.update(run)
+            if isinstance(ev, AllBlocksCleared):
+                self._clear(ck, count=True)
+                pend.clear()
+            elif isinstance(ev, BlockStored):
+                g = self._group(
+                    groups, ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
+                )
+                self._store(ck, ev, ts, g, pend[ev.group_idx], i in announced, events, i)
+            elif isinstance(ev, BlockRemoved):
+                gi = self._remove_group(groups, ev)
+                g = self._group(groups, gi, None)
+                for h in ev.block_hashes:
+                    self._remove(gi, hash_key(h), ts, g, pend[gi], events, i)
+                self.counts[gi].remove_events += 1
+        for gi, p in pend.items():
+            # An evicted block's extra key whose remove never came: vLLM pops every key of
+            # the block, so this is only possible on a damaged stream.
+            self.counts[gi].removes["extra_key_without_remove"] += sum(p.folded.values())
+        self.batch_index += 1
+
+    def _group(
+        self,
+        groups: dict[int | None, _Group],
+        gi: int | None,
+        kind: str | None,
+        window: int | None = None,
+    ) -> _Group:
+        if gi not in groups:
+            info = self.meta.get(gi) if gi is not None else None
+            if info is None:
+                info = GroupInfo(kind=kind, block_size=None, sliding_window=window)
+            groups[gi] = _Group(info)
+        g = groups[gi]
+        if gi not in self.kinds or self.kinds[gi] == "unannotated":
+            self.kinds[gi] = g.info.kind or kind or "unannotated"
+        return g
+
+    def _remove_group(self, groups: dict[int | None, _Group], ev: BlockRemoved) -> int | None:
+        if ev.group_idx is not None or not ev.block_hashes:
+            return ev.group_idx
+        # Older vLLM: no group on removes. The group that holds the key, if only one does.
+        key = hash_key(ev.block_hashes[0])
+        holders = [gi for gi, g in groups.items() if g.live(key)]
+        return holders[0] if len(holders) == 1 else None
 
     # ------------------------------------------------------------------ stores
 
@@ -412,13 +505,12 @@ class SemanticsModel:
         gi = ev.group_idx
         c = self.counts[gi]
         c.store_events += 1
+        self.event_serial += 1
         keys = [hash_key(h) for h in ev.block_hashes]
-        if self.debug is not None:
-            self.debug.append(("S", self.batch_index, i, gi, announced, keys))
         if announced:
             c.stores["announcement"] += len(keys)
             c.tokens_announced += len(ev.token_ids)
-            self._count_hit(ck, ev, keys)
+            self._count_hit(ck, ev, keys, events, i)
             return
         c.tokens_stored += len(ev.token_ids)
         bs = ev.block_size if isinstance(ev.block_size, int) else 0
@@ -429,9 +521,9 @@ class SemanticsModel:
             self._store_partial(gi, keys[0], tuple(ev.token_ids), ts, g, p)
             return
         g.seen_block_size = max(g.seen_block_size, bs) if not g.info.block_size else 0
-        blocks = self._token_blocks(ev, len(keys), g.block_size)
+        blocks = _token_blocks(ev, len(keys), g.block_size)
         for key, toks in zip(keys, blocks, strict=True):
-            target = self._promotion_target(p, toks, g.block_size)
+            target = _promotion_target(p, toks)
             if target is not None:
                 # cache_full_blocks on a block that carries a partial primary key: the block
                 # gets its full key (the partial key's remove came before).
@@ -447,7 +539,7 @@ class SemanticsModel:
     ) -> None:
         c = self.counts[gi]
         g.partial_keys.add(key)
-        host = self._host(p, toks)
+        host = _host(p, toks)
         if host is not None:
             # cache_partial_block on a block cached (full) earlier in this step: an extra key.
             if key not in host.keys:
@@ -482,15 +574,20 @@ class SemanticsModel:
         c.distinct.add(key)
         blk = Block(keys=[], stored_ts={}, partial_primary=partial, store_class=cls, batch=0)
         blk.batch = self.batch_index
+        blk.origin = self.event_serial
         g.add_key(blk, key, ts)
         p.stored.setdefault(key, []).append(blk)
         p.rekey = None
         self._live(gi, +1)
         return blk
 
-    def _rekey(self, gi: int | None, blk: Block, key: int, ts: float, g: _Group, p: _Pending) -> None:
+    def _rekey(
+        self, gi: int | None, blk: Block, key: int, ts: float, g: _Group, p: _Pending
+    ) -> None:
         c = self.counts[gi]
         c.stores["rekey"] += 1
+        if g.live(key):
+            c.stores["rekey_of_live_key"] += 1  # the re-keyed block is a second copy
         g.ever.add(key)
         c.distinct.add(key)
         if blk.keys:
@@ -500,39 +597,6 @@ class SemanticsModel:
         p.stored.setdefault(key, []).append(blk)
         p.rekey = None
         self._live(gi, +1)  # the block was taken off the live count by its key's remove
-
-    @staticmethod
-    def _token_blocks(ev: BlockStored, n: int, bs: int) -> list[tuple[object, ...]]:
-        """Each stored hash's tokens. ``token_ids`` spans skipped (null) blocks too; the
-        hashed blocks are the last ``n`` of the range (skipped ones precede them)."""
-        toks = ev.token_ids
-        if not bs or len(toks) < n * bs:
-            return [() for _ in range(n)]
-        base = len(toks) - n * bs
-        return [tuple(toks[base + k * bs : base + (k + 1) * bs]) for k in range(n)]
-
-    @staticmethod
-    def _contains(toks: tuple[object, ...], part: tuple[object, ...]) -> bool:
-        """Whether ``part`` is one hash unit of ``toks`` (at a multiple of its length)."""
-        n = len(part)
-        return bool(n) and any(toks[j : j + n] == part for j in range(0, len(toks) - n + 1, n))
-
-    def _host(self, p: _Pending, toks: tuple[object, ...]) -> Block | None:
-        """The full block cached earlier in this batch whose tokens hold this partial's."""
-        for blk in reversed(p.full):
-            if blk.keys and self._contains(blk.tokens, toks):
-                return blk
-        return None
-
-    def _promotion_target(
-        self, p: _Pending, toks: tuple[object, ...], bs: int
-    ) -> Block | None:
-        """The promoted block (partial primary key removed in this batch) this full block is."""
-        for key, blk in list(p.promoted.items()):
-            if self._contains(toks, blk.tokens):
-                del p.promoted[key]
-                return blk
-        return None
 
     # ------------------------------------------------------------------ removes
 
@@ -547,8 +611,6 @@ class SemanticsModel:
         i: int,
     ) -> None:
         c = self.counts[gi]
-        if self.debug is not None:
-            self.debug.append(("R", self.batch_index, i, gi, key, len(g.copies.get(key, ()))))
         if p.folded[key] > 0:
             # _remove_cached_block_hashes: one remove per key of an evicted block.
             p.folded[key] -= 1
@@ -562,7 +624,9 @@ class SemanticsModel:
         copies = g.copies[key]
         later = [e for e in events[i + 1 :] if getattr(e, "group_idx", None) == gi]
         if key in g.partial_keys:
-            blk = next((b for b in copies if b.keys and b.keys[0] == key and b.partial_primary), None)
+            blk = next(
+                (b for b in copies if b.keys and b.keys[0] == key and b.partial_primary), None
+            )
             if blk is not None and any(
                 isinstance(e, BlockStored)
                 and len(e.block_hashes) == 1
@@ -571,7 +635,7 @@ class SemanticsModel:
             ):
                 # Partial -> full promotion (cache_full_blocks removes the partial primary
                 # key, stores the full key, cache_partial_block re-stores the partial key).
-                self._unkey_block(gi, blk, g, p, keep=True)
+                self._unkey_block(gi, blk, g, p)
                 p.promoted[key] = blk
                 c.removes["promotion"] += 1
                 return
@@ -587,21 +651,21 @@ class SemanticsModel:
                 and nxt.block_size < g.block_size
             ):
                 # MambaManager re-keys its checkpoint block (replace_existing_hashes=True).
-                self._unkey_block(gi, blk, g, p, keep=True)
+                self._unkey_block(gi, blk, g, p)
                 p.rekey = blk
                 c.removes["rekey_remove"] += 1
             else:
                 # A transient checkpoint dropped by the Mamba manager (_maybe_evict_cached_block
                 # outside get_new_blocks): stored and discarded in one step, never a block
                 # the pool kept; it leaves blocks_stored again.
-                self._unkey_block(gi, blk, g, p, keep=False)
+                self._unkey_block(gi, blk, g, p)
                 c.removes["discard"] += 1
                 c.stores[blk.store_class] -= 1
                 c.stores["discarded"] += 1
             return
         self._evict(gi, key, ts, g, p, old or copies, later)
 
-    def _unkey_block(self, gi: int | None, blk: Block, g: _Group, p: _Pending, *, keep: bool) -> None:
+    def _unkey_block(self, gi: int | None, blk: Block, g: _Group, p: _Pending) -> None:
         """Take every key off ``blk`` (their removes follow, one per key, as folded)."""
         first = True
         for k in list(blk.keys):
@@ -609,7 +673,6 @@ class SemanticsModel:
             if not first:
                 p.folded[k] += 1
             first = False
-        del keep
         self._live(gi, -1)
 
     def _evict(
@@ -622,12 +685,17 @@ class SemanticsModel:
         candidates: list[Block],
         later: list[Event],
     ) -> None:
-        """Evict the block ``key`` names: the oldest copy, unless the removes that follow
-        name another copy's extra keys (vLLM evicts whichever copy reaches the free-queue
-        head first; with two candidates the lifetime is bounded by both)."""
+        """Evict the block ``key`` names, with all its keys.
+
+        vLLM evicts whichever copy of a twice-cached key reaches the free-queue head first;
+        the wire does not say which. The copy whose extra keys are removed next is the one
+        (exact); otherwise ``copy_rule``: ``adjacent`` takes the copy made by the same store
+        event as the block evicted just before (a request's blocks are freed together and
+        sit side by side in the queue), else the oldest; ``oldest`` and ``newest`` are the
+        extremes whose lifetime quantiles bound the truth's (docs/SEMANTICS.md).
+        """
         c = self.counts[gi]
         blk = candidates[0]
-        ages = [ts - b.stored_ts[key] for b in candidates]
         if len(candidates) > 1:
             c.ambiguous_copy_evictions += 1
             nxt = {
@@ -635,20 +703,23 @@ class SemanticsModel:
                 for e in later[:8]
                 if isinstance(e, BlockRemoved) and e.block_hashes
             }
-            blk = next((b for b in candidates if any(k in nxt for k in b.keys if k != key)), blk)
+            named = [b for b in candidates if any(k in nxt for k in b.keys if k != key)]
+            if named:
+                blk = named[0]
+            elif self.copy_rule == "newest":
+                blk = candidates[-1]
+            elif self.copy_rule == "adjacent":
+                same = [b for b in candidates if b.origin == p.last_evicted_origin]
+                blk = same[0] if same else candidates[0]
+        p.last_evicted_origin = blk.origin
         if blk.batch == self.batch_index:
             c.evicted_same_batch += 1
         c.removes["eviction"] += 1
-        extra = [k for k in blk.keys if k != key]
-        c.lifetimes.append(ts - blk.stored_ts[key])
-        c.lifetimes_low.append(min(ages))
-        c.lifetimes_high.append(max(ages))
-        for k in extra:
-            age = ts - blk.stored_ts[k]
-            c.lifetimes += [age]
-            c.lifetimes_low.append(age)
-            c.lifetimes_high.append(age)
-            p.folded[k] += 1
+        c.lifetimes.append(_age(ts, blk.stored_ts[key]))
+        for k in blk.keys:
+            if k != key:  # its remove follows: folded into this eviction
+                c.lifetimes.append(_age(ts, blk.stored_ts[k]))
+                p.folded[k] += 1
         for k in list(blk.keys):
             g.drop_key(blk, k)
         self._live(gi, -1)

@@ -1,0 +1,267 @@
+"""Issue 21: the reference model (tests/semantics_model.py) against vLLM's physical truth.
+
+Three runs of vLLM 0.33's real KVCacheManager (tests/data/semantics/*, recorded live by
+``kvtool record``; truth.json from instrumenting the live block pool): block 64 / hash 16
+(partial tail entries), a Mamba hybrid at 576 / 64 with prefill checkpoints (re-keys,
+discards, partial hits) and a third of the requests in ``kv_cache_report_mode="full"`` (hit
+announcements). Where the wire tells, the model equals the truth per group and per kind;
+where it cannot, the model's bound contains it. On the block 16 / hash 16 recordings the
+model gives today's ``kvtool report --format json`` numbers for the columns that exist today.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from tests.semantics_rows import run_recording, summary
+
+DATA = Path(__file__).parent / "data"
+SEMANTICS = DATA / "semantics"
+SCENARIOS = sorted(p.name for p in SEMANTICS.iterdir() if p.is_dir())
+RECORDINGS = Path(__file__).parent.parent / "recordings"
+runner = CliRunner()
+
+
+@functools.cache
+def scenario(name: str) -> tuple[dict[str, list[dict[str, object]]], dict, list[dict]]:
+    d = SEMANTICS / name
+    groups = json.loads((d / "groups.json").read_text())
+    model = run_recording(d / f"{name}.mcap", groups)
+    truth = json.loads((d / "truth.json").read_text())
+    return summary(model), truth, groups
+
+
+def physical(t: dict) -> dict[str, int]:
+    """The truth's physical figures for one group or kind row of truth.json."""
+    s, r, reset, end = t["stores"], t["removes"], t["reset"], t["end"]
+    return {
+        # blocks the engine stored into the pool and kept: a transient Mamba checkpoint,
+        # stored and discarded in one step, is not one (README of c1: 687 = 837 - 150)
+        "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
+        "blocks_removed": r["physical_blocks_evicted"],
+        "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
+        "keys_cleared": reset["entries_cleared_by_reset"],
+        "live_blocks_end": end["physical_cached_blocks_end"],
+        "live_keys": end["cached_entries_end"],
+        "partial_extra_keys": s["extra_hash_keys_on_already_cached_block"],
+        "rekeys": s["same_block_rekeyed_after_promotion_or_replace"],
+        "hit_announced_blocks": s["hit_reannouncements_report_mode_full"],
+        "hit_blocks": s["hit_reannouncements_report_mode_full"]
+        - s["hit_reannouncements_for_admissions_that_then_failed"],
+        "tokens_stored": s["tokens_stored_real"],
+        "tokens_announced": s["tokens_stored_announce"],
+        "partial_promotions": r["partial_promotion_to_full_not_eviction"]
+        + r["partial_promotion_to_longer_partial_not_eviction"],
+        "distinct_hashes": t["distinct_hashes_really_cached"],
+    }
+
+
+def model_figures(row: dict[str, object], kind: str) -> dict[str, int]:
+    out = {k: int(row[k]) for k in physical_keys()}  # type: ignore[call-overload]
+    if kind == "mamba":
+        # A Mamba re-key and a discard followed by a new partial block look alike on the
+        # wire (test_issue21_mamba_rekey_and_discard_bound): only their sum is exact.
+        del out["rekeys"]
+    return out
+
+
+def truth_figures(t: dict) -> dict[str, int]:
+    out = physical(t)
+    if t["kind"] == "mamba":
+        del out["rekeys"]
+    return out
+
+
+def physical_keys() -> tuple[str, ...]:
+    return (
+        "blocks_stored",
+        "blocks_removed",
+        "blocks_cleared",
+        "keys_cleared",
+        "live_blocks_end",
+        "live_keys",
+        "partial_extra_keys",
+        "rekeys",
+        "hit_announced_blocks",
+        "hit_blocks",
+        "tokens_stored",
+        "tokens_announced",
+        "partial_promotions",
+        "distinct_hashes",
+    )
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_issue21_physical_counts_equal_truth_per_group(name: str) -> None:
+    rows, truth, _ = scenario(name)
+    by_group = {r["group_idx"]: r for r in rows["by_group"]}
+    assert sorted(by_group) == [t["group_idx"] for t in truth["by_group"]]
+    for t in truth["by_group"]:
+        row = by_group[t["group_idx"]]
+        assert row["kind"] == t["kind"]
+        assert model_figures(row, t["kind"]) == truth_figures(t), (name, t["group_idx"])
+        assert row["peak_live_blocks"] == t["peak"]["peak_physical_cached_blocks"]
+        # every remove that is an eviction: the block's first key plus its extra keys
+        assert (
+            row["blocks_removed"] + row["evicted_extra_keys"] == t["removes"]["physical_evictions"]
+        )
+        # a second physical copy of a live key: a new block, or a block re-keyed onto it
+        assert (
+            row["stored_while_live"] + row["rekeys_of_live_key"]
+            == t["stores"]["second_physical_copy_of_a_cached_key"]
+        )
+        assert row["orphan_removes"] == 0
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_issue21_physical_counts_equal_truth_per_kind(name: str) -> None:
+    rows, truth, _ = scenario(name)
+    by_kind = {r["kind"]: r for r in rows["by_kind"]}
+    assert sorted(by_kind) == sorted(t["kind"] for t in truth["by_kind"])
+    for t in truth["by_kind"]:
+        row = by_kind[t["kind"]]
+        assert model_figures(row, t["kind"]) == truth_figures(t), (name, t["kind"])
+        if len(t["groups"]) == 1:
+            (g,) = [x for x in truth["by_group"] if x["group_idx"] == t["groups"][0]]
+            assert row["peak_live_blocks"] == g["peak"]["peak_physical_cached_blocks"]
+
+
+def test_issue21_issue_figures() -> None:
+    """The numbers the issue quotes as what vLLM physically did."""
+    b = {r["kind"]: r for r in scenario("b_gemma3_b64_h16")[0]["by_kind"]}["full_attention"]
+    assert (b["blocks_stored"], b["blocks_removed"], b["live_blocks_end"]) == (1659, 1591, 31)
+    c1 = {r["kind"]: r for r in scenario("c1_mamba_b576_h64_fi")[0]["by_kind"]}["mamba"]
+    assert (c1["blocks_stored"], c1["blocks_removed"]) == (687, 639)
+    d = {r["kind"]: r for r in scenario("d_gemma3_report_full")[0]["by_kind"]}
+    fa, swa = d["full_attention"], d["sliding_window"]
+    assert (fa["blocks_stored"], fa["live_blocks_end"], fa["stored_while_live"]) == (
+        4661,
+        196,
+        1319,
+    )
+    assert (swa["blocks_stored"], swa["live_blocks_end"], swa["stored_while_live"]) == (
+        23305,
+        291,
+        135,
+    )
+
+
+def test_issue21_mamba_rekey_and_discard_bound() -> None:
+    """Re-key and discard sum exactly; the split is bounded (the wire shows a removed
+    checkpoint key followed by a partial store, re-keyed or a new block alike)."""
+    rows, truth, _ = scenario("c1_mamba_b576_h64_fi")
+    by_group = {r["group_idx"]: r for r in rows["by_group"]}
+    for t in (x for x in truth["by_group"] if x["kind"] == "mamba"):
+        row, r = by_group[t["group_idx"]], t["removes"]
+        replace, discard = (
+            r["replace_existing_hashes_not_eviction"],
+            r["discarded_transient_checkpoint_not_eviction"],
+        )
+        assert row["rekey_removes"] + row["checkpoints_discarded"] == replace + discard
+        assert replace <= row["rekey_removes"] == row["rekeys"]
+        assert t["stores"]["same_block_rekeyed_after_promotion_or_replace"] == replace
+        assert row["checkpoints_discarded"] <= discard
+
+
+def test_issue21_announcement_bound_contains_truth() -> None:
+    rows, truth, _ = scenario("d_gemma3_report_full")
+    by_group = {r["group_idx"]: r for r in rows["by_group"]}
+    for t in truth["by_group"]:
+        row = by_group[t["group_idx"]]
+        low, high = row["hit_announced_blocks_bound"]  # type: ignore[misc]
+        assert low <= t["stores"]["hit_reannouncements_report_mode_full"] <= high
+        assert row["ambiguous_announcements"] > 0  # this run has ambiguous ones: a finding
+        low, high = row["blocks_stored_bound"]  # type: ignore[misc]
+        assert low <= physical(t)["blocks_stored"] <= high
+
+
+def test_issue21_report_mode_incremental_counts_announcements_as_stores() -> None:
+    """--report-mode incremental: no announcements; they count as stores of live keys."""
+    d = SEMANTICS / "d_gemma3_report_full"
+    groups = json.loads((d / "groups.json").read_text())
+    model = run_recording(d / "d_gemma3_report_full.mcap", groups, report_mode="incremental")
+    fa = {r["kind"]: r for r in summary(model)["by_kind"]}["full_attention"]
+    assert fa["hit_announced_blocks"] == 0
+    assert fa["blocks_stored"] == 6241  # what kvtool counts today
+
+
+LIFETIME_UNBOUNDED = {
+    # Three copies of one prefix (6246, 6647, 635) live at once: vLLM evicted a middle
+    # one, and the copy left lived until the reset, which no eviction lifetime sees. Neither
+    # extreme rule reproduces that (p99 0.051 / 0.066 s against the truth's 0.036 s); the
+    # wire cannot tell which copy went. docs/SEMANTICS.md, "Which copy an eviction takes".
+    ("c1_mamba_b576_h64_fi", 3),
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_issue21_lifetime_bound_contains_truth(name: str) -> None:
+    """Which copy of a twice-cached key an eviction took is not on the wire: the lifetime
+    quantiles of the two extreme rules (oldest copy, newest copy) bound the truth's."""
+    d = SEMANTICS / name
+    groups = json.loads((d / "groups.json").read_text())
+    truth = json.loads((d / "truth.json").read_text())
+    old = {
+        r["group_idx"]: r
+        for r in summary(run_recording(d / f"{name}.mcap", groups, copy_rule="oldest"))["by_group"]
+    }
+    new = {
+        r["group_idx"]: r
+        for r in summary(run_recording(d / f"{name}.mcap", groups, copy_rule="newest"))["by_group"]
+    }
+    for t in truth["by_group"]:
+        gi = t["group_idx"]
+        if (name, gi) in LIFETIME_UNBOUNDED:
+            continue
+        lt = t["lifetimes_batch_ts"]["eviction"]
+        for col, q in (
+            ("lifetime_p50_s", "p50_s"),
+            ("lifetime_p90_s", "p90_s"),
+            ("lifetime_p99_s", "p99_s"),
+        ):
+            a, b = old[gi][col], new[gi][col]
+            assert min(a, b) - 5e-4 <= lt[q] <= max(a, b) + 5e-4, (name, gi, col, a, b, lt[q])
+
+
+# -- today's numbers on the block 16 / hash 16 recordings ------------------------------------
+
+TODAY = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "distinct_hashes",
+    "orphan_removes",
+    "lifetime_p50_s",
+    "lifetime_p90_s",
+    "lifetime_p99_s",
+)
+B16 = sorted([*RECORDINGS.glob("*.mcap"), *(DATA / "recordings").glob("*.mcap")])
+
+
+@pytest.mark.parametrize("path", B16, ids=lambda p: p.name)
+def test_issue21_block16_recordings_give_todays_numbers(path: Path) -> None:
+    result = runner.invoke(app, ["report", str(path), "--format", "json"])
+    assert result.exit_code in (0, 3), result.stderr
+    today = json.loads(result.stdout)
+    model = summary(run_recording(path, copy_rule="oldest"))
+    for level, key in (("by_kind", "kind"), ("by_group", "group_idx")):
+        got = {r[key]: r for r in model[level]}
+        for want in today[level]:
+            row = got[want[key]]
+            mine = {c: row[c] for c in TODAY}
+            mine["restored_blocks"] = row["stored_while_live"]
+            # today's blocks_removed counts every removed hash, orphans included
+            mine["blocks_removed"] = int(row["blocks_removed"]) + int(row["orphan_removes"])  # type: ignore[call-overload]
+            assert mine == {c: want[c] for c in (*TODAY, "restored_blocks")}, (path.name, want[key])
+            assert row["hit_announced_blocks"] == 0 and row["ambiguous_announcements"] == 0
