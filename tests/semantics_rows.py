@@ -156,3 +156,41 @@ def run_recording(
                 b.events, b.ts, channel=msg.channel.name, rank=rank, seq=msg.seq, skipped=b.skipped
             )
     return model
+
+
+def findings(model: SemanticsModel) -> list[str]:
+    """The findings the model's rules raise (names from docs/SEMANTICS.md).
+
+    Args:
+        model: A model that has been fed a whole stream.
+
+    Returns:
+        One line per finding, in a fixed order.
+    """
+    out: list[str] = []
+    total = _merge(model.counts.values())
+    if model.announcements_seen:
+        out.append(
+            f"hit_announcements: {total.stores['announcement']} blocks announced as hits "
+            f"(requests in kv_cache_report_mode='full'); not counted as stores"
+        )
+    if total.ambiguous_announcements:
+        out.append(
+            f"announcement_or_copy: {total.ambiguous_announced_blocks} blocks in "
+            f"{total.ambiguous_announcements} parentless stores could be hit announcements or "
+            "second copies; the counts they touch are given as bounds"
+        )
+    if total.ambiguous_copy_evictions:
+        out.append(
+            f"copy_choice: {total.ambiguous_copy_evictions} removes of a key cached in several "
+            f"blocks; which copy vLLM evicted is not on the wire (rule: {model.copy_rule})"
+        )
+    if total.removes["rekey_remove"]:
+        out.append(
+            f"mamba_rekey_or_discard: {total.removes['rekey_remove']} checkpoint removes followed "
+            "by a partial store (re-key, or a discard and a new block: same physical counts)"
+        )
+    if model.unknown_tags:
+        tags = ", ".join(f"{t} {n}" for t, n in sorted(model.unknown_tags.items()))
+        out.append(f"unknown_event_tags: {tags}")
+    return out

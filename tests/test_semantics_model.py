@@ -15,11 +15,15 @@ import functools
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
 from kvtool.cli import app
-from tests.semantics_rows import run_recording, summary
+from kvtool.protocol import decode_batch
+from tests.conftest import capture_messages
+from tests.semantics_model import SemanticsModel
+from tests.semantics_rows import findings, run_recording, summary
 
 DATA = Path(__file__).parent / "data"
 SEMANTICS = DATA / "semantics"
@@ -265,3 +269,38 @@ def test_issue21_block16_recordings_give_todays_numbers(path: Path) -> None:
             mine["blocks_removed"] = int(row["blocks_removed"]) + int(row["orphan_removes"])  # type: ignore[call-overload]
             assert mine == {c: want[c] for c in (*TODAY, "restored_blocks")}, (path.name, want[key])
             assert row["hit_announced_blocks"] == 0 and row["ambiguous_announcements"] == 0
+
+
+def test_issue21_findings_name_what_the_wire_cannot_tell() -> None:
+    d = SEMANTICS / "d_gemma3_report_full"
+    model = run_recording(
+        d / "d_gemma3_report_full.mcap", json.loads((d / "groups.json").read_text())
+    )
+    found = findings(model)
+    assert found[0].startswith("hit_announcements: 9480 blocks")  # 1580 per group, 6 groups
+    assert any(f.startswith("announcement_or_copy:") for f in found)
+    b = SEMANTICS / "b_gemma3_b64_h16"
+    model = run_recording(b / "b_gemma3_b64_h16.mcap", json.loads((b / "groups.json").read_text()))
+    assert not any(
+        f.startswith(("hit_announcements", "announcement_or_copy")) for f in findings(model)
+    )
+
+
+def test_issue21_unknown_event_tags_are_counted_by_tag() -> None:
+    """A new event type vLLM may add is counted by its tag, its neighbours kept."""
+    payloads = [p for _t, _s, p in capture_messages("gemma3")]
+    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
+    ts, events, rank = dec.decode(payloads[1])
+    events.insert(1, {"type": "BlockPinned", "block_hashes": [1, 2]})
+    payloads[1] = enc.encode([ts, events, rank])
+    groups = json.loads((RECORDINGS / "gemma3.groups.json").read_text())
+    plain, mixed = SemanticsModel(groups), SemanticsModel(groups)
+    for seq, raw in enumerate(payloads):
+        b = decode_batch(raw, seq=seq)
+        mixed.feed(b.events, b.ts, seq=seq, skipped=b.skipped)
+    for seq, (_t, _s, raw) in enumerate(capture_messages("gemma3")):
+        b = decode_batch(raw, seq=seq)
+        plain.feed(b.events, b.ts, seq=seq, skipped=b.skipped)
+    assert mixed.unknown_tags == {"BlockPinned": 1} and not plain.unknown_tags
+    assert summary(mixed) == summary(plain)
+    assert findings(mixed)[-1] == "unknown_event_tags: BlockPinned 1"
