@@ -233,27 +233,28 @@ class _AnnouncementRules:
         if self.report_mode == "incremental":
             return False
         groups = self.channels.setdefault(ck, {})
-        first = events[run[0]]
-        assert isinstance(first, BlockStored)
-        hashes = [hash_key(h) for h in first.block_hashes]
-        verdicts = []
+        full_ok, shorter, cont = True, None, False
         for j in run:
             ev = events[j]
             assert isinstance(ev, BlockStored)
             g = self._group(
                 groups, ev.group_idx, ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
             )
-            verdicts.append(self._hit_lengths(g, hashes))
-        # Every group of the channel announces a hit (a hybrid hit has one length for
-        # all groups; a group's block list holds its skipped null blocks too).
+            hashes = [hash_key(h) for h in ev.block_hashes]
+            bs = len(ev.token_ids) // len(hashes)
+            full_ok = full_ok and self._valid(g, hashes, len(hashes))
+            # the shorter hit lengths (in tokens) this group supports; a hybrid hit has one
+            # length for all groups
+            ok = {k * bs for k in range(1, len(hashes)) if self._valid(g, hashes, k)}
+            shorter = ok if shorter is None else shorter & ok
+            cont = cont or self._continues(events, run[-1] + 1, hashes[-1])
+        # Every group of the channel announces a hit (each group's block list holds its
+        # skipped null blocks too, so none is left out).
         want: set[int | None] = set(self.meta) or set(groups)
         covered = {getattr(events[j], "group_idx", None) for j in run}
-        full_ok = covered >= want and all(v[0] for v in verdicts)
-        if not full_ok:
+        if not (full_ok and covered >= want):
             return False
-        shorter = all(v[1] for v in verdicts)
-        cont = self._continues(events, run[-1] + 1, hashes[-1])
-        certain = shorter or cont or self.report_mode == "full"
+        certain = bool(shorter) or cont or self.report_mode == "full"
         if certain:
             self.announcements_seen += 1
             return True
@@ -261,15 +262,18 @@ class _AnnouncementRules:
         # taken as one too; either way it widens the bound.
         taken = self.announcements_seen > 0
         for j in run:
-            c = self.counts[getattr(events[j], "group_idx", None)]
+            ev = events[j]
+            assert isinstance(ev, BlockStored)
+            c = self.counts[ev.group_idx]
             c.ambiguous_announcements += 1
-            c.ambiguous_announced_blocks += len(hashes)
+            c.ambiguous_announced_blocks += len(ev.block_hashes)
             if taken:
-                c.ambiguous_taken_blocks += len(hashes)
+                c.ambiguous_taken_blocks += len(ev.block_hashes)
         return taken
 
     def _run(self, events: Sequence[Event], i: int) -> list[int]:
-        """The run of announcement-shaped stores (one per group, same hashes) from ``i``."""
+        """The run of announcement-shaped stores from ``i``: one per group, one prefix length
+        (the groups' hashes differ when their block sizes do)."""
         first = events[i]
         if not self._ann_shape(first):
             return []
@@ -280,7 +284,7 @@ class _AnnouncementRules:
             ev = events[j]
             if (
                 not self._ann_shape(ev)
-                or ev.block_hashes != first.block_hashes  # type: ignore[union-attr]
+                or len(ev.token_ids) != len(first.token_ids)  # type: ignore[union-attr]
                 or ev.group_idx in seen  # type: ignore[union-attr]
             ):
                 break
@@ -299,11 +303,6 @@ class _AnnouncementRules:
         if info is not None and info.block_size is not None and ev.block_size != info.block_size:
             return False
         return len(ev.token_ids) == len(ev.block_hashes) * ev.block_size
-
-    def _hit_lengths(self, g: _Group, hashes: list[int]) -> tuple[bool, bool]:
-        """Whether the whole prefix is a valid hit in ``g``, and whether a shorter one is."""
-        n = len(hashes)
-        return self._valid(g, hashes, n), any(self._valid(g, hashes, k) for k in range(1, n))
 
     def _valid(self, g: _Group, hashes: list[int], n: int) -> bool:
         kind = g.info.kind
