@@ -88,6 +88,7 @@ class Block:
     batch: int
     tokens: tuple[object, ...] = ()
     origin: int = 0
+    last_of_event: bool = True
 
 
 @dataclass
@@ -513,15 +514,14 @@ class SemanticsModel(_AnnouncementRules):
             return
         c.tokens_stored += len(ev.token_ids)
         bs = ev.block_size if isinstance(ev.block_size, int) else 0
-        if not g.info.block_size and len(keys) > 1:
-            g.seen_block_size = max(g.seen_block_size, bs)
         partial = len(keys) == 1 and 0 < bs < g.block_size and len(ev.token_ids) == bs
         if partial:
             self._store_partial(gi, keys[0], tuple(ev.token_ids), ts, g, p)
             return
-        g.seen_block_size = max(g.seen_block_size, bs) if not g.info.block_size else 0
+        if not g.info.block_size:
+            g.seen_block_size = max(g.seen_block_size, bs)
         blocks = _token_blocks(ev, len(keys), g.block_size)
-        for key, toks in zip(keys, blocks, strict=True):
+        for n, (key, toks) in enumerate(zip(keys, blocks, strict=True)):
             target = _promotion_target(p, toks)
             if target is not None:
                 # cache_full_blocks on a block that carries a partial primary key: the block
@@ -531,6 +531,7 @@ class SemanticsModel(_AnnouncementRules):
                 blk = self._new_block(gi, key, ts, g, p, partial=False)
             blk = target or blk
             blk.tokens = toks
+            blk.last_of_event = n == len(keys) - 1
             p.full.append(blk)
 
     def _store_partial(
@@ -644,7 +645,8 @@ class SemanticsModel(_AnnouncementRules):
             blk = fresh[-1]
             nxt = later[0] if later else None
             if (
-                isinstance(nxt, BlockStored)
+                blk.last_of_event  # a checkpoint a later block of its store supersedes: discard
+                and isinstance(nxt, BlockStored)
                 and len(nxt.block_hashes) == 1
                 and isinstance(nxt.block_size, int)
                 and nxt.block_size < g.block_size
