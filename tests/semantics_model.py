@@ -56,7 +56,7 @@ REMOVE_CLASSES = (
     "discard",
     "orphan",
 )
-_MAKES_BLOCK = ("new_entry", "recompute", "stored_while_live")
+MAKES_BLOCK = ("new_entry", "recompute", "stored_while_live")
 _UNKNOWN_TAG = re.compile(r"unknown event type '(.*)'")
 # Kinds whose hits need every block of the prefix (vLLM's FullAttentionManager family).
 _PREFIX_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -459,9 +459,13 @@ class SemanticsModel(_AnnouncementRules):
                     self._remove(gi, hash_key(h), ts, g, pend[gi], events, i)
                 self.counts[gi].remove_events += 1
         for gi, p in pend.items():
+            c = self.counts[gi]
             # An evicted block's extra key whose remove never came: vLLM pops every key of
             # the block, so this is only possible on a damaged stream.
-            self.counts[gi].removes["extra_key_without_remove"] += sum(p.folded.values())
+            c.removes["extra_key_without_remove"] += sum(p.folded.values())
+            # A promoted block whose full key never came was evicted after all.
+            c.removes["promotion"] -= len(p.promoted)
+            c.removes["eviction"] += len(p.promoted)
         self.batch_index += 1
 
     def _group(
@@ -539,6 +543,11 @@ class SemanticsModel(_AnnouncementRules):
     ) -> None:
         c = self.counts[gi]
         g.partial_keys.add(key)
+        if p.rekey is not None:
+            # MambaManager re-keys its checkpoint block (replace_existing_hashes): the block's
+            # old key was removed just before; the same block gets this key.
+            self._rekey(gi, p.rekey, key, ts, g, p)
+            return
         host = _host(p, toks)
         if host is not None:
             # cache_partial_block on a block cached (full) earlier in this step: an extra key.
@@ -549,11 +558,6 @@ class SemanticsModel(_AnnouncementRules):
                 c.distinct.add(key)
             else:
                 c.stores["partial_extra_noop"] += 1
-            return
-        if p.rekey is not None:
-            # MambaManager re-keys its checkpoint block (replace_existing_hashes): the block's
-            # old key was removed just before; the same block gets this key.
-            self._rekey(gi, p.rekey, key, ts, g, p)
             return
         blk = self._new_block(gi, key, ts, g, p, partial=True)
         blk.tokens = toks

@@ -11,7 +11,7 @@ from typing import Literal
 
 from kvtool.protocol import decode_batch
 from kvtool.recording import open_recording
-from tests.semantics_model import _MAKES_BLOCK, Counts, ReportMode, SemanticsModel
+from tests.semantics_model import MAKES_BLOCK, Counts, ReportMode, SemanticsModel
 
 LIFETIME_QUANTILES = (("lifetime_p50_s", 50.0), ("lifetime_p90_s", 90.0), ("lifetime_p99_s", 99.0))
 
@@ -34,7 +34,7 @@ def quantiles(values: Sequence[float]) -> dict[str, float | None]:
 def row(c: Counts, *, live: int, peak: int, live_keys: int) -> dict[str, object]:
     """One report row of the model, in the column names docs/SEMANTICS.md proposes."""
     st, rm = c.stores, c.removes
-    stored = sum(st[k] for k in _MAKES_BLOCK)
+    stored = sum(st[k] for k in MAKES_BLOCK)
     out: dict[str, object] = {
         "store_events": c.store_events,
         "blocks_stored": stored,
