@@ -301,3 +301,26 @@ def test_issue21_unknown_event_tags_are_counted_by_tag() -> None:
     assert mixed.unknown_tags == {"BlockPinned": 1} and not plain.unknown_tags
     assert summary(mixed) == summary(plain)
     assert findings(mixed)[-1] == "unknown_event_tags: BlockPinned 1"
+
+
+ALL = [
+    *(SEMANTICS / n / f"{n}.mcap" for n in SCENARIOS),
+    *B16,
+]
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_issue21_physical_blocks_are_conserved(path: Path) -> None:
+    """Every block stored is evicted, cleared or live at the end; every key likewise."""
+    groups = None
+    if path.parent.parent == SEMANTICS:
+        groups = json.loads((path.parent / "groups.json").read_text())
+    model = run_recording(path, groups)
+    for row in summary(model)["by_group"]:
+        assert row["blocks_stored"] == (
+            int(row["blocks_removed"]) + int(row["blocks_cleared"]) + int(row["live_blocks_end"])  # type: ignore[call-overload]
+        ), (path.name, row["group_idx"])
+        assert row["blocks_stored"] == (
+            int(row["new_entries"]) + int(row["blocks_recomputed"]) + int(row["stored_while_live"])  # type: ignore[call-overload]
+        )
+        assert row["live_keys"] >= row["live_blocks_end"]  # type: ignore[operator]
