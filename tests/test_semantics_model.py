@@ -33,12 +33,18 @@ runner = CliRunner()
 
 
 @functools.cache
+def model_of(name: str) -> SemanticsModel:
+    """The model fed one truth run (auto report mode, the model's copy rule)."""
+    d = SEMANTICS / name
+    return run_recording(d / f"{name}.mcap", json.loads((d / "groups.json").read_text()))
+
+
+@functools.cache
 def scenario(name: str) -> tuple[dict[str, list[dict[str, object]]], dict, list[dict]]:
     d = SEMANTICS / name
     groups = json.loads((d / "groups.json").read_text())
-    model = run_recording(d / f"{name}.mcap", groups)
     truth = json.loads((d / "truth.json").read_text())
-    return summary(model), truth, groups
+    return summary(model_of(name)), truth, groups
 
 
 def physical(t: dict) -> dict[str, int]:
@@ -269,18 +275,11 @@ def assert_todays_numbers(path: Path, model: dict[str, list[dict[str, object]]])
 
 
 def test_issue21_findings_name_what_the_wire_cannot_tell() -> None:
-    d = SEMANTICS / "d_gemma3_report_full"
-    model = run_recording(
-        d / "d_gemma3_report_full.mcap", json.loads((d / "groups.json").read_text())
-    )
-    found = findings(model)
+    found = findings(model_of("d_gemma3_report_full"))
     assert found[0].startswith("hit_announcements: 9480 blocks")  # 1580 per group, 6 groups
     assert any(f.startswith("announcement_or_copy:") for f in found)
-    b = SEMANTICS / "b_gemma3_b64_h16"
-    model = run_recording(b / "b_gemma3_b64_h16.mcap", json.loads((b / "groups.json").read_text()))
-    assert not any(
-        f.startswith(("hit_announcements", "announcement_or_copy")) for f in findings(model)
-    )
+    found = findings(model_of("b_gemma3_b64_h16"))
+    assert not any(f.startswith(("hit_announcements", "announcement_or_copy")) for f in found)
 
 
 def test_issue21_unknown_event_tags_are_counted_by_tag() -> None:
@@ -312,10 +311,8 @@ ALL = [
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
 def test_issue21_physical_blocks_are_conserved(path: Path) -> None:
     """Every block stored is evicted, cleared or live at the end; every key likewise."""
-    groups = None
-    if path.parent.parent == SEMANTICS:
-        groups = json.loads((path.parent / "groups.json").read_text())
-    model = run_recording(path, groups)
+    truth_run = path.parent.parent == SEMANTICS
+    model = model_of(path.parent.name) if truth_run else run_recording(path)
     for row in summary(model)["by_group"]:
         assert row["blocks_stored"] == (
             int(row["blocks_removed"]) + int(row["blocks_cleared"]) + int(row["live_blocks_end"])  # type: ignore[call-overload]
