@@ -11,11 +11,11 @@ from tests.peer import read_frames
 
 DATA = Path(__file__).parent / "data"
 CAPTURES_DIR = DATA / "captures"
-_ALL = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
-CAPTURES = [c for c in _ALL if not c.startswith("sglang_")]
-"""vLLM's captures (their truth files share one layout)."""
-SGLANG_CAPTURES = [c for c in _ALL if c.startswith("sglang_")]
-"""SGLang 0.5.23's captures (truth files of their own layout: captures/README.md)."""
+_ALL_CAPTURES = sorted(p.name.removesuffix(".frames") for p in CAPTURES_DIR.glob("*.frames"))
+# SGLang's captures have their own truth layout (tests/test_sglang.py reads them, issue 21);
+# CAPTURES are the vLLM ones, whose truth files share one layout.
+SGLANG_CAPTURES = [n for n in _ALL_CAPTURES if n.startswith("sglang_")]
+CAPTURES = [n for n in _ALL_CAPTURES if n not in SGLANG_CAPTURES]
 
 
 def capture_messages(name: str) -> list[tuple[bytes, int, bytes]]:
