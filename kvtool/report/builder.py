@@ -10,12 +10,12 @@ Per chunk (:meth:`ReportBuilder.add`), on numpy arrays of the chunk's columns:
 2. removes without ``group_idx`` on grouped channels are attributed
    (:mod:`kvtool.report.attribution`), every row gets its report row (``gkey``: one per
    (group_idx, kind, window) seen, numbered in order of appearance);
-3. the live-block multiset advances (:mod:`kvtool.report.state`): orphans, restores,
-   FIFO lifetime pairs, survivors, blocks dropped by clears;
+3. the state kernel (:mod:`kvtool.report.kernel`) walks the chunk's block rows: orphans,
+   stores while live, recomputes, FIFO lifetime pairs, blocks dropped by clears;
 4. counts (one ``bincount`` per column over the gkeys), distinct hashes, lifetimes, peaks
    and the timeline take the chunk (:mod:`kvtool.report.aggregates`).
 
-Between chunks only the live entries, the per-row totals, the distinct hashes, the
+Between chunks only the kernel's state, the per-row totals, the distinct hashes, the
 lifetimes (or their histogram), the peak levels and the timeline's (bucket, row) sums are
 carried, so memory does not grow with the recording's length beyond that state.
 
@@ -53,7 +53,7 @@ from kvtool.columns import (
     prefetch,
     recording_groups,
 )
-from kvtool.report import attribution, state
+from kvtool.report import attribution, kernel
 from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
@@ -121,6 +121,12 @@ def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
     return np.where(ok, ts, fallback)
 
 
+def _changes(values: NDArray[Any], out: NDArray[Any]) -> None:
+    """``out[1:] |= values[1:] != values[:-1]`` unless ``values`` is constant."""
+    if len(values) and not (values == values[0]).all():
+        out[1:] |= values[1:] != values[:-1]
+
+
 def _pack(cols: list[NDArray[Any]]) -> NDArray[Any]:
     """One int64 per row that is equal exactly where all ``cols`` (integer arrays) are.
 
@@ -152,7 +158,7 @@ class ReportBuilder:
 
     - ``registry``: report row (``gkey``) of each (group_idx, kind, window), numbered in
       order of first appearance in the stream;
-    - ``live``: the live entries (:class:`kvtool.report.state.Live`);
+    - ``kstate``: the state kernel's arrays (:class:`kvtool.report.kernel.State`);
     - ``counts``: per gkey, the :data:`~kvtool.report.aggregates.ADDITIVE` sums (an
       int64 array, one row per gkey);
     - ``distinct``: per gkey, a sorted duplicate-free int64 array of stored hashes (plus
@@ -183,7 +189,7 @@ class ReportBuilder:
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
-        self.live = state.Live.empty()
+        self.kstate = kernel.State()
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
         # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
@@ -297,7 +303,7 @@ class ReportBuilder:
         change = np.zeros(n, dtype=bool)
         change[0] = True
         for values in cols:
-            state._changes(values, change)
+            _changes(values, change)
         starts = np.flatnonzero(change)
         kind = np.asarray(
             kind_s.gather(starts)
@@ -385,43 +391,27 @@ class ReportBuilder:
                 unattributed = df["unattributed"].to_numpy() & is_remove
                 unattributed_orphan = df["unattributed_orphan"].to_numpy()
         gkey = self._gkeys(df, is_clear, unattributed, group, no_group)
-        clears = np.flatnonzero(is_clear)
-        epoch = np.zeros(n, dtype=_I64)
-        top = int(channel.max())
-        if len(self.live):
-            top = max(top, int(self.live.channel_id.max()))
-        final_epoch = np.zeros(top + 1, dtype=_I64)
-        if len(clears):
-            for cid in np.unique(channel[clears]).tolist():
-                on = channel == cid
-                epoch[on] = np.cumsum(is_clear[on])
-            final_epoch += np.bincount(channel[clears], minlength=top + 1)
-        idx = np.flatnonzero(has_hash & ~is_clear & ~unattributed)
-        blocks = state.Blocks(
-            idx + first_row,
-            channel[idx],
-            group[idx],
-            no_group[idx],
-            hashes[idx],
-            epoch[idx],
-            ts[idx],
-            is_store[idx],
-            gkey[idx],
+        block = has_hash & ~is_clear & ~unattributed
+        op = np.zeros(n, dtype=np.int8)
+        op[block & is_store] = kernel.STORE
+        op[block & ~is_store] = kernel.REMOVE
+        op[is_clear] = kernel.CLEAR
+        out = kernel.step(
+            self.kstate, op, channel, group, no_group, hashes, ts, gkey, len(self.registry)
         )
-        step = state.step(self.live, blocks, final_epoch)
-        self.live = step.live
+        what = out.what
         block_index = df["block_index"]
         if block_index.null_count():
             block_index = block_index.fill_null(-1)
         first_block = block_index.to_numpy() == 0
-        moved = step.orphan & blocks.no_group
+        moved = (what == kernel.ORPHAN) & no_group
         if moved.any():
             # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
             # the remove is unattributed. Its row moves off the group it was keyed under
             # for everything from here (counts, peaks, timeline), as when the chunk
             # already attributed it (_attribute): chunk boundaries change nothing.
             gkey = gkey.copy()
-            gkey[idx[moved]] = self._gkey_of(None, UNATTRIBUTED, None)
+            gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
         self._add_counts(
             df,
             gkey,
@@ -431,33 +421,27 @@ class ReportBuilder:
             has_hash,
             first_block,
             unattributed_orphan,
-            blocks,
             moved,
-            step,
+            out,
         )
-        self._add_distinct(blocks)
-        self._add_lifetimes(blocks, step)
+        stored = op == kernel.STORE
+        self._add_distinct(gkey[stored], hashes[stored])
+        evicted = np.flatnonzero(what == kernel.EVICTED)
+        self._add_lifetimes(gkey[evicted], ts[evicted], out.ts[evicted])
         # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
         # (under the report row of the entry it removes), a clear's drops at its row.
-        delta = np.zeros(n, dtype=_I64)
+        delta = stored.astype(_I64)
+        delta[evicted] = -1
         delta_gkey = gkey.copy()
-        stores = idx[blocks.store]
-        delta[stores] = 1
-        removes = idx[step.remove]
-        delta[removes] = -1
-        delta_gkey[removes] = step.store_gkey
+        delta_gkey[evicted] = out.gkey[evicted]
         delta_row = np.arange(n)
-        if len(step.dropped_gkey):
-            drop_at = self._clear_rows(clears, channel[clears], step)
-            # One delta per (clear, gkey): the drops' order inside a clear cannot change a
-            # peak (all negative).
-            base = len(self.registry) + 1
-            pair, cnt = np.unique(drop_at * base + step.dropped_gkey, return_counts=True)
-            at, gk = np.divmod(pair, base)
-            pos = np.searchsorted(delta_row, at, side="right")
-            delta = np.insert(delta, pos, -cnt)
-            delta_gkey = np.insert(delta_gkey, pos, gk)
-            delta_row = np.insert(delta_row, pos, at)
+        if len(out.drop_row):
+            # One delta per (clear, gkey), after the clear's own row: the drops' order
+            # inside a clear cannot change a peak (all negative).
+            pos = np.searchsorted(delta_row, out.drop_row, side="right")
+            delta = np.insert(delta, pos, -out.drop_n)
+            delta_gkey = np.insert(delta_gkey, pos, out.drop_gkey)
+            delta_row = np.insert(delta_row, pos, out.drop_row)
         rows = {i: key for key, i in self.registry.items()}
         self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
@@ -466,17 +450,6 @@ class ReportBuilder:
             self._add_timeline(
                 df, gkey, is_clear, is_store, is_remove, has_hash, delta_gkey, delta, delta_row
             )
-
-    @staticmethod
-    def _clear_rows(
-        clears: NDArray[Any], clear_channel: NDArray[Any], step: state.Step
-    ) -> NDArray[Any]:
-        """The chunk row of the clear that dropped each dropped entry."""
-        order = np.lexsort((clears, clear_channel))
-        by_channel = clear_channel[order]
-        first = np.searchsorted(by_channel, step.dropped_channel, side="left")
-        out: NDArray[Any] = clears[order][first + step.dropped_epoch - 1]
-        return out
 
     def _log_peaks(
         self,
@@ -510,7 +483,10 @@ class ReportBuilder:
             for g, n in self.live_end.items():
                 out[g] = n
             return out
-        return np.bincount(self.live.gkey, minlength=size)
+        out = np.zeros(size, dtype=_I64)
+        live = self.kstate.live_gkey[:size]
+        out[: len(live)] = live
+        return out
 
     def partial(
         self, stats: ReadStats, annotator: TableAnnotator, inputs: list[int]
@@ -667,7 +643,7 @@ class ReportBuilder:
             return df
         kind_of_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
         resolved, ambiguous = attribution.resolve_ungrouped(
-            df, self.live.frame(), self.grouped_channels, kind_of_gkey, self.group_kind
+            df, self._live_frame(), self.grouped_channels, kind_of_gkey, self.group_kind
         )
         self.ambiguous_removes += ambiguous
         found = pl.col("resolved").fill_null(False)
@@ -681,6 +657,21 @@ class ReportBuilder:
             unattributed_orphan=pl.col("unattributed_orphan").fill_null(False),
         )
 
+    def _live_frame(self) -> pl.DataFrame:
+        """The live entries (channel_id, group_idx, hash, gkey), a key's oldest first."""
+        chan, group, no_group, h, _ts, gkey = self.kstate.live_entries()
+        g = pl.Series("group_idx", group, dtype=pl.Int64)
+        if no_group.any():
+            g = g.scatter(np.flatnonzero(no_group), None)
+        return pl.DataFrame(
+            {
+                "channel_id": pl.Series(chan, dtype=pl.UInt32),
+                "group_idx": g,
+                "hash": h,
+                "gkey": pl.Series(gkey, dtype=pl.UInt32),
+            }
+        )
+
     def _add_counts(
         self,
         df: pl.DataFrame,
@@ -691,9 +682,8 @@ class ReportBuilder:
         has_hash: NDArray[Any],
         first_block: NDArray[Any],
         unattributed_orphan: NDArray[Any],
-        blocks: state.Blocks,
         moved: NDArray[Any],
-        step: state.Step,
+        out: kernel.Out,
     ) -> None:
         """Add the chunk's per-gkey sums of :data:`ADDITIVE` (one ``bincount`` each).
 
@@ -719,24 +709,23 @@ class ReportBuilder:
         ).astype(_I64)
         add[:, col["remove_events"]] = per(fb & rm)
         add[:, col["blocks_removed"]] = per(hh & rm)
-        add[:, col["orphan_removes"]] = per(unattributed_orphan[rows] & hh)
-        bg = blocks.gkey
-        add[:, col["restored_blocks"]] = per(step.restored, bg)
-        add[:, col["orphan_removes"]] += per(step.orphan & ~blocks.no_group, bg)
-        if moved.any():
-            add[self._gkey_of(None, UNATTRIBUTED, None), col["orphan_removes"]] += moved.sum()
-        if len(step.dropped_gkey):
-            add[:, col["blocks_cleared"]] = np.bincount(step.dropped_gkey, minlength=size)
+        what = out.what[rows]
+        add[:, col["orphan_removes"]] = per(
+            (unattributed_orphan[rows] & hh) | (what == kernel.ORPHAN)
+        )
+        add[:, col["restored_blocks"]] = per(what == kernel.WHILE_LIVE)
+        if len(out.drop_gkey):
+            add[:, col["blocks_cleared"]] = np.bincount(
+                out.drop_gkey, weights=out.drop_n, minlength=size
+            ).astype(_I64)
         if len(self.counts) < size:
             grown = np.zeros((size, len(ADDITIVE)), dtype=_I64)
             grown[: len(self.counts)] = self.counts
             self.counts = grown
         self.counts += add
 
-    def _add_distinct(self, blocks: state.Blocks) -> None:
+    def _add_distinct(self, gk: NDArray[Any], h: NDArray[Any]) -> None:
         """Collect the chunk's stored hashes per gkey (merged now and then: amortised)."""
-        gk = blocks.gkey[blocks.store]
-        h = blocks.hash[blocks.store]
         if len(gk) == 0:
             return
         keys = np.flatnonzero(np.bincount(gk))
@@ -785,7 +774,9 @@ class ReportBuilder:
         self._distinct_rows = 0
         self._distinct_size = sum(len(s) for s in self.distinct.values())
 
-    def _add_lifetimes(self, blocks: state.Blocks, step: state.Step) -> None:
+    def _add_lifetimes(
+        self, gk: NDArray[Any], remove_ts: NDArray[Any], store_ts: NDArray[Any]
+    ) -> None:
         """Lifetimes of this chunk's FIFO pairs, counted under the remove's report row.
 
         ts is float seconds since the epoch: the difference is taken at microsecond
@@ -795,12 +786,11 @@ class ReportBuilder:
         between store and remove gives a negative difference: it is clamped to 0 and
         counted (a finding), never reported as a negative lifetime.
         """
-        if len(step.remove) == 0:
+        if len(gk) == 0:
             return
         with np.errstate(invalid="ignore"):
-            life = (np.rint(blocks.ts[step.remove] * 1e6) - np.rint(step.store_ts * 1e6)) * 1e-6
+            life = (np.rint(remove_ts * 1e6) - np.rint(store_ts * 1e6)) * 1e-6
             finite = np.isfinite(life)
-            gk = blocks.gkey[step.remove]
             if not finite.all():  # a ts that is NaN or inf: none
                 life, gk = life[finite], gk[finite]
             if len(life) == 0:
