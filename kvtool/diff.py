@@ -27,14 +27,16 @@ JSON schema of :meth:`Diff.to_dict` (``kvtool diff --format json``), version
     ROW   = {"key": {KEY: value}, "label": str,
              "presence": "both" | "a_only" | "b_only", "changed": bool,
              "verdict": str,           # one line
-             "metrics": [METRIC, ...]} # all 14 metrics, largest change first
+             "metrics": [METRIC, ...]} # every report metric, largest change first
     KEY   = "kind" (str) | "sliding_window" (int or null) | "group_idx" (int or null);
             a group row's key has all three, the totals' key is {}
     METRIC = {"metric": str, "a": number | null, "b": number | null,
               "delta": number | null,      # b - a; null when a side has no value
               "rel_change": number | null, # (b - a) / a as a fraction (0.1 = +10 %);
                                            # null when a is 0 or null
-              "changed": bool}
+              "changed": bool,
+              "worse": bool}               # changed in the direction the metric
+                                           # registry calls worse (e.g. more evictions)
     CHECK = {"expr": str, "crossed": bool, "matched_rows": int,
              "hits": [{"key": {...}, "label": str, "metric": str, "a": .., "b": ..,
                        "delta": .., "rel_change": ..}]}
@@ -64,7 +66,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
-from kvtool.report.names import COUNT_COLUMNS, LIFETIME_COLUMNS
+from kvtool.report.names import COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS
+from kvtool.report.registry import BY_NAME
 
 if TYPE_CHECKING:
     from kvtool.report import Report
@@ -72,11 +75,11 @@ if TYPE_CHECKING:
 SCHEMA = "kvtool.diff/1"
 """The ``schema`` value of the JSON output; bumped on an incompatible change."""
 
-# The report's own column lists (DESIGN.md's names and order): one definition.
+# The report's own column lists (DESIGN.md's names and order, from the metric registry).
 COUNT_METRICS = COUNT_COLUMNS
 LIFETIME_METRICS = LIFETIME_COLUMNS
-METRICS = COUNT_METRICS + LIFETIME_METRICS
-"""The metrics compared, in DESIGN.md's names and order."""
+METRICS = COLUMNS
+"""The metrics compared, in DESIGN.md's names and order (:mod:`kvtool.report.registry`)."""
 
 BY = ("kind", "window", "group")
 """The tables ``--by`` can show."""
@@ -116,6 +119,14 @@ class MetricDelta:
     changed: bool
 
     @property
+    def worse(self) -> bool:
+        """The value moved the way the metric registry calls worse (``worse`` up/down)."""
+        if self.delta is None or self.delta == 0:
+            return False
+        way = BY_NAME[self.metric].worse
+        return (way == "up" and self.delta > 0) or (way == "down" and self.delta < 0)
+
+    @property
     def magnitude(self) -> float:
         """How large the change is, for ordering: |relative change|, inf from 0 or None."""
         if not self.changed:
@@ -138,6 +149,7 @@ class MetricDelta:
             "delta": self.delta,
             "rel_change": rel if rel is not None and math.isfinite(rel) else None,
             "changed": self.changed,
+            "worse": self.worse,
         }
 
 

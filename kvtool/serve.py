@@ -116,13 +116,13 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
 
 EXPORTER_BY_NAME = {m.name: m for m in EXPORTER_METRICS}
 
-HISTOGRAM_SOURCES: dict[str, tuple[str, str, str]] = {
-    "kvtool_block_lifetime_seconds": ("lifetimes", "lifetime_s", "hist"),
-    "kvtool_recompute_gap_seconds": ("recompute_gaps", "gap_s", "gap_hist"),
+HISTOGRAM_SOURCES: dict[str, str] = {
+    "kvtool_block_lifetime_seconds": "life",
+    "kvtool_recompute_gap_seconds": "gaps",
 }
-"""Per histogram family: the builder's exact-sample frames attribute, their value column,
-and its log-histogram attribute. A family whose attributes the engine does not have yet is
-not served (not an error)."""
+"""Per histogram family: the builder's samples (:class:`kvtool.report.samples.Seconds`:
+exact samples per report row up to a limit, then a log histogram). A family whose samples
+the engine does not keep is not served (not an error)."""
 
 
 # -- label folding ---------------------------------------------------------------------------
@@ -224,13 +224,12 @@ class _Hist:
         self.counts += flat.reshape(-1, _NB).astype(np.int64)
         self.sums += np.bincount(gkey, weights=values * weight, minlength=len(self.sums))
 
-    def update(self, builder: ReportBuilder, source: tuple[str, str, str]) -> bool:
+    def update(self, builder: ReportBuilder, source: str) -> bool:
         """Take the builder's new samples; return False when it has none of this kind."""
-        frames_attr, column, hist_attr = source
-        hist = getattr(builder, hist_attr, None)
-        frames = getattr(builder, frames_attr, None)
-        if hist is None and frames is None:
+        samples = getattr(builder, source, None)
+        if samples is None:
             return False
+        hist = samples.hist
         if hist is not None:
             # Past the exact limit the engine keeps a log histogram of every sample: the
             # buckets are taken again from its bin centres, never below what was served.
@@ -238,7 +237,7 @@ class _Hist:
 
             from kvtool.report.aggregates import hist_centre
 
-            f = hist.select("gkey", v=hist_centre(pl.col("bin")), n="n")
+            f = hist.frame().drop_nulls("bin").select("gkey", v=hist_centre(pl.col("bin")), n="n")
             old_c, old_s = self.counts, self.sums
             self.counts = np.zeros((0, _NB), dtype=np.int64)
             self.sums = np.zeros(0)
@@ -252,12 +251,9 @@ class _Hist:
             self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
             self.frames_done = 0
             return True
-        assert frames is not None
-        for frame in frames[self.frames_done :]:
-            gk = frame["gkey"].to_numpy().astype(np.int64)
-            v = frame[column].to_numpy()
-            self._add(gk, v, np.ones(len(v)))
-        self.frames_done = len(frames)
+        for gk, v in samples.exact[self.frames_done :]:
+            self._add(np.asarray(gk, dtype=np.int64), np.asarray(v), np.ones(len(v)))
+        self.frames_done = len(samples.exact)
         return True
 
     def get(self, gkey: int) -> tuple[NDArray[Any], float] | None:

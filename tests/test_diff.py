@@ -19,6 +19,7 @@ from kvtool.diff import (
     METRICS,
     SCHEMA,
     MetricDelta,
+    RowDiff,
     diff_recordings,
     diff_reports,
     parse_fail_on,
@@ -118,8 +119,12 @@ def test_issue12_diff_shows_exactly_the_changed_metrics(recs: dict[str, Path]) -
     assert (events, blocks) == (24, 24)
     by_kind = {r.label: r for r in d.rows}
     # Independent of the report engine: the dropped batches held no full-attention event and
-    # no store, so full attention and every store-side metric are untouched ...
-    assert by_kind["full_attention"].changes == ()
+    # no store, so full attention and every store-side metric are untouched, but for the
+    # recompute distances: they count the evictions of the whole pool, every group's
+    # (issue 20) ...
+    assert {m.metric for m in by_kind["full_attention"].changes} <= {
+        f"recompute_distance_p{q}" for q in (50, 90, 99)
+    }
     swa = {m.metric: m for m in by_kind["sliding_window"].metrics}
     for name in ("store_events", "blocks_stored", "tokens_stored", "distinct_hashes"):
         assert not swa[name].changed
@@ -184,8 +189,13 @@ def test_issue12_groups_are_keyed_by_index_kind_and_window(recs: dict[str, Path]
     assert [r.key["group_idx"] for r in d.rows if r.changed] == [2, 3, 4] or sorted(
         r.key["group_idx"] for r in d.rows[:3]
     ) == [2, 3, 4]
-    assert {r.key["group_idx"] for r in d.rows if r.changed} == {2, 3, 4}
-    assert all(r.changed for r in d.rows[:3]) and not any(r.changed for r in d.rows[3:])
+
+    # (Recompute distances count the whole pool's evictions: every group's may move.)
+    def moved(r: RowDiff) -> bool:
+        return any(not m.metric.startswith("recompute_distance_") for m in r.changes)
+
+    assert {r.key["group_idx"] for r in d.rows if moved(r)} == {2, 3, 4}
+    assert all(moved(r) for r in d.rows[:3]) and not any(moved(r) for r in d.rows[3:])
 
 
 # -- --fail-on ----------------------------------------------------------------------------------
@@ -436,13 +446,22 @@ def test_issue12_json_schema(recs: dict[str, Path]) -> None:
         assert set(row) == {"key", "label", "presence", "changed", "verdict", "metrics"}
         assert sorted(m["metric"] for m in row["metrics"]) == sorted(METRICS)
         for m in row["metrics"]:
-            assert set(m) == {"metric", "a", "b", "delta", "rel_change", "changed"}
+            assert set(m) == {"metric", "a", "b", "delta", "rel_change", "changed", "worse"}
     swa = next(r for r in doc["rows"] if r["key"] == {"kind": "sliding_window"})
     assert swa["presence"] == "a_only"
     check = doc["fail_on"][0]
     assert check["expr"] == "blocks_stored{kind=*}:+0" and check["crossed"]
     assert [h["label"] for h in check["hits"]] == ["full_attention"]
-    assert set(check["hits"][0]) == {"key", "label", "metric", "a", "b", "delta", "rel_change"}
+    assert set(check["hits"][0]) == {
+        "key",
+        "label",
+        "metric",
+        "a",
+        "b",
+        "delta",
+        "rel_change",
+        "worse",
+    }
 
 
 def test_issue12_markdown(recs: dict[str, Path]) -> None:
@@ -450,7 +469,7 @@ def test_issue12_markdown(recs: dict[str, Path]) -> None:
     buf = io.StringIO()
     render_markdown(d, buf)
     text = buf.getvalue()
-    assert "### full_attention: no change\n" in text
+    assert "### full_attention: 2 of 22 metrics changed; largest recompute_distance_p90" in text
     assert "| metric | A | B | delta | change |\n|---|---:|---:|---:|---:|\n" in text
     assert "| blocks_removed | 1,314 | 1,290 | -24 | -1.8% |" in text
 
@@ -483,7 +502,7 @@ def test_issue12_cli_fail_on_exit_status(recs: dict[str, Path]) -> None:
     )
     assert ok.exit_code == 0, ok.output
     assert (
-        "sliding_window: 6 of 14 metrics changed; largest restored_blocks +71.4% (21 -> 36)"
+        "sliding_window: 11 of 22 metrics changed; largest stored_while_live +71.4% (21 -> 36)"
         in " ".join(ok.stdout.split())
     )
     bad = runner.invoke(
@@ -522,7 +541,9 @@ def test_issue12_cli_sets_separated_by_double_dash(recs: dict[str, Path]) -> Non
     assert doc["a"]["recordings"] == [base, full] and doc["b"]["recordings"] == [full, base]
     assert doc["changed"] is False
     combined = build_report([base, full]).to_dict()["totals"]
-    assert {m["metric"]: m["a"] for m in doc["totals"]["metrics"]} == combined
+    assert {m["metric"]: m["a"] for m in doc["totals"]["metrics"]} == {
+        k: v for k, v in combined.items() if k != "restored_blocks"
+    }
 
 
 @pytest.mark.parametrize(
@@ -584,8 +605,8 @@ def test_issue12_python_dash_m_diff(recs: dict[str, Path]) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == ""
-    assert "window 64: 6 of 14 metrics changed" in proc.stdout
-    assert "no window: no change" in proc.stdout
+    assert "window 64: 11 of 22 metrics changed" in proc.stdout
+    assert "no window: 2 of 22 metrics changed" in proc.stdout
     assert "…" not in proc.stdout
 
 

@@ -924,84 +924,92 @@ _op = st.one_of(
 
 
 def _state_reference(ops: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """A dict of deques: +1/-1 per key, never below 0, FIFO pairing, clears per channel."""
+    """A dict of deques: +1/-1 per key, never below 0, FIFO pairing, clears per channel.
+
+    A store of a key stored before and not live is a recompute: its gap is the time since
+    the key went, its distance the channel's effective removes since then (issue 20).
+    """
     from collections import deque
 
     live: dict[tuple[Any, ...], deque[int]] = {}
+    gone: dict[tuple[Any, ...], tuple[int, int]] = {}
+    evictions = {0: 0, 1: 0}
     orphans = restored = 0
     lifetimes: list[int] = []
+    recomputes: list[tuple[int, int]] = []
     for t, op in enumerate(ops):
         if op[0] == "C":
             for key in [k for k in live if k[0] == op[1]]:
+                if live[key]:
+                    gone[key] = (t, evictions[op[1]])
                 del live[key]
             continue
         kind, cid, g, h = op
         q = live.setdefault((cid, g, h), deque())
         if kind == "S":
             restored += bool(q)
+            if not q and (cid, g, h) in gone:
+                when, at = gone[(cid, g, h)]
+                recomputes.append((t - when, evictions[cid] - at))
             q.append(t)
         elif q:
             lifetimes.append(t - q.popleft())
+            evictions[cid] += 1
+            if not q:
+                gone[(cid, g, h)] = (t, evictions[cid])
         else:
             orphans += 1
     left = sorted(((k, t) for k, q in live.items() for t in q), key=repr)
-    return {"orphans": orphans, "restored": restored, "lifetimes": sorted(lifetimes), "live": left}
+    return {
+        "orphans": orphans,
+        "restored": restored,
+        "lifetimes": sorted(lifetimes),
+        "live": left,
+        "recomputes": sorted(recomputes),
+    }
 
 
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(_op, max_size=40), cuts=st.lists(st.integers(0, 40), max_size=4))
-def test_state_step_equals_a_plain_multiset_over_any_chunking(
+def test_issue19_state_kernel_equals_a_plain_multiset_over_any_chunking(
     ops: list[tuple[Any, ...]], cuts: list[int]
 ) -> None:
-    import polars as pl
+    import numpy as np
 
-    from kvtool.report import state
+    from kvtool.report import kernel
 
     bounds = sorted({0, len(ops), *(c for c in cuts if c <= len(ops))})
-    live = pl.DataFrame(schema=state.LIVE_SCHEMA)
+    ks = kernel.State()
     orphans = restored = 0
     lifetimes: list[int] = []
+    recomputes: list[tuple[int, int]] = []
+    code = {"S": kernel.STORE, "R": kernel.REMOVE, "C": kernel.CLEAR}
     for lo, hi in itertools.pairwise(bounds):
-        epochs = {0: 0, 1: 0}
-        rows = []
-        for t in range(lo, hi):
-            op = ops[t]
-            if op[0] == "C":
-                epochs[op[1]] += 1
-                continue
-            kind, cid, g, h = op
-            rows.append(
-                (
-                    t,
-                    cid,
-                    g,
-                    h,
-                    epochs[cid],
-                    float(t),
-                    1 if kind == "S" else -1,
-                    False,
-                    0,
-                    g is None,
-                    True,
-                )
-            )
-        blocks = pl.DataFrame(rows, schema=state.BLOCK_SCHEMA, orient="row")
-        final = pl.DataFrame(
-            {"channel_id": [0, 1], "final_epoch": [epochs[0], epochs[1]]},
-            schema={"channel_id": pl.UInt32, "final_epoch": pl.Int64},
+        part = ops[lo:hi]
+        full = [(*o, None, None)[:4] for o in part]
+        out = kernel.step(
+            ks,
+            np.array([code[o[0]] for o in full], dtype=np.int8),
+            np.array([o[1] for o in full], dtype=np.int64),
+            np.array([o[2] or 0 for o in full], dtype=np.int64),
+            np.array([o[0] != "C" and o[2] is None for o in full], dtype=bool),
+            np.array([o[3] or 0 for o in full], dtype=np.int64),
+            np.arange(lo, hi, dtype=np.float64),
+            np.zeros(len(full), dtype=np.int64),
+            1,
         )
-        step = state.advance(blocks, live, final)
-        live = step.live
-        orphans += int(step.blocks["orphan"].sum())
-        restored += int(step.blocks["restored"].sum())
-        lifetimes += [
-            round(r - s)
-            for r, s in zip(step.pairs["remove_ts"], step.pairs["store_ts"], strict=True)
-        ]
+        what = out.what
+        orphans += int((what == kernel.ORPHAN).sum())
+        restored += int((what == kernel.WHILE_LIVE).sum())
+        ev = np.flatnonzero(what == kernel.EVICTED)
+        lifetimes += [round(lo + i - out.ts[i]) for i in ev.tolist()]
+        rc = np.flatnonzero(what == kernel.RECOMPUTED)
+        recomputes += [(round(lo + i - out.ts[i]), int(out.distance[i])) for i in rc.tolist()]
+    c, g, ng, h, t, _gk = ks.live_entries()
     got_live = sorted(
         (
-            ((c, g, h), round(t))
-            for c, g, h, t in live.select("channel_id", "group_idx", "hash", "store_ts").iter_rows()
+            ((int(c[j]), None if ng[j] else int(g[j]), int(h[j])), round(t[j]))
+            for j in range(len(c))
         ),
         key=repr,
     )
@@ -1010,3 +1018,4 @@ def test_state_step_equals_a_plain_multiset_over_any_chunking(
     assert restored == want["restored"]
     assert sorted(lifetimes) == want["lifetimes"]
     assert got_live == want["live"]
+    assert sorted(recomputes) == want["recomputes"]

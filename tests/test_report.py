@@ -19,7 +19,7 @@ from kvtool.columns import UNANNOTATED, UNATTRIBUTED
 from kvtool.errors import UsageError
 from kvtool.protocol import decode_batch, event_type, hash_key
 from kvtool.recording import RecordingWriter
-from kvtool.report import COLUMNS, build_report
+from kvtool.report import COLUMNS, COUNT_COLUMNS, build_report
 from tests.conftest import CAPTURES, capture_messages, capture_truth
 
 runner = CliRunner()
@@ -176,7 +176,7 @@ def reference(payloads: list[bytes], table: dict[int, tuple[str, int | None]] | 
                     out[k]["blocks_stored"] += 1
                     distinct[k].add(hash_key(h))
                     if count[key] > 0:
-                        out[k]["restored_blocks"] += 1
+                        out[k]["stored_while_live"] += 1
                     count[key] += 1
                     fifo[key].append(ts_us)
                     kind_of_entry[key].append(k)
@@ -240,7 +240,8 @@ def _quantile(xs: list[float], q: float) -> float | None:
 def check_against_reference(rep_dict: dict, payloads: list[bytes], table=None) -> None:
     ref, tot, lts, all_lt = reference(payloads, table)
     by_kind = {r["kind"]: r for r in rep_dict["by_kind"]}
-    counts = [c for c in COLUMNS if not c.startswith("lifetime")]
+    # Recomputes have their own independent count (test_issue20_recompute).
+    counts = [c for c in COUNT_COLUMNS if c != "blocks_recomputed"]
     assert set(by_kind) == {k for k, v in ref.items() if any(v.values())} | {
         k for k, v in ref.items() if v.get("store_events") or v.get("remove_events")
     }
@@ -558,13 +559,17 @@ def gemma_rec(tmp_path: Path) -> Path:
 def test_json_contract(gemma_rec: Path) -> None:
     rep = report_json(str(gemma_rec))
     assert list(rep) == ["source", "totals", "by_kind", "by_window", "by_group"]
-    assert list(rep["totals"]) == list(COLUMNS)
+    # DESIGN.md's columns, then the deprecated alias (issue 20: one release).
+    cols = [*COLUMNS, "restored_blocks"]
+    assert list(rep["totals"]) == cols
+    for row in [rep["totals"], *rep["by_kind"], *rep["by_window"], *rep["by_group"]]:
+        assert row["restored_blocks"] == row["stored_while_live"]
     for row in rep["by_kind"]:
-        assert list(row) == ["kind", *COLUMNS]
+        assert list(row) == ["kind", *cols]
     for row in rep["by_window"]:
-        assert list(row) == ["sliding_window", *COLUMNS]
+        assert list(row) == ["sliding_window", *cols]
     for row in rep["by_group"]:
-        assert list(row) == ["group_idx", "kind", "sliding_window", *COLUMNS]
+        assert list(row) == ["group_idx", "kind", "sliding_window", *cols]
         assert isinstance(row["blocks_stored"], int)
     assert [r["sliding_window"] for r in rep["by_window"]] == [None, 64]
     assert [r["group_idx"] for r in rep["by_group"]] == [0, 1, 2, 3, 4, 5]

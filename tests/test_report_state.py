@@ -1,4 +1,4 @@
-"""The numpy live-block state step (issue 10) against the polars step it replaced."""
+"""The state kernel (issue 19) against the polars state step of issue 10, and helpers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,30 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kvtool.report import builder, state
+from kvtool.report import builder, kernel, samples
 from kvtool.report.aggregates import Peaks
-from kvtool.report.state import BLOCK_SCHEMA, LIVE_SCHEMA
+
+LIVE_SCHEMA: dict[str, pl.DataType] = {
+    "row": pl.Int64(),
+    "channel_id": pl.UInt32(),
+    "group_idx": pl.Int64(),
+    "hash": pl.Int64(),
+    "store_ts": pl.Float64(),
+    "gkey": pl.UInt32(),
+}
+BLOCK_SCHEMA: dict[str, pl.DataType] = {
+    "row": pl.Int64(),
+    "channel_id": pl.UInt32(),
+    "group_idx": pl.Int64(),
+    "hash": pl.Int64(),
+    "epoch": pl.Int64(),
+    "ts": pl.Float64(),
+    "delta": pl.Int64(),
+    "carried": pl.Boolean(),
+    "gkey": pl.UInt32(),
+    "no_group": pl.Boolean(),
+    "first_block": pl.Boolean(),
+}
 
 _KEY = ("hash", "channel_id", "group_idx")
 
@@ -276,61 +297,105 @@ def _rows(df: pl.DataFrame, cols: list[str]) -> list[tuple[Any, ...]]:
     return sorted(df.select(cols).iter_rows(), key=repr)
 
 
+def _kernel_step(
+    ks: kernel.State, ops: list[tuple[Any, ...]], first_row: int, gkey_of: dict[Any, int]
+) -> dict[str, list[tuple[Any, ...]]]:
+    """One chunk through the kernel, its outputs in the old step's terms."""
+    code = {"S": kernel.STORE, "R": kernel.REMOVE, "C": kernel.CLEAR}
+    n = len(ops)
+    op = np.array([code[o[0]] for o in ops], dtype=np.int8)
+    chan = np.array([o[1] for o in ops], dtype=np.int64)
+    group = np.array([0 if o[2] is None else o[2] for o in ops], dtype=np.int64)
+    no_group = np.array([o[2] is None for o in ops], dtype=bool)
+    h = np.array([0 if o[3] is None else o[3] for o in ops], dtype=np.int64)
+    ts = np.array([o[4] for o in ops], dtype=np.float64)
+    gkey = np.array(
+        [-1 if o[0] == "C" else gkey_of.setdefault((o[0], o[2]), len(gkey_of)) for o in ops],
+        dtype=np.int64,
+    )
+    out = kernel.step(ks, op, chan, group, no_group, h, ts, gkey, len(gkey_of))
+    epoch_of = {}
+    epochs: dict[int, int] = {}
+    for i, o in enumerate(ops):
+        if o[0] == "C":
+            epochs[o[1]] = epochs.get(o[1], 0) + 1
+            epoch_of[i] = epochs[o[1]]
+    what = out.what.tolist()
+    got: dict[str, list[tuple[Any, ...]]] = {
+        "flags": [
+            (first_row + i, what[i] == kernel.ORPHAN, what[i] == kernel.WHILE_LIVE)
+            for i in range(n)
+            if ops[i][0] != "C"
+        ],
+        "pairs": [
+            (first_row + i, float(ts[i]), int(gkey[i]), float(out.ts[i]), int(out.gkey[i]))
+            for i in range(n)
+            if what[i] == kernel.EVICTED
+        ],
+        "dropped": [
+            (int(chan[r]), epoch_of[int(r)], int(g))
+            for r, g, k in zip(out.drop_row, out.drop_gkey, out.drop_n, strict=True)
+            for _ in range(int(k))
+        ],
+    }
+    c, g, ng, hh, t, gk = ks.live_entries()
+    got["live"] = [
+        (int(c[j]), None if ng[j] else int(g[j]), int(hh[j]), float(t[j]), int(gk[j]))
+        for j in range(len(c))
+    ]
+    return {k: sorted(v, key=repr) for k, v in got.items()}
+
+
 @pytest.mark.parametrize("seed", range(150))
-def test_issue10_state_step_equals_the_polars_step(seed: int) -> None:
+def test_issue19_state_kernel_equals_the_polars_step(seed: int) -> None:
     # Nulls (no group), clears, repeated and extreme hashes, several channels, state
     # carried over chunks: every flag, FIFO pair, survivor and drop is the old step's.
-    old_live = new_live = pl.DataFrame(schema=LIVE_SCHEMA)
+    old_live = pl.DataFrame(schema=LIVE_SCHEMA)
+    ks = kernel.State()
     gkey_of: dict[Any, int] = {}
     first_row = 0
     for ops in _random_run(seed):
         blocks, final = _frames(ops, first_row, gkey_of)
+        o_blocks, o_pairs, o_live, o_dropped, _o_new = _old_advance(blocks, old_live, final)
+        got = _kernel_step(ks, ops, first_row, gkey_of)
         first_row += len(ops)
-        o_blocks, o_pairs, o_live, o_dropped, o_new = _old_advance(blocks, old_live, final)
-        got = state.advance(blocks, new_live, final)
         flags = ["row", "orphan", "restored"]
-        assert _rows(got.blocks, flags) == _rows(o_blocks.filter(~pl.col("carried")), flags)
+        assert got["flags"] == _rows(o_blocks.filter(~pl.col("carried")), flags)
         pair_cols = ["row", "remove_ts", "remove_gkey", "store_ts", "gkey"]
-        assert _rows(got.pairs, pair_cols) == _rows(o_pairs, pair_cols)
-        assert _rows(got.live, list(LIVE_SCHEMA)) == _rows(o_live, list(LIVE_SCHEMA))
-        drop_cols = ["channel_id", "epoch", "gkey"]
-        assert _rows(got.dropped, drop_cols) == _rows(o_dropped, drop_cols)
-        assert _rows(got.new_stores, ["gkey", "hash"]) == _rows(o_new, ["gkey", "hash"])
-        # Entries of one key stay in stream (row) order: FIFO pairs the oldest first.
-        for _key, part in got.live.group_by(list(_KEY)):
-            assert part["row"].is_sorted()
-        old_live, new_live = o_live, got.live
+        assert got["pairs"] == _rows(o_pairs, pair_cols)
+        live_cols = ["channel_id", "group_idx", "hash", "store_ts", "gkey"]
+        assert got["live"] == _rows(o_live, live_cols)
+        assert got["dropped"] == _rows(o_dropped, ["channel_id", "epoch", "gkey"])
+        old_live = o_live
 
 
-@pytest.mark.parametrize("groups", [[0, 1, 1 << 32, (1 << 32) + 1], [0, 1, 2, 3]])
-def test_issue10_state_group_keys_with_colliding_buckets(groups: list[int]) -> None:
-    # Keys that share the 32-bit bucket key (same low hash bits; groups and channels
-    # whose mixes cancel, or packed one-to-one) still come out contiguous, each in its
-    # original order.
-    rng = np.random.default_rng(5)
-    n = 5000
-    high = rng.integers(0, 4, n).astype(np.int64) << 32
-    low = rng.integers(0, 3, n).astype(np.int64)
-    h = high | low
-    c = rng.integers(0, 2, n).astype(np.int64)
-    g = rng.choice(np.array(groups), n).astype(np.int64)
-    ng = rng.random(n) < 0.1
-    order, start = state.group_keys(h, c, g, ng)
-    assert sorted(order.tolist()) == list(range(n))
-    keys = list(
-        zip(
-            h[order].tolist(), c[order].tolist(), g[order].tolist(), ng[order].tolist(), strict=True
-        )
+def _one_op(ks: kernel.State, op: int, hashes: Any, ts: float) -> kernel.Out:
+    n = len(hashes)
+    z = np.zeros(n, np.int64)
+    return kernel.step(
+        ks, np.full(n, op, np.int8), z, z, np.zeros(n, bool), hashes, np.full(n, ts), z, 1
     )
-    seen: set[tuple[Any, ...]] = set()
-    for i, key in enumerate(keys):
-        if i == 0 or key != keys[i - 1]:
-            assert start[i]
-            assert key not in seen  # contiguous
-            seen.add(key)
-        else:
-            assert not start[i]
-            assert order[i] > order[i - 1]  # stable
+
+
+def test_issue19_state_kernel_grows_its_table_and_keeps_every_key() -> None:
+    # Many keys over many calls: the table is rehashed several times; the live-key lists
+    # survive (a clear still drops every live copy) and every key stays known (a re-store
+    # after the clear is a recompute, never a first store).
+    ks = kernel.State()
+    rng = np.random.default_rng(3)
+    hashes = rng.integers(-(2**63), 2**63 - 1, 20000, dtype=np.int64)
+    for part in np.array_split(hashes, 7):
+        assert (_one_op(ks, kernel.STORE, part, 1.0).what == kernel.FIRST).all()
+    assert ks.keys == 20000 and len(ks.table.chan) >= 40000
+    assert (_one_op(ks, kernel.REMOVE, hashes[:10], 2.0).what == kernel.EVICTED).all()
+    clear = _one_op(ks, kernel.CLEAR, hashes[:1], 5.0)
+    assert clear.drop_n.tolist() == [19990] and ks.live_gkey.tolist() == [0]
+    again = _one_op(ks, kernel.STORE, hashes[:100], 7.0)
+    assert (again.what == kernel.RECOMPUTED).all()
+    # The first ten were evicted at 2 s (then nine more evictions of the pool), the rest
+    # cleared at 5 s (ten evictions before, none after).
+    assert again.ts.tolist() == [2.0] * 10 + [5.0] * 90
+    assert again.distance.tolist() == list(range(9, -1, -1)) + [0] * 90
 
 
 def test_issue10_state_pack_is_exact_for_any_values() -> None:
@@ -388,7 +453,7 @@ def test_issue10_state_lifetime_percentiles_equal_polars_linear_quantile(seed: i
     values = np.rint(rng.exponential(float(rng.choice([0.01, 1.0, 100.0])), n) * 1e6) * 1e-6
     if seed % 4 == 0:
         values[: n // 2] = values[0]  # ties
-    got = builder._linear_quantiles(values.copy())
+    got = samples.linear_quantiles(values.copy())
     want = pl.DataFrame({"v": values}).select(
         pl.col("v").quantile(q, "linear").alias(str(q)) for q in (0.5, 0.9, 0.99)
     )

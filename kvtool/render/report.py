@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 from kvtool.errors import UsageError
 from kvtool.render.tables import Column, cell, print_prose, print_table
 from kvtool.report import COLUMNS
+from kvtool.report.registry import METRICS
 from kvtool.text import csv_text, markdown, printable
 
 if TYPE_CHECKING:
@@ -44,34 +45,21 @@ _KEYS = {
 }
 
 
-COLUMN_LABELS = {
-    "store_events": "stores\nevents",
-    "blocks_stored": "stored\nblocks",
-    "tokens_stored": "stored\ntokens",
-    "remove_events": "removes\nevents",
-    "blocks_removed": "removed\nblocks",
-    "blocks_cleared": "cleared\nblocks",
-    "live_blocks_end": "live\nblocks",
-    "peak_live_blocks": "peak\nblocks",
-    "distinct_hashes": "distinct\nhashes",
-    "restored_blocks": "restored\nblocks",
-    "orphan_removes": "orphans\nblocks",
-    "lifetime_p50_s": "life\np50 s",
-    "lifetime_p90_s": "life\np90 s",
-    "lifetime_p99_s": "life\np99 s",
-}
-"""Short two-line table headers (name, unit) for every report column."""
+COLUMN_LABELS = {m.name: m.label for m in METRICS}
+"""Short two-line table headers (name, unit) for every report column (from the registry)."""
 
 DEFAULT_COLUMNS = (
     "blocks_stored",
     "blocks_removed",
     "live_blocks_end",
     "peak_live_blocks",
-    "restored_blocks",
+    "blocks_recomputed",
+    "recompute_share",
     "lifetime_p50_s",
     "lifetime_p99_s",
 )
-"""The columns a table shows without ``--columns``/``--wide``: the ones read first."""
+"""The columns a table shows without ``--columns``/``--wide``: the ones read first (one
+block at 80 columns)."""
 
 _TIMELINE_LABELS = {
     "time_s": "time\ns",
@@ -80,20 +68,19 @@ _TIMELINE_LABELS = {
     "removes": "removed\nblocks",
     "live_blocks": "live\nblocks",
 }
-_LEGEND = {
-    "store_events": "stores events = store_events",
-    "blocks_stored": "stored blocks = blocks_stored",
-    "tokens_stored": "stored tokens = tokens_stored",
-    "remove_events": "removes events = remove_events",
-    "blocks_removed": "removed = blocks_removed (evicted)",
-    "blocks_cleared": "cleared = blocks_cleared (by AllBlocksCleared)",
-    "live_blocks_end": "live = live_blocks_end (cached at the end)",
-    "peak_live_blocks": "peak = peak_live_blocks (most cached at once)",
-    "distinct_hashes": "distinct = distinct_hashes",
-    "restored_blocks": "restored = restored_blocks (stored while already cached)",
-    "orphan_removes": "orphans = orphan_removes (removed, never seen stored)",
-    "lifetime_p50_s": "life pNN s = lifetime_pNN_s (store to remove, seconds)",
-}
+
+
+def _legends() -> dict[str, str]:
+    """Each column's legend line; a percentile shares the first of its family's (pNN)."""
+    out: dict[str, str] = {}
+    last = ""
+    for m in METRICS:
+        last = m.legend or last
+        out[m.name] = last
+    return out
+
+
+_LEGEND = _legends()
 
 
 def parse_columns(text: str) -> list[str]:
@@ -142,7 +129,7 @@ def _timeline_rows(report: Report) -> tuple[list[str], list[list[object]]]:
 def _legend(columns: Sequence[str]) -> str:
     parts: list[str] = []
     for c in columns:
-        text = _LEGEND.get("lifetime_p50_s" if c.startswith("lifetime_") else c)
+        text = _LEGEND.get(c)
         if text is not None and text not in parts:
             parts.append(text)
     more = "" if len(columns) == len(COLUMNS) else "; all columns: --wide, or --columns a,b"

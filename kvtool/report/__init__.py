@@ -1,9 +1,9 @@
 """Per-kind, per-window and per-group tables of block stores and evictions, built streaming.
 
-Parts: :mod:`~kvtool.report.state` (the live-block multiset and FIFO lifetimes,
-vectorised per chunk), :mod:`~kvtool.report.attribution` (which kind a remove belongs
-to), :mod:`~kvtool.report.aggregates` (columns, counts, distinct hashes, peaks,
-percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
+Parts: :mod:`~kvtool.report.kernel` (the sequential state kernel: the live-block
+multiset, FIFO lifetimes, recomputes, in numba), :mod:`~kvtool.report.attribution`
+(which kind a remove belongs to), :mod:`~kvtool.report.aggregates` (columns, counts,
+distinct hashes, peaks, percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
 :mod:`~kvtool.report.builder` (drives them chunk by chunk) and
 :mod:`~kvtool.report.parallel` (``--jobs`` and ``--ray``).
 """

@@ -283,35 +283,39 @@ def hist_centre(b: pl.Expr) -> pl.Expr:
     )
 
 
-def quantiles(lifetimes: pl.DataFrame, col: str) -> pl.DataFrame:
-    """Return p50/p90/p99 per level key from (``col``, ``lifetime_s``, ``n``) rows.
+def quantiles(
+    samples: pl.DataFrame,
+    col: str,
+    names: tuple[str, ...] = LIFETIME_COLUMNS,
+    value: str = "lifetime_s",
+) -> pl.DataFrame:
+    """Return p50/p90/p99 per level key from (``col``, ``value``, ``n``) rows.
 
     Exact values (every ``n`` is 1) use linear interpolation; histogram rows (bin
     centres with counts) give the first bin whose cumulative count reaches the quantile.
 
     Args:
-        lifetimes: The lifetimes with their level key.
+        samples: The samples with their level key.
         col: The level key column.
+        names: The three percentile columns.
+        value: The samples' column.
 
     Returns:
-        One row per key with :data:`LIFETIME_COLUMNS`.
+        One row per key with the ``names`` columns.
     """
-    if lifetimes.height == 0:
-        return pl.DataFrame(
-            schema={col: lifetimes.schema[col], **{c: pl.Float64 for c in LIFETIME_COLUMNS}}
+    if samples.height == 0:
+        return pl.DataFrame(schema={col: samples.schema[col], **{c: pl.Float64 for c in names}})
+    if samples["n"].max() == 1 and samples["n"].min() == 1:
+        return samples.group_by(col).agg(
+            pl.col(value).quantile(q, "linear").round(6).alias(name)
+            for q, name in zip((0.5, 0.9, 0.99), names, strict=True)
         )
-    if lifetimes["n"].max() == 1 and lifetimes["n"].min() == 1:
-        return lifetimes.group_by(col).agg(
-            lifetime_p50_s=pl.col("lifetime_s").quantile(0.5, "linear").round(6),
-            lifetime_p90_s=pl.col("lifetime_s").quantile(0.9, "linear").round(6),
-            lifetime_p99_s=pl.col("lifetime_s").quantile(0.99, "linear").round(6),
-        )
-    s = lifetimes.sort(col, "lifetime_s").with_columns(
+    s = samples.sort(col, value).with_columns(
         cumulative=pl.col("n").cum_sum().over(col), total=pl.col("n").sum().over(col)
     )
     return s.group_by(col).agg(
-        pl.col("lifetime_s").filter(pl.col("cumulative") >= pl.col("total") * q).first().alias(name)
-        for q, name in zip((0.5, 0.9, 0.99), LIFETIME_COLUMNS, strict=True)
+        pl.col(value).filter(pl.col("cumulative") >= pl.col("total") * q).first().alias(name)
+        for q, name in zip((0.5, 0.9, 0.99), names, strict=True)
     )
 
 

@@ -71,7 +71,7 @@ def resolve_ungrouped(
 
     Args:
         df: The chunk, with ``row`` (stream position) and ``event_index``.
-        live: The live entries before the chunk (:data:`kvtool.report.state.LIVE_SCHEMA`).
+        live: The live entries before the chunk (``channel_id``, ``group_idx``, ``hash``, ``gkey``).
         grouped_channels: Channels whose stores carry ``group_idx``.
         kind_of_gkey: gkey → (kind, window) of the report rows the live entries are in.
         group_kind: The annotator's group lookup, for the kind of the group found.

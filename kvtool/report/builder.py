@@ -10,13 +10,15 @@ Per chunk (:meth:`ReportBuilder.add`), on numpy arrays of the chunk's columns:
 2. removes without ``group_idx`` on grouped channels are attributed
    (:mod:`kvtool.report.attribution`), every row gets its report row (``gkey``: one per
    (group_idx, kind, window) seen, numbered in order of appearance);
-3. the live-block multiset advances (:mod:`kvtool.report.state`): orphans, restores,
-   FIFO lifetime pairs, survivors, blocks dropped by clears;
-4. counts (one ``bincount`` per column over the gkeys), distinct hashes, lifetimes, peaks
-   and the timeline take the chunk (:mod:`kvtool.report.aggregates`).
+3. the state kernel (:mod:`kvtool.report.kernel`) walks the chunk's block rows: orphans,
+   stores while live, recomputes, FIFO lifetime pairs, blocks dropped by clears;
+4. counts (one ``bincount`` per column over the gkeys), distinct hashes, lifetimes,
+   recompute gaps and distances (:mod:`kvtool.report.samples`), peaks and the timeline
+   take the chunk (:mod:`kvtool.report.aggregates`).
 
-Between chunks only the live entries, the per-row totals, the distinct hashes, the
-lifetimes (or their histogram), the peak levels and the timeline's (bucket, row) sums are
+Between chunks only the kernel's state, the per-row totals, the distinct hashes, the
+lifetimes and recompute gaps (or their histograms), the recompute distances (counts per
+value), the peak levels and the timeline's (bucket, row) sums are
 carried, so memory does not grow with the recording's length beyond that state.
 
 Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
@@ -53,7 +55,7 @@ from kvtool.columns import (
     prefetch,
     recording_groups,
 )
-from kvtool.report import attribution, state
+from kvtool.report import attribution, kernel
 from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
@@ -64,20 +66,23 @@ from kvtool.report.aggregates import (
     LIFETIME_COLUMNS,
     PLAUSIBLE_TS_MAX,
     PLAUSIBLE_TS_MIN,
-    Histogram,
     Peaks,
     Report,
     bucket_expr,
     check_clock,
-    hist_bin,
-    hist_bins,
-    hist_centre,
-    quantiles,
     sorted_union,
     timeline_frame,
 )
 from kvtool.report.findings import report_findings
-from kvtool.report.names import BUILDER_INPUT
+from kvtool.report.names import (
+    ALIASES,
+    BUILDER_INPUT,
+    DISTANCE_COLUMNS,
+    GAP_COLUMNS,
+    QUANTILE_COLUMNS,
+    RATIO_COLUMNS,
+)
+from kvtool.report.samples import LEVELS, Counts, Seconds, remap
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -121,6 +126,12 @@ def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
     return np.where(ok, ts, fallback)
 
 
+def _changes(values: NDArray[Any], out: NDArray[Any]) -> None:
+    """``out[1:] |= values[1:] != values[:-1]`` unless ``values`` is constant."""
+    if len(values) and not (values == values[0]).all():
+        out[1:] |= values[1:] != values[:-1]
+
+
 def _pack(cols: list[NDArray[Any]]) -> NDArray[Any]:
     """One int64 per row that is equal exactly where all ``cols`` (integer arrays) are.
 
@@ -152,13 +163,15 @@ class ReportBuilder:
 
     - ``registry``: report row (``gkey``) of each (group_idx, kind, window), numbered in
       order of first appearance in the stream;
-    - ``live``: the live entries (:class:`kvtool.report.state.Live`);
+    - ``kstate``: the state kernel's arrays (:class:`kvtool.report.kernel.State`);
     - ``counts``: per gkey, the :data:`~kvtool.report.aggregates.ADDITIVE` sums (an
       int64 array, one row per gkey);
     - ``distinct``: per gkey, a sorted duplicate-free int64 array of stored hashes (plus
       unmerged parts);
-    - ``lifetimes`` (exact, per gkey) or ``hist`` (the log histogram past
-      :data:`~kvtool.report.aggregates.EXACT_LIFETIMES`);
+    - ``life`` and ``gaps``: lifetimes and recompute gaps per gkey
+      (:class:`~kvtool.report.samples.Seconds`: exact, or a log histogram past
+      :data:`~kvtool.report.aggregates.EXACT_LIFETIMES`); ``distances``: recompute
+      distances per gkey (:class:`~kvtool.report.samples.Counts`, exact);
     - ``peaks``: live blocks now and at their highest per level key;
     - ``timeline``: per (bucket, gkey) sums (with ``every_ns``);
     - ``rows``: rows seen (the ``row`` numbering), time span, grouped channels.
@@ -183,7 +196,7 @@ class ReportBuilder:
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
-        self.live = state.Live.empty()
+        self.kstate = kernel.State()
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
         # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
@@ -192,12 +205,10 @@ class ReportBuilder:
         self._distinct_rows = 0
         self._distinct_size = 0
         self._distinct_counts: dict[tuple[int, ...], int] = {}
-        self.lifetimes: list[pl.DataFrame] = []
-        self.n_lifetimes = 0
+        self.life = Seconds()
+        self.gaps = Seconds()
+        self.distances = Counts()
         self.negative_lifetimes = 0
-        # The lifetime histogram, dense (see the ``hist`` property for its frame).
-        self._hist: Histogram | None = None
-        self._hist_frame: pl.DataFrame | None = None
         self.peaks = Peaks()
         # Per (bucket, gkey) sums, plus chunks' rows not yet summed in (see ``timeline``).
         self._timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
@@ -213,20 +224,6 @@ class ReportBuilder:
         # Set by run_builder: the read's channels, and the peak log of a unit of work.
         self.streams: dict[int, ChannelRef] = {}
         self.peak_log: PeakLog | None = None
-
-    @property
-    def hist(self) -> pl.DataFrame | None:
-        """The lifetime log histogram as (gkey UInt32, bin Int64, n Int64), or None while exact."""
-        if self._hist is None:
-            return None
-        if self._hist_frame is None:
-            self._hist_frame = self._hist.frame()
-        return self._hist_frame
-
-    @hist.setter
-    def hist(self, frame: pl.DataFrame | None) -> None:
-        self._hist = None if frame is None else Histogram.from_frame(frame)
-        self._hist_frame = None
 
     @property
     def timeline(self) -> pl.DataFrame:
@@ -297,7 +294,7 @@ class ReportBuilder:
         change = np.zeros(n, dtype=bool)
         change[0] = True
         for values in cols:
-            state._changes(values, change)
+            _changes(values, change)
         starts = np.flatnonzero(change)
         kind = np.asarray(
             kind_s.gather(starts)
@@ -385,43 +382,27 @@ class ReportBuilder:
                 unattributed = df["unattributed"].to_numpy() & is_remove
                 unattributed_orphan = df["unattributed_orphan"].to_numpy()
         gkey = self._gkeys(df, is_clear, unattributed, group, no_group)
-        clears = np.flatnonzero(is_clear)
-        epoch = np.zeros(n, dtype=_I64)
-        top = int(channel.max())
-        if len(self.live):
-            top = max(top, int(self.live.channel_id.max()))
-        final_epoch = np.zeros(top + 1, dtype=_I64)
-        if len(clears):
-            for cid in np.unique(channel[clears]).tolist():
-                on = channel == cid
-                epoch[on] = np.cumsum(is_clear[on])
-            final_epoch += np.bincount(channel[clears], minlength=top + 1)
-        idx = np.flatnonzero(has_hash & ~is_clear & ~unattributed)
-        blocks = state.Blocks(
-            idx + first_row,
-            channel[idx],
-            group[idx],
-            no_group[idx],
-            hashes[idx],
-            epoch[idx],
-            ts[idx],
-            is_store[idx],
-            gkey[idx],
+        block = has_hash & ~is_clear & ~unattributed
+        op = np.zeros(n, dtype=np.int8)
+        op[block & is_store] = kernel.STORE
+        op[block & ~is_store] = kernel.REMOVE
+        op[is_clear] = kernel.CLEAR
+        out = kernel.step(
+            self.kstate, op, channel, group, no_group, hashes, ts, gkey, len(self.registry)
         )
-        step = state.step(self.live, blocks, final_epoch)
-        self.live = step.live
+        what = out.what
         block_index = df["block_index"]
         if block_index.null_count():
             block_index = block_index.fill_null(-1)
         first_block = block_index.to_numpy() == 0
-        moved = step.orphan & blocks.no_group
+        moved = (what == kernel.ORPHAN) & no_group
         if moved.any():
             # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
             # the remove is unattributed. Its row moves off the group it was keyed under
             # for everything from here (counts, peaks, timeline), as when the chunk
             # already attributed it (_attribute): chunk boundaries change nothing.
             gkey = gkey.copy()
-            gkey[idx[moved]] = self._gkey_of(None, UNATTRIBUTED, None)
+            gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
         self._add_counts(
             df,
             gkey,
@@ -431,33 +412,33 @@ class ReportBuilder:
             has_hash,
             first_block,
             unattributed_orphan,
-            blocks,
             moved,
-            step,
+            out,
         )
-        self._add_distinct(blocks)
-        self._add_lifetimes(blocks, step)
+        stored = op == kernel.STORE
+        self._add_distinct(gkey[stored], hashes[stored])
+        evicted = np.flatnonzero(what == kernel.EVICTED)
+        self._add_lifetimes(gkey[evicted], ts[evicted], out.ts[evicted])
+        again = np.flatnonzero(what == kernel.RECOMPUTED)
+        if len(again):
+            gap = _seconds_between(out.ts[again], ts[again])
+            finite = np.isfinite(gap)
+            self.gaps.add(gkey[again][finite], np.maximum(gap[finite], 0.0), EXACT_LIFETIMES)
+            self.distances.add(gkey[again], out.distance[again])
         # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
         # (under the report row of the entry it removes), a clear's drops at its row.
-        delta = np.zeros(n, dtype=_I64)
+        delta = stored.astype(_I64)
+        delta[evicted] = -1
         delta_gkey = gkey.copy()
-        stores = idx[blocks.store]
-        delta[stores] = 1
-        removes = idx[step.remove]
-        delta[removes] = -1
-        delta_gkey[removes] = step.store_gkey
+        delta_gkey[evicted] = out.gkey[evicted]
         delta_row = np.arange(n)
-        if len(step.dropped_gkey):
-            drop_at = self._clear_rows(clears, channel[clears], step)
-            # One delta per (clear, gkey): the drops' order inside a clear cannot change a
-            # peak (all negative).
-            base = len(self.registry) + 1
-            pair, cnt = np.unique(drop_at * base + step.dropped_gkey, return_counts=True)
-            at, gk = np.divmod(pair, base)
-            pos = np.searchsorted(delta_row, at, side="right")
-            delta = np.insert(delta, pos, -cnt)
-            delta_gkey = np.insert(delta_gkey, pos, gk)
-            delta_row = np.insert(delta_row, pos, at)
+        if len(out.drop_row):
+            # One delta per (clear, gkey), after the clear's own row: the drops' order
+            # inside a clear cannot change a peak (all negative).
+            pos = np.searchsorted(delta_row, out.drop_row, side="right")
+            delta = np.insert(delta, pos, -out.drop_n)
+            delta_gkey = np.insert(delta_gkey, pos, out.drop_gkey)
+            delta_row = np.insert(delta_row, pos, out.drop_row)
         rows = {i: key for key, i in self.registry.items()}
         self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
@@ -466,17 +447,6 @@ class ReportBuilder:
             self._add_timeline(
                 df, gkey, is_clear, is_store, is_remove, has_hash, delta_gkey, delta, delta_row
             )
-
-    @staticmethod
-    def _clear_rows(
-        clears: NDArray[Any], clear_channel: NDArray[Any], step: state.Step
-    ) -> NDArray[Any]:
-        """The chunk row of the clear that dropped each dropped entry."""
-        order = np.lexsort((clears, clear_channel))
-        by_channel = clear_channel[order]
-        first = np.searchsorted(by_channel, step.dropped_channel, side="left")
-        out: NDArray[Any] = clears[order][first + step.dropped_epoch - 1]
-        return out
 
     def _log_peaks(
         self,
@@ -510,7 +480,10 @@ class ReportBuilder:
             for g, n in self.live_end.items():
                 out[g] = n
             return out
-        return np.bincount(self.live.gkey, minlength=size)
+        out = np.zeros(size, dtype=_I64)
+        live = self.kstate.live_gkey[:size]
+        out[: len(live)] = live
+        return out
 
     def partial(
         self, stats: ReadStats, annotator: TableAnnotator, inputs: list[int]
@@ -532,7 +505,6 @@ class ReportBuilder:
         counts = {g: tuple(int(v) for v in row) for g, row in enumerate(self.counts.tolist())}
         ends = self._live_end(len(self.registry))
         live_end = {g: int(n) for g, n in enumerate(ends.tolist()) if n}
-        exact = pl.concat(self.lifetimes) if self.lifetimes else None
         return PartialReport(
             inputs=inputs,
             only=None,
@@ -548,9 +520,9 @@ class ReportBuilder:
             counts=counts,
             live_end=live_end,
             distinct=dict(self.distinct),
-            lifetimes=exact,
-            hist=self.hist,
-            n_lifetimes=self.n_lifetimes,
+            lifetimes=self.life.part(),
+            gaps=self.gaps.part(),
+            distances=self.distances.frame(),
             negative_lifetimes=self.negative_lifetimes,
             ambiguous_removes=self.ambiguous_removes,
             first_ts=self.first_ts,
@@ -593,16 +565,7 @@ class ReportBuilder:
         counts: dict[int, list[int]] = {}
         live_end: dict[int, int] = {}
         distinct: dict[int, list[NDArray[Any]]] = {}
-        exact: list[pl.DataFrame] = []
-        hists: list[pl.DataFrame] = []
         timelines: list[pl.DataFrame] = []
-
-        def remap(frame: pl.DataFrame, ids: dict[int, int]) -> pl.DataFrame:
-            return frame.with_columns(
-                gkey=pl.col("gkey").replace_strict(
-                    list(ids), list(ids.values()), return_dtype=pl.UInt32
-                )
-            )
 
         for i, (p, ids) in enumerate(zip(parts, row_ids, strict=True)):
             for g, values in p.counts.items():
@@ -613,13 +576,8 @@ class ReportBuilder:
                 live_end[ids[g]] = live_end.get(ids[g], 0) + n
             for g, h in p.distinct.items():
                 distinct.setdefault(ids[g], []).append(h)
-            if p.lifetimes is not None and p.lifetimes.height:
-                exact.append(remap(p.lifetimes, ids))
-            if p.hist is not None:
-                hists.append(remap(p.hist, ids))
             if p.timeline is not None and p.timeline.height:
                 timelines.append(remap(p.timeline, ids))
-            b.n_lifetimes += p.n_lifetimes
             b.negative_lifetimes += p.negative_lifetimes
             b.ambiguous_removes += p.ambiguous_removes
             for ts in (p.first_ts, p.last_ts):
@@ -632,27 +590,13 @@ class ReportBuilder:
             b.counts[g] = sums
         b.live_end = live_end
         b.distinct = {g: sorted_union(hs) for g, hs in distinct.items()}
-        # One process keeps lifetimes exactly until it has seen more than EXACT_LIFETIMES,
-        # then bins them all: the same rule on the merged count gives the same numbers.
-        if hists or b.n_lifetimes > EXACT_LIFETIMES:
-            binned = [
-                f.select("gkey", bin=hist_bin(pl.col("lifetime_s")))
-                .group_by("gkey", "bin")
-                .len("n")
-                for f in exact
-            ]
-            b.hist = (
-                pl.concat(
-                    [
-                        *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in hists),
-                        *(h.select("gkey", "bin", pl.col("n").cast(pl.Int64)) for h in binned),
-                    ]
-                )
-                .group_by("gkey", "bin")
-                .agg(pl.col("n").sum())
-            )
-        elif exact:
-            b.lifetimes = [pl.concat(exact)]
+        b.life = Seconds.merge(
+            [(p.lifetimes, i) for p, i in zip(parts, row_ids, strict=True)], EXACT_LIFETIMES
+        )
+        b.gaps = Seconds.merge(
+            [(p.gaps, i) for p, i in zip(parts, row_ids, strict=True)], EXACT_LIFETIMES
+        )
+        b.distances = Counts.merge([(p.distances, i) for p, i in zip(parts, row_ids, strict=True)])
         if timelines:
             b.timeline = (
                 pl.concat(timelines)
@@ -667,7 +611,7 @@ class ReportBuilder:
             return df
         kind_of_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
         resolved, ambiguous = attribution.resolve_ungrouped(
-            df, self.live.frame(), self.grouped_channels, kind_of_gkey, self.group_kind
+            df, self._live_frame(), self.grouped_channels, kind_of_gkey, self.group_kind
         )
         self.ambiguous_removes += ambiguous
         found = pl.col("resolved").fill_null(False)
@@ -681,6 +625,21 @@ class ReportBuilder:
             unattributed_orphan=pl.col("unattributed_orphan").fill_null(False),
         )
 
+    def _live_frame(self) -> pl.DataFrame:
+        """The live entries (channel_id, group_idx, hash, gkey), a key's oldest first."""
+        chan, group, no_group, h, _ts, gkey = self.kstate.live_entries()
+        g = pl.Series("group_idx", group, dtype=pl.Int64)
+        if no_group.any():
+            g = g.scatter(np.flatnonzero(no_group), None)
+        return pl.DataFrame(
+            {
+                "channel_id": pl.Series(chan, dtype=pl.UInt32),
+                "group_idx": g,
+                "hash": h,
+                "gkey": pl.Series(gkey, dtype=pl.UInt32),
+            }
+        )
+
     def _add_counts(
         self,
         df: pl.DataFrame,
@@ -691,9 +650,8 @@ class ReportBuilder:
         has_hash: NDArray[Any],
         first_block: NDArray[Any],
         unattributed_orphan: NDArray[Any],
-        blocks: state.Blocks,
         moved: NDArray[Any],
-        step: state.Step,
+        out: kernel.Out,
     ) -> None:
         """Add the chunk's per-gkey sums of :data:`ADDITIVE` (one ``bincount`` each).
 
@@ -719,24 +677,24 @@ class ReportBuilder:
         ).astype(_I64)
         add[:, col["remove_events"]] = per(fb & rm)
         add[:, col["blocks_removed"]] = per(hh & rm)
-        add[:, col["orphan_removes"]] = per(unattributed_orphan[rows] & hh)
-        bg = blocks.gkey
-        add[:, col["restored_blocks"]] = per(step.restored, bg)
-        add[:, col["orphan_removes"]] += per(step.orphan & ~blocks.no_group, bg)
-        if moved.any():
-            add[self._gkey_of(None, UNATTRIBUTED, None), col["orphan_removes"]] += moved.sum()
-        if len(step.dropped_gkey):
-            add[:, col["blocks_cleared"]] = np.bincount(step.dropped_gkey, minlength=size)
+        what = out.what[rows]
+        add[:, col["orphan_removes"]] = per(
+            (unattributed_orphan[rows] & hh) | (what == kernel.ORPHAN)
+        )
+        add[:, col["stored_while_live"]] = per(what == kernel.WHILE_LIVE)
+        add[:, col["blocks_recomputed"]] = per(what == kernel.RECOMPUTED)
+        if len(out.drop_gkey):
+            add[:, col["blocks_cleared"]] = np.bincount(
+                out.drop_gkey, weights=out.drop_n, minlength=size
+            ).astype(_I64)
         if len(self.counts) < size:
             grown = np.zeros((size, len(ADDITIVE)), dtype=_I64)
             grown[: len(self.counts)] = self.counts
             self.counts = grown
         self.counts += add
 
-    def _add_distinct(self, blocks: state.Blocks) -> None:
+    def _add_distinct(self, gk: NDArray[Any], h: NDArray[Any]) -> None:
         """Collect the chunk's stored hashes per gkey (merged now and then: amortised)."""
-        gk = blocks.gkey[blocks.store]
-        h = blocks.hash[blocks.store]
         if len(gk) == 0:
             return
         keys = np.flatnonzero(np.bincount(gk))
@@ -785,7 +743,9 @@ class ReportBuilder:
         self._distinct_rows = 0
         self._distinct_size = sum(len(s) for s in self.distinct.values())
 
-    def _add_lifetimes(self, blocks: state.Blocks, step: state.Step) -> None:
+    def _add_lifetimes(
+        self, gk: NDArray[Any], remove_ts: NDArray[Any], store_ts: NDArray[Any]
+    ) -> None:
         """Lifetimes of this chunk's FIFO pairs, counted under the remove's report row.
 
         ts is float seconds since the epoch: the difference is taken at microsecond
@@ -795,12 +755,11 @@ class ReportBuilder:
         between store and remove gives a negative difference: it is clamped to 0 and
         counted (a finding), never reported as a negative lifetime.
         """
-        if len(step.remove) == 0:
+        if len(gk) == 0:
             return
         with np.errstate(invalid="ignore"):
-            life = (np.rint(blocks.ts[step.remove] * 1e6) - np.rint(step.store_ts * 1e6)) * 1e-6
+            life = _seconds_between(store_ts, remove_ts)
             finite = np.isfinite(life)
-            gk = blocks.gkey[step.remove]
             if not finite.all():  # a ts that is NaN or inf: none
                 life, gk = life[finite], gk[finite]
             if len(life) == 0:
@@ -809,24 +768,7 @@ class ReportBuilder:
         if negative:
             self.negative_lifetimes += negative
             life = np.maximum(life, 0.0)
-        if self._hist is None and self.n_lifetimes + len(life) <= EXACT_LIFETIMES:
-            self.lifetimes.append(
-                pl.DataFrame(
-                    {"gkey": pl.Series(gk, dtype=pl.UInt32), "lifetime_s": life},
-                    schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64},
-                )
-            )
-            self.n_lifetimes += len(life)
-            return
-        self.n_lifetimes += len(life)
-        if self._hist is None:
-            # Past EXACT_LIFETIMES: the exact ones so far go into the histogram too.
-            self._hist = Histogram()
-            for lt in self.lifetimes:
-                self._hist.add(lt["gkey"].to_numpy(), hist_bins(lt["lifetime_s"].to_numpy()))
-            self.lifetimes = []
-        self._hist.add(gk, hist_bins(life))
-        self._hist_frame = None
+        self.life.add(gk, life, EXACT_LIFETIMES)
 
     def _add_timeline(
         self,
@@ -876,29 +818,6 @@ class ReportBuilder:
             L_total=pl.lit(0, pl.Int64),
         )
 
-    def _exact_lifetimes(self) -> dict[int, NDArray[Any]]:
-        """The exact lifetimes of each gkey (unsorted)."""
-        if not self.lifetimes:
-            return {}
-        gk = np.concatenate([lt["gkey"].to_numpy() for lt in self.lifetimes])
-        life = np.concatenate([lt["lifetime_s"].to_numpy() for lt in self.lifetimes])
-        # gkeys are few: as uint16 the stable argsort is a linear-time radix sort.
-        order = np.argsort(
-            gk.astype(np.uint16) if len(self.registry) <= 0xFFFF else gk, kind="stable"
-        )
-        gk, life = gk[order], life[order]
-        keys, starts = np.unique(gk, return_index=True)
-        ends = np.append(starts[1:], len(gk))
-        return {int(k): life[s:e] for k, s, e in zip(keys.tolist(), starts, ends, strict=True)}
-
-    def _lifetime_frame(self) -> pl.DataFrame:
-        """(gkey, lifetime_s, n) rows: exact values (n=1) or histogram bin centres."""
-        if self.hist is not None:
-            return self.hist.select("gkey", lifetime_s=hist_centre(pl.col("bin")), n="n")
-        if not self.lifetimes:
-            return pl.DataFrame(schema={"gkey": pl.UInt32, "lifetime_s": pl.Float64, "n": pl.Int64})
-        return pl.concat(self.lifetimes).with_columns(n=pl.lit(1, pl.Int64))
-
     def tables(self) -> dict[str, pl.DataFrame]:
         """Return totals, by_kind, by_window, by_group as DataFrames.
 
@@ -936,16 +855,7 @@ class ReportBuilder:
                 *[pl.lit(0, pl.Int64).alias(c) for c in (*ADDITIVE, "live_blocks_end")]
             )
         )
-        exact = self._exact_lifetimes() if self.hist is None else None
-        lts = (
-            self._lifetime_frame().join(
-                reg.select("gkey", "L_kind", "L_window", "L_group", "L_total"),
-                on="gkey",
-                how="left",
-            )
-            if exact is None
-            else None
-        )
+        levels = reg.select("gkey", *LEVELS)
         members: dict[str, dict[object, list[int]]] = {}
         for _g, k, w, i in reg.select(
             "group_idx", "kind_final", "sliding_window", "gkey"
@@ -953,18 +863,15 @@ class ReportBuilder:
             for level, key in (("L_kind", k), ("L_window", w), ("L_group", i), ("L_total", 0)):
                 members.setdefault(level, {}).setdefault(key, []).append(i)
         # The distinct hashes (sorts of the stored hashes) are counted in a thread while
-        # this one takes the lifetime percentiles (partitions): numpy runs both without
-        # the GIL, so they share the cores instead of taking turns.
+        # this one takes the percentiles (partitions): numpy runs both without the GIL,
+        # so they share the cores instead of taking turns.
         with ThreadPoolExecutor(1, thread_name_prefix="kvtool-distinct") as pool:
             counted = pool.submit(self._level_distinct, members)
-            quants = (
-                {
-                    col: _exact_quantiles(exact, col, members.get(col, {}), base.schema[col])
-                    for col in ("L_total", "L_kind", "L_window", "L_group")
-                }
-                if exact is not None
-                else {}
-            )
+            quants = [
+                self.life.quantiles(levels, members, LIFETIME_COLUMNS, size),
+                self.gaps.quantiles(levels, members, GAP_COLUMNS, size),
+                self.distances.quantiles(levels, members, DISTANCE_COLUMNS),
+            ]
             distinct = counted.result()
         out: dict[str, pl.DataFrame] = {}
         for level, name in (
@@ -981,25 +888,24 @@ class ReportBuilder:
                 {col: list(members.get(col, {})), "distinct_hashes": distinct[col]},
                 schema={col: agg.schema[col], "distinct_hashes": pl.Int64},
             )
-            q = quantiles(lts, col) if lts is not None else quants[col]
             level_peaks = self.levels[level]
             peaks = pl.DataFrame(
                 {col: list(level_peaks), "peak_live_blocks": [v[1] for v in level_peaks.values()]},
                 schema={col: agg.schema[col], "peak_live_blocks": pl.Int64},
             )
-            t = (
-                agg.join(d, on=col, how="left", nulls_equal=True)
-                .join(peaks, on=col, how="left", nulls_equal=True)
-                .join(q, on=col, how="left", nulls_equal=True)
-                .with_columns(
-                    pl.col("distinct_hashes").fill_null(0), pl.col("peak_live_blocks").fill_null(0)
-                )
+            t = agg.join(d, on=col, how="left", nulls_equal=True).join(
+                peaks, on=col, how="left", nulls_equal=True
+            )
+            for q in quants:
+                t = t.join(q[col], on=col, how="left", nulls_equal=True)
+            t = t.with_columns(
+                pl.col("distinct_hashes").fill_null(0),
+                pl.col("peak_live_blocks").fill_null(0),
+                recompute_share=_share("blocks_recomputed", "blocks_stored"),
             )
             if level == "total":
                 if t.height == 0:
-                    t = pl.DataFrame({c: [0] for c in COUNT_COLUMNS}).with_columns(
-                        *[pl.lit(None, pl.Float64).alias(c) for c in LIFETIME_COLUMNS]
-                    )
+                    t = empty_row()
                 out[name] = t.select(*COLUMNS)
             elif level == "kind":
                 out[name] = t.rename({col: "kind"}).select("kind", *COLUMNS).sort("kind")
@@ -1018,7 +924,7 @@ class ReportBuilder:
                     # the window breaks the tie, so the order never depends on hashing.
                     .sort(["group_idx", "kind", "sliding_window"], nulls_last=True)
                 )
-        return out
+        return {name: with_aliases(frame) for name, frame in out.items()}
 
     def timeline_frame(self) -> pl.DataFrame | None:
         """Return the timeline: per bucket and kind, stores, removes, live blocks at its end.
@@ -1038,57 +944,40 @@ class ReportBuilder:
         return frame
 
 
-def _linear_quantiles(values: NDArray[Any]) -> list[float]:
-    """p50/p90/p99 of ``values`` with linear interpolation, as polars computes them.
+def _seconds_between(earlier: NDArray[Any], later: NDArray[Any]) -> NDArray[Any]:
+    """``later - earlier`` in seconds, taken at microsecond resolution.
 
-    The two order statistics around each quantile come from one ``np.partition`` (linear
-    time) instead of a sort; the interpolation is polars' ``quantile(q, "linear")``:
-    ``(f - floor(f)) * (upper - lower) + lower`` with ``f = (n - 1) * q``.
+    ts is float seconds since the epoch: the difference of the rounded microseconds
+    keeps float rounding of large timestamps from showing (rounded half to even, scaled
+    back by a multiplication: what polars computes for ``(r * 1e6).round() -
+    (s * 1e6).round()) / 1e6``).
     """
-    n = len(values)
-    where = [((n - 1) * q, math.floor((n - 1) * q), math.ceil((n - 1) * q)) for q in _QS]
-    kth = sorted({i for _f, lo, hi in where for i in (lo, hi)})
-    part = np.partition(values, kth)
-    out = []
-    for f, lo, hi in where:
-        low, high = float(part[lo]), float(part[hi])
-        out.append(low if low == high else (f - lo) * (high - low) + low)
+    with np.errstate(invalid="ignore"):
+        out: NDArray[Any] = (np.rint(later * 1e6) - np.rint(earlier * 1e6)) * 1e-6
     return out
 
 
-_QS = (0.5, 0.9, 0.99)
+def _share(part: str, whole: str) -> pl.Expr:
+    """``part / whole`` rounded to 6 decimals; null where ``whole`` is 0."""
+    return (
+        pl.when(pl.col(whole) > 0)
+        .then((pl.col(part) / pl.col(whole)).round(6))
+        .otherwise(pl.lit(None, pl.Float64))
+    )
 
 
-def _exact_quantiles(
-    lifetimes: dict[int, NDArray[Any]] | None,
-    col: str,
-    members: dict[object, list[int]],
-    dtype: pl.DataType,
-) -> pl.DataFrame:
-    """Lifetime percentiles per level key from the exact lifetimes of its gkeys."""
-    assert lifetimes is not None
-    keys: list[object] = []
-    rows: list[list[float]] = []
-    done: dict[tuple[int, ...], list[float]] = {}
-    for key, ids in members.items():
-        have = tuple(sorted(i for i in ids if i in lifetimes))
-        if not have:
-            continue
-        got = done.get(have)
-        if got is None:
-            parts = [lifetimes[i] for i in have]
-            got = done[have] = _linear_quantiles(
-                np.concatenate(parts) if len(parts) > 1 else parts[0]
-            )
-        keys.append(key)
-        rows.append(got)
-    return pl.DataFrame(
-        {
-            col: pl.Series(keys, dtype=dtype),
-            **{c: [r[j] for r in rows] for j, c in enumerate(LIFETIME_COLUMNS)},
-        },
-        schema={col: dtype, **{c: pl.Float64 for c in LIFETIME_COLUMNS}},
-    ).with_columns(pl.col(c).round(6) for c in LIFETIME_COLUMNS)
+def empty_row() -> pl.DataFrame:
+    """The totals of a report of nothing: 0 for every count, no ratio, no percentile."""
+    return pl.DataFrame({c: [0] for c in COUNT_COLUMNS}).with_columns(
+        *[pl.lit(None, pl.Float64).alias(c) for c in (*RATIO_COLUMNS, *QUANTILE_COLUMNS)]
+    )
+
+
+def with_aliases(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with each deprecated alias (``restored_blocks``) repeating its column last."""
+    return frame.with_columns(
+        pl.col(target).alias(alias) for alias, target in ALIASES.items() if target in frame.columns
+    )
 
 
 def build_report(
@@ -1384,9 +1273,7 @@ def _split_table(
     totals = [b.tables()["totals"] for b in builders]
     frame = pl.DataFrame(keys, schema=schema)
     if not totals:
-        return pl.concat(
-            [frame, pl.DataFrame(schema=dict.fromkeys(COLUMNS, pl.Int64))], how="horizontal"
-        )
+        return pl.concat([frame, with_aliases(empty_row().clear())], how="horizontal")
     return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
 
 
@@ -1455,7 +1342,10 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         "duration_s": dur,
         **({"clock": builder.clock} if builder.every_ns is not None else {}),
         "lifetimes": "exact"
-        if builder.hist is None
+        if not builder.life.binned
+        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
+        "recompute_gaps": "exact"
+        if not builder.gaps.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
         "skipped_batches": stats.bad_batches,
         "skipped_events": stats.skipped_events,

@@ -1,36 +1,36 @@
-"""The report's column names, in DESIGN.md's names and order (no polars: cheap to import)."""
+"""The report's column names, read from the metric registry (no polars: cheap to import)."""
 
 from __future__ import annotations
 
-COUNT_COLUMNS = (
-    "store_events",
-    "blocks_stored",
-    "tokens_stored",
-    "remove_events",
-    "blocks_removed",
-    "blocks_cleared",
-    "live_blocks_end",
-    "peak_live_blocks",
-    "distinct_hashes",
-    "restored_blocks",
-    "orphan_removes",
-)
-LIFETIME_COLUMNS = ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s")
-COLUMNS = COUNT_COLUMNS + LIFETIME_COLUMNS
-"""Report columns, in DESIGN.md's names and order."""
+from kvtool.report.registry import METRICS
+
+COLUMNS = tuple(m.name for m in METRICS)
+"""Report columns, in DESIGN.md's names and order (:data:`kvtool.report.registry.METRICS`)."""
+
+COUNT_COLUMNS = tuple(m.name for m in METRICS if m.merge in ("sum", "max", "last", "distinct"))
+"""The integer columns (a row absent from a report counts 0 in each)."""
+
+RATIO_COLUMNS = tuple(m.name for m in METRICS if m.merge == "ratio")
+"""Columns derived from two others after every merge (``recompute_share``)."""
+
+LIFETIME_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("lifetime_"))
+"""Block lifetime percentiles (store to remove, seconds)."""
+
+GAP_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("recompute_gap_s_"))
+"""Recompute gap percentiles (removal to re-store, seconds)."""
+
+DISTANCE_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("recompute_distance_"))
+"""Recompute distance percentiles (evictions in the pool between removal and re-store)."""
+
+QUANTILE_COLUMNS = LIFETIME_COLUMNS + GAP_COLUMNS + DISTANCE_COLUMNS
+"""Every percentile column (no value where a row has no sample)."""
+
+ALIASES = {a: m.name for m in METRICS for a in m.aliases}
+"""Deprecated JSON names → the column they repeat (kept for one release)."""
 
 TIMELINE_COLUMNS = ("time_s", "kind", "stores", "removes", "live_blocks")
 
-ADDITIVE = (
-    "store_events",
-    "blocks_stored",
-    "tokens_stored",
-    "remove_events",
-    "blocks_removed",
-    "blocks_cleared",
-    "restored_blocks",
-    "orphan_removes",
-)
+ADDITIVE = tuple(m.name for m in METRICS if m.merge == "sum")
 """Columns that add across chunks and partial reports."""
 
 BUILDER_INPUT = (
@@ -56,9 +56,14 @@ decoding worker: an IPC table of these is about a third cheaper to write and rea
 
 __all__ = [
     "ADDITIVE",
+    "ALIASES",
     "BUILDER_INPUT",
     "COLUMNS",
     "COUNT_COLUMNS",
+    "DISTANCE_COLUMNS",
+    "GAP_COLUMNS",
     "LIFETIME_COLUMNS",
+    "QUANTILE_COLUMNS",
+    "RATIO_COLUMNS",
     "TIMELINE_COLUMNS",
 ]

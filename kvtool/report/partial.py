@@ -7,12 +7,14 @@ to its own file, are one unit each; files that share a stream (one recording spl
 two) are one unit, read in THE merge order. The live-block state is keyed by channel, so
 units share no state, and every part of a report merges exactly:
 
-- counts, live blocks at the end, restores, orphans and clears add;
+- counts, live blocks at the end, stores while live, recomputes, orphans and clears add;
 - distinct hashes are the sorted union of each unit's sorted sets, per report row;
-- lifetimes are kept exactly while there are at most
+- lifetimes and recompute gaps are kept exactly while there are at most
   :data:`~kvtool.report.aggregates.EXACT_LIFETIMES` of them in all (quantiles are then
   exact, as in one process), else the units' values and histograms add into the same log
-  histogram one process would have built;
+  histogram one process would have built (:class:`~kvtool.report.samples.Seconds`);
+- recompute distances are counts per (row, value), which add
+  (:class:`~kvtool.report.samples.Counts`);
 - the timeline's (bucket, row) sums add;
 - peaks need the streams' interleaving: each unit logs, per batch and level key (kind,
   window, group, total), the batch's net change of live blocks and the highest point
@@ -42,6 +44,7 @@ import polars as pl
 from kvtool.annotate import Annotation
 from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, TableAnnotator, np
 from kvtool.recording import open_recording
+from kvtool.report.samples import SecondsPart
 
 RowKey = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window): one report row, the same in every unit."""
@@ -289,9 +292,9 @@ class PartialReport:
         counts: Additive counts per row (``rows`` index → the :data:`ADDITIVE` values).
         live_end: Live blocks at the end per row index.
         distinct: Sorted distinct stored hashes per row index (numpy int64).
-        lifetimes: Exact lifetimes (``row``, ``lifetime_s``), or None once a histogram.
-        hist: The lifetime histogram (``row``, ``bin``, ``n``), or None while exact.
-        n_lifetimes: Lifetimes counted.
+        lifetimes: The lifetimes (:data:`~kvtool.report.samples.SecondsPart`).
+        gaps: The recompute gaps (likewise).
+        distances: The recompute distances (:data:`~kvtool.report.samples.COUNTS_SCHEMA`).
         negative_lifetimes: Lifetimes clamped at 0.
         ambiguous_removes: Removes without group_idx that could not be attributed.
         first_ts: Earliest plausible batch ts.
@@ -311,9 +314,9 @@ class PartialReport:
     counts: dict[int, tuple[int, ...]]
     live_end: dict[int, int]
     distinct: dict[int, Any]
-    lifetimes: pl.DataFrame | None
-    hist: pl.DataFrame | None
-    n_lifetimes: int
+    lifetimes: SecondsPart
+    gaps: SecondsPart
+    distances: pl.DataFrame
     negative_lifetimes: int
     ambiguous_removes: int
     first_ts: float | None
