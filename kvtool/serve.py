@@ -32,6 +32,7 @@ import numpy as np
 from kvtool.errors import UsageError
 from kvtool.report.registry import METRICS, Metric, PromType
 from kvtool.text import printable
+from kvtool.top import TopView
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -709,7 +710,29 @@ class MetricsServer:
         self.stop()
 
 
-# -- the loop -------------------------------------------------------------------------------
+# -- the loops -------------------------------------------------------------------------------
+
+
+@dataclass
+class ExportingView(TopView):
+    """``kvtool top --metrics``: the view, whose every tick also snapshots into ``exporter``.
+
+    Args:
+        exporter: Where snapshots go (None: none).
+    """
+
+    exporter: Exporter | None = None
+
+    def tick(self, now: float) -> None:
+        """Feed what arrived, update the view (unless paused) and the exporter.
+
+        Args:
+            now: Monotonic seconds.
+        """
+        health, ledger = self.source.health(), source_ledger(self.source)
+        super().tick(now)
+        if self.exporter is not None:
+            self.exporter.update(self.feed, health, ledger)
 
 
 def run_serve(
@@ -783,6 +806,7 @@ __all__ = [
     "RESIDENCY_BUCKETS",
     "Exporter",
     "ExporterMetric",
+    "ExportingView",
     "LabelFolder",
     "MetricsServer",
     "is_loopback",

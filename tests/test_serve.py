@@ -122,15 +122,17 @@ def assert_equals_report(samples: Samples, rep: dict) -> int:
 
 
 @contextmanager
-def serve_proc(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def serve_proc(
+    tmp_path: Path, *args: str, command: str = "serve", stop: int = signal.SIGTERM
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``kvtool serve ARGS --metrics 127.0.0.1:0`` in a real process; yields it and its URL.
 
-    Stopped by its PID (SIGTERM) at the end.
+    Stopped by its PID (``stop``, SIGTERM) at the end.
     """
     err = tmp_path / f"serve-{time.monotonic_ns()}.err"
     with err.open("w") as errf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtool", "serve", *args, "--metrics", "127.0.0.1:0"],
+            [sys.executable, "-m", "kvtool", command, *args, "--metrics", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL,
             stderr=errf,
             text=True,
@@ -146,7 +148,7 @@ def serve_proc(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[st
         yield proc, url
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(stop)
         try:
             proc.wait(60)
         finally:
@@ -329,6 +331,20 @@ def test_issue22_serve_live_with_gap_recovery_equals_report_of_its_record(
     assert assert_equals_report(samples, rep) >= 6
     (ep,) = {lab["endpoint"] for lab, _ in samples["kvtool_live_blocks"]}
     assert ep == peer.endpoint
+
+
+@pytest.mark.zmq
+def test_issue22_top_metrics_serves_the_same_numbers_while_watching(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    rep = report_json(capture_recording(tmp_path, "gemma3"))
+    with Peer(msgs, subscribe_timeout=DEADLINE_S, rate=200) as peer, serve_proc(
+        tmp_path, peer.endpoint, "--once", "--interval", "100ms", "--duration", "120s",
+        command="top", stop=signal.SIGINT,
+    ) as (proc, url):  # fmt: skip
+        samples = wait_for(url, "kvtool_batches_received_total", len(msgs))
+    assert proc.returncode == 130  # top ends on Ctrl-C with 130
+    assert assert_equals_report(samples, rep) >= 6
+    assert value(samples, "kvtool_batches_lost_total") == 0
 
 
 # -- a real Prometheus server scraping serve --------------------------------------------------

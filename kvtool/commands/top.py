@@ -6,13 +6,16 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
 from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.errors import ExitStatus, UsageError
+
+if TYPE_CHECKING:
+    from kvtool.top import TopView as TopState
 
 EXAMPLES = examples(
     "top tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
@@ -96,6 +99,14 @@ def top(
         ),
     ] = None,
     replay_timeout: ReplayTimeout = "2s",
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            metavar="HOST:PORT",
+            help="Also serve /metrics here while watching, as `kvtool serve` does.",
+        ),
+    ] = None,
 ) -> ExitStatus:
     """Watch the KV cache live, per kind, sliding window, group or rank (like htop).
 
@@ -109,11 +120,9 @@ def top(
     until q. Without a terminal, or with --once, it prints a plain block every --interval
     and exits after --duration or at the end of a recording.
     """
-    from kvtool.render.top import plain_block, screen
     from kvtool.top import LiveSource, RecordingSource, ReportFeed
     from kvtool.top import TopView as View
 
-    env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (
         parse_duration_ns(duration, option="--duration") / 1e9 if duration is not None else None
@@ -158,6 +167,28 @@ def top(
         )
         feed = ReportFeed(groups_file=str(groups) if groups is not None else None)
     state = View(source=source, feed=feed, view=view.value)
+    if metrics is not None:
+        from kvtool.commands.serve import open_server
+        from kvtool.serve import Exporter, ExportingView
+
+        exporter = Exporter()
+        try:
+            server = open_server(metrics, exporter)
+        except BaseException:
+            source.stop()
+            raise
+        state = ExportingView(source=source, feed=feed, view=view.value, exporter=exporter)
+        try:
+            return _run(state, once, interval_s, duration_s)
+        finally:
+            server.stop()
+    return _run(state, once, interval_s, duration_s)
+
+
+def _run(state: TopState, once: bool, interval_s: float, duration_s: float | None) -> ExitStatus:
+    from kvtool.render.top import plain_block, screen
+
+    env = get_env()
     if once or not env.out.is_terminal:
         from kvtool.top import run_plain
 
@@ -199,6 +230,6 @@ HELP_PANELS = {
             "--groups",
         ],
         "Recording": ["--speed"],
-        "Display": ["--view", "--interval", "--duration", "--once"],
+        "Display": ["--view", "--interval", "--duration", "--once", "--metrics"],
     }
 }
