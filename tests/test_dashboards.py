@@ -217,3 +217,17 @@ def test_issue22_every_dashboard_query_runs_on_a_real_prometheus(tmp_path: Path)
     # Alerts that hold now are empty by design (nothing lost, nothing stalled ...).
     alerts = {e for e in empty if re.search(r"[<>]=? ?[0-9.]+$|== 0$", e.strip())}
     assert set(empty) - alerts == set()
+
+
+def test_issue22_readme_prometheus_config_is_valid_and_scrapes_serve_default() -> None:
+    cfg = DASHBOARDS / "prometheus.yml"
+    proc = subprocess.run(
+        [promtool(), "check", "config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "127.0.0.1:9400" in cfg.read_text()  # serve's default bind
+    assert "kvtool.rules.yml" in cfg.read_text()
