@@ -3,6 +3,7 @@ stream (a recording played back, a live publisher with gap recovery, a real Prom
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -19,9 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvtool.recording import RecordingWriter
 from kvtool.report.registry import METRICS
 from kvtool.serve import EXPORTER_METRICS, RESIDENCY_BUCKETS, Exporter, LabelFolder
 from kvtool.top import RecordingSource, ReportFeed
@@ -261,6 +265,42 @@ def assert_equals_report_counters_only(samples: Samples, rep: dict) -> bool:
     return True
 
 
+def odd_labels_recording(path: Path) -> Path:
+    """Two ranks; a kind with a quote, a backslash and a newline; one without a window."""
+    enc = msgspec.msgpack.Encoder()
+    with RecordingWriter(path) as w:
+        for rank in (0, 1):
+            cid = w.add_channel(f"tcp://127.0.0.1:{5557 + rank}", "", rank)
+            for b in range(12):
+                events = [
+                    ["BlockStored", [1000 * rank + b], None, list(range(16)), 16, None, "GPU",
+                     None, None, 0, 'we"ird\\kind\nx', None],
+                    ["BlockStored", [5000 + b], None, list(range(16)), 16, None, "GPU",
+                     None, None, 1, "sliding_window", 128],
+                ]  # fmt: skip
+                if b >= 3:
+                    events.append(["BlockRemoved", [1000 * rank + b - 3], "GPU", 0])
+                t = 1_764_000_000_000_000_000 + (rank * 100 + b) * 1_000_000
+                w.write(cid, b, enc.encode([t / 1e9, events, rank]), t)
+    return path
+
+
+@pytest.mark.parametrize("name", ["gemma3", "odd"])
+def test_issue22_exposition_is_prometheus_clients_byte_for_byte(tmp_path: Path, name: str) -> None:
+    path = (
+        odd_labels_recording(tmp_path / "odd.mcap")
+        if name == "odd"
+        else capture_recording(tmp_path, name)
+    )
+    exp = exporter_of(path, pool_blocks=64, label_limit=3)
+    assert exp.body() == generate_latest(exp.registry)
+    samples = parse(exp.body().decode())
+    if name == "odd":
+        kinds = set(sum_by(samples, "kvtool_blocks_stored_total", "kind"))
+        assert kinds == {'we"ird\\kind\\nx', "sliding_window"}  # printable() escapes \n
+        assert set(sum_by(samples, "kvtool_live_blocks", "rank")) == {"0", "1"}
+
+
 def test_issue22_folder_is_sticky_and_bounded() -> None:
     f = LabelFolder(label_limit=2, max_series=3)
     labels = ("a", "b")
@@ -295,6 +335,20 @@ def test_issue22_serve_missing_recording_is_one_line() -> None:
     proc = kvtool("serve", "nope.mcap", "--exit-at-end")
     assert proc.returncode != 0 and "nope.mcap" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_issue22_gzip_for_a_scraper_that_asks(tmp_path: Path) -> None:
+    path = capture_recording(tmp_path, "gemma3")
+    with serve_proc(tmp_path, str(path), "--speed", "0") as (_p, url):
+        wait_for(url, "kvtool_source_done", 1)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            plain = r.read()
+            assert r.headers.get("Content-Encoding") is None
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            packed = r.read()
+    assert gzip.decompress(packed) == plain and len(packed) < len(plain)
 
 
 def test_issue22_unknown_path_is_404(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Top
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
-    from kvtool.serve import Exporter, MetricsServer
+    from kvtool.serve import Exporter
+    from kvtool.serve_http import MetricsServer
     from kvtool.top import LiveSource, ReportFeed
 
 EXAMPLES = examples(
@@ -78,7 +79,7 @@ def open_server(addr: str, exporter: Exporter) -> MetricsServer:
     Returns:
         The started :class:`kvtool.serve.MetricsServer`.
     """
-    from kvtool.serve import MetricsServer, is_loopback, parse_bind
+    from kvtool.serve_http import MetricsServer, is_loopback, parse_bind
 
     host, port = parse_bind(addr)
     server = MetricsServer(exporter, host, port).start()
