@@ -181,7 +181,9 @@ def serve(
             if given:
                 raise UsageError(f"serve FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
-        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
+        feed = ReportFeed(
+            source.groups, groups_file=str(groups) if groups else None, whole_stream=False
+        )
     else:
         if exit_at_end:
             raise UsageError("serve ENDPOINT: --exit-at-end is for a recording")
@@ -258,7 +260,7 @@ def live_source(
         groups=group_list,
         groups_source=str(groups) if groups is not None else "",
     )
-    feed = Feed(groups_file=str(groups) if groups is not None else None)
+    feed = Feed(groups_file=str(groups) if groups is not None else None, whole_stream=False)
     return source, feed
 
 
