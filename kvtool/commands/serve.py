@@ -268,7 +268,14 @@ COMMANDS = {"serve": serve}
 COMMAND_OPTIONS = {"serve": {"epilog": EXAMPLES}}
 HELP_PANELS = {
     "serve": {
-        "Metrics": ["--metrics", "--interval", "--pool-blocks", "--label-limit", "--max-series"],
+        "Serving": [
+            "--metrics",
+            "--interval",
+            "--duration",
+            "--pool-blocks",
+            "--label-limit",
+            "--max-series",
+        ],
         "Live": [
             "--replay-endpoint",
             "--dp-size",
@@ -279,6 +286,5 @@ HELP_PANELS = {
             "--groups",
         ],
         "Recording": ["--speed", "--exit-at-end"],
-        "Other": ["--duration"],
     }
 }
