@@ -113,13 +113,44 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
 
 EXPORTER_BY_NAME = {m.name: m for m in EXPORTER_METRICS}
 
-HISTOGRAM_SOURCES: dict[str, tuple[str, str, str]] = {
-    "kvtool_block_lifetime_seconds": ("lifetimes", "lifetime_s", "hist"),
-    "kvtool_recompute_gap_seconds": ("recompute_gaps", "gap_s", "gap_hist"),
+HISTOGRAM_SOURCES: dict[str, tuple[str, tuple[str, str, str] | None]] = {
+    "kvtool_block_lifetime_seconds": ("life", ("lifetimes", "lifetime_s", "hist")),
+    "kvtool_recompute_gap_seconds": ("gaps", None),
 }
-"""Per histogram family: the builder's exact-sample frames attribute, their value column,
-and its log-histogram attribute. A family whose attributes the engine does not have yet is
-not served (not an error)."""
+"""Per histogram family, where a report builder keeps its samples: the attribute of its
+samples object (``exact``: a list of (gkeys, values) arrays; ``hist``: None, or the log
+histogram, ``frame()`` giving (gkey, bin, n)), and the older layout of the same samples
+(the attribute of a list of (gkey, VALUE) frames, VALUE, the attribute of the histogram
+frame), or None. A family the engine keeps no samples of is not served (not an error)."""
+
+
+def histogram_samples(builder: object, family: str) -> tuple[Sequence[tuple[Any, Any]], Any] | None:
+    """Return a builder's samples of a histogram family, in either layout of the engine.
+
+    The samples are (exact (gkeys, values) pairs, in the order added; the log-histogram
+    frame (gkey, bin, n) once past the exact limit, or None).
+
+    Args:
+        builder: A :class:`kvtool.report.ReportBuilder`.
+        family: A key of :data:`HISTOGRAM_SOURCES`.
+
+    Returns:
+        The samples, or None when the engine keeps none of this family.
+    """
+    attr, older = HISTOGRAM_SOURCES[family]
+    obj = getattr(builder, attr, None)
+    if obj is not None and hasattr(obj, "exact"):
+        hist = getattr(obj, "hist", None)
+        return list(obj.exact), (hist.frame() if hist is not None else None)
+    if older is None:
+        return None
+    frames_attr, column, hist_attr = older
+    frames = getattr(builder, frames_attr, None)
+    frame = getattr(builder, hist_attr, None)
+    if frames is None and frame is None:
+        return None
+    pairs = [(f["gkey"].to_numpy(), f[column].to_numpy()) for f in frames or ()]
+    return pairs, frame
 
 
 # -- label folding ---------------------------------------------------------------------------
@@ -221,13 +252,12 @@ class _Hist:
         self.counts += flat.reshape(-1, _NB).astype(np.int64)
         self.sums += np.bincount(gkey, weights=values * weight, minlength=len(self.sums))
 
-    def update(self, builder: ReportBuilder, source: tuple[str, str, str]) -> bool:
-        """Take the builder's new samples; return False when it has none of this kind."""
-        frames_attr, column, hist_attr = source
-        hist = getattr(builder, hist_attr, None)
-        frames = getattr(builder, frames_attr, None)
-        if hist is None and frames is None:
+    def update(self, builder: ReportBuilder, family: str) -> bool:
+        """Take the builder's new samples; return False when it keeps none of this family."""
+        got = histogram_samples(builder, family)
+        if got is None:
             return False
+        exact, hist = got
         if hist is not None:
             # Past the exact limit the engine keeps a log histogram of every sample: the
             # buckets are taken again from its bin centres, never below what was served.
@@ -249,12 +279,11 @@ class _Hist:
             self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
             self.frames_done = 0
             return True
-        assert frames is not None
-        for frame in frames[self.frames_done :]:
-            gk = frame["gkey"].to_numpy().astype(np.int64)
-            v = frame[column].to_numpy()
-            self._add(gk, v, np.ones(len(v)))
-        self.frames_done = len(frames)
+        for gk, v in exact[self.frames_done :]:
+            self._add(
+                np.asarray(gk, dtype=np.int64), np.asarray(v, dtype=np.float64), np.ones(len(v))
+            )
+        self.frames_done = len(exact)
         return True
 
     def get(self, gkey: int) -> tuple[NDArray[Any], float] | None:
@@ -503,9 +532,9 @@ class Exporter:
             feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
         ):
             hists: dict[str, _Hist] = {}
-            for fam, src in HISTOGRAM_SOURCES.items():
+            for fam in HISTOGRAM_SOURCES:
                 h = self._hists.setdefault((rank, fam), _Hist())
-                if h.update(builder, src):
+                if h.update(builder, fam):
                     hists[fam] = h
                     self._served_hists.add(fam)
             # A channel with no rank of its own whose payloads carry one serves that rank.
@@ -704,6 +733,7 @@ __all__ = [
     "ExportingView",
     "Family",
     "LabelFolder",
+    "histogram_samples",
     "open_gaps",
     "run_serve",
     "source_ledger",

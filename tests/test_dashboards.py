@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvtool.report.registry import METRICS
-from kvtool.serve import HISTOGRAM_SOURCES
+from kvtool.serve import histogram_samples
 from tests.replayutil import capture_recording
 from tests.test_serve import (
     DEADLINE_S,
@@ -96,10 +96,9 @@ def not_computed_yet(rep: dict) -> set[str]:
         if m.prom == "none":
             continue
         if m.prom == "histogram":
-            frames_attr = HISTOGRAM_SOURCES[m.prom_name][0]
             from kvtool.report import ReportBuilder
 
-            if not hasattr(ReportBuilder(), frames_attr):
+            if histogram_samples(ReportBuilder(), m.prom_name) is None:
                 out.add(m.prom_name)
         elif not any(n in rep["totals"] for n in (m.name, *m.aliases)):
             out.add(m.prom_name)
