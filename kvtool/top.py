@@ -304,6 +304,8 @@ class ReportFeed:
             ``report`` uses it); None for a live stream (learned from annotated stores).
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        whole_stream: Also keep the whole stream's builder (the kind, window and group
+            views of :meth:`snapshot`); ``serve`` reads the per-rank builders only.
     """
 
     def __init__(
@@ -312,6 +314,7 @@ class ReportFeed:
         *,
         groups_file: str | None = None,
         group_flags: Sequence[str] | None = None,
+        whole_stream: bool = True,
     ) -> None:
         from kvtool.annotate import GroupLearner
         from kvtool.columns import ReadStats, TableAnnotator, make_annotator
@@ -336,6 +339,7 @@ class ReportFeed:
                 recording_groups, groups_file=groups_file, group_flags=group_flags
             )
         self._builder = ReportBuilder(None, self._annotator.group_kind)
+        self._whole = whole_stream
         self._ranks: dict[int | None, ReportBuilder] = {}
         self._chan_ids: dict[tuple[str, int], int] = {}
 
@@ -381,7 +385,8 @@ class ReportFeed:
                 None, {}, self._live.resolved(), tuple(self._live.conflicts())
             )
         df = self._annotator(raw, st)
-        self._builder.add(df)
+        if self._whole:
+            self._builder.add(df)
         for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
             rb = self._ranks.get(rank)
             if rb is None:

@@ -3,6 +3,7 @@ stream (a recording played back, a live publisher with gap recovery, a real Prom
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -19,9 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvtool.recording import RecordingWriter
 from kvtool.report.registry import METRICS
 from kvtool.serve import EXPORTER_METRICS, RESIDENCY_BUCKETS, Exporter, LabelFolder
 from kvtool.top import RecordingSource, ReportFeed
@@ -122,15 +127,17 @@ def assert_equals_report(samples: Samples, rep: dict) -> int:
 
 
 @contextmanager
-def serve_proc(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def serve_proc(
+    tmp_path: Path, *args: str, command: str = "serve", stop: int = signal.SIGTERM
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``kvtool serve ARGS --metrics 127.0.0.1:0`` in a real process; yields it and its URL.
 
-    Stopped by its PID (SIGTERM) at the end.
+    Stopped by its PID (``stop``, SIGTERM) at the end.
     """
     err = tmp_path / f"serve-{time.monotonic_ns()}.err"
     with err.open("w") as errf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtool", "serve", *args, "--metrics", "127.0.0.1:0"],
+            [sys.executable, "-m", "kvtool", command, *args, "--metrics", "127.0.0.1:0"],
             stdout=subprocess.DEVNULL,
             stderr=errf,
             text=True,
@@ -146,7 +153,7 @@ def serve_proc(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[st
         yield proc, url
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(stop)
         try:
             proc.wait(60)
         finally:
@@ -227,7 +234,7 @@ def test_issue22_exit_at_end_and_pool_occupancy(tmp_path: Path) -> None:
 
 def exporter_of(path: Path, **options: object) -> Exporter:
     src = RecordingSource(str(path), speed=0)
-    feed = ReportFeed(src.groups)
+    feed = ReportFeed(src.groups, whole_stream=False)
     feed.add(src.take(0.0))
     exp = Exporter(**options)  # type: ignore[arg-type]
     exp.update(feed, src.health(), src.gap_ledger)
@@ -257,6 +264,42 @@ def assert_equals_report_counters_only(samples: Samples, rep: dict) -> bool:
             continue
         assert sum(v for _, v in samples[m.prom_name + "_total"]) == rep["totals"][col]
     return True
+
+
+def odd_labels_recording(path: Path) -> Path:
+    """Two ranks; a kind with a quote, a backslash and a newline; one without a window."""
+    enc = msgspec.msgpack.Encoder()
+    with RecordingWriter(path) as w:
+        for rank in (0, 1):
+            cid = w.add_channel(f"tcp://127.0.0.1:{5557 + rank}", "", rank)
+            for b in range(12):
+                events = [
+                    ["BlockStored", [1000 * rank + b], None, list(range(16)), 16, None, "GPU",
+                     None, None, 0, 'we"ird\\kind\nx', None],
+                    ["BlockStored", [5000 + b], None, list(range(16)), 16, None, "GPU",
+                     None, None, 1, "sliding_window", 128],
+                ]  # fmt: skip
+                if b >= 3:
+                    events.append(["BlockRemoved", [1000 * rank + b - 3], "GPU", 0])
+                t = 1_764_000_000_000_000_000 + (rank * 100 + b) * 1_000_000
+                w.write(cid, b, enc.encode([t / 1e9, events, rank]), t)
+    return path
+
+
+@pytest.mark.parametrize("name", ["gemma3", "odd"])
+def test_issue22_exposition_is_prometheus_clients_byte_for_byte(tmp_path: Path, name: str) -> None:
+    path = (
+        odd_labels_recording(tmp_path / "odd.mcap")
+        if name == "odd"
+        else capture_recording(tmp_path, name)
+    )
+    exp = exporter_of(path, pool_blocks=64, label_limit=3)
+    assert exp.body() == generate_latest(exp.registry)
+    samples = parse(exp.body().decode())
+    if name == "odd":
+        kinds = set(sum_by(samples, "kvtool_blocks_stored_total", "kind"))
+        assert kinds == {'we"ird\\kind\\nx', "sliding_window"}  # printable() escapes \n
+        assert set(sum_by(samples, "kvtool_live_blocks", "rank")) == {"0", "1"}
 
 
 def test_issue22_folder_is_sticky_and_bounded() -> None:
@@ -295,6 +338,20 @@ def test_issue22_serve_missing_recording_is_one_line() -> None:
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_issue22_gzip_for_a_scraper_that_asks(tmp_path: Path) -> None:
+    path = capture_recording(tmp_path, "gemma3")
+    with serve_proc(tmp_path, str(path), "--speed", "0") as (_p, url):
+        wait_for(url, "kvtool_source_done", 1)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            plain = r.read()
+            assert r.headers.get("Content-Encoding") is None
+        req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            packed = r.read()
+    assert gzip.decompress(packed) == plain and len(packed) < len(plain)
+
+
 def test_issue22_unknown_path_is_404(tmp_path: Path) -> None:
     path = capture_recording(tmp_path, "gemma3")
     with serve_proc(tmp_path, str(path), "--speed", "0") as (_p, url):
@@ -329,6 +386,61 @@ def test_issue22_serve_live_with_gap_recovery_equals_report_of_its_record(
     assert assert_equals_report(samples, rep) >= 6
     (ep,) = {lab["endpoint"] for lab, _ in samples["kvtool_live_blocks"]}
     assert ep == peer.endpoint
+
+
+@pytest.mark.slow
+@pytest.mark.zmq
+def test_issue22_scrape_flood_costs_the_recorder_no_batch(tmp_path: Path) -> None:
+    """Four clients scraping /metrics without pause while a publisher sends 2,560 batches
+    at 2,000/s: none lost, every counter still the report's of the kept stream."""
+    msgs = capture_messages("gemma3")
+    n = 40 * len(msgs)
+    out = tmp_path / "kept.mcap"
+    stop = threading.Event()
+    scrapes = [0]
+    with (
+        Peer(msgs, count=n, rate=2000, subscribe_timeout=DEADLINE_S) as peer,
+        serve_proc(
+            tmp_path, peer.endpoint, "--replay-endpoint", str(peer.replay_endpoint),
+            "--record", str(out), "--interval", "100ms",
+        ) as (proc, url),
+    ):  # fmt: skip
+
+        def flood() -> None:
+            while not stop.is_set():
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    r.read()
+                scrapes[0] += 1
+
+        threads = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+        for th in threads:
+            th.start()
+        try:
+            samples = wait_for(url, "kvtool_batches_received_total", n)
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(60)
+    assert proc.returncode == 0
+    assert scrapes[0] >= 4
+    assert value(samples, "kvtool_batches_lost_total") == 0
+    rep = report_json(out)
+    assert rep["source"]["batches"] == n
+    assert assert_equals_report(samples, rep) >= 6
+
+
+@pytest.mark.zmq
+def test_issue22_top_metrics_serves_the_same_numbers_while_watching(tmp_path: Path) -> None:
+    msgs = capture_messages("gemma3")
+    rep = report_json(capture_recording(tmp_path, "gemma3"))
+    with Peer(msgs, subscribe_timeout=DEADLINE_S, rate=200) as peer, serve_proc(
+        tmp_path, peer.endpoint, "--once", "--interval", "100ms", "--duration", "120s",
+        command="top", stop=signal.SIGINT,
+    ) as (proc, url):  # fmt: skip
+        samples = wait_for(url, "kvtool_batches_received_total", len(msgs))
+    assert proc.returncode == 130  # top ends on Ctrl-C with 130
+    assert assert_equals_report(samples, rep) >= 6
+    assert value(samples, "kvtool_batches_lost_total") == 0
 
 
 # -- a real Prometheus server scraping serve --------------------------------------------------

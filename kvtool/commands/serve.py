@@ -13,7 +13,8 @@ from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Top
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
-    from kvtool.serve import Exporter, MetricsServer
+    from kvtool.serve import Exporter
+    from kvtool.serve_http import MetricsServer
     from kvtool.top import LiveSource, ReportFeed
 
 EXAMPLES = examples(
@@ -78,7 +79,7 @@ def open_server(addr: str, exporter: Exporter) -> MetricsServer:
     Returns:
         The started :class:`kvtool.serve.MetricsServer`.
     """
-    from kvtool.serve import MetricsServer, is_loopback, parse_bind
+    from kvtool.serve_http import MetricsServer, is_loopback, parse_bind
 
     host, port = parse_bind(addr)
     server = MetricsServer(exporter, host, port).start()
@@ -180,7 +181,9 @@ def serve(
             if given:
                 raise UsageError(f"serve FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
-        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
+        feed = ReportFeed(
+            source.groups, groups_file=str(groups) if groups else None, whole_stream=False
+        )
     else:
         if exit_at_end:
             raise UsageError("serve ENDPOINT: --exit-at-end is for a recording")
@@ -257,7 +260,7 @@ def live_source(
         groups=group_list,
         groups_source=str(groups) if groups is not None else "",
     )
-    feed = Feed(groups_file=str(groups) if groups is not None else None)
+    feed = Feed(groups_file=str(groups) if groups is not None else None, whole_stream=False)
     return source, feed
 
 
@@ -265,7 +268,14 @@ COMMANDS = {"serve": serve}
 COMMAND_OPTIONS = {"serve": {"epilog": EXAMPLES}}
 HELP_PANELS = {
     "serve": {
-        "Metrics": ["--metrics", "--interval", "--pool-blocks", "--label-limit", "--max-series"],
+        "Serving": [
+            "--metrics",
+            "--interval",
+            "--duration",
+            "--pool-blocks",
+            "--label-limit",
+            "--max-series",
+        ],
         "Live": [
             "--replay-endpoint",
             "--dp-size",
@@ -276,6 +286,5 @@ HELP_PANELS = {
             "--groups",
         ],
         "Recording": ["--speed", "--exit-at-end"],
-        "Other": ["--duration"],
     }
 }

@@ -16,6 +16,7 @@ from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from kvtool.top import LiveSource, RecordingSource, ReportFeed
+    from kvtool.top import TopView as TopState
 
 EXAMPLES = examples(
     "top tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
@@ -99,6 +100,14 @@ def top(
         ),
     ] = None,
     replay_timeout: ReplayTimeout = "2s",
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics",
+            metavar="HOST:PORT",
+            help="Also serve /metrics here while watching, as `kvtool serve` does.",
+        ),
+    ] = None,
 ) -> ExitStatus:
     """Watch the KV cache live, per kind, sliding window, group or rank (like htop).
 
@@ -112,11 +121,9 @@ def top(
     until q. Without a terminal, or with --once, it prints a plain block every --interval
     and exits after --duration or at the end of a recording.
     """
-    from kvtool.render.top import plain_block, screen
     from kvtool.top import LiveSource, RecordingSource, ReportFeed
     from kvtool.top import TopView as View
 
-    env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (
         parse_duration_ns(duration, option="--duration") / 1e9 if duration is not None else None
@@ -161,13 +168,37 @@ def top(
         )
         feed = ReportFeed(groups_file=str(groups) if groups is not None else None)
     state = View(source=source, feed=feed, view=view.value)
+    if metrics is not None:
+        from kvtool.commands.serve import open_server
+        from kvtool.serve import Exporter, ExportingView
+
+        exporter = Exporter()
+        try:
+            server = open_server(metrics, exporter)
+        except BaseException:
+            source.stop()
+            raise
+        state = ExportingView(source=source, feed=feed, view=view.value, exporter=exporter)
+        try:
+            _run(state, once, interval_s, duration_s)
+        finally:
+            server.stop()
+    else:
+        _run(state, once, interval_s, duration_s)
+    return _finish(source, feed, record)
+
+
+def _run(state: TopState, once: bool, interval_s: float, duration_s: float | None) -> None:
+    from kvtool.render.top import plain_block, screen
+
+    env = get_env()
     if once or not env.out.is_terminal:
         from kvtool.top import run_plain
 
         run_plain(
             state, env.stdout, interval_s=interval_s, duration_s=duration_s, render=plain_block
         )
-        return _finish(source, feed, record)
+        return
     from rich.console import Console
 
     from kvtool.top import run_screen
@@ -185,7 +216,6 @@ def top(
     # The final numbers stay in the scrollback after the alternate screen is gone.
     env.stdout.write(plain_block(state.model, state.view))
     env.stdout.flush()
-    return _finish(source, feed, record)
 
 
 def _finish(
@@ -242,6 +272,6 @@ HELP_PANELS = {
             "--groups",
         ],
         "Recording": ["--speed"],
-        "Display": ["--view", "--interval", "--duration", "--once"],
+        "Display": ["--view", "--interval", "--duration", "--once", "--metrics"],
     }
 }
