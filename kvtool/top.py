@@ -3,7 +3,7 @@
 ``top`` computes nothing of its own about blocks. Every interval it takes a snapshot of the
 report engine's tables (the same live-block state ``kvtool report`` uses, fed with the events
 seen so far) and turns two successive snapshots into per-second rates. So live blocks, peaks,
-restored and orphan counts shown for a stream are, at the same seq, exactly what ``kvtool
+recomputed and orphan counts shown for a stream are, at the same seq, exactly what ``kvtool
 report`` prints for the same events.
 """
 
@@ -77,7 +77,8 @@ class TopRow:
         peak: Peak live blocks so far.
         stores_per_s: Blocks stored per second over the last interval.
         evictions_per_s: Blocks removed per second over the last interval.
-        restored_per_s: Blocks re-stored while live, per second over the last interval.
+        recomputed_per_s: Blocks stored again after they were evicted or cleared
+            (``blocks_recomputed``), per second over the last interval.
         orphans: Orphan removes so far.
         lifetime_p50_s: Median block lifetime (store -> remove) so far, or None.
         spark: Live blocks over the last minute, oldest first.
@@ -88,7 +89,7 @@ class TopRow:
     peak: int
     stores_per_s: float
     evictions_per_s: float
-    restored_per_s: float
+    recomputed_per_s: float
     orphans: int
     lifetime_p50_s: float | None
     spark: tuple[int, ...]
@@ -239,7 +240,7 @@ class TopModel:
                     prev = old.get(label)
                     rates[label] = tuple(  # type: ignore[assignment]
                         max(0, _int(r, c) - _int(prev, c)) / dt
-                        for c in ("blocks_stored", "blocks_removed", "restored_blocks")
+                        for c in ("blocks_stored", "blocks_removed", "blocks_recomputed")
                     )
                 h = hist.setdefault(label, deque())
                 h.append((t, _int(r, "live_blocks_end")))
@@ -272,7 +273,7 @@ class TopModel:
                     peak=_int(r, "peak_live_blocks"),
                     stores_per_s=s,
                     evictions_per_s=e,
-                    restored_per_s=rs,
+                    recomputed_per_s=rs,
                     orphans=_int(r, "orphan_removes"),
                     lifetime_p50_s=float(p50) if isinstance(p50, int | float) else None,
                     spark=tuple(v for _, v in hist.get(key, ())),

@@ -117,8 +117,8 @@ FULL_ONLY_ONCE = """\
 kvtool top  {path}
 t=0.2s  publishers 1/1  batches 19 (100.0/s)  last batch 0.0s ago
 gaps: recovered 1  lost 1  restarts 0  ended
-kind              live    peak store/s evict/s  rest/s  orphan   p50 s
-full_attention      41      44     568     121     0.0       0   0.006
+kind              live    peak store/s evict/s recomp/s  orphan   p50 s
+full_attention      41      44     568     121      153       0   0.006
 """
 
 

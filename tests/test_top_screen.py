@@ -38,7 +38,7 @@ def _row(**kw: object) -> dict[str, object]:
         "peak_live_blocks": 0,
         "blocks_stored": 0,
         "blocks_removed": 0,
-        "restored_blocks": 0,
+        "blocks_recomputed": 0,
         "orphan_removes": 0,
         "lifetime_p50_s": None,
     }

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from kvtool.top import Health, TopModel, TopRow
 
 # Short headers with units, so the table fits 80 columns: label 18, numbers 7-9, spark 12.
-HEADERS = ("live", "peak", "store/s", "evict/s", "rest/s", "orphan", "p50 s")
+HEADERS = ("live", "peak", "store/s", "evict/s", "recomp/s", "orphan", "p50 s")
 LEGEND = (
-    "blocks; /s over the last interval; rest: re-stored while live; orphan: removes of "
-    "blocks not live; p50 s: median lifetime; 60s: live blocks"
+    "blocks; /s over the last interval; recomp: stored again after eviction (thrash); "
+    "orphan: removes of blocks not live; p50 s: median lifetime; 60s: live blocks"
 )
+_WIDTHS = tuple(max(7, len(h)) for h in HEADERS)
 KEYS_HELP = "q quit · k kind · w window · g group · r rank · p pause"
 
 
@@ -76,7 +77,7 @@ def _cells(row: TopRow) -> list[str]:
         _n(row.peak),
         _rate(row.stores_per_s),
         _rate(row.evictions_per_s),
-        _rate(row.restored_per_s),
+        _rate(row.recomputed_per_s),
         _n(row.orphans),
         _p50(row.lifetime_p50_s),
     ]
@@ -100,12 +101,11 @@ def plain_block(model: TopModel, view: str) -> str:
         f"kvtool top  {printable(model.health.source)}",
         first,
         *(["gaps:" + second] if second else []),
-        " ".join([view.ljust(width), *(h.rjust(7) for h in HEADERS)]).rstrip(),
+        " ".join([view.ljust(width), *map(str.rjust, HEADERS, _WIDTHS)]).rstrip(),
     ]
     for r in rows:
-        lines.append(
-            " ".join([printable(r.label).ljust(width), *(c.rjust(7) for c in _cells(r))]).rstrip()
-        )
+        cells = (c.rjust(w) for c, w in zip(_cells(r), _WIDTHS, strict=True))
+        lines.append(" ".join([printable(r.label).ljust(width), *cells]).rstrip())
     if not rows:
         lines.append("(no block events yet)")
     return "\n".join(lines) + "\n"
