@@ -45,7 +45,7 @@ def _format(path: str | os.PathLike[str]) -> str:
 
 
 def _metadata(fmt: str) -> dict[str, str]:
-    """Name kvtool as the image's maker, so ``--force`` recognises it later."""
+    """Name kvtool as the image's maker (for whoever reads the file; ``--force`` never looks)."""
     maker = f"kvtool {kvtool.__version__} (matplotlib)"
     if fmt == "png":
         return {"Software": maker}

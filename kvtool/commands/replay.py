@@ -126,7 +126,7 @@ def replay(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace --output if it is a kvtool recording.")
+        bool, typer.Option("--force", help="Replace an existing --output file.")
     ] = False,
     annotate: Annotated[
         bool,
