@@ -162,10 +162,13 @@ class GroupTable:
     Attributes:
         groups: The groups by index.
         source: Where the table came from, for messages (a file, ``--group flags`` …).
+        partial: The table names only some groups (``--group-meta`` flags): it is merged
+            over a recording's own metadata (:func:`merge_over`) instead of replacing it.
     """
 
     groups: dict[int, GroupInfo]
     source: str = ""
+    partial: bool = False
 
     def lookup(self, group_idx: int) -> GroupInfo | None:
         """Return the group with this index, or None when the table has none.
@@ -475,17 +478,46 @@ def _ascii_int(text: str) -> bool:
     return t.isascii() and t.isdigit()
 
 
+def unknown_kind(option: str, kind: str, known: Iterable[str], *, extra: str = "") -> str:
+    """The one message for a kind typed on the command line that names no known kind.
+
+    ``--kind`` and ``--group-meta`` both say it: the kind, vLLM's kinds, and the closest
+    names (``ful_attention``: did you mean full_attention?).
+
+    Args:
+        option: The option and its value, e.g. ``--group-meta '0=ful_attention'``.
+        kind: The kind.
+        known: Every name that would have been accepted (for the closest match).
+        extra: More to say inside the parentheses (e.g. kvtool's own labels).
+
+    Returns:
+        One line.
+    """
+    import difflib
+
+    from kvtool.text import printable
+
+    close = difflib.get_close_matches(kind, sorted(set(known)), n=2, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return printable(f"{option}: not a KV cache kind (vLLM's: {', '.join(KINDS)}{extra}){hint}")
+
+
 def parse_group_flags(flags: Sequence[str]) -> GroupTable:
-    """Parse ``--group IDX=KIND[:WINDOW]`` flags into a table.
+    """Parse ``--group-meta IDX=KIND[:WINDOW]`` flags into a (partial) table.
+
+    A kind must be one of vLLM's :data:`KINDS`, as ``--kind`` checks it (a typo such as
+    ``ful_attention`` made a row of its own); a kind vLLM adds later can be given in a
+    ``--groups`` file, which comes from the engine rather than from typing.
 
     Args:
         flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``.
 
     Returns:
-        The table (it may leave indices out; those count as out of range).
+        The table, ``partial``: merged over a recording's own metadata where there is
+        some (:func:`merge_over`); alone, indices it leaves out count as out of range.
 
     Raises:
-        MetadataError: A flag that does not parse, or an index given twice.
+        MetadataError: A flag that does not parse, an unknown kind, or an index given twice.
     """
     groups: dict[int, GroupInfo] = {}
     for flag in flags:
@@ -506,8 +538,39 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
             window = int(win_s)
         if idx in groups:
             raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
+        if kind.strip() not in KINDS:
+            raise MetadataError(
+                unknown_kind(
+                    f"--group-meta {flag!r}",
+                    kind.strip(),
+                    KINDS,
+                    extra="; a kind kvtool does not know yet: give it in a --groups FILE",
+                )
+            )
         groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group-meta flags")
+    return GroupTable(groups, "--group-meta flags", partial=True)
+
+
+def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
+    """Merge a partial table (``--group-meta`` flags) over a recording's own metadata.
+
+    The flags' groups replace the recording's groups of the same index; every other group
+    keeps the recording's kind and window (issue 24: a partial ``--group-meta`` replaced
+    the whole table, and the groups it left out were reported "left unannotated").
+
+    Args:
+        flags: The partial table.
+        base: The recording's table for the channel, or None (the flags alone).
+
+    Returns:
+        The merged table; its source names both (``--group-meta flags (0) over …``).
+    """
+    if base is None:
+        return flags
+    merged = dict(base.groups)
+    merged.update(flags.groups)
+    named = ",".join(str(i) for i in sorted(flags.groups))
+    return GroupTable(merged, f"{flags.source} (group {named}) over {base.source}")
 
 
 def resolve_groups(
@@ -538,6 +601,7 @@ def resolve_groups(
     if groups_file is not None:
         return load_groups_file(groups_file)
     if group_flags:
+        # Partial: merged over each recording's metadata by the caller (merge_over).
         return parse_group_flags(group_flags)
     if recording_groups is not None:
         return groups_from_list(recording_groups, source=f"{recording} (metadata record)")
@@ -1050,11 +1114,13 @@ class Annotation:
     """The resolved annotation of one input: small, frozen and picklable.
 
     Every command asks it, so every command gives an event the same kind and window.
-    Sources, in precedence order: ``given`` (``--groups FILE`` or ``--group`` flags),
-    a recording's per-channel metadata record, its recording-wide metadata record (for a
-    channel held by several inputs: the first input, in command-line order, that has
-    one), else ``learned`` (from the whole input, :class:`GroupLearner`). A channel is
-    its name (``endpoint`` or ``endpoint#topic``), the same in every file.
+    Sources, in precedence order: ``given`` (``--groups FILE``; ``--group-meta`` flags are
+    merged over each channel's recording metadata into ``tables`` instead, see
+    :func:`merge_over`), a recording's per-channel metadata record, its
+    recording-wide metadata record (for a channel held by several inputs: the first
+    input, in command-line order, that has one), else ``learned`` (from the whole input,
+    :class:`GroupLearner`). A channel is its name (``endpoint`` or ``endpoint#topic``), the
+    same in every file.
 
     Attributes:
         given: The ``--groups``/``--group`` table, or None.
@@ -1380,9 +1446,11 @@ __all__ = [
     "event_rank",
     "groups_from_list",
     "load_groups_file",
+    "merge_over",
     "out_of_range_warning",
     "parse_group_flags",
     "resolve_groups",
     "spec_kind",
     "spec_sliding_window",
+    "unknown_kind",
 ]

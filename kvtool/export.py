@@ -440,17 +440,27 @@ class RecordingCopy:
         )
         self.channels: dict[tuple[str, str], int] = {}
         self.written = 0
-        if given is not None:
+        if given is not None and not given.partial:
             self.writer.add_groups(given.to_metadata(), given.source)
             return
+        from kvtool.annotate import groups_from_list, merge_over
+
+        stored = False
         for r in sources:
             for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
                 g = rec.get("groups")
                 ch = rec.get("channel")
-                if isinstance(g, list):
-                    self.writer.add_groups(
-                        g, str(rec.get("source") or r.path), ch if isinstance(ch, str) else None
-                    )
+                if not isinstance(g, list):
+                    continue
+                source = str(rec.get("source") or r.path)
+                if given is not None:
+                    # --group-meta flags: merged over the recording's own table (issue 24).
+                    table = merge_over(given, groups_from_list(g, source=source))
+                    g, source = table.to_metadata(), table.source
+                self.writer.add_groups(g, source, ch if isinstance(ch, str) else None)
+                stored = True
+        if given is not None and not stored:
+            self.writer.add_groups(given.to_metadata(), given.source)
 
     def __enter__(self) -> RecordingCopy:
         return self

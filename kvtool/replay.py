@@ -388,10 +388,11 @@ class Replay:
         self.merge_findings = MergeFindings()
         """What the same-batch rule found across inputs (see :mod:`kvtool.inputs`)."""
         if self.annotate or self.check:
-            if given is not None:
+            if given is not None and not given.partial:
                 self.annotation = Annotation(given)
             else:
-                self.annotation = resolve_annotation(readers=self.readers)
+                # --group-meta flags: merged over each channel's recording metadata.
+                self.annotation = resolve_annotation(readers=self.readers, given=given)
         self.checker: Checker | None = Checker() if self.check else None
         self.new_warnings: list[str] = []
         """Out-of-range warnings not yet shown (one per index); the caller drains it."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING
 
 from kvtool.errors import UsageError
@@ -47,7 +46,7 @@ def check_kinds(kinds: Iterable[str], rp: Replay) -> None:
     Raises:
         UsageError: A misspelt kind, with the closest known names.
     """
-    from kvtool.annotate import KINDS
+    from kvtool.annotate import KINDS, unknown_kind
 
     known = set(KINDS) | set(SPECIAL_KINDS)
     tables = [t for t in getattr(rp, "tables", {}).values() if t is not None]
@@ -63,11 +62,13 @@ def check_kinds(kinds: Iterable[str], rp: Replay) -> None:
     for k in kinds:
         if k in known:
             continue
-        close = difflib.get_close_matches(k, sorted(known), n=2, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise UsageError(
-            f"--kind {printable(k)!r}: not a KV cache kind (vLLM's: {', '.join(KINDS)}; "
-            f"kvtool's: {', '.join(SPECIAL_KINDS)}){hint}"
+            unknown_kind(
+                f"--kind {printable(k)!r}",
+                k,
+                known,
+                extra=f"; kvtool's: {', '.join(SPECIAL_KINDS)}",
+            )
         )
 
 
