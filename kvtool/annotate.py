@@ -1304,18 +1304,30 @@ class Checker:
     unannotated, indices not in the table, and (without a table) keys whose annotated
     stores conflict, with how every command resolves them (:class:`Conflict`).
 
+    Without a table there is nothing to compare a store with but the other stores of its
+    (channel, rank, group): their conflicts are disagreements; a store without a kind is
+    :attr:`unchecked`, never a disagreement (issue 24: the legacy capture, with no kind on
+    the wire and no metadata, "disagreed" in all 6 groups with what was learned from it).
+
     Attributes:
         table: The metadata to compare with; None compares each (channel, rank) with
             what its own annotated stores say (learned).
         learner: Learns kinds per (channel, rank, group) for the learned comparison.
-        stores: Stores checked.
+        stores: Stores seen.
         stores_without_group: Stores without ``group_idx`` (nothing to compare).
+        against_metadata: Stores compared with a metadata table.
+        against_each_other: Stores with a kind and no table: compared with the other
+            stores of their (channel, rank, group).
+        unchecked: Stores with neither a table nor a kind: nothing to compare them with.
     """
 
     table: GroupTable | None = None
     learner: GroupLearner = field(default_factory=GroupLearner)
     stores: int = 0
     stores_without_group: int = 0
+    against_metadata: int = 0
+    against_each_other: int = 0
+    unchecked: int = 0
     _issues: dict[int, _GroupIssues] = field(default_factory=dict)
 
     def _issue(self, idx: int) -> _GroupIssues:
@@ -1356,25 +1368,27 @@ class Checker:
                 continue
             kind, window = ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
             if tab is None:
-                # Learned mode: conflicts come from the learner; only unannotated here.
+                # No metadata: conflicts among the stores come from the learner; a store
+                # without a kind has nothing to be compared with.
                 if kind is not None:
-                    continue
+                    self.against_each_other += 1
+                else:
+                    self.unchecked += 1
+                continue
+            self.against_metadata += 1
+            info = tab.lookup(idx)
+            if info is None:
+                iss = self._issue(idx)
+                iss.out_of_range += 1
+            elif kind is None:
                 iss = self._issue(idx)
                 iss.unannotated += 1
+            elif kind != info.kind or window != info.sliding_window:
+                iss = self._issue(idx)
+                iss.mismatched[(kind, window)] += 1
+                iss.expected.add((info.kind, info.sliding_window))
             else:
-                info = tab.lookup(idx)
-                if info is None:
-                    iss = self._issue(idx)
-                    iss.out_of_range += 1
-                elif kind is None:
-                    iss = self._issue(idx)
-                    iss.unannotated += 1
-                elif kind != info.kind or window != info.sliding_window:
-                    iss = self._issue(idx)
-                    iss.mismatched[(kind, window)] += 1
-                    iss.expected.add((info.kind, info.sliding_window))
-                else:
-                    continue
+                continue
             if iss.first_seq is None:
                 iss.first_seq = seq
 
