@@ -60,6 +60,37 @@ KINDS = (
 )
 """vLLM's ``KVCacheSpecKind`` values (0.33). Any other string is accepted as a kind too."""
 
+UNANNOTATED = "unannotated"
+"""kvtool's label for stores without a kind."""
+UNATTRIBUTED = "unattributed"
+"""kvtool's label for removes no store explains."""
+OWN_LABELS = (UNANNOTATED, UNATTRIBUTED)
+LITERAL_PREFIX = "kind:"
+"""Shown before a kind from the wire or metadata spelled like one of :data:`OWN_LABELS`."""
+
+
+def kind_label(kind: str | None) -> str:
+    """Return how a kind is shown, filtered on and exported: never one of kvtool's labels.
+
+    ``None`` (no kind) is ``unannotated``. A kind that a publisher or a metadata file
+    spells ``unannotated`` or ``unattributed`` is shown as ``kind:unannotated``, so it
+    never merges with kvtool's own label (issue 24); a kind already starting with
+    ``kind:`` (and the empty kind) gets the prefix too, so two different kinds never show
+    alike.
+
+    Args:
+        kind: The kind as sent or given, or None.
+
+    Returns:
+        The label.
+    """
+    if kind is None:
+        return UNANNOTATED
+    if not kind or kind in OWN_LABELS or kind.startswith(LITERAL_PREFIX):
+        return LITERAL_PREFIX + kind  # an empty kind is "kind:", visibly
+    return kind
+
+
 UNIFORM_SPEC = "UniformTypeKVCacheSpecs"
 
 # Class hierarchy of vLLM's KV cache specs (kv_cache_interface.py): class -> base class.
@@ -1250,8 +1281,8 @@ class StatusKinds:
         rule = self._rule(channel)
         d = rule.store(group_idx, kind)
         if isinstance(d, tuple):
-            return d[0]
-        return kind if kind is not None else "unannotated"
+            return kind_label(d[0])
+        return kind_label(kind)
 
     def remove(self, channel: str, group_idx: int | None) -> str:
         """Return the kind label of a remove.
@@ -1264,7 +1295,7 @@ class StatusKinds:
             The label.
         """
         g = self._rule(channel).group(group_idx)
-        return g[0] if g is not None else "unattributed"
+        return kind_label(g[0]) if g is not None else UNATTRIBUTED
 
     def _rule(self, channel: str) -> ChannelRule:
         rule = self._rules.get(channel)
@@ -1459,6 +1490,7 @@ __all__ = [
     "annotation_for",
     "event_rank",
     "groups_from_list",
+    "kind_label",
     "load_groups_file",
     "merge_over",
     "out_of_range_warning",

@@ -151,12 +151,18 @@ def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
     """
     import polars as pl
 
-    from kvtool.columns import TABLE_SCHEMA, UNANNOTATED
+    from kvtool.annotate import LITERAL_PREFIX, OWN_LABELS, UNANNOTATED
+    from kvtool.columns import TABLE_SCHEMA
 
+    kind = pl.col("kind")
     out = df.with_columns(
-        kind=pl.when(pl.col("kind").is_null() & (pl.col("type") != "AllBlocksCleared"))
+        # kvtool.annotate.kind_label, vectorised: a kind spelled like kvtool's own labels
+        # is shown as kind:NAME, never merged with them (issue 24).
+        kind=pl.when(kind.is_null() & (pl.col("type") != "AllBlocksCleared"))
         .then(pl.lit(UNANNOTATED))
-        .otherwise(pl.col("kind"))
+        .when(kind.is_in([*OWN_LABELS, ""]) | kind.str.starts_with(LITERAL_PREFIX))
+        .then(pl.lit(LITERAL_PREFIX) + kind)
+        .otherwise(kind)
     ).select(list(TABLE_SCHEMA))
     return out.with_columns(
         receive_time=pl.col("log_time").cast(pl.Datetime("ns", "UTC")),

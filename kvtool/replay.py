@@ -24,6 +24,7 @@ from kvtool.annotate import (
     Checker,
     GroupTable,
     event_rank,
+    kind_label,
     resolve_groups,
 )
 from kvtool.durations import parse_duration_ns
@@ -75,7 +76,7 @@ class EventFilter:
         if self.kinds is not None or self.windows is not None:
             if not isinstance(ev, BlockStored):
                 return False
-            if self.kinds is not None and (ev.kv_cache_spec_kind or UNANNOTATED) not in self.kinds:
+            if self.kinds is not None and kind_label(ev.kv_cache_spec_kind) not in self.kinds:
                 return False
             if self.windows is not None and ev.kv_cache_spec_sliding_window not in self.windows:
                 return False

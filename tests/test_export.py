@@ -450,3 +450,34 @@ def test_issue24_hash_hex_keeps_every_digit_and_joins_replay_hex(tmp_path: Path)
     assert res.exit_code == 0, res.stderr
     replayed = [h for line in res.stdout.splitlines() for h in json.loads(line)["block_hashes"]]
     assert replayed == exported  # one rule: they join on equality
+
+
+def test_issue24_a_kind_spelled_like_kvtools_labels_stays_distinct(tmp_path: Path) -> None:
+    """Issue 24: a wire kind spelled 'unannotated' or 'unattributed' merged with kvtool's
+    own labels (stores without a kind, removes no store explains)."""
+    from kvtool.annotate import StatusKinds, kind_label
+    from tests.test_render import _record, _stored
+
+    wire = [None, "unannotated", "unattributed", "kind:unannotated", "", "full_attention"]
+    rec = _record(tmp_path / "k.mcap", [[_stored([i + 1], i, k)] for i, k in enumerate(wire)])
+    shown = [
+        "unannotated",
+        "kind:unannotated",
+        "kind:unattributed",
+        "kind:kind:unannotated",
+        "kind:",
+        "full_attention",
+    ]
+    assert [kind_label(k) for k in wire] == shown
+    assert len(set(shown)) == len(shown)
+    out = tmp_path / "e.parquet"
+    res = runner.invoke(app, ["export", str(rec), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert pl.read_parquet(out)["kind"].to_list() == shown
+    status = StatusKinds()
+    assert [status.store("c", i, k) for i, k in enumerate(wire)] == shown
+    res = runner.invoke(app, ["replay", str(rec), "-f", "pretty"])
+    assert res.exit_code == 0, res.stderr
+    assert [
+        ln.split()[ln.split().index(f"g{i}") + 1] for i, ln in enumerate(res.stdout.splitlines())
+    ] == shown
