@@ -1146,8 +1146,9 @@ class Annotation:
 
     Every command asks it, so every command gives an event the same kind and window.
     Sources, in precedence order: ``given`` (``--groups FILE``; ``--group-meta`` flags are
-    merged over each channel's recording metadata into ``tables`` instead, see
-    :func:`merge_over`), a recording's per-channel metadata record, its
+    partial: merged over each channel's recording metadata into ``tables``, see
+    :func:`merge_over`, and alone for a channel without any), a recording's per-channel
+    metadata record, its
     recording-wide metadata record (for a channel held by several inputs: the first
     input, in command-line order, that has one), else ``learned`` (from the whole input,
     :class:`GroupLearner`). A channel is its name (``endpoint`` or ``endpoint#topic``), the
@@ -1175,9 +1176,12 @@ class Annotation:
         Returns:
             The table by precedence, or None.
         """
-        if self.given is not None:
+        if self.given is not None and not self.given.partial:
             return self.given
-        return self.tables.get(channel)
+        table = self.tables.get(channel)
+        if table is None and self.given is not None:
+            return self.given  # partial flags, a channel with no metadata of its own
+        return table
 
     def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
         """Return the rule for the events of one (channel, rank).
@@ -1215,11 +1219,13 @@ class Annotation:
             Source names; ``learned from annotated stores …`` when learning is used.
         """
         out: list[str] = []
-        if self.given is not None:
+        if self.given is not None and not self.given.partial:
             return [self.given.source]
         for t in self.tables.values():
             if t.source not in out:
                 out.append(t.source)
+        if self.given is not None:
+            return out or [self.given.source]
         if self.learned or not out:
             out.append(LEARNED_SOURCE)
         return out

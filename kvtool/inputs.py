@@ -373,10 +373,10 @@ def resolve_annotation(
                     if t is not None and ch.name not in tables:
                         tables[ch.name] = t
         if given is not None and given.partial:
-            # --group-meta flags name some groups: merged over each channel's metadata.
-            names = [ch.name for r in rs for ch in r.channels.values()]
-            tables = {name: merge_over(given, tables.get(name)) for name in names}
-            return Annotation(None, tables)
+            # --group-meta flags name some groups: merged over each channel's metadata
+            # (a channel without any, or a live stream's, takes the flags alone).
+            tables = {name: merge_over(given, t) for name, t in tables.items()}
+            return Annotation(given, tables)
         base = Annotation(given, tables)
         if given is not None or not learn_from_input:
             return base

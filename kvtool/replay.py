@@ -428,7 +428,7 @@ class Replay:
         ann = self.annotation
         if ann is None:
             return "none"
-        if ann.given is not None:
+        if ann.given is not None and not ann.given.partial:
             return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
         parts: list[str] = []
         for name, t in self.tables.items():

@@ -392,6 +392,24 @@ def test_issue24_partial_group_meta_merges_with_the_recordings_metadata() -> Non
     assert kinds == {(0, "mamba", None), *((g, "sliding_window", 64) for g in range(1, 6))}
 
 
+def test_issue24_partial_flags_alone_where_a_channel_has_no_metadata() -> None:
+    """A live stream (top) or a recording without metadata: the flags are the table."""
+    from kvtool.inputs import resolve_annotation
+
+    ann = resolve_annotation([], group_flags=["0=mamba"], learn_from_input=False)
+    table = ann.table_for("tcp://127.0.0.1:5557")
+    assert table is not None and table.describe() == "0=mamba"
+    assert not ann.needs_learning("tcp://127.0.0.1:5557")
+    assert ann.sources() == ["--group-meta flags"]
+    ann = resolve_annotation([GEMMA_REC], group_flags=["0=mamba"])
+    (name,) = ann.tables
+    assert ann.table_for(name).describe().split() == [  # type: ignore[union-attr]
+        "0=mamba",
+        *(f"{g}=sliding_window:64" for g in range(1, 6)),
+    ]
+    assert ann.sources() == [f"--group-meta flags (group 0) over {GEMMA_REC} (metadata record)"]
+
+
 def test_issue24_replay_copy_stores_the_merged_metadata(tmp_path: Path) -> None:
     out = tmp_path / "c.mcap"
     res = runner.invoke(
