@@ -60,6 +60,37 @@ KINDS = (
 )
 """vLLM's ``KVCacheSpecKind`` values (0.33). Any other string is accepted as a kind too."""
 
+UNANNOTATED = "unannotated"
+"""kvtool's label for stores without a kind."""
+UNATTRIBUTED = "unattributed"
+"""kvtool's label for removes no store explains."""
+OWN_LABELS = (UNANNOTATED, UNATTRIBUTED)
+LITERAL_PREFIX = "kind:"
+"""Shown before a kind from the wire or metadata spelled like one of :data:`OWN_LABELS`."""
+
+
+def kind_label(kind: str | None) -> str:
+    """Return how a kind is shown, filtered on and exported: never one of kvtool's labels.
+
+    ``None`` (no kind) is ``unannotated``. A kind that a publisher or a metadata file
+    spells ``unannotated`` or ``unattributed`` is shown as ``kind:unannotated``, so it
+    never merges with kvtool's own label (issue 24); a kind already starting with
+    ``kind:`` (and the empty kind) gets the prefix too, so two different kinds never show
+    alike.
+
+    Args:
+        kind: The kind as sent or given, or None.
+
+    Returns:
+        The label.
+    """
+    if kind is None:
+        return UNANNOTATED
+    if not kind or kind in OWN_LABELS or kind.startswith(LITERAL_PREFIX):
+        return LITERAL_PREFIX + kind  # an empty kind is "kind:", visibly
+    return kind
+
+
 UNIFORM_SPEC = "UniformTypeKVCacheSpecs"
 
 # Class hierarchy of vLLM's KV cache specs (kv_cache_interface.py): class -> base class.
@@ -162,10 +193,13 @@ class GroupTable:
     Attributes:
         groups: The groups by index.
         source: Where the table came from, for messages (a file, ``--group flags`` …).
+        partial: The table names only some groups (``--group-meta`` flags): it is merged
+            over a recording's own metadata (:func:`merge_over`) instead of replacing it.
     """
 
     groups: dict[int, GroupInfo]
     source: str = ""
+    partial: bool = False
 
     def lookup(self, group_idx: int) -> GroupInfo | None:
         """Return the group with this index, or None when the table has none.
@@ -475,17 +509,46 @@ def _ascii_int(text: str) -> bool:
     return t.isascii() and t.isdigit()
 
 
+def unknown_kind(option: str, kind: str, known: Iterable[str], *, extra: str = "") -> str:
+    """The one message for a kind typed on the command line that names no known kind.
+
+    ``--kind`` and ``--group-meta`` both say it: the kind, vLLM's kinds, and the closest
+    names (``ful_attention``: did you mean full_attention?).
+
+    Args:
+        option: The option and its value, e.g. ``--group-meta '0=ful_attention'``.
+        kind: The kind.
+        known: Every name that would have been accepted (for the closest match).
+        extra: More to say inside the parentheses (e.g. kvtool's own labels).
+
+    Returns:
+        One line.
+    """
+    import difflib
+
+    from kvtool.text import printable
+
+    close = difflib.get_close_matches(kind, sorted(set(known)), n=2, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return printable(f"{option}: not a KV cache kind (vLLM's: {', '.join(KINDS)}{extra}){hint}")
+
+
 def parse_group_flags(flags: Sequence[str]) -> GroupTable:
-    """Parse ``--group IDX=KIND[:WINDOW]`` flags into a table.
+    """Parse ``--group-meta IDX=KIND[:WINDOW]`` flags into a (partial) table.
+
+    A kind must be one of vLLM's :data:`KINDS`, as ``--kind`` checks it (a typo such as
+    ``ful_attention`` made a row of its own); a kind vLLM adds later can be given in a
+    ``--groups`` file, which comes from the engine rather than from typing.
 
     Args:
         flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``.
 
     Returns:
-        The table (it may leave indices out; those count as out of range).
+        The table, ``partial``: merged over a recording's own metadata where there is
+        some (:func:`merge_over`); alone, indices it leaves out count as out of range.
 
     Raises:
-        MetadataError: A flag that does not parse, or an index given twice.
+        MetadataError: A flag that does not parse, an unknown kind, or an index given twice.
     """
     groups: dict[int, GroupInfo] = {}
     for flag in flags:
@@ -506,8 +569,39 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
             window = int(win_s)
         if idx in groups:
             raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
+        if kind.strip() not in KINDS:
+            raise MetadataError(
+                unknown_kind(
+                    f"--group-meta {flag!r}",
+                    kind.strip(),
+                    KINDS,
+                    extra="; a kind kvtool does not know yet: give it in a --groups FILE",
+                )
+            )
         groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group-meta flags")
+    return GroupTable(groups, "--group-meta flags", partial=True)
+
+
+def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
+    """Merge a partial table (``--group-meta`` flags) over a recording's own metadata.
+
+    The flags' groups replace the recording's groups of the same index; every other group
+    keeps the recording's kind and window (issue 24: a partial ``--group-meta`` replaced
+    the whole table, and the groups it left out were reported "left unannotated").
+
+    Args:
+        flags: The partial table.
+        base: The recording's table for the channel, or None (the flags alone).
+
+    Returns:
+        The merged table; its source names both (``--group-meta flags (0) over …``).
+    """
+    if base is None:
+        return flags
+    merged = dict(base.groups)
+    merged.update(flags.groups)
+    named = ",".join(str(i) for i in sorted(flags.groups))
+    return GroupTable(merged, f"{flags.source} (group {named}) over {base.source}")
 
 
 def resolve_groups(
@@ -538,6 +632,7 @@ def resolve_groups(
     if groups_file is not None:
         return load_groups_file(groups_file)
     if group_flags:
+        # Partial: merged over each recording's metadata by the caller (merge_over).
         return parse_group_flags(group_flags)
     if recording_groups is not None:
         return groups_from_list(recording_groups, source=f"{recording} (metadata record)")
@@ -1050,11 +1145,14 @@ class Annotation:
     """The resolved annotation of one input: small, frozen and picklable.
 
     Every command asks it, so every command gives an event the same kind and window.
-    Sources, in precedence order: ``given`` (``--groups FILE`` or ``--group`` flags),
-    a recording's per-channel metadata record, its recording-wide metadata record (for a
-    channel held by several inputs: the first input, in command-line order, that has
-    one), else ``learned`` (from the whole input, :class:`GroupLearner`). A channel is
-    its name (``endpoint`` or ``endpoint#topic``), the same in every file.
+    Sources, in precedence order: ``given`` (``--groups FILE``; ``--group-meta`` flags are
+    partial: merged over each channel's recording metadata into ``tables``, see
+    :func:`merge_over`, and alone for a channel without any), a recording's per-channel
+    metadata record, its
+    recording-wide metadata record (for a channel held by several inputs: the first
+    input, in command-line order, that has one), else ``learned`` (from the whole input,
+    :class:`GroupLearner`). A channel is its name (``endpoint`` or ``endpoint#topic``), the
+    same in every file.
 
     Attributes:
         given: The ``--groups``/``--group`` table, or None.
@@ -1078,9 +1176,12 @@ class Annotation:
         Returns:
             The table by precedence, or None.
         """
-        if self.given is not None:
+        if self.given is not None and not self.given.partial:
             return self.given
-        return self.tables.get(channel)
+        table = self.tables.get(channel)
+        if table is None and self.given is not None:
+            return self.given  # partial flags, a channel with no metadata of its own
+        return table
 
     def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
         """Return the rule for the events of one (channel, rank).
@@ -1118,11 +1219,13 @@ class Annotation:
             Source names; ``learned from annotated stores …`` when learning is used.
         """
         out: list[str] = []
-        if self.given is not None:
+        if self.given is not None and not self.given.partial:
             return [self.given.source]
         for t in self.tables.values():
             if t.source not in out:
                 out.append(t.source)
+        if self.given is not None:
+            return out or [self.given.source]
         if self.learned or not out:
             out.append(LEARNED_SOURCE)
         return out
@@ -1184,8 +1287,8 @@ class StatusKinds:
         rule = self._rule(channel)
         d = rule.store(group_idx, kind)
         if isinstance(d, tuple):
-            return d[0]
-        return kind if kind is not None else "unannotated"
+            return kind_label(d[0])
+        return kind_label(kind)
 
     def remove(self, channel: str, group_idx: int | None) -> str:
         """Return the kind label of a remove.
@@ -1198,7 +1301,7 @@ class StatusKinds:
             The label.
         """
         g = self._rule(channel).group(group_idx)
-        return g[0] if g is not None else "unattributed"
+        return kind_label(g[0]) if g is not None else UNATTRIBUTED
 
     def _rule(self, channel: str) -> ChannelRule:
         rule = self._rules.get(channel)
@@ -1238,18 +1341,30 @@ class Checker:
     unannotated, indices not in the table, and (without a table) keys whose annotated
     stores conflict, with how every command resolves them (:class:`Conflict`).
 
+    Without a table there is nothing to compare a store with but the other stores of its
+    (channel, rank, group): their conflicts are disagreements; a store without a kind is
+    :attr:`unchecked`, never a disagreement (issue 24: the legacy capture, with no kind on
+    the wire and no metadata, "disagreed" in all 6 groups with what was learned from it).
+
     Attributes:
         table: The metadata to compare with; None compares each (channel, rank) with
             what its own annotated stores say (learned).
         learner: Learns kinds per (channel, rank, group) for the learned comparison.
-        stores: Stores checked.
+        stores: Stores seen.
         stores_without_group: Stores without ``group_idx`` (nothing to compare).
+        against_metadata: Stores compared with a metadata table.
+        against_each_other: Stores with a kind and no table: compared with the other
+            stores of their (channel, rank, group).
+        unchecked: Stores with neither a table nor a kind: nothing to compare them with.
     """
 
     table: GroupTable | None = None
     learner: GroupLearner = field(default_factory=GroupLearner)
     stores: int = 0
     stores_without_group: int = 0
+    against_metadata: int = 0
+    against_each_other: int = 0
+    unchecked: int = 0
     _issues: dict[int, _GroupIssues] = field(default_factory=dict)
 
     def _issue(self, idx: int) -> _GroupIssues:
@@ -1290,25 +1405,27 @@ class Checker:
                 continue
             kind, window = ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window
             if tab is None:
-                # Learned mode: conflicts come from the learner; only unannotated here.
+                # No metadata: conflicts among the stores come from the learner; a store
+                # without a kind has nothing to be compared with.
                 if kind is not None:
-                    continue
+                    self.against_each_other += 1
+                else:
+                    self.unchecked += 1
+                continue
+            self.against_metadata += 1
+            info = tab.lookup(idx)
+            if info is None:
+                iss = self._issue(idx)
+                iss.out_of_range += 1
+            elif kind is None:
                 iss = self._issue(idx)
                 iss.unannotated += 1
+            elif kind != info.kind or window != info.sliding_window:
+                iss = self._issue(idx)
+                iss.mismatched[(kind, window)] += 1
+                iss.expected.add((info.kind, info.sliding_window))
             else:
-                info = tab.lookup(idx)
-                if info is None:
-                    iss = self._issue(idx)
-                    iss.out_of_range += 1
-                elif kind is None:
-                    iss = self._issue(idx)
-                    iss.unannotated += 1
-                elif kind != info.kind or window != info.sliding_window:
-                    iss = self._issue(idx)
-                    iss.mismatched[(kind, window)] += 1
-                    iss.expected.add((info.kind, info.sliding_window))
-                else:
-                    continue
+                continue
             if iss.first_seq is None:
                 iss.first_seq = seq
 
@@ -1379,10 +1496,13 @@ __all__ = [
     "annotation_for",
     "event_rank",
     "groups_from_list",
+    "kind_label",
     "load_groups_file",
+    "merge_over",
     "out_of_range_warning",
     "parse_group_flags",
     "resolve_groups",
     "spec_kind",
     "spec_sliding_window",
+    "unknown_kind",
 ]

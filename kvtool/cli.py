@@ -30,7 +30,7 @@ _EPILOG = (
     "Formats (--format): table for people (info, report, diff); json (info,\n"
     "report, diff); csv (report); markdown (report, diff); replay: pretty or\n"
     "jsonl. -o/--output FILE writes a file (- is stdout where the output is a\n"
-    "stream); --force replaces only what kvtool wrote.\n"
+    "stream); --force replaces an existing file, or a directory kvtool made.\n"
     "\b\n"
     "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
     "something); 2 usage error; 3 done, but an input was damaged or batches were\n"

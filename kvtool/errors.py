@@ -68,8 +68,8 @@ class EndpointError(KvtoolError):
 class OutputError(KvtoolError):
     """An output kvtool refuses to write.
 
-    It is one of the inputs, it exists without ``--force``, it is not kvtool's own to replace,
-    or another kvtool process holds it.
+    It is one of the inputs, it exists without ``--force``, it is a directory kvtool did not
+    create, or another kvtool process holds it.
     """
 
     exit_status = ExitStatus.USAGE

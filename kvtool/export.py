@@ -1,13 +1,14 @@
 """Export and copy as library calls: the flat table to Parquet/CSV, selected batches to MCAP.
 
 Both follow kvtool's output rule (:mod:`kvtool.outputs`): never over an input, ``force``
-replaces only kvtool's own output, and nothing is in place until it is complete.
+replaces a file or a directory kvtool created, and nothing is in place until it is complete.
 
 - :func:`export_table` writes the flat block-event table (one row per block event,
   annotated) to one Parquet file, one CSV file, or a directory of Parquet files
   partitioned hive-style by ``channel`` and ``dp_rank``. Every Parquet file carries the
-  key-value metadata key :data:`kvtool.outputs.PARQUET_KEY`, which is how ``--force``
-  recognises kvtool's own file or directory (the marks are the manifest).
+  key-value metadata key :data:`kvtool.outputs.PARQUET_KEY` (for readers); a directory
+  holds the empty :data:`kvtool.outputs.EXPORT_MARKER` directory, by which ``--force``
+  knows kvtool created it.
 - :class:`RecordingCopy` (``replay -o``) writes selected batches, payload bytes
   unchanged, to a new recording under a temporary name, renamed into place on
   :meth:`RecordingCopy.close`; :func:`copy_batches` drives it over an iterable.
@@ -31,13 +32,14 @@ from typing import IO, TYPE_CHECKING
 import kvtool
 from kvtool.errors import OutputError, UsageError
 from kvtool.outputs import (
+    EXPORT_MARKER,
     PARQUET_KEY,
     AtomicFile,
     OutputKind,
     check_output,
-    export_entry_is_kvtool,
-    foreign_export_entry,
     is_stdout,
+    kvtool_made,
+    mark_kvtool_made,
     temp_prefix,
     track_temp,
     untrack_temp,
@@ -149,12 +151,18 @@ def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
     """
     import polars as pl
 
-    from kvtool.columns import TABLE_SCHEMA, UNANNOTATED
+    from kvtool.annotate import LITERAL_PREFIX, OWN_LABELS, UNANNOTATED
+    from kvtool.columns import TABLE_SCHEMA
 
+    kind = pl.col("kind")
     out = df.with_columns(
-        kind=pl.when(pl.col("kind").is_null() & (pl.col("type") != "AllBlocksCleared"))
+        # kvtool.annotate.kind_label, vectorised: a kind spelled like kvtool's own labels
+        # is shown as kind:NAME, never merged with them (issue 24).
+        kind=pl.when(kind.is_null() & (pl.col("type") != "AllBlocksCleared"))
         .then(pl.lit(UNANNOTATED))
-        .otherwise(pl.col("kind"))
+        .when(kind.is_in([*OWN_LABELS, ""]) | kind.str.starts_with(LITERAL_PREFIX))
+        .then(pl.lit(LITERAL_PREFIX) + kind)
+        .otherwise(kind)
     ).select(list(TABLE_SCHEMA))
     return out.with_columns(
         receive_time=pl.col("log_time").cast(pl.Datetime("ns", "UTC")),
@@ -199,7 +207,7 @@ def export_table(
         output: ``OUT.parquet``, ``OUT.csv`` or a directory (see :func:`export_layout`).
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
-        force: Replace kvtool's own earlier export at ``output``.
+        force: Replace a file at ``output``, or a directory kvtool exported to.
         stats: Receives read counts and problems.
         select: Export only these batches (``--channel``, ``--rank``, ``--since``,
             ``--until``: the selection of :func:`kvtool.columns.iter_raw_chunks`).
@@ -337,6 +345,7 @@ def _write_directory(
                 (new / rel).parent.mkdir(parents=True, exist_ok=True)
                 part.drop(PARTITION_COLUMNS).write_parquet(new / rel, metadata=_parquet_metadata())
                 written.append(rel)
+        mark_kvtool_made(new)
         os.chmod(new, 0o777 & ~_umask())
         _swap_in(new, resolved, force=force)
     except BaseException:
@@ -354,7 +363,7 @@ def _umask() -> int:
 
 
 def _swap_in(new: Path, out: Path, *, force: bool) -> None:
-    """Put the finished directory ``new`` at ``out``; remove only kvtool's files of the old one."""
+    """Put the finished directory ``new`` at ``out``; the old one goes only if kvtool made it."""
     if not out.exists():
         try:
             os.rename(new, out)
@@ -371,35 +380,20 @@ def _swap_in(new: Path, out: Path, *, force: bool) -> None:
     os.rmdir(old)
     os.rename(out, old)
     # The authoritative check runs on the directory once it is moved aside: nothing can
-    # enter it by its old path any more, so a file that appeared after the check above is
-    # seen here and the directory goes back untouched, instead of the user's file being
-    # left in a hidden ``.kvtool-old`` directory.
-    foreign = foreign_export_entry(old)
-    if foreign is not None:
+    # enter it by its old path any more, so a directory that changed after the check above
+    # (its marker gone, or an empty one filled) goes back untouched.
+    if not (kvtool_made(old) or not any(old.iterdir())):
         os.rename(old, out)
         raise OutputError(
-            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
-            "directory kvtool exported to, choose another path"
+            f"{out}: a directory kvtool did not create (no {EXPORT_MARKER} in it); --force "
+            "replaces only a directory kvtool exported to, choose another path"
         )
     try:
         os.rename(new, out)
     except OSError:
         os.rename(old, out)
         raise
-    _remove_export(old)
-
-
-def _remove_export(directory: Path) -> None:
-    """Delete kvtool's export files under ``directory`` and the emptied dirs; nothing else."""
-    for root, _dirs, files in os.walk(directory, followlinks=False):
-        for name in files:
-            rel = str(Path(root, name).relative_to(directory))
-            if export_entry_is_kvtool(directory, rel):
-                with contextlib.suppress(OSError):
-                    Path(root, name).unlink()
-    for root, _dirs, _files in sorted(os.walk(directory), key=lambda w: -len(w[0])):
-        with contextlib.suppress(OSError):
-            os.rmdir(root)  # only empty directories go; anything foreign stays
+    shutil.rmtree(old, ignore_errors=True)  # kvtool's own directory, moved aside
 
 
 # -- replay -o: the selected batches, bytes unchanged ----------------------------------------
@@ -452,17 +446,27 @@ class RecordingCopy:
         )
         self.channels: dict[tuple[str, str], int] = {}
         self.written = 0
-        if given is not None:
+        if given is not None and not given.partial:
             self.writer.add_groups(given.to_metadata(), given.source)
             return
+        from kvtool.annotate import groups_from_list, merge_over
+
+        stored = False
         for r in sources:
             for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
                 g = rec.get("groups")
                 ch = rec.get("channel")
-                if isinstance(g, list):
-                    self.writer.add_groups(
-                        g, str(rec.get("source") or r.path), ch if isinstance(ch, str) else None
-                    )
+                if not isinstance(g, list):
+                    continue
+                source = str(rec.get("source") or r.path)
+                if given is not None:
+                    # --group-meta flags: merged over the recording's own table (issue 24).
+                    table = merge_over(given, groups_from_list(g, source=source))
+                    g, source = table.to_metadata(), table.source
+                self.writer.add_groups(g, source, ch if isinstance(ch, str) else None)
+                stored = True
+        if given is not None and not stored:
+            self.writer.add_groups(given.to_metadata(), given.source)
 
     def __enter__(self) -> RecordingCopy:
         return self

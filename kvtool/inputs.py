@@ -40,6 +40,7 @@ from kvtool.annotate import (
     GroupTable,
     event_rank,
     groups_from_list,
+    merge_over,
     resolve_groups,
 )
 from kvtool.errors import ProtocolError
@@ -332,6 +333,7 @@ def resolve_annotation(
     group_flags: Sequence[str] | None = None,
     readers: Sequence[RecordingReader] | None = None,
     learn_from_input: bool = True,
+    given: GroupTable | None = None,
 ) -> Annotation:
     """Build THE annotation of an input: metadata sources by precedence, then learned.
 
@@ -342,6 +344,8 @@ def resolve_annotation(
         readers: Open recordings to use instead of ``paths`` (their messages are read
             once more for learning; the caller keeps them open).
         learn_from_input: Run the learning pass for channels without metadata.
+        given: A table already parsed from ``groups_file``/``group_flags`` (not parsed
+            again).
 
     Returns:
         The frozen, picklable :class:`kvtool.annotate.Annotation`.
@@ -350,8 +354,7 @@ def resolve_annotation(
         MetadataError: Invalid metadata, or both a file and flags.
         RecordingError: A recording cannot be opened.
     """
-    given: GroupTable | None = None
-    if groups_file is not None or group_flags:
+    if given is None and (groups_file is not None or group_flags):
         given = resolve_groups(groups_file, group_flags, None)
     opened: list[RecordingReader] = []
     try:
@@ -362,13 +365,18 @@ def resolve_annotation(
         else:
             rs = readers
         tables: dict[str, GroupTable] = {}
-        if given is None:
+        if given is None or given.partial:
             for r in rs:
                 whole, per = recording_tables(r)
                 for ch in r.channels.values():
                     t = per.get((r.path, ch.name)) or whole
                     if t is not None and ch.name not in tables:
                         tables[ch.name] = t
+        if given is not None and given.partial:
+            # --group-meta flags name some groups: merged over each channel's metadata
+            # (a channel without any, or a live stream's, takes the flags alone).
+            tables = {name: merge_over(given, t) for name, t in tables.items()}
+            return Annotation(given, tables)
         base = Annotation(given, tables)
         if given is not None or not learn_from_input:
             return base

@@ -5,30 +5,14 @@ The rule, for every command that writes (``record -o``, ``replay -o``, ``report 
 
 - An output that is one of the command's inputs (same device and inode, through any
   symlink or hard link) is refused, and so is a directory output that holds an input.
-- An existing output is refused unless ``--force`` is given, and ``--force`` replaces only
-  what kvtool recognises as its own kind of output:
-
-  * a recording: an MCAP file whose header has profile ``kvtool``;
-  * a Parquet file: its key-value metadata holds the key ``kvtool``;
-  * a text output (CSV, JSON, Markdown, a table): an empty file, or a text file that
-    starts the way one of kvtool's text outputs starts (:data:`_TEXT_HEADS`: the
-    summary of a report table (``report: … group metadata:``), a report's
-    ``{"source": {"recordings":`` JSON, the ``table,kind,`` header of its CSV, ``### by``
-    Markdown, ``info``'s ``File:``/``Size:`` lines or JSON, ``diff``'s ``A: … group
-    metadata:`` lines or ``kvtool.diff`` JSON, ``export``'s CSV header). Text carries
-    no other mark, so a user's notes, data or script are never a text output to
-    replace, nor is a recording, a Parquet file or an image;
-  * a plot: a PNG, PDF or SVG file that names kvtool as its maker (kvtool writes
-    ``kvtool VERSION (matplotlib)`` into each), so a user's own picture, logo, paper or
-    matplotlib figure is never a plot to replace;
-  * an export directory: a directory holding nothing but kvtool's hive layout,
-    ``channel=*/dp_rank=*/part-*.parquet``, every file a Parquet file marked as above.
-    The marks are the manifest: each file says kvtool wrote it, and a directory file
-    beside the parts would break readers that scan the directory (polars refuses mixed
-    extensions). Only those files are removed; a directory with any other entry (a file,
-    a symlink, another directory) is refused, and so is a non-empty one without
-    ``--force``.
-
+- An existing output is refused unless ``--force`` is given. With it (DESIGN.md, "Several
+  inputs"), a regular file is replaced atomically, whatever it holds; a directory (an
+  ``export`` output) only if kvtool created it, which it marks by the empty directory
+  :data:`EXPORT_MARKER` it makes inside (polars, DuckDB, Spark and pyarrow skip a hidden
+  directory, and an empty one holds no file whose extension would trip a scan). Nothing is
+  decided from a file's contents: no sniffing of headers, magic bytes or metadata.
+  An empty directory is no output to replace: an export is written there without
+  ``--force``.
   A directory is never replaced by a file output, nor a block device or socket. A
   character device or FIFO (``/dev/null``, a named pipe) is written to as a stream:
   nothing is replaced. A named pipe nobody reads is refused at once, not waited on.
@@ -46,7 +30,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -59,17 +42,19 @@ from typing import IO
 from kvtool.errors import OutputError
 
 PARQUET_KEY = "kvtool"
-"""The Parquet key-value metadata key that marks a Parquet file as kvtool's."""
+"""The Parquet key-value metadata key kvtool writes into its Parquet files (which version
+wrote which table; for readers, never what ``--force`` decides by)."""
 MCAP_MAGIC = b"\x89MCAP0\r\n"
 KVTOOL_PROFILE = "kvtool"
-_SNIFF_BYTES = 64 * 1024
-_IMAGE_MAGICS = (b"\x89PNG\r\n\x1a\n", b"%PDF-")
+EXPORT_MARKER = ".kvtool-export"
+"""The empty directory kvtool makes inside every export directory it creates: the one mark
+``--force`` replaces a directory by (never a file's contents)."""
 
 PathLike = str | os.PathLike[str]
 
 
 class OutputKind(StrEnum):
-    """What an output is, which decides what ``--force`` may replace."""
+    """What an output is: a directory (an export) or a file of some kind."""
 
     RECORDING = "recording"
     PARQUET = "Parquet file"
@@ -223,13 +208,10 @@ def _std_stream_fd(path: PathLike) -> int | None:
     return None
 
 
-def _read_head(path: PathLike, n: int = _SNIFF_BYTES) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
-
-
 def is_kvtool_recording(head: bytes) -> bool:
     """Return True when ``head`` (a file's first bytes) starts a kvtool MCAP recording.
+
+    For readers and tests; never what decides whether ``--force`` replaces a file.
 
     Args:
         head: At least the first few hundred bytes of the file.
@@ -247,152 +229,32 @@ def is_kvtool_recording(head: bytes) -> bool:
     return len(profile) == n and profile == KVTOOL_PROFILE.encode()
 
 
-def _is_kvtool_parquet(path: PathLike, head: bytes) -> bool:
-    if not head.startswith(b"PAR1"):
-        return False
-    import polars as pl
+def kvtool_made(directory: PathLike) -> bool:
+    """Return True when kvtool created ``directory`` (it holds the :data:`EXPORT_MARKER`).
 
-    try:
-        meta = pl.read_parquet_metadata(os.fspath(path))
-    except Exception:
-        return False
-    return PARQUET_KEY in meta
-
-
-def _is_text(head: bytes) -> bool:
-    if b"\x00" in head:
-        return False
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        # A multi-byte character cut by the sniff window is still text.
-        return err.start >= len(head) - 3 and err.reason == "unexpected end of data"
-    return True
-
-
-_TEXT_HEADS = re.compile(
-    rb"""\A(?:
-      report:\ [\s\S]{0,8192}?group\ metadata:\s           # report, table (the summary
-                                                        # line may wrap: long paths)
-    | \{\n\ \ "source":\ \{\n\ \ \ \ "recordings":\          # report, JSON
-    | table,kind,sliding_window,group_idx,               # report, CSV
-    | \#\#\#\ by\ [^\n]*\n\n\|\                            # report, Markdown
-    | File:\ +[\s\S]{0,8192}?\nSize:\ +[^\n]*\ bytes\)       # info, table
-    | \[?\s*\{\n\s*"file":\ "[^\n]*",\n\s*"size_bytes":\    # info, JSON (one file or several)
-    | (?:-\ )?A:\ [\s\S]{0,8192}?group\ metadata:\s         # diff, table and Markdown
-    | \{\n\ \ "schema":\ "kvtool\.                          # diff, JSON
-    | log_time,ts,seq,recording,channel,                 # export, CSV
-    )""",
-    re.X,
-)
-"""How each of kvtool's text outputs starts: what ``--force`` recognises as its own."""
-
-
-def _is_kvtool_text(head: bytes) -> bool:
-    return not head or (_is_text(head) and _TEXT_HEADS.match(head) is not None)
-
-
-def _is_image(head: bytes) -> bool:
-    if not head or head.startswith(_IMAGE_MAGICS):
-        return True
-    text = head.lstrip()
-    return _is_text(head) and (text.startswith((b"<?xml", b"<svg")))
-
-
-_PLOT_MAKERS = (b"kvtool",)
-
-
-def _is_plot(path: PathLike, head: bytes) -> bool:
-    """An image kvtool's plotting could have made: its maker named in its head or tail.
-
-    PNG and SVG name the maker near the start, PDF in its info dictionary near the end.
-    """
-    if not head:
-        return True  # empty: nothing to lose
-    if not _is_image(head):
-        return False
-    if any(m in head for m in _PLOT_MAKERS):
-        return True
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - _SNIFF_BYTES))
-            tail = f.read(_SNIFF_BYTES)
-    except OSError:
-        return False
-    return any(m in tail for m in _PLOT_MAKERS)
-
-
-def recognise(path: PathLike, kind: OutputKind) -> bool:
-    """Return True when the existing regular file ``path`` is kvtool's ``kind`` of output.
-
-    Args:
-        path: An existing regular file.
-        kind: The kind of output about to replace it.
-
-    Returns:
-        Whether ``--force`` may replace it (see the module docstring).
-    """
-    try:
-        head = _read_head(path)
-    except OSError:
-        return False
-    if kind is OutputKind.RECORDING:
-        return is_kvtool_recording(head)
-    if kind is OutputKind.PARQUET:
-        return _is_kvtool_parquet(path, head)
-    if kind is OutputKind.IMAGE:
-        return _is_plot(path, head)
-    return _is_kvtool_text(head)
-
-
-def export_entry_is_kvtool(directory: PathLike, rel: str) -> bool:
-    """Return True when ``directory/rel`` is a file of kvtool's export layout.
-
-    Args:
-        directory: The export directory.
-        rel: A path relative to it.
-
-    Returns:
-        True for ``channel=*/dp_rank=*/part-*.parquet``, a regular file (not a symlink)
-        that is a kvtool Parquet file.
-    """
-    parts = Path(rel).parts
-    if (
-        len(parts) != 3
-        or not parts[0].startswith("channel=")
-        or not parts[1].startswith("dp_rank=")
-        or not (parts[2].startswith("part-") and parts[2].endswith(".parquet"))
-    ):
-        return False
-    p = Path(directory, rel)
-    return p.is_file() and not p.is_symlink() and recognise(p, OutputKind.PARQUET)
-
-
-def foreign_export_entry(directory: PathLike) -> str | None:
-    """Return the first entry under ``directory`` that is not kvtool's export, if any.
+    Only the marker's presence counts (a real directory, not a symlink to one); no file in
+    ``directory`` is opened.
 
     Args:
         directory: An existing directory.
 
     Returns:
-        Its path relative to ``directory`` (a trailing ``/`` for a directory), or None
-        when everything in it is kvtool's export layout.
+        Whether ``--force`` may replace it.
     """
-    top = Path(directory)
-    for root, subdirs, files in os.walk(top, followlinks=False):
-        rel_root = Path(root).relative_to(top)
-        depth = len(rel_root.parts)
-        for name in files:
-            rel = str(rel_root / name)
-            if not export_entry_is_kvtool(top, rel):
-                return rel
-        for name in subdirs:
-            rel = str(rel_root / name)
-            prefix = ("channel=", "dp_rank=")[depth] if depth < 2 else None
-            if prefix is None or not name.startswith(prefix) or Path(root, name).is_symlink():
-                return rel + "/"
-    return None
+    try:
+        st = os.lstat(os.path.join(directory, EXPORT_MARKER))
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode)
+
+
+def mark_kvtool_made(directory: PathLike) -> None:
+    """Mark a directory kvtool just created as its own (see :func:`kvtool_made`).
+
+    Args:
+        directory: The new directory.
+    """
+    os.mkdir(os.path.join(directory, EXPORT_MARKER))
 
 
 def check_output(
@@ -433,11 +295,6 @@ def check_output(
         raise OutputError(f"{out}: not a regular file; kvtool writes only regular files")
     if not force:
         raise OutputError(f"{out}: file exists; pass --force to overwrite it")
-    if not recognise(out, kind):
-        raise OutputError(
-            f"{out}: exists and is not a kvtool {kind}; --force replaces only kvtool's own "
-            "outputs, choose another path"
-        )
 
 
 def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
@@ -447,11 +304,10 @@ def _check_export_dir(out: Path, st: os.stat_result, force: bool) -> None:
         return
     if not force:
         raise OutputError(f"{out}: directory exists; pass --force to replace kvtool's export in it")
-    foreign = foreign_export_entry(out)
-    if foreign is not None:
+    if not kvtool_made(out):
         raise OutputError(
-            f"{out}: holds {foreign}, which is not kvtool's export; --force replaces only a "
-            "directory kvtool exported to, choose another path"
+            f"{out}: a directory kvtool did not create (no {EXPORT_MARKER} in it); --force "
+            "replaces only a directory kvtool exported to, choose another path"
         )
 
 
@@ -773,8 +629,9 @@ def open_locked(
 
     Used for recordings ``record`` writes, which must be readable at their own path after
     a crash. The lock (``flock``) makes a second writer of the same path refuse instead of
-    both writing one file. With ``force`` an existing file is truncated only once the lock
-    is held and the file is still recognised as kvtool's ``kind``.
+    both writing one file. With ``force`` an existing regular file is truncated only once
+    the lock is held (a recorder replaces a non-empty one atomically instead: it stages the
+    new recording and renames it over the file still locked).
 
     Args:
         path: The output file.
@@ -787,7 +644,7 @@ def open_locked(
         The open binary file (locked).
 
     Raises:
-        OutputError: The file exists without ``force``, is not kvtool's, or is locked.
+        OutputError: The file exists without ``force``, or is locked.
         OSError: It cannot be created (the caller words the error).
     """
     p = os.fspath(path)
@@ -821,15 +678,8 @@ def open_locked(
                     f"{p}: was replaced by another process while kvtool opened it; "
                     "choose another path"
                 )
-            if st.st_size > 0:
-                head = os.pread(fd, 512, 0)
-                if kind is OutputKind.RECORDING and not is_kvtool_recording(head):
-                    raise OutputError(
-                        f"{p}: exists and is not a kvtool {kind}; --force replaces only "
-                        "kvtool's own outputs, choose another path"
-                    )
-                if truncate:
-                    os.ftruncate(fd, 0)
+            if st.st_size > 0 and truncate:
+                os.ftruncate(fd, 0)
         return os.fdopen(fd, "wb")
     except BaseException:
         if fd >= 0:
@@ -838,18 +688,18 @@ def open_locked(
 
 
 __all__ = [
+    "EXPORT_MARKER",
     "PARQUET_KEY",
     "AtomicFile",
     "OutputKind",
     "check_not_input",
     "check_output",
     "check_std_streams_not_inputs",
-    "export_entry_is_kvtool",
-    "foreign_export_entry",
     "is_kvtool_recording",
     "is_stdout",
+    "kvtool_made",
+    "mark_kvtool_made",
     "open_locked",
-    "recognise",
     "remove_temps",
     "same_file",
     "silence_fd",

@@ -9,9 +9,13 @@ from typing import TYPE_CHECKING
 
 import kvtool
 from kvtool.errors import UsageError
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.report import Report
+
+_GRID = "#d9d9d9"
+"""The grid's colour: what light grey at 30 % over white looks like, opaque."""
 
 INSTALL_HINT = "plotting needs matplotlib: pip install 'kvtool[plot]'"
 
@@ -34,24 +38,39 @@ def require_matplotlib(path: str | os.PathLike[str] | None = None) -> None:
         raise UsageError(INSTALL_HINT) from err
     if path is not None:
         fmt = _format(path)
-        if fmt not in FigureCanvasBase.get_supported_filetypes():
+        formats = _formats(FigureCanvasBase.get_supported_filetypes())
+        if fmt not in formats:
             raise UsageError(
-                f"--plot {os.fspath(path)!r}: cannot draw {fmt!r} images; use .png, .svg or .pdf"
+                f"--plot {printable(os.fspath(path))!r}: cannot draw {printable(fmt)!r} images; "
+                f"use one of .{', .'.join(formats)}"
             )
+
+
+# Formats matplotlib lists that need more than matplotlib and Pillow: pgf runs LaTeX.
+_NEEDS_MORE = frozenset({"pgf"})
+
+
+def _formats(supported: dict[str, str]) -> list[str]:
+    return sorted(f for f in supported if f not in _NEEDS_MORE)
 
 
 def _format(path: str | os.PathLike[str]) -> str:
     return Path(path).suffix[1:].lower() or "png"
 
 
-def _metadata(fmt: str) -> dict[str, str]:
-    """Name kvtool as the image's maker, so ``--force`` recognises it later."""
+def _metadata(fmt: str) -> dict[str, str] | None:
+    """Name kvtool as the image's maker (for whoever reads the file; ``--force`` never looks).
+
+    None for the formats whose writer takes no metadata (Pillow's: jpeg, tiff, webp, gif,
+    avif; raw bitmaps): matplotlib raises on any there (issue 24: ``--plot out.jpg`` was an
+    internal error).
+    """
     maker = f"kvtool {kvtool.__version__} (matplotlib)"
     if fmt == "png":
         return {"Software": maker}
-    if fmt in ("pdf", "svg"):
+    if fmt in ("pdf", "svg", "svgz", "ps", "eps"):
         return {"Creator": maker}
-    return {}
+    return None
 
 
 def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = False) -> None:
@@ -93,7 +112,7 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
     ax_live.set_ylabel("live blocks (blocks)")
     ax_live.set_title("KV cache blocks live per kind")
     if tl.height:
-        ax_live.legend(loc="best", fontsize="small")
+        ax_live.legend(loc="best", fontsize="small", framealpha=1.0)
     else:
         ax_live.text(
             0.5,
@@ -103,17 +122,23 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
             va="center",
             transform=ax_live.transAxes,
         )
-    ax_live.grid(True, alpha=0.3)
+    # Opaque colours only: PostScript has no transparency, and matplotlib says so on
+    # stderr for every .eps/.ps (issue 24: it leaked through -q).
+    ax_live.grid(True, color=_GRID)
     ax_rate.set_ylabel("evictions (blocks/s)")
     ax_rate.set_xlabel(f"time since first bucket (s; buckets of {every:g} s)")
     ax_rate.set_title("eviction rate per kind")
-    ax_rate.grid(True, alpha=0.3)
+    ax_rate.grid(True, color=_GRID)
     fig.tight_layout()
     target = Path(path)
     fmt = _format(target)
     try:
         buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, metadata=_metadata(fmt))
+        meta = _metadata(fmt)
+        if meta is None:
+            fig.savefig(buf, format=fmt)
+        else:
+            fig.savefig(buf, format=fmt, metadata=meta)
     finally:
         plt.close(fig)
     from kvtool.outputs import AtomicFile

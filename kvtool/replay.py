@@ -24,6 +24,7 @@ from kvtool.annotate import (
     Checker,
     GroupTable,
     event_rank,
+    kind_label,
     resolve_groups,
 )
 from kvtool.durations import parse_duration_ns
@@ -75,7 +76,7 @@ class EventFilter:
         if self.kinds is not None or self.windows is not None:
             if not isinstance(ev, BlockStored):
                 return False
-            if self.kinds is not None and (ev.kv_cache_spec_kind or UNANNOTATED) not in self.kinds:
+            if self.kinds is not None and kind_label(ev.kv_cache_spec_kind) not in self.kinds:
                 return False
             if self.windows is not None and ev.kv_cache_spec_sliding_window not in self.windows:
                 return False
@@ -388,10 +389,11 @@ class Replay:
         self.merge_findings = MergeFindings()
         """What the same-batch rule found across inputs (see :mod:`kvtool.inputs`)."""
         if self.annotate or self.check:
-            if given is not None:
+            if given is not None and not given.partial:
                 self.annotation = Annotation(given)
             else:
-                self.annotation = resolve_annotation(readers=self.readers)
+                # --group-meta flags: merged over each channel's recording metadata.
+                self.annotation = resolve_annotation(readers=self.readers, given=given)
         self.checker: Checker | None = Checker() if self.check else None
         self.new_warnings: list[str] = []
         """Out-of-range warnings not yet shown (one per index); the caller drains it."""
@@ -426,7 +428,7 @@ class Replay:
         ann = self.annotation
         if ann is None:
             return "none"
-        if ann.given is not None:
+        if ann.given is not None and not ann.given.partial:
             return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
         parts: list[str] = []
         for name, t in self.tables.items():

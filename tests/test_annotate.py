@@ -42,6 +42,8 @@ from tests.conftest import capture_messages, capture_truth
 from tests.replayutil import capture_recording
 
 GROUPS = Path(__file__).parent / "data" / "groups"
+GEMMA_REC = Path(__file__).resolve().parent.parent / "recordings" / "gemma3.mcap"
+runner = CliRunner()
 
 
 def _stored(
@@ -335,7 +337,88 @@ def test_parse_group_flags_rejects(flag: str, match: str) -> None:
 
 def test_parse_group_flags_duplicate() -> None:
     with pytest.raises(MetadataError, match="group 0 is given twice"):
-        parse_group_flags(["0=a", "0=b"])
+        parse_group_flags(["0=mamba", "0=full_attention"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "hint"),
+    [
+        ("0=ful_attention", "did you mean full_attention"),
+        ("1=sliding:64", "did you mean sliding_window"),
+        ("0=unannotated", ""),  # kvtool's own label is no kind to give a group
+        ("0=Full_Attention", "did you mean full_attention"),
+    ],
+)
+def test_issue24_group_meta_kind_is_validated_like_kind(flag: str, hint: str) -> None:
+    """Issue 24: --group-meta 0=ful_attention was accepted and made a ful_attention row."""
+    with pytest.raises(MetadataError) as info:
+        parse_group_flags([flag])
+    msg = str(info.value)
+    assert msg.startswith(f"--group-meta {flag!r}: not a KV cache kind (vLLM's: full_attention, ")
+    assert hint in msg and "\n" not in msg
+    result = runner.invoke(app, ["report", str(GEMMA_REC), "--group-meta", flag])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"kvtool: {msg}\n"
+
+
+def test_issue24_partial_group_meta_merges_with_the_recordings_metadata() -> None:
+    """Issue 24: a partial --group-meta replaced the recording's metadata for every group,
+    and the finding then said 'left unannotated' about stores shown as sliding_window."""
+    result = runner.invoke(
+        app, ["report", str(GEMMA_REC), "--group-meta", "0=mamba", "-f", "json", "--by", "group"]
+    )
+    assert result.exit_code == 0, result.stderr
+    rep = json.loads(result.stdout)
+    groups = {r["group_idx"]: (r["kind"], r["sliding_window"]) for r in rep["by_group"]}
+    assert groups == {0: ("mamba", None), **{g: ("sliding_window", 64) for g in range(1, 6)}}
+    assert rep["source"]["group_metadata"] == [
+        f"--group-meta flags (group 0) over {GEMMA_REC} (metadata record)"
+    ]
+    assert not [f for f in rep["source"]["findings"] if "unannotated" in f or "not in KV" in f]
+    # replay says the same, and annotates the same
+    res = runner.invoke(
+        app,
+        ["replay", str(GEMMA_REC), "--annotate", "--group-meta", "0=mamba", "-f", "jsonl"],
+    )
+    assert res.exit_code == 0, res.stderr
+    assert f"--group-meta flags (group 0) over {GEMMA_REC} (metadata record)" in res.stderr
+    assert "not in KV cache metadata" not in res.stderr
+    stores = [json.loads(ln) for ln in res.stdout.splitlines()]
+    kinds = {
+        (e["group_idx"], e["kv_cache_spec_kind"], e["kv_cache_spec_sliding_window"])
+        for e in stores
+        if e["type"] == "BlockStored"
+    }
+    assert kinds == {(0, "mamba", None), *((g, "sliding_window", 64) for g in range(1, 6))}
+
+
+def test_issue24_partial_flags_alone_where_a_channel_has_no_metadata() -> None:
+    """A live stream (top) or a recording without metadata: the flags are the table."""
+    from kvtool.inputs import resolve_annotation
+
+    ann = resolve_annotation([], group_flags=["0=mamba"], learn_from_input=False)
+    table = ann.table_for("tcp://127.0.0.1:5557")
+    assert table is not None and table.describe() == "0=mamba"
+    assert not ann.needs_learning("tcp://127.0.0.1:5557")
+    assert ann.sources() == ["--group-meta flags"]
+    ann = resolve_annotation([GEMMA_REC], group_flags=["0=mamba"])
+    (name,) = ann.tables
+    assert ann.table_for(name).describe().split() == [  # type: ignore[union-attr]
+        "0=mamba",
+        *(f"{g}=sliding_window:64" for g in range(1, 6)),
+    ]
+    assert ann.sources() == [f"--group-meta flags (group 0) over {GEMMA_REC} (metadata record)"]
+
+
+def test_issue24_replay_copy_stores_the_merged_metadata(tmp_path: Path) -> None:
+    out = tmp_path / "c.mcap"
+    res = runner.invoke(
+        app, ["replay", str(GEMMA_REC), "--annotate", "--group-meta", "0=mamba", "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.stderr
+    rep = json.loads(runner.invoke(app, ["report", str(out), "-f", "json", "--by", "group"]).stdout)
+    groups = {r["group_idx"]: r["kind"] for r in rep["by_group"]}
+    assert groups == {0: "mamba", **{g: "sliding_window" for g in range(1, 6)}}
 
 
 def test_resolve_groups_precedence(tmp_path: Path) -> None:
@@ -343,7 +426,7 @@ def test_resolve_groups_precedence(tmp_path: Path) -> None:
     f.write_text('[{"group_idx": 0, "kind": "from_file"}]')
     rec = [{"group_idx": 0, "kind": "from_recording", "block_size": 16, "sliding_window": None}]
     assert resolve_groups(f, None, rec).lookup(0).kind == "from_file"  # type: ignore[union-attr]
-    assert resolve_groups(None, ["0=from_flag"], rec).lookup(0).kind == "from_flag"  # type: ignore[union-attr]
+    assert resolve_groups(None, ["0=mamba"], rec).lookup(0).kind == "mamba"  # type: ignore[union-attr]
     got = resolve_groups(None, None, rec, recording="run.mcap")
     assert got is not None
     assert got.lookup(0).kind == "from_recording"  # type: ignore[union-attr]

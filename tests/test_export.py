@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,13 +115,9 @@ def test_refuses_to_overwrite(rec: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(rec), "-o", str(out)])
     assert result.exit_code == 2
     assert "--force" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    # b"x" is not kvtool's Parquet: --force does not replace it (issue 8.1).
-    result = runner.invoke(app, ["export", str(rec), "-o", str(out), "--force"])
-    assert result.exit_code == 2
-    assert "not a kvtool Parquet file" in result.stderr
-    assert out.read_bytes() == b"x"
-    out.unlink()
-    for _ in range(2):  # the second run replaces kvtool's own file
+    # With --force a regular file is replaced, whatever it holds (issue 24: nothing is
+    # decided from a file's contents).
+    for _ in range(2):
         result = runner.invoke(app, ["export", str(rec), "-o", str(out), "--force"])
         assert result.exit_code == 0, result.stderr
     assert pl.read_parquet(out).height == 3419
@@ -152,58 +149,60 @@ def test_issue8_1_force_never_deletes_a_directory_with_the_input(tmp_path: Path)
     assert rec.is_file() and notes.read_text() == "precious"
 
 
-def test_issue8_1_force_never_deletes_an_unmarked_directory(rec: Path, tmp_path: Path) -> None:
+def test_issue24_force_never_deletes_a_directory_kvtool_did_not_create(
+    rec: Path, tmp_path: Path
+) -> None:
+    """A directory without kvtool's mark is refused, even when it holds nothing but what
+    looks like kvtool's export: a copy of one (issue 24: never decided from contents)."""
     out = tmp_path / "out"
     (out / "sub").mkdir(parents=True)
     (out / "sub" / "data.parquet").write_bytes(b"user data")
     (out / "keep.txt").write_text("keep")
     code, err = _export(str(rec), "-o", str(out), "--force")
-    assert code == 2 and "not kvtool's export" in err
+    assert code == 2 and "a directory kvtool did not create (no .kvtool-export in it)" in err
     assert (out / "keep.txt").read_text() == "keep"
     assert (out / "sub" / "data.parquet").read_bytes() == b"user data"
+    made = tmp_path / "made"
+    assert _export(str(rec), "-o", str(made))[0] == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(made, copy)
+    (copy / ".kvtool-export").rmdir()  # the parts, each with kvtool's Parquet key: no mark
+    before = sorted(p.relative_to(copy) for p in copy.rglob("*"))
+    code, err = _export(str(rec), "-o", str(copy), "--force")
+    assert code == 2 and "did not create" in err
+    assert sorted(p.relative_to(copy) for p in copy.rglob("*")) == before
 
 
-def test_issue8_1_force_replaces_kvtool_export_and_refuses_if_foreign_added(
-    rec: Path, tmp_path: Path
-) -> None:
+def test_issue24_force_replaces_a_directory_kvtool_created(rec: Path, tmp_path: Path) -> None:
     out = tmp_path / "fleet"
     assert _export(str(rec), "-o", str(out))[0] == 0
+    assert (out / ".kvtool-export").is_dir() and not any((out / ".kvtool-export").iterdir())
     first = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
     assert first
     code, err = _export(str(rec), "-o", str(out))
     assert code == 2 and "--force" in err
+    # What is inside does not matter: the mark says kvtool made the directory.
+    (out / first[0].parent / "extra.txt").write_text("x")
     code, err = _export(str(rec), "-o", str(out), "--force")
     assert code == 0, err
     assert sorted(p.relative_to(out) for p in out.rglob("*.parquet")) == first
+    assert not list(out.rglob("extra.txt"))
     assert pl.scan_parquet(out, hive_partitioning=True).collect().height == 3419
+    assert pl.read_parquet(out).height == 3419  # the mark trips no directory scan
     assert not list(tmp_path.glob(".fleet*"))  # no temporary or old directory left
-    # A file the user put into kvtool's directory makes it no longer kvtool's alone.
-    part_dir = out / first[0].parent
-    (part_dir / "mine.parquet").write_bytes(b"mine")
-    code, err = _export(str(rec), "-o", str(out), "--force")
-    assert code == 2 and "mine.parquet" in err
-    assert (part_dir / "mine.parquet").read_bytes() == b"mine"
-    assert sorted(p.relative_to(out) for p in out.rglob("part-*.parquet")) == first
 
 
-def test_issue8_1_csv_force_replaces_only_kvtools_own_csv(rec: Path, tmp_path: Path) -> None:
+def test_issue24_csv_force_replaces_any_regular_file(rec: Path, tmp_path: Path) -> None:
+    """Issue 24: --force refused a user's regular file ('not a kvtool text file')."""
     out = tmp_path / "t.csv"
-    code, err = _export(str(rec), "-o", str(tmp_path / "copy.csv"), "--force")
-    assert code == 0, err
-    # A file named .csv that holds a recording is binary, not text: refused.
-    out.write_bytes(rec.read_bytes())
-    code, err = _export(str(rec), "-o", str(out), "--force")
-    assert code == 2 and "not a kvtool text file" in err
-    assert out.read_bytes() == rec.read_bytes()
-    # A user's own CSV is not kvtool's either: refused, kept.
-    out.write_text("a,b\n1,2\n")
-    code, err = _export(str(rec), "-o", str(out), "--force")
-    assert code == 2 and "not a kvtool text file" in err
-    assert out.read_text() == "a,b\n1,2\n"
-    # kvtool's own export is replaced.
-    code, err = _export(str(rec), "-o", str(out.with_name("copy.csv")), "--force")
-    assert code == 0, err
-    assert out.with_name("copy.csv").read_text().startswith("log_time,")
+    for old in (rec.read_bytes(), b"a,b\n1,2\n"):
+        out.write_bytes(old)
+        code, err = _export(str(rec), "-o", str(out))
+        assert code == 2 and "pass --force" in err
+        assert out.read_bytes() == old
+        code, err = _export(str(rec), "-o", str(out), "--force")
+        assert code == 0, err
+        assert out.read_text().startswith("log_time,ts,seq,recording,channel,")
 
 
 def test_issue8_1_output_is_the_input(rec: Path, tmp_path: Path) -> None:
@@ -295,32 +294,33 @@ def test_issue9_7_failed_copy_leaves_target(rec: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.mcap", "g.mcap"]
 
 
-def test_issue8_1_file_added_after_the_last_check_is_never_moved_away(
+def test_issue8_1_directory_swapped_after_the_last_check_is_never_removed(
     rec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A user's file written into the export directory just after kvtool's re-check (the
-    race between check and rename) stays at its path, and the old export stays whole.
+    """A directory of the user's put at the path just after kvtool's re-check (the race
+    between check and rename) stays at its path, whole.
 
-    The race is made deterministic by writing the file at the moment kvtool moves the
-    directory aside; on the old code the file ended up in a hidden ``.kvtool-old``
-    directory beside the new export.
+    The race is made deterministic by swapping the directory at the moment kvtool moves it
+    aside: the check that counts runs on the directory once moved, and finds no mark.
     """
     out = tmp_path / "fleet"
     assert _export(str(rec), "-o", str(out))[0] == 0
-    first = sorted(p.relative_to(out) for p in out.rglob("*"))
     real_rename = os.rename
+    kvtools = tmp_path / "kvtools"
 
     def racing_rename(src: object, dst: object) -> None:
-        if Path(str(src)) == out.resolve() and not (out / "late.txt").exists():
+        if Path(str(src)) == out.resolve() and not kvtools.exists():
+            real_rename(out, kvtools)
+            out.mkdir()
             (out / "late.txt").write_text("written by the user meanwhile")
         real_rename(src, dst)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "rename", racing_rename)
     code, err = _export(str(rec), "-o", str(out), "--force")
     monkeypatch.undo()
-    assert code == 2 and "late.txt" in err
+    assert code == 2 and "did not create" in err
+    assert [p.name for p in out.iterdir()] == ["late.txt"]
     assert (out / "late.txt").read_text() == "written by the user meanwhile"
-    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != "late.txt") == first
     assert not list(tmp_path.glob(".fleet*"))  # no hidden directory holds anything
 
 
@@ -450,3 +450,34 @@ def test_issue24_hash_hex_keeps_every_digit_and_joins_replay_hex(tmp_path: Path)
     assert res.exit_code == 0, res.stderr
     replayed = [h for line in res.stdout.splitlines() for h in json.loads(line)["block_hashes"]]
     assert replayed == exported  # one rule: they join on equality
+
+
+def test_issue24_a_kind_spelled_like_kvtools_labels_stays_distinct(tmp_path: Path) -> None:
+    """Issue 24: a wire kind spelled 'unannotated' or 'unattributed' merged with kvtool's
+    own labels (stores without a kind, removes no store explains)."""
+    from kvtool.annotate import StatusKinds, kind_label
+    from tests.test_render import _record, _stored
+
+    wire = [None, "unannotated", "unattributed", "kind:unannotated", "", "full_attention"]
+    rec = _record(tmp_path / "k.mcap", [[_stored([i + 1], i, k)] for i, k in enumerate(wire)])
+    shown = [
+        "unannotated",
+        "kind:unannotated",
+        "kind:unattributed",
+        "kind:kind:unannotated",
+        "kind:",
+        "full_attention",
+    ]
+    assert [kind_label(k) for k in wire] == shown
+    assert len(set(shown)) == len(shown)
+    out = tmp_path / "e.parquet"
+    res = runner.invoke(app, ["export", str(rec), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert pl.read_parquet(out)["kind"].to_list() == shown
+    status = StatusKinds()
+    assert [status.store("c", i, k) for i, k in enumerate(wire)] == shown
+    res = runner.invoke(app, ["replay", str(rec), "-f", "pretty"])
+    assert res.exit_code == 0, res.stderr
+    assert [
+        ln.split()[ln.split().index(f"g{i}") + 1] for i, ln in enumerate(res.stdout.splitlines())
+    ] == shown

@@ -1,4 +1,4 @@
-"""kvtool.outputs: no command writes over an input, --force replaces only kvtool's own output.
+"""kvtool.outputs: no command writes over an input; --force replaces a file, or a kvtool directory.
 
 Every test works inside ``tmp_path``: on the code before the fix these commands destroyed
 files.
@@ -23,8 +23,8 @@ from kvtool.outputs import (
     OutputKind,
     check_output,
     is_kvtool_recording,
+    kvtool_made,
     open_locked,
-    recognise,
     write_text,
 )
 from kvtool.recording import RecordingPathError, RecordingWriter, open_recording
@@ -230,12 +230,7 @@ def test_issue11_10_report_output_needs_force(rec: Path, tmp_path: Path) -> None
     assert result.exit_code == ExitStatus.USAGE
     assert _one_line(result.stderr) == f"kvtool: {out}: file exists; pass --force to overwrite it"
     assert out.read_text() == "mine"
-    # --force replaces only kvtool's own text output: "mine" is the user's, kept.
-    result = runner.invoke(app, ["report", str(rec), "--output", str(out), "-f", "json", "--force"])
-    assert result.exit_code == ExitStatus.USAGE
-    assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
-    assert out.read_text() == "mine"
-    out.write_text("")  # empty: nothing to lose
+    # --force replaces the regular file, whatever it holds (issue 24).
     result = runner.invoke(app, ["report", str(rec), "--output", str(out), "-f", "json", "--force"])
     assert result.exit_code == 0, result.stderr
     assert out.read_text().startswith("{")
@@ -252,15 +247,21 @@ def test_issue11_10_report_output_needs_force(rec: Path, tmp_path: Path) -> None
     "text",
     ["my notes\n", "x,y\n1,2\n", '{\n  "a": 1\n}\n', "### Notes\n", "A: hello\n", "#!/bin/sh\n"],
 )
-def test_force_never_replaces_a_users_text(rec: Path, tmp_path: Path, text: str) -> None:
-    # Before: any text file counted as a text output kvtool could replace with --force.
+def test_issue24_force_replaces_a_regular_file_whatever_it_holds(
+    rec: Path, tmp_path: Path, text: str
+) -> None:
+    """Issue 24: --force refused a user's regular file ('not a kvtool text file'), guessing
+    from its first bytes. Now: without --force never replaced; with it, replaced whole."""
     out = tmp_path / "notes.txt"
-    out.write_text(text)
     for cmd in (["report", str(rec)], ["info", str(rec)], ["diff", str(rec), str(rec)]):
+        out.write_text(text)
+        result = runner.invoke(app, [*cmd, "-o", str(out)])
+        assert result.exit_code == ExitStatus.USAGE and "pass --force" in result.stderr, cmd
+        assert out.read_text() == text
         result = runner.invoke(app, [*cmd, "-o", str(out), "--force"])
-        assert result.exit_code == ExitStatus.USAGE, cmd
-        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
-    assert out.read_text() == text
+        assert result.exit_code == 0, (cmd, result.stderr)
+        assert out.read_text() != text and text not in out.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "run.mcap"]
 
 
 def test_force_through_a_symlink_replaces_the_file_it_names(rec: Path, tmp_path: Path) -> None:
@@ -324,38 +325,34 @@ def test_issue11_10_dash_is_stdout(rec: Path, tmp_path: Path) -> None:
     assert result.exit_code == ExitStatus.USAGE and "export writes files" in result.stderr
 
 
-def test_issue11_10_force_never_replaces_a_foreign_file(rec: Path, tmp_path: Path) -> None:
+def test_issue24_force_replaces_a_foreign_file(rec: Path, tmp_path: Path) -> None:
     photo = tmp_path / "photo.mcap"
-    photo.write_bytes(b"\xff\xd8\xff\xe0 not a recording")
     for cmd in (["replay", str(rec), "--kind", "mamba"], ["report", str(rec)]):
+        photo.write_bytes(b"\xff\xd8\xff\xe0 not a recording")
         result = runner.invoke(app, [*cmd, "-o", str(photo), "--force"])
-        assert result.exit_code == ExitStatus.USAGE, cmd
-        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
-    assert photo.read_bytes() == b"\xff\xd8\xff\xe0 not a recording"
+        assert result.exit_code == 0, (cmd, result.stderr)
+        assert photo.read_bytes() != b"\xff\xd8\xff\xe0 not a recording"
+    assert photo.read_text().startswith("report: ")
 
 
 # -- the rule, piece by piece -----------------------------------------------------------------
 
 
-def test_recognise_kinds(rec: Path, tmp_path: Path) -> None:
-    text = tmp_path / "a.csv"
-    text.write_text("x,y\n1,2\n")
-    png = tmp_path / "p.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00kvtool 0.1.0 (matplotlib)" + bytes(20))
-    theirs = tmp_path / "fig.png"  # a user's own matplotlib figure
-    theirs.write_bytes(b"\x89PNG\r\n\x1a\n" + b"tEXtSoftware\x00Matplotlib version3" + bytes(20))
-    assert not recognise(theirs, OutputKind.IMAGE)
-    report = tmp_path / "r.csv"
-    report.write_text("table,kind,sliding_window,group_idx,store_events\n")
-    assert recognise(report, OutputKind.TEXT)
-    assert recognise(rec, OutputKind.RECORDING)
-    assert not recognise(text, OutputKind.RECORDING)
-    assert not recognise(text, OutputKind.TEXT)  # a user's CSV
-    assert not recognise(rec, OutputKind.TEXT)
-    assert not recognise(png, OutputKind.TEXT)
-    assert recognise(png, OutputKind.IMAGE)
-    assert not recognise(text, OutputKind.IMAGE)
-    assert not recognise(rec, OutputKind.PARQUET)
+def test_issue24_a_kvtool_directory_is_known_by_its_mark_alone(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    assert not kvtool_made(d)
+    (d / ".kvtool-export").write_text("")  # a file of that name is no mark
+    assert not kvtool_made(d)
+    (d / ".kvtool-export").unlink()
+    (d / ".kvtool-export").symlink_to(tmp_path)  # nor a symlink to a directory
+    assert not kvtool_made(d)
+    (d / ".kvtool-export").unlink()
+    (d / ".kvtool-export").mkdir()
+    assert kvtool_made(d)
+    with pytest.raises(OutputError, match="pass --force"):
+        check_output(d, kind=OutputKind.EXPORT_DIR, force=False)
+    check_output(d, kind=OutputKind.EXPORT_DIR, force=True)
 
 
 def test_directories_and_devices(tmp_path: Path) -> None:
@@ -395,12 +392,17 @@ def test_atomic_file_keeps_umask_permissions(tmp_path: Path) -> None:
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
-def test_open_locked_checks_kind_before_truncating(tmp_path: Path) -> None:
+def test_issue24_open_locked_force_truncates_any_regular_file_under_the_lock(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "r.mcap"
     out.write_bytes(b"precious")
-    with pytest.raises(OutputError, match=r"not a kvtool recording"):
-        open_locked(out, force=True, kind=OutputKind.RECORDING)
-    assert out.read_bytes() == b"precious"
+    with open_locked(out, force=True, kind=OutputKind.RECORDING) as f:
+        assert out.read_bytes() == b""
+        with pytest.raises(OutputError, match="another kvtool process is writing it"):
+            open_locked(out, force=True, kind=OutputKind.RECORDING)
+        f.write(b"new")
+    assert out.read_bytes() == b"new"
 
 
 # -- a named pipe as output: written to when read, refused at once when nobody reads --------
@@ -511,27 +513,22 @@ def test_write_failure_inside_an_atomic_file_is_one_line(tmp_path: Path) -> None
     assert [p.name for p in tmp_path.iterdir()] == ["t.txt"]
 
 
-def test_issue8_1_plot_force_never_replaces_a_users_picture(rec: Path, tmp_path: Path) -> None:
-    """Old code: any PNG, PDF or SVG (a photo, a logo, a paper) counted as a plot kvtool
-    may replace with --force; now only one that names kvtool's plotting as its maker."""
+def test_issue24_plot_force_replaces_any_picture(rec: Path, tmp_path: Path) -> None:
+    """Issue 24: --force replaced only a PNG, PDF or SVG naming kvtool as its maker."""
     pytest.importorskip("matplotlib")
-    own = {
+    theirs = {
         "logo.png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64),
         "paper.pdf": b"%PDF-1.5\n%\xe2\xe3\n1 0 obj << /Producer (pdfTeX) >> endobj\n",
         "diagram.svg": b'<?xml version="1.0"?>\n<!-- Created with Inkscape -->\n<svg/>\n',
     }
-    for name, data in own.items():
+    for name, data in theirs.items():
         (tmp_path / name).write_bytes(data)
-        result = runner.invoke(app, ["report", str(rec), "--plot", str(tmp_path / name), "--force"])
-        assert result.exit_code == ExitStatus.USAGE, (name, result.output)
-        assert "--force replaces only kvtool's own outputs" in _one_line(result.stderr)
+        result = runner.invoke(app, ["report", str(rec), "--plot", str(tmp_path / name)])
+        assert result.exit_code == ExitStatus.USAGE and "pass --force" in result.stderr
         assert (tmp_path / name).read_bytes() == data
-    # kvtool's own plot (PNG: maker at the start; PDF: in the info dictionary at the end).
-    for name in ("plot.png", "plot.pdf", "plot.svg"):
-        out = tmp_path / name
-        for _ in range(2):
-            result = runner.invoke(app, ["report", str(rec), "--plot", str(out), "--force"])
-            assert result.exit_code == 0, (name, result.output)
+        result = runner.invoke(app, ["report", str(rec), "--plot", str(tmp_path / name), "--force"])
+        assert result.exit_code == 0, (name, result.output)
+        assert (tmp_path / name).read_bytes() != data
 
 
 def test_a_cut_short_cleanup_still_removes_the_temporary_output(tmp_path: Path) -> None:

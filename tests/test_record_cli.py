@@ -130,14 +130,7 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
 @pytest.mark.zmq
 def test_force_overwrites(tmp_path: Path) -> None:
     out = tmp_path / "r.mcap"
-    out.write_bytes(b"old")
-    # --force replaces only a kvtool recording (issue 8.1's rule), never other bytes.
-    res = runner.invoke(app, ["record", "5557", "-o", str(out), "--force"])
-    assert res.exit_code == 2 and "is not a kvtool recording" in res.stderr
-    assert out.read_bytes() == b"old"
-    out.unlink()
-    with RecordingWriter(out) as w:
-        w.write(w.add_channel("tcp://old:1"), 0, capture_messages("full_only")[0][2], 1)
+    out.write_bytes(b"old")  # any regular file (issue 24: never decided from contents)
     msgs = capture_messages("full_only")[:5]
     with Peer(msgs) as peer:
         res = runner.invoke(

@@ -79,12 +79,26 @@ def test_a_second_writer_refuses_while_the_first_holds_the_old_recording(
     assert out.read_bytes() == old
 
 
-def test_force_still_refuses_a_file_that_is_not_a_recording(tmp_path: Path) -> None:
+def test_issue24_force_replaces_any_regular_file_the_same_safe_way(tmp_path: Path) -> None:
+    """Issue 24: --force refused a file that was not a kvtool recording (from its bytes).
+
+    Now any regular file is replaced, as a recording is: it stays at its path, locked, until
+    the new recording has a message; without one it is left as it was.
+    """
     out = tmp_path / "r.mcap"
     out.write_bytes(b"precious")
-    with pytest.raises(RecordingPathError, match="not a kvtool recording"):
+    w = RecordingWriter(out, force=True)
+    w.add_channel("tcp://127.0.0.1:5558")
+    assert w.replaced_nothing
+    with pytest.raises(RecordingPathError, match="another kvtool process is writing it"):
         RecordingWriter(out, force=True)
+    w.close()
     assert out.read_bytes() == b"precious"
+    assert _names(tmp_path) == ["r.mcap"]
+    with RecordingWriter(out, force=True) as w:
+        w.write(w.add_channel("tcp://127.0.0.1:5558"), 3, PAYLOADS[0], 3_000)
+    with open_recording(out) as r:
+        assert [m.seq for m in r.messages()] == [3]
     assert _names(tmp_path) == ["r.mcap"]
 
 

@@ -140,11 +140,7 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
         RecordingWriter(path)
     assert ei.value.exit_status == ExitStatus.USAGE
     assert path.read_bytes() == b"precious"
-    # --force replaces only a kvtool recording (kvtool/outputs.py), never other bytes.
-    with pytest.raises(RecordingPathError, match=r"is not a kvtool recording"):
-        RecordingWriter(path, force=True)
-    assert path.read_bytes() == b"precious"
-    path.unlink()
+    # --force replaces a regular file, whatever it holds (issue 24).
     for n in (3, 1):
         with RecordingWriter(path, force=True) as w:
             ch = w.add_channel("tcp://h:1")

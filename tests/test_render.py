@@ -541,3 +541,37 @@ def test_issue24_export_csv_cells_are_text_not_formulas(tmp_path: Path) -> None:
     report = runner.invoke(app, ["report", str(rec), "-f", "csv", "--by", "kind"])
     rkinds = {r["kind"] for r in csv.DictReader(io.StringIO(report.stdout))}
     assert set(kinds) <= rkinds  # one rule for both CSVs
+
+
+@pytest.mark.parametrize(
+    ("suffix", "magic"),
+    [
+        (".jpg", b"\xff\xd8\xff"),
+        (".jpeg", b"\xff\xd8\xff"),
+        (".tif", b"II*\x00"),
+        (".webp", b"RIFF"),
+        (".eps", b"%!PS-Adobe"),
+        (".png", b"\x89PNG"),
+    ],
+)
+def test_issue24_plot_formats_draw_quietly(tmp_path: Path, suffix: str, magic: bytes) -> None:
+    """Issue 24: --plot out.jpg (.jpeg, .tif, .webp) was 'internal error: ValueError' (no
+    metadata there), and .eps leaked a matplotlib warning through -q."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"plot{suffix}"
+    result = runner.invoke(app, ["report", str(GEMMA), "-q", "-f", "json", "--plot", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ""
+    assert out.read_bytes().startswith(magic)
+    cmd = [sys.executable, "-m", "kvtool", "report", str(GEMMA), "-q", "-f", "json"]
+    proc = subprocess.run(
+        [*cmd, "--plot", str(out), "--force"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stderr == ""  # matplotlib's own logging too
+
+
+def test_issue24_plot_format_needing_latex_is_a_usage_error(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = runner.invoke(app, ["report", str(GEMMA), "--plot", str(tmp_path / "p.pgf")])
+    assert result.exit_code == 2
+    assert "cannot draw 'pgf' images; use one of .avif, .eps," in result.stderr

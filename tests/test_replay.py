@@ -176,8 +176,14 @@ def test_out_of_range_warned_once_per_index(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", [c for c in CAPTURES if c != "gemma3.legacy-array-group-idx"])
 def test_check_original_capture_agrees(tmp_path: Path, name: str) -> None:
     rec = capture_recording(tmp_path, name)
+    kinds = {e.get("kv_cache_spec_kind") for e in _vllm_events(name) if e["type"] == "BlockStored"}
     for extra in (["--groups", str(_groups_file(tmp_path, name))], []):
         result = _run(rec, "--check", *extra)
+        if not extra and kinds == {None}:
+            # No metadata, no kind on the wire: nothing to check against (issue 24).
+            assert result.exit_code == 2, result.stdout  # type: ignore[attr-defined]
+            assert "nothing to check the " in result.stderr  # type: ignore[attr-defined]
+            continue
         assert result.exit_code == 0, result.stdout  # type: ignore[attr-defined]
         assert result.stdout == ""  # type: ignore[attr-defined]
         assert "no disagreement" in result.stderr  # type: ignore[attr-defined]
@@ -191,6 +197,27 @@ def test_check_capture_without_kinds_reports_unannotated(tmp_path: Path) -> None
     assert result.stdout.splitlines() == [  # type: ignore[attr-defined]
         f"group {g}: 66 store(s) left unannotated; first at seq 0" for g in range(6)
     ]
+
+
+def test_issue24_check_without_metadata_or_kinds_has_nothing_to_check(tmp_path: Path) -> None:
+    """Issue 24: on the legacy layout without metadata, --check compared the stores with
+    what it learned from them and said '6 group(s) disagree'."""
+    rec = capture_recording(tmp_path, "gemma3.legacy-array-group-idx")
+    result = _run(rec, "--check")
+    assert result.exit_code == 2
+    assert result.stdout == ""  # type: ignore[attr-defined]
+    assert result.stderr.splitlines() == [  # type: ignore[attr-defined]
+        "kvtool: checking: no group metadata; the stores are compared only with each other",
+        "kvtool: --check: nothing to check the 396 stores against: no group metadata, and no "
+        "store carries a kind; give --groups FILE or --group-meta IDX=KIND[:WINDOW]",
+    ]
+    # Stores that say their kind are compared with each other, and say so.
+    ok = _run(capture_recording(tmp_path, "gemma3"), "--check")
+    assert ok.exit_code == 0
+    assert (
+        "checked 396 stores (396 without metadata only against each other (the stores of "
+        "their channel, rank and group)): no disagreement"
+    ) in " ".join(ok.stderr.split())  # type: ignore[attr-defined]
 
 
 def test_check_wrong_table_reports_exactly_the_wrong_groups(tmp_path: Path) -> None:

@@ -379,9 +379,9 @@ def test_group_idx_capture_with_recording_metadata(tmp_path: Path) -> None:
 
 def test_group_flags(tmp_path: Path) -> None:
     rec = record_capture("gemma3.legacy-array-group-idx", tmp_path / "r.mcap")
-    flags = ["--group", "0=full_attention"]
+    flags = ["--group-meta", "0=full_attention"]
     for g in range(1, 6):
-        flags += ["--group", f"{g}=sliding_window:64"]
+        flags += ["--group-meta", f"{g}=sliding_window:64"]
     rep = report_json(str(rec), *flags)
     assert {(r["sliding_window"], r["blocks_stored"]) for r in rep["by_window"]} == {
         (None, 315),

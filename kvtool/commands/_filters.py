@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import TYPE_CHECKING
 
+from kvtool.annotate import kind_label
 from kvtool.errors import UsageError
 from kvtool.text import printable
 
@@ -47,27 +47,29 @@ def check_kinds(kinds: Iterable[str], rp: Replay) -> None:
     Raises:
         UsageError: A misspelt kind, with the closest known names.
     """
-    from kvtool.annotate import KINDS
+    from kvtool.annotate import KINDS, unknown_kind
 
     known = set(KINDS) | set(SPECIAL_KINDS)
     tables = [t for t in getattr(rp, "tables", {}).values() if t is not None]
     if rp.given is not None:
         tables.append(rp.given)
     for table in tables:
-        known.update(str(g.kind) for g in getattr(table, "groups", {}).values())
+        known.update(kind_label(str(g.kind)) for g in getattr(table, "groups", {}).values())
     for r in rp.readers:
         for g in r.groups or []:
             kind = g.get("kind") if isinstance(g, dict) else None
             if isinstance(kind, str):
-                known.add(kind)
+                known.add(kind_label(kind))
     for k in kinds:
         if k in known:
             continue
-        close = difflib.get_close_matches(k, sorted(known), n=2, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise UsageError(
-            f"--kind {printable(k)!r}: not a KV cache kind (vLLM's: {', '.join(KINDS)}; "
-            f"kvtool's: {', '.join(SPECIAL_KINDS)}){hint}"
+            unknown_kind(
+                f"--kind {printable(k)!r}",
+                k,
+                known,
+                extra=f"; kvtool's: {', '.join(SPECIAL_KINDS)}",
+            )
         )
 
 
@@ -140,7 +142,7 @@ def say_if_empty(rp: Replay, env: Env, given: Sequence[tuple[str, str]]) -> None
         n_events += len(batch.events)
         for ev in batch.events:
             if isinstance(ev, BlockStored):
-                kinds.add(ev.kv_cache_spec_kind or "unannotated")
+                kinds.add(kind_label(ev.kv_cache_spec_kind))
     what = f"0 of {n_events:,} events ({rp.stats.messages:,} batches)"
     flags = " ".join(f"{o} {v}" for o, v in given)
     facts = []

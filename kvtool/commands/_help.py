@@ -68,8 +68,9 @@ def _argument_name(param: TyperArgument) -> str:
 
 
 # Old option names kept working but not shown: an option's name here is left out of its
-# help line when the option has another long name (``--group-meta, --group``).
-HIDDEN_ALIASES = frozenset({"--group", "--out", "--replay"})
+# help line when the option has another long name (``--replay-endpoint, --replay``).
+# ``--group`` is no alias any more: it is replay's group filter, and only that (issue 24).
+HIDDEN_ALIASES = frozenset({"--out", "--replay"})
 
 
 def _drop_aliases(param: click.Parameter) -> list[str]:

@@ -55,7 +55,6 @@ GroupMeta = Annotated[
     list[str] | None,
     typer.Option(
         "--group-meta",
-        "--group",
         metavar="IDX=KIND[:WINDOW]",
         help="Group metadata for group IDX; repeat per group.",
     ),

@@ -135,7 +135,6 @@ def diff(
         list[str] | None,
         typer.Option(
             "--group-meta",
-            "--group",
             metavar="IDX=KIND[:WINDOW]",
             help="Group metadata for group IDX, for both sides; repeat per group.",
         ),

@@ -33,8 +33,8 @@ def export(
         bool,
         typer.Option(
             "--force",
-            help="Replace kvtool's own earlier export at OUT (never "
-            "another file, nor a directory kvtool did not write).",
+            help="Replace an existing file at OUT, or a directory kvtool exported to "
+            "(never another directory).",
         ),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary on stderr.")] = False,

@@ -63,7 +63,8 @@ def record(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing kvtool recording.")
+        bool,
+        typer.Option("--force", help="Replace an existing file (when the first batch arrives)."),
     ] = False,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No live status and no summary line.")

@@ -126,7 +126,7 @@ def replay(
         ),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace --output if it is a kvtool recording.")
+        bool, typer.Option("--force", help="Replace an existing --output file.")
     ] = False,
     annotate: Annotated[
         bool,
@@ -471,11 +471,15 @@ def replay(
     ) as rp:
         if (annotate or check) and not quiet:
             verb = "annotating" if annotate else "checking"
-            env.err.print(
-                f"kvtool: {verb} with group metadata from {rp.metadata_source()}",
-                markup=False,
-                highlight=False,
-            )
+            if check and not annotate and all(t is None for t in rp.tables.values()):
+                # Nothing learned from the stores is metadata to check them against.
+                line = (
+                    "kvtool: checking: no group metadata; the stores are compared only with "
+                    "each other"
+                )
+            else:
+                line = f"kvtool: {verb} with group metadata from {rp.metadata_source()}"
+            env.err.print(line, markup=False, highlight=False)
         start_ns = first_log_time(rp)
         check_kinds(sorted(ef.kinds or ()), rp)
         check_time_order(bf.since, bf.until, start_ns, (since, until))
@@ -654,16 +658,34 @@ def _run_check(rp: Replay, env: Env) -> ExitStatus:
     for line in lines:
         env.stdout.write(printable(line) + "\n")
     env.stdout.flush()
-    if not env.quiet:
-        c = rp.checker
-        extra = (
-            f"; {c.stores_without_group} without group_idx (not comparable)"
-            if c.stores_without_group
-            else ""
+    c = rp.checker
+    metadata = any(t is not None for t in rp.tables.values())
+    if c.stores and not (metadata or c.against_each_other):
+        # No metadata and no store that says a kind (the legacy layout): nothing was
+        # compared with anything; neither "no disagreement" nor a disagreement is true.
+        _finish(rp, env, ExitStatus.OK)
+        raise UsageError(
+            f"--check: nothing to check the {c.stores} stores against: no group metadata, and "
+            "no store carries a kind; give --groups FILE or --group-meta IDX=KIND[:WINDOW]"
         )
+    if not env.quiet:
+        parts = []
+        if c.against_metadata:
+            parts.append(f"{c.against_metadata} against the group metadata")
+        if c.against_each_other:
+            parts.append(
+                f"{c.against_each_other} without metadata only against each other (the "
+                "stores of their channel, rank and group)"
+            )
+        if c.unchecked:
+            parts.append(f"{c.unchecked} with no kind and no metadata (nothing to compare)")
+        if c.stores_without_group:
+            parts.append(f"{c.stores_without_group} without group_idx (not comparable)")
         verdict = f"{len(lines)} group(s) disagree" if lines else "no disagreement"
         env.err.print(
-            f"kvtool: checked {c.stores} stores{extra}: {verdict}", markup=False, highlight=False
+            f"kvtool: checked {c.stores} stores ({'; '.join(parts)}): {verdict}",
+            markup=False,
+            highlight=False,
         )
     status = _finish(rp, env, ExitStatus.OK)
     return ExitStatus.FAILED if lines else status

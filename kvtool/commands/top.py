@@ -60,7 +60,7 @@ def top(
         typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
     ] = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing kvtool recording (--record).")
+        bool, typer.Option("--force", help="Replace an existing --record file.")
     ] = False,
     speed: Annotated[
         float,

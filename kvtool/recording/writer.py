@@ -225,8 +225,9 @@ class RecordingWriter:
     """Writes one recording. Use as a context manager; the file is closed properly on exit.
 
     The output follows kvtool's output rule (:mod:`kvtool.outputs`): created exclusively
-    unless ``force`` is set, and ``force`` replaces only a kvtool recording that is not
-    one of ``inputs``. A recording is written in place under an exclusive ``flock`` (a
+    unless ``force`` is set, and ``force`` replaces a regular file that is not one of
+    ``inputs`` (atomically: the new recording takes its place in one rename, over the file
+    still locked). A recording is written in place under an exclusive ``flock`` (a
     second writer of the same path refuses); with ``atomic`` (a copy, ``replay -o``) it is
     written under a temporary name and renamed into place by :meth:`close`. The open
     chunk is closed and the file flushed whenever a write finds ``flush_interval_ns``

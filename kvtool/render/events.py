@@ -9,6 +9,7 @@ import msgspec
 from rich.cells import cell_len
 from rich.text import Text
 
+from kvtool.annotate import kind_label
 from kvtool.protocol import BlockRemoved, BlockStored, Event, event_to_builtins, event_type
 from kvtool.text import printable
 
@@ -275,7 +276,9 @@ def event_line(
     if isinstance(event, BlockStored):
         kind = event.kv_cache_spec_kind
         win = event.kv_cache_spec_sliding_window
-        kind_t = (printable(kind), "cyan") if kind else ("unannotated", "yellow")
+        kind_t = (
+            (printable(kind_label(kind)), "cyan") if kind is not None else ("unannotated", "yellow")
+        )
         win_s = f" w{win}" if win is not None else ""
         kw = wd.pad("kind", kind_t[0] + win_s)
         parts += [(wd.pad("type", tag), "green"), "  ", grp, "  "]
