@@ -75,8 +75,10 @@ def main() -> int:
             tp.append(_wall(plain))
             tw.append(_wall(wi))
         mp, mw = sorted(tp)[len(tp) // 2], sorted(tw)[len(tw) // 2]
-        print(f"== cost on {a.time.name}: plain {mp:.2f} s, --what-if x5 {mw:.2f} s, "
-              f"ratio {mw / mp:.2f}")
+        print(
+            f"== cost on {a.time.name}: plain {mp:.2f} s, --what-if x5 {mw:.2f} s, "
+            f"ratio {mw / mp:.2f}"
+        )
     return 0
 
 
