@@ -211,3 +211,33 @@ def test_issue20_plot_draws_an_image(tmp_path: Path) -> None:
     r = runner.invoke(app, ["report", f, "--what-if", "+20,+200", "--plot", str(png), "-q"])
     assert r.exit_code == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+REC = Path(__file__).resolve().parent.parent / "recordings"
+
+
+def _entry(path: Path, extra: str = "+20", **kw: object) -> dict[str, object]:
+    return what_if([path], parse_what_if(extra), **kw).entries[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("variant", "base", "kw"),
+    [
+        ("gemma3-byteshash", "gemma3", {}),
+        ("gemma3-legacy-group-idx", "gemma3", {"groups_file": REC / "gemma3.groups.json"}),
+        ("full_only-legacy-initial", "full_only", {}),
+    ],
+)
+def test_issue20_every_layout_predicts_the_same(
+    variant: str, base: str, kw: dict[str, object]
+) -> None:
+    """32-byte hashes, array events, the first layout: the same events, the same prediction.
+
+    (The first layout has neither ``group_idx`` nor kinds: its one group is unannotated.)
+    """
+    a = _entry(REC / f"{variant}.mcap", **kw)
+    b = _entry(REC / f"{base}.mcap")
+    assert a["totals"] == b["totals"]
+    assert a["totals"]["blocks_recomputed_saved"] > 0  # type: ignore[index]
+    strip = [{k: v for k, v in r.items() if k != "kind"} for r in a["by_kind"]]  # type: ignore[attr-defined]
+    assert strip == [{k: v for k, v in r.items() if k != "kind"} for r in b["by_kind"]]  # type: ignore[attr-defined]

@@ -15,14 +15,22 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from kvtool.protocol import AllBlocksCleared, BlockRemoved, BlockStored, hash_key
+from kvtool.annotate import Annotation, ChannelRule, event_rank, resolve_groups
+from kvtool.errors import ProtocolError
+from kvtool.inputs import resolve_annotation
+from kvtool.protocol import hash_key
 from kvtool.replay import BatchFilter, Replay
+from kvtool.report.whatif import lean
 from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build
 from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
+from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
 
 I64 = npt.NDArray[np.int64]
 PoolKey = tuple[str, int | None]
@@ -72,97 +80,108 @@ class PoolStream:
 
 
 _NONE = -1  # group_idx None in the event rows
+_RESTART = lean.restart()  # a publisher restart: an event row that clears the pool
+_GROUP = attrgetter("group_idx")
+_HASHES = attrgetter("block_hashes")
+_PARENT = attrgetter("parent_block_hash")
+_TOKENS = attrgetter("token_ids")
+_KIND = attrgetter("kv_cache_spec_kind")
+_WINDOW = attrgetter("kv_cache_spec_sliding_window")
+_SIZE = attrgetter("block_size")
+assert (lean.CODE_STORE, lean.CODE_REMOVE, lean.CODE_CLEAR) == (EV_STORE, EV_REMOVE, EV_CLEAR)
 
 
 class _Columns:
-    """One pool's events as flat rows, appended while the recording is read."""
+    """One pool's events as flat rows, appended batch by batch while the input is read."""
 
     def __init__(self, channel: str, rank: int | None) -> None:
         self.channel = channel
         self.rank = rank
-        self.groups: dict[int | None, GroupInfo] = {}
-        self.ev_type: list[int] = []
-        self.ev_group: list[int] = []
-        self.ev_nh: list[int] = []
-        self.ev_parent: list[object] = []
-        self.ev_ntok: list[int] = []
+        self.codes: list[int] = []
+        self.groups: list[object] = []
+        self.hraws: list[object] = []
+        self.parents: list[object] = []
+        self.traws: list[object] = []
+        self.kinds: list[object] = []
+        self.windows: list[object] = []
+        self.sizes: list[object] = []
         self.ev_batch: list[int] = []
-        self.hashes: list[object] = []
         self.batches = 0
         self.last_seq: int | None = None
         self.seq_regressions = 0
-        self.clears = 0
+        self.info: dict[int | None, GroupInfo] = {}
 
     def batch(self, seq: int, events: Sequence[object]) -> None:
-        """Append one batch's events (the only place what-if reads events)."""
+        """Append one batch's lean events (the only place what-if reads events)."""
         if self.last_seq is not None and seq <= self.last_seq:
             # A publisher restart: a new engine, a new pool.
             self.seq_regressions += 1
-            self._row(EV_CLEAR, _NONE, 0, None, 0)
+            events = [_RESTART, *events]
         self.last_seq = seq
         self.batches += 1
-        groups = self.groups
-        hashes = self.hashes
-        ev_type = self.ev_type
-        ev_group = self.ev_group
-        ev_nh = self.ev_nh
-        ev_parent = self.ev_parent
-        ev_ntok = self.ev_ntok
-        for ev in events:
-            if isinstance(ev, BlockRemoved):
-                g = ev.group_idx
-                hs = ev.block_hashes
-                hashes.extend(hs)
-                ev_type.append(EV_REMOVE)
-                ev_group.append(_NONE if g is None else g)
-                ev_nh.append(len(hs))
-                ev_parent.append(None)
-                ev_ntok.append(0)
-            elif isinstance(ev, BlockStored):
-                g = ev.group_idx
-                info = groups.get(g)
-                if info is None:
-                    info = groups[g] = GroupInfo(g)
-                if ev.kv_cache_spec_kind is not None:
-                    info.kind = ev.kv_cache_spec_kind
-                    info.sliding_window = ev.kv_cache_spec_sliding_window
-                bs = ev.block_size
-                if isinstance(bs, int) and bs > info.block_size:
-                    info.block_size = bs
-                hs = ev.block_hashes
-                hashes.extend(hs)
-                ev_type.append(EV_STORE)
-                ev_group.append(_NONE if g is None else g)
-                ev_nh.append(len(hs))
-                ev_parent.append(ev.parent_block_hash)
-                ev_ntok.append(len(ev.token_ids))
-            elif isinstance(ev, AllBlocksCleared):
-                self.clears += 1
-                self._row(EV_CLEAR, _NONE, 0, None, 0)
-                continue
-        # Every row of this batch carries its number (clears appended theirs already).
-        self.ev_batch.extend([self.batches] * (len(ev_type) - len(self.ev_batch)))
+        self.codes.extend(map(CODES.get, map(type, events)))  # type: ignore[arg-type]
+        self.groups.extend(map(_GROUP, events))
+        self.hraws.extend(map(_HASHES, events))
+        self.parents.extend(map(_PARENT, events))
+        self.traws.extend(map(_TOKENS, events))
+        self.kinds.extend(map(_KIND, events))
+        self.windows.extend(map(_WINDOW, events))
+        self.sizes.extend(map(_SIZE, events))
+        self.ev_batch.extend([self.batches] * len(events))
 
-    def _row(self, t: int, g: int, nh: int, parent: object, ntok: int) -> None:
-        self.ev_type.append(t)
-        self.ev_group.append(g)
-        self.ev_nh.append(nh)
-        self.ev_parent.append(parent)
-        self.ev_ntok.append(ntok)
-        self.ev_batch.append(self.batches)
+    def _group_infos(self, rule: ChannelRule | None) -> None:
+        said: dict[int | None, tuple[object, object]] = {}
+        sizes: dict[int | None, int] = {}
+        stored: set[int | None] = {
+            g if isinstance(g, int) else None
+            for g in compress(self.groups, [c == EV_STORE for c in self.codes])
+        }
+        for g, k, w in set(zip(self.groups, self.kinds, self.windows, strict=True)):
+            if k is not None:
+                said[g if isinstance(g, int) else None] = (k, w)
+        for g, b in set(zip(self.groups, self.sizes, strict=True)):
+            gi = g if isinstance(g, int) else None
+            if isinstance(b, int) and b > sizes.get(gi, 0):
+                sizes[gi] = b
+        for g in sorted({*said, *sizes, *stored}, key=lambda x: (x is None, x or 0)):
+            info = GroupInfo(g, block_size=sizes.get(g, 0))
+            kw = rule.group(g) if rule is not None and g is not None else None
+            if kw is None and g in said:
+                k, w = said[g]
+                kw = (str(k), w if isinstance(w, int) else None)
+            if kw is not None:
+                info.kind, info.sliding_window = kw
+            self.info[g] = info
 
-    def finish(self) -> PoolStream:
-        """Return the pool's kernel arrays."""
-        ev_type = np.array(self.ev_type, np.int64)
-        ev_group = np.array(self.ev_group, np.int64)
-        ev_nh = np.array(self.ev_nh, np.int64)
-        store_groups = sorted(
-            {g for g in self.groups if g is not None}
-        )  # groups that stored, by index
+    def finish(self, rule: ChannelRule | None = None) -> PoolStream:
+        """Return the pool's kernel arrays.
+
+        Args:
+            rule: The annotation rule of the pool's channel and rank (kinds, windows).
+        """
+        ev_type = np.array(self.codes, np.int64)
+        gobj = np.array(self.groups, dtype=object)
+        gobj[gobj == None] = _NONE  # noqa: E711 (elementwise)
+        ev_group = gobj.astype(np.int64)
+        ev_group[ev_type == EV_CLEAR] = _NONE
+        self._group_infos(rule)
+        hbuf, hstarts = _joined(self.hraws)
+        ev_nh = np.maximum(count_arrays(hbuf, hstarts), 0)
+        ev_nh[ev_type == EV_CLEAR] = 0
+        tbuf, tstarts = _joined(self.traws)
+        ev_ntok = np.maximum(count_arrays(tbuf, tstarts), 0)
+        occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
+        if not ok:
+            occ_hash = np.array(
+                [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
+                np.int64,
+            )
+        self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
+        store_groups = sorted(g for g in self.info if g is not None)  # groups that stored
         has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
         removes_none = int(ev_nh[(ev_type == EV_REMOVE) & (ev_group == _NONE)].sum())
         stores_none = int(ev_nh[(ev_type == EV_STORE) & (ev_group == _NONE)].sum())
-        if has_none and len(store_groups) == 1 and None not in self.groups:
+        if has_none and len(store_groups) == 1 and None not in self.info:
             # Removes without group_idx in a one-group pool belong to that group.
             ev_group[ev_group == _NONE] = store_groups[0]
             has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
@@ -170,10 +189,9 @@ class _Columns:
         order: list[int | None] = [*seen, *([None] if has_none else [])]
         lut = {(_NONE if g is None else g): i for i, g in enumerate(order)}
         ev_gpos = _map_small(ev_group, lut)
-        infos = [self.groups.get(g) or GroupInfo(g) for g in order]
+        infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
-        occ_hash = _hash_array(self.hashes)
-        par_hash, par_has = _parent_array(self.ev_parent)
+        par_hash, par_has = _parent_array(self.parents)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
         universe, inv = np.unique(
             np.concatenate([occ_hash, par_hash[par_has]]), return_inverse=True
@@ -194,7 +212,7 @@ class _Columns:
             ev_h0,
             ev_nh,
             ev_parent,
-            np.array(self.ev_ntok, np.int64),
+            ev_ntok.astype(np.int64),
             np.array(self.ev_batch, np.int64),
             occ_hid,
             occ_key.astype(np.int64),
@@ -240,6 +258,16 @@ class _Columns:
         return pool
 
 
+def _joined(raws: list[object]) -> tuple[npt.NDArray[np.uint8], I64]:
+    """The raw msgpack lists joined in one buffer, and where each begins."""
+    lens = np.fromiter(map(len, raws), np.int64, len(raws))  # type: ignore[arg-type]
+    starts = np.zeros(len(raws), np.int64)
+    if len(raws) > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
+    buf = np.frombuffer(b"".join(raws), np.uint8)  # type: ignore[arg-type]
+    return buf, starts
+
+
 def _map_small(values: I64, lut: dict[int, int]) -> I64:
     out = np.zeros(len(values), np.int64)
     for g, i in lut.items():
@@ -256,9 +284,11 @@ def _hash_array(hashes: Sequence[object]) -> I64:
 
 
 def _parent_array(parents: list[object]) -> tuple[I64, npt.NDArray[np.bool_]]:
-    has = np.array([isinstance(p, int | bytes) for p in parents], np.bool_)
-    vals = [p if isinstance(p, int | bytes) else 0 for p in parents]
-    return _hash_array(vals), has
+    obj = np.array(parents, dtype=object)
+    has = obj != None  # noqa: E711 (elementwise)
+    vals = np.zeros(len(parents), np.int64)
+    vals[has] = _hash_array(list(obj[has]))
+    return vals, has
 
 
 def _kernel_kind(kind: str | None) -> int:
@@ -292,22 +322,24 @@ def extract_pools(
         MetadataError: The group metadata is invalid.
     """
     cols: dict[PoolKey, _Columns] = {}
-    with Replay(
-        list(paths),
-        annotate=True,
-        groups_file=groups_file,
-        group_flags=group_flags,
-        batch_filter=batch_filter,
-    ) as rp:
+    with Replay(list(paths), batch_filter=batch_filter) as rp:
+        if groups_file is not None or group_flags:
+            annotation = Annotation(resolve_groups(groups_file, group_flags, None))
+        else:
+            annotation = resolve_annotation(readers=rp.readers)
         for rb in rp:
-            if rb.batch is None:
-                continue
-            key = (rb.message.channel.name, rb.dp_rank)
+            msg = rb.message
+            try:
+                batch_rank, events = lean.decode(msg.data, msg.seq)
+            except ProtocolError:
+                continue  # the report counts and names undecodable payloads
+            rank = event_rank(msg.channel.dp_rank, batch_rank)
+            key = (msg.channel.name, rank)
             c = cols.get(key)
             if c is None:
                 c = cols[key] = _Columns(*key)
-            c.batch(rb.message.seq, rb.events)
-    return [c.finish() for c in cols.values()]
+            c.batch(msg.seq, events)
+    return [c.finish(annotation.rule(c.channel, c.rank)) for c in cols.values()]
 
 
 __all__ = ["GroupInfo", "PoolStream", "extract_pools"]
