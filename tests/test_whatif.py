@@ -241,3 +241,15 @@ def test_issue20_every_layout_predicts_the_same(
     assert a["totals"]["blocks_recomputed_saved"] > 0  # type: ignore[index]
     strip = [{k: v for k, v in r.items() if k != "kind"} for r in a["by_kind"]]  # type: ignore[attr-defined]
     assert strip == [{k: v for k, v in r.items() if k != "kind"} for r in b["by_kind"]]  # type: ignore[attr-defined]
+
+
+def test_issue20_rows_turned_into_arrays_piece_by_piece_agree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extraction bounds memory by flushing rows into arrays; the pieces change nothing."""
+    from kvtool.report.whatif import extract
+
+    f = DATA / "mamba" / SHAPES["mamba"]
+    whole = what_if([f], parse_what_if("+30,+300")).entries
+    monkeypatch.setattr(extract, "_FLUSH", 997)
+    assert what_if([f], parse_what_if("+30,+300")).entries == whole

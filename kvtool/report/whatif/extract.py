@@ -91,12 +91,27 @@ _SIZE = attrgetter("block_size")
 assert (lean.CODE_STORE, lean.CODE_REMOVE, lean.CODE_CLEAR) == (EV_STORE, EV_REMOVE, EV_CLEAR)
 
 
+_FLUSH = 1 << 16
+"""Events kept as Python objects before they are turned into arrays (bounds memory)."""
+
+
 class _Columns:
-    """One pool's events as flat rows, appended batch by batch while the input is read."""
+    """One pool's events as flat rows: lean events per batch, arrays every ``_FLUSH``."""
 
     def __init__(self, channel: str, rank: int | None) -> None:
         self.channel = channel
         self.rank = rank
+        self._reset()
+        self.pieces: list[tuple[I64, ...]] = []
+        self.batches = 0
+        self.last_seq: int | None = None
+        self.seq_regressions = 0
+        self.said: dict[int | None, tuple[object, object]] = {}
+        self.sizes_seen: dict[int | None, int] = {}
+        self.stored: set[int | None] = set()
+        self.info: dict[int | None, GroupInfo] = {}
+
+    def _reset(self) -> None:
         self.codes: list[int] = []
         self.groups: list[object] = []
         self.hraws: list[object] = []
@@ -106,10 +121,6 @@ class _Columns:
         self.windows: list[object] = []
         self.sizes: list[object] = []
         self.ev_batch: list[int] = []
-        self.batches = 0
-        self.last_seq: int | None = None
-        self.seq_regressions = 0
-        self.info: dict[int | None, GroupInfo] = {}
 
     def batch(self, seq: int, events: Sequence[object]) -> None:
         """Append one batch's lean events (the only place what-if reads events)."""
@@ -128,22 +139,50 @@ class _Columns:
         self.windows.extend(map(_WINDOW, events))
         self.sizes.extend(map(_SIZE, events))
         self.ev_batch.extend([self.batches] * len(events))
+        if len(self.codes) >= _FLUSH:
+            self._flush()
 
-    def _group_infos(self, rule: ChannelRule | None) -> None:
-        said: dict[int | None, tuple[object, object]] = {}
-        sizes: dict[int | None, int] = {}
-        stored: set[int | None] = {
-            g if isinstance(g, int) else None
-            for g in compress(self.groups, [c == EV_STORE for c in self.codes])
-        }
+    def _flush(self) -> None:
+        """Turn the rows kept so far into arrays (one piece) and note what groups said."""
+        if not self.codes:
+            return
         for g, k, w in set(zip(self.groups, self.kinds, self.windows, strict=True)):
             if k is not None:
-                said[g if isinstance(g, int) else None] = (k, w)
+                self.said[g if isinstance(g, int) else None] = (k, w)
         for g, b in set(zip(self.groups, self.sizes, strict=True)):
             gi = g if isinstance(g, int) else None
-            if isinstance(b, int) and b > sizes.get(gi, 0):
-                sizes[gi] = b
-        for g in sorted({*said, *sizes, *stored}, key=lambda x: (x is None, x or 0)):
+            if isinstance(b, int) and b > self.sizes_seen.get(gi, 0):
+                self.sizes_seen[gi] = b
+        self.stored.update(
+            g if isinstance(g, int) else None
+            for g in compress(self.groups, [c == EV_STORE for c in self.codes])
+        )
+        ev_type = np.array(self.codes, np.int64)
+        gobj = np.array(self.groups, dtype=object)
+        gobj[gobj == None] = _NONE  # noqa: E711 (elementwise)
+        ev_group = gobj.astype(np.int64)
+        ev_group[ev_type == EV_CLEAR] = _NONE
+        hbuf, hstarts = _joined(self.hraws)
+        ev_nh = np.maximum(count_arrays(hbuf, hstarts), 0)
+        ev_nh[ev_type == EV_CLEAR] = 0
+        tbuf, tstarts = _joined(self.traws)
+        ev_ntok = np.maximum(count_arrays(tbuf, tstarts), 0)
+        occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
+        if not ok:
+            occ_hash = np.array(
+                [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
+                np.int64,
+            )
+        par_hash, par_has = _parent_array(self.parents)
+        batch = np.array(self.ev_batch, np.int64)
+        self.pieces.append(
+            (ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has.astype(np.int64), batch)
+        )
+        self._reset()
+
+    def _group_infos(self, rule: ChannelRule | None) -> None:
+        said, sizes = self.said, self.sizes_seen
+        for g in sorted({*said, *sizes, *self.stored}, key=lambda x: (x is None, x or 0)):
             info = GroupInfo(g, block_size=sizes.get(g, 0))
             kw = rule.group(g) if rule is not None and g is not None else None
             if kw is None and g in said:
@@ -159,23 +198,17 @@ class _Columns:
         Args:
             rule: The annotation rule of the pool's channel and rank (kinds, windows).
         """
-        ev_type = np.array(self.codes, np.int64)
-        gobj = np.array(self.groups, dtype=object)
-        gobj[gobj == None] = _NONE  # noqa: E711 (elementwise)
-        ev_group = gobj.astype(np.int64)
-        ev_group[ev_type == EV_CLEAR] = _NONE
+        self._flush()
         self._group_infos(rule)
-        hbuf, hstarts = _joined(self.hraws)
-        ev_nh = np.maximum(count_arrays(hbuf, hstarts), 0)
-        ev_nh[ev_type == EV_CLEAR] = 0
-        tbuf, tstarts = _joined(self.traws)
-        ev_ntok = np.maximum(count_arrays(tbuf, tstarts), 0)
-        occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
-        if not ok:
-            occ_hash = np.array(
-                [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
-                np.int64,
-            )
+        cols = [
+            np.concatenate(c) if c else np.zeros(0, np.int64)
+            for c in zip(*self.pieces, strict=True)
+        ]
+        if not cols:
+            cols = [np.zeros(0, np.int64)] * 8
+        ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
+        par_has = par_has_i.astype(np.bool_)
+        self.pieces = []
         self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
         store_groups = sorted(g for g in self.info if g is not None)  # groups that stored
         has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
@@ -191,7 +224,6 @@ class _Columns:
         ev_gpos = _map_small(ev_group, lut)
         infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
-        par_hash, par_has = _parent_array(self.parents)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
         universe, inv = np.unique(
             np.concatenate([occ_hash, par_hash[par_has]]), return_inverse=True
@@ -213,7 +245,7 @@ class _Columns:
             ev_nh,
             ev_parent,
             ev_ntok.astype(np.int64),
-            np.array(self.ev_batch, np.int64),
+            ev_batch,
             occ_hid,
             occ_key.astype(np.int64),
             ucodes.astype(np.int64),
