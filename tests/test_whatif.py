@@ -253,3 +253,15 @@ def test_issue20_rows_turned_into_arrays_piece_by_piece_agree(
     whole = what_if([f], parse_what_if("+30,+300")).entries
     monkeypatch.setattr(extract, "_FLUSH", 997)
     assert what_if([f], parse_what_if("+30,+300")).entries == whole
+
+
+def test_issue20_lost_batches_and_orphans_are_conditions() -> None:
+    """A recording whose recorder lost batches: the eviction order is incomplete, said so."""
+    r = runner.invoke(
+        app, ["report", str(REC / "gemma3-gaps.mcap"), "--what-if", "+10", "-f", "json"]
+    )
+    assert r.exit_code == 3, r.stderr  # lost batches: exit 3, as every reading command
+    entry = json.loads(r.stdout)["what_if"][0]
+    names = [c["condition"] for c in entry["conditions"]]
+    assert "lost_batches" in names and "orphan_removes" in names
+    assert "the eviction order is incomplete" in r.stderr

@@ -115,8 +115,18 @@ def _kind(info: GroupInfo) -> str:
     return info.kind or UNANNOTATED
 
 
-def _conditions(pool: PoolStream, lost: Sequence[str], evictions: int) -> list[dict[str, str]]:
+def _conditions(
+    pool: PoolStream, lost: Sequence[str], evictions: int, orphans: int = 0
+) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
+    if orphans:
+        out.append(
+            {
+                "condition": "orphan_removes",
+                "detail": f"{orphans} removed blocks were not live (the stream began mid-way "
+                "or batches were lost): evictions before the recording are not in the order",
+            }
+        )
     for line in lost:
         out.append(
             {"condition": "lost_batches", "detail": f"{line}: the eviction order is incomplete"}
@@ -222,8 +232,13 @@ def _rows(
 
 
 def _run(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int]:
+    rc, hit, _orphans = _simulate(pool, extra, rejoin)
+    return rc, hit
+
+
+def _simulate(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int, int]:
     a = pool.arrays
-    rc, _dup, _saved, _stores, _first, hit = simulate(
+    rc, _dup, _saved, _stores, _first, hit, orphans = simulate(
         a["op_kind"],
         a["op_a"],
         a["op_depth"],
@@ -243,7 +258,7 @@ def _run(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int]:
         extra,
         rejoin,
     )
-    return rc, int(hit)
+    return rc, int(hit), int(orphans)
 
 
 def predict(
@@ -272,10 +287,10 @@ def predict(
     if why is not None:
         raise WhatIfRefused(why)
     evictions = int((pool.arrays["op_kind"] == 1).sum())
-    conditions = _conditions(pool, lost, evictions)
+    recorded, _, orphans = _simulate(pool, 0, True)
+    conditions = _conditions(pool, lost, evictions, orphans)
     mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
     block_size = max([g.block_size for g in pool.groups] + [1])
-    recorded, _ = _run(pool, 0, True)
     out: list[dict[str, object]] = []
     done: set[int] = set()
     for e in extras:
