@@ -127,9 +127,13 @@ def _conditions(
                 "or batches were lost): evictions before the recording are not in the order",
             }
         )
-    for line in lost:
+    if lost:
         out.append(
-            {"condition": "lost_batches", "detail": f"{line}: the eviction order is incomplete"}
+            {
+                "condition": "lost_batches",
+                "detail": "batches are missing from the recording, so the eviction order is "
+                "incomplete: " + "; ".join(lost).replace("were lost while recording", "missing"),
+            }
         )
     if pool.removes_without_group:
         out.append(
