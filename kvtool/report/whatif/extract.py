@@ -120,6 +120,7 @@ class _Columns:
         self.kinds: list[object] = []
         self.windows: list[object] = []
         self.sizes: list[object] = []
+        self.sgroups: list[object] = []
         self.ev_batch: list[int] = []
 
     def batch(self, seq: int, events: Sequence[object]) -> None:
@@ -130,14 +131,18 @@ class _Columns:
             events = [_RESTART, *events]
         self.last_seq = seq
         self.batches += 1
-        self.codes.extend(map(CODES.get, map(type, events)))  # type: ignore[arg-type]
+        codes: list[int] = list(map(CODES.__getitem__, map(type, events)))
+        self.codes.extend(codes)
         self.groups.extend(map(_GROUP, events))
         self.hraws.extend(map(_HASHES, events))
-        self.parents.extend(map(_PARENT, events))
-        self.traws.extend(map(_TOKENS, events))
-        self.kinds.extend(map(_KIND, events))
-        self.windows.extend(map(_WINDOW, events))
-        self.sizes.extend(map(_SIZE, events))
+        # Parents, tokens, kinds and sizes only matter on stores (most events are removes).
+        stores = list(compress(events, [c == EV_STORE for c in codes]))
+        self.parents.extend(map(_PARENT, stores))
+        self.traws.extend(map(_TOKENS, stores))
+        self.kinds.extend(map(_KIND, stores))
+        self.windows.extend(map(_WINDOW, stores))
+        self.sizes.extend(map(_SIZE, stores))
+        self.sgroups.extend(map(_GROUP, stores))
         self.ev_batch.extend([self.batches] * len(events))
         if len(self.codes) >= _FLUSH:
             self._flush()
@@ -146,17 +151,14 @@ class _Columns:
         """Turn the rows kept so far into arrays (one piece) and note what groups said."""
         if not self.codes:
             return
-        for g, k, w in set(zip(self.groups, self.kinds, self.windows, strict=True)):
+        for g, k, w in set(zip(self.sgroups, self.kinds, self.windows, strict=True)):
             if k is not None:
                 self.said[g if isinstance(g, int) else None] = (k, w)
-        for g, b in set(zip(self.groups, self.sizes, strict=True)):
+        for g, b in set(zip(self.sgroups, self.sizes, strict=True)):
             gi = g if isinstance(g, int) else None
+            self.stored.add(gi)
             if isinstance(b, int) and b > self.sizes_seen.get(gi, 0):
                 self.sizes_seen[gi] = b
-        self.stored.update(
-            g if isinstance(g, int) else None
-            for g in compress(self.groups, [c == EV_STORE for c in self.codes])
-        )
         ev_type = np.array(self.codes, np.int64)
         gobj = np.array(self.groups, dtype=object)
         gobj[gobj == None] = _NONE  # noqa: E711 (elementwise)
@@ -166,14 +168,20 @@ class _Columns:
         ev_nh = np.maximum(count_arrays(hbuf, hstarts), 0)
         ev_nh[ev_type == EV_CLEAR] = 0
         tbuf, tstarts = _joined(self.traws)
-        ev_ntok = np.maximum(count_arrays(tbuf, tstarts), 0)
+        ev_ntok = np.zeros(len(ev_type), np.int64)
+        is_store = ev_type == EV_STORE
+        ev_ntok[is_store] = np.maximum(count_arrays(tbuf, tstarts), 0)
         occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
         if not ok:
             occ_hash = np.array(
                 [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
                 np.int64,
             )
-        par_hash, par_has = _parent_array(self.parents)
+        s_hash, s_has = _parent_array(self.parents)
+        par_hash = np.zeros(len(ev_type), np.int64)
+        par_has = np.zeros(len(ev_type), np.bool_)
+        par_hash[is_store] = s_hash
+        par_has[is_store] = s_has
         batch = np.array(self.ev_batch, np.int64)
         self.pieces.append(
             (ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has.astype(np.int64), batch)
