@@ -88,20 +88,27 @@ def build(
     tail_req = np.full(n_hid, -1, np.int64)
     tail_gen = np.full(n_hid, -1, np.int64)
     gen = 0
-    # pass 1: base ops and records
-    b_kind = np.empty(n_occ + n_ev, np.int64)
-    b_a = np.empty(n_occ + n_ev, np.int64)
-    b_depth = np.zeros(n_occ + n_ev, np.int64)
-    b_group = np.zeros(n_occ + n_ev, np.int64)
-    b_rec = np.full(n_occ + n_ev, -1, np.int64)
+    # pass 1: base ops (one per hash, one per clear) and records (at most one per store)
+    n_base = n_occ
+    n_stores = 0
+    for e in range(n_ev):
+        if ev_type[e] == EV_CLEAR:
+            n_base += 1
+        elif ev_type[e] == EV_STORE:
+            n_stores += 1
+    b_kind = np.empty(n_base, np.int64)
+    b_a = np.empty(n_base, np.int64)
+    b_depth = np.zeros(n_base, np.int64)
+    b_group = np.zeros(n_base, np.int64)
+    b_rec = np.full(n_base, -1, np.int64)
     nb = 0
-    rec_req = np.empty(n_ev + 1, np.int64)
-    rec_batch = np.empty(n_ev + 1, np.int64)
-    rec_base = np.empty(n_ev + 1, np.int64)
-    rec_end = np.empty(n_ev + 1, np.int64)
-    rec_h0 = np.full(n_ev + 1, -1, np.int64)
-    rec_nh = np.zeros(n_ev + 1, np.int64)
-    rec_pos = np.empty(n_ev + 1, np.int64)
+    rec_req = np.empty(n_stores + 1, np.int64)
+    rec_batch = np.empty(n_stores + 1, np.int64)
+    rec_base = np.empty(n_stores + 1, np.int64)
+    rec_end = np.empty(n_stores + 1, np.int64)
+    rec_h0 = np.full(n_stores + 1, -1, np.int64)
+    rec_nh = np.zeros(n_stores + 1, np.int64)
+    rec_pos = np.empty(n_stores + 1, np.int64)
     n_rec = 0
     n_req = 0
     cur = -1
