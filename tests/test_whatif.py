@@ -265,3 +265,26 @@ def test_issue20_lost_batches_and_orphans_are_conditions() -> None:
     names = [c["condition"] for c in entry["conditions"]]
     assert "lost_batches" in names and "orphan_removes" in names
     assert "the eviction order is incomplete" in r.stderr
+
+
+def test_issue20_pool_blocks_shows_live_and_peak_as_a_share_of_the_pool() -> None:
+    """Item 2: --pool-blocks N (num_gpu_blocks; block 0 is vLLM's null block)."""
+    f = str(REC / "whatif-gemma3.mcap")
+    r = runner.invoke(app, ["report", f, "--pool-blocks", "600", "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pool"] == {
+        "pool_blocks": 600,
+        "usable_blocks": 599,
+        "live_blocks_end": out["totals"]["live_blocks_end"],
+        "live_share": round(out["totals"]["live_blocks_end"] / 599, 4),
+        "peak_live_blocks": out["totals"]["peak_live_blocks"],
+        "peak_share": round(out["totals"]["peak_live_blocks"] / 599, 4),
+    }
+    t = runner.invoke(app, ["report", f, "--pool-blocks", "600"], env={"COLUMNS": "80"})
+    assert "pool 600 blocks (599 usable): live at end 593 (99 %), peak 593 (99 %)" in t.stdout
+    two = runner.invoke(
+        app, ["report", f, str(REC / "gemma3.mcap"), "--pool-blocks", "600", "-f", "json"]
+    )
+    assert two.exit_code == 0 and "pool" not in json.loads(two.stdout)
+    assert "need one pool" in two.stderr
