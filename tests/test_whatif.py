@@ -288,3 +288,28 @@ def test_issue20_pool_blocks_shows_live_and_peak_as_a_share_of_the_pool() -> Non
     )
     assert two.exit_code == 0 and "pool" not in json.loads(two.stdout)
     assert "need one pool" in two.stderr
+
+
+def test_issue20_publisher_restart_starts_the_pool_afresh(tmp_path: Path) -> None:
+    """A seq going backwards is a new engine: a condition, and the ghost list is emptied."""
+    import msgspec
+
+    from kvtool.recording import RecordingWriter
+
+    enc = msgspec.msgpack.Encoder()
+    fa = {"group": 0, "kind": "full_attention"}
+    batches = [
+        (0, [stored([1, 2, 3], **fa)]),
+        (1, [removed([3, 2, 1], 0)]),
+        (0, [stored([1, 2, 3], **fa)]),  # the engine restarted: its cache is empty
+    ]
+    path = tmp_path / "restart.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        for i, (seq, events) in enumerate(batches):
+            w.write(ch, seq, enc.encode([1.0 + i, events, 0]), log_time=1_000_000_000 * (i + 1))
+    entry = what_if([path], parse_what_if("+3")).entries[0]
+    names = [c["condition"] for c in entry["conditions"]]  # type: ignore[attr-defined]
+    assert "publisher_restart" in names
+    # The blocks evicted before the restart are gone at any size: nothing is saved.
+    assert entry["totals"]["blocks_recomputed_saved"] == 0  # type: ignore[index]
