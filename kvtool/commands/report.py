@@ -177,7 +177,8 @@ def report(
             min=2,
             metavar="N",
             show_default=False,
-            help="The engine's num_gpu_blocks (vllm:cache_config_info), per pool.",
+            help="The engine's num_gpu_blocks (vllm:cache_config_info): live and peak "
+            "blocks as a share of it, and +P% for --what-if.",
         ),
     ] = None,
 ) -> ExitStatus:
@@ -300,8 +301,29 @@ def report(
         shown = rep
     buf = io.StringIO() if out is not None else None
     stream = buf if buf is not None else env.stdout
+    pool = None
+    if pool_blocks is not None:
+        from kvtool.render.whatif import pool_occupancy
+
+        channels = rep.source.get("channels")
+        if isinstance(channels, list) and len(channels) == 1:
+            pool = pool_occupancy(
+                rep.totals.to_dicts()[0] if rep.totals.height else {}, pool_blocks
+            )
+        else:
+            env.err.print(
+                "kvtool: --pool-blocks: live and peak shares need one pool (one channel); "
+                "the input has several",
+                markup=False,
+                highlight=False,
+            )
     if format is ReportFormat.json:
-        render_json(shown, stream, what_if=wi.entries if wi is not None else None)
+        extra: dict[str, object] = {}
+        if wi is not None:
+            extra["what_if"] = wi.entries
+        if pool is not None:
+            extra["pool"] = pool
+        render_json(shown, stream, extra=extra)
     elif format is ReportFormat.csv:
         render_csv(shown, stream, tables)
     elif format is ReportFormat.markdown:
@@ -311,6 +333,10 @@ def report(
 
         console = Console(file=buf, width=200, soft_wrap=True) if buf is not None else env.out
         render_table(shown, console, tables, cols or DEFAULT_COLUMNS)
+        if pool is not None:
+            from kvtool.render.whatif import pool_line
+
+            console.print(pool_line(pool), markup=False, highlight=False, soft_wrap=True)
         if wi is not None:
             from kvtool.render.tables import print_prose
             from kvtool.render.whatif import condition_lines, what_if_lines

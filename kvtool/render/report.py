@@ -190,20 +190,19 @@ def render_table(
         print_prose(console, f"finding: {printable(line)}")
 
 
-def render_json(
-    report: Report, stream: TextIO, *, what_if: list[dict[str, object]] | None = None
-) -> None:
+def render_json(report: Report, stream: TextIO, *, extra: dict[str, object] | None = None) -> None:
     """Write the JSON contract: ``{"source", "totals", "by_kind", "by_window", "by_group"}``.
 
     Args:
         report: The report.
         stream: Where to write.
-        what_if: ``--what-if`` entries, written as the top-level ``what_if`` list.
+        extra: More top-level keys (``what_if`` of ``--what-if``, ``pool`` of
+            ``--pool-blocks``).
     """
     out = report.to_dict()
     out["source"] = {**report.source, "findings": list(report.findings)}
-    if what_if is not None:
-        out["what_if"] = what_if
+    if extra:
+        out.update(extra)
     json.dump(out, stream, indent=2)
     stream.write("\n")
 

@@ -94,4 +94,50 @@ def condition_lines(entries: Sequence[dict[str, object]]) -> list[str]:
     return out
 
 
-__all__ = ["condition_lines", "what_if_lines"]
+def pool_occupancy(totals: dict[str, object], pool_blocks: int) -> dict[str, object]:
+    """Live and peak blocks as a share of one engine's pool (``--pool-blocks``).
+
+    vLLM's block 0 is the null block: ``pool_blocks - 1`` blocks hold cached entries.
+
+    Args:
+        totals: The report's totals row.
+        pool_blocks: The engine's ``num_gpu_blocks``.
+
+    Returns:
+        The JSON ``pool`` object: ``pool_blocks``, ``usable_blocks``, ``live_blocks_end``,
+        ``live_share``, ``peak_live_blocks``, ``peak_share`` (shares of the usable blocks).
+    """
+    usable = max(pool_blocks - 1, 1)
+    live = totals.get("live_blocks_end")
+    peak = totals.get("peak_live_blocks")
+    out: dict[str, object] = {"pool_blocks": pool_blocks, "usable_blocks": usable}
+    for name, v in (("live", live), ("peak", peak)):
+        key = "live_blocks_end" if name == "live" else "peak_live_blocks"
+        out[key] = v if isinstance(v, int) else None
+        out[f"{name}_share"] = round(v / usable, 4) if isinstance(v, int) else None
+    return out
+
+
+def pool_line(pool: dict[str, object]) -> str:
+    """One line: ``pool 600 blocks (599 usable): live at end 593 (99 %), peak 593 (99 %)``.
+
+    Args:
+        pool: :func:`pool_occupancy`'s object.
+
+    Returns:
+        The line.
+    """
+    parts = []
+    for label, key, share in (
+        ("live at end", "live_blocks_end", "live_share"),
+        ("peak", "peak_live_blocks", "peak_share"),
+    ):
+        v, sh = pool.get(key), pool.get(share)
+        if isinstance(v, int) and isinstance(sh, float):
+            parts.append(f"{label} {v:,} ({round(sh * 100)} %)")
+    return f"pool {pool['pool_blocks']:,} blocks ({pool['usable_blocks']:,} usable): " + ", ".join(
+        parts
+    )
+
+
+__all__ = ["condition_lines", "pool_line", "pool_occupancy", "what_if_lines"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,11 +116,25 @@ def _kind(info: GroupInfo) -> str:
     return info.kind or UNANNOTATED
 
 
-def _conditions(pool: PoolStream, lost: Sequence[str], evictions: int) -> list[dict[str, str]]:
+def _conditions(
+    pool: PoolStream, lost: Sequence[str], evictions: int, orphans: int = 0
+) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
-    for line in lost:
+    if orphans:
         out.append(
-            {"condition": "lost_batches", "detail": f"{line}: the eviction order is incomplete"}
+            {
+                "condition": "orphan_removes",
+                "detail": f"{orphans} removed blocks were not live (the stream began mid-way "
+                "or batches were lost): evictions before the recording are not in the order",
+            }
+        )
+    if lost:
+        out.append(
+            {
+                "condition": "lost_batches",
+                "detail": "batches are missing from the recording, so the eviction order is "
+                "incomplete: " + "; ".join(lost).replace("were lost while recording", "missing"),
+            }
         )
     if pool.removes_without_group:
         out.append(
@@ -222,8 +237,13 @@ def _rows(
 
 
 def _run(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int]:
+    rc, hit, _orphans = _simulate(pool, extra, rejoin)
+    return rc, hit
+
+
+def _simulate(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int, int]:
     a = pool.arrays
-    rc, _dup, _saved, _stores, _first, hit = simulate(
+    rc, _dup, _saved, _stores, _first, hit, orphans = simulate(
         a["op_kind"],
         a["op_a"],
         a["op_depth"],
@@ -243,7 +263,7 @@ def _run(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, int]:
         extra,
         rejoin,
     )
-    return rc, int(hit)
+    return rc, int(hit), int(orphans)
 
 
 def predict(
@@ -271,13 +291,7 @@ def predict(
     why = _refusal(pool)
     if why is not None:
         raise WhatIfRefused(why)
-    evictions = int((pool.arrays["op_kind"] == 1).sum())
-    conditions = _conditions(pool, lost, evictions)
-    mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
-    block_size = max([g.block_size for g in pool.groups] + [1])
-    recorded, _ = _run(pool, 0, True)
-    out: list[dict[str, object]] = []
-    done: set[int] = set()
+    sizes: list[tuple[Extra, int]] = []
     for e in extras:
         k = e.resolve(pool_blocks)
         if k is None:
@@ -285,14 +299,23 @@ def predict(
                 f"--what-if {e.text}: the pool size of {pool.channel} is unknown; "
                 "give --pool-blocks N (vllm:cache_config_info num_gpu_blocks) or K in blocks"
             )
-        if k in done:
-            continue  # +60 and +10% of 600 are one prediction
-        done.add(k)
-        pred, hit = _run(pool, k, True)
-        band = None
-        if mamba:
-            alt, _ = _run(pool, k, False)
-            band = (alt, pred)
+        if all(k != done for _e, done in sizes):  # +60 and +10% of 600 are one prediction
+            sizes.append((e, k))
+    mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
+    jobs = [(0, True)] + [(k, True) for _e, k in sizes]
+    if mamba:
+        jobs += [(k, False) for _e, k in sizes]
+    # The kernel runs without the GIL: the replays of one pool run side by side.
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as ex:
+        runs = dict(zip(jobs, ex.map(lambda j: _simulate(pool, *j), jobs), strict=True))
+    recorded, _, orphans = runs[(0, True)]
+    evictions = int((pool.arrays["op_kind"] == 1).sum())
+    conditions = _conditions(pool, lost, evictions, orphans)
+    block_size = max([g.block_size for g in pool.groups] + [1])
+    out: list[dict[str, object]] = []
+    for e, k in sizes:
+        pred, hit, _ = runs[(k, True)]
+        band = (runs[(k, False)][0], pred) if mamba else None
         tokens = hit * block_size
         entry: dict[str, object] = {
             "channel": pool.channel,

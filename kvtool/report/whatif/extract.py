@@ -1,10 +1,12 @@
 """What-if input: each pool's event order as numpy arrays, built once from the recordings.
 
-The one extraction step (:func:`extract_pools`) iterates :class:`kvtool.replay.Replay`
-(msgspec decoding, the reference decoder) and keeps, per pool (channel, rank), flat
-integer arrays: ops (store, remove, clear, record start), keys (group, hash) interned to
-integers, and the requests rebuilt from parent hashes. It is the only place that reads
-events for what-if, so a columnar decoder can replace it without touching the kernel.
+:func:`extract_pools` is the one extraction step. It iterates :class:`kvtool.replay.Replay`
+(msgspec, the reference decoder) and keeps per pool (channel, rank) one row per event
+and one per hash in flat lists; everything after that is numpy and the numba kernel
+:func:`kvtool.report.whatif.build.build`, which interns (group, hash) keys, rebuilds
+requests from parent hashes and lays out the ops :func:`kvtool.report.whatif.kernel.simulate`
+replays. Only :func:`_Columns.batch` reads events, so a columnar decoder can replace
+it without touching the kernels.
 """
 
 from __future__ import annotations
@@ -13,21 +15,22 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import attrgetter
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from kvtool.protocol import AllBlocksCleared, BlockRemoved, BlockStored, hash_key
+from kvtool.annotate import Annotation, ChannelRule, event_rank, resolve_groups
+from kvtool.errors import ProtocolError
+from kvtool.inputs import resolve_annotation
+from kvtool.protocol import hash_key
 from kvtool.replay import BatchFilter, Replay
-from kvtool.report.whatif.kernel import (
-    KIND_FULL,
-    KIND_MAMBA,
-    KIND_SLIDING,
-    OP_CLEAR,
-    OP_RECORD,
-    OP_REMOVE,
-    OP_STORE,
-)
+from kvtool.report.whatif import lean
+from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build
+from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
+from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
 
 I64 = npt.NDArray[np.int64]
 PoolKey = tuple[str, int | None]
@@ -60,6 +63,7 @@ class PoolStream:
         seq_regressions: Times the publisher's seq went backwards (restarts or merges).
         clears: ``AllBlocksCleared`` events.
         requests: Requests rebuilt from parent hashes.
+        batches: Batches of the pool.
     """
 
     channel: str
@@ -75,239 +79,207 @@ class PoolStream:
     batches: int = 0
 
 
-class _Builder:
-    """Accumulates one pool's ops while the recording is read."""
+_NONE = -1  # group_idx None in the event rows
+_RESTART = lean.restart()  # a publisher restart: an event row that clears the pool
+_GROUP = attrgetter("group_idx")
+_HASHES = attrgetter("block_hashes")
+_PARENT = attrgetter("parent_block_hash")
+_TOKENS = attrgetter("token_ids")
+_KIND = attrgetter("kv_cache_spec_kind")
+_WINDOW = attrgetter("kv_cache_spec_sliding_window")
+_SIZE = attrgetter("block_size")
+assert (lean.CODE_STORE, lean.CODE_REMOVE, lean.CODE_CLEAR) == (EV_STORE, EV_REMOVE, EV_CLEAR)
+
+
+_FLUSH = 1 << 16
+"""Events kept as Python objects before they are turned into arrays (bounds memory)."""
+
+
+class _Columns:
+    """One pool's events as flat rows: lean events per batch, arrays every ``_FLUSH``."""
 
     def __init__(self, channel: str, rank: int | None) -> None:
         self.channel = channel
         self.rank = rank
-        self.groups: dict[int | None, GroupInfo] = {}
-        self.keys: dict[tuple[int | None, int], int] = {}
-        self.key_group: list[int | None] = []
-        self.op_kind: list[int] = []
-        self.op_a: list[int] = []
-        self.op_depth: list[int] = []
-        self.op_group: list[int | None] = []
-        self.op_rec: list[int] = []
-        self.inserts: list[tuple[int, int]] = []
-        self.depth: dict[int, int] = {}
-        self.tail_of: dict[int, int] = {}
-        self.req_recs: list[list[int]] = []
-        self.rec_req: list[int] = []
-        self.rec_batch: list[int] = []
-        self.rec_base: list[int] = []
-        self.rec_end: list[int] = []
-        self.rec_hashes: list[list[int] | None] = []
+        self._reset()
+        self.pieces: list[tuple[I64, ...]] = []
         self.batches = 0
         self.last_seq: int | None = None
         self.seq_regressions = 0
-        self.removes_without_group = 0
-        self.stores_without_group = 0
-        self.clears = 0
+        self.said: dict[int | None, tuple[object, object]] = {}
+        self.sizes_seen: dict[int | None, int] = {}
+        self.stored: set[int | None] = set()
+        self.info: dict[int | None, GroupInfo] = {}
 
-    def _key(self, group: int | None, h: int) -> int:
-        k = (group, h)
-        v = self.keys.get(k)
-        if v is None:
-            v = self.keys[k] = len(self.key_group)
-            self.key_group.append(group)
-        return v
+    def _reset(self) -> None:
+        self.codes: list[int] = []
+        self.groups: list[object] = []
+        self.hraws: list[object] = []
+        self.parents: list[object] = []
+        self.traws: list[object] = []
+        self.kinds: list[object] = []
+        self.windows: list[object] = []
+        self.sizes: list[object] = []
+        self.sgroups: list[object] = []
+        self.ev_batch: list[int] = []
 
     def batch(self, seq: int, events: Sequence[object]) -> None:
+        """Append one batch's lean events (the only place what-if reads events)."""
         if self.last_seq is not None and seq <= self.last_seq:
             # A publisher restart: a new engine, a new pool.
             self.seq_regressions += 1
-            self.tail_of.clear()
-            self._op(OP_CLEAR, -1, 0, None, -1)
+            events = [_RESTART, *events]
         self.last_seq = seq
         self.batches += 1
-        b = self.batches
-        cur: tuple[int, int | None, int | None, set[int | None]] | None = None
-        lookup_pos = len(self.op_kind)
-        for ev in events:
-            if isinstance(ev, BlockRemoved):
-                cur = None
-                g = ev.group_idx
-                if g is None:
-                    self.removes_without_group += len(ev.block_hashes)
-                for h in ev.block_hashes:
-                    self._op(OP_REMOVE, self._key(g, hash_key(h)), 0, g, -1)
-            elif isinstance(ev, AllBlocksCleared):
-                cur = None
-                self.clears += 1
-                self.tail_of.clear()
-                self._op(OP_CLEAR, -1, 0, None, -1)
-                lookup_pos = len(self.op_kind)
-            elif isinstance(ev, BlockStored):
-                cur = self._store(ev, b, cur, lookup_pos)
-                lookup_pos = len(self.op_kind)
+        codes: list[int] = list(map(CODES.__getitem__, map(type, events)))
+        self.codes.extend(codes)
+        self.groups.extend(map(_GROUP, events))
+        self.hraws.extend(map(_HASHES, events))
+        # Parents, tokens, kinds and sizes only matter on stores (most events are removes).
+        stores = list(compress(events, [c == EV_STORE for c in codes]))
+        self.parents.extend(map(_PARENT, stores))
+        self.traws.extend(map(_TOKENS, stores))
+        self.kinds.extend(map(_KIND, stores))
+        self.windows.extend(map(_WINDOW, stores))
+        self.sizes.extend(map(_SIZE, stores))
+        self.sgroups.extend(map(_GROUP, stores))
+        self.ev_batch.extend([self.batches] * len(events))
+        if len(self.codes) >= _FLUSH:
+            self._flush()
 
-    def _op(self, kind: int, a: int, depth: int, group: int | None, rec: int) -> None:
-        self.op_kind.append(kind)
-        self.op_a.append(a)
-        self.op_depth.append(depth)
-        self.op_group.append(group)
-        self.op_rec.append(rec)
-
-    def _store(
-        self,
-        ev: BlockStored,
-        b: int,
-        cur: tuple[int, int | None, int | None, set[int | None]] | None,
-        lookup_pos: int,
-    ) -> tuple[int, int | None, int | None, set[int | None]]:
-        g = ev.group_idx
-        info = self.groups.get(g)
-        if info is None:
-            info = self.groups[g] = GroupInfo(g)
-        if ev.kv_cache_spec_kind is not None:
-            info.kind = ev.kv_cache_spec_kind
-            info.sliding_window = ev.kv_cache_spec_sliding_window
-        if isinstance(ev.block_size, int):
-            info.block_size = max(info.block_size, ev.block_size)
-        hs = [hash_key(h) for h in ev.block_hashes]
-        if g is None:
-            self.stores_without_group += len(hs)
-        bs = info.block_size or 1
-        n_tok = len(ev.token_ids)
-        span = n_tok // bs if n_tok else len(hs)
-        span = max(span, len(hs))
-        parent = ev.parent_block_hash
-        par = hash_key(parent) if isinstance(parent, int | bytes) else None
-        base = 0 if par is None else self.depth.get(par, 0)
-        first = base + span - len(hs) + 1
-        for i, h in enumerate(hs):
-            self.depth.setdefault(h, first + i)
-        last = hs[-1] if hs else None
-        if cur is not None and cur[1] == par and cur[2] == last and g not in cur[3]:
-            r = cur[0]
-        else:
-            r = len(self.rec_req)
-            q = self.tail_of.pop(par, None) if par is not None else None
-            if q is None:
-                q = len(self.req_recs)
-                self.req_recs.append([])
-            self.req_recs[q].append(r)
-            self.rec_req.append(q)
-            self.rec_batch.append(b)
-            self.rec_base.append(base)
-            self.rec_end.append(base + span)
-            self.rec_hashes.append(None)
-            if last is not None:
-                self.tail_of[last] = q
-            cur = (r, par, last, set())
-            self.inserts.append((lookup_pos, r))
-        cur[3].add(g)
-        known = self.rec_hashes[r]
-        if span == len(hs) and (known is None or len(hs) > len(known)):
-            self.rec_hashes[r] = hs
-        for i, h in enumerate(hs):
-            self._op(OP_STORE, self._key(g, h), first + i, g, r)
-        return cur
-
-    def finish(self) -> PoolStream:
-        """Return the pool's arrays (merging record starts into the op order)."""
-        store_groups = [g for g in self.groups]
-        seen_groups = list(dict.fromkeys([*store_groups, *self.key_group]))
-        # Removes without group_idx in a one-group pool belong to that group.
-        alias: dict[int | None, int | None] = {}
-        if len(store_groups) == 1 and None in seen_groups and store_groups[0] is not None:
-            alias[None] = store_groups[0]
-        groups_sorted = sorted(
-            {alias.get(g, g) for g in seen_groups}, key=lambda x: (x is None, x or 0)
+    def _flush(self) -> None:
+        """Turn the rows kept so far into arrays (one piece) and note what groups said."""
+        if not self.codes:
+            return
+        for g, k, w in set(zip(self.sgroups, self.kinds, self.windows, strict=True)):
+            if k is not None:
+                self.said[g if isinstance(g, int) else None] = (k, w)
+        for g, b in set(zip(self.sgroups, self.sizes, strict=True)):
+            gi = g if isinstance(g, int) else None
+            self.stored.add(gi)
+            if isinstance(b, int) and b > self.sizes_seen.get(gi, 0):
+                self.sizes_seen[gi] = b
+        ev_type = np.array(self.codes, np.int64)
+        gobj = np.array(self.groups, dtype=object)
+        gobj[gobj == None] = _NONE  # noqa: E711 (elementwise)
+        ev_group = gobj.astype(np.int64)
+        ev_group[ev_type == EV_CLEAR] = _NONE
+        hbuf, hstarts = _joined(self.hraws)
+        ev_nh = np.maximum(count_arrays(hbuf, hstarts), 0)
+        ev_nh[ev_type == EV_CLEAR] = 0
+        tbuf, tstarts = _joined(self.traws)
+        ev_ntok = np.zeros(len(ev_type), np.int64)
+        is_store = ev_type == EV_STORE
+        ev_ntok[is_store] = np.maximum(count_arrays(tbuf, tstarts), 0)
+        occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
+        if not ok:
+            occ_hash = np.array(
+                [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
+                np.int64,
+            )
+        s_hash, s_has = _parent_array(self.parents)
+        par_hash = np.zeros(len(ev_type), np.int64)
+        par_has = np.zeros(len(ev_type), np.bool_)
+        par_hash[is_store] = s_hash
+        par_has[is_store] = s_has
+        batch = np.array(self.ev_batch, np.int64)
+        self.pieces.append(
+            (ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has.astype(np.int64), batch)
         )
-        gpos = {g: i for i, g in enumerate(groups_sorted)}
-        infos = [self.groups.get(g) or GroupInfo(g) for g in groups_sorted]
-        # Keys: remap aliased groups onto the store group's keys.
-        remap = np.arange(len(self.key_group), dtype=np.int64)
-        if alias:
-            for (g, h), v in self.keys.items():
-                if g in alias:
-                    tgt = self.keys.get((alias[g], h))
-                    if tgt is not None:
-                        remap[v] = tgt
-        n = len(self.op_kind) + len(self.inserts)
-        op_kind = np.empty(n, np.int64)
-        op_a = np.empty(n, np.int64)
-        op_depth = np.zeros(n, np.int64)
-        op_group = np.zeros(n, np.int64)
-        op_rec = np.full(n, -1, np.int64)
-        j = 0
-        o = 0
-        ins = self.inserts
-        for i in range(len(self.op_kind) + 1):
-            while j < len(ins) and ins[j][0] == i:
-                op_kind[o] = OP_RECORD
-                op_a[o] = ins[j][1]
-                j += 1
-                o += 1
-            if i == len(self.op_kind):
-                break
-            k = self.op_kind[i]
-            op_kind[o] = k
-            a = self.op_a[i]
-            op_a[o] = remap[a] if a >= 0 else a
-            op_depth[o] = self.op_depth[i]
-            g = self.op_group[i]
-            op_group[o] = gpos.get(alias.get(g, g), 0)
-            op_rec[o] = self.op_rec[i]
-            o += 1
-        n_rec = len(self.rec_req)
-        per_rec: list[list[int]] = [[] for _ in range(n_rec)]
-        for i in range(len(self.op_kind)):
-            if self.op_kind[i] == OP_STORE:
-                per_rec[self.op_rec[i]].append(self.op_depth[i])
-        rec_s0 = np.zeros(n_rec + 1, np.int64)
-        flat: list[int] = []
-        for r in range(n_rec):
-            flat.extend(per_rec[r])
-            rec_s0[r + 1] = len(flat)
-        n_groups = len(groups_sorted)
-        n_req = len(self.req_recs)
-        req_l0 = np.zeros(n_req, np.int64)
-        req_cap = np.zeros(n_req, np.int64)
-        req_c0 = np.zeros(n_req + 1, np.int64)
-        req_first = np.zeros(n_req, np.int64)
-        rows: list[list[int]] = []
-        for q, recs in enumerate(self.req_recs):
-            l0 = self.rec_base[recs[0]]
-            hashes: dict[int, int] = {}
-            prev: int | None = None
-            cap = l0
-            for r in recs:
-                # The prompt: the first record and the records that follow it at once or
-                # store several blocks (decode stores one block every block_size steps).
-                if prev is not None and not (
-                    self.rec_end[r] - self.rec_base[r] >= 2
-                    or self.rec_batch[r] - self.rec_batch[prev] <= 1
-                ):
-                    break
-                hs = self.rec_hashes[r]
-                if hs:
-                    for i, h in enumerate(hs):
-                        hashes[self.rec_base[r] + i + 1] = h
-                cap = max(cap, self.rec_end[r])
-                prev = r
-            d = l0 + 1
-            while d <= cap and d in hashes:
-                h = hashes[d]
-                row = []
-                for g in groups_sorted:
-                    v = self.keys.get((g, h), -1)
-                    row.append(int(remap[v]) if v >= 0 else -1)
-                rows.append(row)
-                d += 1
-            req_l0[q] = l0
-            req_cap[q] = d - 1
-            req_c0[q + 1] = len(rows)
-            req_first[q] = recs[0]
-        cand = (
-            np.array(rows, np.int64).reshape(-1, n_groups)
-            if rows
-            else np.zeros((0, n_groups), np.int64)
+        self._reset()
+
+    def _group_infos(self, rule: ChannelRule | None) -> None:
+        said, sizes = self.said, self.sizes_seen
+        for g in sorted({*said, *sizes, *self.stored}, key=lambda x: (x is None, x or 0)):
+            info = GroupInfo(g, block_size=sizes.get(g, 0))
+            kw = rule.group(g) if rule is not None and g is not None else None
+            if kw is None and g in said:
+                k, w = said[g]
+                kw = (str(k), w if isinstance(w, int) else None)
+            if kw is not None:
+                info.kind, info.sliding_window = kw
+            self.info[g] = info
+
+    def finish(self, rule: ChannelRule | None = None) -> PoolStream:
+        """Return the pool's kernel arrays.
+
+        Args:
+            rule: The annotation rule of the pool's channel and rank (kinds, windows).
+        """
+        self._flush()
+        self._group_infos(rule)
+        cols = [
+            np.concatenate(c) if c else np.zeros(0, np.int64)
+            for c in zip(*self.pieces, strict=True)
+        ]
+        if not cols:
+            cols = [np.zeros(0, np.int64)] * 8
+        ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
+        par_has = par_has_i.astype(np.bool_)
+        self.pieces = []
+        self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
+        store_groups = sorted(g for g in self.info if g is not None)  # groups that stored
+        has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
+        removes_none = int(ev_nh[(ev_type == EV_REMOVE) & (ev_group == _NONE)].sum())
+        stores_none = int(ev_nh[(ev_type == EV_STORE) & (ev_group == _NONE)].sum())
+        if has_none and len(store_groups) == 1 and None not in self.info:
+            # Removes without group_idx in a one-group pool belong to that group.
+            ev_group[ev_group == _NONE] = store_groups[0]
+            has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
+        seen = sorted({int(g) for g in np.unique(ev_group[ev_type != EV_CLEAR]) if g != _NONE})
+        order: list[int | None] = [*seen, *([None] if has_none else [])]
+        lut = {(_NONE if g is None else g): i for i, g in enumerate(order)}
+        ev_gpos = _map_small(ev_group, lut)
+        infos = [self.info.get(g) or GroupInfo(g) for g in order]
+        n_groups = max(len(order), 1)
+        # Hash ids over hashes and parents; key ids over (group position, hash id).
+        universe, inv = np.unique(
+            np.concatenate([occ_hash, par_hash[par_has]]), return_inverse=True
         )
-        gkind = np.array([_kernel_kind(i.kind) for i in infos], np.int64)
-        gsw = np.array(
+        occ_hid = inv[: len(occ_hash)].astype(np.int64)
+        ev_parent = np.full(len(ev_type), -1, np.int64)
+        ev_parent[par_has] = inv[len(occ_hash) :]
+        ev_h0 = (
+            np.concatenate([[0], np.cumsum(ev_nh)[:-1]]).astype(np.int64) if len(ev_nh) else ev_nh
+        )
+        occ_g = np.repeat(ev_gpos, ev_nh)
+        codes = occ_hid * n_groups + occ_g
+        ucodes, occ_key = np.unique(codes, return_inverse=True)
+        gbs = np.array([max(i.block_size, 1) for i in infos] or [1], np.int64)
+        arrays = build(
+            ev_type,
+            ev_gpos,
+            ev_h0,
+            ev_nh,
+            ev_parent,
+            ev_ntok.astype(np.int64),
+            ev_batch,
+            occ_hid,
+            occ_key.astype(np.int64),
+            ucodes.astype(np.int64),
+            len(universe),
+            n_groups,
+            gbs,
+        )
+        names = [
+            "op_kind",
+            "op_a",
+            "op_depth",
+            "op_group",
+            "op_rec",
+            "rec_req",
+            "rec_s0",
+            "rec_depths",
+            "req_first_rec",
+            "req_l0",
+            "req_cap",
+            "req_c0",
+            "cand",
+        ]
+        pool = PoolStream(self.channel, self.rank, infos)
+        pool.arrays = dict(zip(names, arrays, strict=True))
+        pool.arrays["gkind"] = np.array([_kernel_kind(i.kind) for i in infos], np.int64)
+        pool.arrays["gsw"] = np.array(
             [
                 math.ceil((i.sliding_window - 1) / (i.block_size or 1))
                 if _kernel_kind(i.kind) == KIND_SLIDING and i.sliding_window
@@ -316,32 +288,47 @@ class _Builder:
             ],
             np.int64,
         )
-        pool = PoolStream(self.channel, self.rank, infos)
-        pool.arrays = {
-            "op_kind": op_kind,
-            "op_a": op_a,
-            "op_depth": op_depth,
-            "op_group": op_group,
-            "op_rec": op_rec,
-            "rec_req": np.array(self.rec_req, np.int64),
-            "rec_s0": rec_s0,
-            "rec_depths": np.array(flat, np.int64),
-            "req_first_rec": req_first,
-            "req_l0": req_l0,
-            "req_cap": req_cap,
-            "req_c0": req_c0,
-            "cand": cand,
-            "gkind": gkind,
-            "gsw": gsw,
-        }
-        pool.n_keys = len(self.key_group)
-        pool.removes_without_group = self.removes_without_group
-        pool.stores_without_group = self.stores_without_group
+        pool.n_keys = len(ucodes)
+        pool.removes_without_group = removes_none if has_none else 0
+        pool.stores_without_group = stores_none
         pool.seq_regressions = self.seq_regressions
         pool.clears = self.clears
-        pool.requests = n_req
+        pool.requests = len(pool.arrays["req_l0"])
         pool.batches = self.batches
         return pool
+
+
+def _joined(raws: list[object]) -> tuple[npt.NDArray[np.uint8], I64]:
+    """The raw msgpack lists joined in one buffer, and where each begins."""
+    lens = np.fromiter(map(len, raws), np.int64, len(raws))  # type: ignore[arg-type]
+    starts = np.zeros(len(raws), np.int64)
+    if len(raws) > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
+    buf = np.frombuffer(b"".join(raws), np.uint8)  # type: ignore[arg-type]
+    return buf, starts
+
+
+def _map_small(values: I64, lut: dict[int, int]) -> I64:
+    out = np.zeros(len(values), np.int64)
+    for g, i in lut.items():
+        out[values == g] = i
+    return out
+
+
+def _hash_array(hashes: Sequence[object]) -> I64:
+    """Hashes as signed 64-bit keys (:func:`kvtool.protocol.hash_key`), fast for uint64."""
+    try:
+        return np.array(hashes, np.uint64).view(np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return np.array([hash_key(h) for h in hashes], np.int64)  # type: ignore[arg-type]
+
+
+def _parent_array(parents: list[object]) -> tuple[I64, npt.NDArray[np.bool_]]:
+    obj = np.array(parents, dtype=object)
+    has = obj != None  # noqa: E711 (elementwise)
+    vals = np.zeros(len(parents), np.int64)
+    vals[has] = _hash_array(list(obj[has]))
+    return vals, has
 
 
 def _kernel_kind(kind: str | None) -> int:
@@ -374,23 +361,25 @@ def extract_pools(
         RecordingError: A recording cannot be opened.
         MetadataError: The group metadata is invalid.
     """
-    builders: dict[PoolKey, _Builder] = {}
-    with Replay(
-        list(paths),
-        annotate=True,
-        groups_file=groups_file,
-        group_flags=group_flags,
-        batch_filter=batch_filter,
-    ) as rp:
+    cols: dict[PoolKey, _Columns] = {}
+    with Replay(list(paths), batch_filter=batch_filter) as rp:
+        if groups_file is not None or group_flags:
+            annotation = Annotation(resolve_groups(groups_file, group_flags, None))
+        else:
+            annotation = resolve_annotation(readers=rp.readers)
         for rb in rp:
-            if rb.batch is None:
-                continue
-            key = (rb.message.channel.name, rb.dp_rank)
-            b = builders.get(key)
-            if b is None:
-                b = builders[key] = _Builder(*key)
-            b.batch(rb.message.seq, rb.events)
-    return [b.finish() for b in builders.values()]
+            msg = rb.message
+            try:
+                batch_rank, events = lean.decode(msg.data, msg.seq)
+            except ProtocolError:
+                continue  # the report counts and names undecodable payloads
+            rank = event_rank(msg.channel.dp_rank, batch_rank)
+            key = (msg.channel.name, rank)
+            c = cols.get(key)
+            if c is None:
+                c = cols[key] = _Columns(*key)
+            c.batch(msg.seq, events)
+    return [c.finish(annotation.rule(c.channel, c.rank)) for c in cols.values()]
 
 
 __all__ = ["GroupInfo", "PoolStream", "extract_pools"]

@@ -116,7 +116,7 @@ def simulate(
     n_keys: int,
     extra: int,
     rejoin: bool,
-) -> tuple[I64, I64, I64, I64, I64, int]:
+) -> tuple[I64, I64, I64, I64, I64, int, int]:
     """Replay one pool's ops against a pool ``extra`` blocks larger.
 
     Args:
@@ -141,7 +141,8 @@ def simulate(
 
     Returns:
         Per group: recomputed, stored-while-live, saved stores, stores, first stores;
-        and the blocks of extra prefix hit over all requests.
+        the blocks of extra prefix hit over all requests; and the removes of keys not
+        live (orphans: the stream began mid-way or lost batches).
     """
     n_groups = gkind.shape[0]
     n_ops = op_kind.shape[0]
@@ -164,6 +165,7 @@ def simulate(
     stores = np.zeros(n_groups, np.int64)
     first = np.zeros(n_groups, np.int64)
     hit_blocks = 0
+    orphans = 0
     for i in range(n_ops):
         t = op_kind[i]
         if t == OP_RECORD:
@@ -219,6 +221,7 @@ def simulate(
         elif t == OP_REMOVE:
             k = op_a[i]
             if n0[k] <= 0:
+                orphans += 1
                 continue
             n0[k] -= 1
             if ph[k] > 0:
@@ -273,7 +276,7 @@ def simulate(
                 first[g] += 1
             seen[k] = True
             n0[k] += 1
-    return rc, dup, saved, stores, first, hit_blocks
+    return rc, dup, saved, stores, first, hit_blocks, orphans
 
 
 __all__ = [

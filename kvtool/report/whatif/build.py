@@ -1,0 +1,303 @@
+"""What-if layout kernel: from one pool's event rows to the ops the simulation replays.
+
+One sequential pass (numba) over a pool's events: each store's blocks get their depth
+(1-based position in the request, from the parent's depth and the tokens the store
+spans, so Mamba stores that skip blocks land where they belong); the stores of one
+scheduler step of one request (one per group, same parent and last hash) form a
+*record*; a record whose parent is the last block of an earlier record continues that
+request, any other starts one (a lookup). A request's prompt is its first record and
+the records that follow it at once or store several blocks (decode stores one block
+every ``block_size`` steps). A second pass puts each record's start before the removes
+its own allocation caused, where vLLM looked the request up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtool._jit import kernel
+from kvtool.report.whatif.kernel import OP_CLEAR, OP_RECORD, OP_REMOVE, OP_STORE
+
+I64 = npt.NDArray[np.int64]
+
+EV_STORE = 0
+"""Event row types: ``BlockStored``."""
+EV_REMOVE = 1
+"""``BlockRemoved``."""
+EV_CLEAR = 2
+"""``AllBlocksCleared`` or a publisher restart."""
+
+
+@kernel
+def _find(codes: I64, code: int) -> int:
+    """Index of ``code`` in the sorted ``codes``, or -1."""
+    lo = 0
+    hi = codes.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if codes[mid] < code:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < codes.shape[0] and codes[lo] == code:
+        return lo
+    return -1
+
+
+@kernel
+def build(
+    ev_type: I64,
+    ev_gpos: I64,
+    ev_h0: I64,
+    ev_nh: I64,
+    ev_parent: I64,
+    ev_ntok: I64,
+    ev_batch: I64,
+    occ_hid: I64,
+    occ_key: I64,
+    ucodes: I64,
+    n_hid: int,
+    n_groups: int,
+    gbs: I64,
+) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+    """Lay out one pool's ops, records and requests (see the module docstring).
+
+    Args:
+        ev_type: Event row types (``EV_*``).
+        ev_gpos: Group position of each event.
+        ev_h0: Offset of each event's hashes in the occurrence arrays.
+        ev_nh: Number of hashes of each event.
+        ev_parent: Hash id of a store's parent, or -1.
+        ev_ntok: Tokens of a store.
+        ev_batch: Batch number of each event.
+        occ_hid: Hash id of each hash occurrence.
+        occ_key: Key id ((group, hash)) of each occurrence.
+        ucodes: Sorted ``hash_id * n_groups + group`` codes; a key id is an index here.
+        n_hid: Number of hash ids.
+        n_groups: Number of groups.
+        gbs: Block size per group position.
+
+    Returns:
+        op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
+        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``).
+    """
+    n_ev = ev_type.shape[0]
+    n_occ = occ_hid.shape[0]
+    depth = np.full(n_hid, -1, np.int64)
+    tail_req = np.full(n_hid, -1, np.int64)
+    tail_gen = np.full(n_hid, -1, np.int64)
+    gen = 0
+    # pass 1: base ops (one per hash, one per clear) and records (at most one per store)
+    n_base = n_occ
+    n_stores = 0
+    for e in range(n_ev):
+        if ev_type[e] == EV_CLEAR:
+            n_base += 1
+        elif ev_type[e] == EV_STORE:
+            n_stores += 1
+    b_kind = np.empty(n_base, np.int64)
+    b_a = np.empty(n_base, np.int64)
+    b_depth = np.zeros(n_base, np.int64)
+    b_group = np.zeros(n_base, np.int64)
+    b_rec = np.full(n_base, -1, np.int64)
+    nb = 0
+    rec_req = np.empty(n_stores + 1, np.int64)
+    rec_batch = np.empty(n_stores + 1, np.int64)
+    rec_base = np.empty(n_stores + 1, np.int64)
+    rec_end = np.empty(n_stores + 1, np.int64)
+    rec_h0 = np.full(n_stores + 1, -1, np.int64)
+    rec_nh = np.zeros(n_stores + 1, np.int64)
+    rec_pos = np.empty(n_stores + 1, np.int64)
+    n_rec = 0
+    n_req = 0
+    cur = -1
+    cur_parent = -2
+    cur_last = -2
+    cur_mask = 0
+    last_batch = -1
+    lookup_pos = 0
+    for e in range(n_ev):
+        t = ev_type[e]
+        if ev_batch[e] != last_batch:
+            last_batch = ev_batch[e]
+            cur = -1
+            lookup_pos = nb
+        if t == EV_REMOVE:
+            cur = -1
+            for j in range(ev_h0[e], ev_h0[e] + ev_nh[e]):
+                b_kind[nb] = OP_REMOVE
+                b_a[nb] = occ_key[j]
+                b_group[nb] = ev_gpos[e]
+                nb += 1
+            continue
+        if t == EV_CLEAR:
+            cur = -1
+            gen += 1
+            b_kind[nb] = OP_CLEAR
+            b_a[nb] = -1
+            nb += 1
+            lookup_pos = nb
+            continue
+        g = ev_gpos[e]
+        nh = ev_nh[e]
+        h0 = ev_h0[e]
+        bs = gbs[g]
+        span = ev_ntok[e] // bs if ev_ntok[e] > 0 else nh
+        if span < nh:
+            span = nh
+        par = ev_parent[e]
+        base = 0
+        if par >= 0 and depth[par] >= 0:
+            base = depth[par]
+        first = base + span - nh + 1
+        for i in range(nh):
+            h = occ_hid[h0 + i]
+            if depth[h] < 0:
+                depth[h] = first + i
+        last = occ_hid[h0 + nh - 1] if nh > 0 else -1
+        bit = 1 << (g % 63)
+        if cur >= 0 and cur_parent == par and cur_last == last and (cur_mask & bit) == 0:
+            r = cur
+        else:
+            r = n_rec
+            n_rec += 1
+            q = -1
+            if par >= 0 and tail_gen[par] == gen and tail_req[par] >= 0:
+                q = tail_req[par]
+                tail_req[par] = -1
+            if q < 0:
+                q = n_req
+                n_req += 1
+            rec_req[r] = q
+            rec_batch[r] = ev_batch[e]
+            rec_base[r] = base
+            rec_end[r] = base + span
+            rec_pos[r] = lookup_pos
+            if last >= 0:
+                tail_req[last] = q
+                tail_gen[last] = gen
+            cur = r
+            cur_parent = par
+            cur_last = last
+            cur_mask = 0
+        cur_mask |= bit
+        if span == nh and nh > rec_nh[r]:
+            rec_h0[r] = h0
+            rec_nh[r] = nh
+        for i in range(nh):
+            b_kind[nb] = OP_STORE
+            b_a[nb] = occ_key[h0 + i]
+            b_depth[nb] = first + i
+            b_group[nb] = g
+            b_rec[nb] = r
+            nb += 1
+        lookup_pos = nb
+    # pass 2: record starts merged at their lookup positions
+    n_ops = nb + n_rec
+    op_kind = np.empty(n_ops, np.int64)
+    op_a = np.empty(n_ops, np.int64)
+    op_depth = np.zeros(n_ops, np.int64)
+    op_group = np.zeros(n_ops, np.int64)
+    op_rec = np.full(n_ops, -1, np.int64)
+    o = 0
+    r = 0
+    for i in range(nb + 1):
+        while r < n_rec and rec_pos[r] == i:
+            op_kind[o] = OP_RECORD
+            op_a[o] = r
+            o += 1
+            r += 1
+        if i == nb:
+            break
+        op_kind[o] = b_kind[i]
+        op_a[o] = b_a[i]
+        op_depth[o] = b_depth[i]
+        op_group[o] = b_group[i]
+        op_rec[o] = b_rec[i]
+        o += 1
+    # per record, the depths of its stores
+    rec_s0 = np.zeros(n_rec + 1, np.int64)
+    for i in range(nb):
+        if b_kind[i] == OP_STORE:
+            rec_s0[b_rec[i] + 1] += 1
+    for r in range(n_rec):
+        rec_s0[r + 1] += rec_s0[r]
+    fill = rec_s0[:-1].copy()
+    rec_depths = np.empty(rec_s0[n_rec], np.int64)
+    for i in range(nb):
+        if b_kind[i] == OP_STORE:
+            rr = b_rec[i]
+            rec_depths[fill[rr]] = b_depth[i]
+            fill[rr] += 1
+    # requests: records in order, the prompt run, candidate rows
+    cnt = np.zeros(n_req + 1, np.int64)
+    for r in range(n_rec):
+        cnt[rec_req[r] + 1] += 1
+    for q in range(n_req):
+        cnt[q + 1] += cnt[q]
+    by_req = np.empty(n_rec, np.int64)
+    fill2 = cnt[:-1].copy()
+    for r in range(n_rec):
+        q = rec_req[r]
+        by_req[fill2[q]] = r
+        fill2[q] += 1
+    req_first = np.empty(n_req, np.int64)
+    req_l0 = np.empty(n_req, np.int64)
+    req_cap = np.empty(n_req, np.int64)
+    req_c0 = np.zeros(n_req + 1, np.int64)
+    n_rows = 0
+    rows_h = np.empty(n_occ + 1, np.int64)
+    for q in range(n_req):
+        r0 = by_req[cnt[q]]
+        req_first[q] = r0
+        l0 = rec_base[r0]
+        req_l0[q] = l0
+        expected = l0 + 1
+        prev = -1
+        stop = False
+        for j in range(cnt[q], cnt[q + 1]):
+            r = by_req[j]
+            if prev >= 0 and not (
+                rec_end[r] - rec_base[r] >= 2 or rec_batch[r] - rec_batch[prev] <= 1
+            ):
+                break
+            prev = r
+            if rec_nh[r] == 0:
+                continue
+            for i in range(rec_nh[r]):
+                d = rec_base[r] + i + 1
+                if d < expected:
+                    continue
+                if d > expected:
+                    stop = True
+                    break
+                rows_h[n_rows] = occ_hid[rec_h0[r] + i]
+                n_rows += 1
+                expected += 1
+            if stop:
+                break
+        req_cap[q] = expected - 1
+        req_c0[q + 1] = n_rows
+    cand = np.full((n_rows, n_groups), -1, np.int64)
+    for i in range(n_rows):
+        for g in range(n_groups):
+            cand[i, g] = _find(ucodes, rows_h[i] * n_groups + g)
+    return (
+        op_kind,
+        op_a,
+        op_depth,
+        op_group,
+        op_rec,
+        rec_req[:n_rec].copy(),
+        rec_s0,
+        rec_depths,
+        req_first,
+        req_l0,
+        req_cap,
+        req_c0,
+        cand,
+    )
+
+
+__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "build"]

@@ -1,0 +1,315 @@
+"""Issue 20 (items 3-4): what-if sizing, checked against real reruns at larger pools.
+
+``tests/data/whatif/{full,gemma3,mamba}`` hold a recording made by ``kvtool record`` from
+a live replay of vLLM 0.33's own wire bytes at pool N0, and ``truth.json``: the real
+recomputed blocks (``restores_after_eviction``) when the same workload ran on vLLM's
+manager at N0 + 10/25/50/100/300 %.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.errors import UsageError
+from kvtool.report.whatif import Extra, WhatIfRefused, parse_what_if, what_if
+from tests.test_report import record_batches, removed, stored
+
+runner = CliRunner()
+DATA = Path(__file__).parent / "data" / "whatif"
+SHAPES = {
+    "full": "full_seed7_N200.mcap",
+    "gemma3": "gemma3_seed7_N600.mcap",
+    "mamba": "mamba_seed7_N300.mcap",
+}
+# The issue's bounds: full attention and sliding-window hybrids ±5 %, Mamba hybrids ±15 %.
+BOUND = {"full": 5.0, "gemma3": 5.0, "mamba": 15.0}
+
+
+def _errors(shape: str) -> list[tuple[str, int, float]]:
+    folder = DATA / shape
+    truth = json.loads((folder / "truth.json").read_text())
+    runs = truth["runs"][1:]
+    extras = parse_what_if(",".join(f"+{r['K_blocks']}" for r in runs))
+    res = what_if([folder / SHAPES[shape]], extras, groups_file=folder / "groups.json")
+    out = []
+    for entry, run in zip(res.entries, runs, strict=True):
+        assert entry["extra_blocks"] == run["K_blocks"]
+        real = {r["kind"]: r["restores_after_eviction"] for r in run["by_kind"]}
+        for row in entry["by_kind"]:  # type: ignore[attr-defined]
+            t = real[row["kind"]]
+            out.append((row["kind"], run["K_blocks"], (row["blocks_recomputed"] - t) / t * 100))
+    return out
+
+
+@pytest.mark.parametrize("shape", ["full", "mamba"])
+def test_issue20_what_if_within_bounds_of_the_reruns(shape: str) -> None:
+    errs = _errors(shape)
+    assert errs
+    bad = [e for e in errs if abs(e[2]) > BOUND[shape]]
+    assert not bad, bad
+
+
+def test_issue20_gemma3_full_attention_within_5_percent() -> None:
+    errs = [e for e in _errors("gemma3") if e[0] == "full_attention"]
+    assert errs and all(abs(e[2]) <= 5.0 for e in errs), errs
+
+
+def test_issue20_gemma3_sliding_window_within_10_percent() -> None:
+    """Sliding-window groups: within 10 % today (8.0 % at +50 %), short of the 5 % target."""
+    errs = [e for e in _errors("gemma3") if e[0] == "sliding_window"]
+    assert errs and all(abs(e[2]) <= 10.0 for e in errs), errs
+
+
+@pytest.mark.xfail(strict=True, reason="issue 20 target not met yet: sliding window 6.8/8.0 %")
+def test_issue20_gemma3_sliding_window_within_5_percent() -> None:
+    errs = [e for e in _errors("gemma3") if e[0] == "sliding_window"]
+    assert all(abs(e[2]) <= 5.0 for e in errs), errs
+
+
+def test_issue20_recorded_pool_reproduces_the_recording(tmp_path: Path) -> None:
+    """At +0 the prediction is the recording's own recompute count, exactly."""
+    folder = DATA / "gemma3"
+    truth = json.loads((folder / "truth.json").read_text())["runs"][0]
+    res = what_if([folder / SHAPES["gemma3"]], [Extra("+0", blocks=0)])
+    rows = {r["kind"]: r for r in res.entries[0]["by_kind"]}  # type: ignore[attr-defined]
+    for row in truth["by_kind"]:
+        assert rows[row["kind"]]["blocks_recomputed"] == row["restores_after_eviction"]
+        assert rows[row["kind"]]["blocks_recomputed_saved"] == 0
+
+
+def test_issue20_ghost_list_mechanics(tmp_path: Path) -> None:
+    """Three evicted blocks come back: K=3 keeps them all, K=2 the two evicted last."""
+    fa = {"group": 0, "kind": "full_attention"}
+    path = record_batches(
+        tmp_path / "g.mcap",
+        [
+            [stored([1, 2, 3], **fa)],
+            [removed([3, 2, 1], 0), stored([4, 5, 6], **fa)],
+            [stored([1, 2, 3], **fa)],
+        ],
+    )
+    res = what_if([path], parse_what_if("+2,+3"))
+    k2, k3 = res.entries
+    assert k2["totals"]["blocks_recomputed_recorded"] == 3  # type: ignore[index]
+    assert k2["totals"]["blocks_recomputed"] == 1  # type: ignore[index]
+    assert k2["totals"]["hit_tokens_gained"] == 32  # type: ignore[index]
+    assert k3["totals"]["blocks_recomputed"] == 0  # type: ignore[index]
+    assert k3["totals"]["blocks_recomputed_saved"] == 3  # type: ignore[index]
+    assert k3["totals"]["hit_tokens_gained"] == 48  # type: ignore[index]
+
+
+def test_issue20_json_contract_and_pool_size() -> None:
+    folder = DATA / "gemma3"
+    r = runner.invoke(
+        app,
+        [
+            "report",
+            str(folder / SHAPES["gemma3"]),
+            "--what-if",
+            "+60,+10%,+150",
+            "--pool-blocks",
+            "600",
+            "--format",
+            "json",
+        ],
+    )
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"source", "totals", "by_kind", "by_window", "by_group", "what_if"} <= set(out)
+    entries = out["what_if"]
+    assert [e["extra_blocks"] for e in entries] == [60, 150]  # +10 % of 600 is +60
+    for e in entries:
+        assert e["channel"] == "tcp://127.0.0.1:7150" and e["pool_blocks"] == 600
+        assert {"rank", "totals", "by_kind", "by_window", "by_group", "conditions"} <= set(e)
+        for row in [e["totals"], *e["by_kind"], *e["by_window"], *e["by_group"]]:
+            assert {"blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained"} <= set(row)
+        assert {r["kind"] for r in e["by_kind"]} == {"full_attention", "sliding_window"}
+        assert {r["sliding_window"] for r in e["by_window"]} == {None, 64}
+        assert [r["group_idx"] for r in e["by_group"]] == [0, 1, 2, 3, 4, 5]
+        saved = e["totals"]["blocks_recomputed_saved"]
+        assert saved == sum(r["blocks_recomputed_saved"] for r in e["by_group"]) and saved > 0
+
+
+def test_issue20_table_lines_fit_80_columns() -> None:
+    r = runner.invoke(
+        app,
+        ["report", str(DATA / "full" / SHAPES["full"]), "--what-if", "+20,+600"],
+        env={"COLUMNS": "80"},
+    )
+    assert r.exit_code == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "recomputed" in ln and " → " in ln]
+    assert len(lines) == 2
+    assert lines[0].startswith(" +20 blocks  full_attention  recomputed 3,714 → ~")
+    assert "(\u2212" in lines[0] and all(len(ln) <= 80 for ln in r.stdout.splitlines())
+
+
+def test_issue20_pool_size_unknown_refuses_percent() -> None:
+    r = runner.invoke(app, ["report", str(DATA / "full" / SHAPES["full"]), "--what-if", "+10%"])
+    assert r.exit_code == 2
+    assert r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "--pool-blocks" in r.stderr
+
+
+def test_issue20_removes_without_group_idx_in_a_hybrid_pool_are_refused(tmp_path: Path) -> None:
+    path = record_batches(
+        tmp_path / "old.mcap",
+        [
+            [
+                stored([1, 2], group=0, kind="full_attention"),
+                stored([1, 2], group=1, kind="sliding_window", window=64),
+            ],
+            [removed([1], None)],
+        ],
+    )
+    r = runner.invoke(app, ["report", str(path), "--what-if", "+5"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "group_idx" in r.stderr
+    with pytest.raises(WhatIfRefused):
+        what_if([path], parse_what_if("+5"))
+
+
+def test_issue20_conditions_name_mamba_band() -> None:
+    folder = DATA / "mamba"
+    res = what_if([folder / SHAPES["mamba"]], parse_what_if("+150"))
+    entry = res.entries[0]
+    names = [c["condition"] for c in entry["conditions"]]  # type: ignore[attr-defined]
+    assert "mamba" in names and "same_requests" in names
+    for row in entry["by_kind"]:  # type: ignore[attr-defined]
+        lo, hi = row["blocks_recomputed_band"]
+        assert lo <= row["blocks_recomputed"] <= hi
+    assert any("band" in f for f in res.findings)
+
+
+def test_issue20_jobs_1_and_2_agree() -> None:
+    f = str(DATA / "mamba" / SHAPES["mamba"])
+    outs = []
+    for jobs in ("1", "2"):
+        r = runner.invoke(app, ["report", f, "--what-if", "+30,+300", "-f", "json", "-j", jobs])
+        assert r.exit_code == 0, r.stderr
+        outs.append(json.loads(r.stdout)["what_if"])
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("bad", ["60", "+", "+1.5", "+x%", "+60,,"])
+def test_issue20_bad_what_if_values(bad: str) -> None:
+    if bad == "60":
+        assert parse_what_if(bad) == [Extra("60", blocks=60)]
+        return
+    with pytest.raises(UsageError):
+        parse_what_if(bad)
+
+
+def test_issue20_plot_draws_an_image(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "w.png"
+    f = str(DATA / "full" / SHAPES["full"])
+    r = runner.invoke(app, ["report", f, "--what-if", "+20,+200", "--plot", str(png), "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+REC = Path(__file__).resolve().parent.parent / "recordings"
+
+
+def _entry(path: Path, extra: str = "+20", **kw: object) -> dict[str, object]:
+    return what_if([path], parse_what_if(extra), **kw).entries[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("variant", "base", "kw"),
+    [
+        ("gemma3-byteshash", "gemma3", {}),
+        ("gemma3-legacy-group-idx", "gemma3", {"groups_file": REC / "gemma3.groups.json"}),
+        ("full_only-legacy-initial", "full_only", {}),
+    ],
+)
+def test_issue20_every_layout_predicts_the_same(
+    variant: str, base: str, kw: dict[str, object]
+) -> None:
+    """32-byte hashes, array events, the first layout: the same events, the same prediction.
+
+    (The first layout has neither ``group_idx`` nor kinds: its one group is unannotated.)
+    """
+    a = _entry(REC / f"{variant}.mcap", **kw)
+    b = _entry(REC / f"{base}.mcap")
+    assert a["totals"] == b["totals"]
+    assert a["totals"]["blocks_recomputed_saved"] > 0  # type: ignore[index]
+    strip = [{k: v for k, v in r.items() if k != "kind"} for r in a["by_kind"]]  # type: ignore[attr-defined]
+    assert strip == [{k: v for k, v in r.items() if k != "kind"} for r in b["by_kind"]]  # type: ignore[attr-defined]
+
+
+def test_issue20_rows_turned_into_arrays_piece_by_piece_agree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The extraction bounds memory by flushing rows into arrays; the pieces change nothing."""
+    from kvtool.report.whatif import extract
+
+    f = DATA / "mamba" / SHAPES["mamba"]
+    whole = what_if([f], parse_what_if("+30,+300")).entries
+    monkeypatch.setattr(extract, "_FLUSH", 997)
+    assert what_if([f], parse_what_if("+30,+300")).entries == whole
+
+
+def test_issue20_lost_batches_and_orphans_are_conditions() -> None:
+    """A recording whose recorder lost batches: the eviction order is incomplete, said so."""
+    r = runner.invoke(
+        app, ["report", str(REC / "gemma3-gaps.mcap"), "--what-if", "+10", "-f", "json"]
+    )
+    assert r.exit_code == 3, r.stderr  # lost batches: exit 3, as every reading command
+    entry = json.loads(r.stdout)["what_if"][0]
+    names = [c["condition"] for c in entry["conditions"]]
+    assert "lost_batches" in names and "orphan_removes" in names
+    assert "the eviction order is incomplete" in r.stderr
+
+
+def test_issue20_pool_blocks_shows_live_and_peak_as_a_share_of_the_pool() -> None:
+    """Item 2: --pool-blocks N (num_gpu_blocks; block 0 is vLLM's null block)."""
+    f = str(REC / "whatif-gemma3.mcap")
+    r = runner.invoke(app, ["report", f, "--pool-blocks", "600", "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["pool"] == {
+        "pool_blocks": 600,
+        "usable_blocks": 599,
+        "live_blocks_end": out["totals"]["live_blocks_end"],
+        "live_share": round(out["totals"]["live_blocks_end"] / 599, 4),
+        "peak_live_blocks": out["totals"]["peak_live_blocks"],
+        "peak_share": round(out["totals"]["peak_live_blocks"] / 599, 4),
+    }
+    t = runner.invoke(app, ["report", f, "--pool-blocks", "600"], env={"COLUMNS": "80"})
+    assert "pool 600 blocks (599 usable): live at end 593 (99 %), peak 593 (99 %)" in t.stdout
+    two = runner.invoke(
+        app, ["report", f, str(REC / "gemma3.mcap"), "--pool-blocks", "600", "-f", "json"]
+    )
+    assert two.exit_code == 0 and "pool" not in json.loads(two.stdout)
+    assert "need one pool" in two.stderr
+
+
+def test_issue20_publisher_restart_starts_the_pool_afresh(tmp_path: Path) -> None:
+    """A seq going backwards is a new engine: a condition, and the ghost list is emptied."""
+    import msgspec
+
+    from kvtool.recording import RecordingWriter
+
+    enc = msgspec.msgpack.Encoder()
+    fa = {"group": 0, "kind": "full_attention"}
+    batches = [
+        (0, [stored([1, 2, 3], **fa)]),
+        (1, [removed([3, 2, 1], 0)]),
+        (0, [stored([1, 2, 3], **fa)]),  # the engine restarted: its cache is empty
+    ]
+    path = tmp_path / "restart.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        for i, (seq, events) in enumerate(batches):
+            w.write(ch, seq, enc.encode([1.0 + i, events, 0]), log_time=1_000_000_000 * (i + 1))
+    entry = what_if([path], parse_what_if("+3")).entries[0]
+    names = [c["condition"] for c in entry["conditions"]]  # type: ignore[attr-defined]
+    assert "publisher_restart" in names
+    # The blocks evicted before the restart are gone at any size: nothing is saved.
+    assert entry["totals"]["blocks_recomputed_saved"] == 0  # type: ignore[index]
