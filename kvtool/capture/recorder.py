@@ -18,7 +18,7 @@ message is known to come from its endpoint), writes every batch through
 
 Guarantees, whatever the peers do:
 
-- **stop**: after SIGTERM/SIGINT (or :meth:`Recorder.stop`) the recorder spends at most
+- **stop**: after SIGTERM/SIGINT/SIGHUP (or :meth:`Recorder.stop`) the recorder spends at most
   :data:`STOP_GRACE_NS` (1 s) finishing replays, then writes what it holds and closes a
   valid file with its gap ledger -- ``kvtool record`` exits well within 3 s;
 - **SIGKILL** loses at most about 1 s of received batches (the writer flushes every
@@ -359,7 +359,10 @@ class Recorder:
         def handler(signum: int, frame: FrameType | None) -> None:
             self.stop("signal")
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        from kvtool._signals import STOP_SIGNALS
+
+        # SIGHUP too: a closed SSH session ends the capture like SIGTERM (issue 23).
+        old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
         try:
             yield
         finally:
@@ -371,7 +374,8 @@ class Recorder:
         """Record until a stop condition, then close the file with the gap ledger.
 
         Args:
-            handle_signals: Let SIGINT and SIGTERM stop the capture cleanly (main thread only).
+            handle_signals: Let SIGINT, SIGTERM and SIGHUP stop the capture cleanly (main
+                thread only).
 
         Returns:
             The result, with counters and the ledger.
