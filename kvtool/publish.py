@@ -798,6 +798,16 @@ class Publisher:
 # -- pacing and the publish loop ---------------------------------------------------------
 
 
+MIN_SPEED = 1e-6
+MAX_SPEED = 1e6
+MAX_RATE = 1e9
+"""The ``--speed`` and ``--rate`` accepted: beyond them the pacing arithmetic would
+overflow (``--speed inf``, ``1e308``, ``1e-300`` raised OverflowError) or never send."""
+MAX_PACE_GAP_NS = 10_000_000_000
+"""Recorded receive times jumping further ahead than this are paced as this (a batch 30
+years ahead no longer stalls the publisher)."""
+
+
 @dataclass
 class Pacing:
     """When to send each batch.
@@ -813,10 +823,16 @@ class Pacing:
     max_speed: bool = False
 
     def __post_init__(self) -> None:
-        if self.speed <= 0:
-            raise UsageError(f"--speed {self.speed:g}: must be greater than 0")
-        if self.rate is not None and self.rate <= 0:
-            raise UsageError(f"--rate {self.rate:g}: must be greater than 0")
+        if not MIN_SPEED <= self.speed <= MAX_SPEED:  # inf, nan and 1e-300 too (issue 23)
+            raise UsageError(
+                f"--speed {self.speed:g}: must be between {MIN_SPEED:g} and {MAX_SPEED:g} "
+                "(--max-speed sends as fast as possible)"
+            )
+        if self.rate is not None and not MIN_SPEED <= self.rate <= MAX_RATE:
+            raise UsageError(
+                f"--rate {self.rate:g}: must be between {MIN_SPEED:g} and {MAX_RATE:g} batches/s "
+                "(--max-speed sends as fast as possible)"
+            )
 
 
 @dataclass
@@ -919,6 +935,7 @@ def publish(
             for p in publisher.channels.values():
                 p.restart()
         base_log: int | None = None
+        prev_log = 0
         t_loop = time.monotonic()
         i = 0
         for item in batches():
@@ -933,7 +950,10 @@ def publish(
                     target = t_loop + i * period
                 else:
                     if base_log is None:
-                        base_log = item.log_time
+                        base_log = prev_log = item.log_time
+                    if item.log_time - prev_log > MAX_PACE_GAP_NS:
+                        base_log += item.log_time - prev_log - MAX_PACE_GAP_NS  # clamp
+                    prev_log = max(prev_log, item.log_time)
                     target = t_loop + (item.log_time - base_log) * 1e-9 * inv_speed
                 while True:
                     left = target - time.monotonic()

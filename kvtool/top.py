@@ -47,6 +47,8 @@ FEED_BUDGET_S = 0.25
 """A refresh feeds chunks for at most this long before the screen is drawn (health current)."""
 DRAIN_AT = 256
 """Between refreshes, a backlog of this many batches is fed (in chunks) instead of waiting."""
+MAX_SPEED = 1e6
+"""A ``--speed`` beyond this plays everything at once (as 0)."""
 MAX_PLAYBACK_GAP_NS = 10_000_000_000
 """A recording's receive times jumping further ahead than this are played as this (a batch
 30 years ahead no longer stalls the playback)."""
@@ -379,7 +381,9 @@ class RecordingSource:
 
         self._reader = open_recording(path)
         self.path = self._reader.path
-        self.speed = speed
+        # Past MAX_SPEED (inf, 1e308) everything is due at once: as speed 0 (issue 23:
+        # the pacing arithmetic raised OverflowError).
+        self.speed = 0.0 if not speed <= MAX_SPEED else speed
         self.groups = {self._reader.path: self._reader.groups}
         self._it = self._reader.messages()
         self._next: RecordedMessage | None = next(self._it, None)

@@ -85,6 +85,7 @@ from kvtool.endpoints import (
     expand_endpoints,
     normalize_endpoint,
     offset_endpoint,
+    sockets_needed,
 )
 from kvtool.errors import EndpointError, KvtoolError, MetadataError
 from kvtool.protocol import peek_ts
@@ -406,6 +407,11 @@ class Recorder:
         )
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
+        need = sockets_needed(len(self.sources), any(s.replay for s in self.sources)) + 16
+        if self._ctx_given is None and need > ctx.get(zmq.MAX_SOCKETS):
+            # ZeroMQ's default is 1,023 sockets per context: --dp-size 256 with replay
+            # needs more (expand_endpoints refused what the process cannot hold).
+            ctx.set(zmq.MAX_SOCKETS, need)
         error: BaseException | None = None
         try:
             if self.groups is not None:
