@@ -126,7 +126,7 @@ past this queue a batch only has its events counted from its header (about 1 us 
 of 100-200 us for a 15 kB batch) and is ``unsampled``."""
 STATS_SLICE_NS = 5_000_000
 """Decoding for the status runs in slices this long between two polls."""
-STATS_STOP_NS = 300_000_000
+STATS_STOP_NS = 200_000_000
 """At stop, decoding what is queued gets this long; the rest is counted from headers."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
