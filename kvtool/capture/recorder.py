@@ -29,8 +29,9 @@ Guarantees, whatever the peers do:
   :data:`REPLAY_DEADLINE_NS` passes (issue 23); what it did not bring is in the ledger
   (a gap's seqs lost, a tail unconfirmed), never silently missing;
 - **memory**: the recorder's own buffers (held live batches, one request's replies, the
-  reserve, remembered payload hashes) stay under :data:`MEMORY_BOUND_BYTES` (768 MiB), for up
-  to :data:`MAX_CHANNELS_PER_SOURCE` channels per endpoint. ZeroMQ's queues (SUB
+  reserve, remembered payload hashes, batches waiting for the status decode) stay under
+  :data:`MEMORY_BOUND_BYTES` (768 MiB), for up to :data:`MAX_CHANNELS_PER_SOURCE`
+  channels per endpoint. ZeroMQ's queues (SUB
   ``RCVHWM`` 5,000 messages, DEALER :data:`DEALER_RCVHWM`) come on top; each message
   is at most :data:`MAX_MESSAGE_BYTES` (a larger one drops the peer's connection).
 
@@ -132,8 +133,8 @@ MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
 MEMORY_BOUND_BYTES = 768 * 1024 * 1024
 """The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
-replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) +
-remembered hashes, with room to spare."""
+replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) + the status
+decode queue (STATS_QUEUE_BYTES) + remembered hashes."""
 RCVHWM = 5_000
 """Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
 a recorder that falls behind must see a gap while the replay buffer still holds it; a
