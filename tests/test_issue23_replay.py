@@ -191,3 +191,21 @@ def test_issue23_nothing_lost_only_when_every_gap_was_filled_or_confirmed() -> N
     st = CaptureStats(batches=64, events=1925, replay_timeouts=1, unconfirmed=1)
     line = summary_line(CaptureResult("run.mcap", st, {}, "duration", 2048))
     assert "nothing lost" not in line and "1 channel tail unconfirmed" in line
+
+
+def test_issue23_a_stalled_loop_does_not_make_a_busy_channel_quiet() -> None:
+    """A recorder stopped for seconds (SIGSTOP, a loaded machine) saw no live batch because
+    it could not read: its channels are not quiet for that, so no tail is asked of a stream
+    whose batches wait in the queue (found with SIGSTOP 7 s at 3,000 batches/s: a tail
+    asked from a stale seq, its whole honest answer counted as 10,000 rejected replies)."""
+    from kvtool.capture.sequencer import Request, Sequencer
+
+    s = Sequencer("tcp://127.0.0.1:5557", 0)
+    for seq in range(10):
+        s.live(b"", seq, b"p", 0, 1_000)
+    stalled = 7 * SECOND
+    s.credit_busy(1_000 + stalled, stalled)
+    assert not [a for a in s.check_quiet(1_000 + stalled) if isinstance(a, Request)]
+    # Quiet for real afterwards: the tail is asked.
+    later = 1_000 + stalled + 2 * SECOND
+    assert [a for a in s.check_quiet(later) if isinstance(a, Request)] == [Request(10, "tail", b"")]

@@ -570,8 +570,10 @@ class Recorder:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
             t_poll = time.monotonic_ns()
-            ready = poller.poll(0 if busy or self._stat_queue else 50)
-            poll_ns = time.monotonic_ns() - t_poll
+            timeout_ms = 0 if busy or self._stat_queue else 50
+            ready = poller.poll(timeout_ms)
+            # Only the wait asked for is not a stall (a SIGSTOP inside poll is one).
+            poll_ns = min(time.monotonic_ns() - t_poll, timeout_ms * 1_000_000 + LOOP_STALL_NS)
             if not ready and self._stat_queue:
                 self._decode_queued(STATS_SLICE_NS)  # nothing to read: the status's turn
             busy = False

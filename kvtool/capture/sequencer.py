@@ -833,12 +833,18 @@ class Sequencer:
         return self.pending is not None and not self.pending.abandon
 
     def credit_busy(self, now: int, busy_ns: int) -> None:
-        """Do not charge the pending request for time the loop spent busy elsewhere.
+        """Do not charge the pending request, nor channels' quiet time, for a stalled loop.
+
+        A loop that could not read (busy elsewhere, or the process stopped: SIGSTOP, a
+        loaded machine) saw no live batch either: its channels are not quiet for that
+        (a tail asked then is asked of a stream whose batches wait in the queue).
 
         Args:
             now: Monotonic ns.
             busy_ns: How long the loop could not read.
         """
+        for ch in self.channels.values():
+            ch.last_live_mono = min(now, ch.last_live_mono + busy_ns)
         req = self.pending
         if req is not None:
             req.progress_mono = min(now, req.progress_mono + busy_ns)
