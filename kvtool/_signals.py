@@ -1,9 +1,10 @@
-"""How a kvtool process takes Ctrl-C and SIGTERM, installed before anything heavy loads.
+"""How a kvtool process takes Ctrl-C, SIGTERM and SIGHUP, installed before anything heavy loads.
 
 Imported by the console script's entry point first of all (only ``signal`` and ``sys``),
 so that an interrupt while Python still imports kvtool, typer or polars is one line and
-exit 130, not a traceback, and SIGTERM is never Python's default (an exit without
-unwinding, temporary outputs left beside the output).
+exit 130, not a traceback, and SIGTERM or SIGHUP (a closed SSH session) is never Python's
+default (an exit without unwinding: temporary outputs left beside the output, a
+recording without its ledger, a terminal left on the alternate screen; issue 23).
 """
 
 from __future__ import annotations
@@ -12,9 +13,15 @@ import contextlib
 import signal
 import sys
 
-OWN_SIGNAL_HANDLERS = frozenset({"record", "top"})
-"""Commands that stop on SIGTERM and Ctrl-C themselves (closing the recording they write,
-or the screen they drew)."""
+OWN_SIGNAL_HANDLERS = frozenset({"record"})
+"""Commands that stop on SIGTERM, SIGHUP and Ctrl-C themselves (closing the recording they
+write). ``top`` takes them as :func:`interrupt_once`: the KeyboardInterrupt unwinds its
+screen (restored) and stops its recorder (the ``--record`` file closed with its ledger)."""
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+"""The signals that end a command cleanly: Ctrl-C, SIGTERM, SIGHUP (where it exists)."""
 
 
 _taken = False
@@ -29,7 +36,7 @@ def taken() -> bool:
 
 
 def interrupt_once(signum: int, frame: object) -> None:
-    """Ctrl-C, and SIGTERM too, end the command: temporary outputs removed, exit 130.
+    """Ctrl-C, SIGTERM and SIGHUP end the command: temporary outputs removed, exit 130.
 
     Only the first: more of them while the command cleans up (a second Ctrl-C, or
     ``timeout`` signalling the process group as well as the process) are ignored, so the
@@ -38,8 +45,8 @@ def interrupt_once(signum: int, frame: object) -> None:
     """
     global _taken
     _taken = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -49,14 +56,14 @@ def command_name(args: list[str]) -> str | None:
 
 
 def install(args: list[str]) -> None:
-    """Take Ctrl-C and SIGTERM with :func:`interrupt_once`, unless the command has its own.
+    """Take Ctrl-C, SIGTERM and SIGHUP with :func:`interrupt_once`, unless the command has its own.
 
     Args:
         args: The command line (without the program name).
     """
     if command_name(args) not in OWN_SIGNAL_HANDLERS:
-        signal.signal(signal.SIGINT, interrupt_once)
-        signal.signal(signal.SIGTERM, interrupt_once)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, interrupt_once)
 
 
 def interrupted() -> None:

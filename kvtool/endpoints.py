@@ -196,6 +196,7 @@ def expand_endpoints(
         )
     if dp_size is not None and dp_size < 1:
         raise EndpointError(f"--dp-size {dp_size}: must be at least 1")
+    _check_socket_budget(eps, bool(reps), dp_size)
     out: list[Source] = []
     for i, ep in enumerate(eps):
         rep = reps[i] if reps else None
@@ -234,6 +235,70 @@ def expand_endpoints(
     return out
 
 
+SOCKETS_PER_SOURCE = 3
+"""ZeroMQ sockets one subscribed endpoint costs the recorder: its SUB and the two ends of
+its connection monitor (one more with a replay DEALER)."""
+FDS_PER_SOCKET = 2
+"""File descriptors per ZeroMQ socket, about: its mailbox and its connection."""
+FD_RESERVE = 64
+"""File descriptors kept for everything else (the recording, Python, the terminal)."""
+ZMQ_MAX_SOCKETS = 65_535
+"""The most sockets kvtool asks one ZeroMQ context for (its default is 1,023)."""
+
+
+def sockets_needed(n_sources: int, replay: bool) -> int:
+    """ZeroMQ sockets a recorder of ``n_sources`` endpoints opens.
+
+    Args:
+        n_sources: Endpoints (ranks included).
+        replay: Each has a replay endpoint.
+
+    Returns:
+        The count.
+    """
+    return n_sources * (SOCKETS_PER_SOURCE + (1 if replay else 0))
+
+
+def socket_budget() -> int:
+    """ZeroMQ sockets one kvtool process can hold: by its open-files limit, and ZeroMQ's.
+
+    Returns:
+        The count.
+    """
+    soft = _open_files_limit()
+    return max(0, min(ZMQ_MAX_SOCKETS, (soft - FD_RESERVE) // FDS_PER_SOCKET))
+
+
+def _open_files_limit() -> int:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return 1024
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):  # pragma: no cover
+        return 1024
+    return 1 << 20 if soft == resource.RLIM_INFINITY or soft < 0 else soft
+
+
+def _check_socket_budget(eps: Sequence[str], replay: bool, dp_size: int | None) -> None:
+    """Refuse, before any socket, more endpoints than one process can hold (issue 23)."""
+    n = len(eps) * (dp_size or 1)
+    need = sockets_needed(n, replay)
+    budget = socket_budget()
+    if need <= budget:
+        return
+    per = SOCKETS_PER_SOURCE + (1 if replay else 0)
+    most = budget // per // max(1, len(eps))
+    what = f"--dp-size {dp_size}" if dp_size is not None else f"{n} endpoints"
+    raise EndpointError(
+        f"{what}{' with replay endpoints' if replay else ''} needs {need:,} ZeroMQ sockets; "
+        f"this process can hold {budget:,} (open files limit {_open_files_limit():,}): "
+        f"at most {most:,} ranks per endpoint here; raise `ulimit -n` or record the ranks "
+        "in several processes"
+    )
+
+
 __all__ = [
     "DEFAULT_HOST",
     "SCHEMES",
@@ -243,4 +308,6 @@ __all__ = [
     "normalize_endpoint",
     "offset_endpoint",
     "parse_endpoint",
+    "socket_budget",
+    "sockets_needed",
 ]

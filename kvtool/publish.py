@@ -14,6 +14,8 @@ bind to 127.0.0.1 unless an address is given.
 from __future__ import annotations
 
 import collections
+import contextlib
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -36,11 +38,37 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
 
 DEFAULT_SNDHWM = 100_000
-"""vLLM's default ``hwm`` for its PUB socket."""
+"""vLLM's default ``hwm`` for its PUB socket: the most messages queued per subscriber (the
+bound :func:`sndhwm_for` lowers for large batches)."""
 DEFAULT_BUFFER_STEPS = 10_000
+"""vLLM's default ``buffer_steps``: batches the replay socket can serve."""
+PUB_QUEUE_BYTES = 64 * 1024 * 1024
+"""Bytes of batches (the size of the input's largest first batches) ZeroMQ may queue for
+one subscriber that does not read: the PUB ``SNDHWM`` is this over the batch size, at
+least :data:`MIN_SNDHWM` (issue 23: 100,000 queued 1 MB batches were 3.3 GB)."""
+MIN_SNDHWM = 64
+REPLAY_BUFFER_BYTES = 128 * 1024 * 1024
+"""Payload bytes the replay buffer keeps (besides ``buffer_steps`` batches): the oldest go
+first. Only with a replay endpoint is there a buffer at all."""
+PEEK_BATCHES = 16
+"""Batches read ahead to size the queues (their largest payload)."""
 _SNDMORE = int(zmq.SNDMORE)
 _COPY_THRESHOLD = 65_536  # larger payloads are sent zero-copy
-"""vLLM's default ``buffer_steps``: batches the replay socket can serve."""
+
+
+def sndhwm_for(batch_bytes: int, budget: int = PUB_QUEUE_BYTES, most: int = DEFAULT_SNDHWM) -> int:
+    """The send high-water mark that keeps one peer's queue near ``budget`` bytes.
+
+    Args:
+        batch_bytes: The (largest expected) batch size.
+        budget: The bytes one peer's queue may hold.
+        most: The bound for small batches.
+
+    Returns:
+        ``budget // batch_bytes`` within ``[MIN_SNDHWM, most]``.
+    """
+    return max(min(MIN_SNDHWM, most), min(most, budget // max(1, batch_bytes)))
+
 
 # -- annotation on the wire -----------------------------------------------------------
 
@@ -220,13 +248,19 @@ def annotate_payload(payload: bytes, table: GroupTable | ChannelRule) -> tuple[b
 
 
 REPLAY_SNDHWM = 1_000
-"""Replay reply messages ZeroMQ may queue per peer. vLLM sets no bound (SNDHWM 0), so a peer
-that sends requests and never reads grows the publisher without limit; past this bound the
-publisher waits for the peer to read, streaming the rest of the reply as it does."""
+"""Replay reply messages ZeroMQ may queue per peer (fewer for large batches: see
+:data:`REPLAY_QUEUE_BYTES`). vLLM sets no bound (SNDHWM 0), so a peer that sends requests
+and never reads grows the publisher without limit; past this bound the publisher waits
+for the peer to read, streaming the rest of the reply as it does."""
+REPLAY_QUEUE_BYTES = 16 * 1024 * 1024
+"""Bytes of replies ZeroMQ may queue for one replay peer (the ROUTER ``SNDHWM`` is this
+over the batch size). Large replies are sent zero-copy from the buffer."""
 MAX_REPLAY_REQUESTS_PER_PEER = 4
 """Requests one peer may have waiting or being answered; more are refused (and counted)."""
 MAX_REPLAY_PEERS = 64
-"""Peers with a reply in progress at once; a request from one more is refused."""
+"""Peers with a reply in progress at once. A request from one more evicts the peer stalled
+longest (its queue full, not reading); with none stalled it is answered with the end
+marker alone (issue 23: 64 peers that never read used to starve every honest request)."""
 REPLY_STALL_S = 10.0
 """A reply that makes no progress this long (its peer stopped reading) is abandoned."""
 REQUESTS_PER_SERVICE = 1_000
@@ -247,8 +281,11 @@ class ChannelStats:
         replayed: Batches handed to ZeroMQ in replay replies.
         replay_refused: Replay requests refused: the peer already had
             ``MAX_REPLAY_REQUESTS_PER_PEER`` waiting, or ``MAX_REPLAY_PEERS`` peers were
-            being answered, or the request was malformed.
+            being answered (none stalled: answered with the end marker alone), or the
+            request was malformed.
         replay_abandoned: Replies given up part-way: the peer went away or stopped reading.
+        replay_evicted: Peers evicted (their replies abandoned) to make room for another,
+            stalled longest first.
         subscribers: Subscriptions currently counted.
         max_subscribers: The most subscriptions counted at any moment.
     """
@@ -261,17 +298,25 @@ class ChannelStats:
     replayed: int = 0
     replay_refused: int = 0
     replay_abandoned: int = 0
+    replay_evicted: int = 0
     subscribers: int = 0
     max_subscribers: int = 0
 
 
 @dataclass
 class _Reply:
-    """One replay request being answered: the batches it asked for, and how far it got."""
+    """One replay request being answered: a cursor over the buffer, not a copy of it.
 
-    batches: list[tuple[int, bytes, bytes]]
-    pos: int = 0
+    ``pos`` and ``end`` count batches ever appended to the buffer: what the buffer held
+    when the request came is ``[pos, end)``; what it dropped meanwhile is skipped (gone, as
+    for vLLM). So a reply in progress holds no payload the buffer has let go.
+    """
+
+    start: int
+    pos: int
+    end: int
     progress_at: float = field(default_factory=time.monotonic)
+    blocked_at: float | None = None  # when its peer's queue was last found full
 
 
 class ChannelPublisher:
@@ -314,9 +359,11 @@ class ChannelPublisher:
     ) -> None:
         self.stats = ChannelStats(endpoint, replay_endpoint)
         self.legacy_replay = legacy_replay
-        self.buffer: collections.deque[tuple[int, bytes, bytes]] = collections.deque(
-            maxlen=max(1, buffer_steps)
-        )
+        self.buffer: collections.deque[tuple[int, bytes, bytes]] = collections.deque()
+        self.buffer_steps = max(1, buffer_steps)
+        self.buffer_bytes = 0
+        self.max_buffer_bytes = REPLAY_BUFFER_BYTES
+        self._appended = 0  # batches ever appended to the buffer (cursors count these)
         self._replies: dict[bytes, collections.deque[_Reply]] = {}
         self.pub: zmq.Socket[bytes] = context.socket(zmq.XPUB)
         self.router: zmq.Socket[bytes] | None = None
@@ -376,11 +423,21 @@ class ChannelPublisher:
             self.stats.sent += 1
         else:
             self.stats.dropped += 1
-        self.buffer.append((seq, topic, payload))
+        if self.router is None:
+            return  # no replay endpoint: no buffer (issue 23)
+        buf = self.buffer
+        buf.append((seq, topic, payload))
+        self._appended += 1
+        self.buffer_bytes += len(payload)
+        while len(buf) > self.buffer_steps or (
+            self.buffer_bytes > self.max_buffer_bytes and len(buf) > 1
+        ):
+            self.buffer_bytes -= len(buf.popleft()[2])
 
     def restart(self) -> None:
         """Forget the replay buffer, as a restarted publisher does (seq goes back)."""
         self.buffer.clear()
+        self.buffer_bytes = 0
 
     @property
     def replies_pending(self) -> int:
@@ -437,8 +494,11 @@ class ChannelPublisher:
                 continue
             queue = self._replies.get(client)
             if queue is None:
-                if len(self._replies) >= MAX_REPLAY_PEERS:
+                if len(self._replies) >= MAX_REPLAY_PEERS and not self._evict_stalled():
+                    # Every slot is busy with a peer that reads: still an answer, the end
+                    # marker, so the request is not left to time out.
                     self.stats.replay_refused += 1
+                    self._send_end(client)
                     continue
                 queue = self._replies[client] = collections.deque()
             if len(queue) >= MAX_REPLAY_REQUESTS_PER_PEER:
@@ -446,30 +506,58 @@ class ChannelPublisher:
                 continue
             start = int.from_bytes(start_b[:8], "big")
             self.stats.replay_requests += 1
-            # What the buffer holds now is the answer, as vLLM's reply is; the list holds
-            # references to the buffered payloads, not copies.
-            queue.append(_Reply([b for b in self.buffer if b[0] >= start]))
+            # What the buffer holds now is the answer, as vLLM's reply is.
+            queue.append(_Reply(start, self._appended - len(self.buffer), self._appended))
+
+    def _evict_stalled(self) -> bool:
+        """Abandon the replies of the peer whose queue has been full longest; True if any."""
+        stalled = [
+            (q[0].blocked_at, client)
+            for client, q in self._replies.items()
+            if q and q[0].blocked_at is not None
+        ]
+        if not stalled:
+            return False
+        _, client = min(stalled)
+        self.stats.replay_abandoned += len(self._replies.pop(client))
+        self.stats.replay_evicted += 1
+        return True
+
+    def _send_end(self, client: bytes) -> None:
+        assert self.router is not None
+        end: tuple[bytes, ...] = (client, b"", END_SEQ, b"")
+        if not self.legacy_replay:
+            end = (client, b"", b"", END_SEQ, b"")
+        with contextlib.suppress(zmq.ZMQError):
+            self.router.send_multipart(end, zmq.NOBLOCK)
 
     def _pump(self) -> None:
         """Send each peer as much of its replies as its queue has room for."""
         assert self.router is not None
         send = self.router.send_multipart
         now = time.monotonic()
+        buf = self.buffer
         for client in list(self._replies):
             queue = self._replies[client]
             try:
                 while queue:
                     reply = queue[0]
-                    batches = reply.batches
-                    while reply.pos < len(batches):
-                        seq, topic, payload = batches[reply.pos]
-                        if self.legacy_replay:
-                            send((client, b"", seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
-                        else:
-                            send((client, b"", topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+                    base = self._appended - len(buf)
+                    reply.pos = max(reply.pos, base)  # what the buffer dropped is gone
+                    while reply.pos < reply.end:
+                        seq, topic, payload = buf[reply.pos - base]
+                        if seq >= reply.start:
+                            copy = len(payload) < _COPY_THRESHOLD
+                            seq_b = seq.to_bytes(8, "big")
+                            if self.legacy_replay:
+                                msg: tuple[bytes, ...] = (client, b"", seq_b, payload)
+                            else:
+                                msg = (client, b"", topic, seq_b, payload)
+                            send(msg, zmq.NOBLOCK, copy=copy)
+                            self.stats.replayed += 1
                         reply.pos += 1
                         reply.progress_at = now
-                        self.stats.replayed += 1
+                        reply.blocked_at = None
                     if self.legacy_replay:
                         send((client, b"", END_SEQ, b""), zmq.NOBLOCK)
                     else:
@@ -477,6 +565,8 @@ class ChannelPublisher:
                     queue.popleft()
             except zmq.Again:
                 # The peer's queue is full: go on when it has read some, unless it stalled.
+                if queue and queue[0].blocked_at is None:
+                    queue[0].blocked_at = now
                 if queue and now - queue[0].progress_at > REPLY_STALL_S:
                     self.stats.replay_abandoned += len(queue)
                     queue.clear()
@@ -708,6 +798,16 @@ class Publisher:
 # -- pacing and the publish loop ---------------------------------------------------------
 
 
+MIN_SPEED = 1e-6
+MAX_SPEED = 1e6
+MAX_RATE = 1e9
+"""The ``--speed`` and ``--rate`` accepted: beyond them the pacing arithmetic would
+overflow (``--speed inf``, ``1e308``, ``1e-300`` raised OverflowError) or never send."""
+MAX_PACE_GAP_NS = 10_000_000_000
+"""Recorded receive times jumping further ahead than this are paced as this (a batch 30
+years ahead no longer stalls the publisher)."""
+
+
 @dataclass
 class Pacing:
     """When to send each batch.
@@ -723,10 +823,16 @@ class Pacing:
     max_speed: bool = False
 
     def __post_init__(self) -> None:
-        if self.speed <= 0:
-            raise UsageError(f"--speed {self.speed:g}: must be greater than 0")
-        if self.rate is not None and self.rate <= 0:
-            raise UsageError(f"--rate {self.rate:g}: must be greater than 0")
+        if not MIN_SPEED <= self.speed <= MAX_SPEED:  # inf, nan and 1e-300 too (issue 23)
+            raise UsageError(
+                f"--speed {self.speed:g}: must be between {MIN_SPEED:g} and {MAX_SPEED:g} "
+                "(--max-speed sends as fast as possible)"
+            )
+        if self.rate is not None and not MIN_SPEED <= self.rate <= MAX_RATE:
+            raise UsageError(
+                f"--rate {self.rate:g}: must be between {MIN_SPEED:g} and {MAX_RATE:g} batches/s "
+                "(--max-speed sends as fast as possible)"
+            )
 
 
 @dataclass
@@ -829,6 +935,7 @@ def publish(
             for p in publisher.channels.values():
                 p.restart()
         base_log: int | None = None
+        prev_log = 0
         t_loop = time.monotonic()
         i = 0
         for item in batches():
@@ -843,7 +950,10 @@ def publish(
                     target = t_loop + i * period
                 else:
                     if base_log is None:
-                        base_log = item.log_time
+                        base_log = prev_log = item.log_time
+                    if item.log_time - prev_log > MAX_PACE_GAP_NS:
+                        base_log += item.log_time - prev_log - MAX_PACE_GAP_NS  # clamp
+                    prev_log = max(prev_log, item.log_time)
                     target = t_loop + (item.log_time - base_log) * 1e-9 * inv_speed
                 while True:
                     left = target - time.monotonic()
@@ -962,11 +1072,17 @@ def publish_recording(
     """
     loop_no = [0]
     stats = PublishStats()
+    # The first batches tell the batch size, so ZeroMQ's queues can be bounded in bytes
+    # (issue 23): a subscriber or replay peer that never reads holds ~PUB_QUEUE_BYTES.
+    first_it = iter(source)
+    head = list(itertools.islice(first_it, PEEK_BATCHES))
+    size = max((len(b.message.data) for b in head), default=0) or 16_384
 
     def items() -> Iterable[PublishItem]:
         n = loop_no[0]
         loop_no[0] += 1
-        for item in source:
+        batches = itertools.chain(head, first_it) if n == 0 else source
+        for item in batches:
             if on_batch is not None:
                 on_batch(item, n)
             m = item.message
@@ -982,6 +1098,8 @@ def publish_recording(
         legacy_replay=legacy_replay,
         buffer_steps=buffer_steps,
         connect=connect,
+        sndhwm=sndhwm_for(size),
+        replay_sndhwm=sndhwm_for(size, REPLAY_QUEUE_BYTES, REPLAY_SNDHWM),
     ) as pub:
         if on_start is not None:
             on_start(pub)

@@ -31,7 +31,7 @@ from prometheus_client.utils import floatToGoString as _go_float
 
 from kvtool.report.registry import METRICS, Metric, PromType
 from kvtool.text import printable
-from kvtool.top import TopView
+from kvtool.top import FEED_BUDGET_S, TopView
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -700,12 +700,12 @@ def run_serve(
                 # The health is read before the batches are taken: every batch it counts
                 # is in the feed by the snapshot (a live recorder goes on meanwhile).
                 health, ledger = source.health(), source_ledger(source)
-                feed.add(source.take(now))
+                _feed(source, feed, None if done else now + FEED_BUDGET_S)
                 exporter.update(feed, health, ledger)
                 next_snap = now + interval_s
                 ended = done
             elif not ended:
-                feed.add(source.take(now))
+                _feed(source, feed, now + FEED_BUDGET_S)
             if ended and (exit_at_end or source.error is not None):
                 return
             if end is not None and now >= end:
@@ -718,8 +718,27 @@ def run_serve(
     finally:
         source.stop()
         health, ledger = source.health(), source_ledger(source)
-        feed.add(source.take(time.monotonic()))  # what the recorder wrote while stopping
+        _feed(source, feed, None)  # what the recorder wrote while stopping, all of it
         exporter.update(feed, health, ledger)
+
+
+def _feed(source: Source, feed: ReportFeed, until: float | None) -> None:
+    """Feed what the source holds, chunk by chunk (a source hands out bounded chunks).
+
+    Args:
+        source: The source.
+        feed: The report feed.
+        until: Stop at this monotonic time even with a backlog (a flood: the next snapshot
+            takes the rest); None: until nothing is left (the source has ended).
+    """
+    while True:
+        msgs = source.take(time.monotonic())
+        if msgs:
+            feed.add(msgs)
+        if not msgs or not source.backlog:
+            return
+        if until is not None and time.monotonic() >= until:
+            return
 
 
 __all__ = [

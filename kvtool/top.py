@@ -37,6 +37,25 @@ VIEW_KEYS = {"k": "kind", "w": "window", "g": "group", "r": "rank"}
 HISTORY_S = 60.0
 SPARK = "▁▂▃▄▅▆▇█"
 
+# -- the inbox: bounded, consumed in bounded chunks (issue 23) ----------------------------
+INBOX_MAX = 4_096
+INBOX_BYTES = 64 * 1024 * 1024
+"""Batches (and payload bytes) waiting for the view. When full, the recorder thread waits
+for room (it is busy, as when writing; its gap recovery covers what ZeroMQ drops meanwhile,
+and a ``--record`` file loses nothing): the view drops refreshes, never batches."""
+CHUNK_MAX = 1_024
+CHUNK_BYTES = 16 * 1024 * 1024
+"""Batches (and bytes) decoded in one go: a burst is fed in pieces, never whole."""
+FEED_BUDGET_S = 0.25
+"""A refresh feeds chunks for at most this long before the screen is drawn (health current)."""
+DRAIN_AT = 256
+"""Between refreshes, a backlog of this many batches is fed (in chunks) instead of waiting."""
+MAX_SPEED = 1e6
+"""A ``--speed`` beyond this plays everything at once (as 0)."""
+MAX_PLAYBACK_GAP_NS = 10_000_000_000
+"""A recording's receive times jumping further ahead than this are played as this (a batch
+30 years ahead no longer stalls the playback)."""
+
 Row = Mapping[str, object]
 
 
@@ -441,7 +460,9 @@ class RecordingSource:
 
         self._reader = open_recording(path)
         self.path = self._reader.path
-        self.speed = speed
+        # Past MAX_SPEED (inf, 1e308) everything is due at once: as speed 0 (issue 23:
+        # the pacing arithmetic raised OverflowError).
+        self.speed = 0.0 if not speed <= MAX_SPEED else speed
         self.groups = {self._reader.path: self._reader.groups}
         self._it = self._reader.messages()
         self._next: RecordedMessage | None = next(self._it, None)
@@ -452,6 +473,7 @@ class RecordingSource:
         self._start: float | None = None
         self._paused_at: float | None = None
         self._stream_t = 0.0
+        self._behind = False
         self.done = self._next is None
         self.error: BaseException | None = None
 
@@ -464,7 +486,9 @@ class RecordingSource:
         self._start = now
 
     def take(self, now: float) -> list[RecordedMessage]:
-        """Return the messages due by ``now`` (all of them at speed 0).
+        """Return the next chunk of the messages due by ``now`` (any at speed 0).
+
+        At most :data:`CHUNK_MAX` messages or :data:`CHUNK_BYTES` (see :attr:`backlog`).
 
         Args:
             now: Monotonic seconds.
@@ -477,8 +501,23 @@ class RecordingSource:
         start = self._start if self._start is not None else now
         limit = None if self.speed <= 0 else self._t0 + int((now - start) * self.speed * 1e9)
         out: list[RecordedMessage] = []
-        while self._next is not None and (limit is None or self._next.log_time <= limit):
+        nbytes = 0
+        self._behind = False
+        while self._next is not None:
+            if limit is not None and self._next.log_time > limit:
+                if self._next.log_time - max(self._last, limit) <= MAX_PLAYBACK_GAP_NS:
+                    break
+                # Far ahead of the stream (a clock jump, a bogus time): played as a gap
+                # of MAX_PLAYBACK_GAP_NS, so the playback never stalls on it.
+                shift = self._next.log_time - max(self._last, limit) - MAX_PLAYBACK_GAP_NS
+                self._t0 += shift
+                self._last += shift
+                break
+            if len(out) >= CHUNK_MAX or nbytes >= CHUNK_BYTES:
+                self._behind = True
+                break
             m = self._next
+            nbytes += len(m.data)
             out.append(m)
             self._channels.add((m.channel.path, m.channel.id))
             self._last = max(self._last, m.log_time)
@@ -506,6 +545,11 @@ class RecordingSource:
                 self._start += now - self._paused_at
             self._paused_at = None
 
+    @property
+    def backlog(self) -> int:
+        """:data:`CHUNK_MAX` while messages already due are left for the next call, else 0."""
+        return CHUNK_MAX if self._behind else 0
+
     def clock(self) -> float:
         """Return seconds on the recording's receive clock since its first batch."""
         return self._stream_t
@@ -514,7 +558,7 @@ class RecordingSource:
         """Return the monotonic time the last message is due (None: never, or done)."""
         if self.done or self._start is None:
             return None
-        if self.speed <= 0:
+        if self.speed <= 0 or self._behind:
             return now
         return None
 
@@ -572,7 +616,10 @@ class LiveSource:
         from kvtool.capture import Recorder
 
         self._lock = threading.Lock()
-        self._inbox: list[RecordedMessage] = []
+        self._room = threading.Condition(self._lock)
+        self._inbox: deque[RecordedMessage] = deque()
+        self._inbox_bytes = 0
+        self._closing = False
         self._channels: dict[tuple[str, str], ChannelInfo] = {}
         self._last_mono: float | None = None
         self.error: BaseException | None = None
@@ -601,9 +648,17 @@ class LiveSource:
                 id=len(self._channels), name=name, endpoint=endpoint, topic=topic, dp_rank=rank
             )
         msg = _RM(channel=info, seq=seq, log_time=t, publish_time=t, data=payload, offset=0)
-        with self._lock:
+        with self._room:
+            self._last_mono = time.monotonic()  # the health line: received, if not yet shown
+            # Full: wait for the view to take some (bounded memory; nothing dropped).
+            while (
+                (len(self._inbox) >= INBOX_MAX or self._inbox_bytes + len(payload) > INBOX_BYTES)
+                and self._inbox
+                and not self._closing
+            ):
+                self._room.wait(0.1)
             self._inbox.append(msg)
-            self._last_mono = time.monotonic()
+            self._inbox_bytes += len(payload)
 
     def _run(self) -> None:
         try:
@@ -626,7 +681,10 @@ class LiveSource:
         self._thread.start()
 
     def take(self, now: float) -> list[RecordedMessage]:
-        """Return the batches written since the last call, in the order written.
+        """Return the next chunk of the batches written, in the order written.
+
+        At most :data:`CHUNK_MAX` batches or :data:`CHUNK_BYTES`; the rest stays for the
+        next call (see :attr:`backlog`).
 
         Args:
             now: Monotonic seconds.
@@ -635,8 +693,16 @@ class LiveSource:
             The messages.
         """
         self._now = now
-        with self._lock:
-            out, self._inbox = self._inbox, []
+        out: list[RecordedMessage] = []
+        nbytes = 0
+        with self._room:
+            inbox = self._inbox
+            while inbox and len(out) < CHUNK_MAX and nbytes < CHUNK_BYTES:
+                m = inbox.popleft()
+                nbytes += len(m.data)
+                out.append(m)
+            self._inbox_bytes -= nbytes
+            self._room.notify_all()
         return out
 
     def pause(self, now: float, paused: bool) -> None:
@@ -646,6 +712,11 @@ class LiveSource:
             now: Monotonic seconds.
             paused: Whether the view is paused (only the view freezes).
         """
+
+    @property
+    def backlog(self) -> int:
+        """Batches received and not taken yet."""
+        return len(self._inbox)
 
     def clock(self) -> float:
         """Return seconds since the start."""
@@ -677,6 +748,9 @@ class LiveSource:
         Raises:
             BaseException: What the recorder raised (e.g. an endpoint error).
         """
+        with self._room:
+            self._closing = True  # a recorder waiting for room goes on
+            self._room.notify_all()
         if self._thread.is_alive():
             self.recorder.stop("stopped")
             self._thread.join(60)
@@ -702,6 +776,9 @@ class Source(Protocol):
     def take(self, now: float) -> list[RecordedMessage]: ...  # noqa: D102
 
     def pause(self, now: float, paused: bool) -> None: ...  # noqa: D102
+
+    @property
+    def backlog(self) -> int: ...  # noqa: D102
 
     def clock(self) -> float: ...  # noqa: D102
 
@@ -736,9 +813,25 @@ class TopView:
         Args:
             now: Monotonic seconds.
         """
-        self.feed.add(self.source.take(now))
+        # Chunks until nothing is waiting or the budget is spent: under a flood the screen
+        # is drawn less often (health current), never with batches left out.
+        until = time.monotonic() + FEED_BUDGET_S
+        while True:
+            self.feed.add(self.source.take(now))
+            if not self.source.backlog or time.monotonic() >= until:
+                break
         if not self.paused or self.source.done:
             self.model.update(self.source.clock(), self.feed.snapshot(), self.source.health())
+
+    def drain(self, seconds: float) -> None:
+        """Between refreshes: feed a backlog of at least :data:`DRAIN_AT` batches, in chunks.
+
+        Args:
+            seconds: At most this long.
+        """
+        until = time.monotonic() + seconds
+        while self.source.backlog >= DRAIN_AT and time.monotonic() < until:
+            self.feed.add(self.source.take(time.monotonic()))
 
     def key(self, ch: str, now: float | None = None) -> bool:
         """Apply a key; return False for quit.
@@ -791,7 +884,10 @@ def run_plain(
             wake = top.source.wake(now)
             due = min(x for x in (next_tick, end, wake) if x is not None)
             if due > now:
-                time.sleep(min(due - now, 0.2))
+                if top.source.backlog >= DRAIN_AT:
+                    top.drain(min(due - now, 0.2))
+                else:
+                    time.sleep(min(due - now, 0.2))
                 if not top.source.done:
                     continue
             now = time.monotonic()
@@ -910,6 +1006,9 @@ def run_screen(
                 wait = max(0.0, min(x for x in (next_tick, end) if x is not None) - now)
                 if ended:
                     wait = 0.5 if end is None else min(0.5, wait)
+                elif top.source.backlog >= DRAIN_AT:
+                    top.drain(min(wait, 0.2))  # a burst: feed it now, keys meanwhile
+                    wait = 0.0
                 if keys and key_fd is not None:
                     ready, _, _ = select.select([key_fd], [], [], min(wait, 0.5))
                     if ready:

@@ -111,7 +111,16 @@ class Peer:
             then the honest answer), or -- never sending the end marker -- ``"flood"``
             (in-range replies as fast as ZeroMQ takes them, forever), ``"huge"`` (replies
             of ``huge_bytes`` bytes, forever) or ``"trickle"`` (one reply every 200 ms,
-            forever).
+            forever); ``"pause"`` (honest, but ``replay_pause`` seconds before each
+            ``pause_every`` replies and before the end marker: a publisher serving replay
+            in its own thread, as SGLang does); ``"cut"`` (the first ``replay_cut`` replies
+            of each answer, then nothing: no end marker); ``"far_lie"`` (only seqs it was
+            not asked for, ``start + 5000`` and ``2**60 + 13``, then the end marker).
+        replay_pause: See ``"pause"``.
+        pause_every: See ``"pause"``.
+        pause_first: With ``"pause"``, pause before the first replies too.
+        replay_cut: See ``"cut"``.
+        answer_limit: Answer only this many requests (the rest are ignored).
         huge_bytes: Payload size of a ``"huge"`` reply.
         stray: ``(after_seq, old_seq)`` pairs: after publishing ``after_seq``, send
             ``old_seq`` again live, with its own payload (one out-of-order batch).
@@ -145,13 +154,28 @@ class Peer:
         hwm: int = 100_000,
         replay_delay: float = 0.0,
         replay_mode: str = "honest",
+        replay_pause: float = 5.0,
+        pause_every: int = 1,
+        pause_first: bool = True,
+        replay_cut: int = 5,
+        answer_limit: int | None = None,
         huge_bytes: int = 4 * 1024 * 1024,
         stray: Iterable[tuple[int, int]] = (),
         jump: Iterable[tuple[int, int]] = (),
     ) -> None:
-        if replay_mode not in ("honest", "lie", "flood", "huge", "trickle"):
+        modes = ("honest", "lie", "flood", "huge", "trickle", "pause", "cut", "far_lie")
+        if replay_mode not in modes:
             raise ValueError(f"unknown replay_mode {replay_mode!r}")
         self.replay_mode = replay_mode
+        self.replay_pause = replay_pause
+        self.pause_every = max(1, pause_every)
+        self.pause_first = pause_first
+        self.replay_cut = replay_cut
+        self.answer_limit = answer_limit
+        # Replies due later ("pause"): (due, frames), in send order; one answer after
+        # another, as a single-threaded publisher serves them.
+        self._scheduled: collections.deque[tuple[float, tuple[bytes, ...]]] = collections.deque()
+        self._busy_until = 0.0
         self.huge_bytes = huge_bytes
         self.stray = dict(stray)
         self.jump = dict(jump)
@@ -392,6 +416,8 @@ class Peer:
             if self._streams:
                 self._misbehave()
                 left = min(left, 0.005)
+            if self._scheduled:
+                left = min(left, max(0.0, self._scheduled[0][0] - time.monotonic()))
             ready = dict(self._poller.poll(int(left * 1000)))
             if self._pub is not None and self._pub in ready:
                 while True:
@@ -414,6 +440,9 @@ class Peer:
                         self._answer(req)
             while self._delayed and self._delayed[0][0] <= time.monotonic():
                 self._answer(self._delayed.pop(0)[1])
+            while self._scheduled and self._scheduled[0][0] <= time.monotonic():
+                assert self._router is not None
+                self._router.send_multipart(self._scheduled.popleft()[1])
             if time.monotonic() >= deadline:
                 return subs
 
@@ -424,6 +453,12 @@ class Peer:
         ident, _, start_b = req
         start = int.from_bytes(start_b[:8], "big")
         self.replay_requests.append(start)
+        if self.answer_limit is not None and len(self.replay_requests) > self.answer_limit:
+            return
+        if self.replay_mode in ("pause", "cut", "far_lie"):
+            self._answer_shaped(ident, start)
+            self._served.set()
+            return
         if self.replay_mode in ("flood", "huge", "trickle"):
             self._streams.append([ident, start, time.monotonic()])
             self._served.set()
@@ -449,6 +484,51 @@ class Peer:
         else:
             self._router.send_multipart((ident, b"", END_SEQ, b""))
         self._served.set()
+
+    def _reply_frames(
+        self, ident: bytes, seq: int, topic: bytes, payload: bytes
+    ) -> tuple[bytes, ...]:
+        seq_b = seq.to_bytes(8, "big")
+        if self.reply_layout == "topic":
+            return (ident, b"", topic, seq_b, payload)
+        return (ident, b"", seq_b, payload)
+
+    def _end_frames(self, ident: bytes) -> tuple[bytes, ...]:
+        if self.reply_layout == "topic":
+            return (ident, b"", b"", END_SEQ, b"")
+        return (ident, b"", END_SEQ, b"")
+
+    def _answer_shaped(self, ident: bytes, start: int) -> None:
+        """Answer in the ``"pause"``, ``"cut"`` or ``"far_lie"`` way."""
+        assert self._router is not None
+        replies = [
+            self._reply_frames(ident, seq, topic, payload)
+            for seq, topic, payload in self._buffer
+            if seq >= start
+        ]
+        if self.replay_mode == "far_lie":
+            topic, payload = self.payloads[0]
+            for lie in (start + 5000, 2**60 + 13):
+                self._router.send_multipart(self._reply_frames(ident, lie, topic, payload))
+                self.hostile_sent += 1
+            self._router.send_multipart(self._end_frames(ident))
+            return
+        if self.replay_mode == "cut":
+            for frames in replies[: self.replay_cut]:
+                self._router.send_multipart(frames)
+                self.replayed += 1
+            return
+        t = max(time.monotonic(), self._busy_until)
+        chunks = [
+            replies[i : i + self.pause_every] for i in range(0, len(replies), self.pause_every)
+        ]
+        for i, chunk in enumerate([*chunks, [self._end_frames(ident)]]):
+            if i or self.pause_first:
+                t += self.replay_pause
+            for frames in chunk:
+                self._scheduled.append((t, frames))
+        self.replayed += len(replies)
+        self._busy_until = t
 
     def _misbehave(self) -> None:
         """Send the next replies of every endless answer (flood, huge, trickle)."""

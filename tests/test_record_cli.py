@@ -367,11 +367,11 @@ def test_issue11_7_clean_run_summary_does_not_read_as_trouble() -> None:
     from kvtool.capture import CaptureResult, CaptureStats
     from kvtool.render.status import summary_line
 
-    st = CaptureStats(batches=64, events=1925, gaps=1, recovered=1, replay_timeouts=2)
+    st = CaptureStats(batches=64, events=1925, gaps=1, recovered=1, replay_retries=2)
     line = summary_line(CaptureResult("run.mcap", st, {}, "duration", 2048))
     assert line == (
         "run.mcap: 0 lost, 1 gap (1 recovered); 64 batches, 1,925 events, "
-        "2 replay requests timed out, nothing lost, 2.0 KiB (duration)"
+        "2 replay requests asked again, nothing lost, 2.0 KiB (duration)"
     )
 
 

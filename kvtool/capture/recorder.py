@@ -10,22 +10,28 @@ message is known to come from its endpoint), writes every batch through
   end marker seq ``-1``) while the endpoint's live batches are held, replayed batches
   placed in seq order among them (PROTOCOL.md, "Ordering trap"), a lost **tail** asked
   for when a channel is quiet and at stop, ``history``, publisher **restarts** and
-  implausible jumps, **strays**, lying or flooding replay sockets, replay timeouts and
-  back-off, and what goes to the ledger as **lost** -- is made by the pure
+  implausible jumps, **strays**, lying or flooding replay sockets, replay retries and
+  deadlines, and what goes to the ledger as **lost** or **unconfirmed** -- is made by the pure
   :class:`~kvtool.capture.sequencer.Sequencer` (one per endpoint). This module feeds it
   what the sockets receive and the clock, and carries out the actions it returns
   (write, send a request, replace the replay socket); nothing goes missing silently.
 
 Guarantees, whatever the peers do:
 
-- **stop**: after SIGTERM/SIGINT (or :meth:`Recorder.stop`) the recorder spends at most
+- **stop**: after SIGTERM/SIGINT/SIGHUP (or :meth:`Recorder.stop`) the recorder spends at most
   :data:`STOP_GRACE_NS` (1 s) finishing replays, then writes what it holds and closes a
   valid file with its gap ledger -- ``kvtool record`` exits well within 3 s;
-- **SIGKILL** loses at most about 2 s of received batches: the writer flushes every
-  second and live batches are held for a replay at most :data:`MAX_HOLD_NS` (1 s);
+- **SIGKILL** loses at most about 1 s of received batches (the writer flushes every
+  second) plus the live batches held for an outstanding replay (at most
+  :data:`MAX_HELD_BYTES`, for at most the request's deadline, 20 s);
+- **replay**: a request without an answer for ``--replay-timeout`` is asked again from
+  the seq after the last reply, until its end marker comes or
+  :data:`REPLAY_DEADLINE_NS` passes (issue 23); what it did not bring is in the ledger
+  (a gap's seqs lost, a tail unconfirmed), never silently missing;
 - **memory**: the recorder's own buffers (held live batches, one request's replies, the
-  reserve, remembered payload hashes) stay under :data:`MEMORY_BOUND_BYTES` (768 MiB), for up
-  to :data:`MAX_CHANNELS_PER_SOURCE` channels per endpoint. ZeroMQ's queues (SUB
+  reserve, remembered payload hashes, batches waiting for the status decode) stay under
+  :data:`MEMORY_BOUND_BYTES` (768 MiB), for up to :data:`MAX_CHANNELS_PER_SOURCE`
+  channels per endpoint. ZeroMQ's queues (SUB
   ``RCVHWM`` 5,000 messages, DEALER :data:`DEALER_RCVHWM`) come on top; each message
   is at most :data:`MAX_MESSAGE_BYTES` (a larger one drops the peer's connection).
 
@@ -40,6 +46,7 @@ The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`buil
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -54,6 +61,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from kvtool.annotate import StatusKinds, groups_from_list
+from kvtool.capture import sequencer as _seqmod
 from kvtool.capture.sequencer import (
     DEFAULT_QUIET_NS,
     DEFAULT_REPLAY_TIMEOUT_NS,
@@ -78,6 +86,7 @@ from kvtool.endpoints import (
     expand_endpoints,
     normalize_endpoint,
     offset_endpoint,
+    sockets_needed,
 )
 from kvtool.errors import EndpointError, KvtoolError, MetadataError
 from kvtool.protocol import peek_ts
@@ -89,15 +98,10 @@ END_SEQ = b"\xff" * 8
 
 # The recorder reads these when it starts (tests may change them); the sequencer keeps
 # them as its Limits.
-REPLAY_BACKOFF_NS = 10_000_000_000
-"""After a replay request timed out, gaps are recorded as lost for this long."""
-REPLAY_DEADLINE_NS = 5_000_000_000
-"""Total time one replay request may take, however steadily it answers (a trickling
-socket); the idle timeout alone never fires while replies keep coming."""
+REPLAY_DEADLINE_NS = _seqmod.REPLAY_DEADLINE_NS
+"""Total time one replay request may take, its retries included (see the sequencer)."""
 STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
-STOP_TAIL_TIMEOUT_NS = 1_000_000_000
-"""At stop, a source in its replay back-off still makes one tail request, with this timeout."""
 STOP_GRACE_NS = 1_000_000_000
 """After a stop, outstanding replays get at most this long before what is held is written."""
 STOP_WRITE_BUDGET_NS = 700_000_000
@@ -107,9 +111,6 @@ LOOP_STALL_NS = 200_000_000
 pending replay requests are not charged for it (their replies could not be read)."""
 MAX_HELD_BYTES = 128 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
-MAX_HOLD_NS = 1_000_000_000
-"""How long live batches may be held for one replay; past this the replay is given up
-(so a SIGKILL loses at most this plus the writer's flush interval)."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """ZeroMQ ``MAXMSGSIZE`` of every socket: a larger message drops the peer's connection."""
 DEALER_RCVHWM = 20_000
@@ -118,21 +119,22 @@ MAX_CHANNELS_PER_SOURCE = 64
 """Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
 LEDGER_LIST_CAP = 2_000
 """Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
-STATS_DECODE_BURST = 500
-STATS_DECODE_PER_S = 200
-"""Batches decoded for the per-kind status counts: every batch while a token bucket
-(``STATS_DECODE_BURST`` tokens, refilled at this rate) lasts -- so a slow or short
-stream is counted exactly -- then one in :data:`STATS_SAMPLE_EVERY`."""
-STATS_SAMPLE_EVERY = 16
-"""Past the decode budget, one batch in this many is decoded for the per-kind counts;
-the others only have their events counted from the batch header (about 1 us instead
-of 100-200 us for a 15 kB batch)."""
+STATS_QUEUE_MAX = 2_000
+STATS_QUEUE_BYTES = 32 * 1024 * 1024
+"""Written batches waiting to be decoded for the per-kind status counts. They are decoded
+only when no socket has anything to read (issue 23: the status never delays receiving);
+past this queue a batch only has its events counted from its header (about 1 us instead
+of 100-200 us for a 15 kB batch) and is ``unsampled``."""
+STATS_SLICE_NS = 5_000_000
+"""Decoding for the status runs in slices this long between two polls."""
+STATS_STOP_NS = 200_000_000
+"""At stop, decoding what is queued gets this long; the rest is counted from headers."""
 MAX_REMEMBERED = 20_000
 """Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
 MEMORY_BOUND_BYTES = 768 * 1024 * 1024
 """The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
-replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) +
-remembered hashes, with room to spare."""
+replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) + the status
+decode queue (STATS_QUEUE_BYTES) + remembered hashes."""
 RCVHWM = 5_000
 """Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
 a recorder that falls behind must see a gap while the replay buffer still holds it; a
@@ -323,6 +325,8 @@ class Recorder:
         self._writer_options = writer_options or {}
         self._extra_context = extra_context or {}
         self.stats = CaptureStats()
+        self._stat_queue: collections.deque[tuple[ChannelState, int, bytes]] = collections.deque()
+        self._stat_bytes = 0
         self._stop_flag = threading.Event()
         self._abort_flag = threading.Event()
         self._stop_reason = "stopped"
@@ -357,7 +361,10 @@ class Recorder:
         def handler(signum: int, frame: FrameType | None) -> None:
             self.stop("signal")
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        from kvtool._signals import STOP_SIGNALS
+
+        # SIGHUP too: a closed SSH session ends the capture like SIGTERM (issue 23).
+        old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
         try:
             yield
         finally:
@@ -369,7 +376,8 @@ class Recorder:
         """Record until a stop condition, then close the file with the gap ledger.
 
         Args:
-            handle_signals: Let SIGINT and SIGTERM stop the capture cleanly (main thread only).
+            handle_signals: Let SIGINT, SIGTERM and SIGHUP stop the capture cleanly (main
+                thread only).
 
         Returns:
             The result, with counters and the ledger.
@@ -400,6 +408,11 @@ class Recorder:
         )
         self._writer = writer
         ctx = self._ctx_given or zmq.Context()
+        need = sockets_needed(len(self.sources), any(s.replay for s in self.sources)) + 16
+        if self._ctx_given is None and need > ctx.get(zmq.MAX_SOCKETS):
+            # ZeroMQ's default is 1,023 sockets per context: --dp-size 256 with replay
+            # needs more (expand_endpoints refused what the process cannot hold).
+            ctx.set(zmq.MAX_SOCKETS, need)
         error: BaseException | None = None
         try:
             if self.groups is not None:
@@ -470,14 +483,11 @@ class Recorder:
             replay_timeout_ns=self.replay_timeout_ns,
             quiet_ns=self.quiet_ns,
             replay_deadline_ns=REPLAY_DEADLINE_NS,
-            backoff_ns=REPLAY_BACKOFF_NS,
             max_held_bytes=MAX_HELD_BYTES,
-            max_hold_ns=MAX_HOLD_NS,
             max_late_replies=MAX_LATE_REPLIES,
             max_channels=MAX_CHANNELS_PER_SOURCE,
             max_remembered=MAX_REMEMBERED,
             stop_tail_quiet_ns=STOP_TAIL_QUIET_NS,
-            stop_tail_timeout_ns=STOP_TAIL_TIMEOUT_NS,
         )
         return Sequencer(
             spec.endpoint,
@@ -495,6 +505,9 @@ class Recorder:
             src.dealer.close(linger=0)
         d = (ctx or self._ctx).socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
+        # A request is queued only on a connection: with none, its send fails and it is
+        # sent again at the next tick (given up after --replay-timeout without one).
+        d.setsockopt(zmq.IMMEDIATE, 1)
         d.setsockopt(zmq.RCVHWM, DEALER_RCVHWM)
         d.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         assert src.spec.replay is not None
@@ -557,8 +570,12 @@ class Recorder:
                 poller, roles = self._build_poller(live=True)
                 dealers_version = self._dealer_ids()
             t_poll = time.monotonic_ns()
-            ready = poller.poll(0 if busy else 50)
-            poll_ns = time.monotonic_ns() - t_poll
+            timeout_ms = 0 if busy or self._stat_queue else 50
+            ready = poller.poll(timeout_ms)
+            # Only the wait asked for is not a stall (a SIGSTOP inside poll is one).
+            poll_ns = min(time.monotonic_ns() - t_poll, timeout_ms * 1_000_000 + LOOP_STALL_NS)
+            if not ready and self._stat_queue:
+                self._decode_queued(STATS_SLICE_NS)  # nothing to read: the status's turn
             busy = False
             for sock, _ in ready:
                 role, src = roles[sock]
@@ -631,6 +648,8 @@ class Recorder:
             self._act(src, src.seq.release(time.monotonic_ns()))
         if not self._budget.full:
             self._settle()
+        self._decode_queued(STATS_STOP_NS)
+        self._count_queued()
         if self._status is not None:
             self._status(self.stats)
 
@@ -658,12 +677,6 @@ class Recorder:
         live = src.seq.live
         act = self._act
         start = time.monotonic_ns()
-        if self._stats_tokens < STATS_DECODE_BURST:
-            self._stats_tokens = min(
-                float(STATS_DECODE_BURST),
-                self._stats_tokens + (start - self._stats_refill_mono) * STATS_DECODE_PER_S / 1e9,
-            )
-        self._stats_refill_mono = start
         n = 0
         more = False
         stopping = self._stop_flag.is_set
@@ -771,15 +784,16 @@ class Recorder:
         ch = src.seq.channels[w.topic]
         ts = peek_ts(payload)
         pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
-        # Decoding for the status costs more than writing: past its budget, a sample only.
-        if self._stats_tokens >= 1.0:
-            self._stats_tokens -= 1.0
-            self._decode_stats(ch, seq, payload)
+        # Decoding for the status costs more than writing: queued for an idle moment, or
+        # past the queue's bound counted from the header only.
+        queue = self._stat_queue
+        if len(queue) < STATS_QUEUE_MAX and self._stat_bytes + len(payload) <= STATS_QUEUE_BYTES:
+            queue.append((ch, seq, payload))
+            self._stat_bytes += len(payload)
         else:
-            self._sample_tick += 1
-            n = _event_count(payload) if self._sample_tick % STATS_SAMPLE_EVERY else None
+            n = _event_count(payload)
             if n is None:
-                self._decode_stats(ch, seq, payload)
+                self._decode_stats(ch, seq, payload)  # no header to count: a broken payload
             else:
                 st.events += n
                 st.unsampled += 1
@@ -794,9 +808,29 @@ class Recorder:
             self._full = True
             self.stop("max_batches")
 
-    _sample_tick = 0
-    _stats_tokens = float(STATS_DECODE_BURST)
-    _stats_refill_mono = 0
+    def _decode_queued(self, budget_ns: int) -> None:
+        """Decode queued batches for the status for up to ``budget_ns``."""
+        queue = self._stat_queue
+        until = time.monotonic_ns() + budget_ns
+        while queue:
+            ch, seq, payload = queue.popleft()
+            self._stat_bytes -= len(payload)
+            self._decode_stats(ch, seq, payload)
+            if time.monotonic_ns() >= until:
+                return
+
+    def _count_queued(self) -> None:
+        """At the very end: what is still queued is counted from its headers."""
+        queue = self._stat_queue
+        while queue:
+            ch, seq, payload = queue.popleft()
+            n = _event_count(payload)
+            if n is None:
+                self._decode_stats(ch, seq, payload)
+            else:
+                self.stats.events += n
+                self.stats.unsampled += 1
+        self._stat_bytes = 0
 
     def _decode_stats(self, ch: ChannelState, seq: int, payload: bytes) -> None:
         try:
@@ -910,7 +944,7 @@ def build_ledger(channels: Iterable[ChannelState]) -> GapLedger:
 
     chans: list[ChannelLedger] = []
     lost_ranges: list[tuple[int, int]] = []
-    recovered = lost = restarts = 0
+    recovered = lost = restarts = unconfirmed = 0
     for ch in channels:
         for g in ch.gaps:
             recovered += g.recovered
@@ -939,8 +973,10 @@ def build_ledger(channels: Iterable[ChannelState]) -> GapLedger:
                 restarts=[RestartRecord(**r) for r in cap(ch.restarts)],
                 gaps_omitted=max(0, len(ch.gaps) - LEDGER_LIST_CAP),
                 restarts_omitted=max(0, len(ch.restarts) - LEDGER_LIST_CAP),
+                unconfirmed_from=ch.expected if ch.unconfirmed else None,
             )
         )
+        unconfirmed += ch.unconfirmed
     return GapLedger(
         channels=chans,
         recovered=recovered,
@@ -948,6 +984,7 @@ def build_ledger(channels: Iterable[ChannelState]) -> GapLedger:
         lost_ranges=cap(lost_ranges),
         restarts=restarts,
         lost_ranges_omitted=max(0, len(lost_ranges) - LEDGER_LIST_CAP),
+        unconfirmed=unconfirmed,
     )
 
 

@@ -37,10 +37,16 @@ What a :class:`Sequencer` decides, per channel (one per (endpoint, topic)):
 - a lost **tail** is invisible to gap detection, so a channel quiet for ``quiet_ns``
   (and every quiet channel at stop) asks for anything after its last seq;
 - ``history`` first asks for everything the replay buffer still holds;
-- a request with no answer within its timeout, past its total deadline, flooding, or
-  holding live batches too long or too many is given up: its outstanding seqs are lost,
-  the held batches placed, and the replay socket left alone for ``backoff_ns`` (reset
-  when dead or flooding); late answers are still filed by seq;
+- a request with no answer within its idle timeout is **asked again** from the seq after
+  the last reply received (on the same socket: a slow answer still counts), until its
+  end marker comes or its total deadline passes (issue 23). Only past the deadline,
+  flooding, holding too many live bytes, or at stop is it given up: the seqs of a gap it
+  did not bring are lost, a tail it did not confirm is *unconfirmed* (both in the
+  ledger); late answers are still filed by seq. There is no back-off: every gap is asked;
+- a reply the request could not have produced -- below its start, a first reply past
+  the live batch that showed the gap (or far past a tail's start), a jump over seqs
+  inside an answer -- is counted as rejected and never written; a jump inside an answer
+  (replies dropped on the way) asks again from the seq after the last one received;
 - at stop, what the reserve holds is written, and every seq the sequencer has evidence
   of (written, or in a reply) but did not write goes to the ledger as lost.
 """
@@ -148,7 +154,13 @@ class ReplyVerdict(Enum):
 
     ACCEPT = "accept"
     REJECT = "reject"
-    """Outside the requested range or not ascending: a protocol error, dropped."""
+    """Outside the requested range: a protocol error, dropped."""
+    JUMP = "jump"
+    """Past the next seq of its topic's answer: replies were dropped on the way (or it is
+    a lie): dropped, and the request is asked again from the seq after the last one."""
+    REPEAT = "repeat"
+    """At or below its topic's last accepted seq: a retried request's answer repeating
+    what came already; ignored."""
     DISCARD = "discard"
     """Past the request's count or byte cap: dropped; the request is flooding."""
 
@@ -157,9 +169,16 @@ class ReplyVerdict(Enum):
 class ReplyWindow:
     """Which replies one replay request may accept.
 
+    An honest answer is, per topic, one run of consecutive seqs from ``start`` (or from
+    the buffer's oldest, when that is later). So the first reply of ``topic`` (the
+    channel that asked) must be at most ``first_hi`` -- the live batch that showed the
+    gap, or a little past a tail's start -- and each later reply of a topic the next seq.
+
     Args:
         start: The seq asked for (replies begin there or later).
         live_high: The highest seq the live stream showed on the endpoint (None: none).
+        topic: The asking channel's topic frame (None: the old layout, or a history).
+        first_hi: The highest first reply believed for ``topic`` (None: any in range).
 
     Attributes:
         hi: The highest acceptable seq.
@@ -172,6 +191,8 @@ class ReplyWindow:
 
     start: int
     live_high: int | None = None
+    topic: bytes | None = None
+    first_hi: int | None = None
     hi: int = field(init=False)
     seen: int = 0
     count: int = 0
@@ -200,7 +221,12 @@ class ReplyWindow:
         if not self.start <= seq <= self.hi:
             return ReplyVerdict.REJECT
         last = self._last.get(topic)
-        if last is not None and seq <= last:
+        if last is not None:
+            if seq <= last:
+                return ReplyVerdict.REPEAT
+            if seq != last + 1:
+                return ReplyVerdict.JUMP
+        elif self.first_hi is not None and seq > self.first_hi and topic in (None, self.topic):
             return ReplyVerdict.REJECT
         if self.nbytes + size > MAX_REPLY_BYTES:
             self.flooded = True
@@ -210,6 +236,26 @@ class ReplyWindow:
         self.nbytes += size
         return ReplyVerdict.ACCEPT
 
+    def last(self, topic: bytes | None) -> int | None:
+        """The last seq accepted for ``topic`` (or for replies without a topic frame).
+
+        Args:
+            topic: The topic frame.
+
+        Returns:
+            The seq, or None when none was accepted.
+        """
+        last = self._last.get(topic)
+        return self._last.get(None) if last is None else last
+
+    def resume(self) -> int:
+        """The seq a retry asks from: after the last reply of every topic that answered.
+
+        Returns:
+            The lowest ``last + 1`` over the topics answered so far, else ``start``.
+        """
+        return min((v + 1 for v in self._last.values()), default=self.start)
+
 
 # ---------------------------------------------------------------------- limits
 
@@ -218,20 +264,20 @@ MAX_PLAUSIBLE_JUMP = 2**32
 anything near that many batches): it opens a new run, like a restart (issue 8)."""
 DEFAULT_REPLAY_TIMEOUT_NS = 2_000_000_000
 DEFAULT_QUIET_NS = 1_000_000_000
-REPLAY_BACKOFF_NS = 10_000_000_000
-"""After a replay request timed out, gaps are recorded as lost for this long."""
-REPLAY_DEADLINE_NS = 5_000_000_000
-"""Total time one replay request may take, however steadily it answers (a trickling
-socket); the idle timeout alone never fires while replies keep coming."""
+REPLAY_DEADLINE_NS = 20_000_000_000
+"""Total time one replay request may take, retries included (at least 5 idle timeouts):
+long enough for a publisher that serves replay in its own thread and pauses for seconds
+(SGLang), bounded for a trickling socket (the idle timeout never fires while replies come)."""
+DEADLINE_TIMEOUTS = 5
+"""The total deadline is at least this many idle timeouts (``--replay-timeout``)."""
+MAX_TAIL_LEAD = 1_000
+"""A tail's (or a history's, without live evidence) first reply more than this past the
+seq asked for is not believed: the buffer would have moved past that many batches the
+live stream never delivered while the channel was quiet (a lie such as seq+5000)."""
 STOP_TAIL_QUIET_NS = 50_000_000
 """At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
-STOP_TAIL_TIMEOUT_NS = 1_000_000_000
-"""At stop, a source in its replay back-off still makes one tail request, with this timeout."""
 MAX_HELD_BYTES = 128 * 1024 * 1024
 """Live bytes held while one replay is outstanding; past this the replay is given up."""
-MAX_HOLD_NS = 1_000_000_000
-"""How long live batches may be held for one replay; past this the replay is given up
-(so a SIGKILL loses at most this plus the writer's flush interval)."""
 MAX_CHANNELS_PER_SOURCE = 64
 """Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
 MAX_REMEMBERED = 20_000
@@ -245,30 +291,33 @@ class Limits:
     """The bounds one :class:`Sequencer` keeps (the recorder passes its module's values).
 
     Attributes:
-        replay_timeout_ns: A request with no answer this long is given up.
+        replay_timeout_ns: A request with no answer this long is asked again (from the
+            seq after the last reply); one that cannot be sent this long is given up.
         quiet_ns: A channel quiet this long asks for a lost tail.
-        replay_deadline_ns: Total time one request may take.
-        backoff_ns: After a request was given up, gaps are lost for this long.
+        replay_deadline_ns: Total time one request may take, its retries included (at
+            least :data:`DEADLINE_TIMEOUTS` idle timeouts).
         max_held_bytes: Live bytes held for one request.
-        max_hold_ns: How long live batches may be held for one request.
         max_late_replies: Late replies filed per request before the socket is reset.
         max_channels: Channels (topics) per endpoint.
         max_remembered: Replayed payload hashes remembered per channel.
         stop_tail_quiet_ns: At stop, channels quiet this long ask for their tail.
-        stop_tail_timeout_ns: The timeout of a stop tail request made in the back-off.
+        max_tail_lead: See :data:`MAX_TAIL_LEAD`.
     """
 
     replay_timeout_ns: int = DEFAULT_REPLAY_TIMEOUT_NS
     quiet_ns: int = DEFAULT_QUIET_NS
     replay_deadline_ns: int = REPLAY_DEADLINE_NS
-    backoff_ns: int = REPLAY_BACKOFF_NS
     max_held_bytes: int = MAX_HELD_BYTES
-    max_hold_ns: int = MAX_HOLD_NS
     max_late_replies: int = MAX_LATE_REPLIES
     max_channels: int = MAX_CHANNELS_PER_SOURCE
     max_remembered: int = MAX_REMEMBERED
     stop_tail_quiet_ns: int = STOP_TAIL_QUIET_NS
-    stop_tail_timeout_ns: int = STOP_TAIL_TIMEOUT_NS
+    max_tail_lead: int = MAX_TAIL_LEAD
+
+    @property
+    def deadline_ns(self) -> int:
+        """The total deadline of one request."""
+        return max(self.replay_deadline_ns, DEADLINE_TIMEOUTS * self.replay_timeout_ns)
 
 
 # ---------------------------------------------------------------------- counters
@@ -301,9 +350,13 @@ class CaptureStats:
             ``cleared``) because the recorder was past its decode budget and counted a
             sample; their events are in ``events``, and they are in the recording all
             the same.
-        replay_requests: Requests sent to replay sockets.
-        replay_timeouts: Requests given up (no answer in time, past their total deadline,
-            flooding, or holding live batches too long or too many).
+        replay_requests: Requests sent to replay sockets (retries not counted).
+        replay_retries: Requests asked again (no answer within the idle timeout, or
+            replies missing inside an answer), from the seq after the last reply.
+        replay_timeouts: Requests given up (past their total deadline, not sendable,
+            flooding, holding too many live bytes, or cut short by the stop).
+        unconfirmed: Channels whose tail was asked for and never confirmed (the answer
+            never ended): whether batches followed their last seq is unknown.
         stray: Live batches behind the stream that were not a restart (dropped; their
             seq was written already or is in the ledger).
         replay_rejected: Replay replies outside the requested range or not ascending
@@ -333,7 +386,9 @@ class CaptureStats:
     undecodable: int = 0
     unsampled: int = 0
     replay_requests: int = 0
+    replay_retries: int = 0
     replay_timeouts: int = 0
+    unconfirmed: int = 0
     stray: int = 0
     replay_rejected: int = 0
     replay_discarded: int = 0
@@ -487,6 +542,9 @@ class ChannelState:
     # reserve. At stop, whatever below it was not written is in the ledger as lost.
     known_max: int | None = None
     history_asked: bool = False
+    # The tail after ``expected`` was asked for and never confirmed (its answer never
+    # ended); cleared once confirmed, or once the live stream goes on.
+    unconfirmed: bool = False
     replayed: dict[int, int] = field(default_factory=dict)  # recent replay writes: payload hash
     order: LiveOrder = field(default_factory=LiveOrder)
     suspect: _Item | None = None  # a live batch behind the stream, until order resolves it
@@ -507,8 +565,10 @@ class _Pending:
     replies: list[_Item] = field(default_factory=list)
     trigger: int | None = None  # the live seq that revealed the gap
     abandon: bool = False
-    sent: bool = True  # False: the replay socket could not queue it
-    timeout_ns: int | None = None  # None: Limits.replay_timeout_ns
+    sent: bool = True  # False: the replay socket could not queue its last send
+    sends: int = 1  # sends on the socket whose end marker has not come
+    retries: int = 0
+    jumped: bool = False  # replies were missing inside an answer: ask again at its end
     flooded: bool = False
     started_mono: int = 0  # for the total deadline (moved on like progress_mono when busy)
     window: ReplyWindow | None = None
@@ -563,18 +623,17 @@ class Sequencer:
         self.held: list[_Item] = []
         self.held_bytes = 0
         self.held_since_mono = 0
-        self.replay_dead_until = 0
         self.late_accepted = 0
         self.late_bytes = 0
         # Requests given up on whose end marker has not come yet: the ROUTER answers in
         # order on the same socket, so the next replies (up to that many end markers)
         # belong to them; their batches are still filed by seq (late replies).
         self.stale_ends = 0
-        self.stop_tail_asked = False
         self._tails: list[ChannelState] = []
         self._settler: Iterator[None] | None = None
         self._settled: set[bytes] = set()
         self._in_history = False
+        self._closed = False  # the stop's grace ran out: no more requests
         self._now = 0
         self._out: list[Action] = []
 
@@ -599,7 +658,13 @@ class Sequencer:
         self._now = now
         if self.pending is None:
             ch = self.channels.get(topic)
-            if ch is not None and seq == ch.expected and not ch.reserve and ch.suspect is None:
+            if (
+                ch is not None
+                and seq == ch.expected
+                and not ch.reserve
+                and ch.suspect is None
+                and not ch.unconfirmed
+            ):
                 # The common case: the next batch of a known channel.
                 ch.tail_checked = False
                 ch.last_live_mono = now
@@ -659,9 +724,13 @@ class Sequencer:
             return self._take()
         assert req.window is not None
         verdict = req.window.check(topic, seq, len(payload))
-        if verdict is ReplyVerdict.REJECT:
+        if verdict is ReplyVerdict.REPEAT:
+            pass  # a retried request's answer repeating what came already
+        elif verdict is ReplyVerdict.REJECT or verdict is ReplyVerdict.JUMP:
             self.stats.replay_rejected += 1  # a lie: never a gap, never written
             self._out.append(Discard(1, "rejected"))
+            if verdict is ReplyVerdict.JUMP:
+                req.jumped = True  # ask again from the seq after the last one, at its end
         elif verdict is ReplyVerdict.DISCARD:
             self.stats.replay_discarded += 1
             self._out.append(Discard(1, "discarded"))
@@ -679,6 +748,11 @@ class Sequencer:
                     REPLAY if topic is not None else _NO_TOPIC,
                 )
             )
+            if req.kind == "gap" and self._covered(req):
+                # The hole is filled: the live batches need not wait for the end marker
+                # (the rest of the answer, if it comes, is filed by seq as late replies).
+                self.stale_ends += req.sends
+                self._finish_replay(timed_out=False)
         return self._take()
 
     def reply_end(self, now: int) -> list[Action]:
@@ -695,14 +769,48 @@ class Sequencer:
         if self.stale_ends:
             self.stale_ends -= 1  # the end of a request given up on
             return []
-        if self.pending is not None:
-            self._finish_replay(timed_out=False)
+        req = self.pending
+        if req is not None:
+            req.sends = max(0, req.sends - 1)
+            broken = req.jumped and not self._covered(req)
+            if broken and now - req.started_mono <= self.limits.deadline_ns:
+                # Replies went missing inside this answer: ask for the rest again.
+                req.jumped = False
+                self._retry(req, now)
+            else:
+                # Answers come in order on one socket: those of earlier sends of this
+                # request, if still to come, end before the next request's.
+                self.stale_ends += req.sends
+                self._finish_replay(timed_out=broken)
         return self._take()
 
     def unsent(self) -> None:
-        """The last :class:`Request` could not be queued: it times out like an unanswered one."""
-        if self.pending is not None:
-            self.pending.sent = False
+        """The last :class:`Request` could not be queued: it is sent again at the next tick.
+
+        Past the idle timeout without a send the request is given up (no connection).
+        """
+        req = self.pending
+        if req is not None and req.sent:
+            req.sent = False
+            req.sends = max(0, req.sends - 1)
+
+    @staticmethod
+    def _covered(req: _Pending) -> bool:
+        """The replies so far fill the hole the request was made for (up to its trigger)."""
+        if req.trigger is None or req.window is None:
+            return False
+        last = req.window.last(req.topic)
+        return last is not None and last >= req.trigger - 1
+
+    def _retry(self, req: _Pending, now: int) -> None:
+        """Ask again, on the same socket, from the seq after the last reply received."""
+        assert req.window is not None
+        req.retries += 1
+        req.sends += 1
+        req.sent = True
+        req.progress_mono = now
+        self.stats.replay_retries += 1
+        self._out.append(Request(req.window.resume(), req.kind, req.topic))
 
     def start_history(self, now: int) -> list[Action]:
         """Ask for everything the replay buffer holds (``history``, at start).
@@ -725,12 +833,18 @@ class Sequencer:
         return self.pending is not None and not self.pending.abandon
 
     def credit_busy(self, now: int, busy_ns: int) -> None:
-        """Do not charge the pending request for time the loop spent busy elsewhere.
+        """Do not charge the pending request, nor channels' quiet time, for a stalled loop.
+
+        A loop that could not read (busy elsewhere, or the process stopped: SIGSTOP, a
+        loaded machine) saw no live batch either: its channels are not quiet for that
+        (a tail asked then is asked of a stream whose batches wait in the queue).
 
         Args:
             now: Monotonic ns.
             busy_ns: How long the loop could not read.
         """
+        for ch in self.channels.values():
+            ch.last_live_mono = min(now, ch.last_live_mono + busy_ns)
         req = self.pending
         if req is not None:
             req.progress_mono = min(now, req.progress_mono + busy_ns)
@@ -752,34 +866,41 @@ class Sequencer:
         if req is None:
             return []
         lim = self.limits
-        timeout = lim.replay_timeout_ns if req.timeout_ns is None else req.timeout_ns
-        if (
-            req.abandon
-            or now - req.progress_mono > timeout
-            or now - req.started_mono > max(lim.replay_deadline_ns, timeout)
-            or (self.held and now - self.held_since_mono > lim.max_hold_ns)
-        ):
+        idle = now - req.progress_mono > lim.replay_timeout_ns
+        if req.abandon or now - req.started_mono > lim.deadline_ns or (idle and not req.sent):
+            # Flooding, holding too much, past its deadline, or never sent (no connection).
             self._give_up(now)
+        elif not req.sent:
+            req.sent = True  # sent again (the recorder calls unsent() if it still cannot)
+            req.sends += 1
+            self._out.append(
+                Request(req.window.resume() if req.window else req.start, req.kind, req.topic)
+            )
+        elif idle:
+            self._retry(req, now)
         return self._take()
 
     def _give_up(self, now: int) -> None:
-        """Give the pending request up: its outstanding seqs are lost, the held placed."""
+        """Give the pending request up: what it did not bring is lost or unconfirmed.
+
+        A gap's missing seqs are lost (never asked again: the live batch that showed it
+        is placed now); a tail it did not confirm is unconfirmed; the held are placed.
+        """
         req = self.pending
         assert req is not None
-        lim = self.limits
         self.stats.replay_timeouts += 1
-        self.replay_dead_until = now + lim.backoff_ns
-        if req.sent:
-            self.stale_ends += 1
-        if self.stale_ends > 1 or req.flooded:
-            # Two requests unanswered (the socket is dead), or one flooding: start
-            # afresh, dropping whatever it still queues.
+        self.stale_ends += req.sends
+        if req.flooded:
+            # Flooding: start afresh, dropping whatever it still queues.
             self._out.append(ResetReplySocket())
             self.stale_ends = 0
-        if req.kind == "tail" and req.topic is not None:
-            ch = self.channels.get(req.topic)
-            if ch is not None:
-                ch.tail_checked = False  # ask again at stop
+        topic = req.topic
+        if topic is None and len(self.channels) == 1:
+            topic = next(iter(self.channels))
+        ch = self.channels.get(topic) if topic is not None else None
+        if ch is not None and req.trigger is not None:
+            # Not asked again: below the live batch that showed it, what is missing is lost.
+            ch.floor = max(ch.floor, req.trigger)
         self._finish_replay(timed_out=True)
 
     def check_quiet(self, now: int) -> list[Action]:
@@ -798,12 +919,12 @@ class Sequencer:
                 self._resolve_suspect(ch, None)
         if self.pending is not None:
             return self._take()
+        for ch in self.channels.values():
+            if ch.reserve and ch.tail_checked and now - ch.last_live_mono >= quiet:
+                # Late replies of a request given up on: write what the live stream did
+                # not deliver once the channel is quiet.
+                self._fill(ch, None, tail=True)
         if not self._replay_usable():
-            # Late replies of a request given up on: write what the live stream did not
-            # deliver once the channel is quiet.
-            for ch in self.channels.values():
-                if ch.reserve and now - ch.last_live_mono >= quiet:
-                    self._fill(ch, None, tail=True)
             return self._take()
         for ch in self.channels.values():
             if not ch.tail_checked and ch.expected is not None and now - ch.last_live_mono >= quiet:
@@ -836,18 +957,17 @@ class Sequencer:
             self._tails = []
             return
         # A busy channel has batches in flight rather than lost: it is not asked.
+        # A tail left unconfirmed earlier is asked once more.
         self._tails = [
             ch
             for ch in self.channels.values()
-            if not ch.tail_checked
+            if (not ch.tail_checked or ch.unconfirmed)
             and ch.expected is not None
             and now - ch.last_live_mono >= self.limits.stop_tail_quiet_ns
         ]
 
     def stop_tail(self, now: int) -> list[Action]:
         """At stop, with no request outstanding, ask the next quiet channel for its tail.
-
-        Inside a back-off, still one last (short) request per endpoint.
 
         Args:
             now: Monotonic ns.
@@ -858,22 +978,18 @@ class Sequencer:
         self._now = now
         if self.budget.full or self.pending is not None or not self._tails:
             return []
-        short = not self._replay_usable()
-        if short and self.stop_tail_asked:
+        if not self._replay_usable():
             return []
         ch = self._tails.pop(0)
         self._fill(ch, None, tail=True)
         ch.tail_checked = True
-        self.stop_tail_asked = True
         self._request("tail", ch.topic, ch.expected or 0)
-        if short and self.pending is not None:
-            self.pending.timeout_ns = min(
-                self.limits.replay_timeout_ns, self.limits.stop_tail_timeout_ns
-            )
         return self._take()
 
     def abort_replay(self, now: int) -> list[Action]:
-        """The stop's grace ran out: give up the pending request.
+        """The stop's grace ran out: give up the pending request; ask nothing more.
+
+        Tails that were to be asked, and the one being asked, are unconfirmed.
 
         Args:
             now: Monotonic ns.
@@ -882,10 +998,13 @@ class Sequencer:
             The actions.
         """
         self._now = now
-        self.replay_dead_until = now + self.limits.backoff_ns
+        self._closed = True
         if self.pending is not None:
-            self.stats.replay_timeouts += 1
-            self._finish_replay(timed_out=True)
+            self._give_up(now)
+        for ch in self._tails:
+            if ch.expected is not None:
+                self._confirm(ch, confirmed=False)
+        self._tails = []
         return self._take()
 
     def release(self, now: int) -> list[Action]:
@@ -898,7 +1017,7 @@ class Sequencer:
             The actions.
         """
         self._now = now
-        self.replay_dead_until = now + self.limits.backoff_ns
+        self._closed = True
         held, self.held, self.held_bytes = self.held, [], 0
         for item in held:
             self._feed(item)
@@ -969,7 +1088,7 @@ class Sequencer:
 
     # ---------------------------------------------------------------- helpers
     def _replay_usable(self) -> bool:
-        return self.has_replay and self._now >= self.replay_dead_until
+        return self.has_replay and not self._closed
 
     def _channel(self, topic: bytes) -> ChannelState | None:
         ch = self.channels.get(topic)
@@ -1017,6 +1136,8 @@ class Sequencer:
             return
         ch.tail_checked = False
         ch.last_live_mono = self._now
+        if ch.unconfirmed:
+            self._confirm(ch, confirmed=True)  # the stream went on: nothing was unconfirmed
         if ch.suspect is not None:
             self._resolve_suspect(ch, seq)
             if self.budget.full:
@@ -1205,6 +1326,11 @@ class Sequencer:
     ) -> None:
         assert self.has_replay and self.pending is None
         now = self._now
+        if self.stale_ends:
+            # Answers to earlier requests are still due on this socket (one may never
+            # come): a fresh socket, so this request's end marker is its own.
+            self._out.append(ResetReplySocket())
+            self.stale_ends = 0
         req = _Pending(kind, topic, start, now, trigger=trigger, started_mono=now)
         highs = [
             v
@@ -1214,7 +1340,10 @@ class Sequencer:
         ]
         if trigger is not None:
             highs.append(trigger)
-        req.window = ReplyWindow(start, max(highs, default=None))
+        first_hi = trigger
+        if kind == "tail":
+            first_hi = start + self.limits.max_tail_lead
+        req.window = ReplyWindow(start, max(highs, default=None), topic, first_hi)
         self.pending = req
         self.late_accepted = self.late_bytes = 0
         self.stats.replay_requests += 1
@@ -1359,6 +1488,11 @@ class Sequencer:
         if rejected:
             self.stats.replay_rejected += rejected
             self._out.append(Discard(rejected, "rejected"))
+        if req.kind == "tail":
+            tch = self.channels.get(default_topic)
+            if tch is not None:
+                # Held live batches of the channel, if any, clear this again.
+                self._confirm(tch, confirmed=not timed_out)
         for item in held:
             self._feed(item)
         if req.kind == "tail" and self.pending is None:
@@ -1374,5 +1508,9 @@ class Sequencer:
                     # The buffer had moved past what we asked for: the tail's start is gone.
                     self._lose(tch, e, tch.floor - 1)
                 self._fill(tch, None, tail=True)
-        if timed_out:
-            self.replay_dead_until = max(self.replay_dead_until, self._now + 1)
+
+    def _confirm(self, ch: ChannelState, *, confirmed: bool) -> None:
+        """Note whether a channel's tail request ended (confirmed) or was given up."""
+        if ch.unconfirmed != (not confirmed):
+            self.stats.unconfirmed += -1 if confirmed else 1
+            ch.unconfirmed = not confirmed

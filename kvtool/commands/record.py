@@ -96,7 +96,8 @@ def record(
     what it no longer holds is noted as lost in the recording's gap ledger. Stops at
     --duration or --max-batches, whichever comes first, or on Ctrl-C / SIGTERM, always
     with a properly closed file. Exit status 3 when batches were lost, or live batches
-    behind the stream were dropped as strays; 1 when no batch arrived at all (no publisher
+    behind the stream were dropped as strays, or a tail the replay socket never confirmed;
+    1 when no batch arrived at all (no publisher
     reached, or it sent nothing).
     """
     # Imported here, not with the command list (pyzmq, the mcap writer, rich).
@@ -177,6 +178,23 @@ def record(
         env.err.print(
             f"kvtool: {result.stats.lost} batches lost (seq {printable(shown)}{more}); "
             "the gap ledger in the recording lists them",
+            markup=False,
+            highlight=False,
+        )
+        damaged = True
+    if result.stats.unconfirmed:
+        ledger = parse_ledger(result.ledger)
+        tails = [
+            f"{printable(c.channel)} after seq {c.unconfirmed_from - 1}"
+            if c.unconfirmed_from
+            else printable(c.channel)
+            for c in (ledger.channels if ledger is not None else [])
+            if c.unconfirmed_from is not None
+        ]
+        env.err.print(
+            f"kvtool: the replay socket never confirmed what followed {', '.join(tails[:5])}"
+            f"{' …' if len(tails) > 5 else ''} (its answer never ended); the gap ledger "
+            "marks it unconfirmed",
             markup=False,
             highlight=False,
         )

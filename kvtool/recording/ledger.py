@@ -17,9 +17,13 @@ On disk (values of the ``kvtool.*`` metadata records, each a JSON string):
                    "seq_last", "gaps": [{"first", "last", "recovered",
                    "lost_ranges": [[a, b], ...]}],
                    "restarts": [{"log_time", "from_seq", "to_seq"}],
-                   ["gaps_omitted", "restarts_omitted"]}],
+                   ["gaps_omitted", "restarts_omitted", "unconfirmed_from"]}],
      "recovered": n, "lost": n, "lost_ranges": [[a, b], ...], "restarts": n,
-     ["lost_ranges_omitted"]}
+     ["lost_ranges_omitted", "unconfirmed"]}
+
+``unconfirmed_from`` / ``unconfirmed`` (issue 23) appear only when a channel's tail was
+asked of the replay socket and its answer never ended: whether batches followed is
+unknown. Older ledgers have neither and read as before.
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class ChannelLedger(msgspec.Struct, kw_only=True):
         restarts: Publisher restarts (capped list; see ``restarts_omitted``).
         gaps_omitted: Gaps left out of ``gaps`` to keep the record small.
         restarts_omitted: Restarts left out of ``restarts``.
+        unconfirmed_from: The channel's tail from this seq on was asked for and never
+            confirmed (the replay's answer never ended); None when confirmed.
     """
 
     channel: Name = ""
@@ -110,6 +116,7 @@ class ChannelLedger(msgspec.Struct, kw_only=True):
     restarts: list[RestartRecord] = msgspec.field(default_factory=list)
     gaps_omitted: Count = 0
     restarts_omitted: Count = 0
+    unconfirmed_from: Seq | None = None
 
     @property
     def lost_ranges(self) -> list[SeqRange]:
@@ -127,6 +134,8 @@ class GapLedger(msgspec.Struct, kw_only=True):
         lost_ranges: Lost seq ranges, all channels (capped; see ``lost_ranges_omitted``).
         restarts: Publisher restarts, all channels.
         lost_ranges_omitted: Ranges left out of ``lost_ranges``.
+        unconfirmed: Channels whose tail is unconfirmed (see
+            :attr:`ChannelLedger.unconfirmed_from`).
     """
 
     channels: list[ChannelLedger] = msgspec.field(default_factory=list)
@@ -135,6 +144,7 @@ class GapLedger(msgspec.Struct, kw_only=True):
     lost_ranges: list[SeqRange] = msgspec.field(default_factory=list)
     restarts: Count = 0
     lost_ranges_omitted: Count = 0
+    unconfirmed: Count = 0
 
     def __post_init__(self) -> None:
         """Check the seqs fit 64 bits and each range is in order.
@@ -160,7 +170,8 @@ class GapLedger(msgspec.Struct, kw_only=True):
     def to_json(self) -> dict[str, object]:
         """Return the ledger as stored in the ``kvtool.gaps`` record's ``ledger`` value.
 
-        The ``*_omitted`` keys appear only when something was left out, as always.
+        The ``*_omitted`` keys appear only when something was left out, as always, and
+        the ``unconfirmed`` ones only when a tail is unconfirmed.
 
         Returns:
             A JSON-serialisable dict.
@@ -170,7 +181,9 @@ class GapLedger(msgspec.Struct, kw_only=True):
         for ch in chans if isinstance(chans, list) else []:
             if isinstance(ch, dict):
                 _drop_zero(ch, "gaps_omitted", "restarts_omitted")
-        _drop_zero(out, "lost_ranges_omitted")
+                if ch.get("unconfirmed_from", 0) is None:
+                    del ch["unconfirmed_from"]
+        _drop_zero(out, "lost_ranges_omitted", "unconfirmed")
         return out
 
 

@@ -323,9 +323,17 @@ def summary_line(result: CaptureResult) -> str:
         parts.append(_plural(st.stray, "stray batch", "stray batches") + " dropped")
     if st.replay_rejected:
         parts.append(_plural(st.replay_rejected, "replay reply", "replay replies") + " rejected")
-    if st.replay_timeouts:
-        timeouts = _plural(st.replay_timeouts, "replay request") + " timed out"
-        parts.append(timeouts + ("" if st.lost else ", nothing lost"))
+    if st.replay_retries or st.replay_timeouts:
+        # "nothing lost" only when every gap was filled or confirmed (issue 23).
+        clean = not st.lost and not st.unconfirmed
+        if st.replay_retries:
+            parts.append(_plural(st.replay_retries, "replay request") + " asked again")
+        if st.replay_timeouts:
+            parts.append(_plural(st.replay_timeouts, "replay request") + " given up")
+        if clean:
+            parts[-1] += ", nothing lost"
+    if st.unconfirmed:
+        parts.append(_plural(st.unconfirmed, "channel tail") + " unconfirmed")
     if st.unsampled:
         n = _plural(st.unsampled, "batch", "batches")
         parts.append(f"per-kind counts sampled ({n} not decoded)")
