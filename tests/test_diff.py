@@ -648,3 +648,21 @@ def test_non_finite_values_are_no_value_and_the_json_stays_valid() -> None:
     render_json(d, buf)
     assert "NaN" not in buf.getvalue() and "Infinity" not in buf.getvalue()
     json.loads(buf.getvalue(), parse_constant=lambda c: pytest.fail(f"JSON has {c}"))
+
+
+def test_issue20_diff_compares_the_recompute_metrics(recs: dict[str, Path]) -> None:
+    # Dropping remove batches leaves blocks cached that were evicted: their re-stores are
+    # stores while live now, fewer recomputes. diff shows both, each way marked by the
+    # registry's direction (more stores while live: worse; fewer recomputes: not).
+    d = diff_recordings([recs["base"]], [recs["dropped"]])
+    tot = {m.metric: m for m in d.totals.metrics}
+    assert {"blocks_recomputed", "recompute_share", "recompute_distance_p50"} <= set(tot)
+    assert "restored_blocks" not in tot  # the deprecated alias is not a metric of its own
+    live, again = tot["stored_while_live"], tot["blocks_recomputed"]
+    assert (live.a, live.b, live.worse) == (84, 99, True)
+    assert again.delta == -15 and not again.worse
+    rule = parse_fail_on("blocks_recomputed:-10")
+    got = diff_reports(
+        build_report([recs["base"]]), build_report([recs["dropped"]]), fail_on=[rule]
+    )
+    assert got.failed

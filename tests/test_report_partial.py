@@ -137,7 +137,7 @@ def test_issue10_partial_out_of_order_recording_is_read_in_one_pass(tmp_path: Pa
 def _merged(paths: list[Path], split: int = 1, **kw: object) -> dict:
     """The merge itself (no fallback to one pass): report_units over the planned units."""
     from kvtool.columns import make_annotator
-    from kvtool.report.parallel import report_units
+    from kvtool.report.api import report_units
 
     units = plan_units(paths, split=split)
     assert len(units) > 1
@@ -223,8 +223,9 @@ def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
     # a small limit applies to the units too.
     import kvtool.report.builder as builder_mod
     from kvtool.columns import TableAnnotator, make_annotator
-    from kvtool.report.builder import ReportBuilder, finish_report
-    from kvtool.report.partial import UnitTask, report_unit
+    from kvtool.report.builder import ReportBuilder
+    from kvtool.report.partial import UnitTask
+    from kvtool.report.run import finish_report, report_unit
 
     rng = random.Random(5)
     paths = []

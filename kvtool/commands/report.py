@@ -114,7 +114,7 @@ def report(
             show_default=False,
             help="Columns for table and markdown output, by their JSON names, or "
             "'all' (default for tables: blocks stored, removed, live at end, peak, "
-            "restored, lifetime p50/p99; markdown: all).",
+            "recomputed, recompute share, lifetime p50/p99; markdown: all).",
         ),
     ] = None,
     wide: Annotated[
@@ -185,8 +185,10 @@ def report(
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 
     Columns: store_events, blocks_stored, tokens_stored, remove_events, blocks_removed,
-    blocks_cleared, live_blocks_end, peak_live_blocks, distinct_hashes, restored_blocks,
-    orphan_removes and block lifetime p50/p90/p99 in seconds. Kinds come from --groups,
+    blocks_cleared, live_blocks_end, peak_live_blocks, distinct_hashes, stored_while_live,
+    blocks_recomputed, recompute_share, orphan_removes, block lifetime p50/p90/p99 in
+    seconds, recompute gap p50/p90/p99 (s) and distance p50/p90/p99 (evictions in the
+    pool). Kinds come from --groups,
     --group-meta, the recording's metadata, or what annotated stores say (learned).
     A damaged recording is reported from everything readable, with exit status 3.
     Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);

@@ -4,8 +4,10 @@ Parts: :mod:`~kvtool.report.kernel` (the sequential state kernel: the live-block
 multiset, FIFO lifetimes, recomputes, in numba), :mod:`~kvtool.report.attribution`
 (which kind a remove belongs to), :mod:`~kvtool.report.aggregates` (columns, counts,
 distinct hashes, peaks, percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
-:mod:`~kvtool.report.builder` (drives them chunk by chunk) and
-:mod:`~kvtool.report.parallel` (``--jobs`` and ``--ray``).
+:mod:`~kvtool.report.builder` (drives them chunk by chunk), :mod:`~kvtool.report.run`
+(reads the input into a builder, finishes the report), :mod:`~kvtool.report.parallel`
+(``--jobs`` and ``--ray``) and :mod:`~kvtool.report.api` (``build_report``). They import
+one way, in that order.
 """
 
 from __future__ import annotations
@@ -17,15 +19,11 @@ from kvtool.report.names import COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS, TIMELI
 
 if TYPE_CHECKING:
     from kvtool.report.aggregates import EXACT_LIFETIMES, MAX_TIMELINE_CELLS, Report
-    from kvtool.report.builder import (
-        ReportBuilder,
-        build_report,
-        finish_report,
-        report_from_chunks,
-        report_with,
-    )
+    from kvtool.report.api import build_report
+    from kvtool.report.builder import ReportBuilder
     from kvtool.report.parallel import RAY_INSTALL_HINT
     from kvtool.report.procs import default_jobs
+    from kvtool.report.run import finish_report, report_from_chunks, report_with
 
 # The library (polars, numpy) loads on first use of one of its names, so that importing a
 # module of this package for its column names (``kvtool diff --help``) stays cheap.
@@ -34,10 +32,10 @@ _LAZY = {
     "MAX_TIMELINE_CELLS": "kvtool.report.aggregates",
     "Report": "kvtool.report.aggregates",
     "ReportBuilder": "kvtool.report.builder",
-    "build_report": "kvtool.report.builder",
-    "finish_report": "kvtool.report.builder",
-    "report_from_chunks": "kvtool.report.builder",
-    "report_with": "kvtool.report.builder",
+    "build_report": "kvtool.report.api",
+    "finish_report": "kvtool.report.run",
+    "report_from_chunks": "kvtool.report.run",
+    "report_with": "kvtool.report.run",
     "RAY_INSTALL_HINT": "kvtool.report.parallel",
     "default_jobs": "kvtool.report.procs",
 }

@@ -26,11 +26,8 @@ Parallel work (``--jobs``, ``--ray``): see :mod:`kvtool.report.parallel`.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -38,22 +35,14 @@ import polars as pl
 
 from kvtool.columns import (
     CLEARED,
-    DEFAULT_CHUNK_BYTES,
     REMOVED,
     STORED,
     UNANNOTATED,
     UNATTRIBUTED,
     ChannelRef,
-    DecodeMap,
-    Progress,
     ReadStats,
-    ShardMap,
     TableAnnotator,
-    iter_tables,
-    make_annotator,
     np,
-    prefetch,
-    recording_groups,
 )
 from kvtool.report import attribution, kernel
 from kvtool.report.aggregates import (
@@ -62,33 +51,28 @@ from kvtool.report.aggregates import (
     COUNT_COLUMNS,
     DEFAULT_CLOCK,
     EXACT_LIFETIMES,
-    HIST_BINS_PER_OCTAVE,
     LIFETIME_COLUMNS,
     PLAUSIBLE_TS_MAX,
     PLAUSIBLE_TS_MIN,
     Peaks,
-    Report,
     bucket_expr,
     check_clock,
     sorted_union,
     timeline_frame,
 )
-from kvtool.report.findings import report_findings
 from kvtool.report.names import (
     ALIASES,
-    BUILDER_INPUT,
     DISTANCE_COLUMNS,
     GAP_COLUMNS,
     QUANTILE_COLUMNS,
     RATIO_COLUMNS,
 )
+from kvtool.report.partial import PartialReport, PeakLog, merge_peaks, merge_stats
 from kvtool.report.samples import LEVELS, Counts, Seconds, remap
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from kvtool.replay import BatchFilter
-    from kvtool.report.partial import PartialReport, PeakLog
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
@@ -498,8 +482,6 @@ class ReportBuilder:
         Returns:
             The partial report (:mod:`kvtool.report.partial`).
         """
-        from kvtool.report.partial import PartialReport, PeakLog
-
         self._merge_distinct()
         log = self.peak_log if self.peak_log is not None else PeakLog()
         counts = {g: tuple(int(v) for v in row) for g, row in enumerate(self.counts.tolist())}
@@ -556,8 +538,6 @@ class ReportBuilder:
         Raises:
             NotMergeable: The parts cannot be merged exactly.
         """
-        from kvtool.report.partial import merge_peaks, merge_stats
-
         stats, channels = merge_stats(parts)
         b = cls(every_ns, group_kind, clock)
         row_ids = [{i: b._gkey_of(*key) for i, key in enumerate(p.rows)} for p in parts]
@@ -980,401 +960,13 @@ def with_aliases(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def build_report(
-    paths: Sequence[str | os.PathLike[str]],
-    *,
-    groups_file: str | os.PathLike[str] | None = None,
-    group_flags: Sequence[str] | None = None,
-    every_ns: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    jobs: int = 1,
-    ray_address: str | None = None,
-    clock: str = DEFAULT_CLOCK,
-    select: BatchFilter | None = None,
-    progress: Progress | None = None,
-    split: Sequence[str] = (),
-) -> Report:
-    """Read recordings (several: one combined report) and build the report, streaming.
-
-    With ``jobs`` > 1 or ``ray_address``, the work runs in worker processes or on a Ray
-    cluster: inputs that hold several publisher streams are split into units of work
-    whose partial reports merge exactly (:mod:`kvtool.report.partial`), one stream's
-    payloads are decoded there and merged in stream order (:mod:`kvtool.report.parallel`).
-    Either way the report is identical to a single-process one.
-
-    Args:
-        paths: Recordings.
-        groups_file: ``--groups FILE``.
-        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
-        every_ns: Timeline bucket in ns, or None.
-        chunk_bytes: Payload bytes per chunk.
-        jobs: Worker processes on this machine (1: all in this process).
-        ray_address: Run the work on the Ray cluster at this address instead.
-        clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
-            batch ``ts``: the engine's own clock).
-        select: Report only these batches (``--channel``, ``--rank``, ``--since``,
-            ``--until``: :func:`kvtool.columns.iter_raw_chunks`).
-        progress: Called with (bytes done, bytes total) of the input files.
-        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
-
-    Returns:
-        The report.
-
-    Raises:
-        RecordingError: A recording cannot be opened.
-        MetadataError: Invalid group metadata.
-        UsageError: ``ray_address`` given but Ray is not installed.
-    """
-    from kvtool.report import parallel, partial, procs
-
-    check_clock(clock)
-    annotator = make_annotator(
-        recording_groups(paths), groups_file=groups_file, group_flags=group_flags
-    )
-    if (jobs > 1 or ray_address is not None) and select is None and not split:
-        # Recordings that share no stream are separate units of work: each is reported
-        # on its own (a worker, a Ray task) and the partial reports merged exactly.
-        units = partial.plan_units(paths, split=jobs if ray_address is None else 1 << 16)
-        if len(units) > 1:
-            with contextlib.suppress(partial.NotMergeable):
-                return parallel.report_units(
-                    paths,
-                    units,
-                    annotator,
-                    every_ns=every_ns,
-                    chunk_bytes=chunk_bytes,
-                    clock=clock,
-                    jobs=jobs,
-                    ray_address=ray_address,
-                    progress=progress,
-                )
-    decode_map: DecodeMap | None = None
-    shard_map: ShardMap | None = None
-    close: Callable[[], None] | None = None
-    if ray_address is not None:
-        decode_map, close = parallel.ray_decode_map(ray_address)
-    elif jobs > 1 and procs.input_bytes(paths) >= chunk_bytes // procs.SHARD_RATIO:
-        shard_map, close = parallel.shard_map(jobs)
-    try:
-        return report_with(
-            paths,
-            annotator,
-            every_ns=every_ns,
-            chunk_bytes=chunk_bytes,
-            decode_map=decode_map,
-            shard_map=shard_map,
-            clock=clock,
-            select=select,
-            progress=progress,
-            split=split,
-        )
-    finally:
-        if close is not None:
-            close()
-
-
-_SWITCH_INTERVAL = 0.0005
-"""GIL switch interval (s) while the report's decode thread and builder run together."""
-
-
-def report_with(
-    paths: Sequence[str | os.PathLike[str]],
-    annotator: TableAnnotator,
-    *,
-    every_ns: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    decode_map: DecodeMap | None = None,
-    shard_map: ShardMap | None = None,
-    clock: str = DEFAULT_CLOCK,
-    select: BatchFilter | None = None,
-    progress: Progress | None = None,
-    split: Sequence[str] = (),
-) -> Report:
-    """Build a report with a given annotator and decoder map (the pieces build_report picks).
-
-    Decoded chunks reach the annotator and the builder in stream order, whatever
-    ``decode_map`` does, so any annotator that works chunk by chunk in stream order plugs
-    in here.
-
-    Args:
-        paths: Recordings.
-        annotator: Annotates each table chunk (stream order).
-        every_ns: Timeline bucket in ns, or None.
-        chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
-        clock: The timeline's clock (``receive`` or ``publish``).
-        select: Report only these batches.
-        progress: Called with (bytes done, bytes total) of the input files.
-        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
-
-    Returns:
-        The report.
-    """
-    splits = Splits(split, annotator.group_kind)
-    builder, stats = run_builder(
-        paths,
-        annotator,
-        every_ns=every_ns,
-        chunk_bytes=chunk_bytes,
-        decode_map=decode_map,
-        shard_map=shard_map,
-        clock=clock,
-        select=select,
-        progress=progress,
-        splits=splits,
-    )
-    rep = finish_report(builder, annotator, stats)
-    return splits.finish(rep, stats)
-
-
-def run_builder(
-    paths: Sequence[str | os.PathLike[str]],
-    annotator: TableAnnotator,
-    *,
-    every_ns: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    decode_map: DecodeMap | None = None,
-    shard_map: ShardMap | None = None,
-    clock: str = DEFAULT_CLOCK,
-    select: BatchFilter | None = None,
-    progress: Progress | None = None,
-    splits: Splits | None = None,
-    peak_log: PeakLog | None = None,
-    streams: frozenset[tuple[str, str, int | None]] | None = None,
-) -> tuple[ReportBuilder, ReadStats]:
-    """Read, decode, annotate and feed a builder, in stream order (no finishing).
-
-    Args:
-        paths: Recordings.
-        annotator: Annotates each table chunk (stream order).
-        every_ns: Timeline bucket in ns, or None.
-        chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
-        clock: The timeline's clock (``receive`` or ``publish``).
-        select: Report only these batches.
-        progress: Called with (bytes done, bytes total) of the input files.
-        splits: Also feeds these per-rank/per-channel builders.
-        peak_log: Logs the peaks per batch (for a merge with other units' partial reports).
-        streams: Only these publisher streams (see :func:`kvtool.columns.iter_raw_chunks`).
-
-    Returns:
-        The fed builder and the read's stats.
-    """
-    stats = ReadStats()
-    builder = ReportBuilder(every_ns, annotator.group_kind, clock)
-    builder.peak_log = peak_log
-    builder.streams = stats.channels
-    # With a decode or shard map (other processes), the chunks are annotated where they
-    # are decoded: the annotation is fixed before the first chunk, and the driver (the
-    # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
-    # may annotate otherwise: it annotates here.
-    elsewhere = decode_map is not None or shard_map is not None
-    in_worker = elsewhere and type(annotator) is TableAnnotator
-    chunks = iter_tables(
-        paths,
-        stats=stats,
-        chunk_bytes=chunk_bytes,
-        labels=False,
-        decode_map=decode_map,
-        shard_map=shard_map,
-        select=select,
-        progress=progress,
-        streams=streams,
-        annotation=annotator.annotation if in_worker else None,
-        out_of_range=annotator.out_of_range if in_worker else None,
-        keep=BUILDER_INPUT if in_worker or type(annotator) is TableAnnotator else None,
-    )
-
-    def annotated() -> Iterator[pl.DataFrame]:
-        # Annotating is per chunk and needs no builder state: done in the prefetch thread,
-        # it overlaps the builder (polars and numpy release the GIL).
-        for chunk in chunks:
-            if in_worker:
-                annotator.adopt(stats, ())  # its channels, as annotator() records them
-                yield chunk
-            else:
-                yield annotator(chunk, stats)
-
-    # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back in its polars queries and numpy sorts and then
-    # waits to get it back: up to a switch interval (5 ms by default) each time. A
-    # shorter interval for the loop keeps the builder from idling.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(_SWITCH_INTERVAL)
-    try:
-        for df in prefetch(annotated()):
-            builder.add(df)
-            if splits is not None:
-                splits.add(df)
-    finally:
-        sys.setswitchinterval(switch)
-    return builder, stats
-
-
-_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}
-
-
-class Splits:
-    """``--by rank`` and ``--by channel``: one more builder per rank or channel.
-
-    Each gets its rank's (channel's) rows only. The live state is keyed by channel, and a
-    data-parallel rank publishes on its own channel, so each builder's state is the one
-    its rows have in the whole report: its totals are that rank's (channel's) row.
-
-    Args:
-        split: ``rank`` and/or ``channel``.
-        group_kind: As for :class:`ReportBuilder`.
-    """
-
-    def __init__(self, split: Sequence[str], group_kind: attribution.GroupKind | None) -> None:
-        bad = [s for s in split if s not in _SPLIT_COLUMN]
-        if bad:
-            raise ValueError(f"unknown split {bad[0]!r}")
-        self.group_kind = group_kind
-        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split}
-
-    def add(self, df: pl.DataFrame) -> None:
-        """Feed one annotated chunk's rows to the builder of each rank (channel)."""
-        for by, builders in self.parts.items():
-            for (key,), part in df.partition_by(_SPLIT_COLUMN[by], as_dict=True).items():
-                b = builders.get(key)
-                if b is None:
-                    b = builders[key] = ReportBuilder(None, self.group_kind)
-                b.add(part)
-
-    def finish(self, rep: Report, stats: ReadStats) -> Report:
-        """Return ``rep`` with ``by_rank``/``by_channel`` tables."""
-        if not self.parts:
-            return rep
-        out = dict(rep.__dict__)
-        if "rank" in self.parts:
-            ranks = sorted(
-                self.parts["rank"], key=lambda r: (r is None, r if isinstance(r, int) else 0)
-            )
-            out["by_rank"] = _split_table(
-                [self.parts["rank"][r] for r in ranks], {"dp_rank": ranks}, {"dp_rank": pl.Int64()}
-            )
-        if "channel" in self.parts:
-            ids = sorted(self.parts["channel"])  # type: ignore[type-var]
-            refs = [stats.channels[int(i)] for i in ids]  # type: ignore[call-overload]
-            out["by_channel"] = _split_table(
-                [self.parts["channel"][i] for i in ids],
-                {"channel": [r.info.name for r in refs]},
-                {"channel": pl.String()},
-            )
-        return Report(**out)
-
-
-def _split_table(
-    builders: list[ReportBuilder], keys: dict[str, list[object]], schema: dict[str, pl.DataType]
-) -> pl.DataFrame:
-    totals = [b.tables()["totals"] for b in builders]
-    frame = pl.DataFrame(keys, schema=schema)
-    if not totals:
-        return pl.concat([frame, with_aliases(empty_row().clear())], how="horizontal")
-    return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
-
-
-def report_from_chunks(
-    chunks: Iterable[pl.DataFrame],
-    *,
-    stats: ReadStats | None = None,
-    annotator: TableAnnotator | None = None,
-    every_ns: int | None = None,
-    clock: str = DEFAULT_CLOCK,
-) -> Report:
-    """Build a report from table chunks already read (tests, other front ends).
-
-    Args:
-        chunks: Chunks of :func:`kvtool.columns.iter_tables`, in stream order.
-        stats: The read's stats.
-        annotator: Annotates each chunk (default: learn from the stream).
-        every_ns: Timeline bucket in ns.
-        clock: The timeline's clock (``receive`` or ``publish``).
-
-    Returns:
-        The report.
-    """
-    st = stats if stats is not None else ReadStats()
-    ann = annotator if annotator is not None else TableAnnotator()
-    builder = ReportBuilder(every_ns, ann.group_kind, clock)
-    for chunk in chunks:
-        builder.add(ann(chunk, st))
-    return finish_report(builder, ann, st)
-
-
-def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: ReadStats) -> Report:
-    """Turn a fed :class:`ReportBuilder` into a :class:`Report`.
-
-    Args:
-        builder: The builder, after the last chunk.
-        annotator: The annotator used (metadata source, learned kinds).
-        stats: The read's stats.
-
-    Returns:
-        The report.
-    """
-    tabs = builder.tables()
-    timeline = builder.timeline_frame()
-    findings = report_findings(tabs, builder, annotator, stats)
-    dur = None
-    if builder.first_ts is not None and builder.last_ts is not None:
-        dur = builder.last_ts - builder.first_ts
-    source: dict[str, object] = {
-        "recordings": list(stats.recordings),
-        "channels": [
-            {
-                "recording": ref.recording,
-                "channel": ref.info.name,
-                "endpoint": ref.info.endpoint,
-                "topic": ref.info.topic,
-                "dp_rank": ref.info.dp_rank,
-            }
-            for ref in stats.channels.values()
-        ],
-        "group_metadata": annotator.sources(),
-        "batches": stats.messages,
-        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
-        "events": stats.events,
-        "block_rows": stats.rows,
-        "duration_s": dur,
-        **({"clock": builder.clock} if builder.every_ns is not None else {}),
-        "lifetimes": "exact"
-        if not builder.life.binned
-        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "recompute_gaps": "exact"
-        if not builder.gaps.binned
-        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "skipped_batches": stats.bad_batches,
-        "skipped_events": stats.skipped_events,
-        "damaged": list(stats.damaged),
-    }
-    every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
-    return Report(
-        source=source,
-        totals=tabs["totals"],
-        by_kind=tabs["by_kind"],
-        by_window=tabs["by_window"],
-        by_group=tabs["by_group"],
-        timeline=timeline,
-        findings=findings,
-        damaged=bool(stats.damaged or stats.bad_batches or stats.skipped_events),
-        every_s=every_s,
-    )
-
-
 __all__ = [
     "COLUMNS",
     "COUNT_COLUMNS",
     "EXACT_LIFETIMES",
     "LIFETIME_COLUMNS",
-    "Report",
     "ReportBuilder",
-    "Splits",
-    "build_report",
-    "finish_report",
-    "report_from_chunks",
-    "report_with",
+    "ReportRow",
+    "empty_row",
+    "with_aliases",
 ]

@@ -19,7 +19,7 @@ one block pool. +1 per stored hash, -1 per removed hash, never below zero;
 State carried between calls, all in arrays (:class:`State`):
 
 - an open-addressing hash table over the key (linear probing, capacity a power of two,
-  at most half full: :meth:`State.reserve` grows it between calls). A key stays in the
+  at most 70 % full: :meth:`State.reserve` grows it between calls). A key stays in the
   table once stored (that is what tells a recompute from a first store); per key: the
   live count, the head and tail of its FIFO list of copies, when and after how many
   evictions of its pool it last went from live to not live, and its links in its
@@ -136,19 +136,21 @@ class Out(NamedTuple):
 
 
 def _table(capacity: int) -> Table:
-    i64 = np.int64
+    # Slots and entries are numbered in int32 (a table of 2**31 keys would need 120 GB):
+    # 57 bytes a slot instead of 81.
+    i32, i64 = np.int32, np.int64
     return Table(
-        np.full(capacity, _EMPTY, dtype=i64),
+        np.full(capacity, _EMPTY, dtype=i32),
         np.zeros(capacity, dtype=i64),
         np.zeros(capacity, dtype=np.bool_),
         np.zeros(capacity, dtype=i64),
-        np.zeros(capacity, dtype=i64),
-        np.full(capacity, -1, dtype=i64),
-        np.full(capacity, -1, dtype=i64),
+        np.zeros(capacity, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
         np.zeros(capacity, dtype=np.float64),
         np.zeros(capacity, dtype=i64),
-        np.full(capacity, -1, dtype=i64),
-        np.full(capacity, -1, dtype=i64),
+        np.full(capacity, -1, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
     )
 
 
@@ -167,7 +169,7 @@ class State:
     def __init__(self) -> None:
         self.table = _table(1 << 10)
         self.entries = Entries(
-            np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int64)
+            np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32), np.zeros(0, np.int32)
         )
         self.channels = Channels(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self.meta = np.array([0, 0, -1], dtype=np.int64)
@@ -187,9 +189,9 @@ class State:
             gkeys: Report rows the next call may name.
         """
         cap = len(self.table.chan)
-        need = 2 * (self.keys + stores)
-        if need > cap:
-            while cap < need:
+        need = self.keys + stores
+        if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
+            while 10 * need > 7 * cap:
                 cap *= 2
             new = _table(cap)
             _rehash(self.table, new, self.channels.head)
@@ -259,7 +261,7 @@ def _probe(t: Table, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
 @kernel
 def _rehash(old: Table, new: Table, chan_head: Any) -> None:
     """Move every key of ``old`` into ``new`` (emptier), and re-point the live-key lists."""
-    where = np.full(len(old.chan), -1, dtype=np.int64)
+    where = np.full(len(old.chan), -1, dtype=np.int32)
     for s in range(len(old.chan)):
         c = old.chan[s]
         if c == _EMPTY:

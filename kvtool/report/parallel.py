@@ -2,10 +2,11 @@
 
 Two kinds of work, the same functions on a local process pool and on Ray:
 
-- **Units** (:func:`report_units`): inputs that hold several publisher streams -- a file
-  per rank, or one recorder's file of every rank -- are split into units that share no
-  stream (:func:`kvtool.report.partial.plan_units`). Each unit is reported from empty
-  state by :func:`kvtool.report.partial.report_unit`, in a worker process or a Ray task
+- **Units** (:func:`kvtool.report.api.report_units`, run by :func:`map_units`): inputs
+  that hold several publisher streams -- a file per rank, or one recorder's file of
+  every rank -- are split into units that share no stream
+  (:func:`kvtool.report.partial.plan_units`). Each unit is reported from empty
+  state by :func:`kvtool.report.run.report_unit`, in a worker process or a Ray task
   that reads its own files (Ray: paths every worker can read), and the partial reports
   merge exactly (:meth:`kvtool.report.ReportBuilder.from_partials`). When the merge
   cannot be exact (a recording out of THE merge order's key order) it declines and the
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +49,6 @@ from kvtool.columns import (
     ReadPlan,
     ShardItem,
     ShardMap,
-    TableAnnotator,
     decode_chunk,
     read_shard,
 )
@@ -67,11 +66,10 @@ from kvtool.report.procs import (
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from kvtool.report.aggregates import Report
-    from kvtool.report.partial import Unit
 
 T = TypeVar("T")
 H = TypeVar("H")
+R = TypeVar("R")
 
 RAY_INSTALL_HINT = "--ray needs Ray: pip install 'kvtool[ray]' (or pip install ray)"
 
@@ -327,114 +325,76 @@ def ray_decode_map(address: str, in_flight: int = 8) -> tuple[DecodeMap, Callabl
     return run, close
 
 
-def report_units(
-    paths: Sequence[str | os.PathLike[str]],
-    units: list[Unit],
-    annotator: TableAnnotator,
+def map_units(
+    func: Callable[[T], R],
+    tasks: Sequence[T],
+    sizes: Sequence[int],
     *,
-    every_ns: int | None,
-    chunk_bytes: int,
-    clock: str,
     jobs: int,
     ray_address: str | None,
     progress: Progress | None = None,
-) -> Report:
-    """Report each unit on its own (pool or Ray) and merge the partial reports exactly.
+) -> list[R]:
+    """Run ``func`` over ``tasks`` on a local process pool or as Ray tasks, in order.
 
     Args:
-        paths: The recordings, in command-line order.
-        units: Input indices per unit (:func:`kvtool.report.partial.plan_units`).
-        annotator: The driver's annotator (THE annotation of the whole input).
-        every_ns: Timeline bucket (ns), or None.
-        chunk_bytes: Payload bytes per chunk.
-        clock: The timeline's clock.
+        func: A picklable function of one picklable task (a unit of work).
+        tasks: The tasks.
+        sizes: The input bytes of each task (for progress).
         jobs: Worker processes on this machine.
-        ray_address: Run the units as Ray tasks on this cluster instead.
-        progress: Called with (bytes done, bytes total) as units finish.
+        ray_address: Run the tasks on this Ray cluster instead.
+        progress: Called with (bytes done, bytes total) as tasks finish.
 
     Returns:
-        The report.
+        Each task's result, in task order.
 
     Raises:
-        NotMergeable: The partial reports cannot be merged exactly.
         UsageError: ``ray_address`` given but Ray is not installed.
         KvtoolError: A worker died, or the cluster cannot be reached.
     """
-    from kvtool.report.builder import ReportBuilder, finish_report
-    from kvtool.report.partial import PartialReport, UnitTask, report_unit
-
-    names = [os.fspath(p) for p in paths]
-    # Ray workers run elsewhere (another working directory): they get absolute paths,
-    # and the partial reports name each recording as the command line did.
-    where = [os.path.abspath(n) for n in names] if ray_address is not None else names
-    tasks = [
-        UnitTask(
-            paths=[where[i] for i in unit.inputs],
-            names=[names[i] for i in unit.inputs],
-            inputs=list(unit.inputs),
-            streams=unit.streams,
-            annotation=annotator.annotation,
-            every_ns=every_ns,
-            clock=clock,
-            chunk_bytes=chunk_bytes,
-        )
-        for unit in units
-    ]
-    sizes = []
-    for unit in units:
-        total = 0
-        for i in unit.inputs:
-            with contextlib.suppress(OSError):
-                total += os.stat(names[i]).st_size
-        sizes.append(total)
     total_bytes = sum(sizes)
     done = 0
-    parts: list[PartialReport] = []
+    out: list[R] = []
     if ray_address is not None:
         ray = import_ray()
         connected_here = _ray_connect(ray, ray_address)
         try:
-            task = ray.remote(report_unit)
-            refs = [task.remote(t) for t in tasks]
+            remote = ray.remote(func)
+            refs = [remote.remote(t) for t in tasks]
             for ref, size in zip(refs, sizes, strict=True):
-                parts.append(ray.get(ref))
+                out.append(ray.get(ref))
                 done += size
                 if progress is not None:
                     progress(done, total_bytes)
         finally:
             if connected_here:
                 ray.shutdown()
-    else:
-        pool = _pool(min(jobs, len(tasks)))
-        try:
-            futures = [pool.submit(report_unit, t) for t in tasks]
-            for fut, size in zip(futures, sizes, strict=True):
-                try:
-                    parts.append(fut.result())
-                except BrokenProcessPool as err:
-                    raise KvtoolError(
-                        f"a report worker process died ({err}); try --jobs 1"
-                    ) from err
-                done += size
-                if progress is not None:
-                    progress(done, total_bytes)
-        finally:
-            # Units not started are cancelled; the ones running end first (a worker
-            # stopped while it sends its result would leave the pool's reader waiting on
-            # half a message for ever). A Ctrl-C meanwhile is held until all have ended.
-            with deferred_interrupt():
-                pool.shutdown(wait=True, cancel_futures=True)
-            stop_servers()
-    builder, stats = ReportBuilder.from_partials(parts, annotator.group_kind, every_ns, clock)
-    annotator.adopt(stats, [p.out_of_range for p in parts])
-    return finish_report(builder, annotator, stats)
+        return out
+    pool = _pool(min(jobs, len(tasks)))
+    try:
+        futures = [pool.submit(func, t) for t in tasks]
+        for fut, size in zip(futures, sizes, strict=True):
+            try:
+                out.append(fut.result())
+            except BrokenProcessPool as err:
+                raise KvtoolError(f"a report worker process died ({err}); try --jobs 1") from err
+            done += size
+            if progress is not None:
+                progress(done, total_bytes)
+    finally:
+        # Tasks not started are cancelled; the ones running end first (a worker stopped
+        # while it sends its result would leave the pool's reader waiting on half a
+        # message for ever). A Ctrl-C meanwhile is held until all have ended.
+        with deferred_interrupt():
+            pool.shutdown(wait=True, cancel_futures=True)
+        stop_servers()
+    return out
 
 
 __all__ = [
     "RAY_INSTALL_HINT",
     "import_ray",
+    "map_units",
     "ordered",
     "ray_decode_map",
-    "report_units",
     "shard_map",
 ]

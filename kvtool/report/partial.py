@@ -25,9 +25,9 @@ units share no state, and every part of a report merges exactly:
   a batch at the very same (time, endpoint, topic, seq), make the merge decline
   (:class:`NotMergeable`) and the caller reads everything in one ordered pass instead.
 
-The map (:func:`report_unit`) is a plain function of picklable arguments: the local
-process pool (``--jobs``) and Ray (``--ray``) run the same one, and the driver merges
-(:func:`merge_partials`).
+The map (:func:`kvtool.report.run.report_unit`) is a plain function of picklable
+arguments: the local process pool (``--jobs``) and Ray (``--ray``) run the same one,
+and the driver merges (:meth:`kvtool.report.builder.ReportBuilder.from_partials`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-import msgspec
 import polars as pl
 
 from kvtool.annotate import Annotation
-from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, TableAnnotator, np
+from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, np
 from kvtool.recording import open_recording
 from kvtool.report.samples import SecondsPart
 
@@ -350,53 +349,6 @@ class UnitTask:
     every_ns: int | None
     clock: str
     chunk_bytes: int
-
-
-def report_unit(task: UnitTask) -> PartialReport:
-    """The map: read, decode and report one unit, from empty state (runs in any process).
-
-    Args:
-        task: The unit.
-
-    Returns:
-        Its partial report.
-    """
-    from kvtool.report.builder import run_builder
-
-    annotator = TableAnnotator(task.annotation)
-    builder, stats = run_builder(
-        task.paths,
-        annotator,
-        every_ns=task.every_ns,
-        chunk_bytes=task.chunk_bytes,
-        clock=task.clock,
-        peak_log=PeakLog(),
-        streams=task.streams,
-    )
-    if task.names != task.paths:
-        _rename(stats, dict(zip(task.paths, task.names, strict=True)))
-    part = builder.partial(stats, annotator, task.inputs)
-    part.only = task.streams
-    return part
-
-
-def _rename(stats: ReadStats, names: dict[str, str]) -> None:
-    """Name each recording in ``stats`` as the command line did (not as a worker opened it)."""
-    stats.recordings = [names.get(p, p) for p in stats.recordings]
-    stats.groups = {names.get(p, p): g for p, g in stats.groups.items()}
-    for cid, ref in list(stats.channels.items()):
-        info = msgspec.structs.replace(ref.info, path=names.get(ref.info.path, ref.info.path))
-        stats.channels[cid] = ChannelRef(ref.id, names.get(ref.recording, ref.recording), info)
-
-    def line(text: str) -> str:
-        for old, new in names.items():
-            if text.startswith(old):
-                return new + text[len(old) :]
-        return text
-
-    stats.damaged = [line(t) for t in stats.damaged]
-    stats.lost = [line(t) for t in stats.lost]
-    stats.problems = [line(t) for t in stats.problems]
 
 
 # -- the merge --------------------------------------------------------------------------------

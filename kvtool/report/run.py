@@ -1,0 +1,390 @@
+"""Reading recordings into a report: one ordered pass, one unit of work, the finished report.
+
+:func:`run_builder` reads, decodes and annotates the input and feeds a
+:class:`~kvtool.report.builder.ReportBuilder` in stream order; :func:`finish_report` turns
+a fed builder (or one merged from partial reports) into a :class:`Report`;
+:func:`report_unit` is the map of ``--jobs``/``--ray`` units (a plain function of a
+picklable task, run in any process); :class:`Splits` feeds the per-rank and per-channel
+builders of ``--by rank``/``--by channel``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
+import polars as pl
+
+from kvtool.columns import (
+    DEFAULT_CHUNK_BYTES,
+    ChannelRef,
+    DecodeMap,
+    Progress,
+    ReadStats,
+    ShardMap,
+    TableAnnotator,
+    iter_tables,
+    prefetch,
+)
+from kvtool.report import attribution
+from kvtool.report.aggregates import DEFAULT_CLOCK, HIST_BINS_PER_OCTAVE, Report
+from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
+from kvtool.report.findings import report_findings
+from kvtool.report.names import BUILDER_INPUT
+from kvtool.report.partial import PartialReport, PeakLog, UnitTask
+
+if TYPE_CHECKING:
+    from kvtool.replay import BatchFilter
+
+
+_SWITCH_INTERVAL = 0.0005
+"""GIL switch interval (s) while the report's decode thread and builder run together."""
+
+
+def report_with(
+    paths: Sequence[str | os.PathLike[str]],
+    annotator: TableAnnotator,
+    *,
+    every_ns: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    decode_map: DecodeMap | None = None,
+    shard_map: ShardMap | None = None,
+    clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
+    split: Sequence[str] = (),
+) -> Report:
+    """Build a report with a given annotator and decoder map (the pieces build_report picks).
+
+    Decoded chunks reach the annotator and the builder in stream order, whatever
+    ``decode_map`` does, so any annotator that works chunk by chunk in stream order plugs
+    in here.
+
+    Args:
+        paths: Recordings.
+        annotator: Annotates each table chunk (stream order).
+        every_ns: Timeline bucket in ns, or None.
+        chunk_bytes: Payload bytes per chunk.
+        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        clock: The timeline's clock (``receive`` or ``publish``).
+        select: Report only these batches.
+        progress: Called with (bytes done, bytes total) of the input files.
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
+
+    Returns:
+        The report.
+    """
+    splits = Splits(split, annotator.group_kind)
+    builder, stats = run_builder(
+        paths,
+        annotator,
+        every_ns=every_ns,
+        chunk_bytes=chunk_bytes,
+        decode_map=decode_map,
+        shard_map=shard_map,
+        clock=clock,
+        select=select,
+        progress=progress,
+        splits=splits,
+    )
+    rep = finish_report(builder, annotator, stats)
+    return splits.finish(rep, stats)
+
+
+def run_builder(
+    paths: Sequence[str | os.PathLike[str]],
+    annotator: TableAnnotator,
+    *,
+    every_ns: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    decode_map: DecodeMap | None = None,
+    shard_map: ShardMap | None = None,
+    clock: str = DEFAULT_CLOCK,
+    select: BatchFilter | None = None,
+    progress: Progress | None = None,
+    splits: Splits | None = None,
+    peak_log: PeakLog | None = None,
+    streams: frozenset[tuple[str, str, int | None]] | None = None,
+) -> tuple[ReportBuilder, ReadStats]:
+    """Read, decode, annotate and feed a builder, in stream order (no finishing).
+
+    Args:
+        paths: Recordings.
+        annotator: Annotates each table chunk (stream order).
+        every_ns: Timeline bucket in ns, or None.
+        chunk_bytes: Payload bytes per chunk.
+        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
+        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        clock: The timeline's clock (``receive`` or ``publish``).
+        select: Report only these batches.
+        progress: Called with (bytes done, bytes total) of the input files.
+        splits: Also feeds these per-rank/per-channel builders.
+        peak_log: Logs the peaks per batch (for a merge with other units' partial reports).
+        streams: Only these publisher streams (see :func:`kvtool.columns.iter_raw_chunks`).
+
+    Returns:
+        The fed builder and the read's stats.
+    """
+    stats = ReadStats()
+    builder = ReportBuilder(every_ns, annotator.group_kind, clock)
+    builder.peak_log = peak_log
+    builder.streams = stats.channels
+    # With a decode or shard map (other processes), the chunks are annotated where they
+    # are decoded: the annotation is fixed before the first chunk, and the driver (the
+    # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
+    # may annotate otherwise: it annotates here.
+    elsewhere = decode_map is not None or shard_map is not None
+    in_worker = elsewhere and type(annotator) is TableAnnotator
+    chunks = iter_tables(
+        paths,
+        stats=stats,
+        chunk_bytes=chunk_bytes,
+        labels=False,
+        decode_map=decode_map,
+        shard_map=shard_map,
+        select=select,
+        progress=progress,
+        streams=streams,
+        annotation=annotator.annotation if in_worker else None,
+        out_of_range=annotator.out_of_range if in_worker else None,
+        keep=BUILDER_INPUT if in_worker or type(annotator) is TableAnnotator else None,
+    )
+
+    def annotated() -> Iterator[pl.DataFrame]:
+        # Annotating is per chunk and needs no builder state: done in the prefetch thread,
+        # it overlaps the builder (polars and numpy release the GIL).
+        for chunk in chunks:
+            if in_worker:
+                annotator.adopt(stats, ())  # its channels, as annotator() records them
+                yield chunk
+            else:
+                yield annotator(chunk, stats)
+
+    # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
+    # builder here hands the GIL back in its polars queries and numpy sorts and then
+    # waits to get it back: up to a switch interval (5 ms by default) each time. A
+    # shorter interval for the loop keeps the builder from idling.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(_SWITCH_INTERVAL)
+    try:
+        for df in prefetch(annotated()):
+            builder.add(df)
+            if splits is not None:
+                splits.add(df)
+    finally:
+        sys.setswitchinterval(switch)
+    return builder, stats
+
+
+_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}
+
+
+class Splits:
+    """``--by rank`` and ``--by channel``: one more builder per rank or channel.
+
+    Each gets its rank's (channel's) rows only. The live state is keyed by channel, and a
+    data-parallel rank publishes on its own channel, so each builder's state is the one
+    its rows have in the whole report: its totals are that rank's (channel's) row.
+
+    Args:
+        split: ``rank`` and/or ``channel``.
+        group_kind: As for :class:`ReportBuilder`.
+    """
+
+    def __init__(self, split: Sequence[str], group_kind: attribution.GroupKind | None) -> None:
+        bad = [s for s in split if s not in _SPLIT_COLUMN]
+        if bad:
+            raise ValueError(f"unknown split {bad[0]!r}")
+        self.group_kind = group_kind
+        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split}
+
+    def add(self, df: pl.DataFrame) -> None:
+        """Feed one annotated chunk's rows to the builder of each rank (channel)."""
+        for by, builders in self.parts.items():
+            for (key,), part in df.partition_by(_SPLIT_COLUMN[by], as_dict=True).items():
+                b = builders.get(key)
+                if b is None:
+                    b = builders[key] = ReportBuilder(None, self.group_kind)
+                b.add(part)
+
+    def finish(self, rep: Report, stats: ReadStats) -> Report:
+        """Return ``rep`` with ``by_rank``/``by_channel`` tables."""
+        if not self.parts:
+            return rep
+        out = dict(rep.__dict__)
+        if "rank" in self.parts:
+            ranks = sorted(
+                self.parts["rank"], key=lambda r: (r is None, r if isinstance(r, int) else 0)
+            )
+            out["by_rank"] = _split_table(
+                [self.parts["rank"][r] for r in ranks], {"dp_rank": ranks}, {"dp_rank": pl.Int64()}
+            )
+        if "channel" in self.parts:
+            ids = sorted(self.parts["channel"])  # type: ignore[type-var]
+            refs = [stats.channels[int(i)] for i in ids]  # type: ignore[call-overload]
+            out["by_channel"] = _split_table(
+                [self.parts["channel"][i] for i in ids],
+                {"channel": [r.info.name for r in refs]},
+                {"channel": pl.String()},
+            )
+        return Report(**out)
+
+
+def _split_table(
+    builders: list[ReportBuilder], keys: dict[str, list[object]], schema: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    totals = [b.tables()["totals"] for b in builders]
+    frame = pl.DataFrame(keys, schema=schema)
+    if not totals:
+        return pl.concat([frame, with_aliases(empty_row().clear())], how="horizontal")
+    return pl.concat([frame, pl.concat(totals, how="vertical_relaxed")], how="horizontal")
+
+
+def report_from_chunks(
+    chunks: Iterable[pl.DataFrame],
+    *,
+    stats: ReadStats | None = None,
+    annotator: TableAnnotator | None = None,
+    every_ns: int | None = None,
+    clock: str = DEFAULT_CLOCK,
+) -> Report:
+    """Build a report from table chunks already read (tests, other front ends).
+
+    Args:
+        chunks: Chunks of :func:`kvtool.columns.iter_tables`, in stream order.
+        stats: The read's stats.
+        annotator: Annotates each chunk (default: learn from the stream).
+        every_ns: Timeline bucket in ns.
+        clock: The timeline's clock (``receive`` or ``publish``).
+
+    Returns:
+        The report.
+    """
+    st = stats if stats is not None else ReadStats()
+    ann = annotator if annotator is not None else TableAnnotator()
+    builder = ReportBuilder(every_ns, ann.group_kind, clock)
+    for chunk in chunks:
+        builder.add(ann(chunk, st))
+    return finish_report(builder, ann, st)
+
+
+def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: ReadStats) -> Report:
+    """Turn a fed :class:`ReportBuilder` into a :class:`Report`.
+
+    Args:
+        builder: The builder, after the last chunk.
+        annotator: The annotator used (metadata source, learned kinds).
+        stats: The read's stats.
+
+    Returns:
+        The report.
+    """
+    tabs = builder.tables()
+    timeline = builder.timeline_frame()
+    findings = report_findings(tabs, builder, annotator, stats)
+    dur = None
+    if builder.first_ts is not None and builder.last_ts is not None:
+        dur = builder.last_ts - builder.first_ts
+    source: dict[str, object] = {
+        "recordings": list(stats.recordings),
+        "channels": [
+            {
+                "recording": ref.recording,
+                "channel": ref.info.name,
+                "endpoint": ref.info.endpoint,
+                "topic": ref.info.topic,
+                "dp_rank": ref.info.dp_rank,
+            }
+            for ref in stats.channels.values()
+        ],
+        "group_metadata": annotator.sources(),
+        "batches": stats.messages,
+        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
+        "events": stats.events,
+        "block_rows": stats.rows,
+        "duration_s": dur,
+        **({"clock": builder.clock} if builder.every_ns is not None else {}),
+        "lifetimes": "exact"
+        if not builder.life.binned
+        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
+        "recompute_gaps": "exact"
+        if not builder.gaps.binned
+        else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
+        "skipped_batches": stats.bad_batches,
+        "skipped_events": stats.skipped_events,
+        "damaged": list(stats.damaged),
+    }
+    every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
+    return Report(
+        source=source,
+        totals=tabs["totals"],
+        by_kind=tabs["by_kind"],
+        by_window=tabs["by_window"],
+        by_group=tabs["by_group"],
+        timeline=timeline,
+        findings=findings,
+        damaged=bool(stats.damaged or stats.bad_batches or stats.skipped_events),
+        every_s=every_s,
+    )
+
+
+# -- a unit of work (--jobs, --ray) ---------------------------------------------------
+
+
+def report_unit(task: UnitTask) -> PartialReport:
+    """The map: read, decode and report one unit, from empty state (runs in any process).
+
+    Args:
+        task: The unit.
+
+    Returns:
+        Its partial report.
+    """
+    annotator = TableAnnotator(task.annotation)
+    builder, stats = run_builder(
+        task.paths,
+        annotator,
+        every_ns=task.every_ns,
+        chunk_bytes=task.chunk_bytes,
+        clock=task.clock,
+        peak_log=PeakLog(),
+        streams=task.streams,
+    )
+    if task.names != task.paths:
+        _rename(stats, dict(zip(task.paths, task.names, strict=True)))
+    part = builder.partial(stats, annotator, task.inputs)
+    part.only = task.streams
+    return part
+
+
+def _rename(stats: ReadStats, names: dict[str, str]) -> None:
+    """Name each recording in ``stats`` as the command line did (not as a worker opened it)."""
+    stats.recordings = [names.get(p, p) for p in stats.recordings]
+    stats.groups = {names.get(p, p): g for p, g in stats.groups.items()}
+    for cid, ref in list(stats.channels.items()):
+        info = msgspec.structs.replace(ref.info, path=names.get(ref.info.path, ref.info.path))
+        stats.channels[cid] = ChannelRef(ref.id, names.get(ref.recording, ref.recording), info)
+
+    def line(text: str) -> str:
+        for old, new in names.items():
+            if text.startswith(old):
+                return new + text[len(old) :]
+        return text
+
+    stats.damaged = [line(t) for t in stats.damaged]
+    stats.lost = [line(t) for t in stats.lost]
+    stats.problems = [line(t) for t in stats.problems]
+
+
+__all__ = [
+    "Splits",
+    "finish_report",
+    "report_from_chunks",
+    "report_unit",
+    "report_with",
+    "run_builder",
+]
