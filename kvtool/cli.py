@@ -34,7 +34,7 @@ _EPILOG = (
     "\b\n"
     "Exit status: 0 done; 1 failed (or diff --fail-on, replay --check found\n"
     "something); 2 usage error; 3 done, but an input was damaged or batches were\n"
-    "lost while recording; 130 interrupted (Ctrl-C, SIGTERM; record, top and\n"
+    "lost while recording; 130 interrupted (Ctrl-C, SIGTERM, SIGHUP; record and\n"
     "serve end normally on them).\n"
     "\b\n"
     "Examples:\n"
