@@ -91,6 +91,20 @@ def kind_label(kind: str | None) -> str:
     return kind
 
 
+def kind_of_label(label: str) -> str | None:
+    """Return the kind a :func:`kind_label` label stands for (None for ``unannotated``).
+
+    Args:
+        label: A label :func:`kind_label` returned.
+
+    Returns:
+        The kind as sent or given, or None.
+    """
+    if label == UNANNOTATED:
+        return None
+    return label.removeprefix(LITERAL_PREFIX) if label.startswith(LITERAL_PREFIX) else label
+
+
 UNIFORM_SPEC = "UniformTypeKVCacheSpecs"
 
 # Class hierarchy of vLLM's KV cache specs (kv_cache_interface.py): class -> base class.
@@ -1497,6 +1511,7 @@ __all__ = [
     "event_rank",
     "groups_from_list",
     "kind_label",
+    "kind_of_label",
     "load_groups_file",
     "merge_over",
     "out_of_range_warning",

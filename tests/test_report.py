@@ -848,3 +848,23 @@ def test_issue8_11_one_ms_buckets_with_many_kinds_do_not_abort(tmp_path: Path) -
     rep = report_json(str(rec), "--every", "1ms")
     assert len(rep["timeline"]) == len(kinds)
     assert rep["totals"]["blocks_stored"] == len(kinds)
+
+
+def test_issue24_report_keeps_a_wire_kind_spelled_like_its_labels_apart(tmp_path: Path) -> None:
+    """A kind sent as 'unannotated' is 'kind:unannotated' in the report, never merged with
+    the stores that carry no kind; its removes without group_idx are attributed to it."""
+    rec = record_batches(
+        tmp_path / "k.mcap",
+        [
+            [stored([1, 2], 0, "unannotated"), stored([3], 1, None)],
+            [removed([1], with_group=False), removed([3], 1)],
+        ],
+    )
+    rep = report_json(str(rec))
+    rows = {r["kind"]: r for r in rep["by_kind"]}
+    assert set(rows) == {"kind:unannotated", "unannotated"}
+    assert rows["kind:unannotated"]["blocks_stored"] == 2
+    assert rows["kind:unannotated"]["blocks_removed"] == 1  # attributed by its hash
+    assert rows["kind:unannotated"]["live_blocks_end"] == 1
+    assert rows["unannotated"]["blocks_stored"] == 1
+    assert rows["unannotated"]["blocks_removed"] == 1

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import polars as pl
 
-from kvtool.columns import CLEARED, REMOVED, STORED, UNANNOTATED
+from kvtool.annotate import kind_of_label
+from kvtool.columns import CLEARED, REMOVED, STORED
 
 GroupKind = Callable[[int, int, int], "tuple[str, int | None] | None"]
 """(channel_id, group_idx, event_index) -> (kind, window) of a group, or None."""
@@ -106,7 +107,7 @@ def resolve_ungrouped(
         count[(cid, g, h)] = count.get((cid, g, h), 0) + 1
         groups_of.setdefault((cid, h), set()).add(g)
         k0, w0 = kind_of_gkey[gkey]
-        kinds[(cid, g, h)] = (None if k0 == UNANNOTATED else k0, w0)
+        kinds[(cid, g, h)] = (kind_of_label(k0), w0)
     ambiguous = 0
     out: list[tuple[int, bool, int | None, str | None, int | None, bool, bool]] = []
     for row, cid, t, g, h, k, w, e in rows.iter_rows():

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kvtool.annotate import kind_label
 from kvtool.columns import (
     CLEARED,
     REMOVED,
     STORED,
-    UNANNOTATED,
     UNATTRIBUTED,
     ChannelRef,
     ReadStats,
@@ -299,11 +299,8 @@ class ReportBuilder:
             r = int(starts[first[j]])
             if skip[r]:
                 continue
-            if unattributed[r]:
-                k_final = UNATTRIBUTED
-            else:
-                k_value = kind_s[r]
-                k_final = UNANNOTATED if k_value is None else k_value
+            # A kind spelled like kvtool's own labels keeps apart from them (issue 24).
+            k_final = UNATTRIBUTED if unattributed[r] else kind_label(kind_s[r])
             code_gkey[j] = self._gkey_of(
                 None if no_group[r] else int(group[r]),
                 k_final,
