@@ -51,15 +51,16 @@ COLUMN_LABELS = {m.name: m.label for m in METRICS}
 DEFAULT_COLUMNS = (
     "blocks_stored",
     "blocks_removed",
+    "blocks_cleared",
     "live_blocks_end",
     "peak_live_blocks",
     "blocks_recomputed",
     "recompute_share",
     "lifetime_p50_s",
-    "lifetime_p99_s",
 )
 """The columns a table shows without ``--columns``/``--wide``: the ones read first (one
-block at 80 columns)."""
+block at 80 columns). They add up: stored - removed - cleared = live, but for orphan
+removes (which remove nothing) -- issue 24: the cleared blocks were hidden."""
 
 _TIMELINE_LABELS = {
     "time_s": "time\ns",
