@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.peer import read_frames
+
+# Loopback only: Ray turns a node IP of 127.0.0.1 into the machine's interface address
+# (ray._private.services.resolve_ip_for_localhost) and binds its servers to every interface
+# unless its cluster mode is off; off, every Ray server binds and connects to 127.0.0.1.
+# Ray reads this when it is imported, so it is set before any test imports Ray.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 DATA = Path(__file__).parent / "data"
 CAPTURES_DIR = DATA / "captures"

@@ -13,6 +13,7 @@ from kvtool.cli import app
 from kvtool.report import build_report
 from tests.test_report import record_capture
 
+# Loopback only: tests/conftest.py turns Ray's cluster mode off before Ray is imported.
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,14 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def local_cluster() -> Iterator[None]:
     # A cluster of this test's own (2 CPUs, no dashboard); shut down by this process only.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1"]
     try:
         yield
     finally:
@@ -75,3 +83,21 @@ def test_issue10_ray_fleet_units_equal_local(tmp_path: Path, local_cluster: None
     on_ray = build_report(paths, every_ns=5_000_000, ray_address="auto").to_dict()
     _same(on_ray, local)
     assert on_ray["source"]["recordings"] == [str(p) for p in paths]
+
+
+def test_issue23_an_unreachable_ray_address_is_one_line_fast() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:  # a port nobody listens on (bound, never listening)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "report", "recordings/gemma3.mcap", "--ray",
+             f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "cannot connect to the Ray cluster" in lines[0], proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -197,6 +198,11 @@ def report(
     """
     from kvtool.report.procs import default_jobs, start_server, stop_servers
 
+    if ray is not None and _loopback_ray(ray):
+        # Loopback stays loopback: Ray turns a node IP of 127.0.0.1 into the machine's
+        # interface address and binds its servers to every interface unless its cluster
+        # mode is off (issue 23). Ray reads this at import, which comes later.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     n_jobs = jobs if jobs is not None else default_jobs(files)
     early = n_jobs > 1 and ray is None
     if early:
@@ -376,6 +382,14 @@ def report(
             if line not in damage and not (lost and "lost while recording" in line):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
+
+
+def _loopback_ray(address: str) -> bool:
+    """True for ``--ray local`` and a ``[ray://]HOST:PORT`` whose host is loopback."""
+    if address == "local":
+        return True
+    host = address.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 COMMANDS = {"report": report}

@@ -108,10 +108,40 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=jobs, mp_context=context(), initializer=init_worker)
 
 
+RAY_PROBE_S = 5.0
+"""How long ``--ray HOST:PORT`` may take to accept a TCP connection before it is refused."""
+
+
+def _ray_reachable(address: str) -> None:
+    """Refuse a ``HOST:PORT`` (or ``ray://HOST:PORT``) that accepts no TCP connection.
+
+    ``ray.init`` retries an unreachable cluster for minutes and prints its own warnings
+    (issue 23: ``--ray 127.0.0.1:1`` hung over 100 s): one bounded connect says it first.
+    ``auto`` and ``local`` are Ray's own and are not probed.
+
+    Raises:
+        KvtoolError: Nothing listens there.
+    """
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or address in ("auto", "local"):
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_PROBE_S):
+            pass
+    except OSError as err:
+        raise KvtoolError(
+            f"--ray {address}: cannot connect to the Ray cluster: nothing accepts a connection "
+            f"at {host}:{port} ({err.strerror or type(err).__name__})"
+        ) from err
+
+
 def _ray_connect(ray: ModuleType, address: str) -> bool:
     """Connect to the Ray cluster at ``address`` unless connected; True if connected here."""
     if ray.is_initialized():
         return False
+    _ray_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError...
