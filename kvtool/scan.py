@@ -1,0 +1,1003 @@
+"""The columnar msgpack decoder: a numba kernel scanning payload bytes into column arrays.
+
+:func:`scan` reads one chunk's payloads (their bytes joined, with offsets) straight into
+preallocated numpy columns -- per batch: ts, the payload's rank, event count, an error
+code; per event: type, hash count, ``group_idx``, medium, kind, window, token count; all
+the hash keys -- with no Python object per event. It accepts exactly what the lean
+msgspec projection of :mod:`kvtool.columns` accepts *and* reads the same way; anything
+else (a malformed, truncated or overlong value, an unknown tag, a value of an unexpected
+type, nesting deeper than :data:`MAX_DEPTH`, a list that is not hashes, a mixture of
+event encodings, an int outside int64 …) gives that payload an error code (``ERR_*``)
+and the caller decodes it with the msgspec path, which stays the reference: so the two
+give the same columns and the same findings. Every read is bounds-checked against the
+payload's end; skipping is iterative with an explicit depth limit.
+
+Strings (medium, kind) come back as codes into a small per-chunk vocabulary of byte
+ranges (only ASCII values are taken, so they decode to the same ``str`` msgspec makes).
+Field names and array positions come from the one field table, :mod:`kvtool.schema`.
+
+The kernels compile on first use (numba, cached on disk: :mod:`kvtool._jit`); a cold
+compile says so once on stderr when stderr is a terminal.
+"""
+
+# ruff: noqa: SIM109, SIM110  (numba: no tuple membership or generators in the kernels)
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba.np.numpy_support import carray
+
+from kvtool import schema
+from kvtool._jit import kernel
+
+# -- error codes (0: decoded) ------------------------------------------------------------
+
+OK = 0
+ERR_TRUNCATED = 1
+"""A value runs past the payload's end."""
+ERR_INVALID = 2
+"""A byte that starts no msgpack value (``0xc1``)."""
+ERR_DEPTH = 3
+"""Nesting deeper than :data:`MAX_DEPTH`."""
+ERR_BATCH = 4
+"""The payload is not a batch (not an array/map, too short, no ``ts``/``events``)."""
+ERR_TRAILING = 5
+"""Bytes after the batch."""
+ERR_TS = 6
+"""``ts`` is not a float (or an int exactly representable as one)."""
+ERR_RANK = 7
+"""``data_parallel_rank`` is not nil or an int64."""
+ERR_EVENTS = 8
+"""``events`` is not an array, or an event is neither a map nor an array."""
+ERR_MIXED = 9
+"""Map and array events in one batch."""
+ERR_TAG = 10
+"""An event without a known type tag (unknown, missing, not a string)."""
+ERR_KEY = 11
+"""A map key that is not an ASCII string, or a known key twice."""
+ERR_HASHES = 12
+"""``block_hashes`` is not a list of ints and bytes."""
+ERR_FIELD = 13
+"""A field of the wrong type (medium/kind not nil or ASCII str, group/window not int)."""
+ERR_RANGE = 14
+"""An int outside int64 where the table keeps one."""
+ERR_VOCAB = 15
+"""More distinct strings in the chunk than :data:`MAX_VOCAB`."""
+ERR_CAPACITY = 16
+"""Internal: the output columns are full (the caller grows them and resumes)."""
+
+ERROR_NAMES = {
+    ERR_TRUNCATED: "truncated",
+    ERR_INVALID: "invalid byte",
+    ERR_DEPTH: "nested too deeply",
+    ERR_BATCH: "not a batch",
+    ERR_TRAILING: "trailing bytes",
+    ERR_TS: "bad ts",
+    ERR_RANK: "bad data_parallel_rank",
+    ERR_EVENTS: "bad events",
+    ERR_MIXED: "mixed event encodings",
+    ERR_TAG: "unknown event type",
+    ERR_KEY: "bad map key",
+    ERR_HASHES: "block_hashes not a list of hashes",
+    ERR_FIELD: "field of the wrong type",
+    ERR_RANGE: "int out of range",
+    ERR_VOCAB: "too many distinct strings",
+}
+
+MAX_DEPTH = 64
+"""Deepest nesting the scanner skips; deeper values go to msgspec."""
+MAX_VOCAB = 256
+"""Distinct medium/kind strings per chunk."""
+
+# -- value classes of _head ---------------------------------------------------------------
+
+_NIL, _BOOL, _INT, _UINT, _FLOAT, _STR, _BIN, _ARRAY, _MAP, _EXT = range(10)
+_ERR = -1
+
+# -- field codes, from the one field table ---------------------------------------------------
+
+F_SKIP, F_TYPE, F_HASHES, F_TOKENS, F_MEDIUM, F_GROUP, F_KIND, F_WINDOW = range(8)
+_CODE_OF = {
+    "block_hashes": F_HASHES,
+    "token_ids": F_TOKENS,
+    "medium": F_MEDIUM,
+    "group_idx": F_GROUP,
+    "kv_cache_spec_kind": F_KIND,
+    "kv_cache_spec_sliding_window": F_WINDOW,
+}
+_LEAN_STORED = schema.projection("lean", "stored")
+_LEAN_REMOVED = schema.projection("lean", "removed")
+assert set(_LEAN_STORED) == set(_CODE_OF), "a lean field has no scanner code"
+
+
+def _names_blob(names: list[str]) -> tuple[Any, Any]:
+    data = b"".join(n.encode() for n in names)
+    offs = np.zeros(len(names) + 1, dtype=np.int64)
+    offs[1:] = np.cumsum([len(n.encode()) for n in names])
+    return np.frombuffer(data, dtype=np.uint8).copy(), offs
+
+
+# Map keys: "type" first, then the lean fields; their codes.
+_KEY_NAMES = ["type", *_LEAN_STORED]
+_KEYS, _KEY_OFFS = _names_blob(_KEY_NAMES)
+_KEY_CODES = np.array([F_TYPE, *(_CODE_OF[n] for n in _LEAN_STORED)], dtype=np.int64)
+_TAGS, _TAG_OFFS = _names_blob(list(schema.EVENT_TAGS))
+_BATCH_KEYS, _BATCH_KEY_OFFS = _names_blob(["ts", "events", "data_parallel_rank"])
+
+
+def _fields_of(names: tuple[str, ...]) -> Any:
+    """Per field code: 1 when the event type reads that field."""
+    used = np.zeros(8, dtype=np.int64)
+    for n in names:
+        used[_CODE_OF[n]] = 1
+    return used
+
+
+# Per type code (stored, removed, cleared): which field codes it reads.
+_USES = np.stack([_fields_of(_LEAN_STORED), _fields_of(_LEAN_REMOVED), np.zeros(8, dtype=np.int64)])
+
+
+def _positions(event: str) -> Any:
+    """Array position → field code for an array-encoded event type (0: skipped)."""
+    idx = schema.array_index(event)  # type: ignore[arg-type]
+    out = np.zeros(max(idx.values()) + 1, dtype=np.int64)
+    for name, pos in idx.items():
+        if name in _CODE_OF:
+            out[pos] = _CODE_OF[name]
+    return out
+
+
+_STORED_POS = _positions("stored")
+_REMOVED_POS = _positions("removed")
+_POS = np.zeros((3, max(len(_STORED_POS), len(_REMOVED_POS))), dtype=np.int64)
+_POS[0, : len(_STORED_POS)] = _STORED_POS
+_POS[1, : len(_REMOVED_POS)] = _REMOVED_POS
+_POS_LEN = np.array([len(_STORED_POS), len(_REMOVED_POS), 0], dtype=np.int64)
+
+
+_LITTLE = sys.byteorder == "little"
+
+NULL = np.int64(-(1 << 63))
+"""``e_group``/``e_window`` of a nil (never a value: int64's minimum goes to msgspec)."""
+
+# -- kernels ---------------------------------------------------------------------------------
+
+
+def _define_borrow() -> Any:
+    """An intrinsic: a view of an array without its reference count (see :func:`_scan`)."""
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _voidptr(typingctx: Any, addr: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            return builder.inttoptr(args[0], cgutils.voidptr_t)
+
+        return types.voidptr(addr), codegen
+
+    return _voidptr
+
+
+_voidptr = _define_borrow()
+
+
+@kernel
+def _be(buf: Any, pos: Any, n: Any) -> Any:
+    """Big-endian unsigned int of ``n`` bytes at ``pos``, as int64 bits (caller checks bounds)."""
+    v: Any = np.int64(0)
+    for k in range(n):
+        v = (v << np.int64(8)) | np.int64(buf[pos + k])
+    return v
+
+
+@kernel
+def _head(buf: Any, pos: Any, end: Any) -> Any:
+    """Read a value's header at ``pos``: (class, n, position after the header).
+
+    ``n`` is the value of an int (``_UINT``: an unsigned one above int64, as its bits),
+    the length of a str/bin/ext's data or of a float (4/8), the item count of an array,
+    the pair count of a map. Class ``_ERR`` with n = an error code when the header (or a
+    str/bin/ext's data) runs past ``end`` or the byte is invalid.
+    """
+    if pos >= end:
+        return _ERR, ERR_TRUNCATED, pos
+    b: Any = np.int64(buf[pos])
+    p: Any = pos + 1
+    if b <= 0x7F:
+        return _INT, b, p
+    if b >= 0xE0:
+        return _INT, b - 256, p
+    if b <= 0x8F:
+        return _MAP, b & 0x0F, p
+    if b <= 0x9F:
+        return _ARRAY, b & 0x0F, p
+    if b <= 0xBF:
+        n = b & 0x1F
+        if p + n > end:
+            return _ERR, ERR_TRUNCATED, p
+        return _STR, n, p
+    if b == 0xC0:
+        return _NIL, 0, p
+    if b == 0xC1:
+        return _ERR, ERR_INVALID, p
+    if b == 0xC2 or b == 0xC3:
+        return _BOOL, b - 0xC2, p
+    # every other header has a fixed-size part after the first byte
+    if b <= 0xC6:  # bin 8/16/32
+        w = 1 << (b - 0xC4)
+        if p + w > end:
+            return _ERR, ERR_TRUNCATED, p
+        n = _be(buf, p, w)
+        p += w
+        if n > end - p:
+            return _ERR, ERR_TRUNCATED, p
+        return _BIN, n, p
+    if b <= 0xC9:  # ext 8/16/32: length, type byte, data
+        w = 1 << (b - 0xC7)
+        if p + w + 1 > end:
+            return _ERR, ERR_TRUNCATED, p
+        n = _be(buf, p, w)
+        p += w + 1
+        if n > end - p:
+            return _ERR, ERR_TRUNCATED, p
+        return _EXT, n, p
+    if b <= 0xCB:  # float 32/64
+        w = 4 if b == 0xCA else 8
+        if p + w > end:
+            return _ERR, ERR_TRUNCATED, p
+        return _FLOAT, w, p
+    if b <= 0xCF:  # uint 8..64
+        w = 1 << (b - 0xCC)
+        if p + w > end:
+            return _ERR, ERR_TRUNCATED, p
+        v = _be(buf, p, w)
+        if w == 8 and v < 0:
+            return _UINT, v, p + w
+        return _INT, v, p + w
+    if b <= 0xD3:  # int 8..64
+        w = 1 << (b - 0xD0)
+        if p + w > end:
+            return _ERR, ERR_TRUNCATED, p
+        v = _be(buf, p, w)
+        if w < 8:
+            sign = np.int64(1) << np.int64(8 * w - 1)
+            if v >= sign:
+                v -= sign << np.int64(1)
+        return _INT, v, p + w
+    if b <= 0xD8:  # fixext 1..16: type byte + data
+        n = 1 << (b - 0xD4)
+        if p + 1 + n > end:
+            return _ERR, ERR_TRUNCATED, p
+        return _EXT, n, p + 1
+    if b <= 0xDB:  # str 8/16/32
+        w = 1 << (b - 0xD9)
+        if p + w > end:
+            return _ERR, ERR_TRUNCATED, p
+        n = _be(buf, p, w)
+        p += w
+        if n > end - p:
+            return _ERR, ERR_TRUNCATED, p
+        return _STR, n, p
+    # 0xdc..0xdf: array 16/32, map 16/32
+    w = 2 if (b == 0xDC or b == 0xDE) else 4
+    if p + w > end:
+        return _ERR, ERR_TRUNCATED, p
+    n = _be(buf, p, w)
+    return (_ARRAY if b <= 0xDD else _MAP), n, p + w
+
+
+_SCALAR = np.zeros(256, dtype=np.int64)
+"""Whole size of a scalar value by its first byte (0: a container, str/bin/ext, or invalid)."""
+_SCALAR[0x00:0x80] = 1
+_SCALAR[0xE0:0x100] = 1
+_SCALAR[0xC0] = _SCALAR[0xC2] = _SCALAR[0xC3] = 1
+for _b, _n in ((0xCA, 5), (0xCB, 9), (0xCC, 2), (0xCD, 3), (0xCE, 5), (0xCF, 9)):
+    _SCALAR[_b] = _n
+for _b, _n in ((0xD0, 2), (0xD1, 3), (0xD2, 5), (0xD3, 9), (0xD4, 3), (0xD5, 4), (0xD6, 6)):
+    _SCALAR[_b] = _n
+_SCALAR[0xD7], _SCALAR[0xD8] = 10, 18
+_SCALAR[0xA0:0xC0] = np.arange(1, 33)  # fixstr: header + data
+
+
+@kernel
+def _quick(buf: Any, pos: Any, end: Any) -> Any:
+    """The end of a scalar or fixstr at ``pos`` (-1: anything else, or past ``end``).
+
+    Small enough to be inlined: the hot loops take the common values without a call.
+    """
+    if pos >= end:
+        return -1
+    q = pos + _SCALAR[buf[pos]]
+    if q == pos or q > end:
+        return -1
+    return q
+
+
+@kernel
+def _skip(buf: Any, pos: Any, end: Any, stack: Any) -> Any:
+    """Skip one whole value at ``pos``: (position after it, error code), iteratively.
+
+    ``stack`` holds the items still to skip at each open level (at most ``len(stack)``).
+    """
+    depth = 0
+    stack[0] = 1
+    while True:
+        if stack[depth] == 0:
+            if depth == 0:
+                return pos, OK
+            depth -= 1
+            continue
+        stack[depth] -= 1
+        q = _quick(buf, pos, end)
+        if q >= 0:
+            pos = q
+            continue
+        cls, n, p = _head(buf, pos, end)
+        if cls == _ERR:
+            return p, n
+        if cls == _STR or cls == _BIN or cls == _EXT or cls == _FLOAT:
+            pos = p + n
+        elif cls == _ARRAY or cls == _MAP:
+            pos = p
+            items = n if cls == _ARRAY else 2 * n
+            if items > end - pos:  # every item is at least one byte
+                return pos, ERR_TRUNCATED
+            if items:
+                depth += 1
+                if depth >= len(stack):
+                    return pos, ERR_DEPTH
+                stack[depth] = items
+        else:
+            pos = p
+
+
+@kernel
+def _same(buf: Any, at: Any, n: Any, names: Any, lo: Any, hi: Any) -> Any:
+    """Whether ``buf[at:at+n]`` equals ``names[lo:hi]``."""
+    if hi - lo != n:
+        return False
+    for k in range(n):
+        if buf[at + k] != names[lo + k]:
+            return False
+    return True
+
+
+@kernel
+def _ascii(buf: Any, at: Any, n: Any) -> Any:
+    for k in range(n):
+        if buf[at + k] >= 0x80:
+            return False
+    return True
+
+
+@kernel
+def _intern(buf: Any, at: Any, n: Any, voc_off: Any, voc_len: Any, counts: Any) -> Any:
+    """The vocabulary code of the ASCII string ``buf[at:at+n]`` (-1: vocabulary full)."""
+    nv = counts[2]
+    for v in range(nv):
+        if voc_len[v] == n:
+            o = voc_off[v]
+            same = True
+            for k in range(n):
+                if buf[o + k] != buf[at + k]:
+                    same = False
+                    break
+            if same:
+                return v
+    if nv >= len(voc_off):
+        return -1
+    voc_off[nv] = at
+    voc_len[nv] = n
+    counts[2] = nv + 1
+    return nv
+
+
+@kernel
+def _opt_str(buf: Any, pos: Any, end: Any, voc_off: Any, voc_len: Any, counts: Any) -> Any:
+    """A nil-or-str field: (code, -1 for nil; error code)."""
+    if pos < 0:
+        return -1, OK
+    cls, n, p = _head(buf, pos, end)
+    if cls == _NIL:
+        return -1, OK
+    if cls != _STR or not _ascii(buf, p, n):
+        return -1, ERR_FIELD
+    code = _intern(buf, p, n, voc_off, voc_len, counts)
+    if code < 0:
+        return -1, ERR_VOCAB
+    return code, OK
+
+
+@kernel
+def _opt_int(buf: Any, pos: Any, end: Any) -> Any:
+    """A nil-or-int field: (value, 1 if present, error code)."""
+    if pos < 0:
+        return 0, 0, OK
+    cls, n, _p = _head(buf, pos, end)
+    if cls == _NIL:
+        return 0, 0, OK
+    if cls == _INT and n != NULL:
+        return n, 1, OK
+    if cls == _UINT or cls == _INT:
+        return 0, 0, ERR_RANGE
+    return 0, 0, ERR_FIELD
+
+
+@kernel
+def _event(
+    buf: Any,
+    pos: Any,
+    end: Any,
+    stack: Any,
+    fpos: Any,
+) -> Any:
+    """Locate one event's fields: (type code, encoding 0 map / 1 array, position after, error).
+
+    ``fpos[code]`` receives the position of each field's value (-1: absent).
+    """
+    for k in range(8):
+        fpos[k] = -1
+    cls, n, p = _head(buf, pos, end)
+    if cls == _ERR:
+        return -1, 0, p, n
+    tcode = -1
+    if cls == _MAP:
+        for _i in range(n):
+            if p < end and 0xA0 <= buf[p] <= 0xBF and p + 1 + (buf[p] & 0x1F) <= end:
+                kc, kn, kp = _STR, np.int64(buf[p] & 0x1F), p + 1  # fixstr: no call
+            else:
+                kc, kn, kp = _head(buf, p, end)
+            if kc == _ERR:
+                return -1, 0, kp, kn
+            if kc != _STR:
+                return -1, 0, kp, ERR_KEY
+            code = F_SKIP
+            for j in range(len(_KEY_CODES)):
+                if _same(buf, kp, kn, _KEYS, _KEY_OFFS[j], _KEY_OFFS[j + 1]):
+                    code = _KEY_CODES[j]
+                    break
+            if code == F_SKIP and not _ascii(buf, kp, kn):
+                return -1, 0, kp, ERR_KEY
+            p = kp + kn
+            if code != F_SKIP:
+                if fpos[code] >= 0:
+                    return -1, 0, p, ERR_KEY
+                fpos[code] = p
+            q = _quick(buf, p, end)
+            if q >= 0:
+                p = q
+                continue
+            p, err = _skip(buf, p, end, stack)
+            if err != OK:
+                return -1, 0, p, err
+        tp = fpos[F_TYPE]
+        if tp < 0:
+            return -1, 0, p, ERR_TAG
+        tc, tn, tq = _head(buf, tp, end)
+        if tc != _STR:
+            return -1, 0, p, ERR_TAG
+        for t in range(3):
+            if _same(buf, tq, tn, _TAGS, _TAG_OFFS[t], _TAG_OFFS[t + 1]):
+                tcode = t
+        if tcode < 0:
+            return -1, 0, p, ERR_TAG
+        for k in range(2, 8):
+            if _USES[tcode, k] == 0:
+                fpos[k] = -1
+        return tcode, 0, p, OK
+    if cls == _ARRAY:
+        if n == 0:
+            return -1, 1, p, ERR_TAG
+        tc, tn, tq = _head(buf, p, end)
+        if tc == _ERR:
+            return -1, 1, tq, tn
+        if tc != _STR:
+            return -1, 1, tq, ERR_TAG
+        for t in range(3):
+            if _same(buf, tq, tn, _TAGS, _TAG_OFFS[t], _TAG_OFFS[t + 1]):
+                tcode = t
+        if tcode < 0:
+            return -1, 1, tq, ERR_TAG
+        p = tq + tn
+        for i in range(1, n):
+            if i < _POS_LEN[tcode]:
+                code = _POS[tcode, i]
+                if code != F_SKIP:
+                    fpos[code] = p
+            q = _quick(buf, p, end)
+            if q >= 0:
+                p = q
+                continue
+            p, err = _skip(buf, p, end, stack)
+            if err != OK:
+                return -1, 1, p, err
+        return tcode, 1, p, OK
+    return -1, 0, p, ERR_EVENTS
+
+
+@kernel
+def _ts(buf: Any, pos: Any, end: Any, s8: Any, s4: Any, f8: Any, f4: Any) -> Any:
+    """The batch's ``ts``: (value, error code); ``f8``/``f4`` view ``s8``/``s4``."""
+    cls, n, p = _head(buf, pos, end)
+    if cls == _FLOAT:
+        if n == 8:
+            for k in range(8):  # big-endian bytes into the native scratch
+                s8[7 - k if _LITTLE else k] = buf[p + k]
+            return f8[0], OK
+        for k in range(4):
+            s4[3 - k if _LITTLE else k] = buf[p + k]
+        return np.float64(f4[0]), OK
+    if cls == _INT and -(1 << 53) <= n <= (1 << 53):
+        return np.float64(n), OK
+    return 0.0, ERR_TS
+
+
+@kernel
+def _batch_map(buf: Any, start: Any, end: Any, stack: Any, bpos: Any) -> Any:
+    """Locate a map batch's ts, events and rank (``bpos[0..2]``, -1: absent): error code."""
+    bpos[0] = -1
+    bpos[1] = -1
+    bpos[2] = -1
+    _cls, n, p = _head(buf, start, end)
+    for _i in range(n):
+        kc, kn, kp = _head(buf, p, end)
+        if kc == _ERR:
+            return kn
+        if kc != _STR:
+            return ERR_KEY
+        slot = -1
+        if _same(buf, kp, kn, _BATCH_KEYS, _BATCH_KEY_OFFS[0], _BATCH_KEY_OFFS[1]):
+            slot = 0
+        elif _same(buf, kp, kn, _BATCH_KEYS, _BATCH_KEY_OFFS[1], _BATCH_KEY_OFFS[2]):
+            slot = 1
+        elif _same(buf, kp, kn, _BATCH_KEYS, _BATCH_KEY_OFFS[2], _BATCH_KEY_OFFS[3]):
+            slot = 2
+        elif not _ascii(buf, kp, kn):
+            return ERR_KEY
+        p = kp + kn
+        if slot >= 0:
+            if bpos[slot] >= 0:
+                return ERR_KEY
+            bpos[slot] = p
+        p, err = _skip(buf, p, end, stack)
+        if err != OK:
+            return err
+    if bpos[0] < 0 or bpos[1] < 0:
+        return ERR_BATCH
+    if p != end:
+        return ERR_TRAILING
+    return OK
+
+
+@kernel
+def _hashes(buf: Any, pos: Any, end: Any, keys: Any, at: Any) -> Any:
+    """Read a ``block_hashes`` list into ``keys[at:]``: (count, error code).
+
+    Ints are kept as signed 64-bit (uint64 reinterpreted); bytes map to their last 8
+    bytes big-endian (:func:`kvtool.protocol.hash_key`). ``ERR_CAPACITY`` when ``keys``
+    is full.
+    """
+    cls, n, p = _head(buf, pos, end)
+    if cls != _ARRAY:
+        return 0, ERR_HASHES if cls != _ERR else n
+    if n > end - p:
+        return 0, ERR_TRUNCATED
+    if at + n > len(keys):
+        return 0, ERR_CAPACITY
+    for j in range(n):
+        if p + 9 <= end and (buf[p] == 0xCF or buf[p] == 0xD3):  # 64-bit ints: no call
+            v = np.int64(0)
+            for k in range(1, 9):
+                v = (v << np.int64(8)) | np.int64(buf[p + k])
+            keys[at + j] = v
+            p += 9
+            continue
+        if p + 34 <= end and buf[p] == 0xC4 and buf[p + 1] == 0x20:  # 32 bytes: no call
+            v = np.int64(0)
+            for k in range(26, 34):
+                v = (v << np.int64(8)) | np.int64(buf[p + k])
+            keys[at + j] = v
+            p += 34
+            continue
+        c, v, q = _head(buf, p, end)
+        if c == _INT or c == _UINT:
+            keys[at + j] = v
+            p = q
+        elif c == _BIN:
+            lo = q + v - 8 if v > 8 else q
+            keys[at + j] = _be(buf, lo, q + v - lo)
+            p = q + v
+        elif c == _ERR:
+            return 0, v
+        else:
+            return 0, ERR_HASHES
+    return n, OK
+
+
+@kernel
+def _tokens(buf: Any, pos: Any, end: Any) -> Any:
+    """``len(token_ids)`` from its header (0: absent or not an array; already validated)."""
+    if pos < 0:
+        return 0
+    cls, n, _p = _head(buf, pos, end)
+    return n if cls == _ARRAY else 0
+
+
+@kernel
+def _events(
+    buf: Any,
+    pos: Any,
+    end: Any,
+    stack: Any,
+    fpos: Any,
+    ev0: Any,
+    k0: Any,
+    e_type: Any,
+    e_nh: Any,
+    e_group: Any,
+    e_medium: Any,
+    e_kind: Any,
+    e_window: Any,
+    e_tokens: Any,
+    keys: Any,
+    voc_off: Any,
+    voc_len: Any,
+    counts: Any,
+) -> Any:
+    """Scan an ``events`` array from ``ev0``/``k0``: (end, events, keys, error code)."""
+    cls, n_ev, p = _head(buf, pos, end)
+    if cls == _ERR:
+        return p, 0, 0, n_ev
+    if cls != _ARRAY:
+        return p, 0, 0, ERR_EVENTS
+    if n_ev > end - p:
+        return p, 0, 0, ERR_TRUNCATED
+    if ev0 + n_ev > len(e_type):
+        return p, 0, 0, ERR_CAPACITY
+    enc0 = -1
+    ev = ev0
+    nk = k0
+    for _j in range(n_ev):
+        tcode, enc, p, err = _event(buf, p, end, stack, fpos)
+        if err != OK:
+            return p, 0, 0, err
+        if enc0 < 0:
+            enc0 = enc
+        elif enc != enc0:
+            return p, 0, 0, ERR_MIXED
+        nh = 0
+        if fpos[F_HASHES] >= 0:
+            nh, err = _hashes(buf, fpos[F_HASHES], end, keys, nk)
+            if err != OK:
+                return p, 0, 0, err
+        med, err = _opt_str(buf, fpos[F_MEDIUM], end, voc_off, voc_len, counts)
+        if err != OK:
+            return p, 0, 0, err
+        kind, err = _opt_str(buf, fpos[F_KIND], end, voc_off, voc_len, counts)
+        if err != OK:
+            return p, 0, 0, err
+        g, has_g, err = _opt_int(buf, fpos[F_GROUP], end)
+        if err != OK:
+            return p, 0, 0, err
+        w, has_w, err = _opt_int(buf, fpos[F_WINDOW], end)
+        if err != OK:
+            return p, 0, 0, err
+        e_type[ev] = tcode
+        e_nh[ev] = nh
+        e_group[ev] = g if has_g else NULL
+        e_window[ev] = w if has_w else NULL
+        e_medium[ev] = med
+        e_kind[ev] = kind
+        e_tokens[ev] = _tokens(buf, fpos[F_TOKENS], end)
+        ev += 1
+        nk += nh
+    return p, n_ev, nk - k0, OK
+
+
+@kernel
+def _scan_body(
+    buf: Any,
+    offs: Any,
+    first: Any,
+    b_ts: Any,
+    b_rank: Any,
+    b_err: Any,
+    b_nev: Any,
+    e_type: Any,
+    e_nh: Any,
+    e_group: Any,
+    e_medium: Any,
+    e_kind: Any,
+    e_window: Any,
+    e_tokens: Any,
+    keys: Any,
+    voc_off: Any,
+    voc_len: Any,
+    counts: Any,
+    stack: Any,
+    fpos: Any,
+    bpos: Any,
+    s8: Any,
+    s4: Any,
+    f8: Any,
+    f4: Any,
+) -> Any:
+    """:func:`_scan`'s work, on borrowed arrays."""
+    n_pay = len(offs) - 1
+    for i in range(first, n_pay):
+        start = offs[i]
+        end = offs[i + 1]
+        ev0 = counts[0]
+        k0 = counts[1]
+        b_nev[i] = 0
+        b_err[i] = OK
+        n_ev = 0
+        n_k = 0
+        cls, n, p = _head(buf, start, end)
+        err = OK
+        if cls == _ERR:
+            err = n
+        elif cls == _ARRAY:
+            if n < 2:
+                err = ERR_BATCH
+            else:
+                # [ts, events, rank, ...]: the events are scanned in place.
+                bpos[0] = p
+                bpos[2] = -1
+                p, err = _skip(buf, p, end, stack)
+                if err == OK:
+                    p, n_ev, n_k, err = _events(
+                        buf, p, end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
+                        e_medium, e_kind, e_window, e_tokens, keys, voc_off, voc_len, counts,
+                    )  # fmt: skip
+                for j in range(2, n):
+                    if err != OK:
+                        break
+                    if j == 2:
+                        bpos[2] = p
+                    p, err = _skip(buf, p, end, stack)
+                if err == OK and p != end:
+                    err = ERR_TRAILING
+        elif cls == _MAP:
+            err = _batch_map(buf, start, end, stack, bpos)
+            if err == OK:
+                _p, n_ev, n_k, err = _events(
+                    buf, bpos[1], end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
+                    e_medium, e_kind, e_window, e_tokens, keys, voc_off, voc_len, counts,
+                )  # fmt: skip
+        else:
+            err = ERR_BATCH
+        if err == ERR_CAPACITY:
+            return i
+        if err == OK:
+            ts, err = _ts(buf, bpos[0], end, s8, s4, f8, f4)
+            b_ts[i] = ts
+        if err == OK:
+            rank, has, rerr = _opt_int(buf, bpos[2], end)
+            if rerr != OK or (has and rank < 0):
+                err = ERR_RANK
+            b_rank[i] = rank if has else -1
+        if err == OK:
+            counts[0] = ev0 + n_ev
+            counts[1] = k0 + n_k
+            b_nev[i] = n_ev
+        else:
+            b_err[i] = err
+            counts[0] = ev0
+            counts[1] = k0
+    return n_pay
+
+
+@kernel
+def _scan(
+    buf: Any,
+    offs: Any,
+    first: Any,
+    b_ts: Any,
+    b_rank: Any,
+    b_err: Any,
+    b_nev: Any,
+    e_type: Any,
+    e_nh: Any,
+    e_group: Any,
+    e_medium: Any,
+    e_kind: Any,
+    e_window: Any,
+    e_tokens: Any,
+    keys: Any,
+    voc_off: Any,
+    voc_len: Any,
+    counts: Any,
+    stack: Any,
+    fpos: Any,
+    bpos: Any,
+    s8: Any,
+    s4: Any,
+    f8: Any,
+    f4: Any,
+) -> Any:
+    """Scan payloads ``first..`` into the columns; return where it stopped (full columns).
+
+    ``counts`` = (events, keys, vocabulary entries) written so far. ``b_rank``: -1 for
+    none (ranks are never negative: a negative one is ``ERR_RANK``). ``e_group``/
+    ``e_window``: :data:`NULL` for nil.
+
+    Every array goes to the work as a borrowed view (no reference count): the helpers
+    take them at every value, and each pass of a counted array costs two atomic
+    operations. Every array outlives the call: the caller holds them all (the scratch
+    arrays ``stack`` … ``f4`` too: :func:`_scratch`).
+    """
+    return _scan_body(
+        carray(_voidptr(buf.ctypes.data), buf.shape, np.uint8),
+        carray(_voidptr(offs.ctypes.data), offs.shape, np.int64),
+        first,
+        carray(_voidptr(b_ts.ctypes.data), b_ts.shape, np.float64),
+        carray(_voidptr(b_rank.ctypes.data), b_rank.shape, np.int64),
+        carray(_voidptr(b_err.ctypes.data), b_err.shape, np.int64),
+        carray(_voidptr(b_nev.ctypes.data), b_nev.shape, np.int64),
+        carray(_voidptr(e_type.ctypes.data), e_type.shape, np.uint8),
+        carray(_voidptr(e_nh.ctypes.data), e_nh.shape, np.int64),
+        carray(_voidptr(e_group.ctypes.data), e_group.shape, np.int64),
+        carray(_voidptr(e_medium.ctypes.data), e_medium.shape, np.int32),
+        carray(_voidptr(e_kind.ctypes.data), e_kind.shape, np.int32),
+        carray(_voidptr(e_window.ctypes.data), e_window.shape, np.int64),
+        carray(_voidptr(e_tokens.ctypes.data), e_tokens.shape, np.int64),
+        carray(_voidptr(keys.ctypes.data), keys.shape, np.int64),
+        carray(_voidptr(voc_off.ctypes.data), voc_off.shape, np.int64),
+        carray(_voidptr(voc_len.ctypes.data), voc_len.shape, np.int64),
+        carray(_voidptr(counts.ctypes.data), counts.shape, np.int64),
+        carray(_voidptr(stack.ctypes.data), stack.shape, np.int64),
+        carray(_voidptr(fpos.ctypes.data), fpos.shape, np.int64),
+        carray(_voidptr(bpos.ctypes.data), bpos.shape, np.int64),
+        carray(_voidptr(s8.ctypes.data), s8.shape, np.uint8),
+        carray(_voidptr(s4.ctypes.data), s4.shape, np.uint8),
+        carray(_voidptr(f8.ctypes.data), f8.shape, np.float64),
+        carray(_voidptr(f4.ctypes.data), f4.shape, np.float32),
+    )
+
+
+@dataclass
+class Scanned:
+    """The columns of one scanned chunk (numpy arrays).
+
+    Attributes:
+        ts: Per payload: the batch ``ts``.
+        rank: Per payload: the payload's ``data_parallel_rank`` (-1: none).
+        err: Per payload: an error code (0: decoded here; else decode it with msgspec).
+        n_events: Per payload: events.
+        type_code: Per event: 0 stored, 1 removed, 2 cleared.
+        n_hashes: Per event: hashes.
+        group_idx: Per event (:data:`NULL`: nil or absent).
+        medium: Per event: vocabulary code (-1: nil).
+        kind: Per event: vocabulary code (-1: nil).
+        window: Per event (:data:`NULL`: nil or absent).
+        tokens: Per event: ``len(token_ids)``.
+        keys: Every hash key, in event order.
+        vocab: The strings of the codes.
+    """
+
+    ts: Any
+    rank: Any
+    err: Any
+    n_events: Any
+    type_code: Any
+    n_hashes: Any
+    group_idx: Any
+    medium: Any
+    kind: Any
+    window: Any
+    tokens: Any
+    keys: Any
+    vocab: list[str]
+
+
+_EVENT_DTYPES = (
+    np.uint8,
+    np.int64,
+    np.int64,
+    np.int32,
+    np.int32,
+    np.int64,
+    np.int64,
+)
+
+
+def scan(buf: Any, offs: Any) -> Scanned:
+    """Scan joined payloads into columns (see the module docstring).
+
+    Args:
+        buf: The payloads' bytes joined (a uint8 numpy array).
+        offs: int64 offsets: payload ``i`` is ``buf[offs[i]:offs[i+1]]``.
+
+    Returns:
+        The columns; payloads with ``err != 0`` have no events in them.
+    """
+    n_pay = len(offs) - 1
+    size = int(offs[-1] - offs[0]) if n_pay > 0 else 0
+    b_ts = np.zeros(n_pay, dtype=np.float64)
+    b_rank = np.zeros(n_pay, dtype=np.int64)
+    b_err = np.zeros(n_pay, dtype=np.int64)
+    b_nev = np.zeros(n_pay, dtype=np.int64)
+    ev_cap = max(16, size // 24)
+    key_cap = max(16, size // 9)
+    ev = [np.empty(ev_cap, dtype=t) for t in _EVENT_DTYPES]
+    keys = np.empty(key_cap, dtype=np.int64)
+    voc_off = np.zeros(MAX_VOCAB, dtype=np.int64)
+    voc_len = np.zeros(MAX_VOCAB, dtype=np.int64)
+    counts = np.zeros(3, dtype=np.int64)
+    scratch = _scratch()
+    at = 0
+    _notice_cold_compile()
+    while True:
+        t, nh, g, med, kind, w, tok = ev
+        at = _scan(
+            buf, offs, at, b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok,
+            keys, voc_off, voc_len, counts, *scratch,
+        )  # fmt: skip
+        if at >= n_pay:
+            break
+        # The columns were full at payload ``at``: grow and resume there.
+        ev = [np.concatenate([a, np.empty(len(a), dtype=a.dtype)]) for a in ev]
+        keys = np.concatenate([keys, np.empty(len(keys), dtype=np.int64)])
+    _compiled.set()
+    n_ev, n_keys, n_voc = (int(x) for x in counts)
+    vocab = [
+        bytes(buf[int(o) : int(o) + int(n)]).decode("ascii")
+        for o, n in zip(voc_off[:n_voc], voc_len[:n_voc], strict=True)
+    ]
+    t, nh, g, med, kind, w, tok = (a[:n_ev] for a in ev)
+    return Scanned(b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok, keys[:n_keys], vocab)
+
+
+def _scratch() -> tuple[Any, ...]:
+    """The kernel's scratch arrays: depth stack, field and batch positions, float bytes."""
+    s8 = np.zeros(8, dtype=np.uint8)
+    s4 = np.zeros(4, dtype=np.uint8)
+    return (
+        np.zeros(MAX_DEPTH, dtype=np.int64),
+        np.zeros(8, dtype=np.int64),
+        np.zeros(3, dtype=np.int64),
+        s8,
+        s4,
+        s8.view(np.float64),
+        s4.view(np.float32),
+    )
+
+
+# -- the cold-compile notice ------------------------------------------------------------------
+
+_compiled = threading.Event()
+_noticed = threading.Lock()
+_NOTICE_AFTER = 1.0
+"""Seconds the first scan may take before the notice is shown (loading a cached kernel
+takes a fraction of that; compiling it takes several seconds)."""
+COMPILE_NOTICE = "kvtool: compiling the decoder (first run, ~20 s)…"
+
+
+def _notice_cold_compile() -> None:
+    """On the first scan, say on stderr that the decoder is compiling if it takes long."""
+    if _compiled.is_set() or not _noticed.acquire(blocking=False):
+        return
+
+    def say() -> None:
+        if not _compiled.wait(_NOTICE_AFTER) and sys.stderr is not None and sys.stderr.isatty():
+            print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+
+    threading.Thread(target=say, name="kvtool-compile-notice", daemon=True).start()
+
+
+__all__ = [
+    "COMPILE_NOTICE",
+    "ERROR_NAMES",
+    "MAX_DEPTH",
+    "MAX_VOCAB",
+    "NULL",
+    "Scanned",
+    "scan",
+]
