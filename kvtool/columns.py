@@ -64,6 +64,7 @@ from kvtool.annotate import KINDS, Annotation, GroupLearner, GroupTable, KindWin
 from kvtool.errors import KvtoolError, ProtocolError
 from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
@@ -100,12 +101,16 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
     "event_index": pl.Int64(),
     "block_index": pl.Int32(),
     "block_count": pl.Int32(),
+    "payload_rank": pl.Int64(),
 }
 """The flat table. ``event_index`` numbers events across the whole read (all files);
 ``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
 the publisher streams (endpoint, topic, rank) of one read, a stream held by several
 files being one channel (``recording`` names the first input that holds it);
-``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them."""
+``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them.
+``dp_rank`` is the channel's data-parallel rank (its endpoint's: what every command takes;
+the payload's only on a channel without one), ``payload_rank`` the rank the payload names
+where it differs from that (null elsewhere; issue 24)."""
 
 T = TypeVar("T")
 
@@ -714,6 +719,8 @@ class ReadStats:
         streams_seen: Every stream such a read met, kept or not.
         first_keys: By ``channel_id``: THE merge order's key (receive time, endpoint,
             topic, seq) of the channel's first message, which numbered it.
+        payload_ranks: (``channel_id``, rank) → batches whose payload names that rank
+            while their channel has another (issue 24: the channel's is kept).
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -735,6 +742,29 @@ class ReadStats:
     first_keys: dict[int, MergeKey] = field(default_factory=dict)
 
     problem_keys: list[MergeKey] = field(default_factory=list)
+    payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def rank_findings(self) -> list[str]:
+        """One line per channel whose payloads name another data-parallel rank (issue 24).
+
+        Returns:
+            The lines, by ``channel_id``.
+        """
+        by_channel: dict[int, dict[int, int]] = {}
+        for (cid, r), n in sorted(self.payload_ranks.items()):
+            by_channel.setdefault(cid, {})[r] = n
+        out = []
+        for cid, named in by_channel.items():
+            ref = self.channels.get(cid)
+            name = printable(ref.info.name) if ref is not None else str(cid)
+            rank = ref.info.dp_rank if ref is not None else None
+            shown = ", ".join(f"{r} in {k} batch(es)" for r, k in named.items())
+            out.append(
+                f"channel {name} is data-parallel rank {rank} (its endpoint's), but its "
+                f"payloads name data_parallel_rank {shown}: counted under rank {rank}; "
+                "the payload's rank is kept in the payload_rank column"
+            )
+        return out
 
     def note(self, msg: str, key: MergeKey | None = None) -> None:
         """Keep a problem message: those about the earliest messages, in THE merge order.
@@ -767,6 +797,7 @@ _BATCH_SCHEMA = {
     "seq": pl.Int64,
     "channel_id": pl.UInt32,
     "dp_rank": pl.Int64,
+    "payload_rank": pl.Int64,
 }
 
 
@@ -838,6 +869,7 @@ class _Pending:
         self.seq: list[int] = []
         self.chan: list[int] = []
         self.rank: list[int | None] = []
+        self.payload_rank: list[int | None] = []
         self.n_events: list[int] = []
         self.n_ev = 0
         self.types: list[Any] = []
@@ -861,8 +893,10 @@ class _Pending:
         seq: list[int],
         chan: list[int],
         rank: list[int | None],
+        payload_rank: list[int | None],
     ) -> None:
         self.log_time += log_time
+        self.payload_rank += payload_rank
         self.seq += seq
         self.chan += chan
         self.rank += rank
@@ -876,6 +910,7 @@ class _Pending:
         seq: list[int],
         chan: list[int],
         rank: list[int | None],
+        payload_rank: list[int | None],
     ) -> None:
         """Take a block of msgspec-decoded batches apart into the columns.
 
@@ -884,7 +919,9 @@ class _Pending:
         pages (a whole chunk's temporaries would be fresh memory every time).
         """
         evl = [b.events for b in batches]
-        self._batches([b.ts for b in batches], list(map(len, evl)), log_time, seq, chan, rank)
+        self._batches(
+            [b.ts for b in batches], list(map(len, evl)), log_time, seq, chan, rank, payload_rank
+        )
         events = list(chain.from_iterable(evl))
         base = self.n_ev
         self.n_ev += len(events)
@@ -918,9 +955,11 @@ class _Pending:
         seq: list[int],
         chan: list[int],
         rank: list[int | None],
+        payload_rank: list[int | None],
     ) -> None:
         """Append payloads ``b`` of a :func:`kvtool.scan.scan` (their events ``e``, keys ``k``)."""
-        self._batches(sc.ts[b].tolist(), sc.n_events[b].tolist(), log_time, seq, chan, rank)
+        ts, n_events = sc.ts[b].tolist(), sc.n_events[b].tolist()
+        self._batches(ts, n_events, log_time, seq, chan, rank, payload_rank)
         types = sc.type_code[e]
         self.n_ev += len(types)
         self.types.append(types)
@@ -1011,6 +1050,7 @@ def _build(
             "seq": p.seq,
             "channel_id": p.chan,
             "dp_rank": p.rank,
+            "payload_rank": p.payload_rank,
         },
         schema=_BATCH_SCHEMA,
         strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
@@ -1148,7 +1188,8 @@ class RawChunk:
         log_time: Receive time (ns) per batch.
         seq: Sequence number per batch.
         channel_id: Table ``channel_id`` per batch.
-        dp_rank: The channel's data-parallel rank per batch (the batch's own rank wins).
+        dp_rank: The channel's data-parallel rank per batch (the table's ``dp_rank``; the
+            batch's own rank only where the channel has none: issue 24).
         data: The payloads, byte for byte.
         where: ``channel_id`` → "path: channel" for problem messages.
         streams: ``channel_id`` → (endpoint, topic), for the problems' keys.
@@ -1188,6 +1229,7 @@ class DecodedChunk:
         skipped_events: Events skipped.
         problems: Messages naming what was skipped, in stream order.
         problem_keys: Their messages' keys (:meth:`ReadStats.note`).
+        payload_ranks: As :attr:`ReadStats.payload_ranks`, for this chunk.
         unselected: Batches left out by ``ranks``.
         out_of_range: When the chunk came with an annotation, the table is annotated and
             this counts its stores per group index outside a given metadata table (as
@@ -1203,6 +1245,7 @@ class DecodedChunk:
     unselected: int = 0
     out_of_range: dict[int, int] | None = None
     problem_keys: list[MergeKey] = field(default_factory=list)
+    payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool worker pickles its result back to the driver: polars' own pickling
@@ -1290,6 +1333,7 @@ def decode_chunk(raw: RawChunk, *, decoder: Decoder | None = None) -> DecodedChu
         st.unselected,
         out_of_range,
         st.problem_keys,
+        st.payload_ranks,
     )
 
 
@@ -1304,7 +1348,7 @@ _ANNOTATE_INPUT = (
 )
 """The columns :func:`annotate_table` reads."""
 
-_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
+_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"], list["int | None"]]
 _vocab_skip = [0]  # blocks left before the vocabulary decoder is tried again
 
 
@@ -1330,7 +1374,7 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         return _decode_each(raw, sl, st)
     log_time, seq, chan = raw.log_time[sl], raw.seq[sl], raw.channel_id[sl]
     own = [b.data_parallel_rank for b in batches]
-    kept = [r if r is not None else c for r, c in zip(own, raw.dp_rank[sl], strict=True)]
+    kept, differ = _ranks(own, raw.dp_rank[sl])
     ranks = raw.ranks
     if ranks is not None:
         sel = [r in ranks for r in kept]
@@ -1340,7 +1384,29 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         seq = list(compress(seq, sel))
         chan = list(compress(chan, sel))
         kept = list(compress(kept, sel))
-    return batches, log_time, seq, chan, kept
+        differ = list(compress(differ, sel))
+    _count_payload_ranks(st, chan, differ)
+    return batches, log_time, seq, chan, kept, differ
+
+
+def _ranks(own: list[Any], channel: list[int | None]) -> tuple[list[int | None], list[int | None]]:
+    """Each batch's rank and its payload's rank where that differs (else None).
+
+    A batch's rank is its channel's, else its payload's (:func:`kvtool.annotate.event_rank`).
+    """
+    kept = [c if c is not None else r for r, c in zip(own, channel, strict=True)]
+    differ = [r if r is not None and r != k else None for r, k in zip(own, kept, strict=True)]
+    return kept, differ
+
+
+def _count_payload_ranks(st: ReadStats, chan: list[int], differ: list[int | None]) -> None:
+    """Count the batches whose payload names another rank than their channel's."""
+    if differ.count(None) == len(differ):
+        return
+    for cid, r in zip(chan, differ, strict=True):
+        if r is not None:
+            key = (cid, r)
+            st.payload_ranks[key] = st.payload_ranks.get(key, 0) + 1
 
 
 def _decode_scanned(raw: RawChunk, st: ReadStats, pending: _Pending) -> None:
@@ -1363,8 +1429,8 @@ def _decode_scanned(raw: RawChunk, st: ReadStats, pending: _Pending) -> None:
     key_at_ev = np.zeros(len(sc.type_code) + 1, dtype=np.int64)
     np.cumsum(sc.n_hashes, out=key_at_ev[1:])
     key_at = key_at_ev[ev_at]
-    own = sc.rank.tolist()
-    kept: list[int | None] = [r if r >= 0 else c for r, c in zip(own, raw.dp_rank, strict=True)]
+    own = [r if r >= 0 else None for r in sc.rank.tolist()]
+    kept, differ = _ranks(own, raw.dp_rank)
     # Per payload: 0 decoded, 1 refused (msgspec decodes it), 2 left out by --rank.
     cat = (sc.err != 0).astype(np.int8)
     ranks = raw.ranks
@@ -1385,7 +1451,9 @@ def _decode_scanned(raw: RawChunk, st: ReadStats, pending: _Pending) -> None:
                 raw.seq[a:b],
                 raw.channel_id[a:b],
                 kept[a:b],
+                differ[a:b],
             )
+            _count_payload_ranks(st, raw.channel_id[a:b], differ[a:b])
         elif kind == 1:
             for i in range(a, b, _BLOCK):
                 pending.add(*_decode_each(raw, slice(i, min(b, i + _BLOCK)), st))
@@ -1399,8 +1467,8 @@ def _key(streams: dict[int, tuple[str, str]], log_time: int, cid: int, seq: int)
 
 def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     """Decode payloads one by one: bad batches and bad events are skipped and named."""
-    out: _Block = ([], [], [], [], [])
-    batches, log_times, seqs, chans, kept = out
+    out: _Block = ([], [], [], [], [], [])
+    batches, log_times, seqs, chans, kept, differ = out
     ranks = raw.ranks
     for log_time, seq, cid, rank, data in zip(
         raw.log_time[sl],
@@ -1416,7 +1484,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
             st.bad_batches += 1
             st.note(f"{raw.where.get(cid, cid)}: {err}", _key(raw.streams, log_time, cid, seq))
             continue
-        kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
+        (kept_rank,), (other,) = _ranks([b.data_parallel_rank], [rank])
         if ranks is not None and kept_rank not in ranks:
             st.unselected += 1
             continue
@@ -1429,6 +1497,8 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         seqs.append(seq)
         chans.append(cid)
         kept.append(kept_rank)
+        differ.append(other)
+    _count_payload_ranks(st, chans, differ)
     return out
 
 
@@ -1800,6 +1870,8 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     stats.unselected += d.unselected
     for text, key in zip(d.problems, d.problem_keys, strict=True):
         stats.note(text, key)
+    for k, n in d.payload_ranks.items():
+        stats.payload_ranks[k] = stats.payload_ranks.get(k, 0) + n
     if first_event and d.table.height and "event_index" in d.table.columns:
         return d.table.with_columns(pl.col("event_index") + first_event)
     return d.table
@@ -2464,6 +2536,8 @@ class TableAnnotator:
             One line each.
         """
         out = stats.merge.lines() if stats is not None else []
+        if stats is not None:
+            out.extend(stats.rank_findings())
         out.extend(c.describe() for c in self.annotation.conflicts)
         return out
 

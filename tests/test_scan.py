@@ -282,14 +282,16 @@ print("ok")
 """
 
 
-def _run_on_a_terminal(env: dict[str, str], cwd: Path) -> tuple[str, str]:
+def _run_on_a_terminal(
+    env: dict[str, str], cwd: Path, prefix: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """Run ``_RUN`` with stderr on a pseudo-terminal: (stdout, stderr)."""
     import pty
 
     master, slave = pty.openpty()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _RUN],
+            [*prefix, sys.executable, "-c", _RUN],
             stdout=subprocess.PIPE,
             stderr=slave,
             env=env,
@@ -325,26 +327,42 @@ def test_issue19_cold_compile_says_so_once_and_the_cache_is_used(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_issue19_read_only_package_caches_in_the_user_folder(tmp_path: Path) -> None:
+def test_issue19_read_only_package_caches_in_the_user_folder() -> None:
     import shutil
+    import tempfile
 
     import kvtool
 
-    pkg = tmp_path / "site" / "kvtool"
-    shutil.copytree(Path(kvtool.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for p in [pkg, *pkg.rglob("*")]:
-        p.chmod(0o555 if p.is_dir() else 0o444)
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:  # root writes into read-only folders: run the child as nobody
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot make a folder read-only")
+        prefix = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--")
+    top = Path(tempfile.mkdtemp(prefix="kvtool-ro-"))
     try:
-        env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-        env.update(PYTHONPATH=str(tmp_path / "site"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
-        env["HOME"] = str(tmp_path / "home")
-        out, _err = _run_on_a_terminal(env, tmp_path)
-        assert out.strip() == "ok"
-        assert not any(pkg.rglob("*.nbi"))
-        cached = list((tmp_path / "xdg").rglob("*.nbi")) + list((tmp_path / "home").rglob("*.nbi"))
-        assert cached
-        out, err = _run_on_a_terminal(env, tmp_path)
+        top.chmod(0o755)
+        pkg = top / "site" / "kvtool"
+        shutil.copytree(
+            Path(kvtool.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        for p in [top / "site", pkg, *pkg.rglob("*")]:
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        home = top / "home"
+        home.mkdir(mode=0o777)
+        home.chmod(0o777)
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME")
+        }
+        env.update(PYTHONPATH=str(top / "site"), HOME=str(home))
+        out, err = _run_on_a_terminal(env, top, prefix)
+        assert out.strip() == "ok", err
+        assert not any(pkg.rglob("*.nbi"))  # nothing written beside the read-only package
+        assert any(home.rglob("*.nbi"))  # numba's user cache folder (~/.cache/numba)
+        out, err = _run_on_a_terminal(env, top, prefix)
         assert out.strip() == "ok" and scan.COMPILE_NOTICE not in err
     finally:
-        for p in [pkg, *pkg.rglob("*")]:
-            p.chmod(0o755 if p.is_dir() else 0o644)
+        for p in [top, *top.rglob("*")]:
+            if not p.is_symlink():
+                p.chmod(0o755 if p.is_dir() else 0o644)
+        shutil.rmtree(top, ignore_errors=True)
