@@ -945,7 +945,6 @@ def scan(buf: Any, offs: Any) -> Scanned:
         # The columns were full at payload ``at``: grow and resume there.
         ev = [np.concatenate([a, np.empty(len(a), dtype=a.dtype)]) for a in ev]
         keys = np.concatenate([keys, np.empty(len(keys), dtype=np.int64)])
-    _compiled.set()
     n_ev, n_keys, n_voc = (int(x) for x in counts)
     vocab = [
         bytes(buf[int(o) : int(o) + int(n)]).decode("ascii")
@@ -972,24 +971,49 @@ def _scratch() -> tuple[Any, ...]:
 
 # -- the cold-compile notice ------------------------------------------------------------------
 
-_compiled = threading.Event()
 _noticed = threading.Lock()
-_NOTICE_AFTER = 1.0
-"""Seconds the first scan may take before the notice is shown (loading a cached kernel
-takes a fraction of that; compiling it takes several seconds)."""
 COMPILE_NOTICE = "kvtool: compiling the decoder (first run, ~20 s)…"
 
 
+def is_cached(dispatcher: Any) -> bool:
+    """Whether numba's disk cache holds a kernel compiled from its current source.
+
+    Reads where numba keeps it (``dispatcher.stats.cache_path``: beside the module, or
+    the user cache folder when that is read-only, or ``NUMBA_CACHE_DIR``) and whether its
+    index is newer than the source file. Unknown (no such attribute): True.
+
+    Args:
+        dispatcher: A :func:`kvtool._jit.kernel`.
+
+    Returns:
+        True when the first call will load, not compile.
+    """
+    import os
+    from pathlib import Path
+
+    path = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
+    if not isinstance(path, str):
+        return True
+    code = dispatcher.py_func.__code__
+    stem = Path(code.co_filename).stem
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    try:
+        src = os.stat(code.co_filename).st_mtime
+        found = [
+            p.stat().st_mtime
+            for p in Path(path).glob(f"{stem}.{dispatcher.py_func.__qualname__}-*.{tag}.nbi")
+        ]
+    except OSError:
+        return False
+    return any(t >= src for t in found)
+
+
 def _notice_cold_compile() -> None:
-    """On the first scan, say on stderr that the decoder is compiling if it takes long."""
-    if _compiled.is_set() or not _noticed.acquire(blocking=False):
+    """Before the first scan of a process: say on stderr (a terminal) if it compiles."""
+    if not _noticed.acquire(blocking=False):
         return
-
-    def say() -> None:
-        if not _compiled.wait(_NOTICE_AFTER) and sys.stderr is not None and sys.stderr.isatty():
-            print(COMPILE_NOTICE, file=sys.stderr, flush=True)
-
-    threading.Thread(target=say, name="kvtool-compile-notice", daemon=True).start()
+    if not is_cached(_scan) and sys.stderr is not None and sys.stderr.isatty():
+        print(COMPILE_NOTICE, file=sys.stderr, flush=True)
 
 
 __all__ = [
