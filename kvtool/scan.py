@@ -328,16 +328,20 @@ def _skip(buf: Any, pos: Any, end: Any, stack: Any) -> Any:
     depth = 0
     stack[0] = 1
     while True:
-        if stack[depth] == 0:
+        left = stack[depth]
+        # A run of scalars at this level (token ids, hashes) in a register, no call.
+        while left > 0:
+            q = _quick(buf, pos, end)
+            if q < 0:
+                break
+            pos = q
+            left -= 1
+        if left == 0:
             if depth == 0:
                 return pos, OK
             depth -= 1
             continue
-        stack[depth] -= 1
-        q = _quick(buf, pos, end)
-        if q >= 0:
-            pos = q
-            continue
+        stack[depth] = left - 1
         cls, n, p = _head(buf, pos, end)
         if cls == _ERR:
             return p, n
@@ -976,36 +980,32 @@ COMPILE_NOTICE = "kvtool: compiling the decoder (first run, ~20 s)…"
 
 
 def is_cached(dispatcher: Any) -> bool:
-    """Whether numba's disk cache holds a kernel compiled from its current source.
+    """Whether numba's disk cache holds an index for a kernel (so a first call loads it).
 
-    Reads where numba keeps it (``dispatcher.stats.cache_path``: beside the module, or
-    the user cache folder when that is read-only, or ``NUMBA_CACHE_DIR``) and whether its
-    index is newer than the source file. Unknown (no such attribute): True.
+    Looks where numba keeps it (``dispatcher.stats.cache_path``: beside the module, the
+    user cache folder when that is read-only, or ``NUMBA_CACHE_DIR``) for the kernel's
+    index file (named by module, function and line). An index of an edited source that
+    kept its line is taken as cached (then numba recompiles without the notice). Unknown
+    (no such attribute): True.
 
     Args:
         dispatcher: A :func:`kvtool._jit.kernel`.
 
     Returns:
-        True when the first call will load, not compile.
+        True when the first call will most likely load, not compile.
     """
-    import os
     from pathlib import Path
 
     path = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
     if not isinstance(path, str):
         return True
-    code = dispatcher.py_func.__code__
-    stem = Path(code.co_filename).stem
+    func = dispatcher.py_func
+    stem = Path(func.__code__.co_filename).stem
     tag = f"py{sys.version_info.major}{sys.version_info.minor}"
     try:
-        src = os.stat(code.co_filename).st_mtime
-        found = [
-            p.stat().st_mtime
-            for p in Path(path).glob(f"{stem}.{dispatcher.py_func.__qualname__}-*.{tag}.nbi")
-        ]
+        return any(Path(path).glob(f"{stem}.{func.__qualname__}-*.{tag}.nbi"))
     except OSError:
         return False
-    return any(t >= src for t in found)
 
 
 def _notice_cold_compile() -> None:
