@@ -1,5 +1,11 @@
 """The one flat columnar table of a recording: one row per block event, built chunk by chunk.
 
+A chunk is decoded by the numba scanner (:mod:`kvtool.scan`) straight into columns; a
+payload it refuses (an error code) takes the msgspec path below, which stays the
+reference (``decode_chunk(raw, decoder="msgspec")`` or ``KVTOOL_DECODER=msgspec`` take it
+alone): both give the same rows and findings (tests/test_scan.py).
+
+The msgspec path:
 Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
 needs: ``block_hashes`` and ``token_ids`` stay :class:`msgspec.Raw` (no Python int per
 hash or token), fields the table does not use are skipped, known media and kinds come
