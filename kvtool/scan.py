@@ -928,8 +928,9 @@ def scan(buf: Any, offs: Any) -> Scanned:
     b_rank = np.zeros(n_pay, dtype=np.int64)
     b_err = np.zeros(n_pay, dtype=np.int64)
     b_nev = np.zeros(n_pay, dtype=np.int64)
-    ev_cap = max(16, size // 24)
-    key_cap = max(16, size // 9)
+    # First guesses (real streams: ~160 bytes an event, ~95 a hash); full columns grow.
+    ev_cap = max(16, size // 64)
+    key_cap = max(16, size // 32)
     ev = [np.empty(ev_cap, dtype=t) for t in _EVENT_DTYPES]
     keys = np.empty(key_cap, dtype=np.int64)
     voc_off = np.zeros(MAX_VOCAB, dtype=np.int64)
