@@ -102,6 +102,11 @@ def _names_blob(names: list[str]) -> tuple[Any, Any]:
 _KEY_NAMES = ["type", *_LEAN_STORED]
 _KEYS, _KEY_OFFS = _names_blob(_KEY_NAMES)
 _KEY_CODES = np.array([F_TYPE, *(_CODE_OF[n] for n in _LEAN_STORED)], dtype=np.int64)
+_KEY_AT = np.full((64, 256), -1, dtype=np.int64)
+"""Map keys by (length, first byte) → index into the names (-1: not a known key)."""
+for _j, _name in enumerate(_KEY_NAMES):
+    assert _KEY_AT[len(_name), ord(_name[0])] < 0, "two keys share length and first byte"
+    _KEY_AT[len(_name), ord(_name[0])] = _j
 _TAGS, _TAG_OFFS = _names_blob(list(schema.EVENT_TAGS))
 _BATCH_KEYS, _BATCH_KEY_OFFS = _names_blob(["ts", "events", "data_parallel_rank"])
 
@@ -226,10 +231,10 @@ def _event(
             if kc != _STR:
                 return -1, 0, kp, ERR_KEY
             code = F_SKIP
-            for j in range(len(_KEY_CODES)):
-                if _same(buf, kp, kn, _KEYS, _KEY_OFFS[j], _KEY_OFFS[j + 1]):
+            if 0 < kn < _KEY_AT.shape[0]:
+                j = _KEY_AT[kn, buf[kp]]  # the one name of this length and first byte
+                if j >= 0 and _same(buf, kp, kn, _KEYS, _KEY_OFFS[j], _KEY_OFFS[j + 1]):
                     code = _KEY_CODES[j]
-                    break
             if code == F_SKIP and not _ascii(buf, kp, kn):
                 return -1, 0, kp, ERR_KEY
             p = kp + kn
@@ -444,25 +449,50 @@ def _events(
             nh, err = _hashes(buf, fpos[F_HASHES], end, keys, nk)
             if err != OK:
                 return p, 0, 0, err
-        med, err = _opt_str(buf, fpos[F_MEDIUM], end, voc_off, voc_len, counts)
-        if err != OK:
-            return p, 0, 0, err
-        kind, err = _opt_str(buf, fpos[F_KIND], end, voc_off, voc_len, counts)
-        if err != OK:
-            return p, 0, 0, err
-        g, has_g, err = _opt_int(buf, fpos[F_GROUP], end)
-        if err != OK:
-            return p, 0, 0, err
-        w, has_w, err = _opt_int(buf, fpos[F_WINDOW], end)
-        if err != OK:
-            return p, 0, 0, err
+        # Nil and small values inline (every position here is of a value already
+        # skipped, so inside the payload); anything else through the checked helpers.
+        med = -1
+        at = fpos[F_MEDIUM]
+        if at >= 0 and buf[at] != 0xC0:
+            med, err = _opt_str(buf, at, end, voc_off, voc_len, counts)
+            if err != OK:
+                return p, 0, 0, err
+        kind = -1
+        at = fpos[F_KIND]
+        if at >= 0 and buf[at] != 0xC0:
+            kind, err = _opt_str(buf, at, end, voc_off, voc_len, counts)
+            if err != OK:
+                return p, 0, 0, err
+        g = NULL
+        at = fpos[F_GROUP]
+        if at >= 0 and buf[at] != 0xC0:
+            if buf[at] <= 0x7F:
+                g = np.int64(buf[at])
+            else:
+                g, _has, err = _opt_int(buf, at, end)
+                if err != OK:
+                    return p, 0, 0, err
+        w = NULL
+        at = fpos[F_WINDOW]
+        if at >= 0 and buf[at] != 0xC0:
+            if buf[at] <= 0x7F:
+                w = np.int64(buf[at])
+            else:
+                w, _has, err = _opt_int(buf, at, end)
+                if err != OK:
+                    return p, 0, 0, err
+        tok: Any = np.int64(0)
+        at = fpos[F_TOKENS]
+        if at >= 0:
+            fix = 0x90 <= buf[at] <= 0x9F  # a fixarray: its count in the header byte
+            tok = np.int64(buf[at] & 0x0F) if fix else _tokens(buf, at, end)
         e_type[ev] = tcode
         e_nh[ev] = nh
-        e_group[ev] = g if has_g else NULL
-        e_window[ev] = w if has_w else NULL
+        e_group[ev] = g
+        e_window[ev] = w
         e_medium[ev] = med
         e_kind[ev] = kind
-        e_tokens[ev] = _tokens(buf, fpos[F_TOKENS], end)
+        e_tokens[ev] = tok
         ev += 1
         nk += nh
     return p, n_ev, nk - k0, OK
