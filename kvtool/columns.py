@@ -1,5 +1,11 @@
 """The one flat columnar table of a recording: one row per block event, built chunk by chunk.
 
+A chunk is decoded by the numba scanner (:mod:`kvtool.scan`) straight into columns; a
+payload it refuses (an error code) takes the msgspec path below, which stays the
+reference (``decode_chunk(raw, decoder="msgspec")`` or ``KVTOOL_DECODER=msgspec`` take it
+alone): both give the same rows and findings (tests/test_scan.py).
+
+The msgspec path:
 Payloads are decoded with a lean msgspec decoder that keeps only the fields the table
 needs: ``block_hashes`` and ``token_ids`` stay :class:`msgspec.Raw` (no Python int per
 hash or token), fields the table does not use are skipped, known media and kinds come
@@ -40,6 +46,7 @@ import bisect
 import contextlib
 import gc
 import io
+import itertools
 import os
 import queue
 import threading
@@ -63,6 +70,7 @@ from kvtool.annotate import KINDS, Annotation, GroupLearner, GroupTable, KindWin
 from kvtool.errors import KvtoolError, ProtocolError
 from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
 from kvtool.recording import ChannelInfo, RecordedMessage, open_recording
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
@@ -99,12 +107,16 @@ TABLE_SCHEMA: dict[str, pl.DataType] = {
     "event_index": pl.Int64(),
     "block_index": pl.Int32(),
     "block_count": pl.Int32(),
+    "payload_rank": pl.Int64(),
 }
 """The flat table. ``event_index`` numbers events across the whole read (all files);
 ``block_index``/``block_count`` place the row inside its event; ``channel_id`` numbers
 the publisher streams (endpoint, topic, rank) of one read, a stream held by several
 files being one channel (``recording`` names the first input that holds it);
-``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them."""
+``kind``/``sliding_window`` are the wire values until :class:`TableAnnotator` sets them.
+``dp_rank`` is the channel's data-parallel rank (its endpoint's: what every command takes;
+the payload's only on a channel without one), ``payload_rank`` the rank the payload names
+where it differs from that (null elsewhere; issue 24)."""
 
 T = TypeVar("T")
 
@@ -713,6 +725,8 @@ class ReadStats:
         streams_seen: Every stream such a read met, kept or not.
         first_keys: By ``channel_id``: THE merge order's key (receive time, endpoint,
             topic, seq) of the channel's first message, which numbered it.
+        payload_ranks: (``channel_id``, rank) → batches whose payload names that rank
+            while their channel has another (issue 24: the channel's is kept).
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -734,6 +748,29 @@ class ReadStats:
     first_keys: dict[int, MergeKey] = field(default_factory=dict)
 
     problem_keys: list[MergeKey] = field(default_factory=list)
+    payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def rank_findings(self) -> list[str]:
+        """One line per channel whose payloads name another data-parallel rank (issue 24).
+
+        Returns:
+            The lines, by ``channel_id``.
+        """
+        by_channel: dict[int, dict[int, int]] = {}
+        for (cid, r), n in sorted(self.payload_ranks.items()):
+            by_channel.setdefault(cid, {})[r] = n
+        out = []
+        for cid, named in by_channel.items():
+            ref = self.channels.get(cid)
+            name = printable(ref.info.name) if ref is not None else str(cid)
+            rank = ref.info.dp_rank if ref is not None else None
+            shown = ", ".join(f"{r} in {k} batch(es)" for r, k in named.items())
+            out.append(
+                f"channel {name} is data-parallel rank {rank} (its endpoint's), but its "
+                f"payloads name data_parallel_rank {shown}: counted under rank {rank}; "
+                "the payload's rank is kept in the payload_rank column"
+            )
+        return out
 
     def note(self, msg: str, key: MergeKey | None = None) -> None:
         """Keep a problem message: those about the earliest messages, in THE merge order.
@@ -766,16 +803,69 @@ _BATCH_SCHEMA = {
     "seq": pl.Int64,
     "channel_id": pl.UInt32,
     "dp_rank": pl.Int64,
+    "payload_rank": pl.Int64,
 }
+
+
+_Codes = tuple[Any, list[str]]
+"""Strings as codes (int32, -1: None) into a vocabulary."""
+_Ints = tuple[Any, Any]
+"""Nullable ints as (int64 values, bool valid)."""
+
+
+def _str_codes(values: list[str | None]) -> _Codes:
+    """Encode strings as codes into their vocabulary (one value for all: no Python loop)."""
+    n = len(values)
+    if not n or values.count(values[0]) == n:
+        one = values[0] if n else None
+        words = [] if one is None else [one]
+        return np.full(n, -1 if one is None else 0, dtype=np.int32), words
+    vocab: dict[str | None, int] = {}
+    codes = [vocab.setdefault(v, len(vocab)) for v in values]
+    arr = np.array(codes, dtype=np.int32)
+    if None in vocab:
+        none = vocab[None]
+        arr[arr == none] = -1
+        arr[arr > none] -= 1
+    return arr, [w for w in vocab if w is not None]
+
+
+def _int_column(values: list[Any]) -> _Ints:
+    """Nullable int64 values (an int no vLLM sends, outside int64, becomes null)."""
+    s = pl.Series(values, dtype=pl.Int64, strict=False)
+    if not s.null_count():
+        return s.to_numpy(), np.ones(len(s), dtype=bool)
+    return s.fill_null(0).to_numpy(), s.is_not_null().to_numpy()
+
+
+def _merge_codes(parts: list[_Codes]) -> tuple[Any, list[str | None]]:
+    """One code array over one vocabulary; None's code is ``len(vocab) - 1``."""
+    vocab: dict[str, int] = {}
+    out = []
+    for codes, words in parts:
+        remap = np.array([vocab.setdefault(w, len(vocab)) for w in words] + [-1], dtype=np.int32)
+        out.append(remap[codes] if len(words) else np.full(len(codes), -1, dtype=np.int32))
+    codes = np.concatenate(out) if out else np.zeros(0, dtype=np.int32)
+    codes = np.where(codes < 0, len(vocab), codes)
+    return codes, [*vocab, None]
+
+
+def _nullable(values: Any, valid: Any) -> pl.Series:
+    """An Int64 series, null where not ``valid``."""
+    s = pl.Series(values, dtype=pl.Int64)
+    if valid.all():
+        return s
+    return s.scatter(np.flatnonzero(~valid), None)
 
 
 class _Pending:
     """Batches decoded but not yet turned into a table chunk, as columns.
 
     Per batch: receive time, ts, seq, channel, rank and event count. Per event: type
-    code, hash count (and all the keys), ``group_idx`` and ``medium`` (in runs: a block
-    of events with one medium keeps only it and its count). Per store (the only type
-    with them): ``len(token_ids)``, kind and window.
+    code, hash count (and all the keys), ``group_idx`` and ``medium`` (codes into a
+    vocabulary). Per store (the only type with them): ``len(token_ids)``, kind and
+    window. The msgspec path (:meth:`add`) and the numba scanner (:meth:`add_scanned`)
+    append the same numpy columns.
     """
 
     def __init__(self, media: bool = True) -> None:
@@ -785,19 +875,39 @@ class _Pending:
         self.seq: list[int] = []
         self.chan: list[int] = []
         self.rank: list[int | None] = []
+        self.payload_rank: list[int | None] = []
         self.n_events: list[int] = []
-        self.types = bytearray()
+        self.n_ev = 0
+        self.types: list[Any] = []
         self.counts: list[Any] = []
         self.keys: list[Any] = []
         self.invalid: list[int] = []
-        self.groups: list[int | None] = []
-        self.media: list[tuple[str | None, int, list[str | None] | None]] = []
+        self.groups: list[_Ints] = []
+        self.media: list[_Codes] = []
         self.tokens: list[Any] = []
-        self.kinds: list[str | None] = []
-        self.windows: list[int | None] = []
+        self.kinds: list[_Codes] = []
+        self.windows: list[_Ints] = []
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def _batches(
+        self,
+        ts: list[float],
+        n_events: list[int],
+        log_time: list[int],
+        seq: list[int],
+        chan: list[int],
+        rank: list[int | None],
+        payload_rank: list[int | None],
+    ) -> None:
+        self.log_time += log_time
+        self.payload_rank += payload_rank
+        self.seq += seq
+        self.chan += chan
+        self.rank += rank
+        self.ts += ts
+        self.n_events += n_events
 
     def add(
         self,
@@ -806,58 +916,95 @@ class _Pending:
         seq: list[int],
         chan: list[int],
         rank: list[int | None],
+        payload_rank: list[int | None],
     ) -> None:
-        """Take a block of decoded batches apart into the columns.
+        """Take a block of msgspec-decoded batches apart into the columns.
 
         One C-level pass per field; the raw hash and token lists are parsed here, while
         the block's bytes are in cache, with small arrays numpy allocates without new
         pages (a whole chunk's temporaries would be fresh memory every time).
         """
-        self.log_time += log_time
-        self.seq += seq
-        self.chan += chan
-        self.rank += rank
-        self.ts += [b.ts for b in batches]
         evl = [b.events for b in batches]
-        self.n_events += map(len, evl)
+        self._batches(
+            [b.ts for b in batches], list(map(len, evl)), log_time, seq, chan, rank, payload_rank
+        )
         events = list(chain.from_iterable(evl))
-        base = len(self.types)
-        types = bytes([e.type_code for e in events])
-        self.types += types
+        base = self.n_ev
+        self.n_ev += len(events)
+        types = np.frombuffer(bytes([e.type_code for e in events]), dtype=np.uint8)
+        self.types.append(types)
         counts, keys, invalid = _hash_columns([e.block_hashes for e in events])
         self.counts.append(counts)
         self.keys.append(keys)
         if invalid:
             self.invalid += [base + i for i in invalid]
-        self.groups += [e.group_idx for e in events]
-        if not self.want_media:
-            self.media.append((None, len(events), None))
-        else:
-            media = [e.medium for e in events]
-            if media and media.count(media[0]) == len(media):
-                self.media.append((media[0], len(media), None))
-            else:
-                self.media.append((None, len(media), media))
-        at = np.flatnonzero(np.frombuffer(types, dtype=np.uint8) == STORED).tolist()
+        self.groups.append(_int_column([e.group_idx for e in events]))
+        if self.want_media:
+            self.media.append(_str_codes([e.medium for e in events]))
+        at = np.flatnonzero(types == STORED).tolist()
         stores = events if len(at) == len(events) else list(map(events.__getitem__, at))
         if stores:
             # len(token_ids), read from each list's msgpack header.
             a, off, _lens = _np_joined([e.token_ids for e in stores])
             n_tok, _hl = _np_headers(a, off)
             self.tokens.append(np.maximum(n_tok, 0))
-            self.kinds += [e.kv_cache_spec_kind for e in stores]
-            self.windows += [e.kv_cache_spec_sliding_window for e in stores]
+            self.kinds.append(_str_codes([e.kv_cache_spec_kind for e in stores]))
+            self.windows.append(_int_column([e.kv_cache_spec_sliding_window for e in stores]))
 
-    def medium_column(self, row_event: Callable[[], Any], n_rows: int) -> pl.Series:
+    def add_scanned(
+        self,
+        sc: Any,
+        b: slice,
+        e: slice,
+        k: slice,
+        log_time: list[int],
+        seq: list[int],
+        chan: list[int],
+        rank: list[int | None],
+        payload_rank: list[int | None],
+    ) -> None:
+        """Append payloads ``b`` of a :func:`kvtool.scan.scan` (their events ``e``, keys ``k``)."""
+        ts, n_events = sc.ts[b].tolist(), sc.n_events[b].tolist()
+        self._batches(ts, n_events, log_time, seq, chan, rank, payload_rank)
+        types = sc.type_code[e]
+        self.n_ev += len(types)
+        self.types.append(types)
+        self.counts.append(sc.n_hashes[e])
+        self.keys.append(sc.keys[k])
+        g = sc.group_idx[e]
+        self.groups.append((g, g != scan_null()))
+        if self.want_media:
+            self.media.append((sc.medium[e], sc.vocab))
+        store = types == STORED
+        if store.any():
+            all_stores = bool(store.all())
+
+            def pick(a: Any) -> Any:
+                return a[e] if all_stores else a[e][store]
+
+            self.tokens.append(pick(sc.tokens))
+            self.kinds.append((pick(sc.kind), sc.vocab))
+            w = pick(sc.window)
+            self.windows.append((w, w != scan_null()))
+
+    def medium_column(self, keep: Any, row_event: Any, n_rows: int) -> pl.Series:
         """The ``medium`` of each row (constant when every event has the same one)."""
-        values = {v for v, _n, lst in self.media if lst is None}
-        if len(values) <= 1 and all(lst is None for _v, _n, lst in self.media):
-            one = values.pop() if values else None
+        if not self.media:
+            return pl.Series([None], dtype=pl.String).new_from_index(0, n_rows)
+        codes, vocab = _merge_codes(self.media)
+        if keep is not None:
+            codes = codes[keep]
+        if not len(codes) or codes.min() == codes.max():
+            one = vocab[int(codes[0])] if len(codes) else None
             return pl.Series([one], dtype=pl.String).new_from_index(0, n_rows)
-        full: list[str | None] = []
-        for v, n, lst in self.media:
-            full += lst if lst is not None else [v] * n
-        return pl.Series(full, dtype=pl.String).gather(row_event())
+        return pl.Series(vocab, dtype=pl.String).gather(np.take(codes, row_event))
+
+
+def scan_null() -> Any:
+    """The scanner's null marker of ints (:data:`kvtool.scan.NULL`)."""
+    from kvtool import scan
+
+    return scan.NULL
 
 
 def _hash_columns(raws: list[object]) -> tuple[Any, Any, list[int]]:
@@ -909,17 +1056,19 @@ def _build(
             "seq": p.seq,
             "channel_id": p.chan,
             "dp_rank": p.rank,
+            "payload_rank": p.payload_rank,
         },
         schema=_BATCH_SCHEMA,
         strict=False,  # an int no vLLM sends (outside int64) becomes null, not an error
     )
-    types = np.frombuffer(p.types, dtype=np.uint8)
-    counts = np.concatenate(p.counts)
-    keys = np.concatenate(p.keys)
-    groups = pl.Series(p.groups, dtype=pl.Int64, strict=False)
+    types = np.concatenate(p.types) if p.types else np.zeros(0, dtype=np.uint8)
+    counts = np.concatenate(p.counts) if p.counts else np.zeros(0, dtype=np.int64)
+    keys = np.concatenate(p.keys) if p.keys else np.zeros(0, dtype=np.int64)
+    g_val = np.concatenate([v for v, _m in p.groups]) if p.groups else np.zeros(0, np.int64)
+    g_ok = np.concatenate([m for _v, m in p.groups]) if p.groups else np.zeros(0, bool)
     # Each store's place among the stores; n_store (the null appended to kinds and
     # windows below) for the other types.
-    n_store = len(p.kinds)
+    n_store = sum(len(t) for t in p.tokens)
     store_of = np.full(len(types), n_store, dtype=np.int64)
     store_of[types == STORED] = np.arange(n_store, dtype=np.int64)
     ev_kept = None
@@ -939,9 +1088,9 @@ def _build(
         keep = np.ones(len(types), dtype=bool)
         keep[p.invalid] = False
         types, counts, store_of = types[keep], counts[keep], store_of[keep]
-        groups = groups.filter(pl.Series(keep))
+        g_val, g_ok = g_val[keep], g_ok[keep]
         n_per_batch = np.bincount(batch_of[keep], minlength=n_batch)
-        ev_kept = np.flatnonzero(keep)
+        ev_kept = keep
     n_ev = len(types)
     is_store = types == STORED
     # event -> rows: one per hash, one for an event without hashes.
@@ -954,14 +1103,22 @@ def _build(
     row_event = np.repeat(np.arange(n_ev, dtype=np.int64), rows_per_event)
     row_batch = np.repeat(np.arange(n_batch, dtype=np.int64), rows_per_batch)
 
-    def row_medium() -> Any:
-        return row_event if ev_kept is None else ev_kept[row_event]
-
     # Stores alone carry token_ids, kind and window (the other types: 0, null, null).
     tokens = np.zeros(n_rows, dtype=np.int64)
     if n_store:
         tokens[row_start[is_store]] = np.concatenate(p.tokens)[store_of[is_store]]
     store_rows = np.take(store_of, row_event)
+
+    def kind_rows() -> pl.Series:
+        codes, vocab = _merge_codes(p.kinds)
+        codes = np.append(codes, len(vocab) - 1)  # the null of the other types
+        return pl.Series(vocab, dtype=pl.String).gather(np.take(codes, store_rows))
+
+    def window_rows() -> pl.Series:
+        w_val = np.concatenate([v for v, _m in p.windows] + [np.zeros(1, np.int64)])
+        w_ok = np.concatenate([m for _v, m in p.windows] + [np.zeros(1, bool)])
+        return _nullable(np.take(w_val, store_rows), np.take(w_ok, store_rows))
+
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
@@ -972,12 +1129,10 @@ def _build(
     # Each column is made only if wanted (a worker's consumer may read only some).
     make: dict[str, Callable[[], pl.Series]] = {
         "type_code": lambda: pl.Series(np.take(types, row_event), dtype=pl.UInt8),
-        "group_idx": lambda: _to_rows(groups, row_event),
-        "kind": lambda: pl.Series([*p.kinds, None], dtype=pl.String).gather(store_rows),
-        "sliding_window": lambda: pl.Series(
-            [*p.windows, None], dtype=pl.Int64, strict=False
-        ).gather(store_rows),
-        "medium": lambda: p.medium_column(row_medium, n_rows),
+        "group_idx": lambda: _nullable(np.take(g_val, row_event), np.take(g_ok, row_event)),
+        "kind": kind_rows,
+        "sliding_window": window_rows,
+        "medium": lambda: p.medium_column(ev_kept, row_event, n_rows),
         "tokens": lambda: pl.Series(tokens, dtype=pl.Int64),
         "block_count": lambda: pl.Series(
             np.take(counts.astype(np.int32), row_event), dtype=pl.Int32
@@ -1039,7 +1194,8 @@ class RawChunk:
         log_time: Receive time (ns) per batch.
         seq: Sequence number per batch.
         channel_id: Table ``channel_id`` per batch.
-        dp_rank: The channel's data-parallel rank per batch (the batch's own rank wins).
+        dp_rank: The channel's data-parallel rank per batch (the table's ``dp_rank``; the
+            batch's own rank only where the channel has none: issue 24).
         data: The payloads, byte for byte.
         where: ``channel_id`` → "path: channel" for problem messages.
         streams: ``channel_id`` → (endpoint, topic), for the problems' keys.
@@ -1079,6 +1235,7 @@ class DecodedChunk:
         skipped_events: Events skipped.
         problems: Messages naming what was skipped, in stream order.
         problem_keys: Their messages' keys (:meth:`ReadStats.note`).
+        payload_ranks: As :attr:`ReadStats.payload_ranks`, for this chunk.
         unselected: Batches left out by ``ranks``.
         out_of_range: When the chunk came with an annotation, the table is annotated and
             this counts its stores per group index outside a given metadata table (as
@@ -1094,6 +1251,7 @@ class DecodedChunk:
     unselected: int = 0
     out_of_range: dict[int, int] | None = None
     problem_keys: list[MergeKey] = field(default_factory=list)
+    payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool worker pickles its result back to the driver: polars' own pickling
@@ -1115,11 +1273,29 @@ class DecodedChunk:
         self.__dict__.update(state)
 
 
-def decode_chunk(raw: RawChunk) -> DecodedChunk:
+DECODER_ENV = "KVTOOL_DECODER"
+"""``msgspec`` in the environment makes :func:`decode_chunk` take the msgspec path alone."""
+
+Decoder = Literal["numba", "msgspec"]
+
+
+def _use_numba(decoder: Decoder | None) -> bool:
+    if decoder is None:
+        decoder = "msgspec" if os.environ.get(DECODER_ENV) == "msgspec" else "numba"
+    return decoder == "numba" and np is not None
+
+
+def decode_chunk(raw: RawChunk, *, decoder: Decoder | None = None) -> DecodedChunk:
     """Decode one chunk of payloads into table rows (pure; runs in any process).
+
+    The numba scanner (:mod:`kvtool.scan`) reads the payloads into columns; a payload it
+    refuses goes through the msgspec path (:func:`decode_lean`, the reference), so both
+    give the same rows and the same findings.
 
     Args:
         raw: The payloads.
+        decoder: ``numba`` (the scanner, msgspec for what it refuses) or ``msgspec``
+            alone; default: ``numba`` unless :data:`DECODER_ENV` says ``msgspec``.
 
     Returns:
         The rows, ``event_index`` counted from 0 within the chunk.
@@ -1134,8 +1310,11 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for i in range(0, n, _BLOCK):
-            pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
+        if _use_numba(decoder) and n:
+            _decode_scanned(raw, st, pending)
+        else:
+            for i in range(0, n, _BLOCK):
+                pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
         keep = raw.keep
         if keep is not None and raw.annotation is not None:
             keep = (*keep, *_ANNOTATE_INPUT)
@@ -1160,6 +1339,7 @@ def decode_chunk(raw: RawChunk) -> DecodedChunk:
         st.unselected,
         out_of_range,
         st.problem_keys,
+        st.payload_ranks,
     )
 
 
@@ -1174,7 +1354,7 @@ _ANNOTATE_INPUT = (
 )
 """The columns :func:`annotate_table` reads."""
 
-_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"]]
+_Block = tuple[list[Any], list[int], list[int], list[int], list["int | None"], list["int | None"]]
 _vocab_skip = [0]  # blocks left before the vocabulary decoder is tried again
 
 
@@ -1200,7 +1380,7 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         return _decode_each(raw, sl, st)
     log_time, seq, chan = raw.log_time[sl], raw.seq[sl], raw.channel_id[sl]
     own = [b.data_parallel_rank for b in batches]
-    kept = [r if r is not None else c for r, c in zip(own, raw.dp_rank[sl], strict=True)]
+    kept, differ = _ranks(own, raw.dp_rank[sl])
     ranks = raw.ranks
     if ranks is not None:
         sel = [r in ranks for r in kept]
@@ -1210,7 +1390,79 @@ def _decode_block(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         seq = list(compress(seq, sel))
         chan = list(compress(chan, sel))
         kept = list(compress(kept, sel))
-    return batches, log_time, seq, chan, kept
+        differ = list(compress(differ, sel))
+    _count_payload_ranks(st, chan, differ)
+    return batches, log_time, seq, chan, kept, differ
+
+
+def _ranks(own: list[Any], channel: list[int | None]) -> tuple[list[int | None], list[int | None]]:
+    """Each batch's rank and its payload's rank where that differs (else None).
+
+    A batch's rank is its channel's, else its payload's (:func:`kvtool.annotate.event_rank`).
+    """
+    kept = [c if c is not None else r for r, c in zip(own, channel, strict=True)]
+    differ = [r if r is not None and r != k else None for r, k in zip(own, kept, strict=True)]
+    return kept, differ
+
+
+def _count_payload_ranks(st: ReadStats, chan: list[int], differ: list[int | None]) -> None:
+    """Count the batches whose payload names another rank than their channel's."""
+    if differ.count(None) == len(differ):
+        return
+    for cid, r in zip(chan, differ, strict=True):
+        if r is not None:
+            key = (cid, r)
+            st.payload_ranks[key] = st.payload_ranks.get(key, 0) + 1
+
+
+def _decode_scanned(raw: RawChunk, st: ReadStats, pending: _Pending) -> None:
+    """Decode a chunk with the numba scanner; payloads it refuses take the msgspec path.
+
+    The chunk is cut into runs of payloads the scanner decoded (appended as columns),
+    payloads ``--rank`` leaves out, and payloads it refused (:func:`_decode_each`), kept
+    in stream order.
+    """
+    from kvtool import scan
+
+    data = raw.data
+    n = len(data)
+    offs = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=n), out=offs[1:])
+    buf = np.frombuffer(b"".join(data), dtype=np.uint8)
+    sc = scan.scan(buf, offs)
+    ev_at = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.where(sc.err == 0, sc.n_events, 0), out=ev_at[1:])
+    key_at_ev = np.zeros(len(sc.type_code) + 1, dtype=np.int64)
+    np.cumsum(sc.n_hashes, out=key_at_ev[1:])
+    key_at = key_at_ev[ev_at]
+    own = [r if r >= 0 else None for r in sc.rank.tolist()]
+    kept, differ = _ranks(own, raw.dp_rank)
+    # Per payload: 0 decoded, 1 refused (msgspec decodes it), 2 left out by --rank.
+    cat = (sc.err != 0).astype(np.int8)
+    ranks = raw.ranks
+    if ranks is not None:
+        out = np.array([r not in ranks for r in kept], dtype=bool) & (cat == 0)
+        st.unselected += int(out.sum())
+        cat[out] = 2
+    cuts = [0, *(np.flatnonzero(np.diff(cat)) + 1).tolist(), n]
+    for a, b in itertools.pairwise(cuts):
+        kind = cat[a]
+        if kind == 0:
+            pending.add_scanned(
+                sc,
+                slice(a, b),
+                slice(int(ev_at[a]), int(ev_at[b])),
+                slice(int(key_at[a]), int(key_at[b])),
+                raw.log_time[a:b],
+                raw.seq[a:b],
+                raw.channel_id[a:b],
+                kept[a:b],
+                differ[a:b],
+            )
+            _count_payload_ranks(st, raw.channel_id[a:b], differ[a:b])
+        elif kind == 1:
+            for i in range(a, b, _BLOCK):
+                pending.add(*_decode_each(raw, slice(i, min(b, i + _BLOCK)), st))
 
 
 def _key(streams: dict[int, tuple[str, str]], log_time: int, cid: int, seq: int) -> MergeKey:
@@ -1221,8 +1473,8 @@ def _key(streams: dict[int, tuple[str, str]], log_time: int, cid: int, seq: int)
 
 def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
     """Decode payloads one by one: bad batches and bad events are skipped and named."""
-    out: _Block = ([], [], [], [], [])
-    batches, log_times, seqs, chans, kept = out
+    out: _Block = ([], [], [], [], [], [])
+    batches, log_times, seqs, chans, kept, differ = out
     ranks = raw.ranks
     for log_time, seq, cid, rank, data in zip(
         raw.log_time[sl],
@@ -1238,7 +1490,7 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
             st.bad_batches += 1
             st.note(f"{raw.where.get(cid, cid)}: {err}", _key(raw.streams, log_time, cid, seq))
             continue
-        kept_rank = b.data_parallel_rank if b.data_parallel_rank is not None else rank
+        (kept_rank,), (other,) = _ranks([b.data_parallel_rank], [rank])
         if ranks is not None and kept_rank not in ranks:
             st.unselected += 1
             continue
@@ -1251,6 +1503,8 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
         seqs.append(seq)
         chans.append(cid)
         kept.append(kept_rank)
+        differ.append(other)
+    _count_payload_ranks(st, chans, differ)
     return out
 
 
@@ -1622,6 +1876,8 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     stats.unselected += d.unselected
     for text, key in zip(d.problems, d.problem_keys, strict=True):
         stats.note(text, key)
+    for k, n in d.payload_ranks.items():
+        stats.payload_ranks[k] = stats.payload_ranks.get(k, 0) + n
     if first_event and d.table.height and "event_index" in d.table.columns:
         return d.table.with_columns(pl.col("event_index") + first_event)
     return d.table
@@ -2286,6 +2542,8 @@ class TableAnnotator:
             One line each.
         """
         out = stats.merge.lines() if stats is not None else []
+        if stats is not None:
+            out.extend(stats.rank_findings())
         out.extend(c.describe() for c in self.annotation.conflicts)
         return out
 

@@ -16,28 +16,18 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
+from kvtool import schema
 from kvtool.errors import ProtocolError
 
 Hash = int | bytes
 """``ExternalBlockHash``: a 64-bit int (signed in old vLLM and SGLang) or raw sha256 bytes."""
 
-EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+EVENT_TYPES = schema.EVENT_TAGS
 
-# Array index of each field inside an array-encoded event (index 0 is the tag).
-STORED_ARRAY_INDEX = {
-    "block_hashes": 1,
-    "parent_block_hash": 2,
-    "token_ids": 3,
-    "block_size": 4,
-    "lora_id": 5,
-    "medium": 6,
-    "lora_name": 7,
-    "extra_keys": 8,
-    "group_idx": 9,
-    "kv_cache_spec_kind": 10,
-    "kv_cache_spec_sliding_window": 11,
-}
-REMOVED_ARRAY_INDEX = {"block_hashes": 1, "medium": 2, "group_idx": 3}
+# Array index of each field inside an array-encoded event (index 0 is the tag), from
+# the one field table (kvtool.schema).
+STORED_ARRAY_INDEX = schema.array_index("stored")
+REMOVED_ARRAY_INDEX = schema.array_index("removed")
 
 
 class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True):

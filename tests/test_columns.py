@@ -102,7 +102,14 @@ def test_table_rows_of_every_capture(name: str, tmp_path: Path) -> None:
     want = [hash_key(h) for e in events for h in getattr(e, "block_hashes", [])]
     assert df["hash"].drop_nulls().to_list() == want
     assert df["event_index"].n_unique() == len(events)
-    assert (df["dp_rank"] == (0 if truth["wire"]["data_parallel_rank"] == 0 else 3)).all()
+    # Issue 24: the channel's rank (3) is every row's; a payload naming 0 keeps it aside.
+    assert (df["dp_rank"] == 3).all()
+    named = truth["wire"]["data_parallel_rank"]
+    assert df["payload_rank"].to_list() == [named if named not in (None, 3) else None] * df.height
+    if named not in (None, 3):
+        assert stats.payload_ranks == {(0, named): len(msgs)}
+        (line,) = stats.rank_findings()
+        assert "is data-parallel rank 3" in line and f"data_parallel_rank {named} in " in line
     assert df.filter(pl.col("type") == "AllBlocksCleared").height == truth["all_blocks_cleared"]
     assert df["seq"].to_list() == sorted(df["seq"].to_list())
 
@@ -235,7 +242,8 @@ def test_map_batch_and_bytes_hashes(tmp_path: Path) -> None:
     )
     rec = _record(tmp_path / "r.mcap", [payload])
     df = read_table([rec])
-    assert df.select("hash", "dp_rank", "ts").rows() == [(9, 5, 3.0)]
+    # Issue 24: the channel's rank (3), not the payload's (5), which is kept aside.
+    assert df.select("hash", "dp_rank", "payload_rank", "ts").rows() == [(9, 3, 5, 3.0)]
 
 
 def test_bad_event_and_bad_payload_are_skipped_and_counted(tmp_path: Path) -> None:

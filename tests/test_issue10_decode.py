@@ -62,18 +62,20 @@ def _same(a: DecodedChunk, b: DecodedChunk) -> None:
 
 
 def _paths(raw: RawChunk, monkeypatch: pytest.MonkeyPatch) -> list[DecodedChunk]:
-    """The chunk decoded by each path: vocabulary, str decoder, payload by payload, tiny blocks."""
-    out = [decode_chunk(raw)]
+    """The chunk decoded by each path: the numba scanner (issue 19), then msgspec's:
+    vocabulary, str decoder, payload by payload, tiny blocks."""
+    out = [decode_chunk(raw, decoder="msgspec"), decode_chunk(raw, decoder="numba")]
     with monkeypatch.context() as m:
         m.setattr(columns, "_vocab_skip", [10**9])
-        out.append(decode_chunk(raw))
+        out.append(decode_chunk(raw, decoder="msgspec"))
     with monkeypatch.context() as m:
         m.setattr(columns._VOCAB, "decode_all", lambda _raws: None)
         m.setattr(columns._LEAN, "decode_all", lambda _raws: None)
-        out.append(decode_chunk(raw))
+        out.append(decode_chunk(raw, decoder="msgspec"))
     with monkeypatch.context() as m:
         m.setattr(columns, "_BLOCK", 3)
-        out.append(decode_chunk(raw))
+        out.append(decode_chunk(raw, decoder="msgspec"))
+        out.append(decode_chunk(raw, decoder="numba"))  # its refused payloads in tiny blocks
     return out
 
 
@@ -98,14 +100,12 @@ def test_issue10_decode_unknown_medium_and_kind_keep_their_strings(
     )
     monkeypatch.setattr(columns, "_BLOCK", 1)
     monkeypatch.setattr(columns, "_vocab_skip", [0])
-    d = decode_chunk(_chunk([known, odd, known]))
-    assert d.table.select("hash", "medium", "kind").rows() == [
-        (1, "GPU", "mamba"),
-        (2, "NVME", "new_kind"),
-        (2, "GPU", None),
-        (1, "GPU", "mamba"),
-    ]
+    d = decode_chunk(_chunk([known, odd, known]), decoder="msgspec")
+    want = [(1, "GPU", "mamba"), (2, "NVME", "new_kind"), (2, "GPU", None), (1, "GPU", "mamba")]
+    assert d.table.select("hash", "medium", "kind").rows() == want
     assert columns._vocab_skip[0] == columns._VOCAB_BACKOFF - 1  # backs off, then retries
+    d = decode_chunk(_chunk([known, odd, known]), decoder="numba")
+    assert d.table.select("hash", "medium", "kind").rows() == want
 
 
 def test_issue10_decode_bad_input_inside_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -246,3 +246,27 @@ def test_batch_projection_every_batch_and_event_encoding() -> None:
         assert [e.group_idx for e in out.events] == [3]
     assert proj.decode(b"") is None
     assert proj.decode(_enc([1.0, [{"type": "Nope"}]])) is None
+
+
+def test_issue19_one_field_table_describes_every_struct_and_layout() -> None:
+    """The structs, the lean array layouts and PROTOCOL.md's layout lengths agree with
+    kvtool.schema (the one table every projection comes from)."""
+    from kvtool import columns, protocol, schema
+
+    assert protocol.BlockStored.__struct_fields__ == tuple(f.name for f in schema.FIELDS)
+    assert protocol.BlockRemoved.__struct_fields__ == schema.REMOVED_MAP_FIELDS
+    stored = schema.array_index("stored")
+    removed = schema.array_index("removed")
+    assert list(stored.values()) == list(range(1, len(stored) + 1))
+    assert columns._StoredArrayLayout.__struct_fields__ == tuple(stored)
+    assert columns._RemovedArrayLayout.__struct_fields__ == tuple(removed)
+    order = list(schema.LAYOUTS)
+    for layout, (n_stored, n_removed) in schema.LAYOUTS.items():
+        upto = order[: order.index(layout) + 1]
+        assert n_stored == 1 + sum(f.stored is not None and f.since in upto for f in schema.FIELDS)
+        assert n_removed == 1 + sum(
+            f.removed is not None and f.since in upto for f in schema.FIELDS
+        )
+    lean = set(schema.projection("lean", "stored"))
+    assert lean == {n for n in columns._Stored.__struct_fields__}
+    assert set(schema.projection("lean", "removed")) == set(columns._Removed.__struct_fields__)
