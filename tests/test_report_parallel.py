@@ -193,3 +193,48 @@ def test_jobs_2_units_interrupted_end_every_process(tmp_path: Path) -> None:
     _interrupted_at_first_progress(
         f"build_report([{str(a)!r}, {str(b)!r}], chunk_bytes=500, jobs=2, progress=hit)"
     )
+
+
+def test_issue24_payload_rank_finding_survives_units_of_work(tmp_path: Path) -> None:
+    """A channel whose payloads name another rank is named once, with --jobs 2 as with 1."""
+    import msgspec
+
+    from kvtool.recording import RecordingWriter
+
+    enc = msgspec.msgpack.Encoder()
+
+    def store(h: int) -> dict[str, object]:
+        return {
+            "type": "BlockStored",
+            "block_hashes": [h],
+            "parent_block_hash": None,
+            "token_ids": list(range(16)),
+            "block_size": 16,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+            "group_idx": 0,
+        }
+
+    paths = []
+    for r in (0, 1):
+        path = tmp_path / f"rank{r}.mcap"
+        with RecordingWriter(path) as w:
+            ch = w.add_channel(f"tcp://127.0.0.1:{5557 + r}", "", r)
+            for s in range(4):
+                ts = 1.7e9 + s
+                w.write(ch, s, enc.encode([ts, [store(100 * r + s)], 0]), log_time=int(ts * 1e9))
+        paths.append(str(path))
+    found = []
+    for jobs in ("1", "2"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvtool", "report", *paths, "--jobs", jobs, "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        found.append([ln for ln in proc.stderr.splitlines() if "payload_rank" in ln])
+    assert found[0] == found[1] and len(found[0]) == 1
+    assert "tcp://127.0.0.1:5558 is data-parallel rank 1" in found[0][0]

@@ -393,8 +393,11 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
     by_input: dict[int, str] = {}
     damaged: dict[tuple[str, str], None] = {}
     lost: dict[tuple[str, str], None] = {}
-    for p in parts:
+    for i, p in enumerate(parts):
         s = p.stats
+        for (cid, rank), n in s.payload_ranks.items():  # one rank: the channel's (issue 24)
+            merged = (maps[i].get(cid, cid), rank)
+            st.payload_ranks[merged] = st.payload_ranks.get(merged, 0) + n
         by_input.update(zip(p.inputs, s.recordings, strict=True))
         # Units that split one recording's streams each saw its damage and ledger.
         damaged.update(dict.fromkeys(zip_lines(s.recordings, s.damaged)))
