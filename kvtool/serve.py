@@ -20,6 +20,7 @@ for peaks) and a finding says so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from prometheus_client.utils import floatToGoString as _go_float
 
-from kvtool.report.registry import METRICS, Metric, PromType
+from kvtool.report.registry import METRICS, Metric, PromType, usable_blocks
 from kvtool.text import printable
 from kvtool.top import FEED_BUDGET_S, TopView
 
@@ -275,7 +276,12 @@ class _Hist:
                 f["n"].to_numpy().astype(np.float64),
             )
             self._grow(len(old_c))
-            self.counts[: len(old_c)] = np.maximum(self.counts[: len(old_c)], old_c)
+            # Never below what was served, on the cumulative counts (what a histogram's
+            # buckets are): a per-bucket maximum of two binnings counted samples near an
+            # edge twice and made _count exceed the samples.
+            n_old = len(old_c)
+            cum = np.maximum(np.cumsum(self.counts[:n_old], axis=1), np.cumsum(old_c, axis=1))
+            self.counts[:n_old] = np.diff(cum, axis=1, prepend=0)
             self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
             self.frames_done = 0
             return True
@@ -624,7 +630,8 @@ class Exporter:
                     v = row.get("live_blocks_end")
                     k2 = (key[0], key[1])
                     live[k2] = live.get(k2, 0.0) + (float(v) if isinstance(v, int) else 0.0)
-                fam.series.extend((k, n / self.pool_blocks) for k, n in live.items())
+                usable = usable_blocks(self.pool_blocks)
+                fam.series.extend((k, n / usable) for k, n in live.items())
             elif em.name == "label_limit_reached":
                 fam.series.extend(((label,), 1.0) for label in self.folder.reached)
             else:
@@ -657,7 +664,7 @@ class ExportingView(TopView):
         health, ledger = self.source.health(), source_ledger(self.source)
         super().tick(now)
         if self.exporter is not None:
-            self.exporter.update(self.feed, health, ledger)
+            self.exporter.update(self.feed, _fed(health, self.feed), ledger)
 
 
 def run_serve(
@@ -701,7 +708,7 @@ def run_serve(
                 # is in the feed by the snapshot (a live recorder goes on meanwhile).
                 health, ledger = source.health(), source_ledger(source)
                 _feed(source, feed, None if done else now + FEED_BUDGET_S)
-                exporter.update(feed, health, ledger)
+                exporter.update(feed, _fed(health, feed), ledger)
                 next_snap = now + interval_s
                 ended = done
             elif not ended:
@@ -719,7 +726,17 @@ def run_serve(
         source.stop()
         health, ledger = source.health(), source_ledger(source)
         _feed(source, feed, None)  # what the recorder wrote while stopping, all of it
-        exporter.update(feed, health, ledger)
+        exporter.update(feed, _fed(health, feed), ledger)
+
+
+def _fed(health: Health, feed: ReportFeed) -> Health:
+    """The health as of what the feed holds: batches received counts only batches fed.
+
+    Under a flood the feed lags the recorder by a bounded backlog; a snapshot whose
+    ``batches_received`` counted batches its block counters do not hold yet would not add
+    up (the counters equal ``kvtool report`` of the first ``batches_received`` batches).
+    """
+    return dataclasses.replace(health, batches=min(health.batches, feed.stats.messages))
 
 
 def _feed(source: Source, feed: ReportFeed, until: float | None) -> None:

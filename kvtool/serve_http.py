@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import ipaddress
+import re
 import socket
 import threading
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,8 @@ def parse_bind(text: str, *, option: str = "--metrics") -> tuple[str, int]:
         host, port_s = t[1:end], t[end + 2 :]
     elif ":" in t:
         host, _, port_s = t.rpartition(":")
-    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535 or not host:
+    # ASCII digits only: str.isdigit() takes '²', which int() then refuses.
+    if not re.fullmatch(r"[0-9]{1,5}", port_s) or not 0 <= int(port_s) <= 65535 or not host:
         raise UsageError(f"{option} {printable(text)}: expected HOST:PORT (e.g. {DEFAULT_BIND})")
     if host != "localhost":
         try:

@@ -313,3 +313,48 @@ def test_issue20_publisher_restart_starts_the_pool_afresh(tmp_path: Path) -> Non
     assert "publisher_restart" in names
     # The blocks evicted before the restart are gone at any size: nothing is saved.
     assert entry["totals"]["blocks_recomputed_saved"] == 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "hashes", [["\u0180\x7f\x7f\x7f", 1], {"a": 1}, [1, "\xc6\xff\xff\xff\xff"]], ids=str
+)
+def test_issue20_malformed_block_hashes_refuse_the_what_if_in_one_line(
+    tmp_path: Path, hashes: object
+) -> None:
+    """A string or map where hashes belong made the what-if read past its buffer (a
+    segfault, exit 139) or count the event as zero hashes; the report skips such an event."""
+    import subprocess
+    import sys
+
+    import msgspec
+
+    from kvtool.recording import RecordingWriter
+
+    enc = msgspec.msgpack.Encoder()
+
+    def store(h: object, ts: float) -> bytes:
+        ev = {
+            "type": "BlockStored",
+            "block_hashes": h,
+            "parent_block_hash": None,
+            "token_ids": list(range(32)),
+            "block_size": 16,
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+        return enc.encode([ts, [ev], 0])
+
+    path = tmp_path / "bad.mcap"
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        w.write(ch, 0, store([11, 12], 1.0), 1_000_000_000)
+        w.write(ch, 1, store(hashes, 2.0), 1_001_000_000)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtool", "report", str(path), "--what-if", "+10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "block_hashes" in proc.stderr, proc.stderr

@@ -54,9 +54,10 @@ PoolBlocks = Annotated[
     int | None,
     typer.Option(
         "--pool-blocks",
-        min=1,
+        min=2,
         metavar="N",
-        help="The KV cache pool size in blocks of each rank: serves pool occupancy.",
+        help="The KV cache pool size in blocks of each rank (num_gpu_blocks; block 0 is "
+        "vLLM's null block, so occupancy is live / (N - 1), as report --pool-blocks says).",
     ),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvtool.report.registry import usable_blocks
 from kvtool.text import printable
 
 
@@ -107,7 +108,7 @@ def pool_occupancy(totals: dict[str, object], pool_blocks: int) -> dict[str, obj
         The JSON ``pool`` object: ``pool_blocks``, ``usable_blocks``, ``live_blocks_end``,
         ``live_share``, ``peak_live_blocks``, ``peak_share`` (shares of the usable blocks).
     """
-    usable = max(pool_blocks - 1, 1)
+    usable = usable_blocks(pool_blocks)
     live = totals.get("live_blocks_end")
     peak = totals.get("peak_live_blocks")
     out: dict[str, object] = {"pool_blocks": pool_blocks, "usable_blocks": usable}

@@ -139,6 +139,22 @@ BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
 BY_NAME.update({a: m for m in METRICS for a in m.aliases})
 
 
+def usable_blocks(pool_blocks: int) -> int:
+    """Return the blocks of a pool of ``pool_blocks`` that can hold cached entries.
+
+    vLLM's block 0 is the null block (``BlockPool``): ``num_gpu_blocks - 1`` are usable.
+    Every share of the pool (``report --pool-blocks``, ``serve``'s occupancy gauge) divides
+    by this.
+
+    Args:
+        pool_blocks: ``num_gpu_blocks``.
+
+    Returns:
+        The usable blocks (at least 1).
+    """
+    return max(pool_blocks - 1, 1)
+
+
 def metric(name: str) -> Metric:
     """Return the metric named ``name`` (or one of its deprecated aliases).
 
@@ -154,4 +170,4 @@ def metric(name: str) -> Metric:
     return BY_NAME[name]
 
 
-__all__ = ["BY_NAME", "METRICS", "Merge", "Metric", "PromType", "Worse", "metric"]
+__all__ = ["BY_NAME", "METRICS", "Merge", "Metric", "PromType", "Worse", "metric", "usable_blocks"]

@@ -18,18 +18,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtool.annotate import kind_label
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.replay import BatchFilter
 from kvtool.report.whatif.extract import GroupInfo, PoolStream, extract_pools
 from kvtool.report.whatif.kernel import KIND_MAMBA, simulate
 
-UNANNOTATED = "unannotated"
-"""Kind label of groups whose stores carry no kind (as in the report's tables)."""
-
 COLUMNS = ("blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained")
 """The predicted columns of every what-if row (plus ``blocks_recomputed_recorded``)."""
 
 _EXTRA = re.compile(r"^\+?(\d+(?:\.\d+)?)(%?)$")
+
+
+MAX_EXTRA_BLOCKS = 2**31 - 1
+"""The largest ``+K`` (the kernels count blocks in 64-bit; vLLM's pools are far smaller)."""
 
 
 class WhatIfRefused(KvtoolError):
@@ -92,6 +94,10 @@ def parse_what_if(text: str) -> list[Extra]:
             e = Extra(part, percent=float(value))
         elif "." in value:
             raise UsageError(f"--what-if {part!r}: a count of blocks is a whole number")
+        elif int(value) > MAX_EXTRA_BLOCKS:
+            raise UsageError(
+                f"--what-if {part!r}: at most +{MAX_EXTRA_BLOCKS:,} blocks (a pool is far smaller)"
+            )
         else:
             e = Extra(part, blocks=int(value))
         if e not in out:
@@ -113,7 +119,8 @@ class WhatIf:
 
 
 def _kind(info: GroupInfo) -> str:
-    return info.kind or UNANNOTATED
+    # The report's label rule: a kind spelled like kvtool's labels stays apart (issue 24).
+    return kind_label(info.kind)
 
 
 def _conditions(

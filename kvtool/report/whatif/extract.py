@@ -38,6 +38,31 @@ PoolKey = tuple[str, int | None]
 SLIDING_KINDS = frozenset({"sliding_window", "sliding_window_mla"})
 
 
+def _hash_keys(raw: object) -> list[int]:
+    """The keys of one raw ``block_hashes`` list (msgspec decodes it).
+
+    Raises:
+        WhatIfRefused: It is not a list of ints and bytes: the report skips such an event
+            as malformed, and a prediction without it would be silently off.
+    """
+    from kvtool.report.whatif import WhatIfRefused
+
+    try:
+        hashes = msgspec.msgpack.decode(raw)  # type: ignore[call-overload]
+    except msgspec.DecodeError as err:
+        raise WhatIfRefused(f"what-if: an event's block_hashes is not msgpack ({err})") from err
+    if hashes is None:
+        return []
+    if not isinstance(hashes, list) or not all(
+        isinstance(h, int | bytes) and not isinstance(h, bool) for h in hashes
+    ):
+        raise WhatIfRefused(
+            "what-if: an event's block_hashes is not a list of int or bytes hashes (the report "
+            "skips it as malformed); the eviction order is incomplete, so no prediction"
+        )
+    return [hash_key(h) for h in hashes]
+
+
 @dataclass
 class GroupInfo:
     """What the stores of one group said: kind, window and block size."""
@@ -171,12 +196,10 @@ class _Columns:
         ev_ntok = np.zeros(len(ev_type), np.int64)
         is_store = ev_type == EV_STORE
         ev_ntok[is_store] = np.maximum(count_arrays(tbuf, tstarts), 0)
+        bad = np.flatnonzero((count_arrays(hbuf, hstarts) < 0) & (ev_type != EV_CLEAR))
         occ_hash, ok = parse_ints(hbuf, hstarts, ev_nh)
-        if not ok:
-            occ_hash = np.array(
-                [hash_key(h) for r in self.hraws for h in msgspec.msgpack.decode(r) or []],  # type: ignore[call-overload]
-                np.int64,
-            )
+        if not ok or len(bad):
+            occ_hash = np.array([h for r in self.hraws for h in _hash_keys(r)], np.int64)
         s_hash, s_has = _parent_array(self.parents)
         par_hash = np.zeros(len(ev_type), np.int64)
         par_has = np.zeros(len(ev_type), np.bool_)

@@ -155,12 +155,18 @@ def decode(raw: bytes, seq: int) -> tuple[object, list[object]]:
 @kernel
 def _header(buf: U8, p: int) -> tuple[int, int]:
     """Return (elements, header bytes) of the msgpack array at ``p``, or (-1, 0)."""
+    if p < 0 or p >= buf.shape[0]:
+        return -1, 0
     b = buf[p]
     if b & 0xF0 == 0x90:
         return b & 0x0F, 1
     if b == 0xDC:
+        if p + 3 > buf.shape[0]:
+            return -1, 0
         return (buf[p + 1] << 8) | buf[p + 2], 3
     if b == 0xDD:
+        if p + 5 > buf.shape[0]:
+            return -1, 0
         return (buf[p + 1] << 24) | (buf[p + 2] << 16) | (buf[p + 3] << 8) | buf[p + 4], 5
     if b == 0xC0:  # nil: no hashes
         return 0, 1
@@ -202,19 +208,38 @@ def parse_ints(buf: U8, starts: I64, counts: I64) -> tuple[I64, bool]:
         counts: Their element counts (:func:`count_arrays`).
 
     Returns:
-        The keys in order, and whether every element was an int or a bin.
+        The keys in order, and whether every element was an int or a bin. At the first
+        element that is neither, or that would run past the buffer, it stops with False
+        (the caller decodes those lists with msgspec): it never reads outside ``buf``.
     """
     total = 0
     for i in range(counts.shape[0]):
         total += max(counts[i], 0)
-    out = np.empty(total, np.int64)
+    out = np.zeros(total, np.int64)
     o = 0
-    ok = True
+    size = buf.shape[0]
     for i in range(starts.shape[0]):
         n, h = _header(buf, starts[i])
         p = starts[i] + h
         for _ in range(max(n, 0)):
+            if p >= size:
+                return out, False
             b = buf[p]
+            # Bytes this element needs after its type byte (ints) or before its data (bins).
+            need = 0
+            if b == 0xCC or b == 0xD0 or b == 0xC4:
+                need = 1
+            elif b == 0xCD or b == 0xD1 or b == 0xC5:
+                need = 2
+            elif b == 0xCE or b == 0xD2 or b == 0xC6:
+                need = 4
+            elif b == 0xCF or b == 0xD3:
+                need = 8
+            if p + 1 + need > size:
+                return out, False
+            is_bin = b == 0xC4 or b == 0xC5 or b == 0xC6
+            if is_bin and p + 1 + need + _be(buf, p + 1, need) > size:
+                return out, False
             v = 0
             if b <= 0x7F:
                 v = int(b)
@@ -253,11 +278,10 @@ def parse_ints(buf: U8, starts: I64, counts: I64) -> tuple[I64, bool]:
                 v = int(np.int64(u))
                 p = q + ln
             else:
-                ok = False
-                p += 1
+                return out, False  # not an int or a bin: msgspec decides what it is
             out[o] = v
             o += 1
-    return out, ok
+    return out, True
 
 
 __all__ = [
