@@ -160,7 +160,8 @@ def serve(
     sliding_window, group, rank and endpoint, plus the stream's health (batches
     received, recovered, lost, restarts, seconds since the last batch). The numbers are
     the report engine's: a counter equals `kvtool report` on the same stream, as of the
-    last snapshot (every --interval). Ctrl-C or SIGTERM stops it (exit 0).
+    last snapshot (every --interval). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
+    when batches were lost).
     """
     from kvtool.serve import Exporter, run_serve
     from kvtool.top import RecordingSource, ReportFeed

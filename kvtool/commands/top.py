@@ -111,7 +111,7 @@ def top(
 ) -> ExitStatus:
     """Watch the KV cache live, per kind, sliding window, group or rank (like htop).
 
-    Shows live blocks, peak, stores/s, evictions/s, re-stores/s, orphan removes and the
+    Shows live blocks, peak, stores/s, evictions/s, recomputes/s, orphan removes and the
     lifetime p50 per row, with a sparkline of live blocks over the last minute, and the
     stream's health (publishers, batches/s, gaps recovered and lost, restarts). The
     numbers are the report engine's: at the same seq they equal `kvtool report`.
