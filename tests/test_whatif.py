@@ -358,3 +358,21 @@ def test_issue20_malformed_block_hashes_refuse_the_what_if_in_one_line(
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "block_hashes" in proc.stderr, proc.stderr
+
+
+def test_issue20_pool_blocks_smaller_than_the_peak_is_a_finding() -> None:
+    import subprocess
+    import sys
+
+    rec = Path(__file__).parent.parent / "recordings" / "whatif-gemma3.mcap"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvtool", "report", str(rec), "--pool-blocks", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "kvtool: finding: --pool-blocks 5: the stream had 593 keys cached at once" in (
+        proc.stderr
+    )

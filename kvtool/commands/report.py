@@ -6,7 +6,7 @@ import io
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,6 +15,9 @@ from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Sin
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
 from kvtool.text import printable
+
+if TYPE_CHECKING:
+    from kvtool.report import Report as ReportT
 
 # The report library (polars, numpy: ~0.25 s) is imported when the command runs, so
 # `kvtool --help`, `kvtool report --help` and usage errors answer without it.
@@ -268,6 +271,7 @@ def report(
                 split=[t for t in tables if t in ("rank", "channel")],
             )
         wi = None
+        too_small = _pool_too_small(rep, pool_blocks)
         if extras is not None:
             from kvtool.report.whatif import what_if as predict_what_if
 
@@ -310,6 +314,8 @@ def report(
     buf = io.StringIO() if out is not None else None
     stream = buf if buf is not None else env.stdout
     pool = None
+    if too_small is not None:
+        env.err.print(f"kvtool: finding: {too_small}", markup=False, highlight=False)
     if pool_blocks is not None:
         from kvtool.render.whatif import pool_occupancy
 
@@ -382,6 +388,24 @@ def report(
             if line not in damage and not (lost and "lost while recording" in line):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
+
+
+def _pool_too_small(rep: ReportT, pool_blocks: int | None) -> str | None:
+    """Say so when the stream cached more blocks at once than ``--pool-blocks`` can hold."""
+    if pool_blocks is None or not rep.totals.height:
+        return None
+    from kvtool.report.registry import usable_blocks
+
+    peak = rep.totals.to_dicts()[0].get("peak_live_blocks")
+    usable = usable_blocks(pool_blocks)
+    if not isinstance(peak, int) or peak <= usable:
+        return None
+    return (
+        f"--pool-blocks {pool_blocks}: the stream had {peak:,} keys cached at once, more than "
+        f"the {usable:,} blocks a pool of {pool_blocks:,} holds (block 0 is vLLM's null block): "
+        "check it is this engine's num_gpu_blocks (vllm:cache_config_info); shares and +P% "
+        "use it as given (partial prefix keys can add a few keys per block)"
+    )
 
 
 def _loopback_ray(address: str) -> bool:
