@@ -5,7 +5,7 @@ with ``--jobs``/``--ray``, inputs that share no stream are units of work reporte
 and merged exactly (:func:`report_units`), and one stream is decoded by other processes
 (:func:`kvtool.report.parallel.shard_map`) or Ray tasks while this one keeps the state.
 Modules import one way: registry, names → aggregates, samples, kernel, attribution →
-partial → builder → run → parallel (no report state) → api.
+timeline → partial → builder → run → parallel (no report state) → api.
 """
 
 from __future__ import annotations

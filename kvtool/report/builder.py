@@ -73,7 +73,14 @@ from kvtool.report.partial import (
     merge_stats,
 )
 from kvtool.report.samples import LEVELS, Counts, Seconds, remap
-from kvtool.report.timeline import bucket_expr, timeline_frame, ts_ns
+from kvtool.report.timeline import (
+    TIMELINE_SCHEMA,
+    TIMELINE_SUMS,
+    bucket_expr,
+    data_span,
+    timeline_frame,
+    ts_ns,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -81,17 +88,6 @@ if TYPE_CHECKING:
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
-
-_TIMELINE_SCHEMA: dict[str, pl.DataType] = {
-    "bucket": pl.Int64(),
-    "gkey": pl.UInt32(),
-    "stores": pl.Int64(),
-    "removes": pl.Int64(),
-    "cleared": pl.Int64(),
-    "delta": pl.Int64(),
-}
-
-_TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta")]
 
 _I64 = "int64"
 
@@ -209,7 +205,7 @@ class ReportBuilder:
         self.negative_lifetimes = 0
         self.peaks = Peaks()
         # Per (bucket, gkey) sums, plus chunks' rows not yet summed in (see ``timeline``).
-        self._timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        self._timeline = pl.DataFrame(schema=TIMELINE_SCHEMA)
         self._timeline_parts: list[pl.DataFrame] = []
         self._timeline_rows = 0
         self.timeline_sparse = False
@@ -243,7 +239,7 @@ class ReportBuilder:
         self._timeline = (
             pl.concat([self._timeline, *self._timeline_parts])
             .group_by("bucket", "gkey")
-            .agg(*_TIMELINE_SUMS)
+            .agg(*TIMELINE_SUMS)
         )
         self._timeline_parts = []
         self._timeline_rows = 0
@@ -618,7 +614,7 @@ class ReportBuilder:
         )
         b.distances = Counts.merge([(p.distances, i) for p, i in zip(parts, row_ids, strict=True)])
         if timelines:
-            b.timeline = pl.concat(timelines).group_by("bucket", "gkey").agg(*_TIMELINE_SUMS)
+            b.timeline = pl.concat(timelines).group_by("bucket", "gkey").agg(*TIMELINE_SUMS)
         return b, stats
 
     def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
@@ -821,7 +817,7 @@ class ReportBuilder:
                 ),
                 "delta": np.concatenate([np.zeros(len(b_rows), _I64), delta[dl]]),
             },
-            schema=_TIMELINE_SCHEMA,
+            schema=TIMELINE_SCHEMA,
         )
         # Summed in with the others now and then, not per chunk: one group_by over many
         # chunks' rows costs less than re-aggregating the whole timeline each time.
@@ -958,16 +954,12 @@ class ReportBuilder:
         Returns:
             The span; None before any row.
         """
-        if self.origin_ns is None:
-            return None
-        if self.clock == "receive":
-            if self.first_rx is None or self.last_rx is None:
-                return None
-            lo = self.first_rx if first_rx is None else min(first_rx, self.first_rx)
-            return lo - self.origin_ns, self.last_rx - self.origin_ns
-        if self.first_ts is None or self.last_ts is None:
-            return None
-        return ts_ns(self.first_ts) - self.origin_ns, ts_ns(self.last_ts) - self.origin_ns
+        first = self.first_rx
+        if first_rx is not None:
+            first = first_rx if first is None else min(first, first_rx)
+        return data_span(
+            self.clock, self.origin_ns, (first, self.last_rx), (self.first_ts, self.last_ts)
+        )
 
     def timeline_frame(self, span: tuple[int, int] | None = None) -> pl.DataFrame | None:
         """Return the timeline: per bucket and kind, stores, removes, cleared, live blocks.
@@ -984,7 +976,7 @@ class ReportBuilder:
         per_bucket = (
             self.timeline.join(rows, on="gkey", how="left")
             .group_by("bucket", "kind")
-            .agg(*_TIMELINE_SUMS)
+            .agg(*TIMELINE_SUMS)
         )
         if span is None:
             span = self.timeline_span()

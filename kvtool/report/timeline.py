@@ -34,6 +34,20 @@ from kvtool.report.aggregates import (
     plausible_ts,
 )
 
+TIMELINE_SCHEMA: dict[str, pl.DataType] = {
+    "bucket": pl.Int64(),
+    "gkey": pl.UInt32(),
+    "stores": pl.Int64(),
+    "removes": pl.Int64(),
+    "cleared": pl.Int64(),
+    "delta": pl.Int64(),
+}
+"""The timeline's state: per (bucket, report row ``gkey``) blocks stored, removed and
+cleared, and the change of live blocks; each column adds across chunks and units."""
+
+TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta")]
+"""The aggregation that adds :data:`TIMELINE_SCHEMA`'s sums per key."""
+
 _PUBLISH_LOOKAHEAD = 1000
 """Messages read past the first for a decodable batch ``ts`` (``--clock publish``)."""
 
@@ -109,6 +123,34 @@ def bucket_expr(clock: str, every_ns: int, origin_ns: int) -> pl.Expr:
     return (us * 1000 - origin_ns).floordiv(every_ns)
 
 
+def data_span(
+    clock: str,
+    origin_ns: int | None,
+    rx: tuple[int | None, int | None],
+    ts: tuple[float | None, float | None],
+) -> tuple[int, int] | None:
+    """The data's (first, last) time on ``clock``, in ns after the origin.
+
+    Args:
+        clock: ``receive`` or ``publish``.
+        origin_ns: The timeline's time zero.
+        rx: The first message's and the last row's receive times (ns).
+        ts: The first and last plausible batch ``ts`` (seconds).
+
+    Returns:
+        The span; None before any row.
+    """
+    if origin_ns is None:
+        return None
+    if clock == "receive":
+        if rx[0] is None or rx[1] is None:
+            return None
+        return rx[0] - origin_ns, rx[1] - origin_ns
+    if ts[0] is None or ts[1] is None:
+        return None
+    return ts_ns(ts[0]) - origin_ns, ts_ns(ts[1]) - origin_ns
+
+
 def timeline_frame(
     per_bucket: pl.DataFrame, every_ns: int, span: tuple[int, int] | None
 ) -> tuple[pl.DataFrame, bool]:
@@ -171,4 +213,12 @@ def timeline_frame(
     ).sort("time_s", "kind"), sparse
 
 
-__all__ = ["bucket_expr", "input_origin", "timeline_frame", "ts_ns"]
+__all__ = [
+    "TIMELINE_SCHEMA",
+    "TIMELINE_SUMS",
+    "bucket_expr",
+    "data_span",
+    "input_origin",
+    "timeline_frame",
+    "ts_ns",
+]
