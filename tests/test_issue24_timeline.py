@@ -24,6 +24,7 @@ from kvtool.plot import _series
 from kvtool.recording import RecordingWriter
 from kvtool.report import build_report
 from tests.conftest import capture_messages
+from tests.test_annotation_core import removed, stored
 
 REC = Path(__file__).resolve().parent.parent / "recordings"
 GEMMA = REC / "gemma3.mcap"
@@ -180,3 +181,56 @@ def test_issue24_plot_draws(tmp_path: Path) -> None:
     result = runner.invoke(app, ["report", str(GEMMA), "--every", "1s", "--plot", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+ENC = msgspec.msgpack.Encoder()
+
+
+def _write(path: Path, batches: list[tuple[int, float, list[dict]]]) -> Path:
+    with RecordingWriter(path) as w:
+        ch = w.add_channel("tcp://127.0.0.1:5557", "", None)
+        for seq, (log_time, ts, events) in enumerate(batches):
+            w.write(ch, seq, ENC.encode([ts, events, None]), log_time=log_time)
+    return path
+
+
+def test_issue24_publish_origin_without_a_wall_clock_ts_is_the_receive_time(
+    tmp_path: Path,
+) -> None:
+    """Batches whose ``ts`` is no wall-clock time sit at their receive time: bucket 0 on."""
+    for k, offset in enumerate(range(0, 1000, 111)):
+        t0 = 1_764_000_000_000_000_000 + offset
+        path = _write(
+            tmp_path / f"r{k}.mcap",
+            [(t0 + i * 1_000_000, 0.0, [stored([10 + i], None)]) for i in range(3)],
+        )
+        rep = build_report([path], every_ns=1_000_000, clock="publish").to_dict()
+        tl = rep["timeline"]
+        # The first batch is at 0, never in a bucket before it (float seconds place the
+        # others within a microsecond of their receive time: a bucket edge may move them).
+        assert tl[0]["time_s"] == 0.0 and tl[0]["stores"] == 1, offset  # type: ignore[index]
+        assert sum(r["stores"] for r in tl) == 3  # type: ignore[union-attr]
+
+
+def test_issue24_first_message_without_rows_starts_the_clock(tmp_path: Path) -> None:
+    """An empty first batch is the first message: time zero and the duration start there."""
+    t0 = 1_764_000_000_000_000_000
+    path = _write(
+        tmp_path / "r.mcap",
+        [
+            (t0, t0 / 1e9, []),
+            (t0 + 1_500_000_000, t0 / 1e9 + 1.5, [stored([1, 2], None)]),
+            (t0 + 2_250_000_000, t0 / 1e9 + 2.25, [removed([1], None)]),
+        ],
+    )
+    assert summarize(path).duration_s == 2.25
+    rep = build_report([path], every_ns=1_000_000_000).to_dict()
+    src = rep["source"]
+    assert src["duration_s"] == 2.25  # type: ignore[index]
+    tl = rep["timeline"]
+    assert [(r["time_s"], r["width_s"]) for r in tl] == [(0.0, 1.0), (1.0, 1.0), (2.0, 0.25)]  # type: ignore[index]
+    assert [(r["stores"], r["removes"], r["live_blocks"]) for r in tl] == [  # type: ignore[index]
+        (0, 0, 0),
+        (2, 0, 2),
+        (0, 1, 1),
+    ]

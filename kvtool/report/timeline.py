@@ -93,8 +93,8 @@ def input_origin(paths: Sequence[str | os.PathLike[str]], clock: str) -> int | N
                 continue
             if isinstance(ts, float | int) and PLAUSIBLE_TS_MIN <= ts < PLAUSIBLE_TS_MAX:
                 return ts_ns(float(ts))
-            return m.log_time
-        return first
+            return ts_ns(float(m.log_time) * 1e-9)  # as plausible_ts places such a batch
+        return None if first is None else ts_ns(float(first) * 1e-9)
     finally:
         for r in readers:
             with contextlib.suppress(Exception):
