@@ -103,12 +103,19 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
     if tl is None or report.every_s is None:
         raise UsageError("--plot needs a timeline; pass --every DURATION")
     every = report.every_s
+    start, end = _span(report)
     fig, (ax_live, ax_rate) = plt.subplots(2, 1, sharex=True, figsize=(10, 6.5))
     for kind in sorted(set(tl["kind"].to_list())):
         part = tl.filter(tl["kind"] == kind)
-        t = [x + every for x in part["time_s"].to_list()]
-        ax_live.step(t, part["live_blocks"].to_list(), where="post", label=kind)
-        ax_rate.step(t, [r / every for r in part["removes"].to_list()], where="post", label=kind)
+        live_x, live_y, rate_x, rate_y = _series(
+            part["time_s"].to_list(),
+            part["width_s"].to_list(),
+            part["live_blocks"].to_list(),
+            part["removes"].to_list(),
+            start,
+        )
+        (line,) = ax_live.plot(live_x, live_y, marker=".", label=kind)
+        ax_rate.plot(rate_x, rate_y, color=line.get_color(), label=kind)
     ax_live.set_ylabel("live blocks (blocks)")
     ax_live.set_title("KV cache blocks live per kind")
     if tl.height:
@@ -126,7 +133,13 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
     # stderr for every .eps/.ps (issue 24: it leaked through -q).
     ax_live.grid(True, color=_GRID)
     ax_rate.set_ylabel("evictions (blocks/s)")
-    ax_rate.set_xlabel(f"time since first bucket (s; buckets of {every:g} s)")
+    clock = report.source.get("clock", "receive")
+    ax_rate.set_xlabel(
+        f"seconds since the first message ({clock} clock; buckets of {every:g} s, "
+        "the last one partial: rates over the seconds it covers)"
+    )
+    if end > start:
+        ax_rate.set_xlim(start, end)
     ax_rate.set_title("eviction rate per kind")
     ax_rate.grid(True, color=_GRID)
     fig.tight_layout()
@@ -145,6 +158,48 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
 
     with AtomicFile(target, force=force) as af, af.open_bytes() as f:
         f.write(buf.getvalue())
+
+
+def _span(report: Report) -> tuple[float, float]:
+    """The data's (first, last) time on the timeline's axis (seconds since the origin)."""
+    tl = report.timeline
+    assert tl is not None and report.every_s is not None
+    lo, hi = report.source.get("timeline_start_s"), report.source.get("timeline_end_s")
+    times = tl["time_s"].to_list()
+    if not isinstance(lo, float | int):
+        lo = min(times, default=0.0)
+    if not isinstance(hi, float | int):
+        hi = max(times, default=0.0) + report.every_s
+    return float(lo), float(hi)
+
+
+def _series(
+    times: list[float], widths: list[float], live: list[int], removes: list[int], start: float
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """One kind's lines: live blocks at each bucket's end, evictions/s over its covered part.
+
+    A bucket covers ``[max(time_s, start), + width_s)``: the level is known at its end
+    (starting from 0 at the first message: the report's state starts empty there), the
+    rate is its removes over ``width_s`` (none for a bucket of no width), drawn as one
+    flat segment over exactly that span; buckets that do not touch (a sparse timeline)
+    are not joined.
+    """
+    nan = float("nan")
+    live_x, live_y = [start], [0.0]
+    rate_x: list[float] = []
+    rate_y: list[float] = []
+    for t, w, level, n in zip(times, widths, live, removes, strict=True):
+        lo = max(t, start)
+        hi = lo + w
+        live_x.append(hi)
+        live_y.append(float(level))
+        if rate_x and rate_x[-1] != lo:
+            rate_x.append(nan)
+            rate_y.append(nan)
+        rate = n / w if w > 0 else nan
+        rate_x += [lo, hi]
+        rate_y += [rate, rate]
+    return live_x, live_y, rate_x, rate_y
 
 
 def plot_what_if(

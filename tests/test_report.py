@@ -579,12 +579,21 @@ def test_every_adds_timeline(gemma_rec: Path) -> None:
     rep = report_json(str(gemma_rec), "--every", "10ms")
     assert list(rep)[-1] == "timeline"
     tl = rep["timeline"]
-    assert set(tl[0]) == {"time_s", "kind", "stores", "removes", "live_blocks"}
+    assert set(tl[0]) == {
+        "time_s",
+        "width_s",
+        "kind",
+        "stores",
+        "removes",
+        "cleared",
+        "live_blocks",
+    }
     by_kind = {r["kind"]: r for r in rep["by_kind"]}
     for kind, row in by_kind.items():
         rows = [r for r in tl if r["kind"] == kind]
         assert sum(r["stores"] for r in rows) == row["blocks_stored"]
         assert sum(r["removes"] for r in rows) == row["blocks_removed"]
+        assert sum(r["cleared"] for r in rows) == row["blocks_cleared"]
         assert rows[-1]["live_blocks"] == row["live_blocks_end"]
         assert max(r["live_blocks"] for r in rows) <= row["peak_live_blocks"]
 

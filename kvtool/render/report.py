@@ -64,11 +64,26 @@ removes (which remove nothing) -- issue 24: the cleared blocks were hidden."""
 
 _TIMELINE_LABELS = {
     "time_s": "time\ns",
+    "width_s": "width\ns",
     "kind": "kind",
     "stores": "stored\nblocks",
     "removes": "removed\nblocks",
+    "cleared": "cleared\nblocks",
     "live_blocks": "live\nblocks",
 }
+
+
+def _timeline_title(report: Report) -> str:
+    """``timeline (every 1 s from the first message, receive clock)``."""
+    clock = report.source.get("clock", "receive")
+    return f"timeline (every {report.every_s:g} s from the first message, {clock} clock)"
+
+
+_TIMELINE_LEGEND = (
+    "timeline: time = bucket start, seconds since the first message; width = seconds of the "
+    "bucket between the first and the last message (a rate divides by it); stored - removed "
+    "- cleared = the change in live, but for orphan removes"
+)
 
 
 def _legends() -> dict[str, str]:
@@ -182,11 +197,13 @@ def render_table(
         cols = [Column(_TIMELINE_LABELS.get(h, h), key=h in ("time_s", "kind")) for h in header]
         print_table(
             console,
-            f"timeline (every {report.every_s:g} s)",
+            _timeline_title(report),
             cols,
             [[cell(v) for v in r] for r in rows],
         )
     print_prose(console, _legend(columns), style="dim")
+    if report.timeline is not None:
+        print_prose(console, _TIMELINE_LEGEND, style="dim")
     for line in report.findings:
         print_prose(console, f"finding: {printable(line)}")
 
@@ -295,7 +312,7 @@ def render_markdown(
         stream.write("\n")
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
-        stream.write(f"### timeline (every {report.every_s:g} s)\n\n")
+        stream.write(f"### {_timeline_title(report)}\n\n")
         _md_table(stream, header, rows, bold_last=False)
         stream.write("\n")
     for line in report.findings:

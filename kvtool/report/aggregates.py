@@ -6,7 +6,7 @@ exactly up to :data:`EXACT_LIFETIMES`, then as a log histogram with
 :data:`HIST_BINS_PER_OCTAVE` bins per doubling (relative error below 0.6 %), which adds bin
 by bin; peaks come from the running sum of live-block deltas in stream order
 (:class:`Peaks`); the timeline holds per (bucket, report row) sums and is only ever as
-large as the buckets that saw events (:func:`timeline_frame`).
+large as the buckets that saw events (:mod:`kvtool.report.timeline`).
 """
 
 from __future__ import annotations
@@ -429,27 +429,6 @@ def _segment_peaks(
 # -- timeline ---------------------------------------------------------------------------
 
 
-def bucket_of(column: str | pl.Expr, every_ns: int) -> pl.Expr:
-    """The timeline bucket (integer) of a float-seconds column.
-
-    Integer arithmetic on microseconds: float division would put rows right at a bucket
-    edge on either side depending on how polars evaluates it. A value that is not a
-    finite number gets no bucket (null).
-
-    Args:
-        column: The column.
-        every_ns: Bucket width.
-
-    Returns:
-        An Int64 expression.
-    """
-    col = pl.col(column) if isinstance(column, str) else column
-    us = (col * 1e6).round().cast(pl.Int64, strict=False)
-    if every_ns % 1000 == 0:  # whole microseconds: no overflow for any plausible ts
-        return us.floordiv(every_ns // 1000)
-    return (us * 1000).floordiv(every_ns)
-
-
 CLOCKS = ("receive", "publish")
 """Clocks a timeline can read: the recorder's receive time or the batch ``ts``."""
 
@@ -476,68 +455,3 @@ def check_clock(clock: str) -> str:
 
         raise UsageError(f"--clock {clock!r}: expected receive or publish")
     return clock
-
-
-def bucket_expr(clock: str, every_ns: int) -> pl.Expr:
-    """The timeline bucket of each row on ``clock``.
-
-    Args:
-        clock: ``publish`` (the batch ``ts``, :func:`plausible_ts`, microsecond
-            resolution) or ``receive`` (``log_time``, exact nanoseconds).
-        every_ns: Bucket width.
-
-    Returns:
-        An Int64 expression (null when the time is not a finite number).
-    """
-    if clock == "receive":
-        return pl.col("log_time").floordiv(every_ns)
-    return bucket_of(plausible_ts(), every_ns)
-
-
-def timeline_frame(per_bucket: pl.DataFrame, every_ns: int) -> tuple[pl.DataFrame, bool]:
-    """Return the timeline from per (bucket, kind) sums, and whether it is sparse.
-
-    A dense grid (every bucket from the first to the last, times every kind) is built while
-    it has at most :data:`MAX_TIMELINE_CELLS` cells; beyond that only the cells holding
-    events are listed (``live_blocks`` is then the kind's level at the end of each listed
-    bucket), so memory follows the events, never the time span.
-
-    Args:
-        per_bucket: ``bucket``, ``kind``, ``stores``, ``removes``, ``delta``.
-        every_ns: Bucket width.
-
-    Returns:
-        ``time_s`` (bucket start, seconds after the first bucket), ``kind``, ``stores``,
-        ``removes``, ``live_blocks``; and True when sparse.
-    """
-    if per_bucket.height == 0:
-        return pl.DataFrame(
-            schema={
-                "time_s": pl.Float64,
-                "kind": pl.String,
-                "stores": pl.Int64,
-                "removes": pl.Int64,
-                "live_blocks": pl.Int64,
-            }
-        ), False
-    first, last = per_bucket["bucket"].min(), per_bucket["bucket"].max()
-    assert isinstance(first, int) and isinstance(last, int)
-    kinds = per_bucket["kind"].unique().sort()
-    sparse = (last - first + 1) * len(kinds) > MAX_TIMELINE_CELLS
-    if sparse:
-        cells = per_bucket
-    else:
-        grid = pl.DataFrame({"bucket": pl.int_range(first, last + 1, eager=True)}).join(
-            pl.DataFrame({"kind": kinds}), how="cross"
-        )
-        cells = grid.join(per_bucket, on=["bucket", "kind"], how="left").fill_null(0)
-    full = cells.sort("kind", "bucket").with_columns(
-        live_blocks=pl.col("delta").cum_sum().over("kind")
-    )
-    return full.select(
-        time_s=((pl.col("bucket") - first).cast(pl.Float64) * (every_ns / 1e9)).round(9),
-        kind="kind",
-        stores="stores",
-        removes="removes",
-        live_blocks="live_blocks",
-    ).sort("time_s", "kind"), sparse

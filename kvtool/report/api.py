@@ -5,7 +5,7 @@ with ``--jobs``/``--ray``, inputs that share no stream are units of work reporte
 and merged exactly (:func:`report_units`), and one stream is decoded by other processes
 (:func:`kvtool.report.parallel.shard_map`) or Ray tasks while this one keeps the state.
 Modules import one way: registry, names → aggregates, samples, kernel, attribution →
-partial → builder → run → parallel (no report state) → api.
+timeline → partial → builder → run → parallel (no report state) → api.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from kvtool.report.aggregates import DEFAULT_CLOCK, Report, check_clock
 from kvtool.report.builder import ReportBuilder
 from kvtool.report.partial import PartialReport, Unit, UnitTask
 from kvtool.report.run import finish_report, report_unit, report_with
+from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
@@ -162,6 +163,8 @@ def report_units(
     # Ray workers run elsewhere (another working directory): they get absolute paths,
     # and the partial reports name each recording as the command line did.
     where = [os.path.abspath(n) for n in names] if ray_address is not None else names
+    # One time zero for every unit: their timelines' buckets are the same.
+    origin = input_origin(paths, clock) if every_ns is not None else None
     tasks = [
         UnitTask(
             paths=[where[i] for i in unit.inputs],
@@ -172,6 +175,7 @@ def report_units(
             every_ns=every_ns,
             clock=clock,
             chunk_bytes=chunk_bytes,
+            origin_ns=origin,
         )
         for unit in units
     ]

@@ -55,10 +55,8 @@ from kvtool.report.aggregates import (
     PLAUSIBLE_TS_MAX,
     PLAUSIBLE_TS_MIN,
     Peaks,
-    bucket_expr,
     check_clock,
     sorted_union,
-    timeline_frame,
 )
 from kvtool.report.names import (
     ALIASES,
@@ -67,8 +65,22 @@ from kvtool.report.names import (
     QUANTILE_COLUMNS,
     RATIO_COLUMNS,
 )
-from kvtool.report.partial import PartialReport, PeakLog, merge_peaks, merge_stats
+from kvtool.report.partial import (
+    NotMergeable,
+    PartialReport,
+    PeakLog,
+    merge_peaks,
+    merge_stats,
+)
 from kvtool.report.samples import LEVELS, Counts, Seconds, remap
+from kvtool.report.timeline import (
+    TIMELINE_SCHEMA,
+    TIMELINE_SUMS,
+    bucket_expr,
+    data_span,
+    timeline_frame,
+    ts_ns,
+)
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -76,14 +88,6 @@ if TYPE_CHECKING:
 
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
-
-_TIMELINE_SCHEMA: dict[str, pl.DataType] = {
-    "bucket": pl.Int64(),
-    "gkey": pl.UInt32(),
-    "stores": pl.Int64(),
-    "removes": pl.Int64(),
-    "delta": pl.Int64(),
-}
 
 _I64 = "int64"
 
@@ -157,8 +161,10 @@ class ReportBuilder:
       :data:`~kvtool.report.aggregates.EXACT_LIFETIMES`); ``distances``: recompute
       distances per gkey (:class:`~kvtool.report.samples.Counts`, exact);
     - ``peaks``: live blocks now and at their highest per level key;
-    - ``timeline``: per (bucket, gkey) sums (with ``every_ns``);
-    - ``rows``: rows seen (the ``row`` numbering), time span, grouped channels.
+    - ``timeline``: per (bucket, gkey) sums (with ``every_ns``), buckets counted from
+      ``origin_ns`` (:mod:`kvtool.report.timeline`);
+    - ``rows``: rows seen (the ``row`` numbering), time spans (receive: ``first_rx``,
+      ``last_rx``; publish: ``first_ts``, ``last_ts``), grouped channels.
 
     Args:
         every_ns: Timeline bucket (ns), or None for no timeline.
@@ -167,6 +173,8 @@ class ReportBuilder:
             (:meth:`kvtool.columns.TableAnnotator.group_kind`).
         clock: The timeline's clock: ``receive`` (the recorder's receive time, what
             ``info`` and ``replay --since`` read) or ``publish`` (the batch ``ts``).
+        origin_ns: The timeline's time zero on ``clock`` (ns since the epoch;
+            :func:`kvtool.report.timeline.input_origin`); None: the first row's time.
     """
 
     def __init__(
@@ -174,9 +182,11 @@ class ReportBuilder:
         every_ns: int | None = None,
         group_kind: attribution.GroupKind | None = None,
         clock: str = DEFAULT_CLOCK,
+        origin_ns: int | None = None,
     ) -> None:
         self.every_ns = every_ns
         self.clock = check_clock(clock)
+        self.origin_ns = origin_ns
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow, int] = {}
@@ -195,13 +205,16 @@ class ReportBuilder:
         self.negative_lifetimes = 0
         self.peaks = Peaks()
         # Per (bucket, gkey) sums, plus chunks' rows not yet summed in (see ``timeline``).
-        self._timeline = pl.DataFrame(schema=_TIMELINE_SCHEMA)
+        self._timeline = pl.DataFrame(schema=TIMELINE_SCHEMA)
         self._timeline_parts: list[pl.DataFrame] = []
         self._timeline_rows = 0
         self.timeline_sparse = False
         self.grouped_channels: set[int] = set()
         self.first_ts: float | None = None
         self.last_ts: float | None = None
+        # Receive times (log_time, ns) of the first and last rows.
+        self.first_rx: int | None = None
+        self.last_rx: int | None = None
         self.ambiguous_removes = 0
         # Live blocks at the end per gkey when merged from partial reports (no entries).
         self.live_end: dict[int, int] | None = None
@@ -226,7 +239,7 @@ class ReportBuilder:
         self._timeline = (
             pl.concat([self._timeline, *self._timeline_parts])
             .group_by("bucket", "gkey")
-            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+            .agg(*TIMELINE_SUMS)
         )
         self._timeline_parts = []
         self._timeline_rows = 0
@@ -343,6 +356,12 @@ class ReportBuilder:
         lo, hi = float(ts.min()), float(ts.max())
         self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
         self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
+        log_time = df["log_time"]
+        rx_lo, rx_hi = int(log_time.min()), int(log_time.max())  # type: ignore[arg-type]
+        self.first_rx = rx_lo if self.first_rx is None else min(self.first_rx, rx_lo)
+        self.last_rx = rx_hi if self.last_rx is None else max(self.last_rx, rx_hi)
+        if self.origin_ns is None and self.every_ns is not None:
+            self.origin_ns = int(log_time[0]) if self.clock == "receive" else ts_ns(ts[0])
         hashes, hash_null = _column(df, "hash")
         has_hash = ~hash_null if hash_null is not None else np.ones(n, dtype=bool)
         group, group_null = _column(df, "group_idx")
@@ -413,6 +432,7 @@ class ReportBuilder:
         delta_gkey = gkey.copy()
         delta_gkey[evicted] = out.gkey[evicted]
         delta_row = np.arange(n)
+        dropped = np.zeros(n, dtype=bool)
         if len(out.drop_row):
             # One delta per (clear, gkey), after the clear's own row: the drops' order
             # inside a clear cannot change a peak (all negative).
@@ -420,13 +440,20 @@ class ReportBuilder:
             delta = np.insert(delta, pos, -out.drop_n)
             delta_gkey = np.insert(delta_gkey, pos, out.drop_gkey)
             delta_row = np.insert(delta_row, pos, out.drop_row)
+            dropped = np.insert(dropped, pos, True)
         rows = {i: key for key, i in self.registry.items()}
         self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
             self._log_peaks(df, delta_row, delta_gkey, delta, rows)
         if self.every_ns is not None:
             self._add_timeline(
-                df, gkey, is_clear, is_store, is_remove, has_hash, delta_gkey, delta, delta_row
+                df,
+                gkey,
+                is_clear,
+                is_store,
+                is_remove,
+                has_hash,
+                (delta_gkey, delta, delta_row, dropped),
             )
 
     def _log_peaks(
@@ -506,6 +533,9 @@ class ReportBuilder:
             ambiguous_removes=self.ambiguous_removes,
             first_ts=self.first_ts,
             last_ts=self.last_ts,
+            first_rx=self.first_rx,
+            last_rx=self.last_rx,
+            origin_ns=self.origin_ns,
             grouped=set(self.grouped_channels),
             timeline=self.timeline if self.every_ns is not None else None,
             peaks=log,
@@ -536,7 +566,10 @@ class ReportBuilder:
             NotMergeable: The parts cannot be merged exactly.
         """
         stats, channels = merge_stats(parts)
-        b = cls(every_ns, group_kind, clock)
+        origins = {p.origin_ns for p in parts if p.origin_ns is not None}
+        if every_ns is not None and len(origins) > 1:
+            raise NotMergeable("the units' timelines have different origins")
+        b = cls(every_ns, group_kind, clock, origins.pop() if origins else None)
         row_ids = [{i: b._gkey_of(*key) for i, key in enumerate(p.rows)} for p in parts]
         b.peaks.levels = merge_peaks(parts, row_ids)
         counts: dict[int, list[int]] = {}
@@ -561,6 +594,12 @@ class ReportBuilder:
                 if ts is not None:
                     b.first_ts = ts if b.first_ts is None else min(b.first_ts, ts)
                     b.last_ts = ts if b.last_ts is None else max(b.last_ts, ts)
+            # The first message (rows or not: each channel's first) and the last row.
+            rx = [k[0] for k in p.first_keys.values()]
+            rx += [t for t in (p.first_rx, p.last_rx) if t is not None]
+            if rx:
+                b.first_rx = min(rx) if b.first_rx is None else min(b.first_rx, *rx)
+                b.last_rx = max(rx) if b.last_rx is None else max(b.last_rx, *rx)
             b.grouped_channels.update(channels[i][c] for c in p.grouped if c in channels[i])
         b.counts = np.zeros((len(b.registry), len(ADDITIVE)), dtype=_I64)
         for g, sums in counts.items():
@@ -575,11 +614,7 @@ class ReportBuilder:
         )
         b.distances = Counts.merge([(p.distances, i) for p, i in zip(parts, row_ids, strict=True)])
         if timelines:
-            b.timeline = (
-                pl.concat(timelines)
-                .group_by("bucket", "gkey")
-                .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
-            )
+            b.timeline = pl.concat(timelines).group_by("bucket", "gkey").agg(*TIMELINE_SUMS)
         return b, stats
 
     def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
@@ -755,14 +790,17 @@ class ReportBuilder:
         is_store: NDArray[Any],
         is_remove: NDArray[Any],
         has_hash: NDArray[Any],
-        delta_gkey: NDArray[Any],
-        delta: NDArray[Any],
-        delta_row: NDArray[Any],
+        deltas: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
     ) -> None:
-        """Add per (bucket, gkey): block stores, removes, and live-block deltas."""
-        assert self.every_ns is not None
+        """Add per (bucket, gkey): block stores, removes, blocks cleared, live-block deltas.
+
+        ``deltas``: each live-block change's gkey, amount, row, and whether it is a
+        clear's drop (:meth:`add`).
+        """
+        assert self.every_ns is not None and self.origin_ns is not None
+        delta_gkey, delta, delta_row, dropped = deltas
         bucket, bucket_null = _column(
-            df.select(bucket=bucket_expr(self.clock, self.every_ns)), "bucket"
+            df.select(bucket=bucket_expr(self.clock, self.every_ns, self.origin_ns)), "bucket"
         )
         valid = ~bucket_null if bucket_null is not None else np.ones(len(bucket), dtype=bool)
         blk = has_hash & ~is_clear & valid
@@ -774,9 +812,12 @@ class ReportBuilder:
                 "gkey": pl.Series(np.concatenate([gkey[blk], delta_gkey[dl]]), dtype=pl.UInt32),
                 "stores": np.concatenate([is_store[blk].astype(_I64), np.zeros(dl.sum(), _I64)]),
                 "removes": np.concatenate([is_remove[blk].astype(_I64), np.zeros(dl.sum(), _I64)]),
+                "cleared": np.concatenate(
+                    [np.zeros(len(b_rows), _I64), np.where(dropped[dl], -delta[dl], 0)]
+                ),
                 "delta": np.concatenate([np.zeros(len(b_rows), _I64), delta[dl]]),
             },
-            schema=_TIMELINE_SCHEMA,
+            schema=TIMELINE_SCHEMA,
         )
         # Summed in with the others now and then, not per chunk: one group_by over many
         # chunks' rows costs less than re-aggregating the whole timeline each time.
@@ -903,11 +944,31 @@ class ReportBuilder:
                 )
         return {name: with_aliases(frame) for name, frame in out.items()}
 
-    def timeline_frame(self) -> pl.DataFrame | None:
-        """Return the timeline: per bucket and kind, stores, removes, live blocks at its end.
+    def timeline_span(self, first_rx: int | None = None) -> tuple[int, int] | None:
+        """The data's (first, last) time on the timeline's clock, in ns after its origin.
+
+        Args:
+            first_rx: The first message's receive time, when it is before the first row's
+                (a message without rows; receive clock only).
 
         Returns:
-            See :func:`kvtool.report.aggregates.timeline_frame`; None without ``every``.
+            The span; None before any row.
+        """
+        first = self.first_rx
+        if first_rx is not None:
+            first = first_rx if first is None else min(first, first_rx)
+        return data_span(
+            self.clock, self.origin_ns, (first, self.last_rx), (self.first_ts, self.last_ts)
+        )
+
+    def timeline_frame(self, span: tuple[int, int] | None = None) -> pl.DataFrame | None:
+        """Return the timeline: per bucket and kind, stores, removes, cleared, live blocks.
+
+        Args:
+            span: The data's span (:meth:`timeline_span`); None: the one of the rows.
+
+        Returns:
+            See :func:`kvtool.report.timeline.timeline_frame`; None without ``every``.
         """
         if self.every_ns is None:
             return None
@@ -915,9 +976,11 @@ class ReportBuilder:
         per_bucket = (
             self.timeline.join(rows, on="gkey", how="left")
             .group_by("bucket", "kind")
-            .agg(pl.col("stores").sum(), pl.col("removes").sum(), pl.col("delta").sum())
+            .agg(*TIMELINE_SUMS)
         )
-        frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns)
+        if span is None:
+            span = self.timeline_span()
+        frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns, span)
         return frame
 
 

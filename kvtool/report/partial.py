@@ -15,7 +15,8 @@ units share no state, and every part of a report merges exactly:
   histogram one process would have built (:class:`~kvtool.report.samples.Seconds`);
 - recompute distances are counts per (row, value), which add
   (:class:`~kvtool.report.samples.Counts`);
-- the timeline's (bucket, row) sums add;
+- the timeline's (bucket, row) sums add: every unit buckets from the driver's origin (the
+  input's first message, :mod:`kvtool.report.timeline`), so the buckets are the same;
 - peaks need the streams' interleaving: each unit logs, per batch and level key (kind,
   window, group, total), the batch's net change of live blocks and the highest point
   inside it (:class:`PeakLog`); the merge orders every unit's batches as THE merge order
@@ -298,8 +299,12 @@ class PartialReport:
         ambiguous_removes: Removes without group_idx that could not be attributed.
         first_ts: Earliest plausible batch ts.
         last_ts: Latest plausible batch ts.
+        first_rx: Earliest receive time (``log_time``, ns) of a row.
+        last_rx: Latest receive time of a row.
+        origin_ns: The timeline's time zero (the driver's, :class:`UnitTask`).
         grouped: The channels whose stores carried group_idx.
-        timeline: Per (bucket, row) stores, removes and live-block change, or None.
+        timeline: Per (bucket, row) stores, removes, blocks cleared and live-block change,
+            or None.
         peaks: The unit's :class:`PeakLog`.
         out_of_range: Stores per group index not in a given metadata table.
     """
@@ -320,6 +325,9 @@ class PartialReport:
     ambiguous_removes: int
     first_ts: float | None
     last_ts: float | None
+    first_rx: int | None
+    last_rx: int | None
+    origin_ns: int | None
     grouped: set[int]
     timeline: pl.DataFrame | None
     peaks: PeakLog
@@ -339,6 +347,8 @@ class UnitTask:
         every_ns: Timeline bucket (ns), or None.
         clock: The timeline's clock.
         chunk_bytes: Payload bytes per chunk.
+        origin_ns: The timeline's time zero for the whole input
+            (:func:`kvtool.report.timeline.input_origin`): every unit buckets on one grid.
     """
 
     paths: list[str]
@@ -349,6 +359,7 @@ class UnitTask:
     every_ns: int | None
     clock: str
     chunk_bytes: int
+    origin_ns: int | None = None
 
 
 # -- the merge --------------------------------------------------------------------------------

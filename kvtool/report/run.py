@@ -35,6 +35,7 @@ from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
+from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
@@ -109,6 +110,7 @@ def run_builder(
     splits: Splits | None = None,
     peak_log: PeakLog | None = None,
     streams: frozenset[tuple[str, str, int | None]] | None = None,
+    origin_ns: int | None = None,
 ) -> tuple[ReportBuilder, ReadStats]:
     """Read, decode, annotate and feed a builder, in stream order (no finishing).
 
@@ -125,12 +127,16 @@ def run_builder(
         splits: Also feeds these per-rank/per-channel builders.
         peak_log: Logs the peaks per batch (for a merge with other units' partial reports).
         streams: Only these publisher streams (see :func:`kvtool.columns.iter_raw_chunks`).
+        origin_ns: The timeline's time zero; None: the input's first message on ``clock``
+            (:func:`kvtool.report.timeline.input_origin`), read here when ``every_ns``.
 
     Returns:
         The fed builder and the read's stats.
     """
     stats = ReadStats()
-    builder = ReportBuilder(every_ns, annotator.group_kind, clock)
+    if origin_ns is None and every_ns is not None:
+        origin_ns = input_origin(paths, clock)
+    builder = ReportBuilder(every_ns, annotator.group_kind, clock, origin_ns)
     builder.peak_log = peak_log
     builder.streams = stats.channels
     # With a decode or shard map (other processes), the chunks are annotated where they
@@ -284,11 +290,18 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         The report.
     """
     tabs = builder.tables()
-    timeline = builder.timeline_frame()
+    # The first message read (rows or not: each channel is numbered at its first).
+    first_rx = min((k[0] for k in stats.first_keys.values()), default=None)
+    if builder.first_rx is not None:
+        first_rx = builder.first_rx if first_rx is None else min(first_rx, builder.first_rx)
+    span = builder.timeline_span(first_rx if builder.clock == "receive" else None)
+    timeline = builder.timeline_frame(span)
     findings = report_findings(tabs, builder, annotator, stats)
+    # One duration on one clock: receive time, last row's message minus the first
+    # message, what ``info`` says for the same file (issue 24).
     dur = None
-    if builder.first_ts is not None and builder.last_ts is not None:
-        dur = builder.last_ts - builder.first_ts
+    if first_rx is not None and builder.last_rx is not None:
+        dur = (builder.last_rx - first_rx) / 1e9
     source: dict[str, object] = {
         "recordings": list(stats.recordings),
         "channels": [
@@ -307,7 +320,8 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         "events": stats.events,
         "block_rows": stats.rows,
         "duration_s": dur,
-        **({"clock": builder.clock} if builder.every_ns is not None else {}),
+        "duration_clock": "receive",
+        **(_timeline_source(builder, span) if builder.every_ns is not None else {}),
         "lifetimes": "exact"
         if not builder.life.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
@@ -332,6 +346,17 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     )
 
 
+def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> dict[str, object]:
+    """The timeline's clock, its time zero and the data's span on it (``source``)."""
+    origin = builder.origin_ns
+    return {
+        "clock": builder.clock,
+        "timeline_origin_s": origin / 1e9 if origin is not None else None,
+        "timeline_start_s": round(span[0] / 1e9, 9) if span is not None else None,
+        "timeline_end_s": round(span[1] / 1e9, 9) if span is not None else None,
+    }
+
+
 # -- a unit of work (--jobs, --ray) ---------------------------------------------------
 
 
@@ -353,6 +378,7 @@ def report_unit(task: UnitTask) -> PartialReport:
         clock=task.clock,
         peak_log=PeakLog(),
         streams=task.streams,
+        origin_ns=task.origin_ns,
     )
     if task.names != task.paths:
         _rename(stats, dict(zip(task.paths, task.names, strict=True)))
