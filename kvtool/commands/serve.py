@@ -229,8 +229,22 @@ def live_source(
     force: bool,
     groups: Path | None,
     replay_timeout: str,
+    *,
+    whole_stream: bool = False,
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
+
+    Args:
+        targets: The endpoints.
+        replay: ``--replay-endpoint`` values.
+        dp_size: ``--dp-size``.
+        topic: ``--topic``.
+        record: ``--record FILE``.
+        force: ``--force``.
+        groups: ``--groups FILE``.
+        replay_timeout: ``--replay-timeout``.
+        whole_stream: The feed also keeps the whole stream's report (``top``'s views),
+            not only the per-rank ones (``serve``).
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -262,7 +276,7 @@ def live_source(
         groups=group_list,
         groups_source=str(groups) if groups is not None else "",
     )
-    feed = Feed(groups_file=str(groups) if groups is not None else None, whole_stream=False)
+    feed = Feed(groups_file=str(groups) if groups is not None else None, whole_stream=whole_stream)
     return source, feed
 
 

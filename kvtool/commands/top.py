@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
 from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
+from kvtool.commands.serve import is_recording
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -33,13 +33,6 @@ class TopView(StrEnum):
     window = "window"
     group = "group"
     rank = "rank"
-
-
-def _is_recording(targets: list[str]) -> bool:
-    if len(targets) != 1:
-        return False
-    t = targets[0]
-    return t.endswith(".mcap") or (os.path.isfile(t) and "://" not in t)
 
 
 def top(
@@ -121,7 +114,7 @@ def top(
     until q. Without a terminal, or with --once, it prints a plain block every --interval
     and exits after --duration or at the end of a recording.
     """
-    from kvtool.top import LiveSource, RecordingSource, ReportFeed
+    from kvtool.top import RecordingSource, ReportFeed
     from kvtool.top import TopView as View
 
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
@@ -129,7 +122,7 @@ def top(
         parse_duration_ns(duration, option="--duration") / 1e9 if duration is not None else None
     )
     source: LiveSource | RecordingSource
-    if _is_recording(targets):
+    if is_recording(targets):
         check_inputs([targets[0], groups])
         for opt, given in (
             ("--replay-endpoint", replay),
@@ -141,32 +134,12 @@ def top(
         source = RecordingSource(targets[0], speed=speed)
         feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
     else:
-        from kvtool.capture import load_groups
-        from kvtool.endpoints import expand_endpoints
-        from kvtool.outputs import OutputKind, check_output, is_stdout
+        from kvtool.commands.serve import live_source
 
-        sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
-        if record is not None:
-            if is_stdout(record):
-                raise UsageError("top --record -: a recording is a file; give a path")
-            check_output(
-                record,
-                kind=OutputKind.RECORDING,
-                force=force,
-                inputs=[groups] if groups is not None else [],
-            )
-        group_list = load_groups(groups) if groups is not None else None
-        replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
-        source = LiveSource(
-            sources,
-            record=str(record) if record is not None else None,
-            topic=topic,
-            force=force,
-            replay_timeout_ns=replay_ns,
-            groups=group_list,
-            groups_source=str(groups) if groups is not None else "",
-        )
-        feed = ReportFeed(groups_file=str(groups) if groups is not None else None)
+        source, feed = live_source(
+            targets, replay, dp_size, topic, record, force, groups, replay_timeout,
+            whole_stream=True,
+        )  # fmt: skip
     state = View(source=source, feed=feed, view=view.value)
     if metrics is not None:
         from kvtool.commands.serve import open_server
