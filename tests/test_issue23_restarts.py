@@ -107,3 +107,23 @@ def test_issue23_top_once_on_a_restart_equals_report(tmp_path: Path) -> None:
     assert snap["group"] == rep.by_group.to_dicts()
     (row,) = snap["kind"]
     assert row["stored_while_live"] == 0 and row["live_blocks_end"] == 3
+
+
+def test_issue23_restart_of_one_channel_leaves_the_other_alone(tmp_path: Path) -> None:
+    """Two channels interleaved batch by batch: only the restarted one starts afresh; the
+    other (seqs 0..5, the same events) keeps its state (2 stored while live, 1 recomputed,
+    6 live), one chunk or a chunk per batch."""
+    path = tmp_path / "two.mcap"
+    with RecordingWriter(path) as w:
+        a = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+        b = w.add_channel("tcp://127.0.0.1:5558", "", 0)
+        for i, (seq, ts, events) in enumerate(BEFORE + AFTER):
+            w.write(a, seq, ENC.encode([ts, events, 0]), log_time=int((T0 + 100 + i) * 1e9))
+            w.write(b, i, ENC.encode([ts, events, 0]), log_time=int((T0 + 100.5 + i) * 1e9))
+    for kw in ({}, {"chunk_bytes": 1}):
+        rep = build_report([path], **kw)  # type: ignore[arg-type]
+        t = rep.totals.to_dicts()[0]
+        assert (t["blocks_stored"], t["blocks_cleared"], t["live_blocks_end"]) == (16, 3, 9)
+        assert (t["stored_while_live"], t["blocks_recomputed"]) == (2, 1)
+        (line,) = [f for f in rep.findings if "restart" in f]
+        assert line.startswith("1 publisher restart(s) on tcp://127.0.0.1:5557:")
