@@ -6,7 +6,9 @@ DataFrames out; nothing here prints.
 Per chunk (:meth:`ReportBuilder.add`), on numpy arrays of the chunk's columns:
 
 1. rows get their stream position (``row``), a plausible ``ts``
-   (:func:`~kvtool.report.aggregates.plausible_ts`) and their channel's clear epoch;
+   (:func:`~kvtool.report.aggregates.plausible_ts`) and their kernel channel: a stream
+   gets a new one at each publisher restart (its seq going backwards), which drops the
+   old one's live blocks as a clear does (counted as ``blocks_cleared``, and a finding);
 2. removes without ``group_idx`` on grouped channels are attributed
    (:mod:`kvtool.report.attribution`), every row gets its report row (``gkey``: one per
    (group_idx, kind, window) seen, numbered in order of appearance);
@@ -216,6 +218,13 @@ class ReportBuilder:
         self.first_rx: int | None = None
         self.last_rx: int | None = None
         self.ambiguous_removes = 0
+        # Publisher restarts (a channel's seq going backwards): per channel, [restarts,
+        # live blocks they dropped]; the kernel's channel of each stream now (a new one
+        # from each restart on), the stream of each kernel channel, the last seq seen.
+        self.restarts: dict[int, list[int]] = {}
+        self._kchan: dict[int, int] = {}
+        self._kreal: list[int] = []
+        self._last_seq: dict[int, int] = {}
         # Live blocks at the end per gkey when merged from partial reports (no entries).
         self.live_end: dict[int, int] | None = None
         # Set by run_builder: the read's channels, and the peak log of a unit of work.
@@ -387,9 +396,19 @@ class ReportBuilder:
         op[block & is_store] = kernel.STORE
         op[block & ~is_store] = kernel.REMOVE
         op[is_clear] = kernel.CLEAR
-        out = kernel.step(
-            self.kstate, op, channel, group, no_group, hashes, ts, gkey, len(self.registry)
-        )
+        seq, _ = _column(df, "seq")
+        kchan, at, old = self._kernel_channels(channel, seq)
+        out, restart_drop = self._step(op, kchan, group, no_group, hashes, ts, gkey, at, old)
+        if len(at):
+            per_chan = np.bincount(
+                channel[out.drop_row[restart_drop]],
+                weights=out.drop_n[restart_drop],
+                minlength=int(channel.max()) + 1,
+            )
+            for c in channel[at].tolist():
+                self.restarts.setdefault(c, [0, 0])[0] += 1
+            for c in set(channel[at].tolist()):
+                self.restarts[c][1] += int(per_chan[c])
         what = out.what
         block_index = df["block_index"]
         if block_index.null_count():
@@ -434,9 +453,11 @@ class ReportBuilder:
         delta_row = np.arange(n)
         dropped = np.zeros(n, dtype=bool)
         if len(out.drop_row):
-            # One delta per (clear, gkey), after the clear's own row: the drops' order
-            # inside a clear cannot change a peak (all negative).
-            pos = np.searchsorted(delta_row, out.drop_row, side="right")
+            # One delta per (clear, gkey) at the clear's own row: the drops' order inside
+            # a clear cannot change a peak (all negative).
+            # Before the row's own delta: a restart's row is a store or remove (a clear's
+            # own delta is 0), and its drops come first.
+            pos = np.searchsorted(delta_row, out.drop_row, side="left")
             delta = np.insert(delta, pos, -out.drop_n)
             delta_gkey = np.insert(delta_gkey, pos, out.drop_gkey)
             delta_row = np.insert(delta_row, pos, out.drop_row)
@@ -455,6 +476,103 @@ class ReportBuilder:
                 has_hash,
                 (delta_gkey, delta, delta_row, dropped),
             )
+
+    def _kernel_channels(
+        self, channel: NDArray[Any], seq: NDArray[Any]
+    ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+        """Each row's kernel channel, the rows where a restart begins, the channels they end.
+
+        A row whose ``seq`` is below the previous row's of its channel (in this chunk or an
+        earlier one; rows of one batch share a seq) begins a restart (PROTOCOL.md: the
+        publisher restarted, its cache is new): from it on, the stream gets a new kernel
+        channel, so no key, eviction count or live list carries over.
+        """
+        n = len(channel)
+        kchan = np.empty(n, dtype=_I64)
+        at_parts: list[NDArray[Any]] = []
+        old_parts: list[NDArray[Any]] = []
+        present = np.flatnonzero(np.bincount(channel)).tolist()
+        for c in present:
+            idx = np.arange(n) if len(present) == 1 else np.flatnonzero(channel == c)
+            s = seq[idx]
+            prev = np.empty_like(s)
+            prev[1:] = s[:-1]
+            prev[0] = self._last_seq.get(c, s[0])
+            self._last_seq[c] = int(s[-1])
+            base = self._kchan.get(c)
+            if base is None:
+                base = self._kchan[c] = len(self._kreal)
+                self._kreal.append(c)
+            back = s < prev
+            if not back.any():
+                kchan[idx] = base
+                continue
+            ids = [base]
+            for _ in range(int(back.sum())):
+                ids.append(len(self._kreal))
+                self._kreal.append(c)
+            self._kchan[c] = ids[-1]
+            k = np.cumsum(back)
+            kchan[idx] = np.asarray(ids, dtype=_I64)[k]
+            at_parts.append(idx[back])
+            old_parts.append(np.asarray(ids[:-1], dtype=_I64))
+        if not at_parts:
+            empty = np.zeros(0, dtype=_I64)
+            return kchan, empty, empty
+        at, old = np.concatenate(at_parts), np.concatenate(old_parts)
+        order = np.argsort(at, kind="stable")
+        return kchan, at[order], old[order]
+
+    def _step(
+        self,
+        op: NDArray[Any],
+        kchan: NDArray[Any],
+        group: NDArray[Any],
+        no_group: NDArray[Any],
+        hashes: NDArray[Any],
+        ts: NDArray[Any],
+        gkey: NDArray[Any],
+        at: NDArray[Any],
+        old: NDArray[Any],
+    ) -> tuple[kernel.Out, NDArray[Any]]:
+        """:func:`kernel.step` on the chunk, each restart preceded by a clear of its old channel.
+
+        Before each restart's row ``at``, a clear of the kernel channel it ends (``old``):
+        the old stream's live blocks are dropped as a clear drops them. The output is the
+        chunk's rows' (drops at the restart's row), and per drop whether a restart made it.
+        """
+        size = len(self.registry)
+        if len(at) == 0:
+            out = kernel.step(self.kstate, op, kchan, group, no_group, hashes, ts, gkey, size)
+            return out, np.zeros(len(out.drop_row), dtype=bool)
+        n, r = len(op), len(at)
+        ins = np.insert
+        out = kernel.step(
+            self.kstate,
+            ins(op, at, kernel.CLEAR),
+            ins(kchan, at, old),
+            ins(group, at, 0),
+            ins(no_group, at, False),
+            ins(hashes, at, 0),
+            ins(ts, at, ts[at]),
+            ins(gkey, at, 0),
+            size,
+        )
+        rows = np.arange(n) + np.searchsorted(at, np.arange(n), side="right")
+        orig = np.empty(n + r, dtype=_I64)
+        orig[rows] = np.arange(n)
+        orig[at + np.arange(r)] = at
+        synthetic = np.zeros(n + r, dtype=bool)
+        synthetic[at + np.arange(r)] = True
+        return kernel.Out(
+            out.what[rows],
+            out.ts[rows],
+            out.gkey[rows],
+            out.distance[rows],
+            orig[out.drop_row],
+            out.drop_gkey,
+            out.drop_n,
+        ), synthetic[out.drop_row]
 
     def _log_peaks(
         self,
@@ -540,6 +658,7 @@ class ReportBuilder:
             timeline=self.timeline if self.every_ns is not None else None,
             peaks=log,
             out_of_range=dict(annotator.out_of_range),
+            restarts={c: (n, d) for c, (n, d) in self.restarts.items()},
         )
 
     @classmethod
@@ -589,6 +708,10 @@ class ReportBuilder:
             if p.timeline is not None and p.timeline.height:
                 timelines.append(remap(p.timeline, ids))
             b.negative_lifetimes += p.negative_lifetimes
+            for c, (n, d) in p.restarts.items():
+                acc = b.restarts.setdefault(channels[i].get(c, c), [0, 0])
+                acc[0] += n
+                acc[1] += d
             b.ambiguous_removes += p.ambiguous_removes
             for ts in (p.first_ts, p.last_ts):
                 if ts is not None:
@@ -639,7 +762,8 @@ class ReportBuilder:
 
     def _live_frame(self) -> pl.DataFrame:
         """The live entries (channel_id, group_idx, hash, gkey), a key's oldest first."""
-        chan, group, no_group, h, _ts, gkey = self.kstate.live_entries()
+        kchan, group, no_group, h, _ts, gkey = self.kstate.live_entries()
+        chan = np.asarray(self._kreal, dtype=_I64)[kchan] if len(kchan) else kchan
         g = pl.Series("group_idx", group, dtype=pl.Int64)
         if no_group.any():
             g = g.scatter(np.flatnonzero(no_group), None)

@@ -78,6 +78,11 @@ def report_findings(
                 f"{k} stored {r['blocks_stored']} blocks but none was evicted while others "
                 f"evicted ({other}): its removes may be missing from the stream"
             )
+    for cid, (n, dropped) in sorted(builder.restarts.items()):
+        out.append(
+            f"{n} publisher restart(s) on {names.get(cid, cid)}: the state started afresh "
+            f"({dropped} blocks dropped, counted as blocks_cleared)"
+        )
     if builder.negative_lifetimes:
         out.append(
             f"{builder.negative_lifetimes} block lifetime(s) were negative (the publisher's "

@@ -3,7 +3,9 @@
 DESIGN.md "Report semantics": the state is a multiset over the key (channel, group,
 hash) -- a channel is one publisher stream (endpoint, topic, rank), so one engine and
 one block pool. +1 per stored hash, -1 per removed hash, never below zero;
-``AllBlocksCleared`` empties its channel. What each row is:
+``AllBlocksCleared`` empties its channel. A publisher restart is not seen here: the builder
+gives the restarted stream a new channel number and clears the old one (issue 23). What
+each row is:
 
 - a store of a key never stored before is a *first store*;
 - a store of a key that is live is *stored while live* (a second copy, or a hit

@@ -307,6 +307,7 @@ class PartialReport:
             or None.
         peaks: The unit's :class:`PeakLog`.
         out_of_range: Stores per group index not in a given metadata table.
+        restarts: Per channel, (publisher restarts, live blocks they dropped) (issue 23).
     """
 
     inputs: list[int]
@@ -332,6 +333,7 @@ class PartialReport:
     timeline: pl.DataFrame | None
     peaks: PeakLog
     out_of_range: dict[int, int]
+    restarts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
