@@ -50,6 +50,7 @@ import itertools
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -247,12 +248,14 @@ class LeanBatch(msgspec.Struct):
             ``kv_cache_spec_kind`` and ``kv_cache_spec_sliding_window`` attributes.
         data_parallel_rank: The rank the batch names.
         skipped: Messages of events the decoder had to skip.
+        unknown_tags: The tag of each skipped event of an unknown type (issue 21).
     """
 
     ts: float
     events: list[object]
     data_parallel_rank: int | None = None
     skipped: tuple[str, ...] = ()
+    unknown_tags: tuple[str, ...] = ()
 
 
 def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch:
@@ -281,7 +284,11 @@ def decode_lean(raw: bytes | memoryview, *, seq: int | None = None) -> LeanBatch
         where = f"seq {seq}: " if seq is not None else ""
         raise ProtocolError(f"{where}malformed payload: nested too deeply", seq=seq) from err
     return LeanBatch(
-        full.ts, [_lean_event(e) for e in full.events], full.data_parallel_rank, full.skipped
+        full.ts,
+        [_lean_event(e) for e in full.events],
+        full.data_parallel_rank,
+        full.skipped,
+        full.unknown_tags,
     )
 
 
@@ -711,6 +718,8 @@ class ReadStats:
         payload_bytes: Payload bytes read.
         bad_batches: Payloads that were not a batch at all (skipped).
         skipped_events: Events skipped by the decoder.
+        unknown_tags: Of those, the events of an unknown type, by tag (as sent, at most
+            :data:`kvtool.protocol.MAX_UNKNOWN_TAGS` tags by name; issue 21).
         problems: Messages naming skipped batches/events: those about the earliest
             messages (:meth:`note`), the earliest first.
         problem_keys: The key of each problem's message (:data:`MergeKey`).
@@ -738,6 +747,7 @@ class ReadStats:
     skipped_events: int = 0
     problems: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
+    unknown_tags: dict[str, int] = field(default_factory=dict)
     groups: dict[str, list[dict[str, object]] | None] = field(default_factory=dict)
     channels: dict[int, ChannelRef] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
@@ -1233,6 +1243,7 @@ class DecodedChunk:
         rows: Rows built.
         bad_batches: Payloads that were not a batch.
         skipped_events: Events skipped.
+        unknown_tags: Of those, the events of an unknown type, by tag.
         problems: Messages naming what was skipped, in stream order.
         problem_keys: Their messages' keys (:meth:`ReadStats.note`).
         payload_ranks: As :attr:`ReadStats.payload_ranks`, for this chunk.
@@ -1252,6 +1263,7 @@ class DecodedChunk:
     out_of_range: dict[int, int] | None = None
     problem_keys: list[MergeKey] = field(default_factory=list)
     payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)
+    unknown_tags: dict[str, int] = field(default_factory=dict)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool worker pickles its result back to the driver: polars' own pickling
@@ -1340,6 +1352,7 @@ def decode_chunk(raw: RawChunk, *, decoder: Decoder | None = None) -> DecodedChu
         out_of_range,
         st.problem_keys,
         st.payload_ranks,
+        st.unknown_tags,
     )
 
 
@@ -1496,6 +1509,8 @@ def _decode_each(raw: RawChunk, sl: slice, st: ReadStats) -> _Block:
             continue
         if b.skipped:
             st.skipped_events += len(b.skipped)
+            if b.unknown_tags:
+                protocol.count_unknown_tags(st.unknown_tags, Counter(b.unknown_tags).items())
             for text in b.skipped:
                 st.note(f"{raw.where.get(cid, cid)}: {text}", _key(raw.streams, log_time, cid, seq))
         batches.append(b)
@@ -1871,6 +1886,7 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
     stats.rows += d.rows
     stats.bad_batches += d.bad_batches
     stats.skipped_events += d.skipped_events
+    protocol.count_unknown_tags(stats.unknown_tags, d.unknown_tags.items())
     # Batches dropped by --rank were counted as read by iter_raw_chunks.
     stats.messages -= d.unselected
     stats.unselected += d.unselected

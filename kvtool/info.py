@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 
 import msgspec
@@ -13,7 +14,10 @@ from kvtool.protocol import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    count_unknown_tags,
     decode_batch,
+    sorted_unknown_tags,
+    unknown_tags_text,
 )
 from kvtool.recording import open_recording
 from kvtool.recording.ledger import GroupMeta
@@ -85,6 +89,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         groups_source: Where the stored group metadata came from, or None.
         undecodable: Payloads that are not KV-event batches (kept in the file, counted).
         skipped_events: Events inside decodable batches that could not be decoded.
+        unknown_events: Of those, the events of an unknown type (``BlockInactive`` …), by
+            tag as sent (issue 21), most frequent first.
         truncated: The file ends before its footer (the writer died).
         complete: The file is intact: footer, summary and every chunk.
         recovery: The reader's one-line recovery summary when not complete, else None.
@@ -116,6 +122,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     groups_source: str | None = None
     undecodable: int = 0
     skipped_events: int = 0
+    unknown_events: dict[str, int] = msgspec.field(default_factory=dict)
     truncated: bool = False
     complete: bool = True
     recovery: str | None = None
@@ -154,6 +161,11 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
                 f"{self.path}: {self.undecodable} undecodable "
                 f"payload{'' if self.undecodable == 1 else 's'} and {self.skipped_events} "
                 f"undecodable event{'' if self.skipped_events == 1 else 's'} skipped"
+                + (
+                    f" (of unknown type: {unknown_tags_text(self.unknown_events)})"
+                    if self.unknown_events
+                    else ""
+                )
             )
         return out
 
@@ -201,6 +213,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             "groups_source": self.groups_source,
             "undecodable": self.undecodable,
             "skipped_events": self.skipped_events,
+            "unknown_events": dict(self.unknown_events),
             "truncated": self.truncated,
             "complete": self.complete,
             "recovery": self.recovery,
@@ -306,6 +319,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         end: int | None = None
         stored = removed = tokens = 0
         by_class: dict[type, int] = {}
+        unknown: dict[str, int] = {}
         sig = _Signature()
         for msg in reader.messages():
             ch = msg.channel
@@ -332,7 +346,10 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
                 continue
             if cs.dp_rank is None and batch.data_parallel_rank is not None:
                 cs.dp_rank = batch.data_parallel_rank
-            info.skipped_events += len(batch.skipped)
+            if batch.skipped:
+                info.skipped_events += len(batch.skipped)
+                if batch.unknown_tags:
+                    count_unknown_tags(unknown, Counter(batch.unknown_tags).items())
             sig.see(msg.seq, batch.events)
             # Hot loop (one pass per event): count by class, map classes to tags at the end.
             for ev in batch.events:
@@ -350,6 +367,7 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
         info.source_like = sig.verdict()
         info.batches = sum(c.batches for c in chans.values())
         info.events = events
+        info.unknown_events = sorted_unknown_tags(unknown)
         info.blocks_stored, info.blocks_removed, info.tokens_stored = stored, removed, tokens
         # Channels that are defined but carried no message are listed too.
         for cid, ch in sorted(reader.channels.items()):

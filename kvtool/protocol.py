@@ -11,13 +11,14 @@ fields. Unknown map keys are ignored. Decoding never touches the raw bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
 
 from kvtool import schema
 from kvtool.errors import ProtocolError
+from kvtool.text import printable
 
 Hash = int | bytes
 """``ExternalBlockHash``: a 64-bit int (signed in old vLLM and SGLang) or raw sha256 bytes."""
@@ -49,6 +50,8 @@ class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=Tr
         ownership: Owner of the blocks (vLLM >= 0.29).
         session_id: Session the request belongs to (vLLM >= 0.28).
         lookahead_token_ids: Speculative lookahead tokens per block (vLLM 0.33).
+        cache_salt: The salt the block hashes are namespaced by (SGLang 0.5.23 map
+            events; its array layout puts a ``{cache_salt}`` map at ``lora_name``).
     """
 
     block_hashes: list[Hash] = msgspec.field(default_factory=list)
@@ -69,6 +72,7 @@ class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=Tr
     ownership: object = None
     session_id: object = None
     lookahead_token_ids: object = None
+    cache_salt: object = None
 
 
 class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True):
@@ -145,6 +149,8 @@ class KVEventBatch(msgspec.Struct, frozen=True):
         event_encoding: ``"map"`` (vLLM >= 0.24) or ``"array"`` (older); ``"map"`` when empty.
         skipped: One message per event that could not be decoded (unknown type or
             malformed); its neighbours are kept.
+        unknown_tags: The type tag of each skipped event whose tag kvtool does not know
+            (``BlockInactive`` …), as sent (at most 64 characters; issue 21).
     """
 
     ts: float
@@ -153,6 +159,57 @@ class KVEventBatch(msgspec.Struct, frozen=True):
     batch_encoding: EventEncoding = "array"
     event_encoding: EventEncoding = "map"
     skipped: tuple[str, ...] = ()
+    unknown_tags: tuple[str, ...] = ()
+
+
+MAX_UNKNOWN_TAGS = 64
+"""Distinct unknown event tags counted by name; the rest are counted under :data:`OTHER_TAGS`."""
+
+OTHER_TAGS = "(other)"
+"""The count of unknown tags past the first :data:`MAX_UNKNOWN_TAGS` distinct ones."""
+
+
+def count_unknown_tags(counts: dict[str, int], tags: Iterable[tuple[str, int]]) -> None:
+    """Add ``(tag, n)`` pairs to a count of unknown event tags, bounded (issue 21).
+
+    At most :data:`MAX_UNKNOWN_TAGS` distinct tags are kept by name (tags come from the
+    wire); any further one is counted under :data:`OTHER_TAGS`.
+
+    Args:
+        counts: The count to update, in place.
+        tags: Tags with how many events carried each.
+    """
+    for tag, n in tags:
+        if tag in counts or len(counts) < MAX_UNKNOWN_TAGS:
+            counts[tag] = counts.get(tag, 0) + n
+        else:
+            counts[OTHER_TAGS] = counts.get(OTHER_TAGS, 0) + n
+
+
+def unknown_tags_text(counts: dict[str, int]) -> str:
+    """Show a count of unknown tags for a terminal: ``BlockInactive 3, BlockTransferred 1``.
+
+    Tags come from the wire: each passes through :func:`kvtool.text.printable`.
+
+    Args:
+        counts: Tag → events.
+
+    Returns:
+        The tags, most frequent first, each with its count.
+    """
+    return ", ".join(f"{printable(t)} {n:,}" for t, n in sorted_unknown_tags(counts).items())
+
+
+def sorted_unknown_tags(counts: dict[str, int]) -> dict[str, int]:
+    """Return a count of unknown tags most frequent first (then by name), for output.
+
+    Args:
+        counts: Tag → events.
+
+    Returns:
+        The same counts, ordered.
+    """
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 _RAW_DECODERS: dict[EventEncoding, msgspec.msgpack.Decoder[object]] = {
@@ -333,20 +390,25 @@ def _event_encoding(raw: msgspec.Raw) -> EventEncoding:
     return "map"
 
 
-def _describe_event(raw: msgspec.Raw, err: Exception) -> str:
-    """Name an undecodable event: its type tag if it has one, and why it failed."""
+def _describe_event(raw: msgspec.Raw, err: Exception) -> tuple[str, str | None]:
+    """Name an undecodable event: its type tag if it has one, and why it failed.
+
+    Returns:
+        The message, and the event's tag (at most 64 characters) when kvtool does not
+        know it, else None.
+    """
     try:
         obj = _ANY.decode(raw)
     except _DECODE_ERRORS:
-        return f"undecodable event ({_reason(err)})"
+        return f"undecodable event ({_reason(err)})", None
     tag: object = None
     if isinstance(obj, dict):
         tag = obj.get("type")
     elif isinstance(obj, list) and obj:
         tag = obj[0]
     if isinstance(tag, str) and tag not in EVENT_TYPES:
-        return f"unknown event type {tag[:64]!r}"
-    return f"malformed {tag if isinstance(tag, str) else 'event'} ({_reason(err)})"
+        return f"unknown event type {tag[:64]!r}", tag[:64]
+    return f"malformed {tag if isinstance(tag, str) else 'event'} ({_reason(err)})", None
 
 
 class DecodedBatch(Protocol):
@@ -501,12 +563,16 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
     # Slow path: event by event, each in the encoding its own bytes show.
     events: list[Event] = []
     skipped: list[str] = []
+    unknown: list[str] = []
     for i, ev_raw in enumerate(rawb.events):
         dec = _ARRAY_EVENT if _event_encoding(ev_raw) == "array" else _MAP_EVENT
         try:
             events.append(dec.decode(ev_raw))
         except _DECODE_ERRORS as err:
-            skipped.append(f"{where}event {i}: {_describe_event(ev_raw, err)}")
+            text, tag = _describe_event(ev_raw, err)
+            skipped.append(f"{where}event {i}: {text}")
+            if tag is not None:
+                unknown.append(tag)
     return KVEventBatch(
         ts=rawb.ts,
         events=events,
@@ -514,6 +580,7 @@ def decode_batch(raw: bytes | memoryview, *, seq: int | None = None) -> KVEventB
         batch_encoding=benc,
         event_encoding=eenc,
         skipped=tuple(skipped),
+        unknown_tags=tuple(unknown),
     )
 
 

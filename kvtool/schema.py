@@ -73,6 +73,7 @@ FIELDS: tuple[EventField, ...] = (
     _f("ownership", "any", None, None, "map"),
     _f("session_id", "any", None, None, "map"),
     _f("lookahead_token_ids", "any", None, None, "map"),
+    _f("cache_salt", "any", None, None, "map"),
 )
 """Every event field, in ``BlockStored`` declaration order (removes: the same order)."""
 

@@ -152,6 +152,7 @@ def stored_fields(draw: st.DrawFn) -> dict[str, Any]:
         "lookahead_token_ids": draw(
             st.none() | st.lists(st.lists(token, max_size=3), max_size=n, min_size=n)
         ),
+        "cache_salt": draw(st.none() | small_text),  # SGLang 0.5.23 (issue 21)
     }
 
 

@@ -142,6 +142,8 @@ def _has_bytes(event: Event) -> bool:
                 return True
             if event.lookahead_token_ids is not None and _deep_bytes(event.lookahead_token_ids):
                 return True
+            if event.cache_salt is not None and _deep_bytes(event.cache_salt):
+                return True
     return False
 
 

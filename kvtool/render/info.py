@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from rich.text import Text
 
+from kvtool.protocol import unknown_tags_text
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -195,6 +196,8 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
                 f"{plural(info.undecodable, 'payload')}, "
                 f"{plural(info.skipped_events, 'event')} skipped",
             )
+        if info.unknown_events:
+            row("Unknown events:", unknown_tags_text(info.unknown_events))
         row("Groups:", _groups(info))
         if info.source_like == "sglang":
             row(

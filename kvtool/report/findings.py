@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from kvtool.columns import UNANNOTATED, UNATTRIBUTED, ReadStats, TableAnnotator
+from kvtool.protocol import sorted_unknown_tags
+from kvtool.text import printable
 
 if TYPE_CHECKING:
     from kvtool.report.builder import ReportBuilder
@@ -100,15 +102,37 @@ def report_findings(
         )
     for g, n in sorted(annotator.out_of_range.items()):
         out.append(f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)")
-    if stats.bad_batches or stats.skipped_events:
+    unknown = sum(stats.unknown_tags.values())
+    if stats.bad_batches or stats.skipped_events > unknown:
         out.append(
-            f"skipped {stats.bad_batches} malformed payload(s) and {stats.skipped_events} "
-            "undecodable event(s)" + (f"; first: {stats.problems[0]}" if stats.problems else "")
+            f"skipped {stats.bad_batches} malformed payload(s) and "
+            f"{stats.skipped_events - unknown} undecodable event(s)"
+            + (f"; first: {stats.problems[0]}" if stats.problems else "")
         )
+    if unknown:
+        out.append(unknown_tags_finding(stats.unknown_tags))
     out.extend(stats.lost)
     out.extend(stats.damaged)
     out.extend(annotator.findings(stats))
     return out
+
+
+def unknown_tags_finding(counts: dict[str, int]) -> str:
+    """The finding for events of unknown type (issue 21), every tag with its count.
+
+    Args:
+        counts: Tag (as sent) → events skipped.
+
+    Returns:
+        ``3 events of unknown type BlockInactive, 1 BlockTransferred were skipped (a
+        newer vLLM?)``; tags pass through :func:`kvtool.text.printable`.
+    """
+    ordered = sorted_unknown_tags(counts)
+    parts = [f"{n:,} {printable(t)}" for t, n in ordered.items()]
+    first = next(iter(ordered.values()))
+    parts[0] = parts[0].replace(" ", f" event{'' if first == 1 else 's'} of unknown type ", 1)
+    verb = "was" if sum(ordered.values()) == 1 else "were"
+    return f"{', '.join(parts)} {verb} skipped (a newer vLLM?)"
 
 
 def _kw(kw: tuple[str, int | None]) -> str:

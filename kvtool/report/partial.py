@@ -43,6 +43,7 @@ import polars as pl
 
 from kvtool.annotate import Annotation
 from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, np
+from kvtool.protocol import count_unknown_tags
 from kvtool.recording import open_recording
 from kvtool.report.samples import SecondsPart
 
@@ -421,6 +422,7 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         st.payload_bytes += s.payload_bytes
         st.bad_batches += s.bad_batches
         st.skipped_events += s.skipped_events
+        count_unknown_tags(st.unknown_tags, s.unknown_tags.items())
         st.unselected += s.unselected
         for text, at in zip(s.problems, s.problem_keys, strict=True):
             st.note(text, at)  # the earliest of every unit's, in THE merge order

@@ -29,6 +29,7 @@ from kvtool.columns import (
     iter_tables,
     prefetch,
 )
+from kvtool.protocol import sorted_unknown_tags
 from kvtool.report import attribution
 from kvtool.report.aggregates import DEFAULT_CLOCK, HIST_BINS_PER_OCTAVE, Report
 from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
@@ -330,6 +331,7 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
         "skipped_batches": stats.bad_batches,
         "skipped_events": stats.skipped_events,
+        "unknown_events": sorted_unknown_tags(stats.unknown_tags),
         "damaged": list(stats.damaged),
     }
     every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
