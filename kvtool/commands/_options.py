@@ -99,3 +99,19 @@ ReplayTimeout = Annotated[
         help="Give up a replay request unanswered this long.",
     ),
 ]
+RecordAlso = Annotated[
+    Path | None,
+    typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
+]
+"""``top``/``serve --record FILE``."""
+ForceRecord = Annotated[bool, typer.Option("--force", help="Replace an existing --record file.")]
+PlaySpeed = Annotated[
+    float,
+    typer.Option(
+        "--speed",
+        metavar="X",
+        min=0.0,
+        help="Recording: play its receive-time pace X times faster; 0 all at once.",
+    ),
+]
+"""``top``/``serve FILE.mcap --speed X``."""

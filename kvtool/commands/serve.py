@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
-from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
+from kvtool.commands._options import (
+    DpSize,
+    ForceRecord,
+    PlaySpeed,
+    RecordAlso,
+    ReplayEndpoints,
+    ReplayTimeout,
+    Topic,
+)
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -104,22 +112,9 @@ def serve(
     replay: ReplayEndpoints = None,
     dp_size: DpSize = None,
     topic: Topic = "",
-    record: Annotated[
-        Path | None,
-        typer.Option("--record", metavar="FILE", help="Also write the stream to this recording."),
-    ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing kvtool recording (--record).")
-    ] = False,
-    speed: Annotated[
-        float,
-        typer.Option(
-            "--speed",
-            metavar="X",
-            min=0.0,
-            help="Recording: play its receive-time pace X times faster; 0 all at once.",
-        ),
-    ] = 1.0,
+    record: RecordAlso = None,
+    force: ForceRecord = False,
+    speed: PlaySpeed = 1.0,
     exit_at_end: Annotated[
         bool,
         typer.Option(
