@@ -23,25 +23,13 @@ from hypothesis import strategies as st
 from kvtool import scan
 from kvtool.columns import DecodedChunk, RawChunk, decode_chunk, iter_raw_chunks
 from tests.conftest import CAPTURES, capture_messages
+from tests.test_issue10_decode import _chunk
 
 ENC = msgspec.msgpack.Encoder()
 ROOT = Path(__file__).parent.parent
 RECORDINGS = sorted((ROOT / "recordings").glob("*.mcap")) + sorted(
     (ROOT / "tests" / "data" / "recordings").glob("*.mcap")
 )
-
-
-def _chunk(payloads: list[bytes], ranks: frozenset[int | None] | None = None) -> RawChunk:
-    n = len(payloads)
-    return RawChunk(
-        log_time=[10**9 + i for i in range(n)],
-        seq=list(range(n)),
-        channel_id=[i % 2 for i in range(n)],
-        dp_rank=[None if i % 3 == 0 else i % 2 for i in range(n)],
-        data=payloads,
-        where={0: "a.mcap: ch0", 1: "a.mcap: ch1"},
-        ranks=ranks,
-    )
 
 
 def _both(raw: RawChunk) -> tuple[DecodedChunk, DecodedChunk]:

@@ -34,26 +34,11 @@ from tests.conftest import capture_messages
 from tests.peer import Peer
 from tests.replayutil import capture_recording
 from tests.test_live_faults import free_port
+from tests.test_top import kvtool, report_json
 
 DEADLINE_S = 90.0
 FULL_ONLY = Path(__file__).parent / "data" / "recordings" / "full_only-v1.mcap"
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def kvtool(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvtool", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def report_json(path: Path) -> dict:
-    proc = kvtool("report", "--format", "json", str(path))
-    assert proc.returncode in (0, 3), proc.stderr
-    return json.loads(proc.stdout)
 
 
 def parse(text: str) -> Samples:
