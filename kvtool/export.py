@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from kvtool.columns import Progress, ReadStats
     from kvtool.recording import RecordedMessage, RecordingReader, RecordingWriter
     from kvtool.replay import BatchFilter
+    from kvtool.report.attribution import GroupKind
 
 PARTITION_COLUMNS = ("channel", "dp_rank")
 
@@ -142,27 +143,67 @@ def _hash_hex(hashes: pl.Series) -> pl.Series:
     return pl.select(pl.when(hashes.is_not_null()).then(out)).to_series().alias("hash_hex")
 
 
-def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
+def _gather(
+    values: list[object], dtype: type[pl.DataType], at: pl.Series, none: pl.Series
+) -> pl.Series:
+    """``values[at]``, null where ``none``."""
+    import polars as pl
+
+    col = pl.Series(values or [None], dtype=dtype).gather(at)
+    return col.set(none, None)
+
+
+def _report_rows(
+    chunks: Iterable[pl.DataFrame], group_kind: GroupKind | None
+) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+    """Each chunk with its rows' report rows: (group_idx, kind, sliding_window) per row.
+
+    The chunks go through the report's own builder, so every block is filed as ``report``
+    files it (issue 24): a store under its kind (:func:`kvtool.annotate.kind_label`: a kind
+    spelled like kvtool's labels is ``kind:NAME``), a remove under its group's, a remove
+    without ``group_idx`` under the one group its hash is live in, else ``unattributed``
+    (:mod:`kvtool.report.attribution`); a clear under none (all null).
+    """
+    import numpy as np
+    import polars as pl
+
+    from kvtool.report.builder import ReportBuilder
+
+    b = ReportBuilder(None, group_kind)
+    for df in chunks:
+        b.add(df)
+        keys = list(b.registry)  # in gkey order: gkey i is the i-th key registered
+        gkey = b.row_gkey
+        at = pl.Series(np.where(gkey < 0, 0, gkey), dtype=pl.UInt32)
+        none = pl.Series(gkey < 0)
+
+        rows = pl.DataFrame(
+            {
+                "group_idx": _gather([k[0] for k in keys], pl.Int64, at, none),
+                "kind": _gather([k[1] for k in keys], pl.String, at, none),
+                "sliding_window": _gather([k[2] for k in keys], pl.Int64, at, none),
+            }
+        )
+        yield df, rows
+
+
+def _export_frame(df: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     """The exported columns.
 
-    TABLE_SCHEMA (kind ``unannotated`` for blocks without one), then the same instants as
-    timestamp types (``receive_time`` from ``log_time``, ``publish_time`` from ``ts``, UTC,
-    ns) and ``hash_hex``, the hash as ``replay --format jsonl --hash-format hex`` shows it.
+    TABLE_SCHEMA with ``group_idx``, ``kind`` and ``sliding_window`` from the rows' report
+    rows (:func:`_report_rows`; ``unannotated`` for blocks without a kind), then the same
+    instants as timestamp types (``receive_time`` from ``log_time``, ``publish_time`` from
+    ``ts``, UTC, ns) and ``hash_hex``, the hash as ``replay --format jsonl --hash-format
+    hex`` shows it.
     """
     import polars as pl
 
-    from kvtool.annotate import LITERAL_PREFIX, OWN_LABELS, UNANNOTATED
     from kvtool.columns import TABLE_SCHEMA
 
-    kind = pl.col("kind")
     out = df.with_columns(
-        # kvtool.annotate.kind_label, vectorised: a kind spelled like kvtool's own labels
-        # is shown as kind:NAME, never merged with them (issue 24).
-        kind=pl.when(kind.is_null() & (pl.col("type") != "AllBlocksCleared"))
-        .then(pl.lit(UNANNOTATED))
-        .when(kind.is_in([*OWN_LABELS, ""]) | kind.str.starts_with(LITERAL_PREFIX))
-        .then(pl.lit(LITERAL_PREFIX) + kind)
-        .otherwise(kind)
+        group_idx=rows["group_idx"].cast(df.schema["group_idx"]),
+        kind=rows["kind"],
+        sliding_window=rows["sliding_window"].cast(df.schema["sliding_window"]),
     ).select(list(TABLE_SCHEMA))
     return out.with_columns(
         receive_time=pl.col("log_time").cast(pl.Datetime("ns", "UTC")),
@@ -175,9 +216,14 @@ def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _empty_frame() -> pl.DataFrame:
+    import polars as pl
+
     from kvtool.columns import empty_table
 
-    return _export_frame(empty_table())
+    rows = pl.DataFrame(
+        schema={"group_idx": pl.Int64, "kind": pl.String, "sliding_window": pl.Int64}
+    )
+    return _export_frame(empty_table(), rows)
 
 
 def _partition_dir(channel: str | None, rank: int | None) -> str:
@@ -222,7 +268,7 @@ def export_table(
         MetadataError: Invalid group metadata.
         RecordingError: A recording cannot be opened.
     """
-    from kvtool.columns import ReadStats, iter_annotated
+    from kvtool.columns import ReadStats, iter_annotated, make_annotator
 
     layout = export_layout(output)
     out = Path(output)
@@ -234,17 +280,16 @@ def export_table(
     }[layout]
     check_output(out, kind=kind, force=force, inputs=inputs)
     st = stats if stats is not None else ReadStats()
-    chunks = (
-        _export_frame(c)
-        for c in iter_annotated(
-            [os.fspath(f) for f in files],
-            groups_file=os.fspath(groups_file) if groups_file is not None else None,
-            group_flags=group_flags or None,
-            stats=st,
-            select=select,
-            progress=progress,
-        )
+    paths = [os.fspath(f) for f in files]
+    annotator = make_annotator(
+        paths,
+        groups_file=os.fspath(groups_file) if groups_file is not None else None,
+        group_flags=group_flags or None,
     )
+    annotated = iter_annotated(
+        paths, stats=st, annotator=annotator, select=select, progress=progress
+    )
+    chunks = (_export_frame(c, rows) for c, rows in _report_rows(annotated, annotator.group_kind))
     try:
         if layout is ExportLayout.DIRECTORY:
             rows, written = _write_directory(out, chunks, force=force)

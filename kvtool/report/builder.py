@@ -218,6 +218,9 @@ class ReportBuilder:
         self.first_rx: int | None = None
         self.last_rx: int | None = None
         self.ambiguous_removes = 0
+        # The report row (gkey) of each row of the last chunk added, -1 for a clear: what
+        # export files each block under, so both attribute a remove alike (issue 24).
+        self.row_gkey: NDArray[Any] = np.zeros(0, dtype=_I64)
         # Publisher restarts (a channel's seq going backwards): per channel, [restarts,
         # live blocks they dropped]; the kernel's channel of each stream now (a new one
         # from each restart on), the stream of each kernel channel, the last seq seen.
@@ -353,6 +356,7 @@ class ReportBuilder:
             df: A chunk from :func:`kvtool.columns.iter_annotated`.
         """
         if df.height == 0:
+            self.row_gkey = np.zeros(0, dtype=_I64)
             return
         n = df.height
         first_row = self.rows
@@ -422,6 +426,7 @@ class ReportBuilder:
             # already attributed it (_attribute): chunk boundaries change nothing.
             gkey = gkey.copy()
             gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
+        self.row_gkey = gkey
         self._add_counts(
             df,
             gkey,
