@@ -139,16 +139,16 @@ class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, 
     block_hashes: msgspec.Raw = _EMPTY
     token_ids: msgspec.Raw = _NO_TOKENS
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: protocol.Int64 | None = None
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
     type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
     kv_cache_spec_kind: ClassVar[None] = None
     kv_cache_spec_sliding_window: ClassVar[None] = None
@@ -178,9 +178,9 @@ class _StoredArrayLayout(
     medium: str | None = None
     lora_name: msgspec.Raw = _NIL
     extra_keys: msgspec.Raw = _NIL
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: protocol.Int64 | None = None
 
 
 class _RemovedArrayLayout(
@@ -189,7 +189,7 @@ class _RemovedArrayLayout(
     type_code: ClassVar[int] = REMOVED
     block_hashes: msgspec.Raw = _EMPTY
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
     kv_cache_spec_kind: ClassVar[None] = None
     kv_cache_spec_sliding_window: ClassVar[None] = None

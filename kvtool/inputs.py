@@ -183,9 +183,9 @@ _RAW_NIL = msgspec.Raw(b"\xc0")
 
 
 class _LearnStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: protocol.Int64 | None = None
     block_size: object = None
 
 
@@ -208,9 +208,9 @@ class _LearnStoredArray(
     medium: msgspec.Raw = _RAW_NIL
     lora_name: msgspec.Raw = _RAW_NIL
     extra_keys: msgspec.Raw = _RAW_NIL
-    group_idx: int | None = None
+    group_idx: protocol.Int64 | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: protocol.Int64 | None = None
 
 
 # Array-encoded removes and clears: every element past the tag is ignored.

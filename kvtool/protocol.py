@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
@@ -24,6 +24,14 @@ Hash = int | bytes
 """``ExternalBlockHash``: a 64-bit int (signed in old vLLM and SGLang) or raw sha256 bytes."""
 
 EVENT_TYPES = schema.EVENT_TAGS
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+"""``group_idx`` and ``kv_cache_spec_sliding_window`` as every projection decodes them.
+
+msgpack ints reach 2**64 - 1, but kvtool's table keeps these fields as int64: a value
+outside int64 makes its event malformed (skipped and named, in every command alike),
+never a null that would merge distinct groups (issue 24).
+"""
 
 # Array index of each field inside an array-encoded event (index 0 is the tag), from
 # the one field table (kvtool.schema).
@@ -65,9 +73,9 @@ class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=Tr
     medium: str | None = None
     lora_name: object = None
     extra_keys: object = None
-    group_idx: int | None = None
+    group_idx: Int64 | None = None
     kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
+    kv_cache_spec_sliding_window: Int64 | None = None
     locality: object = None
     ownership: object = None
     session_id: object = None
@@ -88,7 +96,7 @@ class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=
 
     block_hashes: list[Hash] = msgspec.field(default_factory=list)
     medium: str | None = None
-    group_idx: int | None = None
+    group_idx: Int64 | None = None
     locality: object = None
     ownership: object = None
 
@@ -702,6 +710,7 @@ __all__ = [
     "Event",
     "EventEncoding",
     "Hash",
+    "Int64",
     "KVEventBatch",
     "decode_batch",
     "event_to_builtins",

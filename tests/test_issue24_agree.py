@@ -92,3 +92,111 @@ def test_issue24_legacy_removes_are_attributed_alike_in_report_and_export(
     # A remove attributed through the hash state is filed under that group, as in report.
     by_group = _removed(df, "group_idx", "kind")
     assert by_group == _report_removed(rep, "by_group", "group_idx", "kind")
+
+
+# -- extreme group and window values ----------------------------------------------------------
+
+B63 = 1 << 63
+U64_MAX = (1 << 64) - 1
+I64_MIN = -(1 << 63)
+
+
+def _store(hashes: list[int], group: int, kind: str, window: int | None = None) -> dict:
+    ev: dict[str, object] = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": list(range(16 * len(hashes))),
+        "block_size": 16,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "group_idx": group,
+        "kv_cache_spec_kind": kind,
+    }
+    if window is not None:
+        ev["kv_cache_spec_sliding_window"] = window
+    return ev
+
+
+def _remove(hashes: list[int], group: int) -> dict:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": group}
+
+
+def _extreme_recording(path: Path, *, array: bool = False) -> Path:
+    """Groups and windows at int64's ends (kept exactly) and past them (uint64, malformed)."""
+    batches = [
+        [
+            _store([1, 2], 0, "full_attention"),
+            _store([1, 2], B63 - 1, "sliding_window", B63 - 1),  # int64's largest: exact
+            _store([1, 2], I64_MIN, "sliding_window", 64),  # int64's smallest: exact
+            _store([1, 2], B63, "sliding_window", 64),  # past int64: malformed
+            _store([1, 2], U64_MAX, "sliding_window", 32),
+        ],
+        [_store([3], 5, "sliding_window", B63), _store([4], 6, "sliding_window", U64_MAX)],
+        [_remove([1], B63 - 1), _remove([1], B63), _remove([2], U64_MAX), _remove([1], 0)],
+    ]
+    if array:  # the last array layout (vLLM <= 0.23): every field in order
+        from kvtool.schema import FIELDS
+
+        def as_array(ev: dict) -> list:
+            t = ev["type"]
+            names = [f.name for f in FIELDS if (f.stored if t == "BlockStored" else f.removed)]
+            return [t, *(ev.get(n) for n in names)]
+
+        batches = [[as_array(e) for e in b] for b in batches]
+    msgs = [(b"", i, _ENC.encode([1.0 + i, evs, 0])) for i, evs in enumerate(batches)]
+    return write_recording(path, msgs)
+
+
+@pytest.mark.parametrize("decoder", ["numba", "msgspec"])
+@pytest.mark.parametrize("array", [False, True])
+def test_issue24_groups_and_windows_past_int64_are_never_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoder: str, array: bool
+) -> None:
+    monkeypatch.setenv("KVTOOL_DECODER", decoder)
+    rec = _extreme_recording(tmp_path / "x.mcap", array=array)
+    # Before, the six events past int64 decoded with group/window null and merged into
+    # one no-group row; now each is a malformed event, skipped and named in every
+    # command, and int64's own ends stay exact and distinct.
+    result = runner.invoke(app, ["report", str(rec), "--by", "group", "--format", "json"])
+    assert result.exit_code == 3, result.stderr
+    rep = json.loads(result.stdout)
+    assert rep["source"]["skipped_events"] == 6
+    assert "malformed BlockStored" in result.stderr
+    rows = {(r["group_idx"], r["sliding_window"]): r for r in rep["by_group"]}
+    assert set(rows) == {(0, None), (B63 - 1, B63 - 1), (I64_MIN, 64)}
+    assert [rows[k]["blocks_stored"] for k in sorted(rows)] == [2, 2, 2]
+    assert rows[(B63 - 1, B63 - 1)]["blocks_removed"] == 1
+
+    out = tmp_path / "x.parquet"
+    result = runner.invoke(app, ["export", str(rec), "-o", str(out)])
+    assert result.exit_code == 3, result.stderr
+    df = pl.read_parquet(out).filter(pl.col("type") != "AllBlocksCleared")
+    got = Counter(df.select("group_idx", "sliding_window", "type").iter_rows())
+    assert got == {
+        (0, None, "BlockStored"): 2,
+        (B63 - 1, B63 - 1, "BlockStored"): 2,
+        (I64_MIN, 64, "BlockStored"): 2,
+        (B63 - 1, B63 - 1, "BlockRemoved"): 1,
+        (0, None, "BlockRemoved"): 1,
+    }
+
+    result = runner.invoke(app, ["info", str(rec), "--format", "json"])
+    assert result.exit_code == 3, result.stderr
+    info = json.loads(result.stdout)
+    assert info["skipped_events"] == 6
+    assert info["blocks_stored"] == 6 and info["blocks_removed"] == 2
+
+    result = runner.invoke(app, ["replay", str(rec), "--format", "jsonl"])
+    assert result.exit_code == 3, result.stderr
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted((e["type"], e["group_idx"]) for e in shown) == sorted(
+        [
+            ("BlockStored", 0),
+            ("BlockStored", B63 - 1),
+            ("BlockStored", I64_MIN),
+            ("BlockRemoved", B63 - 1),
+            ("BlockRemoved", 0),
+        ]
+    )
