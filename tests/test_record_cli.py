@@ -288,10 +288,42 @@ def test_issue11_6_no_publisher_reached_exit_1(tmp_path: Path) -> None:
         ],
     )
     assert res.exit_code == 1, res.stderr
-    summary, reason = res.stderr.strip().splitlines()
-    assert "0 batches" in summary
+    reason, written = res.stderr.strip().splitlines()
     assert reason.startswith("kvtool: no batch received in ")
     assert f"no publisher was reached at tcp://127.0.0.1:{port}" in reason
+    # Issue 24: no empty recording is left to block the rerun.
+    assert written == f"kvtool: nothing recorded, so no file was written at {tmp_path / 'r.mcap'}"
+    assert not (tmp_path / "r.mcap").exists()
+
+
+@pytest.mark.zmq
+def test_issue24_duration_shorter_than_the_connect_timeout_leaves_no_file(tmp_path: Path) -> None:
+    """A real publisher that is up but silent, -d 0.5s under the 30 s connect timeout: exit 1
+    and no file (an empty one blocked the rerun with "file exists"); the rerun records."""
+    import zmq
+
+    out = tmp_path / "r.mcap"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    try:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        res = runner.invoke(
+            app, ["record", f"tcp://127.0.0.1:{port}", "-o", str(out), "-d", "0.5s"]
+        )
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    assert res.exit_code == 1, res.stderr
+    assert "connected to" in res.stderr and "the publisher sent nothing" in res.stderr
+    assert "nothing recorded, so no file was written at" in res.stderr
+    assert not out.exists()
+    msgs = capture_messages("full_only")[:5]
+    with Peer(msgs) as peer:
+        res = runner.invoke(app, ["record", peer.endpoint, "-o", str(out), "-n", "5", "-d", "20s"])
+    assert res.exit_code == 0, res.stderr
+    with open_recording(out) as r:
+        assert [m.data for m in r.messages()] == [p for _, _, p in msgs]
 
 
 def test_issue11_6_connected_but_silent_says_so() -> None:

@@ -429,10 +429,11 @@ class Recorder:
             if self._ctx_given is None:
                 ctx.term()
             kept_old = isinstance(writer, RecordingWriter) and writer.replaced_nothing
-            if isinstance(error, EndpointError):
-                # Nothing reached: leave no empty file behind (the writer removes only
-                # its own file, while it still holds it and its lock).
-                writer.discard_if_empty()
+            # No batch, whatever ended the run (no publisher reached, a --duration shorter
+            # than the connect timeout, a signal): leave no empty file to block the rerun
+            # (issue 24). The writer removes only its own file, while it still holds it
+            # and its lock, and only when it holds no message.
+            writer.discard_if_empty()
             ledger = self.ledger().to_json()
             try:
                 writer.close(ledger=ledger)

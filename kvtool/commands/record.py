@@ -98,7 +98,7 @@ def record(
     with a properly closed file. Exit status 3 when batches were lost, or live batches
     behind the stream were dropped as strays, or a tail the replay socket never confirmed;
     1 when no batch arrived at all (no publisher
-    reached, or it sent nothing).
+    reached, or it sent nothing): then no file is left at --output.
     """
     # Imported here, not with the command list (pyzmq, the mcap writer, rich).
     from kvtool.capture import Recorder, load_groups
@@ -141,11 +141,10 @@ def record(
             if "file exists" in str(err) or "cannot create" in str(err):
                 raise UsageError(str(err)) from err
             raise
-    if not quiet:
-        env.err.print(summary_line(result), markup=False, highlight=False)
     if result.stats.batches == 0:
         # An empty recording is almost always a wrong endpoint or a publisher that is not
-        # up: say so, and fail, rather than end like a successful run.
+        # up: say so, and fail, rather than end like a successful run. The recorder left no
+        # empty file (issue 24: it blocked the rerun), so no summary of one either.
         env.err.print(no_batch_line(result, names), markup=False, highlight=False)
         if result.kept_old:
             env.err.print(
@@ -154,7 +153,15 @@ def record(
                 markup=False,
                 highlight=False,
             )
+        elif not output.exists():
+            env.err.print(
+                f"kvtool: nothing recorded, so no file was written at {printable(str(output))}",
+                markup=False,
+                highlight=False,
+            )
         return ExitStatus.FAILED
+    if not quiet:
+        env.err.print(summary_line(result), markup=False, highlight=False)
     damaged = False
     if result.stats.stray:
         # Behind the stream and not a restart: two publishers on one topic and endpoint, or

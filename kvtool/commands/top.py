@@ -209,11 +209,14 @@ def _finish(
         if lost:
             lines.append(f"{source.path}: {lost} batch(es) lost (see the recording's gap ledger)")
         if record is not None:
-            env.err.print(
-                f"kvtool: top recorded {source.recorder.stats.batches:,} batch(es) to {record}",
-                markup=False,
-                highlight=False,
+            n = source.recorder.stats.batches
+            # No batch: the recorder leaves no empty file behind.
+            said = (
+                f"top recorded {n:,} batch(es) to {printable(str(record))}"
+                if n or record.exists()
+                else f"top recorded nothing, so no file was written at {printable(str(record))}"
             )
+            env.err.print(f"kvtool: {said}", markup=False, highlight=False)
     st = feed.stats
     if st.bad_batches or st.skipped_events:
         first = f" (first: {st.problems[0]})" if st.problems else ""
