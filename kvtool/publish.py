@@ -54,6 +54,8 @@ PEEK_BATCHES = 16
 """Batches read ahead to size the queues (their largest payload)."""
 _SNDMORE = int(zmq.SNDMORE)
 _COPY_THRESHOLD = 65_536  # larger payloads are sent zero-copy
+_REPORT_EVERY_S = 0.25
+"""How often :func:`publish` calls its progress callback while sending."""
 
 
 def sndhwm_for(batch_bytes: int, budget: int = PUB_QUEUE_BYTES, most: int = DEFAULT_SNDHWM) -> int:
@@ -906,7 +908,8 @@ def publish(
         wait_timeout_s: Give up waiting after this long.
         start_delay_s: Wait this long before the first batch.
         hold_s: After the last batch, keep serving replay requests this long.
-        on_sent: Progress callback, called about every 1000 batches and at the end.
+        on_sent: Progress callback, called with the live counters once sending starts
+            (after any wait), then about every :data:`_REPORT_EVERY_S` and at the end.
         on_wait: Called while waiting for subscribers.
         drop: Seqs (as sent) kept out of the live stream but put in the replay buffer,
             so a subscriber has to recover them (vLLM's PUB drops under load likewise).
@@ -924,6 +927,12 @@ def publish(
         publisher.idle(start_delay_s)
     first = True
     t0 = time.monotonic()
+    # The callback gets this very object, which counts on: an interrupt's "after N
+    # batches" reads it, and the status leaves "waiting for subscribers" now (issue 24:
+    # it was called every 1000 batches only, so a slow run said 0 and kept waiting).
+    next_report = t0 + _REPORT_EVERY_S
+    if on_sent is not None:
+        on_sent(stats)
     loop = 0
     period = 1.0 / pacing.rate if pacing.rate else None
     inv_speed = 1.0 / pacing.speed
@@ -970,9 +979,12 @@ def publish(
             pub.send(item.topic, seq, item.payload, live=not drop or seq not in drop)
             stats.sent += 1
             i += 1
-            if on_sent is not None and stats.sent % 1000 == 0:
-                stats.seconds = time.monotonic() - t0
-                on_sent(stats)
+            if on_sent is not None and (stats.sent & 63 == 0 or not pacing.max_speed):
+                now = time.monotonic()
+                if now >= next_report:
+                    stats.seconds = now - t0
+                    on_sent(stats)
+                    next_report = now + _REPORT_EVERY_S
         loop += 1
         stats.loops = loop
         if i == 0:

@@ -200,3 +200,109 @@ def test_issue24_groups_and_windows_past_int64_are_never_merged(
             ("BlockRemoved", 0),
         ]
     )
+
+
+# -- replay --publish: what a real subscriber received ----------------------------------------
+
+
+@pytest.mark.zmq
+def test_issue24_publish_interrupted_counts_what_the_subscriber_had(tmp_path: Path) -> None:
+    """A SUB on 127.0.0.1 receives 32 batches at 20/s, then Ctrl-C: the publisher says it
+    sent at least those 32 (it said "after 0 batches": its count was kept every 1000)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import zmq
+
+    from tests.test_live_faults import ROOT, free_port
+
+    rec = write_recording(tmp_path / "g.mcap", capture_messages("gemma3"))
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(b"")
+    sub.connect(ep)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "kvtool", "replay", str(rec), "--publish", ep),
+            *("--rate", "20", "--loop", "forever", "--renumber", "--wait-subscribers", "1"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    got = 0
+    try:
+        deadline = time.monotonic() + 60
+        while got < 32 and time.monotonic() < deadline:
+            if sub.poll(200):
+                sub.recv_multipart()
+                got += 1
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        sub.close(linger=0)
+        ctx.term()
+    assert got == 32
+    assert proc.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("kvtool: interrupted after "), err
+    assert int(line.split()[3]) >= 32, err
+
+
+@pytest.mark.zmq
+def test_issue24_publish_progress_leaves_waiting_once_sending_starts(tmp_path: Path) -> None:
+    """The progress callback gets the live counters when sending starts and while it goes
+    on (it came every 1000 batches only: the status stayed on "waiting for 1 subscriber")."""
+    import zmq
+
+    from kvtool.publish import Pacing, PublishStats, publish_recording
+    from kvtool.render.status import PublishProgress
+    from kvtool.replay import Replay
+    from tests.test_live_faults import free_port
+
+    rec = write_recording(tmp_path / "f.mcap", capture_messages("full_only"))
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.subscribe(b"")
+    sub.connect(ep)
+    seen: list[tuple[int, int]] = []
+    progress = PublishProgress(_NoTerminal(), enabled=False)  # type: ignore[arg-type]
+
+    def on_sent(stats: PublishStats) -> None:
+        progress.update(stats)
+        seen.append((id(stats), stats.sent))
+
+    try:
+        with Replay([str(rec)]) as rp:
+            result = publish_recording(
+                rp,
+                ep,
+                None,
+                pacing=Pacing(rate=100.0),  # 74 batches: about 0.7 s
+                wait_subscribers=1,
+                wait_timeout_s=30,
+                on_sent=on_sent,
+            )
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+    n = result.stats.sent
+    assert n == len(capture_messages("full_only"))
+    assert seen[0][1] == 0  # at once, before the first batch: no more "waiting"
+    assert any(0 < s < n for _, s in seen)  # and while sending, well before 1000
+    assert len({i for i, _ in seen}) == 1  # always the live counters
+    assert progress.sent == n
+
+
+class _NoTerminal:
+    is_terminal = False

@@ -373,7 +373,7 @@ class PublishProgress:
     """
 
     def __init__(self, console: Console, *, enabled: bool = True) -> None:
-        self.sent = 0
+        self._stats: PublishStats | None = None
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         if enabled and console.is_terminal:
@@ -396,13 +396,18 @@ class PublishProgress:
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=text)
 
+    @property
+    def sent(self) -> int:
+        """Batches published so far: the publisher's live counter (0 before it starts)."""
+        return self._stats.sent if self._stats is not None else 0
+
     def update(self, stats: PublishStats) -> None:
         """Show how many batches went out.
 
         Args:
-            stats: The publisher's counters.
+            stats: The publisher's counters (kept: :attr:`sent` reads them live).
         """
-        self.sent = stats.sent
+        self._stats = stats
         self.status(f"published {stats.sent:,} batches ({stats.rate:,.0f}/s)")
 
     def stop(self) -> None:
