@@ -20,7 +20,7 @@ from kvtool.protocol import (
     unknown_tags_text,
 )
 from kvtool.recording import open_recording
-from kvtool.recording.ledger import GroupMeta
+from kvtool.recording.ledger import GapLedger, GroupMeta
 
 
 class ChannelSummary(msgspec.Struct, kw_only=True):
@@ -47,6 +47,42 @@ class ChannelSummary(msgspec.Struct, kw_only=True):
     seq_last: int | None = None
     start_time: int | None = None
     end_time: int | None = None
+
+
+class UnconfirmedTail(msgspec.Struct, kw_only=True):
+    """A channel whose tail the replay socket never confirmed (issue 23).
+
+    The recorder asked the replay socket for what followed the last batch it saw, and
+    the answer never ended (no end marker within the deadline): batches published after
+    ``from_seq - 1`` may exist and are not in the recording.
+
+    Attributes:
+        channel: MCAP channel topic.
+        endpoint: ZeroMQ endpoint.
+        topic: ZeroMQ topic.
+        dp_rank: Data-parallel rank, when known.
+        from_seq: First seq whose existence is unconfirmed; None when the ledger does
+            not say (totals only).
+    """
+
+    channel: str
+    endpoint: str
+    topic: str
+    dp_rank: int | None
+    from_seq: int | None
+
+    def to_json(self) -> dict[str, object]:
+        """Return ``{"endpoint", "topic", "dp_rank", "from_seq"}``.
+
+        Returns:
+            A JSON-serialisable dict.
+        """
+        return {
+            "endpoint": self.endpoint,
+            "topic": self.topic,
+            "dp_rank": self.dp_rank,
+            "from_seq": self.from_seq,
+        }
 
 
 class GapSummary(msgspec.Struct, kw_only=True):
@@ -98,6 +134,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         kvtool_version: The kvtool that wrote it, when stored.
         recorded_at: The writer's start time (ISO 8601), when stored.
         command_line: The command that wrote it, when stored.
+        unconfirmed: Channels whose tail the replay socket never confirmed, from the
+            ledger (issue 23); empty when every tail was confirmed or there is no ledger.
         source_like: ``sglang`` when the stream shows SGLang's signature (no ``group_idx``
             on any event, signed 64-bit hashes, an ``AllBlocksCleared`` alone at seq 0:
             PROTOCOL.md "SGLang 0.5.23"), else None. A hint, never a rule: nothing else
@@ -113,6 +151,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     tokens_stored: int = 0
     channels: list[ChannelSummary] = msgspec.field(default_factory=list)
     gaps: GapSummary = msgspec.field(default_factory=GapSummary)
+    unconfirmed: list[UnconfirmedTail] = msgspec.field(default_factory=list)
     restarts: int = 0
     duplicates: int = 0
     start_time: int | None = None
@@ -137,12 +176,14 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
 
         The same policy as ``kvtool report``: a damaged or truncated file, batches lost
         while recording, and payloads or events that could not be decoded each make the
-        command finish with exit status 3.
+        command finish with exit status 3. So does a channel tail the replay socket never
+        confirmed: batches may have followed it that the recording does not hold.
 
         Returns:
             Lines that start with the file name.
         """
         out: list[str] = []
+        out += _unconfirmed_problems(self.path, self.unconfirmed)
         if self.recovery is not None:
             out.append(self.recovery)
         g = self.gaps
@@ -204,6 +245,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
                 "lost_ranges": [list(r) for r in self.gaps.lost_ranges],
             },
             "gaps_source": self.gaps.source,
+            "unconfirmed": [t.to_json() for t in self.unconfirmed],
             "restarts": self.restarts,
             "duplicates": self.duplicates,
             "duration_s": self.duration_s,
@@ -281,6 +323,54 @@ class _Signature:
         if self.stores and not self.grouped and self.negative and self.clear_at_0:
             return "sglang"
         return None
+
+
+def _unconfirmed_problems(path: str, tails: list[UnconfirmedTail]) -> list[str]:
+    if not tails:
+        return []
+    where = ", ".join(_tail_text(t) for t in tails[:5])
+    more = ", …" if len(tails) > 5 else ""
+    return [
+        f"{path}: the replay socket never confirmed what followed {where}{more} (its answer "
+        "never ended); batches published after it may be missing"
+    ]
+
+
+def _tail_text(t: UnconfirmedTail) -> str:
+    name = t.channel or "a channel"
+    return f"{name} after seq {t.from_seq - 1}" if t.from_seq else name
+
+
+def unconfirmed_tails(ledger: GapLedger | None) -> list[UnconfirmedTail]:
+    """The channels whose tail the ledger lists as unconfirmed, in ledger order.
+
+    A ledger that counts unconfirmed tails but lists no channels (totals only) gives one
+    entry without a channel or seq.
+
+    Args:
+        ledger: The recording's gap ledger, or None.
+
+    Returns:
+        One entry per unconfirmed channel tail.
+    """
+    if ledger is None:
+        return []
+    out = [
+        UnconfirmedTail(
+            channel=c.channel,
+            endpoint=c.endpoint,
+            topic=c.topic,
+            dp_rank=c.dp_rank,
+            from_seq=c.unconfirmed_from,
+        )
+        for c in ledger.channels
+        if c.unconfirmed_from is not None
+    ]
+    if not out and ledger.unconfirmed:
+        # A totals-only ledger: the count is all there is (never one entry per count,
+        # which a hostile file could make 2**63).
+        out = [UnconfirmedTail(channel="", endpoint="", topic="", dp_rank=None, from_seq=None)]
+    return out
 
 
 def _merge_ranges(ranges: list[list[int]]) -> list[list[int]]:
@@ -417,6 +507,12 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
                     source="ledger+file",
                 )
             info.restarts = ledger.restarts
+        info.unconfirmed = unconfirmed_tails(ledger)
+        # The channel's rank as the channels table gives it (metadata, else the batches).
+        ranks = {c.name: c.dp_rank for c in info.channels}
+        for tail in info.unconfirmed:
+            if tail.dp_rank is None:
+                tail.dp_rank = ranks.get(tail.channel)
 
         for grec in reader.group_records:
             if grec.channel is None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 if TYPE_CHECKING:
+    import polars as pl
     from rich.console import Console, RenderableType
 
     from kvtool.recording import ChannelInfo, RecordedMessage
@@ -50,6 +51,10 @@ FEED_BUDGET_S = 0.25
 """A refresh feeds chunks for at most this long before the screen is drawn (health current)."""
 DRAIN_AT = 256
 """Between refreshes, a backlog of this many batches is fed (in chunks) instead of waiting."""
+KEEP_MIN = 1_024
+KEEP_BYTES = 16 * 1024 * 1024
+"""A live stream's messages are kept (to be fed again once a pending row's group is
+learned) until no row is pending and this many batches were seen, or past these bytes."""
 MAX_SPEED = 1e6
 """A ``--speed`` beyond this plays everything at once (as 0)."""
 MAX_PLAYBACK_GAP_NS = 10_000_000_000
@@ -362,20 +367,48 @@ class ReportFeed:
         self._whole = whole_stream
         self._ranks: dict[int | None, ReportBuilder] = {}
         self._chan_ids: dict[tuple[str, int], int] = {}
+        # A live stream's messages, kept while a row may still change its kind (issue 24):
+        # see _keep_while_pending.
+        self._kept: list[RecordedMessage] | None = [] if self._live is not None else None
+        self._kept_bytes = 0
+        self._pending: set[tuple[str, int | None, int]] = set()
 
     def add(self, messages: Sequence[RecordedMessage]) -> None:
         """Feed messages, in stream order.
 
+        On a live stream (group kinds learned from annotated stores) a remove that comes
+        before its group's first annotated store has no kind yet. ``report`` on the
+        recorded file learns from the whole file first and gives it its group's kind; so
+        that ``top`` shows the same numbers, the messages are kept while such rows are
+        pending, and when their group is learned the engine is fed them again from the
+        start, learned from all of them first (:meth:`_refeed`: report's order of work).
+
         Args:
             messages: Recorded (or just received) messages.
         """
-        from kvtool.columns import ChannelRef, RawChunk, _finish, add_decoded, decode_chunk
-        from kvtool.report import ReportBuilder
-
         if not messages:
             return
+        if self._kept is not None:
+            self._kept.extend(messages)
+            self._kept_bytes += sum(len(m.data) for m in messages)
+        raw = self._decode(messages)
+        if raw is None:
+            return
+        if self._live is not None:
+            from kvtool.columns import learn_table
+
+            self._live.merge(learn_table(raw, self.stats.channels))
+            self._set_learned()
+            if self._kept is not None and self._pending & self._live.resolved().keys():
+                self._refeed()
+                return
+        self._feed(raw)
+
+    def _decode(self, messages: Sequence[RecordedMessage]) -> pl.DataFrame | None:
+        """Decode messages into one unannotated table chunk (report's one decode path)."""
+        from kvtool.columns import ChannelRef, RawChunk, _finish, add_decoded, decode_chunk
+
         st = self.stats
-        # The one decode path (report's): a raw chunk through decode_chunk and add_decoded.
         chunk = RawChunk()
         for m in messages:
             key = (m.channel.path, m.channel.id)
@@ -394,17 +427,22 @@ class ReportFeed:
             st.payload_bytes += len(m.data)
         table = add_decoded(decode_chunk(chunk), st)
         if not table.height:
-            return
-        raw = _finish(table, st, False)
-        if self._live is not None:
-            from kvtool.annotate import Annotation
-            from kvtool.columns import learn_table
+            return None
+        return _finish(table, st, False)
 
-            self._live.merge(learn_table(raw, st.channels))
-            self._annotator.annotation = Annotation(
-                None, {}, self._live.resolved(), tuple(self._live.conflicts())
-            )
-        df = self._annotator(raw, st)
+    def _set_learned(self) -> None:
+        from kvtool.annotate import Annotation
+
+        assert self._live is not None
+        self._annotator.annotation = Annotation(
+            None, {}, self._live.resolved(), tuple(self._live.conflicts())
+        )
+
+    def _feed(self, raw: pl.DataFrame, *, refeeding: bool = False) -> None:
+        """Annotate a decoded chunk and feed it to the builders."""
+        from kvtool.report import ReportBuilder
+
+        df = self._annotator(raw, self.stats)
         if self._whole:
             self._builder.add(df)
         for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
@@ -412,6 +450,74 @@ class ReportFeed:
             if rb is None:
                 rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
             rb.add(part)
+        if self._kept is not None:
+            self._keep_while_pending(df, release=not refeeding)
+
+    def _keep_while_pending(self, df: pl.DataFrame, *, release: bool = True) -> None:
+        """Note the (channel, rank, group) keys of rows without a kind; stop keeping when done.
+
+        The messages are let go once no such row is pending and at least
+        :data:`KEEP_MIN` batches were seen (a group first seen later, in a remove, is then
+        shown as ``unannotated`` until the end; ``report`` of the file still attributes
+        it), or once they pass :data:`KEEP_BYTES` (bounded memory before exactness).
+        """
+        import polars as pl
+
+        from kvtool.columns import CLEARED, _rank_expr
+
+        st = self.stats
+        rows = (
+            df.filter(
+                pl.col("kind").is_null()
+                & pl.col("group_idx").is_not_null()
+                & (pl.col("type_code") != CLEARED)
+            )
+            .select("channel_id", "group_idx", rank=_rank_expr(st.channels))
+            .unique()
+        )
+        for cid, g, rank in rows.iter_rows():
+            self._pending.add((st.channels[cid].info.name, None if rank < 0 else rank, g))
+        if release:
+            self._release_when_done()
+
+    def _release_when_done(self) -> None:
+        kept = self._kept
+        if kept is None:
+            return
+        if (not self._pending and len(kept) >= KEEP_MIN) or self._kept_bytes > KEEP_BYTES:
+            self._kept = None
+            self._kept_bytes = 0
+
+    def _refeed(self) -> None:
+        """Feed every kept message again from the start: learn from all, then annotate all."""
+        from kvtool.annotate import GroupLearner
+        from kvtool.columns import ReadStats, learn_table
+        from kvtool.report import ReportBuilder
+
+        kept = self._kept
+        assert kept is not None
+        self._pending = set()
+
+        def restart() -> None:
+            self.stats = ReadStats()
+            self._chan_ids = {}
+
+        restart()
+        learner = GroupLearner()
+        for i in range(0, len(kept), CHUNK_MAX):
+            raw = self._decode(kept[i : i + CHUNK_MAX])
+            if raw is not None:
+                learner.merge(learn_table(raw, self.stats.channels))
+        self._live = learner
+        self._set_learned()
+        restart()
+        self._builder = ReportBuilder(None, self._annotator.group_kind)
+        self._ranks = {}
+        for i in range(0, len(kept), CHUNK_MAX):
+            raw = self._decode(kept[i : i + CHUNK_MAX])
+            if raw is not None:
+                self._feed(raw, refeeding=True)
+        self._release_when_done()
 
     def builders(self) -> dict[int | None, ReportBuilder]:
         """Return the report builder of each ``dp_rank`` (``serve`` reads its rows from them).

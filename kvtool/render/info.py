@@ -114,7 +114,24 @@ def _status(info: RecordingInfo) -> str:
         status += f"; {plural(info.gaps.lost, 'batch')} LOST while recording (see Gaps)"
     elif info.gaps.lost:
         status += f"; {plural(info.gaps.lost, 'batch')} missing (see Gaps)"
+    if info.unconfirmed:
+        status += f"; {plural(len(info.unconfirmed), 'channel tail')} UNCONFIRMED (see Unconfirmed)"
     return status
+
+
+def _unconfirmed(info: RecordingInfo) -> str:
+    """Name each unconfirmed tail: the channel and the first seq that may be missing."""
+    parts = [
+        printable(t.channel or "a channel")
+        + (f" from seq {t.from_seq}" if t.from_seq is not None else "")
+        for t in info.unconfirmed[:8]
+    ]
+    if len(info.unconfirmed) > 8:
+        parts.append(f"… ({len(info.unconfirmed) - 8} more)")
+    return (
+        ", ".join(parts) + ": the replay socket's answer never ended, so batches after "
+        "the last one recorded may be missing"
+    )
 
 
 def _wrap(key: str, value: str, indent: int, width: int) -> list[str]:
@@ -187,6 +204,8 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
             if g.lost_ranges:
                 gaps += f" (seq {_ranges(g.lost_ranges)})"
         row("Gaps:", f"{gaps} [from {g.source}]")
+        if info.unconfirmed:
+            row("Unconfirmed:", _unconfirmed(info))
         row("Restarts:", f"{info.restarts:,}")
         if info.duplicates:
             row("Duplicates:", f"{info.duplicates:,}")

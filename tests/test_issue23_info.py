@@ -1,0 +1,80 @@
+"""Issue 23: ``kvtool info`` shows the tails the replay socket never confirmed.
+
+A real recording from ``kvtool record`` against the test peer's replay socket, which
+stops before its end marker; then ``kvtool info`` on that file, as text and as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from tests.conftest import capture_messages
+from tests.peer import Peer
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def unconfirmed_recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """The last 10 seqs dropped live; the replay answers 3 of them and never ends."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    out = tmp_path_factory.mktemp("unconfirmed") / "r.mcap"
+    with Peer(
+        msgs, drop=set(range(n - 10, n)), replay_mode="cut", replay_cut=3, answer_limit=1
+    ) as peer:
+        res = runner.invoke(
+            app,
+            [
+                "record",
+                peer.endpoint,
+                "--replay-endpoint",
+                peer.replay_endpoint or "",
+                "-o",
+                str(out),
+                "--duration",
+                "3s",
+                "--replay-timeout",
+                "0.3s",
+                "--quiet",
+            ],
+        )
+    assert res.exit_code == 3, res.output
+    return out, n, peer.endpoint
+
+
+def test_issue23_info_json_lists_the_unconfirmed_tail(
+    unconfirmed_recording: tuple[Path, int, str],
+) -> None:
+    """JSON names the channel and the first seq that may be missing; exit 3. Before:
+    no key for it, `complete` with 0 lost and exit 0, as if nothing could be missing."""
+    path, n, endpoint = unconfirmed_recording
+    res = runner.invoke(app, ["info", str(path), "--format", "json"])
+    assert res.exit_code == 3, res.output
+    out = json.loads(res.stdout)
+    assert out["unconfirmed"] == [
+        {"endpoint": endpoint, "topic": "", "dp_rank": 0, "from_seq": n - 7}
+    ]
+    assert out["gaps"]["lost"] == 0 and out["batches"] == n - 7
+    assert res.stderr.count("\n") == 1
+    assert f"never confirmed what followed {endpoint} after seq {n - 8}" in res.stderr
+
+
+def test_issue23_info_table_says_the_tail_is_unconfirmed(
+    unconfirmed_recording: tuple[Path, int, str],
+) -> None:
+    """The table has an Unconfirmed row and its Status is not a bare 'complete'."""
+    path, n, endpoint = unconfirmed_recording
+    res = runner.invoke(app, ["info", str(path)], env={"COLUMNS": "100"})
+    assert res.exit_code == 3, res.output
+    lines = res.stdout.splitlines()
+    status = next(line for line in lines if line.startswith("Status:"))
+    assert "1 channel tail UNCONFIRMED" in status
+    row = " ".join(line.strip() for line in lines if "Unconfirmed:" in line or "replay" in line)
+    assert f"{endpoint} from seq {n - 7}" in row
+    assert "may be missing" in res.stdout.replace("\n", " ")
