@@ -118,6 +118,9 @@ def _parquet_metadata() -> dict[str, str]:
 
 TIME_AND_HASH_COLUMNS = ("receive_time", "publish_time", "hash_hex")
 """Exported after the table's own columns (:data:`kvtool.columns.TABLE_SCHEMA`)."""
+DERIVED_COLUMNS = ("recomputed",)
+"""Exported last: per row, what the report's state kernel said (``recomputed``: a store of
+a key stored earlier and not live now; summed per group, the report's blocks_recomputed)."""
 
 
 def _hash_hex(hashes: pl.Series) -> pl.Series:
@@ -175,9 +178,11 @@ def _export_frame(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _empty_frame() -> pl.DataFrame:
+    import polars as pl
+
     from kvtool.columns import empty_table
 
-    return _export_frame(empty_table())
+    return _export_frame(empty_table()).with_columns(recomputed=pl.lit(False, pl.Boolean))
 
 
 def _partition_dir(channel: str | None, rank: int | None) -> str:
@@ -222,7 +227,8 @@ def export_table(
         MetadataError: Invalid group metadata.
         RecordingError: A recording cannot be opened.
     """
-    from kvtool.columns import ReadStats, iter_annotated
+    from kvtool.columns import ReadStats, iter_annotated, make_annotator
+    from kvtool.report.recomputed import RecomputeFlags
 
     layout = export_layout(output)
     out = Path(output)
@@ -234,15 +240,19 @@ def export_table(
     }[layout]
     check_output(out, kind=kind, force=force, inputs=inputs)
     st = stats if stats is not None else ReadStats()
+    paths = [os.fspath(f) for f in files]
+    annotator = make_annotator(
+        paths,
+        groups_file=os.fspath(groups_file) if groups_file is not None else None,
+        group_flags=group_flags or None,
+    )
+    # The report's recompute rule, row by row (issue 20): `recomputed` summed per group
+    # is the report's blocks_recomputed.
+    recomputed = RecomputeFlags(annotator)
     chunks = (
-        _export_frame(c)
+        _export_frame(c).with_columns(recomputed=recomputed(c))
         for c in iter_annotated(
-            [os.fspath(f) for f in files],
-            groups_file=os.fspath(groups_file) if groups_file is not None else None,
-            group_flags=group_flags or None,
-            stats=st,
-            select=select,
-            progress=progress,
+            paths, annotator=annotator, stats=st, select=select, progress=progress
         )
     )
     try:
@@ -533,7 +543,9 @@ def copy_batches(
 
 
 __all__ = [
+    "DERIVED_COLUMNS",
     "PARTITION_COLUMNS",
+    "TIME_AND_HASH_COLUMNS",
     "ExportLayout",
     "ExportResult",
     "RecordingCopy",
