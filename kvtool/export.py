@@ -119,6 +119,9 @@ def _parquet_metadata() -> dict[str, str]:
 
 TIME_AND_HASH_COLUMNS = ("receive_time", "publish_time", "hash_hex")
 """Exported after the table's own columns (:data:`kvtool.columns.TABLE_SCHEMA`)."""
+DERIVED_COLUMNS = ("recomputed",)
+"""Exported last: per row, what the report's state kernel said (``recomputed``: a store of
+a key stored earlier and not live now; summed per group, the report's blocks_recomputed)."""
 
 
 def _hash_hex(hashes: pl.Series) -> pl.Series:
@@ -223,7 +226,7 @@ def _empty_frame() -> pl.DataFrame:
     rows = pl.DataFrame(
         schema={"group_idx": pl.Int64, "kind": pl.String, "sliding_window": pl.Int64}
     )
-    return _export_frame(empty_table(), rows)
+    return _export_frame(empty_table(), rows).with_columns(recomputed=pl.lit(False, pl.Boolean))
 
 
 def _partition_dir(channel: str | None, rank: int | None) -> str:
@@ -269,6 +272,7 @@ def export_table(
         RecordingError: A recording cannot be opened.
     """
     from kvtool.columns import ReadStats, iter_annotated, make_annotator
+    from kvtool.report.recomputed import RecomputeFlags
 
     layout = export_layout(output)
     out = Path(output)
@@ -286,10 +290,16 @@ def export_table(
         groups_file=os.fspath(groups_file) if groups_file is not None else None,
         group_flags=group_flags or None,
     )
+    # The report's recompute rule, row by row (issue 20): `recomputed` summed per group
+    # is the report's blocks_recomputed.
+    recomputed = RecomputeFlags(annotator)
     annotated = iter_annotated(
         paths, stats=st, annotator=annotator, select=select, progress=progress
     )
-    chunks = (_export_frame(c, rows) for c, rows in _report_rows(annotated, annotator.group_kind))
+    chunks = (
+        _export_frame(c, rows).with_columns(recomputed=recomputed(c))
+        for c, rows in _report_rows(annotated, annotator.group_kind)
+    )
     try:
         if layout is ExportLayout.DIRECTORY:
             rows, written = _write_directory(out, chunks, force=force)
@@ -578,7 +588,9 @@ def copy_batches(
 
 
 __all__ = [
+    "DERIVED_COLUMNS",
     "PARTITION_COLUMNS",
+    "TIME_AND_HASH_COLUMNS",
     "ExportLayout",
     "ExportResult",
     "RecordingCopy",

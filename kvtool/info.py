@@ -140,6 +140,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             on any event, signed 64-bit hashes, an ``AllBlocksCleared`` alone at seq 0:
             PROTOCOL.md "SGLang 0.5.23"), else None. A hint, never a rule: nothing else
             depends on it.
+        pool_blocks: The engine's ``num_gpu_blocks`` stored by ``record --pool-blocks``
+            (or a groups file that carries it), else None.
     """
 
     path: str
@@ -170,6 +172,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
     recorded_at: str | None = None
     command_line: list[str] | None = None
     source_like: str | None = None
+    pool_blocks: int | None = None
 
     def problems(self) -> list[str]:
         """Say what is missing from this recording, one line each; empty when nothing is.
@@ -264,6 +267,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             "recorded_at": self.recorded_at,
             "command_line": self.command_line,
             "source_like": self.source_like,
+            "pool_blocks": self.pool_blocks,
         }
 
 
@@ -525,4 +529,5 @@ def summarize(path: str | os.PathLike[str]) -> RecordingInfo:
             info.kvtool_version = ctx.kvtool_version
             info.recorded_at = ctx.start_time
             info.command_line = ctx.command_line
+            info.pool_blocks = ctx.pool_blocks
         return info

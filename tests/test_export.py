@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.columns import TABLE_SCHEMA
-from kvtool.export import TIME_AND_HASH_COLUMNS
+from kvtool.export import DERIVED_COLUMNS, TIME_AND_HASH_COLUMNS
 from kvtool.recording import RecordedMessage
 from tests.conftest import capture_truth
 from tests.test_report import record_capture
@@ -35,7 +35,7 @@ def test_parquet_roundtrip(rec: Path, tmp_path: Path) -> None:
     assert "exported 3419 rows" in result.stderr
     df = pl.read_parquet(out)
     truth = capture_truth("gemma3")
-    assert list(df.columns) == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS]
+    assert list(df.columns) == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS, *DERIVED_COLUMNS]
     assert (
         df.height
         == truth["block_stored"]["total"]["blocks"]
@@ -76,7 +76,7 @@ def test_csv_roundtrip(rec: Path, tmp_path: Path) -> None:
     assert result.stderr == ""
     df = pl.read_csv(out)
     assert df.height == 3419
-    assert df.columns == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS]
+    assert df.columns == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS, *DERIVED_COLUMNS]
 
 
 def test_directory_is_hive_partitioned(tmp_path: Path) -> None:

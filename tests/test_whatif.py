@@ -280,6 +280,7 @@ def test_issue20_pool_blocks_shows_live_and_peak_as_a_share_of_the_pool() -> Non
         "live_share": round(out["totals"]["live_blocks_end"] / 599, 4),
         "peak_live_blocks": out["totals"]["peak_live_blocks"],
         "peak_share": round(out["totals"]["peak_live_blocks"] / 599, 4),
+        "source": "--pool-blocks 600",
     }
     t = runner.invoke(app, ["report", f, "--pool-blocks", "600"], env={"COLUMNS": "80"})
     assert "pool 600 blocks (599 usable): live at end 593 (99 %), peak 593 (99 %)" in t.stdout

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import examples, get_env, parse_duration_ns
+from kvtool.commands import Env, examples, get_env, parse_duration_ns
 from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
@@ -60,6 +60,18 @@ def record(
             metavar="FILE",
             help="KV cache group metadata to store: the JSON list "
             "get_kv_cache_group_metadata() returns.",
+        ),
+    ] = None,
+    pool_blocks: Annotated[
+        int | None,
+        typer.Option(
+            "--pool-blocks",
+            min=2,
+            metavar="N",
+            show_default=False,
+            help="The engine's num_gpu_blocks (vllm:cache_config_info), stored in the "
+            "recording's metadata for report's pool shares and --what-if +P% (a --groups "
+            "file's num_gpu_blocks is stored when this is not given).",
         ),
     ] = None,
     force: Annotated[
@@ -116,6 +128,7 @@ def record(
             "--history needs --replay-endpoint: the history comes from the replay buffer"
         )
     group_list = load_groups(groups) if groups is not None else None
+    pool = _pool_context(pool_blocks, groups, env)
     _check_output(output, force, [groups] if groups is not None else [])
 
     names = [s.endpoint for s in sources]
@@ -132,6 +145,7 @@ def record(
             replay_timeout_ns=replay_ns,
             groups=group_list,
             groups_source=str(groups) if groups is not None else "",
+            extra_context=pool,
             force=force,
             status=status,
         )
@@ -220,6 +234,16 @@ def _check_output(output: Path, force: bool, inputs: list[Path]) -> None:
     if is_stdout(output):
         raise UsageError("record -o -: a recording is a file (it survives a crash); give a path")
     check_output(output, kind=OutputKind.RECORDING, force=force, inputs=inputs)
+
+
+def _pool_context(pool_blocks: int | None, groups: Path | None, env: Env) -> dict[str, object]:
+    """The ``pool_blocks`` metadata key: ``--pool-blocks``, else the groups file's size."""
+    from kvtool.poolsize import resolve_pool_blocks
+
+    size = resolve_pool_blocks(pool_blocks, groups, ())
+    for line in size.findings:
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
+    return {} if size.blocks is None else {"pool_blocks": size.blocks}
 
 
 COMMANDS = {"record": record}

@@ -182,7 +182,8 @@ def report(
             metavar="N",
             show_default=False,
             help="The engine's num_gpu_blocks (vllm:cache_config_info): live and peak "
-            "blocks as a share of it, and +P% for --what-if.",
+            "blocks as a share of it, and +P% for --what-if (default: a --groups file's "
+            "num_gpu_blocks, else the recording's, from record --pool-blocks).",
         ),
     ] = None,
 ) -> ExitStatus:
@@ -245,6 +246,11 @@ def report(
             out = None
         inputs = [*files, *([groups] if groups is not None else [])]
         check_inputs(inputs)
+        from kvtool.poolsize import resolve_pool_blocks
+
+        # --pool-blocks wins over a groups file's num_gpu_blocks and the recording's own.
+        pool_size = resolve_pool_blocks(pool_blocks, groups, files)
+        pool_blocks = pool_size.blocks
         # Refuse a bad output before the work, not after it.
         if out is not None:
             check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
@@ -314,6 +320,8 @@ def report(
     buf = io.StringIO() if out is not None else None
     stream = buf if buf is not None else env.stdout
     pool = None
+    for line in pool_size.findings:
+        env.err.print(f"kvtool: finding: {line}", markup=False, highlight=False)
     if too_small is not None:
         env.err.print(f"kvtool: finding: {too_small}", markup=False, highlight=False)
     if pool_blocks is not None:
@@ -324,10 +332,11 @@ def report(
             pool = pool_occupancy(
                 rep.totals.to_dicts()[0] if rep.totals.height else {}, pool_blocks
             )
+            pool["source"] = pool_size.source
         else:
             env.err.print(
-                "kvtool: --pool-blocks: live and peak shares need one pool (one channel); "
-                "the input has several",
+                f"kvtool: pool size ({pool_size.source}): live and peak shares need one pool "
+                "(one channel); the input has several",
                 markup=False,
                 highlight=False,
             )

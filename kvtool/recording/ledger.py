@@ -270,6 +270,8 @@ class RecordingContext(msgspec.Struct, kw_only=True):
         topic: The ZeroMQ topic subscribed to.
         bind: The SUB sockets bound instead of connecting.
         history: Each replay buffer's history was fetched first.
+        pool_blocks: The engine's ``num_gpu_blocks`` (``record --pool-blocks``, or a
+            groups file that carries it), when given.
     """
 
     format_version: int | Name | None = None
@@ -281,6 +283,7 @@ class RecordingContext(msgspec.Struct, kw_only=True):
     topic: Name | None = None
     bind: bool | None = None
     history: bool | None = None
+    pool_blocks: Annotated[int, msgspec.Meta(ge=2, le=2**40)] | None = None
 
     def to_json(self) -> dict[str, object]:
         """Return the record's values: the fields that are set.

@@ -218,6 +218,11 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
         if info.unknown_events:
             row("Unknown events:", unknown_tags_text(info.unknown_events))
         row("Groups:", _groups(info))
+        if info.pool_blocks is not None:
+            row(
+                "Pool:",
+                f"{info.pool_blocks:,} blocks (num_gpu_blocks; {info.pool_blocks - 1:,} usable)",
+            )
         if info.source_like == "sglang":
             row(
                 "Source:",
