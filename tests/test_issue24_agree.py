@@ -306,3 +306,33 @@ def test_issue24_publish_progress_leaves_waiting_once_sending_starts(tmp_path: P
 
 class _NoTerminal:
     is_terminal = False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--group-meta", f"{U64_MAX}=full_attention"], f"group {U64_MAX} is past int64"),
+        (["--group-meta", f"0=sliding_window:{B63}"], f"window '{B63}' is past int64"),
+        (
+            ["--groups", "window.json"],
+            f'"sliding_window" must be an integer (int64) or null, got {U64_MAX}',
+        ),
+        (["--groups", "spec.json"], 'needs "sliding_window": a positive integer (tokens, int64)'),
+    ],
+)
+def test_issue24_metadata_past_int64_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """A window or group past int64 in --group-meta or a groups file: exit 2, one line
+    (it was "internal error: OverflowError" or a polars TypeError)."""
+    monkeypatch.chdir(tmp_path)
+    entry = {"group_idx": 0, "kind": "sliding_window", "block_size": 16}
+    Path("window.json").write_text(json.dumps([{**entry, "sliding_window": U64_MAX}]))
+    spec = {"spec": "SlidingWindowSpec", "sliding_window": B63, "block_size": 16}
+    Path("spec.json").write_text(json.dumps([spec]))
+    rec = _extreme_recording(tmp_path / "x.mcap")
+    for command in (["report", str(rec)], ["export", str(rec), "-o", "x.parquet"]):
+        result = runner.invoke(app, [*command, *args])
+        assert result.exit_code == 2, result.stderr
+        assert message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
