@@ -336,3 +336,73 @@ def test_issue24_metadata_past_int64_is_refused_in_one_line(
         assert result.exit_code == 2, result.stderr
         assert message in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# -- channel rank vs payload rank, across every command ----------------------------------------
+
+
+def _rank_stream(seed: int, n: int) -> list[list[dict]]:
+    import random
+
+    r = random.Random(seed)
+    live: list[int] = []
+    out = []
+    for _ in range(n):
+        hs = [r.getrandbits(64) for _ in range(r.randint(1, 4))]
+        evs = [_store(hs, 0, "full_attention")]
+        live += hs
+        if len(live) > 6:
+            evs.append(_remove([live.pop(0)], 0))
+        out.append(evs)
+    return out
+
+
+def test_issue24_channel_rank_is_every_commands_rank(tmp_path: Path) -> None:
+    """Rank 0's channel names payload rank 5, rank 1's (port + 1) names 0: every command
+    counts each channel under its endpoint's rank."""
+    from kvtool.recording import RecordingWriter
+
+    rec = tmp_path / "ranks.mcap"
+    streams = {0: _rank_stream(1, 40), 1: _rank_stream(2, 30)}
+    with RecordingWriter(rec) as w:
+        ids = {r: w.add_channel(f"tcp://127.0.0.1:{6557 + r}", "", r) for r in streams}
+        t = 1_765_000_000_000_000_000
+        for i in range(40):
+            for r, batches in streams.items():
+                if i < len(batches):
+                    payload = _ENC.encode([1000.0 + i, batches[i], {0: 5, 1: 0}[r]])
+                    w.write(ids[r], i, payload, t)
+                    t += 7_000_000
+    stored = {
+        r: sum(len(e["block_hashes"]) for b in bs for e in b if e["type"] == "BlockStored")
+        for r, bs in streams.items()
+    }
+    rep = _report(str(rec), "--by", "rank")
+    assert {r["dp_rank"]: r["blocks_stored"] for r in rep["by_rank"]} == stored
+    assert sum("payload_rank column" in f for f in rep["source"]["findings"]) == 2
+    live = {r["dp_rank"]: r["live_blocks_end"] for r in rep["by_rank"]}
+    assert _report(str(rec), "--rank", "1")["totals"]["blocks_stored"] == stored[1]
+
+    result = runner.invoke(app, ["replay", str(rec), "--rank", "1", "--format", "jsonl"])
+    assert result.exit_code == 0, result.stderr
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {e["dp_rank"] for e in shown} == {1}
+    assert sum(len(e["block_hashes"]) for e in shown if e["type"] == "BlockStored") == stored[1]
+
+    out = tmp_path / "fleet"
+    result = runner.invoke(app, ["export", str(rec), "-o", f"{out}/"])
+    assert result.exit_code == 0, result.stderr
+    df = pl.read_parquet(out, hive_partitioning=True).filter(pl.col("type") == "BlockStored")
+    by = df.group_by("dp_rank", "payload_rank").agg(pl.len()).rows()
+    assert sorted(by) == [(0, 5, stored[0]), (1, 0, stored[1])]
+
+    result = runner.invoke(app, ["info", str(rec), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    chans = json.loads(result.stdout)["channels"]
+    assert [(c["dp_rank"], c["batches"]) for c in chans] == [(0, 40), (1, 30)]
+
+    result = runner.invoke(app, ["top", str(rec), "--view", "rank", "--once", "--speed", "0"])
+    assert result.exit_code == 0, result.stderr
+    rows = [s.split() for s in result.stdout.splitlines()]
+    rows = [r for r in rows if len(r) > 3 and r[0] == "rank" and r[1].isdigit()]
+    assert {int(r[1]): int(r[3]) for r in rows} == live
