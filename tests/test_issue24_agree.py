@@ -406,3 +406,81 @@ def test_issue24_channel_rank_is_every_commands_rank(tmp_path: Path) -> None:
     rows = [s.split() for s in result.stdout.splitlines()]
     rows = [r for r in rows if len(r) > 3 and r[0] == "rank" and r[1].isdigit()]
     assert {int(r[1]): int(r[3]) for r in rows} == live
+
+
+# -- the same rows in report, export and top, on small recordings built here ---------------------
+
+_SHAPES: dict[str, list[list[dict]]] = {
+    # stores with group_idx, removes without: one per group, one in two groups, one orphan
+    "legacy": [
+        [
+            _store([11, 12, 13], 0, "full_attention"),
+            _store([21, 22], 1, "sliding_window", 32),
+            _store([30], 0, "full_attention"),
+            _store([30], 1, "sliding_window", 32),
+        ],
+        [{"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"} for h in (11, 21, 30, 99)],
+        [_remove([12], 0), {"type": "BlockRemoved", "block_hashes": [22], "medium": "GPU"}],
+    ],
+    # one group with two windows, another group with one of them
+    "collide": [
+        [
+            _store([1, 2], 1, "sliding_window", 32),
+            _store([3], 1, "sliding_window", 64),
+            _store([4, 5, 6], 2, "sliding_window", 32),
+        ],
+        [_remove([1], 1), _remove([3], 1), _remove([4], 2)],
+    ],
+    # wire kinds spelled like kvtool's labels
+    "labels": [
+        [
+            _store([1, 2], 0, "unannotated"),
+            _store([3], 1, "unattributed"),
+            _store([4], 2, "kind:unannotated"),
+        ],
+        [_remove([1], 0), _remove([3], 1), _remove([4], 2)],
+    ],
+    # removes before their group's first annotated store
+    "early": [
+        [
+            {**_store([1, 2], 0, "x"), "kv_cache_spec_kind": None},
+            _remove([1], 0),
+        ],
+        [_store([3], 0, "full_attention"), _remove([2], 0)],
+    ],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_SHAPES))
+def test_issue24_report_export_and_top_show_the_same_rows(tmp_path: Path, shape: str) -> None:
+    msgs = [(b"", i, _ENC.encode([1.0 + i, evs, 0])) for i, evs in enumerate(_SHAPES[shape])]
+    rec = write_recording(tmp_path / f"{shape}.mcap", msgs)
+    rep = _report(str(rec), "--by", "group")
+    want = {
+        (r["group_idx"], r["kind"], r["sliding_window"]): (r["blocks_stored"], r["blocks_removed"])
+        for r in rep["by_group"]
+    }
+    df = _export(rec, tmp_path / "t.parquet").filter(pl.col("type") != "AllBlocksCleared")
+    got: dict[tuple[object, ...], list[int]] = {}
+    for g, k, w, t in df.select("group_idx", "kind", "sliding_window", "type").iter_rows():
+        got.setdefault((g, k, w), [0, 0])[t == "BlockRemoved"] += 1
+    assert {key: tuple(v) for key, v in got.items()} == want
+
+    result = runner.invoke(app, ["top", str(rec), "--view", "group", "--once", "--speed", "0"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    head = next(i for i, s in enumerate(lines) if s.startswith("group "))
+    live = {}
+    for s in lines[head + 1 :]:
+        # The key column, then 7 numbers: live, peak, store/s, evict/s, recomp/s, orphan, p50.
+        fields = s.split()
+        if len(fields) >= 8:
+            live[" ".join(fields[:-7])] = int(fields[-7])
+    shown = {
+        f"{'-' if g is None else g} {k}" + (f":{w}" if w is not None else ""): r
+        for (g, k, w), r in (
+            ((r["group_idx"], r["kind"], r["sliding_window"]), r["live_blocks_end"])
+            for r in rep["by_group"]
+        )
+    }
+    assert live == shown
