@@ -391,9 +391,9 @@ def spec_sliding_window(spec: Mapping[str, object], *, where: str = "spec") -> i
         return next(iter(windows)) if len(windows) == 1 else None
     if _isinstance(name, "SlidingWindowSpec"):
         w = spec.get("sliding_window")
-        if not _is_int(w) or w <= 0:  # type: ignore[operator]
+        if not _is_int(w) or w <= 0 or not _is_i64(w):  # type: ignore[operator]
             raise MetadataError(
-                f'{where}: {name} needs "sliding_window": a positive integer (tokens)'
+                f'{where}: {name} needs "sliding_window": a positive integer (tokens, int64)'
             )
         assert isinstance(w, int)
         return w
@@ -405,7 +405,7 @@ def _spec_block_size(spec: Mapping[str, object], where: str) -> int | None:
     if bs is None and _spec_class(spec, where) == UNIFORM_SPEC:
         sizes = {_spec_block_size(s, where) for s in _inner_specs(spec, where)}
         return next(iter(sizes)) if len(sizes) == 1 else None
-    if bs is not None and not _is_int(bs):
+    if bs is not None and not (_is_int(bs) and _is_i64(bs)):
         raise MetadataError(f'{where}: "block_size" must be an integer, got {bs!r}')
     return bs  # type: ignore[return-value]
 
@@ -465,13 +465,15 @@ def groups_from_list(entries: object, *, source: str) -> GroupTable:
                 raise MetadataError(f'{where}: "kind" must be a non-empty string, got {kind_v!r}')
             kind = kind_v
             window_v = entry.get("sliding_window")
-            if window_v is not None and not _is_int(window_v):
+            if window_v is not None and not (_is_int(window_v) and _is_i64(window_v)):
+                # int64, as every event's window is read (issue 24: a larger one crashed)
                 raise MetadataError(
-                    f'{where}: "sliding_window" must be an integer or null, got {window_v!r}'
+                    f'{where}: "sliding_window" must be an integer (int64) or null, '
+                    f"got {window_v!r}"
                 )
             window = window_v if isinstance(window_v, int) else None
             bs_v = entry.get("block_size")
-            if bs_v is not None and not _is_int(bs_v):
+            if bs_v is not None and not (_is_int(bs_v) and _is_i64(bs_v)):
                 raise MetadataError(
                     f'{where}: "block_size" must be an integer or null, got {bs_v!r}'
                 )
@@ -573,6 +575,8 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         if not sep or not _ascii_int(idx_s) or not kind.strip():
             raise MetadataError(f"--group-meta {flag!r}: {hint}")
         idx = int(idx_s)
+        if not _is_i64(idx):  # every event's group_idx is int64 (issue 24)
+            raise MetadataError(f"--group-meta {flag!r}: group {idx_s} is past int64; {hint}")
         window: int | None = None
         win_s = win_s.strip()
         if win_s and win_s.lower() not in ("none", "null"):
@@ -581,6 +585,10 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
                     f"--group-meta {flag!r}: window {win_s!r} is not an integer; {hint}"
                 )
             window = int(win_s)
+            if not _is_i64(window):
+                raise MetadataError(
+                    f"--group-meta {flag!r}: window {win_s!r} is past int64; {hint}"
+                )
         if idx in groups:
             raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
         if kind.strip() not in KINDS:

@@ -306,3 +306,181 @@ def test_issue24_publish_progress_leaves_waiting_once_sending_starts(tmp_path: P
 
 class _NoTerminal:
     is_terminal = False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--group-meta", f"{U64_MAX}=full_attention"], f"group {U64_MAX} is past int64"),
+        (["--group-meta", f"0=sliding_window:{B63}"], f"window '{B63}' is past int64"),
+        (
+            ["--groups", "window.json"],
+            f'"sliding_window" must be an integer (int64) or null, got {U64_MAX}',
+        ),
+        (["--groups", "spec.json"], 'needs "sliding_window": a positive integer (tokens, int64)'),
+    ],
+)
+def test_issue24_metadata_past_int64_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    """A window or group past int64 in --group-meta or a groups file: exit 2, one line
+    (it was "internal error: OverflowError" or a polars TypeError)."""
+    monkeypatch.chdir(tmp_path)
+    entry = {"group_idx": 0, "kind": "sliding_window", "block_size": 16}
+    Path("window.json").write_text(json.dumps([{**entry, "sliding_window": U64_MAX}]))
+    spec = {"spec": "SlidingWindowSpec", "sliding_window": B63, "block_size": 16}
+    Path("spec.json").write_text(json.dumps([spec]))
+    rec = _extreme_recording(tmp_path / "x.mcap")
+    for command in (["report", str(rec)], ["export", str(rec), "-o", "x.parquet"]):
+        result = runner.invoke(app, [*command, *args])
+        assert result.exit_code == 2, result.stderr
+        assert message in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# -- channel rank vs payload rank, across every command ----------------------------------------
+
+
+def _rank_stream(seed: int, n: int) -> list[list[dict]]:
+    import random
+
+    r = random.Random(seed)
+    live: list[int] = []
+    out = []
+    for _ in range(n):
+        hs = [r.getrandbits(64) for _ in range(r.randint(1, 4))]
+        evs = [_store(hs, 0, "full_attention")]
+        live += hs
+        if len(live) > 6:
+            evs.append(_remove([live.pop(0)], 0))
+        out.append(evs)
+    return out
+
+
+def test_issue24_channel_rank_is_every_commands_rank(tmp_path: Path) -> None:
+    """Rank 0's channel names payload rank 5, rank 1's (port + 1) names 0: every command
+    counts each channel under its endpoint's rank."""
+    from kvtool.recording import RecordingWriter
+
+    rec = tmp_path / "ranks.mcap"
+    streams = {0: _rank_stream(1, 40), 1: _rank_stream(2, 30)}
+    with RecordingWriter(rec) as w:
+        ids = {r: w.add_channel(f"tcp://127.0.0.1:{6557 + r}", "", r) for r in streams}
+        t = 1_765_000_000_000_000_000
+        for i in range(40):
+            for r, batches in streams.items():
+                if i < len(batches):
+                    payload = _ENC.encode([1000.0 + i, batches[i], {0: 5, 1: 0}[r]])
+                    w.write(ids[r], i, payload, t)
+                    t += 7_000_000
+    stored = {
+        r: sum(len(e["block_hashes"]) for b in bs for e in b if e["type"] == "BlockStored")
+        for r, bs in streams.items()
+    }
+    rep = _report(str(rec), "--by", "rank")
+    assert {r["dp_rank"]: r["blocks_stored"] for r in rep["by_rank"]} == stored
+    assert sum("payload_rank column" in f for f in rep["source"]["findings"]) == 2
+    live = {r["dp_rank"]: r["live_blocks_end"] for r in rep["by_rank"]}
+    assert _report(str(rec), "--rank", "1")["totals"]["blocks_stored"] == stored[1]
+
+    result = runner.invoke(app, ["replay", str(rec), "--rank", "1", "--format", "jsonl"])
+    assert result.exit_code == 0, result.stderr
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {e["dp_rank"] for e in shown} == {1}
+    assert sum(len(e["block_hashes"]) for e in shown if e["type"] == "BlockStored") == stored[1]
+
+    out = tmp_path / "fleet"
+    result = runner.invoke(app, ["export", str(rec), "-o", f"{out}/"])
+    assert result.exit_code == 0, result.stderr
+    df = pl.read_parquet(out, hive_partitioning=True).filter(pl.col("type") == "BlockStored")
+    by = df.group_by("dp_rank", "payload_rank").agg(pl.len()).rows()
+    assert sorted(by) == [(0, 5, stored[0]), (1, 0, stored[1])]
+
+    result = runner.invoke(app, ["info", str(rec), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    chans = json.loads(result.stdout)["channels"]
+    assert [(c["dp_rank"], c["batches"]) for c in chans] == [(0, 40), (1, 30)]
+
+    result = runner.invoke(app, ["top", str(rec), "--view", "rank", "--once", "--speed", "0"])
+    assert result.exit_code == 0, result.stderr
+    rows = [s.split() for s in result.stdout.splitlines()]
+    rows = [r for r in rows if len(r) > 3 and r[0] == "rank" and r[1].isdigit()]
+    assert {int(r[1]): int(r[3]) for r in rows} == live
+
+
+# -- the same rows in report, export and top, on small recordings built here ---------------------
+
+_SHAPES: dict[str, list[list[dict]]] = {
+    # stores with group_idx, removes without: one per group, one in two groups, one orphan
+    "legacy": [
+        [
+            _store([11, 12, 13], 0, "full_attention"),
+            _store([21, 22], 1, "sliding_window", 32),
+            _store([30], 0, "full_attention"),
+            _store([30], 1, "sliding_window", 32),
+        ],
+        [{"type": "BlockRemoved", "block_hashes": [h], "medium": "GPU"} for h in (11, 21, 30, 99)],
+        [_remove([12], 0), {"type": "BlockRemoved", "block_hashes": [22], "medium": "GPU"}],
+    ],
+    # one group with two windows, another group with one of them
+    "collide": [
+        [
+            _store([1, 2], 1, "sliding_window", 32),
+            _store([3], 1, "sliding_window", 64),
+            _store([4, 5, 6], 2, "sliding_window", 32),
+        ],
+        [_remove([1], 1), _remove([3], 1), _remove([4], 2)],
+    ],
+    # wire kinds spelled like kvtool's labels
+    "labels": [
+        [
+            _store([1, 2], 0, "unannotated"),
+            _store([3], 1, "unattributed"),
+            _store([4], 2, "kind:unannotated"),
+        ],
+        [_remove([1], 0), _remove([3], 1), _remove([4], 2)],
+    ],
+    # removes before their group's first annotated store
+    "early": [
+        [
+            {**_store([1, 2], 0, "x"), "kv_cache_spec_kind": None},
+            _remove([1], 0),
+        ],
+        [_store([3], 0, "full_attention"), _remove([2], 0)],
+    ],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_SHAPES))
+def test_issue24_report_export_and_top_show_the_same_rows(tmp_path: Path, shape: str) -> None:
+    msgs = [(b"", i, _ENC.encode([1.0 + i, evs, 0])) for i, evs in enumerate(_SHAPES[shape])]
+    rec = write_recording(tmp_path / f"{shape}.mcap", msgs)
+    rep = _report(str(rec), "--by", "group")
+    want = {
+        (r["group_idx"], r["kind"], r["sliding_window"]): (r["blocks_stored"], r["blocks_removed"])
+        for r in rep["by_group"]
+    }
+    df = _export(rec, tmp_path / "t.parquet").filter(pl.col("type") != "AllBlocksCleared")
+    got: dict[tuple[object, ...], list[int]] = {}
+    for g, k, w, t in df.select("group_idx", "kind", "sliding_window", "type").iter_rows():
+        got.setdefault((g, k, w), [0, 0])[t == "BlockRemoved"] += 1
+    assert {key: tuple(v) for key, v in got.items()} == want
+
+    result = runner.invoke(app, ["top", str(rec), "--view", "group", "--once", "--speed", "0"])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    head = next(i for i, s in enumerate(lines) if s.startswith("group "))
+    live = {}
+    for s in lines[head + 1 :]:
+        # The key column, then 7 numbers: live, peak, store/s, evict/s, recomp/s, orphan, p50.
+        fields = s.split()
+        if len(fields) >= 8:
+            live[" ".join(fields[:-7])] = int(fields[-7])
+    shown = {
+        f"{'-' if g is None else g} {k}" + (f":{w}" if w is not None else ""): r
+        for (g, k, w), r in (
+            ((r["group_idx"], r["kind"], r["sliding_window"]), r["live_blocks_end"])
+            for r in rep["by_group"]
+        )
+    }
+    assert live == shown

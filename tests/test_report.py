@@ -750,7 +750,9 @@ def test_far_off_ts_does_not_blow_up_the_timeline(tmp_path: Path) -> None:
     assert [r["live_blocks"] for r in rep["timeline"]] == [1, 2, 1]
 
 
-def test_out_of_range_ints_become_null(tmp_path: Path) -> None:
+def test_out_of_range_ints_are_a_malformed_event(tmp_path: Path) -> None:
+    """Issue 24: a group or window past int64 made a null group, merged with others; the
+    event is now malformed (skipped, counted, exit 3) and its neighbours are kept."""
     bad = stored([2], 2**64 - 1, "full_attention")
     bad["kv_cache_spec_sliding_window"] = 2**64 - 1
     path = tmp_path / "r.mcap"
@@ -759,9 +761,12 @@ def test_out_of_range_ints_become_null(tmp_path: Path) -> None:
         w.write(
             ch, 0, ENC.encode([1.0, [stored([1], 0, "full_attention"), bad], 2**64 - 1]), log_time=1
         )
-    rep = report_json(str(path), "--by", "group")
-    assert rep["totals"]["store_events"] == 2
-    assert {r["group_idx"] for r in rep["by_group"]} == {0, None}
+    result = runner.invoke(app, ["report", str(path), "--by", "group", "--format", "json"])
+    assert result.exit_code == 3, result.stderr
+    rep = json.loads(result.stdout)
+    assert rep["totals"]["store_events"] == 1
+    assert rep["source"]["skipped_events"] == 1
+    assert {r["group_idx"] for r in rep["by_group"]} == {0}
 
 
 def test_lost_batches_are_a_finding(tmp_path: Path) -> None:
