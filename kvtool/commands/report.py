@@ -263,6 +263,11 @@ def report(
 
         size = input_size(files)
         what = f"reading {len(files)} recording(s)"
+        feed = None
+        if extras is not None and n_jobs == 1 and ray is None:
+            from kvtool.report.whatif import PoolFeed
+
+            feed = PoolFeed()  # the what-if takes the report's own read of the input
         with env.progress(what, size, quiet=quiet) as bar:
             rep = build_report(
                 [str(f) for f in files],
@@ -275,6 +280,7 @@ def report(
                 select=select,
                 progress=bar.update if bar.shown else None,
                 split=[t for t in tables if t in ("rank", "channel")],
+                raw_tap=feed,
             )
         wi = None
         too_small = _pool_too_small(rep, pool_blocks)
@@ -289,6 +295,7 @@ def report(
                 group_flags=group or None,
                 batch_filter=select,
                 lost=lost_batches(files),
+                feed=feed if feed is not None and feed.chunks else None,
             )
     finally:
         if early:

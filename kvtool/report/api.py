@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from kvtool.columns import (
     DEFAULT_CHUNK_BYTES,
+    DecodedChunk,
     DecodeMap,
     Progress,
+    RawChunk,
     ShardMap,
     TableAnnotator,
+    decode_chunk,
     make_annotator,
     recording_groups,
 )
@@ -48,6 +51,7 @@ def build_report(
     select: BatchFilter | None = None,
     progress: Progress | None = None,
     split: Sequence[str] = (),
+    raw_tap: Callable[[RawChunk], None] | None = None,
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -71,6 +75,9 @@ def build_report(
             ``--until``: :func:`kvtool.columns.iter_raw_chunks`).
         progress: Called with (bytes done, bytes total) of the input files.
         split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
+        raw_tap: Called with every raw chunk this process reads, in stream order, before
+            it is decoded (``--what-if`` takes the same read); only on the one-process
+            path (``jobs`` 1, no Ray): elsewhere it is never called.
 
     Returns:
         The report.
@@ -108,6 +115,8 @@ def build_report(
         decode_map, close = parallel.ray_decode_map(ray_address)
     elif jobs > 1 and procs.input_bytes(paths) >= chunk_bytes // procs.SHARD_RATIO:
         shard_map, close = parallel.shard_map(jobs)
+    elif raw_tap is not None:
+        decode_map = _tapped(raw_tap)
     try:
         return report_with(
             paths,
@@ -124,6 +133,17 @@ def build_report(
     finally:
         if close is not None:
             close()
+
+
+def _tapped(tap: Callable[[RawChunk], None]) -> DecodeMap:
+    """A decode map that hands each raw chunk to ``tap`` and decodes it here."""
+
+    def decode(raws: Iterable[RawChunk]) -> Iterator[DecodedChunk]:
+        for raw in raws:
+            tap(raw)
+            yield decode_chunk(raw)
+
+    return decode
 
 
 def report_units(

@@ -21,7 +21,13 @@ import numpy as np
 from kvtool.annotate import kind_label
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.replay import BatchFilter
-from kvtool.report.whatif.extract import GroupInfo, PoolStream, extract_pools
+from kvtool.report.whatif.extract import (
+    GroupInfo,
+    PoolFeed,
+    PoolStream,
+    extract_pools,
+    input_annotation,
+)
 from kvtool.report.whatif.kernel import KIND_MAMBA, simulate
 
 COLUMNS = ("blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained")
@@ -365,6 +371,7 @@ def what_if(
     group_flags: Sequence[str] | None = None,
     batch_filter: BatchFilter | None = None,
     lost: Sequence[str] = (),
+    feed: PoolFeed | None = None,
 ) -> WhatIf:
     """Read the recordings and predict every pool at every extra size.
 
@@ -376,6 +383,8 @@ def what_if(
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         batch_filter: ``--channel/--rank/--since/--until``.
         lost: Lines naming batches lost while recording (``lost_batches``).
+        feed: A feed that already took the input's raw chunks (the report's read,
+            :func:`kvtool.report.build_report`'s ``raw_tap``); None: read them here.
 
     Returns:
         The entries and findings.
@@ -385,9 +394,13 @@ def what_if(
         RecordingError: A recording cannot be opened.
         MetadataError: The group metadata is invalid.
     """
-    pools = extract_pools(
-        paths, groups_file=groups_file, group_flags=group_flags, batch_filter=batch_filter
-    )
+    if feed is not None:
+        ann = input_annotation(paths, groups_file=groups_file, group_flags=group_flags)
+        pools = feed.finish(ann)
+    else:
+        pools = extract_pools(
+            paths, groups_file=groups_file, group_flags=group_flags, batch_filter=batch_filter
+        )
     result = WhatIf()
     for pool in pools:
         entries = predict(pool, extras, pool_blocks=pool_blocks, lost=lost)
@@ -406,6 +419,7 @@ def what_if(
 __all__ = [
     "COLUMNS",
     "Extra",
+    "PoolFeed",
     "WhatIf",
     "WhatIfRefused",
     "parse_what_if",

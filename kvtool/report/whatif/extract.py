@@ -1,12 +1,15 @@
 """What-if input: each pool's event order as numpy arrays, built once from the recordings.
 
-:func:`extract_pools` is the one extraction step. It iterates :class:`kvtool.replay.Replay`
-(msgspec, the reference decoder) and keeps per pool (channel, rank) one row per event
-and one per hash in flat lists; everything after that is numpy and the numba kernel
-:func:`kvtool.report.whatif.build.build`, which interns (group, hash) keys, rebuilds
-requests from parent hashes and lays out the ops :func:`kvtool.report.whatif.kernel.simulate`
-replays. Only :func:`_Columns.batch` reads events, so a columnar decoder can replace
-it without touching the kernels.
+:class:`PoolFeed` takes the input's raw chunks (:class:`kvtool.columns.RawChunk`, the
+report's own read: with ``--what-if`` the report hands each chunk it reads to the feed,
+so the file is read once) and scans them with the what-if's numba decoder
+(:func:`kvtool.report.whatif.wscan.scan_whatif`) into per-pool (channel, rank) numpy
+pieces; a payload that decoder does not take goes through msgspec
+(:mod:`kvtool.report.whatif.lean`, the reference). :func:`extract_pools` reads the
+input itself for callers without a report. Everything after that is numpy and the
+numba kernel :func:`kvtool.report.whatif.build.build`, which interns (group, hash) keys,
+rebuilds requests from parent hashes and lays out the ops
+:func:`kvtool.report.whatif.kernel.simulate` replays.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -26,11 +30,17 @@ from kvtool.annotate import Annotation, ChannelRule, event_rank, resolve_groups
 from kvtool.errors import ProtocolError
 from kvtool.inputs import resolve_annotation
 from kvtool.protocol import hash_key
-from kvtool.replay import BatchFilter, Replay
+from kvtool.recording.format import channel_topic
+from kvtool.replay import BatchFilter
 from kvtool.report.whatif import lean
 from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build
 from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
 from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
+from kvtool.report.whatif.wscan import scan_whatif
+from kvtool.scan import NULL
+
+if TYPE_CHECKING:
+    from kvtool.columns import RawChunk
 
 I64 = npt.NDArray[np.int64]
 PoolKey = tuple[str, int | None]
@@ -171,6 +181,72 @@ class _Columns:
         self.ev_batch.extend([self.batches] * len(events))
         if len(self.codes) >= _FLUSH:
             self._flush()
+
+    def restart(self) -> None:
+        """A publisher restart before the next batch: a row that clears the pool."""
+        self.seq_regressions += 1
+        z = np.zeros(1, np.int64)
+        e = np.zeros(0, np.int64)
+        clear = np.full(1, EV_CLEAR, np.int64)
+        self.pieces.append((clear, z - 1, z, z, e, z, z, z + self.batches + 1))
+
+    def scanned(
+        self,
+        cols: tuple[I64, ...],
+        keys: I64,
+        n_events: I64,
+        vocab: list[str],
+    ) -> None:
+        """Append a run of batches the numba decoder read (their events, in order).
+
+        Args:
+            cols: Per event: type, group (``NULL``: none), hashes, tokens, parent,
+                has parent, kind code, window (``NULL``: none), block size (-1: none).
+            keys: The run's hash keys, in order.
+            n_events: Events per batch of the run.
+            vocab: The strings of the kind codes.
+        """
+        ev_type, group, nh, tok, par, has_par, kind, window, bsize = cols
+        self._flush()  # rows kept from msgspec batches go first
+        first = self.batches + 1
+        self.batches += len(n_events)
+        ev_group = np.where(group == NULL, _NONE, group)
+        store = ev_type == EV_STORE
+        clear = ev_type == EV_CLEAR
+        ev_group[clear] = _NONE
+        ev_nh = np.where(clear, 0, nh)
+        ev_ntok = np.where(store, tok, 0)
+        has = store & (has_par != 0)
+        batch = np.repeat(np.arange(first, first + len(n_events), dtype=np.int64), n_events)
+        self.pieces.append(
+            (
+                ev_type,
+                ev_group,
+                ev_nh,
+                ev_ntok,
+                keys,
+                np.where(has, par, 0),
+                has.astype(np.int64),
+                batch,
+            )
+        )
+        if not store.any():
+            return
+        sg = ev_group[store]
+        for g in np.unique(sg).tolist():
+            self.stored.add(None if g == _NONE else int(g))
+        sk, sw, sb = kind[store], window[store], bsize[store]
+        said = sk >= 0
+        if said.any():
+            combos = np.unique(np.stack([sg[said], sk[said], sw[said]]), axis=1)
+            for g, k, w in combos.T.tolist():
+                self.said[None if g == _NONE else g] = (vocab[k], None if w == NULL else w)
+        sized = sb >= 0
+        if sized.any():
+            for g, b in zip(*_group_max(sg[sized], sb[sized]), strict=True):
+                gi = None if g == _NONE else g
+                if b > self.sizes_seen.get(gi, 0):
+                    self.sizes_seen[gi] = b
 
     def _flush(self) -> None:
         """Turn the rows kept so far into arrays (one piece) and note what groups said."""
@@ -362,12 +438,139 @@ def _kernel_kind(kind: str | None) -> int:
     return KIND_FULL
 
 
+def _group_max(groups: I64, values: I64) -> tuple[list[int], list[int]]:
+    """The largest value per group."""
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    last = np.flatnonzero(np.append(g[1:] != g[:-1], True))
+    return g[last].tolist(), v[last].tolist()
+
+
+class PoolFeed:
+    """Takes raw chunks in stream order and keeps each pool's event rows (see the module)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[PoolKey, _Columns] = {}
+        self.chunks = 0
+
+    def _pool(self, key: PoolKey) -> _Columns:
+        c = self.cols.get(key)
+        if c is None:
+            c = self.cols[key] = _Columns(*key)
+        return c
+
+    def __call__(self, raw: RawChunk) -> None:
+        """Take one raw chunk (the report's, or :func:`extract_pools`'s own read)."""
+        self.chunks += 1
+        data = raw.data
+        n = len(data)
+        if n == 0:
+            return
+        lens = np.fromiter(map(len, data), np.int64, n)
+        offs = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offs[1:])
+        buf = np.frombuffer(b"".join(data), np.uint8)
+        ws = scan_whatif(buf, offs)
+        ev_end = np.cumsum(ws.n_events)
+        key_end = np.concatenate([[0], np.cumsum(ws.n_hashes)]).astype(np.int64)
+        cols = (
+            ws.type_code.astype(np.int64),
+            ws.group_idx,
+            ws.n_hashes,
+            ws.tokens,
+            ws.parent,
+            ws.has_parent,
+            ws.kind.astype(np.int64),
+            ws.window,
+            ws.block_size,
+        )
+        names: dict[int, str] = {}
+        run: tuple[_Columns, int] | None = None  # (pool, first payload of the run)
+
+        def close(upto: int) -> None:
+            if run is None:
+                return
+            c, i0 = run
+            e0 = int(ev_end[i0 - 1]) if i0 else 0
+            e1 = int(ev_end[upto - 1]) if upto else 0
+            k0, k1 = int(key_end[e0]), int(key_end[e1])
+            c.scanned(tuple(a[e0:e1] for a in cols), ws.keys[k0:k1], ws.n_events[i0:upto], ws.vocab)
+
+        for i in range(n):
+            cid = raw.channel_id[i]
+            name = names.get(cid)
+            if name is None:
+                endpoint, topic = raw.streams.get(cid, (raw.where.get(cid, ""), ""))
+                name = names[cid] = channel_topic(endpoint, topic)
+            seq = raw.seq[i]
+            if ws.err[i]:
+                close(i)
+                run = None
+                try:
+                    batch_rank, events = lean.decode(bytes(data[i]), seq)
+                except ProtocolError:
+                    continue  # the report counts and names undecodable payloads
+                rank = event_rank(raw.dp_rank[i], batch_rank)
+                if raw.ranks is not None and rank not in raw.ranks:
+                    continue
+                c = self._pool((name, rank))
+                c.batch(seq, events)
+                c._flush()
+                continue
+            b_rank = int(ws.rank[i])
+            rank = event_rank(raw.dp_rank[i], b_rank if b_rank >= 0 else None)
+            if raw.ranks is not None and rank not in raw.ranks:
+                close(i)
+                run = None
+                continue
+            c = self._pool((name, rank))
+            restart = c.last_seq is not None and seq <= c.last_seq
+            if run is None or run[0] is not c or restart:
+                close(i)
+                if restart:
+                    c.restart()
+                run = (c, i)
+            c.last_seq = seq
+        close(n)
+
+    def finish(self, annotation: Annotation) -> list[PoolStream]:
+        """Return every pool's arrays, in order of first appearance.
+
+        Args:
+            annotation: THE annotation of the input (kinds and windows per group).
+        """
+        return [c.finish(annotation.rule(c.channel, c.rank)) for c in self.cols.values()]
+
+
+def input_annotation(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    groups_file: str | os.PathLike[str] | None = None,
+    group_flags: Sequence[str] | None = None,
+) -> Annotation:
+    """THE annotation of the input, as the what-if reads kinds and windows.
+
+    Args:
+        paths: The recordings.
+        groups_file: ``--groups FILE``.
+        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+
+    Raises:
+        RecordingError: A recording cannot be opened.
+        MetadataError: The group metadata is invalid.
+    """
+    if groups_file is not None or group_flags:
+        return Annotation(resolve_groups(groups_file, group_flags, None))
+    return resolve_annotation(list(paths))
+
+
 def extract_pools(
     paths: Sequence[str | os.PathLike[str]],
     *,
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
     batch_filter: BatchFilter | None = None,
+    chunk_bytes: int | None = None,
 ) -> list[PoolStream]:
     """Read the recordings once and return every pool's event order as arrays.
 
@@ -376,6 +579,7 @@ def extract_pools(
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         batch_filter: ``--channel/--rank/--since/--until``.
+        chunk_bytes: Payload bytes per raw chunk (default: the report's).
 
     Returns:
         One :class:`PoolStream` per (channel, rank), in order of first appearance.
@@ -384,25 +588,18 @@ def extract_pools(
         RecordingError: A recording cannot be opened.
         MetadataError: The group metadata is invalid.
     """
-    cols: dict[PoolKey, _Columns] = {}
-    with Replay(list(paths), batch_filter=batch_filter) as rp:
-        if groups_file is not None or group_flags:
-            annotation = Annotation(resolve_groups(groups_file, group_flags, None))
-        else:
-            annotation = resolve_annotation(readers=rp.readers)
-        for rb in rp:
-            msg = rb.message
-            try:
-                batch_rank, events = lean.decode(msg.data, msg.seq)
-            except ProtocolError:
-                continue  # the report counts and names undecodable payloads
-            rank = event_rank(msg.channel.dp_rank, batch_rank)
-            key = (msg.channel.name, rank)
-            c = cols.get(key)
-            if c is None:
-                c = cols[key] = _Columns(*key)
-            c.batch(msg.seq, events)
-    return [c.finish(annotation.rule(c.channel, c.rank)) for c in cols.values()]
+    from kvtool.columns import DEFAULT_CHUNK_BYTES, ReadStats, iter_raw_chunks
+
+    annotation = input_annotation(paths, groups_file=groups_file, group_flags=group_flags)
+    feed = PoolFeed()
+    for raw in iter_raw_chunks(
+        list(paths),
+        stats=ReadStats(),
+        chunk_bytes=chunk_bytes or DEFAULT_CHUNK_BYTES,
+        select=batch_filter,
+    ):
+        feed(raw)
+    return feed.finish(annotation)
 
 
-__all__ = ["GroupInfo", "PoolStream", "extract_pools"]
+__all__ = ["GroupInfo", "PoolFeed", "PoolStream", "extract_pools", "input_annotation"]
