@@ -484,3 +484,16 @@ def test_issue24_report_export_and_top_show_the_same_rows(tmp_path: Path, shape:
         )
     }
     assert live == shown
+
+
+@pytest.mark.zmq
+def test_issue24_top_record_without_a_batch_says_no_file_was_written(tmp_path: Path) -> None:
+    """The recorder leaves no empty file; top said it "recorded 0 batch(es) to" it."""
+    from tests.test_live_faults import free_port
+
+    out = tmp_path / "t.mcap"
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    result = runner.invoke(app, ["top", ep, "--record", str(out), "-d", "0.5s", "--once"])
+    assert result.exit_code == 0, result.stderr
+    assert f"kvtool: top recorded nothing, so no file was written at {out}" in result.stderr
+    assert not out.exists()
