@@ -40,11 +40,14 @@ if TYPE_CHECKING:
 
     from kvtool.recording.ledger import GapLedger
     from kvtool.report import ReportBuilder
+    from kvtool.report.snapshot import SecondsSnapshot
     from kvtool.top import Health, ReportFeed, Source
 
-LABELS = ("endpoint", "rank", "group", "kind", "sliding_window")
-"""The labels of every per-row family, coarsest first. ``medium`` is not among them: the
-report engine has no per-medium rows (a block's removal carries its medium, a clear none)."""
+LABELS = ("endpoint", "rank", "group", "kind", "sliding_window", "medium")
+"""The labels of every per-row family, coarsest first. ``medium`` is the events' own
+(``GPU``, ``CPU`` ...; ``none`` when absent): the report rows of a rank are keyed by it too
+(:class:`kvtool.report.ReportBuilder` ``by_medium``), over the one live-block state, so
+the rows of a (group, kind, window) add up to its ``kvtool report`` row."""
 
 OTHER = "other"
 """The label value that label values past the limit fold into."""
@@ -114,22 +117,16 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
 
 EXPORTER_BY_NAME = {m.name: m for m in EXPORTER_METRICS}
 
-HISTOGRAM_SOURCES: dict[str, tuple[str, tuple[str, str, str] | None]] = {
-    "kvtool_block_lifetime_seconds": ("life", ("lifetimes", "lifetime_s", "hist")),
-    "kvtool_recompute_gap_seconds": ("gaps", None),
+HISTOGRAM_SOURCES: dict[str, str] = {
+    "kvtool_block_lifetime_seconds": "lifetime_s",
+    "kvtool_recompute_gap_seconds": "recompute_gap_s",
 }
-"""Per histogram family, where a report builder keeps its samples: the attribute of its
-samples object (``exact``: a list of (gkeys, values) arrays; ``hist``: None, or the log
-histogram, ``frame()`` giving (gkey, bin, n)), and the older layout of the same samples
-(the attribute of a list of (gkey, VALUE) frames, VALUE, the attribute of the histogram
-frame), or None. A family the engine keeps no samples of is not served (not an error)."""
+"""Per histogram family, the report builder's sample family it is read from
+(:data:`kvtool.report.snapshot.SAMPLE_FAMILIES`)."""
 
 
-def histogram_samples(builder: object, family: str) -> tuple[Sequence[tuple[Any, Any]], Any] | None:
-    """Return a builder's samples of a histogram family, in either layout of the engine.
-
-    The samples are (exact (gkeys, values) pairs, in the order added; the log-histogram
-    frame (gkey, bin, n) once past the exact limit, or None).
+def histogram_samples(builder: ReportBuilder, family: str) -> SecondsSnapshot | None:
+    """Return a builder's samples of a histogram family (its public snapshot).
 
     Args:
         builder: A :class:`kvtool.report.ReportBuilder`.
@@ -138,20 +135,9 @@ def histogram_samples(builder: object, family: str) -> tuple[Sequence[tuple[Any,
     Returns:
         The samples, or None when the engine keeps none of this family.
     """
-    attr, older = HISTOGRAM_SOURCES[family]
-    obj = getattr(builder, attr, None)
-    if obj is not None and hasattr(obj, "exact"):
-        hist = getattr(obj, "hist", None)
-        return list(obj.exact), (hist.frame() if hist is not None else None)
-    if older is None:
-        return None
-    frames_attr, column, hist_attr = older
-    frames = getattr(builder, frames_attr, None)
-    frame = getattr(builder, hist_attr, None)
-    if frames is None and frame is None:
-        return None
-    pairs = [(f["gkey"].to_numpy(), f[column].to_numpy()) for f in frames or ()]
-    return pairs, frame
+    from kvtool.report.snapshot import builder_samples
+
+    return builder_samples(builder).families.get(HISTOGRAM_SOURCES[family])
 
 
 # -- label folding ---------------------------------------------------------------------------
@@ -253,28 +239,18 @@ class _Hist:
         self.counts += flat.reshape(-1, _NB).astype(np.int64)
         self.sums += np.bincount(gkey, weights=values * weight, minlength=len(self.sums))
 
-    def update(self, builder: ReportBuilder, family: str) -> bool:
-        """Take the builder's new samples; return False when it keeps none of this family."""
-        got = histogram_samples(builder, family)
+    def update(self, got: SecondsSnapshot | None) -> bool:
+        """Take a builder's new samples; return False when it keeps none of this family."""
         if got is None:
             return False
-        exact, hist = got
-        if hist is not None:
+        if got.binned is not None:
             # Past the exact limit the engine keeps a log histogram of every sample: the
             # buckets are taken again from its bin centres, never below what was served.
-            import polars as pl
-
-            from kvtool.report.aggregates import hist_centre
-
-            f = hist.select("gkey", v=hist_centre(pl.col("bin")), n="n")
+            gkey, v, n = got.binned
             old_c, old_s = self.counts, self.sums
             self.counts = np.zeros((0, _NB), dtype=np.int64)
             self.sums = np.zeros(0)
-            self._add(
-                f["gkey"].to_numpy().astype(np.int64),
-                f["v"].to_numpy(),
-                f["n"].to_numpy().astype(np.float64),
-            )
+            self._add(gkey.astype(np.int64), v, n.astype(np.float64))
             self._grow(len(old_c))
             # Never below what was served, on the cumulative counts (what a histogram's
             # buckets are): a per-bucket maximum of two binnings counted samples near an
@@ -285,11 +261,13 @@ class _Hist:
             self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
             self.frames_done = 0
             return True
-        for gk, v in exact[self.frames_done :]:
+        for gk, vals in got.exact[self.frames_done :]:
             self._add(
-                np.asarray(gk, dtype=np.int64), np.asarray(v, dtype=np.float64), np.ones(len(v))
+                np.asarray(gk, dtype=np.int64),
+                np.asarray(vals, dtype=np.float64),
+                np.ones(len(vals)),
             )
-        self.frames_done = len(exact)
+        self.frames_done = len(got.exact)
         return True
 
     def get(self, gkey: int) -> tuple[NDArray[Any], float] | None:
@@ -534,13 +512,16 @@ class Exporter:
         for ref in feed.stats.channels.values():
             endpoints.setdefault(ref.info.dp_rank, set()).add(ref.info.endpoint)
         out: list[tuple[tuple[str, ...], Mapping[str, object], dict[str, tuple[Any, float]]]] = []
+        from kvtool.report.snapshot import builder_samples
+
         for rank, builder in sorted(
             feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
         ):
+            snap = builder_samples(builder)
             hists: dict[str, _Hist] = {}
-            for fam in HISTOGRAM_SOURCES:
+            for fam, source in HISTOGRAM_SOURCES.items():
                 h = self._hists.setdefault((rank, fam), _Hist())
-                if h.update(builder, fam):
+                if h.update(snap.families.get(source)):
                     hists[fam] = h
                     self._served_hists.add(fam)
             # A channel with no rank of its own whose payloads carry one serves that rank.
@@ -548,13 +529,15 @@ class Exporter:
             endpoint = printable(",".join(sorted(eps))) or NONE
             for row in builder.tables()["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
-                gkey = builder.registry.get((g, k, w))  # type: ignore[arg-type]
+                med = row.get("medium")
+                key = (g, k, w, med) if "medium" in row else (g, k, w)
+                gkey = snap.rows.get(key)  # type: ignore[arg-type]
                 samples: dict[str, tuple[Any, float]] = {}
                 for fam, h in hists.items():
                     got = None if gkey is None else h.get(gkey)
                     if got is not None:
                         samples[fam] = got
-                values = (endpoint, _value(rank), _value(g), _value(k), _value(w))
+                values = (endpoint, _value(rank), _value(g), _value(k), _value(w), _value(med))
                 out.append((self.folder.key(LABELS, values), row, samples))
         return out
 

@@ -410,7 +410,10 @@ class ReportFeed:
         for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
             rb = self._ranks.get(rank)
             if rb is None:
-                rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
+                # Rows per medium too: serve's ``medium`` label (by_kind is unchanged).
+                rb = self._ranks[rank] = ReportBuilder(
+                    None, self._annotator.group_kind, by_medium=True
+                )
             rb.add(part)
 
     def builders(self) -> dict[int | None, ReportBuilder]:
