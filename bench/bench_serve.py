@@ -51,10 +51,26 @@ def label_sets_recording(path: Path, ranks: int = 10, groups: int = 100, batches
             for r, cid in enumerate(chans):
                 events: list[list[Any]] = []
                 for g in range(groups):
-                    kind, window = ("full_attention", None) if g % 4 == 0 else ("sliding_window", 1024)
+                    kind, window = (
+                        ("full_attention", None) if g % 4 == 0 else ("sliding_window", 1024)
+                    )
                     h = (r * 1_000_003 + g * 10_007 + b) & 0x7FFF_FFFF_FFFF_FFFF
-                    events.append(["BlockStored", [h], None, list(range(BLOCK)), BLOCK, None, "GPU",
-                                   None, None, g, kind, window])
+                    events.append(
+                        [
+                            "BlockStored",
+                            [h],
+                            None,
+                            list(range(BLOCK)),
+                            BLOCK,
+                            None,
+                            "GPU",
+                            None,
+                            None,
+                            g,
+                            kind,
+                            window,
+                        ]
+                    )
                     if b >= 10:
                         old = (r * 1_000_003 + g * 10_007 + b - 10) & 0x7FFF_FFFF_FFFF_FFFF
                         events.append(["BlockRemoved", [old], "GPU", g])
@@ -81,8 +97,13 @@ def part_scrape(scrapes: int) -> dict[str, Any]:
         exp.update(feed, src.health(), src.gap_ledger)
         renders.append(exp.render_s)
     body = exp.body()
-    served_sets = len({line.split("}")[0] for line in body.decode().splitlines()
-                       if line.startswith("kvtool_live_blocks{")})
+    served_sets = len(
+        {
+            line.split("}")[0]
+            for line in body.decode().splitlines()
+            if line.startswith("kvtool_live_blocks{")
+        }
+    )
     samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     server = MetricsServer(exp, "127.0.0.1", 0).start()
     lats: dict[str, list[float]] = {"plain": [], "gzip": []}
@@ -162,16 +183,43 @@ def part_keepup(rec: Path, flood: int, deadline_s: float) -> dict[str, Any]:
     ep, rep = f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}"
     pub_err = (tmp / "pub.err").open("w")
     pub = subprocess.Popen(
-        [*kvtool_cmd(), "replay", str(rec), "--publish", ep, "--replay-endpoint", rep,
-         "--max-speed", "--wait-subscribers", "1", "--wait-timeout", "120", "--hold", "600"],
-        stdout=subprocess.DEVNULL, stderr=pub_err,
+        [
+            *kvtool_cmd(),
+            "replay",
+            str(rec),
+            "--publish",
+            ep,
+            "--replay-endpoint",
+            rep,
+            "--max-speed",
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "120",
+            "--hold",
+            "600",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=pub_err,
     )
     serve_err = tmp / "serve.err"
     with serve_err.open("w") as f:
         serve = subprocess.Popen(
-            [*kvtool_cmd(), "serve", ep, "--replay-endpoint", rep, "--record", str(out_rec),
-             "--metrics", "127.0.0.1:0", "--interval", "1s"],
-            stdout=subprocess.DEVNULL, stderr=f,
+            [
+                *kvtool_cmd(),
+                "serve",
+                ep,
+                "--replay-endpoint",
+                rep,
+                "--record",
+                str(out_rec),
+                "--metrics",
+                "127.0.0.1:0",
+                "--interval",
+                "1s",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=f,
         )
     url = None
     stop = threading.Event()
@@ -198,13 +246,16 @@ def part_keepup(rec: Path, flood: int, deadline_s: float) -> dict[str, Any]:
         for th in threads:
             th.start()
         t_start = time.monotonic()
+        t_first: float | None = None
         got: dict[str, float] = {}
         while time.monotonic() < t_start + deadline_s:
             got = _metrics(url)
             rss.append(_rss_mb(serve.pid))
+            if t_first is None and got.get("kvtool_batches_received_total", 0) > 0:
+                t_first = time.monotonic() - t_start
             if got.get("kvtool_batches_received_total", 0) >= n:
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         t_caught = time.monotonic() - t_start
         stop.set()
         for th in threads:
@@ -219,10 +270,14 @@ def part_keepup(rec: Path, flood: int, deadline_s: float) -> dict[str, Any]:
             pub.send_signal(signal.SIGTERM)
         pub.wait(60)
         pub_err.close()
-    rep_json = json.loads(subprocess.run(
-        [*kvtool_cmd(), "report", "--format", "json", str(out_rec)],
-        capture_output=True, text=True, check=False,
-    ).stdout)
+    rep_json = json.loads(
+        subprocess.run(
+            [*kvtool_cmd(), "report", "--format", "json", str(out_rec)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+    )
     totals = rep_json["totals"]
     equal = {
         c: final.get(f"kvtool_{c}_total") == totals[c]
@@ -237,6 +292,11 @@ def part_keepup(rec: Path, flood: int, deadline_s: float) -> dict[str, Any]:
         "recovered": final.get("kvtool_batches_recovered_total"),
         "lost": final.get("kvtool_batches_lost_total"),
         "seconds_to_all_batches": round(t_caught, 1),
+        # From the first snapshot with a batch in it to the one with all: the lag itself
+        # (the time before is subscribing and the publisher's wait for a subscriber).
+        "seconds_first_to_all_batches": (
+            round(t_caught - t_first, 1) if t_first is not None else None
+        ),
         "batches_per_s_end_to_end": round(n / t_caught, 0) if t_caught else None,
         "serve_rss_mb_max": round(max(rss, default=0.0), 0),
         "serve_rss_mb_samples": [round(x) for x in rss[:: max(1, len(rss) // 8)]],
@@ -260,8 +320,11 @@ def main() -> int:
         result["scrape"] = part_scrape(args.scrapes)
     if args.part in ("keepup", "both"):
         if not args.recording.is_file():
-            print(f"bench_serve: {args.recording} missing (python3 bench/gen.py --scale 1 "
-                  "--name big1)", file=sys.stderr)
+            print(
+                f"bench_serve: {args.recording} missing (python3 bench/gen.py --scale 1 "
+                "--name big1)",
+                file=sys.stderr,
+            )
             return 1
         result["keepup"] = [part_keepup(args.recording, f, args.deadline) for f in args.flood]
     print(save_result("serve", result), file=sys.stderr)

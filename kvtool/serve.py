@@ -650,6 +650,34 @@ class ExportingView(TopView):
             self.exporter.update(self.feed, _fed(health, self.feed), ledger)
 
 
+def warm_up() -> None:
+    """Load the decoder's and the state kernel's compiled code, and polars', before a stream.
+
+    numba loads a cached kernel on its first call (~0.7 s, more on a cold cache): done on
+    the first batches of a max-speed burst, that is lag the stream waits through. A
+    throwaway feed is fed a store, a remove and a clear (nothing of it is served).
+    """
+    import msgspec
+
+    from kvtool.recording.reader import ChannelInfo, RecordedMessage
+    from kvtool.top import ReportFeed
+
+    chan = ChannelInfo(0, "warm-up", "warm-up", "", 0)
+    events = [
+        {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+         "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": "GPU",
+         "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0},
+        {"type": "AllBlocksCleared"},
+    ]  # fmt: skip
+    data = msgspec.msgpack.encode([1.0, events, 0])
+    feed = ReportFeed(whole_stream=False)
+    feed.add([RecordedMessage(chan, 0, 1_000_000_000, 1_000_000_000, data, 0)])
+    from kvtool.top import Health
+
+    Exporter().update(feed, Health(), None)
+
+
 def run_serve(
     source: Source,
     feed: ReportFeed,
@@ -756,4 +784,5 @@ __all__ = [
     "open_gaps",
     "run_serve",
     "source_ledger",
+    "warm_up",
 ]

@@ -689,3 +689,21 @@ def test_issue22_serve_medium_label_on_a_live_two_tier_stream(tmp_path: Path) ->
     assert assert_equals_report(samples, rep) >= 6
     for lab, _v in samples["kvtool_live_blocks"]:
         assert set(lab) == {"endpoint", "rank", "group", "kind", "sliding_window", "medium"}
+
+
+def test_issue22_warm_up_loads_the_kernels_before_the_stream() -> None:
+    """serve loads the decoder's and the state kernel's compiled code before it subscribes,
+    so the first batches of a burst do not wait for it (the lag of a max-speed publisher)."""
+    code = (
+        "from kvtool import scan\n"
+        "from kvtool.report import kernel\n"
+        "from kvtool.serve import warm_up\n"
+        "assert not scan._scan.signatures and not kernel.advance.signatures\n"
+        "warm_up()\n"
+        "print(len(scan._scan.signatures), len(kernel.advance.signatures))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1"]

@@ -158,7 +158,7 @@ def serve(
     last snapshot (every --interval). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
-    from kvtool.serve import Exporter, run_serve
+    from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.top import RecordingSource, ReportFeed
 
     env = get_env()
@@ -195,6 +195,8 @@ def serve(
         label_limit=label_limit, max_series=max_series, pool_blocks=pool_blocks, on_finding=finding
     )
     try:
+        # Before subscribing: the first batches of a burst then find the kernels loaded.
+        warm_up()
         server = open_server(metrics, exporter)
     except BaseException:
         source.stop()
