@@ -109,6 +109,16 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
     ExporterMetric("pool_occupancy", "gauge", "kvtool_pool_occupancy_ratio",
                    "Live blocks of a rank over its pool size (--pool-blocks).",
                    ("endpoint", "rank")),
+    ExporterMetric("state_keys", "gauge", "kvtool_state_keys",
+                   "Keys the report state of a rank holds (live, and gone but remembered "
+                   "for recompute detection).", ("endpoint", "rank")),
+    ExporterMetric("keys_forgotten", "counter", "kvtool_keys_forgotten",
+                   "Gone keys recompute detection forgot (past --remember-keys): a re-store "
+                   "of one counts as a first store, not a recompute.", ("endpoint", "rank")),
+    ExporterMetric("recompute_horizon", "gauge", "kvtool_recompute_horizon_seconds",
+                   "Seconds of the stream back to the oldest removal recompute detection "
+                   "still remembers (the whole stream while nothing is forgotten).",
+                   ("endpoint", "rank")),
     ExporterMetric("label_limit_reached", "gauge", "kvtool_label_limit_reached",
                    "1 when values of this label fold into 'other' (past --label-limit).",
                    ("label",)),
@@ -398,6 +408,10 @@ class Exporter:
         self.families: list[Family] = []
         self._hists: dict[tuple[int | None, str], _Hist] = {}
         self._served_hists: set[str] = set()
+        # Per (endpoint, rank) label pair: the state's keys, forgotten keys, horizon.
+        self._state: dict[tuple[str, str], tuple[int, int, float | None]] = {}
+        self._forgetting: set[int | None] = set()
+        self._on_finding = on_finding
         self._labelstr: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, str]] = {}
         self._body = b""
         self._gz: tuple[bytes, bytes] | None = None
@@ -432,6 +446,11 @@ class Exporter:
                 for key, v in f.series:
                     fam.add_metric(list(key), v)
             yield fam
+
+    def _finding(self, text: str) -> None:
+        self.folder.findings.append(text)
+        if self._on_finding is not None:
+            self._on_finding(text)
 
     def body(self) -> bytes:
         """Return the exposition text of the last snapshot (what ``/metrics`` sends)."""
@@ -514,6 +533,7 @@ class Exporter:
         out: list[tuple[tuple[str, ...], Mapping[str, object], dict[str, tuple[Any, float]]]] = []
         from kvtool.report.snapshot import builder_samples
 
+        state: set[tuple[str, str]] = set()
         for rank, builder in sorted(
             feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
         ):
@@ -527,6 +547,25 @@ class Exporter:
             # A channel with no rank of its own whose payloads carry one serves that rank.
             eps = endpoints.get(rank) or endpoints.get(None) or set()
             endpoint = printable(",".join(sorted(eps))) or NONE
+            pair = (
+                self.folder.value("endpoint", endpoint),
+                self.folder.value("rank", _value(rank)),
+            )
+            old = self._state.get(pair, (0, 0, None))
+            self._state[pair] = (
+                old[0] + snap.keys if pair in state else snap.keys,
+                old[1] + snap.forgotten if pair in state else snap.forgotten,
+                snap.horizon_s,
+            )
+            state.add(pair)
+            if snap.forgotten and rank not in self._forgetting:
+                self._forgetting.add(rank)
+                self._finding(
+                    f"rank {_value(rank)}: recompute detection keeps a bounded number of keys "
+                    "(--remember-keys) and forgot the oldest removed ones; a re-store of one "
+                    "counts as a first store, not a recompute (kvtool_keys_forgotten_total, "
+                    "kvtool_recompute_horizon_seconds)"
+                )
             for row in builder.tables()["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
                 med = row.get("medium")
@@ -615,6 +654,13 @@ class Exporter:
                     live[k2] = live.get(k2, 0.0) + (float(v) if isinstance(v, int) else 0.0)
                 usable = usable_blocks(self.pool_blocks)
                 fam.series.extend((k, n / usable) for k, n in live.items())
+            elif em.name in ("state_keys", "keys_forgotten", "recompute_horizon"):
+                for pair, (keys, forgotten, horizon) in self._state.items():
+                    v = (keys, forgotten, horizon)[
+                        ("state_keys", "keys_forgotten", "recompute_horizon").index(em.name)
+                    ]
+                    if v is not None:
+                        fam.series.append((pair, float(v)))
             elif em.name == "label_limit_reached":
                 fam.series.extend(((label,), 1.0) for label in self.folder.reached)
             else:

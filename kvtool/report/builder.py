@@ -193,6 +193,11 @@ class ReportBuilder:
             then has a ``medium`` column and a row per medium). The live-block state is
             keyed as always, so the rows of one (group, kind, window) add up to the row
             a builder without it gives.
+        max_keys: Bound the state's memory (a long-running ``kvtool serve``): keep about
+            this many keys for recompute detection (:class:`kvtool.report.kernel.State`
+            ``max_keys``: the keys gone longest ago are forgotten, a later store of one is
+            a first store) and no distinct hashes (``distinct_hashes`` is then 0). None:
+            exact, every key kept (``kvtool report``).
     """
 
     def __init__(
@@ -203,15 +208,17 @@ class ReportBuilder:
         origin_ns: int | None = None,
         *,
         by_medium: bool = False,
+        max_keys: int | None = None,
     ) -> None:
         self.by_medium = by_medium
+        self.max_keys = max_keys
         self.every_ns = every_ns
         self.clock = check_clock(clock)
         self.origin_ns = origin_ns
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow | MediumRow, int] = {}
-        self.kstate = kernel.State()
+        self.kstate = kernel.State(max_keys)
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
         # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
@@ -872,7 +879,7 @@ class ReportBuilder:
 
     def _add_distinct(self, gk: NDArray[Any], h: NDArray[Any]) -> None:
         """Collect the chunk's stored hashes per gkey (merged now and then: amortised)."""
-        if len(gk) == 0:
+        if len(gk) == 0 or self.max_keys is not None:
             return
         keys = np.flatnonzero(np.bincount(gk))
         for key in keys.tolist():

@@ -1,4 +1,4 @@
-"""A report builder's samples as of now, for live readers (``kvtool serve``): typed, read-only.
+"""A report builder's samples and state size as of now, for live readers (``kvtool serve``).
 
 A live reader takes a :class:`kvtool.report.ReportBuilder`'s report rows from its
 ``tables()``; the samples behind its lifetime and recompute-gap percentiles are read here,
@@ -54,10 +54,19 @@ class BuilderSamples:
         rows: Each report row's key (``group_idx``, ``kind``, ``sliding_window``, and
             ``medium`` when the builder splits by medium) -> its ``gkey``.
         families: Family name -> its samples.
+        keys: Keys the live-block state holds (live, and gone but remembered).
+        forgotten: Keys it forgot (a builder with ``max_keys``): their re-stores count
+            as first stores, not recomputes.
+        horizon_s: How far back, in seconds of the stream (publish clock), a removal is
+            still remembered: from the newest forgotten removal (or the first row) to
+            the last row; None before any row.
     """
 
     rows: Mapping[ReportRow | MediumRow, int]
     families: Mapping[str, SecondsSnapshot]
+    keys: int = 0
+    forgotten: int = 0
+    horizon_s: float | None = None
 
 
 def seconds_snapshot(samples: Seconds) -> SecondsSnapshot:
@@ -87,12 +96,20 @@ def builder_samples(builder: ReportBuilder) -> BuilderSamples:
     Returns:
         Its rows and its samples per family.
     """
+    st = builder.kstate
+    horizon = None
+    if builder.last_ts is not None:
+        since = st.forgotten_ts if st.forgotten_ts is not None else builder.first_ts
+        horizon = max(0.0, builder.last_ts - (since if since is not None else builder.last_ts))
     return BuilderSamples(
         rows=dict(builder.registry),
         families={
             "lifetime_s": seconds_snapshot(builder.life),
             "recompute_gap_s": seconds_snapshot(builder.gaps),
         },
+        keys=st.keys,
+        forgotten=st.forgotten,
+        horizon_s=horizon,
     )
 
 

@@ -1,0 +1,115 @@
+"""Issue 22: a long-running ``kvtool serve`` keeps bounded state (``--remember-keys``).
+
+The report engine's state remembers every key ever stored (that tells a recompute from a
+first store); with ``max_keys`` it forgets the keys gone longest ago, and says so. Every
+other count is unchanged: only recomputes of forgotten keys become first stores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtool.report import ReportBuilder
+from kvtool.report.snapshot import builder_samples
+from kvtool.serve import Exporter
+from kvtool.top import RecordingSource, ReportFeed
+from tests.replayutil import capture_recording
+from tests.test_serve import parse, report_json, sum_by, value
+
+UNCHANGED = (
+    "store_events", "blocks_stored", "tokens_stored", "remove_events", "blocks_removed",
+    "blocks_cleared", "stored_while_live", "orphan_removes", "live_blocks_end",
+    "peak_live_blocks",
+)  # fmt: skip
+
+
+def fed(path: Path, max_keys: int | None) -> tuple[ReportFeed, RecordingSource]:
+    """A serve feed of the recording, one batch per call (the state is bounded between
+    calls, as a live stream's chunks come)."""
+    src = RecordingSource(str(path), speed=0)
+    feed = ReportFeed(src.groups, whole_stream=False, max_keys=max_keys)
+    for m in src.take(0.0):
+        feed.add([m])
+    return feed, src
+
+
+def largest_batch(path: Path) -> int:
+    """The most blocks one batch of the recording stores."""
+    import msgspec
+
+    from kvtool.recording import open_recording
+
+    most = 0
+    with open_recording(path) as r:
+        for m in r.messages():
+            _ts, events, *_ = msgspec.msgpack.decode(m.data)
+            most = max(
+                most,
+                sum(len(e["block_hashes"]) for e in events if e.get("type") == "BlockStored"),
+            )
+    return most
+
+
+@pytest.mark.parametrize("name", ["gemma3", "full_only"])
+def test_issue22_bounded_state_forgets_only_recomputes(tmp_path: Path, name: str) -> None:
+    path = capture_recording(tmp_path, name)
+    exact, _ = fed(path, None)
+    bounded, _ = fed(path, 150)
+    (eb,) = exact.builders().values()
+    (bb,) = bounded.builders().values()
+    assert isinstance(bb, ReportBuilder)
+    want = eb.tables()["totals"].to_dicts()[0]
+    got = bb.tables()["totals"].to_dicts()[0]
+    for col in UNCHANGED:
+        assert got[col] == want[col], col
+    snap = builder_samples(bb)
+    assert snap.forgotten > 0
+    # Each forgotten key's re-store is a first store instead of a recompute: no more.
+    assert want["blocks_recomputed"] - snap.forgotten <= got["blocks_recomputed"]
+    assert got["blocks_recomputed"] <= want["blocks_recomputed"]
+    # The state holds at most the bound plus one batch's stores (it is bounded between
+    # calls), and the exact one more.
+    assert snap.keys < builder_samples(eb).keys
+    assert snap.keys <= 150 + largest_batch(path)
+    assert snap.horizon_s is not None and snap.horizon_s >= 0
+    exact_snap = builder_samples(eb)
+    assert exact_snap.forgotten == 0
+    assert exact_snap.horizon_s == pytest.approx(eb.last_ts - eb.first_ts)
+
+
+def test_issue22_unbounded_state_is_the_report(tmp_path: Path) -> None:
+    """A bound the stream never reaches changes nothing: the report's numbers."""
+    path = capture_recording(tmp_path, "gemma3")
+    rep = report_json(path)
+    feed, _ = fed(path, 1_000_000)
+    (b,) = feed.builders().values()
+    got = b.tables()["totals"].to_dicts()[0]
+    for col in (*UNCHANGED, "blocks_recomputed"):
+        assert got[col] == rep["totals"][col], col
+    assert builder_samples(b).forgotten == 0
+
+
+def test_issue22_serve_says_what_it_forgot(tmp_path: Path) -> None:
+    path = capture_recording(tmp_path, "gemma3")
+    rep = report_json(path)
+    feed, src = fed(path, 150)
+    findings: list[str] = []
+    exp = Exporter(on_finding=findings.append)
+    exp.update(feed, src.health(), src.gap_ledger)
+    samples = parse(exp.body().decode())
+    forgotten = value(samples, "kvtool_keys_forgotten_total")
+    assert forgotten is not None and forgotten > 0
+    assert value(samples, "kvtool_state_keys") is not None
+    horizon = value(samples, "kvtool_recompute_horizon_seconds")
+    assert horizon is not None and horizon >= 0
+    assert len(findings) == 1 and "--remember-keys" in findings[0]
+    stored = sum_by(samples, "kvtool_blocks_stored_total", "kind")
+    assert stored == {r["kind"]: float(r["blocks_stored"]) for r in rep["by_kind"]}
+    recomputed = sum(v for _l, v in samples["kvtool_blocks_recomputed_total"])
+    assert rep["totals"]["blocks_recomputed"] - forgotten <= recomputed
+    assert recomputed <= rep["totals"]["blocks_recomputed"]
+    # A second snapshot says it once.
+    exp.update(feed, src.health(), src.gap_ledger)
+    assert len(findings) == 1
