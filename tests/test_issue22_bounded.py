@@ -113,3 +113,59 @@ def test_issue22_serve_says_what_it_forgot(tmp_path: Path) -> None:
     # A second snapshot says it once.
     exp.update(feed, src.health(), src.gap_ledger)
     assert len(findings) == 1
+
+
+def _one(state: object, op: int, h: int, ts: float) -> int:
+    """One row through the kernel (channel 0, group 0, report row 0); what it was."""
+    import numpy as np
+
+    from kvtool.report import kernel
+
+    out = kernel.step(
+        state,  # type: ignore[arg-type]
+        np.array([op], dtype=np.int8),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+        np.zeros(1, dtype=np.bool_),
+        np.array([h], dtype=np.int64),
+        np.array([ts]),
+        np.zeros(1, dtype=np.int64),
+        1,
+    )
+    return int(out.what[0])
+
+
+def test_issue22_kernel_forgets_the_keys_gone_longest_ago() -> None:
+    from kvtool.report import kernel
+
+    st = kernel.State(max_keys=100)
+    for h in range(100):
+        assert _one(st, kernel.STORE, h, float(h)) == kernel.FIRST
+    for h in range(100):  # key h goes at time 100 + h: 0 is gone longest
+        assert _one(st, kernel.REMOVE, h, 100.0 + h) == kernel.EVICTED
+    assert _one(st, kernel.STORE, 1000, 300.0) == kernel.FIRST  # past the bound: forget
+    assert st.forgotten == 26 and st.keys == 75  # down to three quarters (75 + the new one)
+    assert st.forgotten_ts == 125.0  # the newest removal forgotten: key 25's
+    assert _one(st, kernel.STORE, 0, 301.0) == kernel.FIRST  # forgotten: a first store
+    assert _one(st, kernel.STORE, 99, 302.0) == kernel.RECOMPUTED  # remembered
+    assert _one(st, kernel.REMOVE, 5, 303.0) == kernel.ORPHAN  # as without the bound
+
+
+def test_issue22_kernel_keeps_live_keys_and_rebuilds_a_quarter_at_a_time() -> None:
+    from kvtool.report import kernel
+
+    st = kernel.State(max_keys=100)
+    for h in range(200):  # all live: nothing can be forgotten
+        _one(st, kernel.STORE, h, float(h))
+    assert st.keys == 200 and st.forgotten == 0
+    for h in range(20):  # 20 gone: fewer than a quarter of the bound, kept
+        _one(st, kernel.REMOVE, h, 300.0 + h)
+    table = st.table
+    _one(st, kernel.STORE, 500, 400.0)
+    assert st.table is table and st.forgotten == 0  # no rebuild for a few keys
+    for h in range(20, 30):  # the 26th call finds 25 gone: they go, the next 5 stay
+        _one(st, kernel.REMOVE, h, 300.0 + h)
+    _one(st, kernel.STORE, 501, 401.0)
+    assert st.forgotten == 25 and st.keys == 177  # 170 live, 5 gone, the two new ones
+    for h in range(30, 200):  # the live ones all still there
+        assert _one(st, kernel.STORE, h, 500.0) == kernel.WHILE_LIVE

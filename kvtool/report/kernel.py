@@ -170,7 +170,9 @@ class State:
     Args:
         max_keys: Keep at most about this many keys (None: every key ever stored, exact).
             Past it, :meth:`reserve` forgets the keys that went not live the longest ago
-            (down to three quarters of it; live keys are never forgotten): a later store
+            (down to three quarters of it, at least a quarter at a time; live keys are
+            never forgotten, so at most a quarter of it is gone keys kept beside them when
+            they alone pass it): a later store
             of a forgotten key is a first store, not a recompute. :attr:`forgotten`
             counts them, :attr:`forgotten_ts` is the newest removal time forgotten.
     """
@@ -233,7 +235,9 @@ class State:
         t = self.table
         gone = np.flatnonzero((t.chan != _EMPTY) & (t.copies == 0))
         k = min(excess, len(gone))
-        if k <= 0:
+        if k <= 0 or k < (self.max_keys or 0) // 4:
+            # Mostly live keys (never forgotten): wait until a quarter of the bound can go,
+            # so that a rebuild is not paid on every call (the gone keys stay below that).
             return
         drop = gone[np.argpartition(t.gone_ts[gone], k - 1)[:k]] if k < len(gone) else gone
         newest = float(t.gone_ts[drop].max())
