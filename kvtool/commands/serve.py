@@ -174,9 +174,11 @@ def serve(
     last snapshot (every --interval). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
+    from kvtool.report.procs import give_back_big_buffers
     from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.top import RecordingSource, ReportFeed
 
+    give_back_big_buffers()  # a server runs for days: freed state tables go back (glibc)
     env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (

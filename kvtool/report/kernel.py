@@ -172,9 +172,9 @@ class State:
             Past it, :meth:`reserve` forgets the keys that went not live the longest ago
             (down to three quarters of it, at least a quarter at a time; live keys are
             never forgotten, so at most a quarter of it is gone keys kept beside them when
-            they alone pass it): a later store
-            of a forgotten key is a first store, not a recompute. :attr:`forgotten`
-            counts them, :attr:`forgotten_ts` is the newest removal time forgotten.
+            they alone pass it): a later store of a forgotten key is a first store, not a
+            recompute. :attr:`forgotten` counts them, :attr:`forgotten_ts` is the newest
+            removal time forgotten.
     """
 
     def __init__(self, max_keys: int | None = None) -> None:
