@@ -169,3 +169,21 @@ def test_issue22_kernel_keeps_live_keys_and_rebuilds_a_quarter_at_a_time() -> No
     assert st.forgotten == 25 and st.keys == 177  # 170 live, 5 gone, the two new ones
     for h in range(30, 200):  # the live ones all still there
         assert _one(st, kernel.STORE, h, 500.0) == kernel.WHILE_LIVE
+
+
+def test_issue22_serve_gives_big_buffers_back() -> None:
+    """serve sets glibc's mmap threshold (fixed, 1 MiB), so the state's rebuilt tables are
+    unmapped when freed instead of leaving heap holes that RSS keeps."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    code = "from kvtool.report.procs import give_back_big_buffers as g; print(g())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.stdout.strip() == "True", proc.stderr
+    src = (Path(__file__).parent.parent / "kvtool" / "commands" / "serve.py").read_text()
+    assert "give_back_big_buffers()" in src
