@@ -168,10 +168,11 @@ def serve(
     --record FILE to keep the stream too), or plays a recording by receive time, and
     serves /metrics in Prometheus's text format: kvtool_blocks_stored_total,
     kvtool_live_blocks, kvtool_block_lifetime_seconds and the rest, labelled kind,
-    sliding_window, group, rank and endpoint, plus the stream's health (batches
+    sliding_window, group, rank, medium and endpoint, plus the stream's health (batches
     received, recovered, lost, restarts, seconds since the last batch). The numbers are
     the report engine's: a counter equals `kvtool report` on the same stream, as of the
-    last snapshot (every --interval). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
+    last snapshot (every --interval; recomputes while --remember-keys has forgotten no
+    key). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
     from kvtool.report.procs import give_back_big_buffers
