@@ -40,11 +40,14 @@ if TYPE_CHECKING:
 
     from kvtool.recording.ledger import GapLedger
     from kvtool.report import ReportBuilder
+    from kvtool.report.snapshot import SecondsSnapshot
     from kvtool.top import Health, ReportFeed, Source
 
-LABELS = ("endpoint", "rank", "group", "kind", "sliding_window")
-"""The labels of every per-row family, coarsest first. ``medium`` is not among them: the
-report engine has no per-medium rows (a block's removal carries its medium, a clear none)."""
+LABELS = ("endpoint", "rank", "group", "kind", "sliding_window", "medium")
+"""The labels of every per-row family, coarsest first. ``medium`` is the events' own
+(``GPU``, ``CPU`` ...; ``none`` when absent): the report rows of a rank are keyed by it too
+(:class:`kvtool.report.ReportBuilder` ``by_medium``), over the one live-block state, so
+the rows of a (group, kind, window) add up to its ``kvtool report`` row."""
 
 OTHER = "other"
 """The label value that label values past the limit fold into."""
@@ -106,6 +109,16 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
     ExporterMetric("pool_occupancy", "gauge", "kvtool_pool_occupancy_ratio",
                    "Live blocks of a rank over its pool size (--pool-blocks).",
                    ("endpoint", "rank")),
+    ExporterMetric("state_keys", "gauge", "kvtool_state_keys",
+                   "Keys the report state of a rank holds (live, and gone but remembered "
+                   "for recompute detection).", ("endpoint", "rank")),
+    ExporterMetric("keys_forgotten", "counter", "kvtool_keys_forgotten",
+                   "Gone keys recompute detection forgot (past --remember-keys): a re-store "
+                   "of one counts as a first store, not a recompute.", ("endpoint", "rank")),
+    ExporterMetric("recompute_horizon", "gauge", "kvtool_recompute_horizon_seconds",
+                   "Seconds of the stream back to the oldest removal recompute detection "
+                   "still remembers (the whole stream while nothing is forgotten).",
+                   ("endpoint", "rank")),
     ExporterMetric("label_limit_reached", "gauge", "kvtool_label_limit_reached",
                    "1 when values of this label fold into 'other' (past --label-limit).",
                    ("label",)),
@@ -114,22 +127,16 @@ EXPORTER_METRICS: tuple[ExporterMetric, ...] = (
 
 EXPORTER_BY_NAME = {m.name: m for m in EXPORTER_METRICS}
 
-HISTOGRAM_SOURCES: dict[str, tuple[str, tuple[str, str, str] | None]] = {
-    "kvtool_block_lifetime_seconds": ("life", ("lifetimes", "lifetime_s", "hist")),
-    "kvtool_recompute_gap_seconds": ("gaps", None),
+HISTOGRAM_SOURCES: dict[str, str] = {
+    "kvtool_block_lifetime_seconds": "lifetime_s",
+    "kvtool_recompute_gap_seconds": "recompute_gap_s",
 }
-"""Per histogram family, where a report builder keeps its samples: the attribute of its
-samples object (``exact``: a list of (gkeys, values) arrays; ``hist``: None, or the log
-histogram, ``frame()`` giving (gkey, bin, n)), and the older layout of the same samples
-(the attribute of a list of (gkey, VALUE) frames, VALUE, the attribute of the histogram
-frame), or None. A family the engine keeps no samples of is not served (not an error)."""
+"""Per histogram family, the report builder's sample family it is read from
+(:data:`kvtool.report.snapshot.SAMPLE_FAMILIES`)."""
 
 
-def histogram_samples(builder: object, family: str) -> tuple[Sequence[tuple[Any, Any]], Any] | None:
-    """Return a builder's samples of a histogram family, in either layout of the engine.
-
-    The samples are (exact (gkeys, values) pairs, in the order added; the log-histogram
-    frame (gkey, bin, n) once past the exact limit, or None).
+def histogram_samples(builder: ReportBuilder, family: str) -> SecondsSnapshot | None:
+    """Return a builder's samples of a histogram family (its public snapshot).
 
     Args:
         builder: A :class:`kvtool.report.ReportBuilder`.
@@ -138,20 +145,9 @@ def histogram_samples(builder: object, family: str) -> tuple[Sequence[tuple[Any,
     Returns:
         The samples, or None when the engine keeps none of this family.
     """
-    attr, older = HISTOGRAM_SOURCES[family]
-    obj = getattr(builder, attr, None)
-    if obj is not None and hasattr(obj, "exact"):
-        hist = getattr(obj, "hist", None)
-        return list(obj.exact), (hist.frame() if hist is not None else None)
-    if older is None:
-        return None
-    frames_attr, column, hist_attr = older
-    frames = getattr(builder, frames_attr, None)
-    frame = getattr(builder, hist_attr, None)
-    if frames is None and frame is None:
-        return None
-    pairs = [(f["gkey"].to_numpy(), f[column].to_numpy()) for f in frames or ()]
-    return pairs, frame
+    from kvtool.report.snapshot import builder_samples
+
+    return builder_samples(builder).families.get(HISTOGRAM_SOURCES[family])
 
 
 # -- label folding ---------------------------------------------------------------------------
@@ -253,28 +249,18 @@ class _Hist:
         self.counts += flat.reshape(-1, _NB).astype(np.int64)
         self.sums += np.bincount(gkey, weights=values * weight, minlength=len(self.sums))
 
-    def update(self, builder: ReportBuilder, family: str) -> bool:
-        """Take the builder's new samples; return False when it keeps none of this family."""
-        got = histogram_samples(builder, family)
+    def update(self, got: SecondsSnapshot | None) -> bool:
+        """Take a builder's new samples; return False when it keeps none of this family."""
         if got is None:
             return False
-        exact, hist = got
-        if hist is not None:
+        if got.binned is not None:
             # Past the exact limit the engine keeps a log histogram of every sample: the
             # buckets are taken again from its bin centres, never below what was served.
-            import polars as pl
-
-            from kvtool.report.aggregates import hist_centre
-
-            f = hist.select("gkey", v=hist_centre(pl.col("bin")), n="n")
+            gkey, v, n = got.binned
             old_c, old_s = self.counts, self.sums
             self.counts = np.zeros((0, _NB), dtype=np.int64)
             self.sums = np.zeros(0)
-            self._add(
-                f["gkey"].to_numpy().astype(np.int64),
-                f["v"].to_numpy(),
-                f["n"].to_numpy().astype(np.float64),
-            )
+            self._add(gkey.astype(np.int64), v, n.astype(np.float64))
             self._grow(len(old_c))
             # Never below what was served, on the cumulative counts (what a histogram's
             # buckets are): a per-bucket maximum of two binnings counted samples near an
@@ -285,11 +271,13 @@ class _Hist:
             self.sums[: len(old_s)] = np.maximum(self.sums[: len(old_s)], old_s)
             self.frames_done = 0
             return True
-        for gk, v in exact[self.frames_done :]:
+        for gk, vals in got.exact[self.frames_done :]:
             self._add(
-                np.asarray(gk, dtype=np.int64), np.asarray(v, dtype=np.float64), np.ones(len(v))
+                np.asarray(gk, dtype=np.int64),
+                np.asarray(vals, dtype=np.float64),
+                np.ones(len(vals)),
             )
-        self.frames_done = len(exact)
+        self.frames_done = len(got.exact)
         return True
 
     def get(self, gkey: int) -> tuple[NDArray[Any], float] | None:
@@ -420,6 +408,10 @@ class Exporter:
         self.families: list[Family] = []
         self._hists: dict[tuple[int | None, str], _Hist] = {}
         self._served_hists: set[str] = set()
+        # Per (endpoint, rank) label pair: the state's keys, forgotten keys, horizon.
+        self._state: dict[tuple[str, str], tuple[int, int, float | None]] = {}
+        self._forgetting: set[int | None] = set()
+        self._on_finding = on_finding
         self._labelstr: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, str]] = {}
         self._body = b""
         self._gz: tuple[bytes, bytes] | None = None
@@ -454,6 +446,11 @@ class Exporter:
                 for key, v in f.series:
                     fam.add_metric(list(key), v)
             yield fam
+
+    def _finding(self, text: str) -> None:
+        self.folder.findings.append(text)
+        if self._on_finding is not None:
+            self._on_finding(text)
 
     def body(self) -> bytes:
         """Return the exposition text of the last snapshot (what ``/metrics`` sends)."""
@@ -534,27 +531,52 @@ class Exporter:
         for ref in feed.stats.channels.values():
             endpoints.setdefault(ref.info.dp_rank, set()).add(ref.info.endpoint)
         out: list[tuple[tuple[str, ...], Mapping[str, object], dict[str, tuple[Any, float]]]] = []
+        from kvtool.report.snapshot import builder_samples
+
+        state: set[tuple[str, str]] = set()
         for rank, builder in sorted(
             feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
         ):
+            snap = builder_samples(builder)
             hists: dict[str, _Hist] = {}
-            for fam in HISTOGRAM_SOURCES:
+            for fam, source in HISTOGRAM_SOURCES.items():
                 h = self._hists.setdefault((rank, fam), _Hist())
-                if h.update(builder, fam):
+                if h.update(snap.families.get(source)):
                     hists[fam] = h
                     self._served_hists.add(fam)
             # A channel with no rank of its own whose payloads carry one serves that rank.
             eps = endpoints.get(rank) or endpoints.get(None) or set()
             endpoint = printable(",".join(sorted(eps))) or NONE
+            pair = (
+                self.folder.value("endpoint", endpoint),
+                self.folder.value("rank", _value(rank)),
+            )
+            old = self._state.get(pair, (0, 0, None))
+            self._state[pair] = (
+                old[0] + snap.keys if pair in state else snap.keys,
+                old[1] + snap.forgotten if pair in state else snap.forgotten,
+                snap.horizon_s,
+            )
+            state.add(pair)
+            if snap.forgotten and rank not in self._forgetting:
+                self._forgetting.add(rank)
+                self._finding(
+                    f"rank {_value(rank)}: recompute detection keeps a bounded number of keys "
+                    "(--remember-keys) and forgot the oldest removed ones; a re-store of one "
+                    "counts as a first store, not a recompute (kvtool_keys_forgotten_total, "
+                    "kvtool_recompute_horizon_seconds)"
+                )
             for row in builder.tables()["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
-                gkey = builder.registry.get((g, k, w))  # type: ignore[arg-type]
+                med = row.get("medium")
+                key = (g, k, w, med) if "medium" in row else (g, k, w)
+                gkey = snap.rows.get(key)  # type: ignore[arg-type]
                 samples: dict[str, tuple[Any, float]] = {}
                 for fam, h in hists.items():
                     got = None if gkey is None else h.get(gkey)
                     if got is not None:
                         samples[fam] = got
-                values = (endpoint, _value(rank), _value(g), _value(k), _value(w))
+                values = (endpoint, _value(rank), _value(g), _value(k), _value(w), _value(med))
                 out.append((self.folder.key(LABELS, values), row, samples))
         return out
 
@@ -632,6 +654,13 @@ class Exporter:
                     live[k2] = live.get(k2, 0.0) + (float(v) if isinstance(v, int) else 0.0)
                 usable = usable_blocks(self.pool_blocks)
                 fam.series.extend((k, n / usable) for k, n in live.items())
+            elif em.name in ("state_keys", "keys_forgotten", "recompute_horizon"):
+                for pair, (keys, forgotten, horizon) in self._state.items():
+                    v = (keys, forgotten, horizon)[
+                        ("state_keys", "keys_forgotten", "recompute_horizon").index(em.name)
+                    ]
+                    if v is not None:
+                        fam.series.append((pair, float(v)))
             elif em.name == "label_limit_reached":
                 fam.series.extend(((label,), 1.0) for label in self.folder.reached)
             else:
@@ -665,6 +694,34 @@ class ExportingView(TopView):
         super().tick(now)
         if self.exporter is not None:
             self.exporter.update(self.feed, _fed(health, self.feed), ledger)
+
+
+def warm_up() -> None:
+    """Load the decoder's and the state kernel's compiled code, and polars', before a stream.
+
+    numba loads a cached kernel on its first call (~0.7 s, more on a cold cache): done on
+    the first batches of a max-speed burst, that is lag the stream waits through. A
+    throwaway feed is fed a store, a remove and a clear (nothing of it is served).
+    """
+    import msgspec
+
+    from kvtool.recording.reader import ChannelInfo, RecordedMessage
+    from kvtool.top import ReportFeed
+
+    chan = ChannelInfo(0, "warm-up", "warm-up", "", 0)
+    events = [
+        {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+         "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": "GPU",
+         "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 0},
+        {"type": "AllBlocksCleared"},
+    ]  # fmt: skip
+    data = msgspec.msgpack.encode([1.0, events, 0])
+    feed = ReportFeed(whole_stream=False)
+    feed.add([RecordedMessage(chan, 0, 1_000_000_000, 1_000_000_000, data, 0)])
+    from kvtool.top import Health
+
+    Exporter().update(feed, Health(), None)
 
 
 def run_serve(
@@ -773,4 +830,5 @@ __all__ = [
     "open_gaps",
     "run_serve",
     "source_ledger",
+    "warm_up",
 ]

@@ -331,6 +331,8 @@ class ReportFeed:
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         whole_stream: Also keep the whole stream's builder (the kind, window and group
             views of :meth:`snapshot`); ``serve`` reads the per-rank builders only.
+        max_keys: Bound the per-rank builders' memory (``serve --remember-keys``):
+            :class:`kvtool.report.ReportBuilder` ``max_keys``; None: exact.
     """
 
     def __init__(
@@ -340,6 +342,7 @@ class ReportFeed:
         groups_file: str | None = None,
         group_flags: Sequence[str] | None = None,
         whole_stream: bool = True,
+        max_keys: int | None = None,
     ) -> None:
         from kvtool.annotate import GroupLearner
         from kvtool.columns import ReadStats, TableAnnotator, make_annotator
@@ -365,6 +368,7 @@ class ReportFeed:
             )
         self._builder = ReportBuilder(None, self._annotator.group_kind)
         self._whole = whole_stream
+        self._max_keys = max_keys
         self._ranks: dict[int | None, ReportBuilder] = {}
         self._chan_ids: dict[tuple[str, int], int] = {}
         # A live stream's messages, kept while a row may still change its kind (issue 24):
@@ -448,7 +452,10 @@ class ReportFeed:
         for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
             rb = self._ranks.get(rank)
             if rb is None:
-                rb = self._ranks[rank] = ReportBuilder(None, self._annotator.group_kind)
+                # Rows per medium too: serve's ``medium`` label (by_kind is unchanged).
+                rb = self._ranks[rank] = ReportBuilder(
+                    None, self._annotator.group_kind, by_medium=True, max_keys=self._max_keys
+                )
             rb.add(part)
         if self._kept is not None:
             self._keep_while_pending(df, release=not refeeding)

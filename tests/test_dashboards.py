@@ -40,6 +40,7 @@ SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 VARIABLES = {
     "$kind": "full_attention",
     "$rank": ".*",
+    "$medium": ".*",
     "$__rate_interval": "1m",
     "$__range": "5m",
     "$__interval": "1s",
@@ -65,6 +66,18 @@ def dashboard_exprs() -> list[str]:
         if var["type"] == "query":
             exprs.append(var["query"]["query"])
     return exprs
+
+
+def as_query(expr: str) -> str:
+    """A dashboard expression with Grafana's variables filled in; a variable's
+    ``label_values(METRIC{SEL}, LABEL)`` as the PromQL that gives those values."""
+    q = expr
+    for var, val in VARIABLES.items():
+        q = q.replace(var, val)
+    m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", q)
+    if m:
+        q = f"count by ({m.group(2)}) ({m.group(1)})"
+    return q
 
 
 def rule_exprs() -> list[str]:
@@ -202,14 +215,11 @@ def test_issue22_every_dashboard_query_runs_on_a_real_prometheus(tmp_path: Path)
                 time.sleep(0.2)
             empty = []
             for expr in dashboard_exprs() + rule_exprs():
-                q = expr
-                for var, val in VARIABLES.items():
-                    q = q.replace(var, val)
-                if q.startswith("label_values("):
-                    metric = q.removeprefix("label_values(").split(",")[0].split("{")[0]
-                    assert prom.query(metric), expr
-                    continue
+                q = as_query(expr)
                 res = prom.query(q)  # a syntax error fails here
+                if expr.startswith("label_values("):
+                    assert res, expr  # a variable with no values
+                    continue
                 if not res and not {base(n) for n in NAME.findall(q)} & pending:
                     empty.append(expr)
     finally:
@@ -232,3 +242,50 @@ def test_issue22_readme_prometheus_config_is_valid_and_scrapes_serve_default() -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "127.0.0.1:9400" in cfg.read_text()  # serve's default bind
     assert "kvtool.rules.yml" in cfg.read_text()
+
+
+def test_issue22_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses every panel and variable query (as recording rules): no server."""
+    exprs = [as_query(e) for e in dashboard_exprs()]
+    rules = tmp_path / "dashboard.rules.yml"
+    rules.write_text(
+        "groups:\n  - name: dashboard\n    rules:\n"
+        + "".join(
+            f"      - record: kvtool:dashboard_{i}\n        expr: {json.dumps(e)}\n"
+            for i, e in enumerate(exprs)
+        )
+    )
+    proc = subprocess.run(
+        [promtool(), "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in proc.stdout
+
+
+def test_issue22_dashboard_legends_and_variables_name_served_labels() -> None:
+    """Every ``{{label}}`` of a legend is one the exporter serves and the query keeps; every
+    variable a query uses is the dashboard's (or Grafana's own); the medium variable is
+    there and filters every per-row query that the rank variable filters."""
+    from kvtool.serve import LABELS
+
+    dash = json.loads(DASHBOARD.read_text())
+    defined = {f"${v['name']}" for v in dash["templating"]["list"]}
+    assert "$medium" in defined
+    builtin = {"$__rate_interval", "$__range", "$__interval"}
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            expr, legend = t["expr"], t.get("legendFormat", "")
+            assert set(re.findall(r"\$\w+", expr)) <= defined | builtin, expr
+            for label in re.findall(r"\{\{(\w+)\}\}", legend):
+                assert label in LABELS, (label, expr)
+                kept = re.search(r"\bby \(([^)]*)\)", expr)
+                assert kept and label in kept.group(1).replace(" ", "").split(","), expr
+            per_row = {m.prom_name for m in METRICS if m.prom != "none"}
+            if {base(n) for n in NAME.findall(expr)} <= per_row:
+                assert 'medium=~"$medium"' in expr, expr  # a per-row family
+            else:
+                assert "medium" not in expr, expr  # the exporter's own: no medium label

@@ -69,6 +69,21 @@ PoolBlocks = Annotated[
     ),
 ]
 
+RememberKeys = Annotated[
+    int,
+    typer.Option(
+        "--remember-keys",
+        min=0,
+        metavar="N",
+        help="Keys kept per rank for recompute detection, so memory stays bounded on an "
+        "endless stream: past N the oldest removed ones are forgotten (a re-store of one "
+        "counts as a first store; kvtool_keys_forgotten_total says how many). 0: keep "
+        "every key (exact, as report; memory grows with the stream).",
+    ),
+]
+DEFAULT_REMEMBER_KEYS = 1_000_000
+"""``--remember-keys``'s default: ~60-120 MB of state per rank (57 bytes a table slot)."""
+
 
 def is_recording(targets: list[str]) -> bool:
     """True when ``targets`` is one recording (FILE.mcap, or an existing file)."""
@@ -144,6 +159,7 @@ def serve(
     pool_blocks: PoolBlocks = None,
     label_limit: LabelLimit = 256,
     max_series: MaxSeries = 2000,
+    remember_keys: RememberKeys = DEFAULT_REMEMBER_KEYS,
     replay_timeout: ReplayTimeout = "2s",
 ) -> ExitStatus:
     """Serve the KV cache's numbers per kind, window, group and rank to Prometheus.
@@ -152,15 +168,18 @@ def serve(
     --record FILE to keep the stream too), or plays a recording by receive time, and
     serves /metrics in Prometheus's text format: kvtool_blocks_stored_total,
     kvtool_live_blocks, kvtool_block_lifetime_seconds and the rest, labelled kind,
-    sliding_window, group, rank and endpoint, plus the stream's health (batches
+    sliding_window, group, rank, medium and endpoint, plus the stream's health (batches
     received, recovered, lost, restarts, seconds since the last batch). The numbers are
     the report engine's: a counter equals `kvtool report` on the same stream, as of the
-    last snapshot (every --interval). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
+    last snapshot (every --interval; recomputes while --remember-keys has forgotten no
+    key). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
-    from kvtool.serve import Exporter, run_serve
+    from kvtool.report.procs import give_back_big_buffers
+    from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.top import RecordingSource, ReportFeed
 
+    give_back_big_buffers()  # a server runs for days: freed state tables go back (glibc)
     env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (
@@ -179,13 +198,24 @@ def serve(
                 raise UsageError(f"serve FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
         feed = ReportFeed(
-            source.groups, groups_file=str(groups) if groups else None, whole_stream=False
+            source.groups,
+            groups_file=str(groups) if groups else None,
+            whole_stream=False,
+            max_keys=remember_keys or None,
         )
     else:
         if exit_at_end:
             raise UsageError("serve ENDPOINT: --exit-at-end is for a recording")
         source, feed = live_source(
-            targets, replay, dp_size, topic, record, force, groups, replay_timeout
+            targets,
+            replay,
+            dp_size,
+            topic,
+            record,
+            force,
+            groups,
+            replay_timeout,
+            max_keys=remember_keys or None,
         )
 
     def finding(text: str) -> None:
@@ -195,6 +225,8 @@ def serve(
         label_limit=label_limit, max_series=max_series, pool_blocks=pool_blocks, on_finding=finding
     )
     try:
+        # Before subscribing: the first batches of a burst then find the kernels loaded.
+        warm_up()
         server = open_server(metrics, exporter)
     except BaseException:
         source.stop()
@@ -226,6 +258,7 @@ def live_source(
     replay_timeout: str,
     *,
     whole_stream: bool = False,
+    max_keys: int | None = None,
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
 
@@ -240,6 +273,7 @@ def live_source(
         replay_timeout: ``--replay-timeout``.
         whole_stream: The feed also keeps the whole stream's report (``top``'s views),
             not only the per-rank ones (``serve``).
+        max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -271,7 +305,11 @@ def live_source(
         groups=group_list,
         groups_source=str(groups) if groups is not None else "",
     )
-    feed = Feed(groups_file=str(groups) if groups is not None else None, whole_stream=whole_stream)
+    feed = Feed(
+        groups_file=str(groups) if groups is not None else None,
+        whole_stream=whole_stream,
+        max_keys=max_keys,
+    )
     return source, feed
 
 
@@ -286,6 +324,7 @@ HELP_PANELS = {
             "--pool-blocks",
             "--label-limit",
             "--max-series",
+            "--remember-keys",
         ],
         "Live": [
             "--replay-endpoint",

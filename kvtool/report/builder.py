@@ -91,6 +91,10 @@ if TYPE_CHECKING:
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
 
+MediumRow = tuple[int | None, str, int | None, str | None]
+"""(group_idx, kind, sliding_window, medium) of one report row of a builder made with
+``by_medium`` (``kvtool serve``'s ``medium`` label)."""
+
 _I64 = "int64"
 
 
@@ -114,6 +118,14 @@ def _plausible_ts(df: pl.DataFrame) -> NDArray[Any]:
         return ts
     fallback = df["log_time"].to_numpy().astype(np.float64) * 1e-9
     return np.where(ok, ts, fallback)
+
+
+def _codes(strings: pl.Series) -> NDArray[Any]:
+    """Codes of a few strings (null: -1), equal where the strings are, within one call."""
+    return np.asarray(
+        strings.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy(),
+        dtype=_I64,
+    )
 
 
 def _changes(values: NDArray[Any], out: NDArray[Any]) -> None:
@@ -177,6 +189,15 @@ class ReportBuilder:
             ``info`` and ``replay --since`` read) or ``publish`` (the batch ``ts``).
         origin_ns: The timeline's time zero on ``clock`` (ns since the epoch;
             :func:`kvtool.report.timeline.input_origin`); None: the first row's time.
+        by_medium: Key report rows by medium too (each row's ``medium`` column; by_group
+            then has a ``medium`` column and a row per medium). The live-block state is
+            keyed as always, so the rows of one (group, kind, window) add up to the row
+            a builder without it gives.
+        max_keys: Bound the state's memory (a long-running ``kvtool serve``): keep about
+            this many keys for recompute detection (:class:`kvtool.report.kernel.State`
+            ``max_keys``: the keys gone longest ago are forgotten, a later store of one is
+            a first store) and no distinct hashes (``distinct_hashes`` is then 0). None:
+            exact, every key kept (``kvtool report``).
     """
 
     def __init__(
@@ -185,14 +206,19 @@ class ReportBuilder:
         group_kind: attribution.GroupKind | None = None,
         clock: str = DEFAULT_CLOCK,
         origin_ns: int | None = None,
+        *,
+        by_medium: bool = False,
+        max_keys: int | None = None,
     ) -> None:
+        self.by_medium = by_medium
+        self.max_keys = max_keys
         self.every_ns = every_ns
         self.clock = check_clock(clock)
         self.origin_ns = origin_ns
         self.group_kind = group_kind
         self.rows = 0
-        self.registry: dict[ReportRow, int] = {}
-        self.kstate = kernel.State()
+        self.registry: dict[ReportRow | MediumRow, int] = {}
+        self.kstate = kernel.State(max_keys)
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
         # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
@@ -263,8 +289,10 @@ class ReportBuilder:
 
     # -- registry of report rows (group_idx, kind, window) --------------------------------
 
-    def _gkey_of(self, group_idx: int | None, kind: str, window: int | None) -> int:
-        key = (group_idx, kind, window)
+    def _gkey_of(
+        self, group_idx: int | None, kind: str, window: int | None, *medium: str | None
+    ) -> int:
+        key: ReportRow | MediumRow = (group_idx, kind, window, *medium)  # type: ignore[assignment]
         if key not in self.registry:
             self.registry[key] = len(self.registry)
         return self.registry[key]
@@ -299,7 +327,12 @@ class ReportBuilder:
         if any_unattributed:
             window_null = window_null | unattributed
             window = np.where(unattributed, 0, window)
-        cols = (group, no_group, kind_run, unattributed, window, window_null, skip)
+        cols: tuple[NDArray[Any], ...] = (
+            group, no_group, kind_run, unattributed, window, window_null, skip
+        )  # fmt: skip
+        medium_s = df["medium"] if self.by_medium else None
+        if medium_s is not None:
+            cols = (*cols, medium_s.rle_id().to_numpy())
         change = np.zeros(n, dtype=bool)
         change[0] = True
         for values in cols:
@@ -317,7 +350,10 @@ class ReportBuilder:
         if any_unattributed:
             kind = np.where(unattributed[starts], -2, kind)
         at = [group, no_group, None, window, window_null, skip]
-        packed = _pack([kind if values is None else values[starts] for values in at])
+        codes = [kind if values is None else values[starts] for values in at]
+        if medium_s is not None:
+            codes.append(_codes(medium_s.gather(starts)))
+        packed = _pack(codes)
         _uniq, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         code_gkey = np.full(len(first), -1, dtype=_I64)
         for j in np.argsort(first).tolist():
@@ -330,14 +366,15 @@ class ReportBuilder:
                 None if no_group[r] else int(group[r]),
                 k_final,
                 None if window_null[r] else int(window[r]),
+                *(() if medium_s is None else (medium_s[r],)),
             )
         lengths = np.diff(np.append(starts, n))
         out: NDArray[Any] = np.repeat(code_gkey[inverse.reshape(-1)], lengths)
         return out
 
     def _registry_frame(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            [(g, k, w, i) for (g, k, w), i in self.registry.items()],
+        frame = pl.DataFrame(
+            [(key[0], key[1], key[2], i) for key, i in self.registry.items()],
             schema={
                 "group_idx": pl.Int64,
                 "kind_final": pl.String,
@@ -346,6 +383,10 @@ class ReportBuilder:
             },
             orient="row",
         )
+        if self.by_medium:
+            media = [key[3] if len(key) > 3 else None for key in self.registry]
+            frame = frame.with_columns(medium=pl.Series(media, dtype=pl.String))
+        return frame
 
     # -- one chunk ---------------------------------------------------------------------------
 
@@ -425,7 +466,12 @@ class ReportBuilder:
             # for everything from here (counts, peaks, timeline), as when the chunk
             # already attributed it (_attribute): chunk boundaries change nothing.
             gkey = gkey.copy()
-            gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
+            if self.by_medium:
+                media = df["medium"].to_numpy()
+                for m in dict.fromkeys(media[moved].tolist()):
+                    gkey[moved & (media == m)] = self._gkey_of(None, UNATTRIBUTED, None, m)
+            else:
+                gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
         self.row_gkey = gkey
         self._add_counts(
             df,
@@ -467,7 +513,7 @@ class ReportBuilder:
             delta_gkey = np.insert(delta_gkey, pos, out.drop_gkey)
             delta_row = np.insert(delta_row, pos, out.drop_row)
             dropped = np.insert(dropped, pos, True)
-        rows = {i: key for key, i in self.registry.items()}
+        rows: dict[int, ReportRow] = {i: (k[0], k[1], k[2]) for k, i in self.registry.items()}
         self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
             self._log_peaks(df, delta_row, delta_gkey, delta, rows)
@@ -629,6 +675,8 @@ class ReportBuilder:
         Returns:
             The partial report (:mod:`kvtool.report.partial`).
         """
+        if self.by_medium:
+            raise ValueError("a builder made with by_medium has no partial report")
         self._merge_distinct()
         log = self.peak_log if self.peak_log is not None else PeakLog()
         counts = {g: tuple(int(v) for v in row) for g, row in enumerate(self.counts.tolist())}
@@ -645,7 +693,7 @@ class ReportBuilder:
             # Channels are numbered at their first message, rows or not (as one read
             # numbers them); a batch log's first keys only for a read that kept none.
             first_keys={**log.firsts, **stats.first_keys},
-            rows=list(self.registry),
+            rows=[(k[0], k[1], k[2]) for k in self.registry],
             counts=counts,
             live_end=live_end,
             distinct=dict(self.distinct),
@@ -749,7 +797,7 @@ class ReportBuilder:
         """Resolve removes without group_idx on grouped channels (see attribution)."""
         if not attribution.needs_resolution(df, self.grouped_channels):
             return df
-        kind_of_gkey = {i: (k, w) for (_g, k, w), i in self.registry.items()}
+        kind_of_gkey = {i: (key[1], key[2]) for key, i in self.registry.items()}
         resolved, ambiguous = attribution.resolve_ungrouped(
             df, self._live_frame(), self.grouped_channels, kind_of_gkey, self.group_kind
         )
@@ -836,7 +884,7 @@ class ReportBuilder:
 
     def _add_distinct(self, gk: NDArray[Any], h: NDArray[Any]) -> None:
         """Collect the chunk's stored hashes per gkey (merged now and then: amortised)."""
-        if len(gk) == 0:
+        if len(gk) == 0 or self.max_keys is not None:
             return
         keys = np.flatnonzero(np.bincount(gk))
         for key in keys.tolist():
@@ -1063,13 +1111,16 @@ class ReportBuilder:
                     .sort("sliding_window", nulls_last=False)
                 )
             else:
-                keys = reg.select(col, "group_idx", kind="kind_final", sw="sliding_window")
+                more = ["medium"] if self.by_medium else []
+                keys = reg.select(col, "group_idx", *more, kind="kind_final", sw="sliding_window")
                 out[name] = (
                     t.join(keys, on=col, how="left")
-                    .select("group_idx", "kind", pl.col("sw").alias("sliding_window"), *COLUMNS)
+                    .select(
+                        "group_idx", "kind", pl.col("sw").alias("sliding_window"), *more, *COLUMNS
+                    )
                     # One group may hold rows of several windows (several channels):
                     # the window breaks the tie, so the order never depends on hashing.
-                    .sort(["group_idx", "kind", "sliding_window"], nulls_last=True)
+                    .sort(["group_idx", "kind", "sliding_window", *more], nulls_last=True)
                 )
         return {name: with_aliases(frame) for name, frame in out.items()}
 

@@ -166,9 +166,21 @@ class State:
     """The kernel's state, carried between chunks (see the module docstring).
 
     A fresh state is empty; :meth:`reserve` makes room before each :func:`advance`.
+
+    Args:
+        max_keys: Keep at most about this many keys (None: every key ever stored, exact).
+            Past it, :meth:`reserve` forgets the keys that went not live the longest ago
+            (down to three quarters of it, at least a quarter at a time; live keys are
+            never forgotten, so at most a quarter of it is gone keys kept beside them when
+            they alone pass it): a later store of a forgotten key is a first store, not a
+            recompute. :attr:`forgotten` counts them, :attr:`forgotten_ts` is the newest
+            removal time forgotten.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int | None = None) -> None:
+        self.max_keys = max_keys
+        self.forgotten = 0
+        self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
         self.entries = Entries(
             np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32), np.zeros(0, np.int32)
@@ -190,6 +202,8 @@ class State:
             top_channel: The largest channel id of the next call.
             gkeys: Report rows the next call may name.
         """
+        if self.max_keys is not None and self.keys + stores > self.max_keys:
+            self._forget(self.keys + stores - self.max_keys * 3 // 4, stores)
         cap = len(self.table.chan)
         need = self.keys + stores
         if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
@@ -211,6 +225,32 @@ class State:
             self.channels = Channels(_grown(c.head, size, -1), _grown(c.evictions, size, 0))
         if gkeys > len(self.live_gkey):
             self.live_gkey = _grown(self.live_gkey, gkeys, 0)
+
+    def _forget(self, excess: int, stores: int) -> None:
+        """Forget up to ``excess`` not-live keys, those gone longest ago, and rebuild the table.
+
+        Linear probing cannot leave holes in a probe run: the kept keys move into a new
+        table (sized for them and the next call's ``stores``), as when it grows.
+        """
+        t = self.table
+        gone = np.flatnonzero((t.chan != _EMPTY) & (t.copies == 0))
+        k = min(excess, len(gone))
+        if k <= 0 or k < (self.max_keys or 0) // 4:
+            # Mostly live keys (never forgotten): wait until a quarter of the bound can go,
+            # so that a rebuild is not paid on every call (the gone keys stay below that).
+            return
+        drop = gone[np.argpartition(t.gone_ts[gone], k - 1)[:k]] if k < len(gone) else gone
+        newest = float(t.gone_ts[drop].max())
+        self.forgotten_ts = newest if self.forgotten_ts is None else max(self.forgotten_ts, newest)
+        self.forgotten += k
+        t.chan[drop] = _EMPTY  # not live: in no channel's live-key list, no entries
+        self.meta[_KEYS] -= k
+        cap = 1 << 10
+        while 10 * (self.keys + stores) > 7 * cap:
+            cap *= 2
+        new = _table(cap)
+        _rehash(t, new, self.channels.head)
+        self.table = new
 
     def live_entries(self) -> tuple[NDArray[Any], ...]:
         """Every live copy: channel, group, no_group, hash, store time, report row.

@@ -103,6 +103,20 @@ def one_arena() -> bool:
     return _mallopt((_M_ARENA_MAX, 1))
 
 
+def give_back_big_buffers() -> bool:
+    """Have glibc's malloc map every buffer of 1 MiB or more, and unmap it when freed.
+
+    The opposite trade of :func:`keep_big_buffers`, for a process that runs for days
+    (``kvtool serve``): glibc's threshold otherwise rises to each freed mapping's size (up
+    to 32 MiB), and the state's tables of ~16 MiB arrays, rebuilt now and then, are then
+    carved from the heap, whose holes are never given back: RSS grew by each rebuild.
+
+    Returns:
+        True if set (glibc); False elsewhere (nothing changed).
+    """
+    return _mallopt((_M_MMAP_THRESHOLD, 1 << 20))
+
+
 def _mallopt(*settings: tuple[int, int]) -> bool:
     import ctypes
     import platform
@@ -242,6 +256,7 @@ __all__ = [
     "context",
     "default_jobs",
     "deferred_interrupt",
+    "give_back_big_buffers",
     "init_worker",
     "input_bytes",
     "keep_big_buffers",
