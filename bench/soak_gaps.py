@@ -311,6 +311,7 @@ def main() -> int:
                    help="seconds after the last send before the recorder is stopped (SIGTERM)")
     p.add_argument("--keep", action="store_true", help="keep the recordings")
     p.add_argument("--name", default="soak-gaps")
+    p.add_argument("--out", type=Path, help="write the figures here instead (JSON)")
     p.add_argument("--publisher", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.publisher is not None:
@@ -333,7 +334,11 @@ def main() -> int:
         "stop_after_s": args.stop_after, "load_at_start": load0, "load_at_end": os.getloadavg(),
         "runs": runs, "ok_runs": sum(r["ok"] for r in runs), "missing_total": lost,
     }
-    path = save_result(args.name, result)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
+        path = args.out
+    else:
+        path = save_result(args.name, result)
     print(json.dumps({"ok_runs": result["ok_runs"], "of": len(runs), "missing_total": lost,
                       "gaps_forced": [r["ledger_gaps"] for r in runs], "results": str(path),
                       "machine": machine()["cpu"]}))
