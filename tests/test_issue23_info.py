@@ -78,3 +78,19 @@ def test_issue23_info_table_says_the_tail_is_unconfirmed(
     row = " ".join(line.strip() for line in lines if "Unconfirmed:" in line or "replay" in line)
     assert f"{endpoint} from seq {n - 7}" in row
     assert "may be missing" in res.stdout.replace("\n", " ")
+
+
+def test_issue23_totals_only_ledger_with_unconfirmed_tails_is_not_complete() -> None:
+    """A ledger from another writer that counts unconfirmed tails but lists no channel:
+    one entry (never one per count) and a problem line, so info exits 3."""
+    from kvtool.info import RecordingInfo, unconfirmed_tails
+    from kvtool.recording.ledger import GapLedger
+
+    tails = unconfirmed_tails(GapLedger(unconfirmed=2**62))
+    assert [(t.channel, t.from_seq) for t in tails] == [("", None)]
+    info = RecordingInfo(path="run.mcap", size_bytes=0, unconfirmed=tails)
+    (line,) = info.problems()
+    assert line.startswith("run.mcap: the replay socket never confirmed what followed a channel")
+    assert info.to_json()["unconfirmed"] == [
+        {"endpoint": "", "topic": "", "dp_rank": None, "from_seq": None}
+    ]
