@@ -235,19 +235,43 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
     return out[:20]
 
 
-def one_run(args: argparse.Namespace, n: int, tmp: Path, msgs: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+def one_run(
+    args: argparse.Namespace, n: int, tmp: Path, msgs: list[tuple[bytes, bytes]]
+) -> dict[str, Any]:
     out = tmp / f"run{n}.mcap"
     err_path = tmp / f"run{n}.stderr"
     pub = subprocess.Popen(
-        [sys.executable, __file__, "--publisher", str(args.capture), "--batches",
-         str(args.batches), "--rate", str(args.rate), "--hwm", str(args.hwm)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            __file__,
+            "--publisher",
+            str(args.capture),
+            "--batches",
+            str(args.batches),
+            "--rate",
+            str(args.rate),
+            "--hwm",
+            str(args.hwm),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     rec: subprocess.Popen[bytes] | None = None
     try:
         eps = _read_json_line(pub, 30)
-        cmd = [*kvtool_cmd(), "record", eps["endpoint"], "--replay-endpoint", eps["replay"],
-               "-o", str(out), "-n", str(args.batches), "--status-every", "0"]
+        cmd = [
+            *kvtool_cmd(),
+            "record",
+            eps["endpoint"],
+            "--replay-endpoint",
+            eps["replay"],
+            "-o",
+            str(out),
+            "-n",
+            str(args.batches),
+            "--status-every",
+            "0",
+        ]
         with open(err_path, "wb") as err:
             rec = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         started = _read_json_line(pub, 90)["started"]
@@ -289,9 +313,14 @@ def one_run(args: argparse.Namespace, n: int, tmp: Path, msgs: list[tuple[bytes,
         summary=err_path.read_text(errors="replace").strip().splitlines()[-3:],
     )
     res["ok"] = (
-        res["missing"] == 0 and res["payload_mismatch"] == 0 and res["duplicates"] == 0
-        and res["extra"] == 0 and not res["ledger_lost"] and not res["ledger_unconfirmed"]
-        and code == 0 and res["file_complete"]
+        res["missing"] == 0
+        and res["payload_mismatch"] == 0
+        and res["duplicates"] == 0
+        and res["extra"] == 0
+        and not res["ledger_lost"]
+        and not res["ledger_unconfirmed"]
+        and code == 0
+        and res["file_complete"]
     )
     if not args.keep:
         out.unlink(missing_ok=True)
@@ -299,7 +328,9 @@ def one_run(args: argparse.Namespace, n: int, tmp: Path, msgs: list[tuple[bytes,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--capture", type=Path, default=CAPTURE, help="a .frames capture (looped)")
     p.add_argument("--batches", type=int, default=8000, help="batches per run")
     p.add_argument("--rate", type=float, default=1000.0, help="batches/s the engine publishes")
@@ -307,10 +338,15 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--stop", type=float, default=3.0, help="seconds the recorder is stopped")
     p.add_argument("--stop-after", type=float, default=2.0, help="seconds into the stream")
-    p.add_argument("--grace", type=float, default=60.0,
-                   help="seconds after the last send before the recorder is stopped (SIGTERM)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        help="seconds after the last send before the recorder is stopped (SIGTERM)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the recordings")
     p.add_argument("--name", default="soak-gaps")
+    p.add_argument("--out", type=Path, help="write the figures here instead (JSON)")
     p.add_argument("--publisher", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.publisher is not None:
@@ -328,15 +364,37 @@ def main() -> int:
                 print("  " + "\n  ".join(r["summary"]), flush=True)
     lost = sum(r["missing"] for r in runs)
     result = {
-        "capture": str(args.capture.relative_to(ROOT) if args.capture.is_relative_to(ROOT) else args.capture),
-        "batches": args.batches, "rate": args.rate, "hwm": args.hwm, "stop_s": args.stop,
-        "stop_after_s": args.stop_after, "load_at_start": load0, "load_at_end": os.getloadavg(),
-        "runs": runs, "ok_runs": sum(r["ok"] for r in runs), "missing_total": lost,
+        "capture": str(
+            args.capture.relative_to(ROOT) if args.capture.is_relative_to(ROOT) else args.capture
+        ),
+        "batches": args.batches,
+        "rate": args.rate,
+        "hwm": args.hwm,
+        "stop_s": args.stop,
+        "stop_after_s": args.stop_after,
+        "load_at_start": load0,
+        "load_at_end": os.getloadavg(),
+        "runs": runs,
+        "ok_runs": sum(r["ok"] for r in runs),
+        "missing_total": lost,
     }
-    path = save_result(args.name, result)
-    print(json.dumps({"ok_runs": result["ok_runs"], "of": len(runs), "missing_total": lost,
-                      "gaps_forced": [r["ledger_gaps"] for r in runs], "results": str(path),
-                      "machine": machine()["cpu"]}))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
+        path = args.out
+    else:
+        path = save_result(args.name, result)
+    print(
+        json.dumps(
+            {
+                "ok_runs": result["ok_runs"],
+                "of": len(runs),
+                "missing_total": lost,
+                "gaps_forced": [r["ledger_gaps"] for r in runs],
+                "results": str(path),
+                "machine": machine()["cpu"],
+            }
+        )
+    )
     return 0 if result["ok_runs"] == len(runs) else 1
 
 

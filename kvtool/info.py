@@ -186,7 +186,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
             Lines that start with the file name.
         """
         out: list[str] = []
-        out += _unconfirmed_problems(self.path, self.unconfirmed)
+        out += unconfirmed_lines(self.path, self.unconfirmed)
         if self.recovery is not None:
             out.append(self.recovery)
         g = self.gaps
@@ -329,7 +329,16 @@ class _Signature:
         return None
 
 
-def _unconfirmed_problems(path: str, tails: list[UnconfirmedTail]) -> list[str]:
+def unconfirmed_lines(path: str, tails: list[UnconfirmedTail]) -> list[str]:
+    """Say which channel tails the replay socket never confirmed: one line, or none.
+
+    Args:
+        path: The recording (or the stream) the line names first.
+        tails: :func:`unconfirmed_tails` of its ledger.
+
+    Returns:
+        No line when every tail was confirmed, else one.
+    """
     if not tails:
         return []
     where = ", ".join(_tail_text(t) for t in tails[:5])

@@ -39,13 +39,15 @@ HISTORY_S = 60.0
 SPARK = "▁▂▃▄▅▆▇█"
 
 # -- the inbox: bounded, consumed in bounded chunks (issue 23) ----------------------------
-INBOX_MAX = 4_096
-INBOX_BYTES = 64 * 1024 * 1024
+INBOX_MAX = 1_024
+INBOX_BYTES = 16 * 1024 * 1024
 """Batches (and payload bytes) waiting for the view. When full, the recorder thread waits
 for room (it is busy, as when writing; its gap recovery covers what ZeroMQ drops meanwhile,
 and a ``--record`` file loses nothing): the view drops refreshes, never batches."""
-CHUNK_MAX = 1_024
-CHUNK_BYTES = 16 * 1024 * 1024
+LIVE_RCVHWM = 1_000
+"""SUB receive high-water mark of ``top``'s and ``serve``'s recorder (``record``: 5,000)."""
+CHUNK_MAX = 256
+CHUNK_BYTES = 4 * 1024 * 1024
 """Batches (and bytes) decoded in one go: a burst is fed in pieces, never whole."""
 FEED_BUDGET_S = 0.25
 """A refresh feeds chunks for at most this long before the screen is drawn (health current)."""
@@ -370,6 +372,9 @@ class ReportFeed:
         self._whole = whole_stream
         self._max_keys = max_keys
         self._ranks: dict[int | None, ReportBuilder] = {}
+        # While every row has one rank, the whole stream's builder is that rank's too (no
+        # second copy of the state: issue 23's memory); a second rank clones it first.
+        self._solo: list[int | None] = []
         self._chan_ids: dict[tuple[str, int], int] = {}
         # A live stream's messages, kept while a row may still change its kind (issue 24):
         # see _keep_while_pending.
@@ -447,18 +452,41 @@ class ReportFeed:
         from kvtool.report import ReportBuilder
 
         df = self._annotator(raw, self.stats)
+        solo = self._whole and self._solo_rank(df)
         if self._whole:
             self._builder.add(df)
-        for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
-            rb = self._ranks.get(rank)
-            if rb is None:
-                # Rows per medium too: serve's ``medium`` label (by_kind is unchanged).
-                rb = self._ranks[rank] = ReportBuilder(
-                    None, self._annotator.group_kind, by_medium=True, max_keys=self._max_keys
-                )
-            rb.add(part)
+        if not solo:
+            for (rank,), part in df.partition_by("dp_rank", as_dict=True).items():
+                rb = self._ranks.get(rank)
+                if rb is None:
+                    # Rows per medium too: serve's ``medium`` label (by_kind is unchanged).
+                    rb = self._ranks[rank] = ReportBuilder(
+                        None, self._annotator.group_kind, by_medium=True, max_keys=self._max_keys
+                    )
+                rb.add(part)
         if self._kept is not None:
             self._keep_while_pending(df, release=not refeeding)
+
+    def _solo_rank(self, df: pl.DataFrame) -> bool:
+        """Whether the stream so far, this chunk included, has one rank (see ``_solo``).
+
+        At the first chunk with a second rank, the whole stream's builder (every row so
+        far was of the one rank) is cloned as that rank's builder, before the chunk.
+        """
+        import copy
+
+        if self._ranks:
+            return False
+        ranks = df["dp_rank"].unique().to_list()
+        if len(ranks) == 1 and (not self._solo or self._solo[0] == ranks[0]):
+            self._solo[:] = ranks
+            return True
+        if self._solo:
+            # The group lookup is the feed's annotator, shared, never copied.
+            memo = {id(self._annotator): self._annotator}
+            self._ranks[self._solo[0]] = copy.deepcopy(self._builder, memo)
+            self._solo.clear()
+        return False
 
     def _keep_while_pending(self, df: pl.DataFrame, *, release: bool = True) -> None:
         """Note the (channel, rank, group) keys of rows without a kind; stop keeping when done.
@@ -520,6 +548,7 @@ class ReportFeed:
         restart()
         self._builder = ReportBuilder(None, self._annotator.group_kind)
         self._ranks = {}
+        self._solo = []
         for i in range(0, len(kept), CHUNK_MAX):
             raw = self._decode(kept[i : i + CHUNK_MAX])
             if raw is not None:
@@ -532,6 +561,8 @@ class ReportFeed:
         Returns:
             dp_rank -> its builder, fed the rows of that rank only.
         """
+        if self._solo:
+            return {self._solo[0]: self._builder}
         return dict(self._ranks)
 
     def snapshot(self) -> dict[str, list[dict[str, object]]]:
@@ -543,8 +574,10 @@ class ReportFeed:
         """
         tabs = self._builder.tables()
         rank_rows: list[dict[str, object]] = []
-        for rank in sorted(self._ranks, key=lambda r: (r is None, r or 0)):
-            for row in self._ranks[rank].tables()["by_kind"].to_dicts():
+        ranks = self.builders()
+        for rank in sorted(ranks, key=lambda r: (r is None, r or 0)):
+            rows = tabs["by_kind"] if self._solo else ranks[rank].tables()["by_kind"]
+            for row in rows.to_dicts():
                 rank_rows.append({"dp_rank": rank, **row})
         return {
             "kind": tabs["by_kind"].to_dicts(),
@@ -739,6 +772,11 @@ class LiveSource:
         self.result: object = None
         self.path = " ".join(getattr(s, "endpoint", str(s)) for s in sources)
         self._n_sources = len(sources)
+        # The inbox is the queue: a deep SUB queue behind it would only hold more bytes
+        # here (the publisher's SNDHWM holds the rest; what it drops is a gap, recovered).
+        recorder_options.setdefault("rcvhwm", LIVE_RCVHWM)
+        # The view decodes every batch itself: no status decode (and its queue) here.
+        recorder_options.setdefault("status_decode", False)
         self.recorder = Recorder(
             record,
             sources,  # type: ignore[arg-type]

@@ -78,3 +78,56 @@ def test_issue23_info_table_says_the_tail_is_unconfirmed(
     row = " ".join(line.strip() for line in lines if "Unconfirmed:" in line or "replay" in line)
     assert f"{endpoint} from seq {n - 7}" in row
     assert "may be missing" in res.stdout.replace("\n", " ")
+
+
+def test_issue23_totals_only_ledger_with_unconfirmed_tails_is_not_complete() -> None:
+    """A ledger from another writer that counts unconfirmed tails but lists no channel:
+    one entry (never one per count) and a problem line, so info exits 3."""
+    from kvtool.info import RecordingInfo, unconfirmed_tails
+    from kvtool.recording.ledger import GapLedger
+
+    tails = unconfirmed_tails(GapLedger(unconfirmed=2**62))
+    assert [(t.channel, t.from_seq) for t in tails] == [("", None)]
+    info = RecordingInfo(path="run.mcap", size_bytes=0, unconfirmed=tails)
+    (line,) = info.problems()
+    assert line.startswith("run.mcap: the replay socket never confirmed what followed a channel")
+    assert info.to_json()["unconfirmed"] == [
+        {"endpoint": "", "topic": "", "dp_rank": None, "from_seq": None}
+    ]
+
+
+def test_issue23_top_file_says_the_tail_is_unconfirmed(
+    unconfirmed_recording: tuple[Path, int, str],
+) -> None:
+    """`top FILE --once --speed 0` on that recording names the tail and exits 3, as info."""
+    path, n, endpoint = unconfirmed_recording
+    res = runner.invoke(app, ["top", str(path), "--once", "--speed", "0"])
+    assert res.exit_code == 3, res.output
+    assert f"never confirmed what followed {endpoint} after seq {n - 8}" in res.stderr
+
+
+@pytest.mark.zmq
+def test_issue23_live_top_says_the_tail_is_unconfirmed(tmp_path: Path) -> None:
+    """Live `top --once` against the replay socket that never ends its answer: the tail is
+    said on stderr and top exits 3. Before: exit 0, nothing said."""
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    with Peer(
+        msgs, drop=set(range(n - 10, n)), replay_mode="cut", replay_cut=3, answer_limit=1
+    ) as peer:
+        res = runner.invoke(
+            app,
+            [
+                "top",
+                peer.endpoint,
+                "--replay-endpoint",
+                peer.replay_endpoint or "",
+                "--once",
+                "--duration",
+                "3s",
+                "--replay-timeout",
+                "0.3s",
+            ],
+        )
+    assert res.exit_code == 3, res.output
+    assert "never confirmed what followed the last batch of 1 channel(s)" in res.stderr

@@ -647,7 +647,7 @@ def test_issue22_medium_rows_add_up_to_the_report_rows(tmp_path: Path) -> None:
         for i, (_t, seq, payload) in enumerate(msgs):
             w.write(cid, seq, payload, 1_767_225_600_000_000_000 + i * 1_000_000)
     src = RecordingSource(str(path), speed=0)
-    feed = ReportFeed(src.groups)
+    feed = ReportFeed(src.groups, whole_stream=False)  # as serve feeds it
     feed.add(src.take(0.0))
     (rb,) = feed.builders().values()
     assert isinstance(rb, ReportBuilder) and rb.by_medium

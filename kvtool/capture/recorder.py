@@ -275,6 +275,9 @@ class Recorder:
         extra_context: Extra keys for the recording's context metadata.
         sink: Called with each batch in the order it is written:
             ``((endpoint, topic, dp_rank), seq, payload, log_time_ns)`` (recorder thread).
+        status_decode: Decode each batch (when idle) for the per-kind status counts; False
+            counts events from the batch header only (``top`` and ``serve`` decode every
+            batch themselves: no second decode, no queue of payloads for it).
     """
 
     def __init__(
@@ -300,6 +303,7 @@ class Recorder:
         writer_options: dict[str, object] | None = None,
         extra_context: dict[str, object] | None = None,
         sink: Sink | None = None,
+        status_decode: bool = True,
     ) -> None:
         if not sources:
             raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
@@ -327,6 +331,7 @@ class Recorder:
         self.stats = CaptureStats()
         self._stat_queue: collections.deque[tuple[ChannelState, int, bytes]] = collections.deque()
         self._stat_bytes = 0
+        self._status_decode = status_decode
         self._stop_flag = threading.Event()
         self._abort_flag = threading.Event()
         self._stop_reason = "stopped"
@@ -788,7 +793,13 @@ class Recorder:
         # Decoding for the status costs more than writing: queued for an idle moment, or
         # past the queue's bound counted from the header only.
         queue = self._stat_queue
-        if len(queue) < STATS_QUEUE_MAX and self._stat_bytes + len(payload) <= STATS_QUEUE_BYTES:
+        if not self._status_decode:
+            n = _event_count(payload)
+            if n is None:
+                self._decode_stats(ch, seq, payload)  # no header to count: a broken payload
+            else:
+                st.events += n
+        elif len(queue) < STATS_QUEUE_MAX and self._stat_bytes + len(payload) <= STATS_QUEUE_BYTES:
             queue.append((ch, seq, payload))
             self._stat_bytes += len(payload)
         else:

@@ -201,13 +201,23 @@ def _finish(
     env = get_env()
     lines: list[str] = []
     if isinstance(source, RecordingSource):
+        from kvtool.info import unconfirmed_lines, unconfirmed_tails
+
         if source.recovery.damaged:
             lines.append(source.recovery.summary())
         lines += lost_batches([source.path])
+        lines += unconfirmed_lines(source.path, unconfirmed_tails(source.gap_ledger))
     else:
         lost = source.recorder.stats.lost
         if lost:
             lines.append(f"{source.path}: {lost} batch(es) lost (see the recording's gap ledger)")
+        if source.recorder.stats.unconfirmed:
+            # Issue 23: a tail asked for and never confirmed is said, and exits 3.
+            lines.append(
+                f"{source.path}: the replay socket never confirmed what followed the last "
+                f"batch of {source.recorder.stats.unconfirmed} channel(s) (its answer never "
+                "ended); batches published after it may be missing"
+            )
         if record is not None:
             n = source.recorder.stats.batches
             # No batch: the recorder leaves no empty file behind.
