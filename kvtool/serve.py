@@ -566,7 +566,8 @@ class Exporter:
                     "counts as a first store, not a recompute (kvtool_keys_forgotten_total, "
                     "kvtool_recompute_horizon_seconds)"
                 )
-            for row in builder.tables()["by_group"].to_dicts():
+            # The percentiles are served as histograms, from the samples: not computed.
+            for row in builder.tables(quantiles=False)["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
                 med = row.get("medium")
                 key = (g, k, w, med) if "medium" in row else (g, k, w)
