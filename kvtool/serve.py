@@ -47,7 +47,11 @@ LABELS = ("endpoint", "rank", "group", "kind", "sliding_window", "medium")
 """The labels of every per-row family, coarsest first. ``medium`` is the events' own
 (``GPU``, ``CPU`` ...; ``none`` when absent): the report rows of a rank are keyed by it too
 (:class:`kvtool.report.ReportBuilder` ``by_medium``), over the one live-block state, so
-the rows of a (group, kind, window) add up to its ``kvtool report`` row."""
+the rows of a (group, kind, window) add up to its ``kvtool report`` row. That state is
+keyed by (channel, group, hash) as report's: a block live in two media at once (a GPU copy
+and its CPU offload) is one key with two copies, and a remove takes the oldest copy
+whichever medium it names, so per-medium live blocks are exact only for keys live in one
+medium at a time (their sum always is)."""
 
 OTHER = "other"
 """The label value that label values past the limit fold into."""
@@ -566,7 +570,8 @@ class Exporter:
                     "counts as a first store, not a recompute (kvtool_keys_forgotten_total, "
                     "kvtool_recompute_horizon_seconds)"
                 )
-            for row in builder.tables()["by_group"].to_dicts():
+            # The percentiles are served as histograms, from the samples: not computed.
+            for row in builder.tables(quantiles=False)["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
                 med = row.get("medium")
                 key = (g, k, w, med) if "medium" in row else (g, k, w)

@@ -187,3 +187,37 @@ def test_issue22_serve_gives_big_buffers_back() -> None:
     assert proc.stdout.strip() == "True", proc.stderr
     src = (Path(__file__).parent.parent / "kvtool" / "commands" / "serve.py").read_text()
     assert "give_back_big_buffers()" in src
+
+
+@pytest.mark.zmq
+def test_issue22_serve_remember_keys_on_a_live_stream(tmp_path: Path) -> None:
+    """``serve --remember-keys`` on a real publisher: bounded state, said on stderr and in
+    /metrics; every count but recomputes still the report's of the recording."""
+    from tests.conftest import capture_messages
+    from tests.peer import Peer
+    from tests.test_serve import DEADLINE_S, serve_proc, wait_for
+
+    msgs = capture_messages("gemma3")
+    out = tmp_path / "kept.mcap"
+    with Peer(msgs, subscribe_timeout=DEADLINE_S, rate=100) as peer, serve_proc(
+        tmp_path, peer.endpoint, "--replay-endpoint", str(peer.replay_endpoint),
+        "--record", str(out), "--interval", "100ms", "--remember-keys", "150",
+    ) as (proc, url):  # fmt: skip
+        samples = wait_for(url, "kvtool_batches_received_total", len(msgs))
+    assert proc.returncode == 0
+    err = proc.stderr_text  # type: ignore[attr-defined]
+    assert "finding: rank 0: recompute detection keeps a bounded number of keys" in err
+    forgotten = value(samples, "kvtool_keys_forgotten_total")
+    assert forgotten is not None and forgotten > 0
+    rep = report_json(out)
+    served = {
+        "blocks_stored": "kvtool_blocks_stored_total",
+        "blocks_removed": "kvtool_blocks_removed_total",
+        "orphan_removes": "kvtool_orphan_removes_total",
+        "stored_while_live": "kvtool_blocks_stored_while_live_total",
+    }
+    for col, name in served.items():
+        assert sum(v for _l, v in samples[name]) == rep["totals"][col], col
+    recomputed = sum(v for _l, v in samples["kvtool_blocks_recomputed_total"])
+    assert rep["totals"]["blocks_recomputed"] - forgotten <= recomputed
+    assert recomputed <= rep["totals"]["blocks_recomputed"]

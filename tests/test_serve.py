@@ -707,3 +707,22 @@ def test_issue22_warm_up_loads_the_kernels_before_the_stream() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1"]
+
+
+def test_issue22_tables_without_quantiles_are_the_same_but_those(tmp_path: Path) -> None:
+    """serve's snapshot skips the percentile columns (it serves histograms of the samples):
+    every other column is the full table's."""
+    from kvtool.report.names import QUANTILE_COLUMNS
+
+    path = capture_recording(tmp_path, "gemma3")
+    src = RecordingSource(str(path), speed=0)
+    feed = ReportFeed(src.groups, whole_stream=False)
+    feed.add(src.take(0.0))
+    (b,) = feed.builders().values()
+    full, lean = b.tables(), b.tables(quantiles=False)
+    for name, frame in full.items():
+        assert lean[name].columns == frame.columns
+        rest = [c for c in frame.columns if c not in QUANTILE_COLUMNS]
+        assert lean[name].select(rest).equals(frame.select(rest)), name
+        assert all(lean[name][c].null_count() == lean[name].height for c in QUANTILE_COLUMNS)
+        assert any(frame[c].null_count() < frame.height for c in QUANTILE_COLUMNS)

@@ -1013,8 +1013,12 @@ class ReportBuilder:
             L_total=pl.lit(0, pl.Int64),
         )
 
-    def tables(self) -> dict[str, pl.DataFrame]:
+    def tables(self, *, quantiles: bool = True) -> dict[str, pl.DataFrame]:
         """Return totals, by_kind, by_window, by_group as DataFrames.
+
+        Args:
+            quantiles: Compute the percentile columns (False: they are null; a reader
+                of the samples themselves, ``kvtool serve``, skips their cost).
 
         Returns:
             The four tables (totals: one row).
@@ -1062,11 +1066,15 @@ class ReportBuilder:
         # so they share the cores instead of taking turns.
         with ThreadPoolExecutor(1, thread_name_prefix="kvtool-distinct") as pool:
             counted = pool.submit(self._level_distinct, members)
-            quants = [
-                self.life.quantiles(levels, members, LIFETIME_COLUMNS, size),
-                self.gaps.quantiles(levels, members, GAP_COLUMNS, size),
-                self.distances.quantiles(levels, members, DISTANCE_COLUMNS),
-            ]
+            quants = (
+                [
+                    self.life.quantiles(levels, members, LIFETIME_COLUMNS, size),
+                    self.gaps.quantiles(levels, members, GAP_COLUMNS, size),
+                    self.distances.quantiles(levels, members, DISTANCE_COLUMNS),
+                ]
+                if quantiles
+                else []
+            )
             distinct = counted.result()
         out: dict[str, pl.DataFrame] = {}
         for level, name in (
@@ -1093,6 +1101,8 @@ class ReportBuilder:
             )
             for q in quants:
                 t = t.join(q[col], on=col, how="left", nulls_equal=True)
+            if not quantiles:
+                t = t.with_columns(pl.lit(None, pl.Float64).alias(c) for c in QUANTILE_COLUMNS)
             t = t.with_columns(
                 pl.col("distinct_hashes").fill_null(0),
                 pl.col("peak_live_blocks").fill_null(0),
