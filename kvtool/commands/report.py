@@ -133,7 +133,7 @@ def report(
             metavar="N",
             show_default="the machine's cores; 1 below 64 MB of input",
             help=(
-                "Work in this many processes: each publisher stream's recordings are a unit "
+                "Work on this many threads: each publisher stream's recordings are a unit "
                 "of work, one stream's payloads are decoded in parallel (the result is the "
                 "same for any N)."
             ),
@@ -199,7 +199,7 @@ def report(
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
     table (by_kind, by_window, by_group, timeline).
     """
-    from kvtool.report.procs import default_jobs, start_server, stop_servers
+    from kvtool.report.procs import default_jobs
 
     if ray is not None and _loopback_ray(ray):
         # Loopback stays loopback: Ray turns a node IP of 127.0.0.1 into the machine's
@@ -207,86 +207,77 @@ def report(
         # mode is off (issue 23). Ray reads this at import, which comes later.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     n_jobs = jobs if jobs is not None else default_jobs(files)
-    early = n_jobs > 1 and ray is None
-    if early:
-        # Worker processes will fork from a server that imports the report library: it
-        # starts now, its imports on another core while this process makes its own.
-        start_server()
-    try:
-        from kvtool.render.report import (
-            DEFAULT_COLUMNS,
-            parse_columns,
-            render_csv,
-            render_json,
-            render_markdown,
-            render_table,
+    from kvtool.render.report import (
+        DEFAULT_COLUMNS,
+        parse_columns,
+        render_csv,
+        render_json,
+        render_markdown,
+        render_table,
+    )
+    from kvtool.report import COLUMNS, build_report
+    from kvtool.selection import make_selection, selection_note
+
+    env = get_env()
+    tables = _parse_by(by)
+    extras = None
+    if what_if is not None:
+        from kvtool.report.whatif import parse_what_if
+
+        extras = parse_what_if(what_if)
+        if format in (ReportFormat.csv, ReportFormat.markdown):
+            raise UsageError("--what-if prints with --format table or json")
+    select = make_selection(channel=channel, rank=rank, since=since, until=until)
+    cols = parse_columns(columns) if columns is not None else None
+    if wide:
+        cols = parse_columns("all")
+    if plot is not None:
+        from kvtool.plot import require_matplotlib
+
+        require_matplotlib(plot)  # before the (long) read, not after it
+    if is_stdout(out):
+        out = None
+    inputs = [*files, *([groups] if groups is not None else [])]
+    check_inputs(inputs)
+    # Refuse a bad output before the work, not after it.
+    if out is not None:
+        check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
+    if plot is not None:
+        check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
+    every_ns = parse_duration_ns(every, option="--every") if every is not None else None
+    if plot is not None and every_ns is None and extras is None:
+        every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
+    from kvtool.render.progress import input_size
+
+    size = input_size(files)
+    what = f"reading {len(files)} recording(s)"
+    with env.progress(what, size, quiet=quiet) as bar:
+        rep = build_report(
+            [str(f) for f in files],
+            groups_file=str(groups) if groups is not None else None,
+            group_flags=group or None,
+            every_ns=every_ns,
+            jobs=n_jobs,
+            ray_address=ray,
+            clock=clock.value,
+            select=select,
+            progress=bar.update if bar.shown else None,
+            split=[t for t in tables if t in ("rank", "channel")],
         )
-        from kvtool.report import COLUMNS, build_report
-        from kvtool.selection import make_selection, selection_note
+    wi = None
+    too_small = _pool_too_small(rep, pool_blocks)
+    if extras is not None:
+        from kvtool.report.whatif import what_if as predict_what_if
 
-        env = get_env()
-        tables = _parse_by(by)
-        extras = None
-        if what_if is not None:
-            from kvtool.report.whatif import parse_what_if
-
-            extras = parse_what_if(what_if)
-            if format in (ReportFormat.csv, ReportFormat.markdown):
-                raise UsageError("--what-if prints with --format table or json")
-        select = make_selection(channel=channel, rank=rank, since=since, until=until)
-        cols = parse_columns(columns) if columns is not None else None
-        if wide:
-            cols = parse_columns("all")
-        if plot is not None:
-            from kvtool.plot import require_matplotlib
-
-            require_matplotlib(plot)  # before the (long) read, not after it
-        if is_stdout(out):
-            out = None
-        inputs = [*files, *([groups] if groups is not None else [])]
-        check_inputs(inputs)
-        # Refuse a bad output before the work, not after it.
-        if out is not None:
-            check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
-        if plot is not None:
-            check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
-        every_ns = parse_duration_ns(every, option="--every") if every is not None else None
-        if plot is not None and every_ns is None and extras is None:
-            every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
-        from kvtool.render.progress import input_size
-
-        size = input_size(files)
-        what = f"reading {len(files)} recording(s)"
-        with env.progress(what, size, quiet=quiet) as bar:
-            rep = build_report(
-                [str(f) for f in files],
-                groups_file=str(groups) if groups is not None else None,
-                group_flags=group or None,
-                every_ns=every_ns,
-                jobs=n_jobs,
-                ray_address=ray,
-                clock=clock.value,
-                select=select,
-                progress=bar.update if bar.shown else None,
-                split=[t for t in tables if t in ("rank", "channel")],
-            )
-        wi = None
-        too_small = _pool_too_small(rep, pool_blocks)
-        if extras is not None:
-            from kvtool.report.whatif import what_if as predict_what_if
-
-            wi = predict_what_if(
-                [str(f) for f in files],
-                extras,
-                pool_blocks=pool_blocks,
-                groups_file=str(groups) if groups is not None else None,
-                group_flags=group or None,
-                batch_filter=select,
-                lost=lost_batches(files),
-            )
-    finally:
-        if early:
-            stop_servers()
+        wi = predict_what_if(
+            [str(f) for f in files],
+            extras,
+            pool_blocks=pool_blocks,
+            groups_file=str(groups) if groups is not None else None,
+            group_flags=group or None,
+            batch_filter=select,
+            lost=lost_batches(files),
+        )
     batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],

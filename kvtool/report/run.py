@@ -11,7 +11,6 @@ builders of ``--by rank``/``--by channel``.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -42,10 +41,6 @@ if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
 
 
-_SWITCH_INTERVAL = 0.0005
-"""GIL switch interval (s) while the report's decode thread and builder run together."""
-
-
 def report_with(
     paths: Sequence[str | os.PathLike[str]],
     annotator: TableAnnotator,
@@ -70,8 +65,10 @@ def report_with(
         annotator: Annotates each table chunk (stream order).
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
+            :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
+        shard_map: Reads and decodes elsewhere, each reader reading the input itself
+            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -120,8 +117,10 @@ def run_builder(
         annotator: Annotates each table chunk (stream order).
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
+            :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
+        shard_map: Reads and decodes elsewhere, each reader reading the input itself
+            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -140,8 +139,8 @@ def run_builder(
     builder = ReportBuilder(every_ns, annotator.group_kind, clock, origin_ns)
     builder.peak_log = peak_log
     builder.streams = stats.channels
-    # With a decode or shard map (other processes), the chunks are annotated where they
-    # are decoded: the annotation is fixed before the first chunk, and the driver (the
+    # With a decode or shard map (other threads or processes), the chunks are annotated
+    # where they are decoded: the annotation is fixed before the first chunk, and the driver (the
     # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
     # may annotate otherwise: it annotates here.
     elsewhere = decode_map is not None or shard_map is not None
@@ -171,19 +170,13 @@ def run_builder(
             else:
                 yield annotator(chunk, stats)
 
-    # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back in its polars queries and numpy sorts and then
-    # waits to get it back: up to a switch interval (5 ms by default) each time. A
-    # shorter interval for the loop keeps the builder from idling.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(_SWITCH_INTERVAL)
-    try:
-        for df in prefetch(annotated()):
-            builder.add(df)
-            if splits is not None:
-                splits.add(df)
-    finally:
-        sys.setswitchinterval(switch)
+    # The numba scanner and state kernel run without the GIL, polars and numpy release
+    # it: the decode thread and the builder here share the cores as they are, with no
+    # process-wide setting (such as the GIL's switch interval) changed for them.
+    for df in prefetch(annotated()):
+        builder.add(df)
+        if splits is not None:
+            splits.add(df)
     return builder, stats
 
 
@@ -363,7 +356,7 @@ def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> di
 
 
 def report_unit(task: UnitTask) -> PartialReport:
-    """The map: read, decode and report one unit, from empty state (runs in any process).
+    """The map: read, decode and report one unit, from empty state (any thread or process).
 
     Args:
         task: The unit.
