@@ -216,6 +216,7 @@ def report(
         render_table,
     )
     from kvtool.report import COLUMNS, build_report
+    from kvtool.report.source import Finding
     from kvtool.selection import make_selection, selection_note
 
     env = get_env()
@@ -278,11 +279,10 @@ def report(
             batch_filter=select,
             lost=lost_batches(files),
         )
-    batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],
-        batches if isinstance(batches, int) else 0,
-        unselected if isinstance(unselected, int) else 0,
+        rep.source.batches,
+        rep.source.unselected_batches,
     )
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
@@ -310,8 +310,7 @@ def report(
     if pool_blocks is not None:
         from kvtool.render.whatif import pool_occupancy
 
-        channels = rep.source.get("channels")
-        if isinstance(channels, list) and len(channels) == 1:
+        if len(rep.source.channels) == 1:
             pool = pool_occupancy(
                 rep.totals.to_dicts()[0] if rep.totals.height else {}, pool_blocks
             )
@@ -368,15 +367,15 @@ def report(
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
     # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
-    listed = rep.source.get("damaged")
-    damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
+    damage = rep.source.damaged
     # Batches lost while recording exit 3 as in `info` (one policy for every reader).
     lost = lost_batches(files)
     for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
-            if line not in damage and not (lost and "lost while recording" in line):
+            kind = line.kind if isinstance(line, Finding) else None
+            if kind != "damaged" and not (lost and kind == "lost"):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 

@@ -35,6 +35,7 @@ from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
+from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
 from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
@@ -296,37 +297,37 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     dur = None
     if first_rx is not None and builder.last_rx is not None:
         dur = (builder.last_rx - first_rx) / 1e9
-    source: dict[str, object] = {
-        "recordings": list(stats.recordings),
-        "channels": [
-            {
-                "recording": ref.recording,
-                "channel": ref.info.name,
-                "endpoint": ref.info.endpoint,
-                "topic": ref.info.topic,
-                "dp_rank": ref.info.dp_rank,
-            }
+    source = ReportSource(
+        recordings=list(stats.recordings),
+        channels=[
+            ChannelSource(
+                recording=ref.recording,
+                channel=ref.info.name,
+                endpoint=ref.info.endpoint,
+                topic=ref.info.topic,
+                dp_rank=ref.info.dp_rank,
+            )
             for ref in stats.channels.values()
         ],
-        "group_metadata": annotator.sources(),
-        "batches": stats.messages,
-        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
-        "events": stats.events,
-        "block_rows": stats.rows,
-        "duration_s": dur,
-        "duration_clock": "receive",
-        **(_timeline_source(builder, span) if builder.every_ns is not None else {}),
-        "lifetimes": "exact"
+        group_metadata=annotator.sources(),
+        batches=stats.messages,
+        unselected_batches=stats.unselected,
+        events=stats.events,
+        block_rows=stats.rows,
+        duration_s=dur,
+        duration_clock="receive",
+        timeline=_timeline_source(builder, span) if builder.every_ns is not None else None,
+        lifetimes="exact"
         if not builder.life.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "recompute_gaps": "exact"
+        recompute_gaps="exact"
         if not builder.gaps.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "skipped_batches": stats.bad_batches,
-        "skipped_events": stats.skipped_events,
-        "unknown_events": sorted_unknown_tags(stats.unknown_tags),
-        "damaged": list(stats.damaged),
-    }
+        skipped_batches=stats.bad_batches,
+        skipped_events=stats.skipped_events,
+        unknown_events=sorted_unknown_tags(stats.unknown_tags),
+        damaged=list(stats.damaged),
+    )
     every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
     return Report(
         source=source,
@@ -341,15 +342,15 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     )
 
 
-def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> dict[str, object]:
+def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> TimelineSource:
     """The timeline's clock, its time zero and the data's span on it (``source``)."""
     origin = builder.origin_ns
-    return {
-        "clock": builder.clock,
-        "timeline_origin_s": origin / 1e9 if origin is not None else None,
-        "timeline_start_s": round(span[0] / 1e9, 9) if span is not None else None,
-        "timeline_end_s": round(span[1] / 1e9, 9) if span is not None else None,
-    }
+    return TimelineSource(
+        clock=builder.clock,
+        origin_s=origin / 1e9 if origin is not None else None,
+        start_s=round(span[0] / 1e9, 9) if span is not None else None,
+        end_s=round(span[1] / 1e9, 9) if span is not None else None,
+    )
 
 
 # -- a unit of work (--jobs, --ray) ---------------------------------------------------
