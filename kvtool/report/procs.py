@@ -12,17 +12,17 @@ import os
 from collections.abc import Sequence
 
 PARALLEL_FROM_BYTES = 64 << 20
-"""One stream smaller than this in all is decoded in one process by default.
+"""Inputs smaller than this in all are decoded by one thread by default.
 
-Measured (bench/RESULTS.md): on a 10 MB recording, shipping chunks to worker processes costs
-more than the decoding they take over (``--jobs 2`` 0.98x the time of the default, ``--jobs
-1`` 0.80x); on a 104 MB one the pool pays (0.96x)."""
+Chosen when ``--jobs`` were processes (on a 10 MB recording the pool cost more than it took
+over); with threads, ``--jobs 2`` on the 10 MB bench recording is within noise of ``--jobs 1``
+(bench/RESULTS.md, "Engine 2, threads"), so the default stays."""
 
 
 SHARD_RATIO = 16
 """An input smaller on disk than a chunk's payload bytes over this (about one chunk of
-payload: recordings are zstd, ~10x) is read in one process even with ``--jobs``: starting
-processes would cost more than the decoding they share."""
+payload: recordings are zstd, ~10x) is decoded by one thread even with ``--jobs``: there is
+one chunk, nothing to share."""
 
 
 def input_bytes(paths: Sequence[str | os.PathLike[str]]) -> int:
@@ -39,10 +39,8 @@ def default_jobs(paths: Sequence[str | os.PathLike[str]] = ()) -> int:
 
     Args:
         paths: The recordings; when they hold less than :data:`PARALLEL_FROM_BYTES` in
-            all, one process is faster than a pool -- for one stream and for several
-            (measured, bench/RESULTS.md 4c: two 10 MB ranks take 2.2 s in one process,
-            whose decode thread and builder already keep two cores busy, and 2.5 s in a
-            pool of two, whose workers first import polars and numpy).
+            all, one decoding thread is used (the decode thread and the builder already
+            keep two cores busy on such inputs).
 
     Returns:
         At least 1.
