@@ -15,8 +15,8 @@ PARALLEL_FROM_BYTES = 64 << 20
 """Inputs smaller than this in all are decoded by one thread by default.
 
 Chosen when ``--jobs`` were processes (on a 10 MB recording the pool cost more than it took
-over); with threads, ``--jobs 2`` on the 10 MB bench recording is within noise of ``--jobs 1``
-(bench/RESULTS.md, "Engine 2, threads"), so the default stays."""
+over); with threads, ``--jobs 2`` on the 10 MB bench recording still takes 1.14x the wall
+time of ``--jobs 1`` (bench/RESULTS.md, "Engine 2, threads"), so the default stays."""
 
 
 SHARD_RATIO = 16
