@@ -511,15 +511,13 @@ def _table(
 
 def _side(report: Report) -> dict[str, object]:
     src = report.source
-    recs = src.get("recordings", [])
-    meta = src.get("group_metadata", [])
     return {
-        "recordings": [str(r) for r in recs] if isinstance(recs, list) else [str(recs)],
-        "batches": src.get("batches"),
-        "events": src.get("events"),
-        "group_metadata": [str(m) for m in meta] if isinstance(meta, list) else [str(meta)],
+        "recordings": [str(r) for r in src.recordings],
+        "batches": src.batches,
+        "events": src.events,
+        "group_metadata": [str(m) for m in src.group_metadata],
         "damaged": report.damaged,
-        "findings": list(report.findings),
+        "findings": [str(f) for f in report.findings],
     }
 
 

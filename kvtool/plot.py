@@ -133,7 +133,7 @@ def plot_report(report: Report, path: str | os.PathLike[str], *, force: bool = F
     # stderr for every .eps/.ps (issue 24: it leaked through -q).
     ax_live.grid(True, color=_GRID)
     ax_rate.set_ylabel("evictions (blocks/s)")
-    clock = report.source.get("clock", "receive")
+    clock = report.source.clock
     ax_rate.set_xlabel(
         f"seconds since the first message ({clock} clock; buckets of {every:g} s, "
         "the last one partial: rates over the seconds it covers)"
@@ -164,7 +164,8 @@ def _span(report: Report) -> tuple[float, float]:
     """The data's (first, last) time on the timeline's axis (seconds since the origin)."""
     tl = report.timeline
     assert tl is not None and report.every_s is not None
-    lo, hi = report.source.get("timeline_start_s"), report.source.get("timeline_end_s")
+    span = report.source.timeline
+    lo, hi = (span.start_s, span.end_s) if span is not None else (None, None)
     times = tl["time_s"].to_list()
     if not isinstance(lo, float | int):
         lo = min(times, default=0.0)

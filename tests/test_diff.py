@@ -28,6 +28,7 @@ from kvtool.errors import UsageError
 from kvtool.protocol import decode_batch
 from kvtool.render.diff import render_json, render_markdown, render_table
 from kvtool.report import Report, build_report
+from kvtool.report.source import ReportSource
 from tests.conftest import capture_messages, capture_truth
 from tests.recutil import write_capture
 
@@ -353,7 +354,22 @@ def _big_report(kind: str, scale: int) -> Report:
     win = pl.DataFrame([{"sliding_window": 4096, **row}])
     grp = pl.DataFrame([{"group_idx": 1, "kind": kind, "sliding_window": 4096, **row}])
     return Report(
-        source={"recordings": [f"{kind}.mcap"], "batches": 1, "events": 2},
+        source=ReportSource(
+            recordings=[f"{kind}.mcap"],
+            channels=[],
+            group_metadata=[],
+            batches=1,
+            events=2,
+            block_rows=0,
+            duration_s=None,
+            duration_clock="receive",
+            lifetimes="exact",
+            recompute_gaps="exact",
+            skipped_batches=0,
+            skipped_events=0,
+            unknown_events={},
+            damaged=[],
+        ),
         totals=pl.DataFrame([row]),
         by_kind=frame,
         by_window=win,

@@ -1,8 +1,11 @@
-"""Issue 10 item 2: --jobs processes read, decode and annotate, and ship tables cheaply, exactly."""
+"""Issue 10 item 2, issue 19: --jobs threads decode and annotate, exactly; tables pickle cheaply."""
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
+import sys
+import threading
 from pathlib import Path
 
 import polars as pl
@@ -17,8 +20,7 @@ from kvtool.columns import (
     make_annotator,
 )
 from kvtool.report import build_report
-from kvtool.report.parallel import shard_map
-from kvtool.report.procs import keep_big_buffers
+from kvtool.report.parallel import thread_decode_map
 from tests.conftest import CAPTURES
 from tests.test_report import record_capture
 
@@ -42,7 +44,7 @@ def test_issue10_pool_worker_annotated_chunks_equal_driver_annotated(
     rec = record_capture(name, tmp_path / "r.mcap")
     want, want_oor = _driver_annotated(rec, flags)
     annotation = make_annotator([rec], group_flags=flags).annotation
-    shards, close = shard_map(2)
+    decode, close = thread_decode_map(2)
     try:
         oor: dict[int, int] = {}
         got = list(
@@ -50,7 +52,7 @@ def test_issue10_pool_worker_annotated_chunks_equal_driver_annotated(
                 [rec],
                 chunk_bytes=3000,
                 labels=False,
-                shard_map=shards,
+                decode_map=decode,
                 annotation=annotation,
                 out_of_range=oor,
             )
@@ -91,7 +93,22 @@ def test_issue10_pool_decoded_chunk_crosses_as_arrow_ipc(tmp_path: Path) -> None
     assert empty.problems == ["x"]
 
 
-def test_issue10_pool_keeps_big_buffers_on_glibc() -> None:
-    import platform
+def test_issue19_jobs_are_threads_that_change_no_process_wide_setting(tmp_path: Path) -> None:
+    """``--jobs 2`` starts no process (no fork server, no workers) and leaves the GIL's
+    switch interval and the collector as they were; its threads end with the report."""
+    rec = record_capture("gemma3", tmp_path / "r.mcap")
+    switch, gc_on = sys.getswitchinterval(), __import__("gc").isenabled()
+    threads = set(threading.enumerate())
+    seen: list[int] = []
 
-    assert keep_big_buffers() == (platform.libc_ver()[0] == "glibc")
+    def progress(done: int, total: int) -> None:
+        seen.append(len(multiprocessing.active_children()))
+
+    one = build_report([rec], chunk_bytes=3000).to_dict()
+    two = build_report([rec], chunk_bytes=3000, jobs=2, progress=progress).to_dict()
+    assert two == one
+    assert seen and max(seen) == 0  # no child process while the report ran
+    assert multiprocessing.active_children() == []
+    assert sys.getswitchinterval() == switch
+    assert __import__("gc").isenabled() == gc_on
+    assert set(threading.enumerate()) <= threads

@@ -1,14 +1,15 @@
-"""Issue 10 item 2: ``--jobs`` processes each read the input and decode their share of it.
+"""Issue 10 item 2 / issue 19: ``--jobs`` threads decode the chunks of one read.
 
-Each reading process reads everything and decodes every ``jobs``-th chunk; the driver
-takes the tables in stream order and the read's stats from the processes. Whatever the
-input -- damaged, with lost batches, several files, a selection -- the stats and tables
-are the ones a single process makes, and every process ends with the read.
+The caller reads; ``jobs`` threads decode and the tables come back in stream order.
+Whatever the input -- damaged, with lost batches, several files, a selection -- the stats
+and tables are the ones one thread makes, and every decoding thread ends with the read.
+A reader of its own share (:func:`kvtool.columns.read_shard`, for other front ends) keeps
+only the columns asked for.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 from kvtool.columns import ReadPlan, ReadStats, iter_tables, read_shard
 from kvtool.errors import RecordingError
 from kvtool.report.names import BUILDER_INPUT
-from kvtool.report.parallel import shard_map
+from kvtool.report.parallel import thread_decode_map
 from kvtool.selection import make_selection
 from tests.recutil import chunk_bodies, write_capture
 from tests.test_report_options import two_ranks
@@ -32,13 +33,13 @@ def _read(paths: list[Path], jobs: int, **kw: object) -> tuple[list[pl.DataFrame
     if jobs == 1:
         tables = list(iter_tables(paths, stats=st, progress=lambda *a: seen.append(a), **kw))  # type: ignore[arg-type]
     else:
-        shards, close = shard_map(jobs)
+        decode, close = thread_decode_map(jobs)
         try:
             tables = list(
                 iter_tables(
                     paths,
                     stats=st,
-                    shard_map=shards,
+                    decode_map=decode,
                     progress=lambda *a: seen.append(a),
                     **kw,  # type: ignore[arg-type]
                 )
@@ -82,14 +83,14 @@ def _inputs(tmp_path: Path, case: str) -> tuple[list[Path], dict[str, object]]:
 
 @pytest.mark.parametrize("jobs", [2, 3])
 @pytest.mark.parametrize("case", ["plain", "lost", "damaged", "two-files", "rank", "selection"])
-def test_shards_give_the_tables_and_stats_of_one_process(
+def test_threads_give_the_tables_and_stats_of_one_thread(
     case: str, jobs: int, tmp_path: Path
 ) -> None:
     paths, kw = _inputs(tmp_path, case)
     size = 100 if case == "rank" else 2500
     want, want_st = _read(paths, 1, chunk_bytes=size, labels=False, **kw)
     got, got_st = _read(paths, jobs, chunk_bytes=size, labels=False, **kw)
-    assert len(want) > jobs  # every process decodes some chunks
+    assert len(want) > jobs  # every thread decodes some chunks
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.equals(w)
@@ -112,48 +113,28 @@ def test_shards_return_only_the_kept_columns(tmp_path: Path) -> None:
     assert all(set(t.columns) == set(BUILDER_INPUT) for t in tables)
 
 
-def test_a_failing_reading_process_names_the_problem(tmp_path: Path) -> None:
-    shards, close = shard_map(2)
+def _decoders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("kvtool-decode")]
+
+
+def test_a_failing_read_names_the_problem_and_ends_the_threads(tmp_path: Path) -> None:
+    decode, close = thread_decode_map(2)
     try:
         with pytest.raises(RecordingError, match=r"nothing\.mcap"):
-            list(shards(ReadPlan((str(tmp_path / "nothing.mcap"),))))
+            list(iter_tables([tmp_path / "nothing.mcap"], decode_map=decode))
     finally:
         close()
-    assert multiprocessing.active_children() == []
+    assert _decoders() == []
 
 
-def test_stopping_early_ends_every_reading_process(tmp_path: Path) -> None:
+def test_stopping_early_ends_every_decoding_thread(tmp_path: Path) -> None:
     write_capture(tmp_path / "a.mcap", "gemma3")
-    shards, close = shard_map(2)
+    decode, close = thread_decode_map(2)
     try:
-        items = shards(ReadPlan((str(tmp_path / "a.mcap"),), chunk_bytes=1000))
-        first = next(items)
-        assert first.chunk is not None
-        assert len(multiprocessing.active_children()) == 2
+        items = iter_tables([tmp_path / "a.mcap"], chunk_bytes=1000, decode_map=decode)
+        assert next(items).height
+        assert _decoders()
         items.close()  # what the report's prefetch thread does on Ctrl-C or an error
-        assert multiprocessing.active_children() == []
     finally:
         close()
-
-
-def test_a_stalled_reading_process_is_an_error_not_a_hang() -> None:
-    import time
-
-    from kvtool.errors import KvtoolError
-    from kvtool.report.parallel import _receive
-    from kvtool.report.procs import context
-
-    ctx = context()
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=time.sleep, args=(30,), daemon=True)  # alive, sends nothing
-    proc.start()
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(KvtoolError, match="handed over nothing"):
-            _receive(recv, proc, stall_s=0.5)
-        assert time.monotonic() - t0 < 5
-    finally:
-        proc.terminate()
-        proc.join(timeout=5)
-        recv.close()
-        send.close()
+    assert _decoders() == []

@@ -180,7 +180,7 @@ def test_issue22_serve_gives_big_buffers_back() -> None:
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
-    code = "from kvtool.report.procs import give_back_big_buffers as g; print(g())"
+    code = "from kvtool.commands._process import give_back_big_buffers as g; print(g())"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )

@@ -183,7 +183,7 @@ def test_issue11_4_rank_selection_is_the_same_in_worker_processes(tmp_path: Path
     two = build_report([rec], select=select, chunk_bytes=1, every_ns=10**9, jobs=2)
     assert one.to_dict() == two.to_dict()
     assert one.totals["blocks_stored"].item() == 6
-    assert one.source["batches"] == 3 and one.source["unselected_batches"] == 5
+    assert one.source.batches == 3 and one.source.unselected_batches == 5
 
 
 def test_issue11_4_empty_selection_says_so_and_bad_window_is_refused(tmp_path: Path) -> None:

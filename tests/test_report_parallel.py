@@ -1,4 +1,4 @@
-"""report --jobs: decoding in worker processes gives exactly the single-process report."""
+"""report --jobs: decoding on threads (and units of work) gives exactly the single-thread report."""
 
 from __future__ import annotations
 
@@ -109,11 +109,8 @@ def _group_members(pgid: int) -> list[int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("how", ["library", "cli"])
 def test_jobs_2_leaves_no_process_behind(how: str, tmp_path: Path) -> None:
-    """The reading processes, fork server and resource tracker all end with the report.
-
-    The command starts the fork server before it knows whether the input is big enough
-    to use it (a small one is read in one process): it is stopped either way.
-    """
+    """Nothing of the report outlives it (``--jobs`` are threads now: it starts no
+    process; this kept the fork server and its readers from being left behind)."""
     rec = tmp_path / "g.mcap"
     write_capture(rec, "gemma3")
     code = (
@@ -173,9 +170,7 @@ def _interrupted_at_first_progress(call: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
-    """Ctrl-C while reading processes are busy: the report stops at once, and the reading
-    processes and the fork server all end (it used to wait on the server for ever, while
-    the server waited for readers nobody stopped)."""
+    """Ctrl-C while the decoding threads are busy: the report stops at once, nothing left."""
     rec = tmp_path / "g.mcap"
     write_capture(rec, "gemma3")
     _interrupted_at_first_progress(
@@ -185,8 +180,7 @@ def test_jobs_2_interrupted_mid_read_ends_every_process(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_jobs_2_units_interrupted_end_every_process(tmp_path: Path) -> None:
-    """Ctrl-C while a fleet's units run on the pool: the running units end, the server is
-    stopped once (a second stop used to fail on the half-stopped first), no traceback."""
+    """Ctrl-C while a fleet's units run on threads: the report stops, no traceback."""
     a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
     write_capture(a, "gemma3", dp_rank=0)
     write_capture(b, "gemma3", dp_rank=1, endpoint="tcp://127.0.0.1:5558")

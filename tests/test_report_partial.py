@@ -311,11 +311,11 @@ def test_units_number_channels_and_name_the_first_problem_as_one_pass(tmp_path: 
     )
     one = build_report([a, b])
     two = build_report([a, b], jobs=2)
-    assert [c["channel"] for c in two.source["channels"]] == [
+    assert [c.channel for c in two.source.channels] == [
         "tcp://127.0.0.1:5557",
         "tcp://127.0.0.1:6557",
     ]
-    assert two.source["channels"] == one.source["channels"]
+    assert two.source.channels == one.source.channels
     first = [f for f in one.findings if f.startswith("skipped 2 malformed")]
     assert len(first) == 1 and "b.mcap" in first[0] and "seq 0" in first[0]
     assert two.findings == one.findings

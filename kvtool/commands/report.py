@@ -133,7 +133,7 @@ def report(
             metavar="N",
             show_default="the machine's cores; 1 below 64 MB of input",
             help=(
-                "Work in this many processes: each publisher stream's recordings are a unit "
+                "Work on this many threads: each publisher stream's recordings are a unit "
                 "of work, one stream's payloads are decoded in parallel (the result is the "
                 "same for any N)."
             ),
@@ -200,7 +200,7 @@ def report(
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
     table (by_kind, by_window, by_group, timeline).
     """
-    from kvtool.report.procs import default_jobs, start_server, stop_servers
+    from kvtool.report.procs import default_jobs
 
     if ray is not None and _loopback_ray(ray):
         # Loopback stays loopback: Ray turns a node IP of 127.0.0.1 into the machine's
@@ -208,103 +208,94 @@ def report(
         # mode is off (issue 23). Ray reads this at import, which comes later.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     n_jobs = jobs if jobs is not None else default_jobs(files)
-    early = n_jobs > 1 and ray is None
-    if early:
-        # Worker processes will fork from a server that imports the report library: it
-        # starts now, its imports on another core while this process makes its own.
-        start_server()
-    try:
-        from kvtool.render.report import (
-            DEFAULT_COLUMNS,
-            parse_columns,
-            render_csv,
-            render_json,
-            render_markdown,
-            render_table,
+    from kvtool.render.report import (
+        DEFAULT_COLUMNS,
+        parse_columns,
+        render_csv,
+        render_json,
+        render_markdown,
+        render_table,
+    )
+    from kvtool.report import COLUMNS, build_report
+    from kvtool.report.source import Finding
+    from kvtool.selection import make_selection, selection_note
+
+    env = get_env()
+    tables = _parse_by(by)
+    extras = None
+    if what_if is not None:
+        from kvtool.report.whatif import parse_what_if
+
+        extras = parse_what_if(what_if)
+        if format in (ReportFormat.csv, ReportFormat.markdown):
+            raise UsageError("--what-if prints with --format table or json")
+    select = make_selection(channel=channel, rank=rank, since=since, until=until)
+    cols = parse_columns(columns) if columns is not None else None
+    if wide:
+        cols = parse_columns("all")
+    if plot is not None:
+        from kvtool.plot import require_matplotlib
+
+        require_matplotlib(plot)  # before the (long) read, not after it
+    if is_stdout(out):
+        out = None
+    inputs = [*files, *([groups] if groups is not None else [])]
+    check_inputs(inputs)
+    from kvtool.poolsize import resolve_pool_blocks
+
+    # --pool-blocks wins over a groups file's num_gpu_blocks and the recording's own.
+    pool_size = resolve_pool_blocks(pool_blocks, groups, files)
+    pool_blocks = pool_size.blocks
+    # Refuse a bad output before the work, not after it.
+    if out is not None:
+        check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
+    if plot is not None:
+        check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
+    every_ns = parse_duration_ns(every, option="--every") if every is not None else None
+    if plot is not None and every_ns is None and extras is None:
+        every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
+    from kvtool.render.progress import input_size
+
+    size = input_size(files)
+    what = f"reading {len(files)} recording(s)"
+    feed = None
+    if extras is not None and n_jobs == 1 and ray is None:
+        from kvtool.report.whatif import PoolFeed
+
+        feed = PoolFeed()  # the what-if takes the report's own read of the input
+    with env.progress(what, size, quiet=quiet) as bar:
+        rep = build_report(
+            [str(f) for f in files],
+            groups_file=str(groups) if groups is not None else None,
+            group_flags=group or None,
+            every_ns=every_ns,
+            jobs=n_jobs,
+            ray_address=ray,
+            clock=clock.value,
+            select=select,
+            progress=bar.update if bar.shown else None,
+            split=[t for t in tables if t in ("rank", "channel")],
+            raw_tap=feed,
         )
-        from kvtool.report import COLUMNS, build_report
-        from kvtool.selection import make_selection, selection_note
+    wi = None
+    too_small = _pool_too_small(rep, pool_blocks)
+    if extras is not None:
+        from kvtool.report.whatif import what_if as predict_what_if
 
-        env = get_env()
-        tables = _parse_by(by)
-        extras = None
-        if what_if is not None:
-            from kvtool.report.whatif import parse_what_if
-
-            extras = parse_what_if(what_if)
-            if format in (ReportFormat.csv, ReportFormat.markdown):
-                raise UsageError("--what-if prints with --format table or json")
-        select = make_selection(channel=channel, rank=rank, since=since, until=until)
-        cols = parse_columns(columns) if columns is not None else None
-        if wide:
-            cols = parse_columns("all")
-        if plot is not None:
-            from kvtool.plot import require_matplotlib
-
-            require_matplotlib(plot)  # before the (long) read, not after it
-        if is_stdout(out):
-            out = None
-        inputs = [*files, *([groups] if groups is not None else [])]
-        check_inputs(inputs)
-        from kvtool.poolsize import resolve_pool_blocks
-
-        # --pool-blocks wins over a groups file's num_gpu_blocks and the recording's own.
-        pool_size = resolve_pool_blocks(pool_blocks, groups, files)
-        pool_blocks = pool_size.blocks
-        # Refuse a bad output before the work, not after it.
-        if out is not None:
-            check_output(out, kind=OutputKind.TEXT, force=force, inputs=inputs)
-        if plot is not None:
-            check_output(plot, kind=OutputKind.IMAGE, force=force, inputs=inputs)
-        every_ns = parse_duration_ns(every, option="--every") if every is not None else None
-        if plot is not None and every_ns is None and extras is None:
-            every_ns = parse_duration_ns(DEFAULT_PLOT_EVERY)
-        from kvtool.render.progress import input_size
-
-        size = input_size(files)
-        what = f"reading {len(files)} recording(s)"
-        feed = None
-        if extras is not None and n_jobs == 1 and ray is None:
-            from kvtool.report.whatif import PoolFeed
-
-            feed = PoolFeed()  # the what-if takes the report's own read of the input
-        with env.progress(what, size, quiet=quiet) as bar:
-            rep = build_report(
-                [str(f) for f in files],
-                groups_file=str(groups) if groups is not None else None,
-                group_flags=group or None,
-                every_ns=every_ns,
-                jobs=n_jobs,
-                ray_address=ray,
-                clock=clock.value,
-                select=select,
-                progress=bar.update if bar.shown else None,
-                split=[t for t in tables if t in ("rank", "channel")],
-                raw_tap=feed,
-            )
-        wi = None
-        too_small = _pool_too_small(rep, pool_blocks)
-        if extras is not None:
-            from kvtool.report.whatif import what_if as predict_what_if
-
-            wi = predict_what_if(
-                [str(f) for f in files],
-                extras,
-                pool_blocks=pool_blocks,
-                groups_file=str(groups) if groups is not None else None,
-                group_flags=group or None,
-                batch_filter=select,
-                lost=lost_batches(files),
-                feed=feed if feed is not None and feed.chunks else None,
-            )
-    finally:
-        if early:
-            stop_servers()
-    batches, unselected = rep.source.get("batches"), rep.source.get("unselected_batches")
+        wi = predict_what_if(
+            [str(f) for f in files],
+            extras,
+            pool_blocks=pool_blocks,
+            groups_file=str(groups) if groups is not None else None,
+            group_flags=group or None,
+            batch_filter=select,
+            lost=lost_batches(files),
+            feed=feed if feed is not None and feed.chunks else None,
+        )
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],
-        batches if isinstance(batches, int) else 0,
-        unselected if isinstance(unselected, int) else 0,
+        rep.source.batches,
+        rep.source.unselected_batches,
     )
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
@@ -334,8 +325,7 @@ def report(
     if pool_blocks is not None:
         from kvtool.render.whatif import pool_occupancy
 
-        channels = rep.source.get("channels")
-        if isinstance(channels, list) and len(channels) == 1:
+        if len(rep.source.channels) == 1:
             pool = pool_occupancy(
                 rep.totals.to_dicts()[0] if rep.totals.height else {}, pool_blocks
             )
@@ -393,15 +383,15 @@ def report(
         if not quiet:
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
     # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
-    listed = rep.source.get("damaged")
-    damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
+    damage = rep.source.damaged
     # Batches lost while recording exit 3 as in `info` (one policy for every reader).
     lost = lost_batches(files)
     for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
-            if line not in damage and not (lost and "lost while recording" in line):
+            kind = line.kind if isinstance(line, Finding) else None
+            if kind != "damaged" and not (lost and kind == "lost"):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 

@@ -175,7 +175,7 @@ def serve(
     key). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
-    from kvtool.report.procs import give_back_big_buffers
+    from kvtool.commands._process import give_back_big_buffers
     from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.top import RecordingSource, ReportFeed
 

@@ -75,7 +75,7 @@ _TIMELINE_LABELS = {
 
 def _timeline_title(report: Report) -> str:
     """``timeline (every 1 s from the first message, receive clock)``."""
-    clock = report.source.get("clock", "receive")
+    clock = report.source.clock
     return f"timeline (every {report.every_s:g} s from the first message, {clock} clock)"
 
 
@@ -154,13 +154,10 @@ def _legend(columns: Sequence[str]) -> str:
 
 def _summary_line(report: Report) -> str:
     src = report.source
-    recs = src.get("recordings", [])
-    meta = src.get("group_metadata", [])
-    batches, events = src.get("batches"), src.get("events")
     return (
-        f"report: {', '.join(map(printable, recs)) if isinstance(recs, list) else printable(recs)}"
-        f" - {cell(batches)} batches, {cell(events)} events; group metadata: "
-        f"{'; '.join(map(printable, meta)) if isinstance(meta, list) else printable(meta)}"
+        f"report: {', '.join(map(printable, src.recordings))}"
+        f" - {cell(src.batches)} batches, {cell(src.events)} events; group metadata: "
+        f"{'; '.join(map(printable, src.group_metadata))}"
     )
 
 
@@ -218,7 +215,7 @@ def render_json(report: Report, stream: TextIO, *, extra: dict[str, object] | No
             ``--pool-blocks``).
     """
     out = report.to_dict()
-    out["source"] = {**report.source, "findings": list(report.findings)}
+    out["source"] = {**out["source"], "findings": [str(f) for f in report.findings]}  # type: ignore[dict-item]
     if extra:
         out.update(extra)
     json.dump(out, stream, indent=2)

@@ -23,6 +23,7 @@ from kvtool.report.names import COLUMNS as COLUMNS
 from kvtool.report.names import COUNT_COLUMNS as COUNT_COLUMNS
 from kvtool.report.names import LIFETIME_COLUMNS as LIFETIME_COLUMNS
 from kvtool.report.names import TIMELINE_COLUMNS as TIMELINE_COLUMNS
+from kvtool.report.source import Finding, ReportSource
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -76,26 +77,28 @@ class Report:
     """A finished report.
 
     Attributes:
-        source: What was read: recordings, channels, metadata source, counts.
+        source: What was read: recordings, channels, metadata source, counts
+            (:class:`~kvtool.report.source.ReportSource`; JSON: its ``to_dict()``).
         totals: One row with every column.
         by_kind: One row per kind (``unannotated``/``unattributed`` included).
         by_window: One row per sliding window (null: none or unknown).
         by_group: One row per (group_idx, kind, sliding_window).
         timeline: Per time bucket and kind (with ``every``), else None.
-        findings: One line each for things that look wrong.
+        findings: One line each for things that look wrong (:class:`Finding`: a ``str``
+            that carries its ``kind``).
         damaged: True when input was skipped or a recording was damaged.
         every_s: The timeline bucket in seconds, or None.
         by_rank: One row per data-parallel rank (``dp_rank``), when asked for.
         by_channel: One row per channel (``channel``), when asked for.
     """
 
-    source: dict[str, object]
+    source: ReportSource
     totals: pl.DataFrame
     by_kind: pl.DataFrame
     by_window: pl.DataFrame
     by_group: pl.DataFrame
     timeline: pl.DataFrame | None = None
-    findings: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     damaged: bool = False
     every_s: float | None = None
     by_rank: pl.DataFrame | None = None
@@ -108,7 +111,7 @@ class Report:
             Plain Python objects (numbers, strings, None).
         """
         out: dict[str, object] = {
-            "source": self.source,
+            "source": self.source.to_dict(),
             "totals": self.totals.to_dicts()[0] if self.totals.height else {},
             "by_kind": self.by_kind.to_dicts(),
             "by_window": self.by_window.to_dicts(),

@@ -3,7 +3,8 @@
 One process reads every input in one ordered pass (:func:`kvtool.report.run.report_with`);
 with ``--jobs``/``--ray``, inputs that share no stream are units of work reported apart
 and merged exactly (:func:`report_units`), and one stream is decoded by other processes
-(:func:`kvtool.report.parallel.shard_map`) or Ray tasks while this one keeps the state.
+on threads (:func:`kvtool.report.parallel.thread_decode_map`) or Ray tasks while this
+thread keeps the state.
 Modules import one way: registry, names → aggregates, samples, kernel, attribution →
 timeline → partial → builder → run → parallel (no report state) → api.
 """
@@ -21,7 +22,6 @@ from kvtool.columns import (
     DecodeMap,
     Progress,
     RawChunk,
-    ShardMap,
     TableAnnotator,
     decode_chunk,
     make_annotator,
@@ -55,8 +55,8 @@ def build_report(
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
-    With ``jobs`` > 1 or ``ray_address``, the work runs in worker processes or on a Ray
-    cluster: inputs that hold several publisher streams are split into units of work
+    With ``jobs`` > 1 or ``ray_address``, the work runs on threads of this process or on
+    a Ray cluster: inputs that hold several publisher streams are split into units of work
     whose partial reports merge exactly (:mod:`kvtool.report.partial`), one stream's
     payloads are decoded there and merged in stream order (:mod:`kvtool.report.parallel`).
     Either way the report is identical to a single-process one.
@@ -67,7 +67,7 @@ def build_report(
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        jobs: Worker processes on this machine (1: all in this process).
+        jobs: Threads on this machine (1: decoding a chunk ahead of the state, as always).
         ray_address: Run the work on the Ray cluster at this address instead.
         clock: The timeline's clock, ``receive`` or ``publish`` (lifetimes always use the
             batch ``ts``: the engine's own clock).
@@ -109,12 +109,11 @@ def build_report(
                     progress=progress,
                 )
     decode_map: DecodeMap | None = None
-    shard_map: ShardMap | None = None
     close: Callable[[], None] | None = None
     if ray_address is not None:
         decode_map, close = parallel.ray_decode_map(ray_address)
     elif jobs > 1 and procs.input_bytes(paths) >= chunk_bytes // procs.SHARD_RATIO:
-        shard_map, close = parallel.shard_map(jobs)
+        decode_map, close = parallel.thread_decode_map(jobs)
     elif raw_tap is not None:
         decode_map = _tapped(raw_tap)
     try:
@@ -124,7 +123,6 @@ def build_report(
             every_ns=every_ns,
             chunk_bytes=chunk_bytes,
             decode_map=decode_map,
-            shard_map=shard_map,
             clock=clock,
             select=select,
             progress=progress,
@@ -158,7 +156,7 @@ def report_units(
     ray_address: str | None,
     progress: Progress | None = None,
 ) -> Report:
-    """Report each unit on its own (pool or Ray) and merge the partial reports exactly.
+    """Report each unit on its own (threads or Ray) and merge the partial reports exactly.
 
     Args:
         paths: The recordings, in command-line order.
@@ -167,7 +165,7 @@ def report_units(
         every_ns: Timeline bucket (ns), or None.
         chunk_bytes: Payload bytes per chunk.
         clock: The timeline's clock.
-        jobs: Worker processes on this machine.
+        jobs: Threads on this machine.
         ray_address: Run the units as Ray tasks on this cluster instead.
         progress: Called with (bytes done, bytes total) as units finish.
 
@@ -177,7 +175,7 @@ def report_units(
     Raises:
         NotMergeable: The partial reports cannot be merged exactly.
         UsageError: ``ray_address`` given but Ray is not installed.
-        KvtoolError: A worker died, or the cluster cannot be reached.
+        KvtoolError: The cluster cannot be reached.
     """
     names = [os.fspath(p) for p in paths]
     # Ray workers run elsewhere (another working directory): they get absolute paths,

@@ -8,6 +8,7 @@ import polars as pl
 
 from kvtool.columns import UNANNOTATED, UNATTRIBUTED, ReadStats, TableAnnotator
 from kvtool.protocol import sorted_unknown_tags
+from kvtool.report.source import Finding
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -19,8 +20,8 @@ def report_findings(
     builder: ReportBuilder,
     annotator: TableAnnotator,
     stats: ReadStats,
-) -> list[str]:
-    """Return one line per thing in a report that looks wrong or needs the user's help.
+) -> list[Finding]:
+    """Return one finding per thing in a report that looks wrong or needs the user's help.
 
     Args:
         rep: The finished tables (``totals``, ``by_kind``...).
@@ -29,9 +30,9 @@ def report_findings(
         stats: The read's stats (skipped input, damage, lost batches).
 
     Returns:
-        The findings, most important first.
+        The findings, most important first (each a line of text with its kind).
     """
-    out: list[str] = []
+    out: list[Finding] = []
     tot = rep["totals"].to_dicts()[0]
     by_kind = {r["kind"]: r for r in rep["by_kind"].to_dicts()}
     stored = tot["blocks_stored"]
@@ -39,32 +40,47 @@ def report_findings(
     if stored and un.get("blocks_stored", 0) == stored:
         if builder.grouped_channels:
             out.append(
-                "no store was annotated with a kind: pass the group metadata with "
-                "--groups FILE (get_kv_cache_group_metadata()) or --group IDX=KIND[:WINDOW]"
+                Finding(
+                    "unannotated",
+                    "no store was annotated with a kind: pass the group metadata with "
+                    "--groups FILE (get_kv_cache_group_metadata()) or --group IDX=KIND[:WINDOW]",
+                )
             )
         else:
             out.append(
-                "no store carries group_idx or a kind (vLLM < 0.21): kinds cannot be known; "
-                "every block is reported as unannotated"
+                Finding(
+                    "unannotated",
+                    "no store carries group_idx or a kind (vLLM < 0.21): kinds cannot be known; "
+                    "every block is reported as unannotated",
+                )
             )
     removed = tot["blocks_removed"]
     unattr = by_kind.get(UNATTRIBUTED, {}).get("blocks_removed", 0)
     unann = by_kind.get(UNANNOTATED, {}).get("blocks_removed", 0)
     if removed and unattr + unann == removed:
         out.append(
-            f"no remove could be attributed to a kind ({unattr} unattributed, {unann} "
-            "unannotated): give the group metadata (--groups/--group)"
+            Finding(
+                "unannotated",
+                f"no remove could be attributed to a kind ({unattr} unattributed, {unann} "
+                "unannotated): give the group metadata (--groups/--group)",
+            )
         )
     elif unattr:
         out.append(
-            f"{unattr} removed block(s) without group_idx could not be attributed "
-            "(hash live in no group or in several): reported as unattributed"
+            Finding(
+                "unattributed",
+                f"{unattr} removed block(s) without group_idx could not be attributed "
+                "(hash live in no group or in several): reported as unattributed",
+            )
         )
     names = {cid: ref.info.name for cid, ref in stats.channels.items()}
     for cid, g, before, after in sorted(annotator.changes, key=str):
         out.append(
-            f"group {g} on {names.get(cid, cid)} changes kind mid-stream: "
-            f"{_kw(before)} -> {_kw(after)}"
+            Finding(
+                "kind_change",
+                f"group {g} on {names.get(cid, cid)} changes kind mid-stream: "
+                f"{_kw(before)} -> {_kw(after)}",
+            )
         )
     evicting = {
         k: r["blocks_removed"]
@@ -77,43 +93,66 @@ def report_findings(
                 continue
             other = ", ".join(f"{o} {n}" for o, n in sorted(evicting.items()))
             out.append(
-                f"{k} stored {r['blocks_stored']} blocks but none was evicted while others "
-                f"evicted ({other}): its removes may be missing from the stream"
+                Finding(
+                    "silent_kind",
+                    f"{k} stored {r['blocks_stored']} blocks but none was evicted while others "
+                    f"evicted ({other}): its removes may be missing from the stream",
+                )
             )
     for cid, (n, dropped) in sorted(builder.restarts.items()):
         out.append(
-            f"{n} publisher restart(s) on {names.get(cid, cid)}: the state started afresh "
-            f"({dropped} blocks dropped, counted as blocks_cleared)"
+            Finding(
+                "restart",
+                f"{n} publisher restart(s) on {names.get(cid, cid)}: the state started afresh "
+                f"({dropped} blocks dropped, counted as blocks_cleared)",
+            )
         )
     if builder.negative_lifetimes:
         out.append(
-            f"{builder.negative_lifetimes} block lifetime(s) were negative (the publisher's "
-            "clock went backwards between store and remove): counted as 0 s"
+            Finding(
+                "negative_lifetime",
+                f"{builder.negative_lifetimes} block lifetime(s) were negative (the publisher's "
+                "clock went backwards between store and remove): counted as 0 s",
+            )
         )
     if builder.timeline_sparse:
         out.append(
-            "the timeline lists only the buckets with events (a dense grid of every bucket "
-            "and kind would be too large): choose a larger --every for every bucket"
+            Finding(
+                "sparse_timeline",
+                "the timeline lists only the buckets with events (a dense grid of every bucket "
+                "and kind would be too large): choose a larger --every for every bucket",
+            )
         )
     if tot["orphan_removes"]:
         out.append(
-            f"{tot['orphan_removes']} removed block(s) were not live (the stream began "
-            "mid-way or batches were lost): counted as orphan_removes"
+            Finding(
+                "orphan_removes",
+                f"{tot['orphan_removes']} removed block(s) were not live (the stream began "
+                "mid-way or batches were lost): counted as orphan_removes",
+            )
         )
     for g, n in sorted(annotator.out_of_range.items()):
-        out.append(f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)")
+        out.append(
+            Finding(
+                "out_of_metadata",
+                f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)",
+            )
+        )
     unknown = sum(stats.unknown_tags.values())
     if stats.bad_batches or stats.skipped_events > unknown:
         out.append(
-            f"skipped {stats.bad_batches} malformed payload(s) and "
-            f"{stats.skipped_events - unknown} undecodable event(s)"
-            + (f"; first: {stats.problems[0]}" if stats.problems else "")
+            Finding(
+                "malformed",
+                f"skipped {stats.bad_batches} malformed payload(s) and "
+                f"{stats.skipped_events - unknown} undecodable event(s)"
+                + (f"; first: {stats.problems[0]}" if stats.problems else ""),
+            )
         )
     if unknown:
-        out.append(unknown_tags_finding(stats.unknown_tags))
-    out.extend(stats.lost)
-    out.extend(stats.damaged)
-    out.extend(annotator.findings(stats))
+        out.append(Finding("unknown_events", unknown_tags_finding(stats.unknown_tags)))
+    out.extend(Finding("lost", line, _named(line, stats.recordings)) for line in stats.lost)
+    out.extend(Finding("damaged", line, _named(line, stats.recordings)) for line in stats.damaged)
+    out.extend(Finding("input", line) for line in annotator.findings(stats))
     return out
 
 
@@ -133,6 +172,14 @@ def unknown_tags_finding(counts: dict[str, int]) -> str:
     parts[0] = parts[0].replace(" ", f" event{'' if first == 1 else 's'} of unknown type ", 1)
     verb = "was" if sum(ordered.values()) == 1 else "were"
     return f"{', '.join(parts)} {verb} skipped (a newer vLLM?)"
+
+
+def _named(line: str, recordings: list[str]) -> str | None:
+    """The recording a line is about (it starts with ``PATH:``), or None."""
+    for path in recordings:
+        if line.startswith(f"{path}:"):
+            return path
+    return None
 
 
 def _kw(kw: tuple[str, int | None]) -> str:

@@ -1,67 +1,46 @@
 """``--jobs`` and ``--ray``: the report's work on many cores or machines, exactly.
 
-Two kinds of work, the same functions on a local process pool and on Ray:
+Two kinds of work, the same functions on local threads and on Ray:
 
 - **Units** (:func:`kvtool.report.api.report_units`, run by :func:`map_units`): inputs
   that hold several publisher streams -- a file per rank, or one recorder's file of
   every rank -- are split into units that share no stream
   (:func:`kvtool.report.partial.plan_units`). Each unit is reported from empty
-  state by :func:`kvtool.report.run.report_unit`, in a worker process or a Ray task
-  that reads its own files (Ray: paths every worker can read), and the partial reports
-  merge exactly (:meth:`kvtool.report.ReportBuilder.from_partials`). When the merge
-  cannot be exact (a recording out of THE merge order's key order) it declines and the
-  caller reads everything in one ordered pass.
+  state by :func:`kvtool.report.run.report_unit`, in a thread of this process or a Ray
+  task that reads its own files (Ray: paths every worker can read), and the partial
+  reports merge exactly (:meth:`kvtool.report.ReportBuilder.from_partials`). When the
+  merge cannot be exact (a recording out of THE merge order's key order) it declines and
+  the caller reads everything in one ordered pass.
 - **One stream**: a stream's live state carries from chunk to chunk (a remove in chunk 5
-  pairs with its store in chunk 2), so the report is one ordered pass; only reading,
-  decoding and annotating are spread out, and the tables come back *in stream order* to
-  feed :class:`kvtool.report.ReportBuilder` exactly as a single-process run does, so every
+  pairs with its store in chunk 2), so the report is one ordered pass; only decoding and
+  annotating are spread out, and the tables come back *in stream order* to feed
+  :class:`kvtool.report.ReportBuilder` exactly as a single-threaded run does, so every
   count, set, percentile and peak is identical to ``--jobs 1``.
 
-  - Locally (:func:`shard_map`), each of ``--jobs`` processes reads the whole input
-    itself and decodes every ``jobs``-th chunk (:func:`kvtool.columns.read_shard`):
-    reading costs a tenth of decoding, and no payload crosses a pipe -- only each
-    chunk's table, as compressed Arrow IPC.
+  - Locally (:func:`thread_decode_map`), ``--jobs`` threads decode the raw chunks
+    (:func:`kvtool.columns.decode_chunk`): the numba scanner and state kernel run
+    without the GIL, and polars releases it, so the threads share the cores without
+    copying a chunk between processes.
   - On Ray (:func:`ray_decode_map`), the driver reads the recordings into raw chunks and
     hands them out (:func:`kvtool.columns.decode_chunk`: pure, picklable in and out):
     the payloads travel, the workers need not see the files.
-- **Memory**: a chunk or two a process (a reading process waits on its pipe until its
-  table is taken; Ray keeps ``in_flight`` chunks out), so memory stays flat as a
-  recording grows, as in a single-process run.
+- **Memory**: ``jobs + 1`` chunks in flight (Ray: ``in_flight``), so memory stays flat as a
+  recording grows, as in a single-threaded run.
+
+Nothing here changes a process-wide setting (no fork server, no malloc tuning, no GIL
+switch interval): ``--jobs`` is threads of the caller's process.
 """
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
-import time
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import Connection
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
-from kvtool.columns import (
-    DecodedChunk,
-    DecodeMap,
-    Progress,
-    RawChunk,
-    ReadPlan,
-    ShardItem,
-    ShardMap,
-    decode_chunk,
-    read_shard,
-)
+from kvtool.columns import DecodedChunk, DecodeMap, Progress, RawChunk, decode_chunk
 from kvtool.errors import KvtoolError, UsageError
-from kvtool.report.procs import (
-    context,
-    deferred_interrupt,
-    init_worker,
-    keep_big_buffers,
-    one_polars_thread,
-    start_server,
-    stop_servers,
-)
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -100,12 +79,6 @@ def ordered(
             yield result(pending.popleft())
     while pending:
         yield result(pending.popleft())
-
-
-def _pool(jobs: int) -> ProcessPoolExecutor:
-    """A process pool of ``jobs`` workers (:func:`kvtool.report.procs.context`)."""
-    start_server()
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=context(), initializer=init_worker)
 
 
 RAY_PROBE_S = 5.0
@@ -150,158 +123,30 @@ def _ray_connect(ray: ModuleType, address: str) -> bool:
     return True
 
 
-SHARD_POLL_S = 1.0
-"""How often the driver, waiting for a reading process, checks that it is still alive."""
+def thread_decode_map(jobs: int) -> tuple[DecodeMap, Callable[[], None]]:
+    """A :data:`kvtool.columns.DecodeMap` running :func:`decode_chunk` on ``jobs`` threads.
 
-SHARD_STALL_S = 600.0
-"""The longest a reading process may take to hand over its next chunk (one chunk takes
-well under a second): past it, the report stops with an error instead of waiting on."""
-
-
-def shard_map(jobs: int) -> tuple[ShardMap, Callable[[], None]]:
-    """A :data:`kvtool.columns.ShardMap` over ``jobs`` local processes.
-
-    Each process reads the whole input itself and decodes and annotates every
-    ``jobs``-th chunk (:func:`kvtool.columns.read_shard`); the tables come back over a
-    pipe each, taken in stream order. No payload crosses a pipe and the driver neither
-    reads nor decodes: it only builds the report. A process blocks on its pipe until
-    the driver takes its chunk, so memory stays at a chunk or two a process.
+    The chunks are decoded (and annotated, when they carry an annotation) ``jobs`` at a
+    time and come back in stream order; at most ``jobs + 1`` are in flight.
 
     Args:
-        jobs: Processes (>= 2).
+        jobs: Threads (>= 1).
 
     Returns:
-        The map, and a function that stops what it started.
+        The map, and a function that stops its threads (after the chunks they decode).
     """
-    # Here, in the caller's thread (the main one: the server then ignores Ctrl-C, see
-    # start_server), not in the thread that will iterate a run.
-    start_server()
-    started = [True]
-    # The processes of runs not yet ended. A run is a generator: stopped by an exception
-    # (Ctrl-C) in its consumer, its own ``finally`` runs only when it is collected, and
-    # the fork server waits for every process it forked; ``close`` ends them first.
-    live: list[_Readers] = []
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kvtool-decode")
 
-    def run(plan: ReadPlan) -> Iterator[ShardItem]:
-        start_server()  # (again: a no-op unless close() stopped it)
-        started[0] = True
-        readers: _Readers = ([], [])
-        live.append(readers)
-        procs, conns = readers
-        try:
-            _start_readers(plan, jobs, procs, conns)
-            keep_big_buffers()
-            i = 0
-            while True:
-                item = _receive(conns[i % jobs], procs[i % jobs])
-                yield item
-                if item.chunk is None:
-                    break
-                i += 1
-            # The others have read to the end too: each sends its final item and ends.
-            for k in range(jobs):
-                if k != i % jobs:
-                    _receive(conns[k], procs[k])
-                procs[k].join(timeout=SHARD_POLL_S)
-        finally:
-            _end(procs, conns)
-            live[:] = [r for r in live if r is not readers]
+    def run(items: Iterator[RawChunk]) -> Iterator[DecodedChunk]:
+        def submit(raw: RawChunk) -> Future[DecodedChunk]:
+            return pool.submit(decode_chunk, raw)
+
+        return ordered(items, submit, Future.result, jobs + 1)
 
     def close() -> None:
-        while live:
-            _end(*live.pop())
-        if started[0]:
-            stop_servers()
+        pool.shutdown(wait=True, cancel_futures=True)
 
     return run, close
-
-
-_Readers = tuple[list[multiprocessing.process.BaseProcess], list[Connection]]
-
-
-def _start_readers(
-    plan: ReadPlan,
-    jobs: int,
-    procs: list[multiprocessing.process.BaseProcess],
-    conns: list[Connection],
-) -> None:
-    """Start ``jobs`` reading processes, adding each (and its pipe) as it starts."""
-    ctx = context()
-    with one_polars_thread():
-        for k in range(jobs):
-            recv, send = ctx.Pipe(duplex=False)
-            conns.append(recv)
-            proc = ctx.Process(
-                target=_shard_worker,
-                args=(plan, k, jobs, send),
-                name=f"kvtool-read-{k}",
-                daemon=True,
-            )
-            proc.start()
-            procs.append(proc)
-            send.close()
-
-
-def _end(procs: list[multiprocessing.process.BaseProcess], conns: list[Connection]) -> None:
-    """Stop reading processes (by their PIDs: this process started them) and close pipes."""
-    for worker in procs:
-        if worker.is_alive():
-            worker.terminate()
-        worker.join(timeout=5)
-        if worker.is_alive():
-            worker.kill()
-            worker.join(timeout=5)
-    for conn in conns:
-        conn.close()
-    procs.clear()
-    conns.clear()
-
-
-def _receive(
-    conn: Connection, proc: multiprocessing.process.BaseProcess, stall_s: float = SHARD_STALL_S
-) -> ShardItem:
-    """The next item of a reading process; a process that died, failed or stalled raises."""
-    deadline = time.monotonic() + stall_s
-    while not conn.poll(min(SHARD_POLL_S, stall_s)):
-        if not proc.is_alive() and not conn.poll(0):
-            raise _died(proc)
-        if time.monotonic() >= deadline:
-            raise KvtoolError(
-                f"a decoding process (pid {proc.pid}) handed over nothing for {stall_s:g} s; "
-                "try --jobs 1"
-            )
-    try:
-        got = conn.recv()
-    except (EOFError, OSError) as err:
-        raise _died(proc) from err
-    if isinstance(got, BaseException):
-        raise got
-    if not isinstance(got, ShardItem):
-        raise KvtoolError(f"a decoding process sent {type(got).__name__}; try --jobs 1")
-    return got
-
-
-def _died(proc: multiprocessing.process.BaseProcess) -> KvtoolError:
-    proc.join(timeout=SHARD_POLL_S)
-    return KvtoolError(f"a decoding process died (exit code {proc.exitcode}); try --jobs 1")
-
-
-def _shard_worker(plan: ReadPlan, shard: int, shards: int, conn: Connection) -> None:
-    """A reading process: :func:`kvtool.columns.read_shard` onto its pipe."""
-    init_worker()
-    try:
-        for item in read_shard(plan, shard, shards):
-            conn.send(item)
-    except BrokenPipeError:
-        pass  # the driver stopped reading: it is ending the report
-    except BaseException as err:  # handed to the driver, which names it
-        try:
-            conn.send(err)
-        except Exception:  # not picklable: its message
-            with contextlib.suppress(OSError):
-                conn.send(KvtoolError(f"{type(err).__name__}: {err}"))
-    finally:
-        conn.close()
 
 
 def import_ray() -> ModuleType:
@@ -364,13 +209,13 @@ def map_units(
     ray_address: str | None,
     progress: Progress | None = None,
 ) -> list[R]:
-    """Run ``func`` over ``tasks`` on a local process pool or as Ray tasks, in order.
+    """Run ``func`` over ``tasks`` on local threads or as Ray tasks, in order.
 
     Args:
-        func: A picklable function of one picklable task (a unit of work).
+        func: A function of one task (a unit of work; picklable, both, for Ray).
         tasks: The tasks.
         sizes: The input bytes of each task (for progress).
-        jobs: Worker processes on this machine.
+        jobs: Threads on this machine.
         ray_address: Run the tasks on this Ray cluster instead.
         progress: Called with (bytes done, bytes total) as tasks finish.
 
@@ -379,7 +224,7 @@ def map_units(
 
     Raises:
         UsageError: ``ray_address`` given but Ray is not installed.
-        KvtoolError: A worker died, or the cluster cannot be reached.
+        KvtoolError: The cluster cannot be reached.
     """
     total_bytes = sum(sizes)
     done = 0
@@ -399,24 +244,60 @@ def map_units(
             if connected_here:
                 ray.shutdown()
         return out
-    pool = _pool(min(jobs, len(tasks)))
-    try:
-        futures = [pool.submit(func, t) for t in tasks]
-        for fut, size in zip(futures, sizes, strict=True):
+    return _thread_units(func, tasks, sizes, jobs=jobs, progress=progress)
+
+
+def _thread_units(
+    func: Callable[[T], R],
+    tasks: Sequence[T],
+    sizes: Sequence[int],
+    *,
+    jobs: int,
+    progress: Progress | None,
+) -> list[R]:
+    """:func:`map_units` on ``jobs`` daemon threads of this process, results in task order.
+
+    Daemon threads: a Ctrl-C ends the report at once (the units still running are
+    abandoned with the process), instead of waiting for whole units to finish.
+    """
+    total_bytes = sum(sizes)
+    done = 0
+    results: list[Future[R]] = [Future() for _ in tasks]
+    todo: deque[int] = deque(range(len(tasks)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.popleft()
+            fut = results[i]
+            if not fut.set_running_or_notify_cancel():
+                continue
             try:
-                out.append(fut.result())
-            except BrokenProcessPool as err:
-                raise KvtoolError(f"a report worker process died ({err}); try --jobs 1") from err
+                fut.set_result(func(tasks[i]))
+            except BaseException as err:  # handed to the caller, which raises it
+                fut.set_exception(err)
+
+    threads = [
+        threading.Thread(target=work, name=f"kvtool-unit-{k}", daemon=True)
+        for k in range(max(1, min(jobs, len(tasks))))
+    ]
+    for t in threads:
+        t.start()
+    out: list[R] = []
+    try:
+        for fut, size in zip(results, sizes, strict=True):
+            out.append(fut.result())
             done += size
             if progress is not None:
                 progress(done, total_bytes)
     finally:
-        # Tasks not started are cancelled; the ones running end first (a worker stopped
-        # while it sends its result would leave the pool's reader waiting on half a
-        # message for ever). A Ctrl-C meanwhile is held until all have ended.
-        with deferred_interrupt():
-            pool.shutdown(wait=True, cancel_futures=True)
-        stop_servers()
+        with lock:
+            todo.clear()  # units not started are not started
+    for t in threads:
+        t.join()
     return out
 
 
@@ -426,5 +307,5 @@ __all__ = [
     "map_units",
     "ordered",
     "ray_decode_map",
-    "shard_map",
+    "thread_decode_map",
 ]

@@ -11,7 +11,6 @@ builders of ``--by rank``/``--by channel``.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -36,14 +35,11 @@ from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
+from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
 from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
-
-
-_SWITCH_INTERVAL = 0.0005
-"""GIL switch interval (s) while the report's decode thread and builder run together."""
 
 
 def report_with(
@@ -70,8 +66,10 @@ def report_with(
         annotator: Annotates each table chunk (stream order).
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
+            :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
+        shard_map: Reads and decodes elsewhere, each reader reading the input itself
+            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -120,8 +118,10 @@ def run_builder(
         annotator: Annotates each table chunk (stream order).
         every_ns: Timeline bucket in ns, or None.
         chunk_bytes: Payload bytes per chunk.
-        decode_map: Decodes raw chunks in order (default: here, a chunk ahead in a thread).
-        shard_map: Reads and decodes in other processes (then ``decode_map`` is unused).
+        decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
+            :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
+        shard_map: Reads and decodes elsewhere, each reader reading the input itself
+            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -140,8 +140,8 @@ def run_builder(
     builder = ReportBuilder(every_ns, annotator.group_kind, clock, origin_ns)
     builder.peak_log = peak_log
     builder.streams = stats.channels
-    # With a decode or shard map (other processes), the chunks are annotated where they
-    # are decoded: the annotation is fixed before the first chunk, and the driver (the
+    # With a decode or shard map (other threads or processes), the chunks are annotated
+    # where they are decoded: the annotation is fixed before the first chunk, and the driver (the
     # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
     # may annotate otherwise: it annotates here.
     elsewhere = decode_map is not None or shard_map is not None
@@ -171,19 +171,13 @@ def run_builder(
             else:
                 yield annotator(chunk, stats)
 
-    # The decode thread runs Python (msgspec, list passes) holding the GIL, while the
-    # builder here hands the GIL back in its polars queries and numpy sorts and then
-    # waits to get it back: up to a switch interval (5 ms by default) each time. A
-    # shorter interval for the loop keeps the builder from idling.
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(_SWITCH_INTERVAL)
-    try:
-        for df in prefetch(annotated()):
-            builder.add(df)
-            if splits is not None:
-                splits.add(df)
-    finally:
-        sys.setswitchinterval(switch)
+    # The numba scanner and state kernel run without the GIL, polars and numpy release
+    # it: the decode thread and the builder here share the cores as they are, with no
+    # process-wide setting (such as the GIL's switch interval) changed for them.
+    for df in prefetch(annotated()):
+        builder.add(df)
+        if splits is not None:
+            splits.add(df)
     return builder, stats
 
 
@@ -303,37 +297,37 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     dur = None
     if first_rx is not None and builder.last_rx is not None:
         dur = (builder.last_rx - first_rx) / 1e9
-    source: dict[str, object] = {
-        "recordings": list(stats.recordings),
-        "channels": [
-            {
-                "recording": ref.recording,
-                "channel": ref.info.name,
-                "endpoint": ref.info.endpoint,
-                "topic": ref.info.topic,
-                "dp_rank": ref.info.dp_rank,
-            }
+    source = ReportSource(
+        recordings=list(stats.recordings),
+        channels=[
+            ChannelSource(
+                recording=ref.recording,
+                channel=ref.info.name,
+                endpoint=ref.info.endpoint,
+                topic=ref.info.topic,
+                dp_rank=ref.info.dp_rank,
+            )
             for ref in stats.channels.values()
         ],
-        "group_metadata": annotator.sources(),
-        "batches": stats.messages,
-        **({"unselected_batches": stats.unselected} if stats.unselected else {}),
-        "events": stats.events,
-        "block_rows": stats.rows,
-        "duration_s": dur,
-        "duration_clock": "receive",
-        **(_timeline_source(builder, span) if builder.every_ns is not None else {}),
-        "lifetimes": "exact"
+        group_metadata=annotator.sources(),
+        batches=stats.messages,
+        unselected_batches=stats.unselected,
+        events=stats.events,
+        block_rows=stats.rows,
+        duration_s=dur,
+        duration_clock="receive",
+        timeline=_timeline_source(builder, span) if builder.every_ns is not None else None,
+        lifetimes="exact"
         if not builder.life.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "recompute_gaps": "exact"
+        recompute_gaps="exact"
         if not builder.gaps.binned
         else f"log histogram, {HIST_BINS_PER_OCTAVE} bins per doubling",
-        "skipped_batches": stats.bad_batches,
-        "skipped_events": stats.skipped_events,
-        "unknown_events": sorted_unknown_tags(stats.unknown_tags),
-        "damaged": list(stats.damaged),
-    }
+        skipped_batches=stats.bad_batches,
+        skipped_events=stats.skipped_events,
+        unknown_events=sorted_unknown_tags(stats.unknown_tags),
+        damaged=list(stats.damaged),
+    )
     every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
     return Report(
         source=source,
@@ -348,22 +342,22 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
     )
 
 
-def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> dict[str, object]:
+def _timeline_source(builder: ReportBuilder, span: tuple[int, int] | None) -> TimelineSource:
     """The timeline's clock, its time zero and the data's span on it (``source``)."""
     origin = builder.origin_ns
-    return {
-        "clock": builder.clock,
-        "timeline_origin_s": origin / 1e9 if origin is not None else None,
-        "timeline_start_s": round(span[0] / 1e9, 9) if span is not None else None,
-        "timeline_end_s": round(span[1] / 1e9, 9) if span is not None else None,
-    }
+    return TimelineSource(
+        clock=builder.clock,
+        origin_s=origin / 1e9 if origin is not None else None,
+        start_s=round(span[0] / 1e9, 9) if span is not None else None,
+        end_s=round(span[1] / 1e9, 9) if span is not None else None,
+    )
 
 
 # -- a unit of work (--jobs, --ray) ---------------------------------------------------
 
 
 def report_unit(task: UnitTask) -> PartialReport:
-    """The map: read, decode and report one unit, from empty state (runs in any process).
+    """The map: read, decode and report one unit, from empty state (any thread or process).
 
     Args:
         task: The unit.
