@@ -30,19 +30,58 @@ EV_CLEAR = 2
 
 
 @kernel
-def _find(codes: I64, code: int) -> int:
-    """Index of ``code`` in the sorted ``codes``, or -1."""
-    lo = 0
-    hi = codes.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if codes[mid] < code:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < codes.shape[0] and codes[lo] == code:
-        return lo
-    return -1
+def intern(
+    occ_hash: I64, par_hash: I64, occ_g: I64, n_groups: int
+) -> tuple[I64, I64, I64, I64, int, int]:
+    """Number the hashes and the (group, hash) keys in order of first appearance.
+
+    One open-addressing table over the 64-bit hashes (linear probing, at most half
+    full) instead of sorting them.
+
+    Args:
+        occ_hash: The hash of each occurrence (a stored or removed block).
+        par_hash: The parent hash of each store that names one.
+        occ_g: The group position of each occurrence.
+        n_groups: Number of groups.
+
+    Returns:
+        The hash id of each occurrence and of each parent, the key id of each
+        occurrence, the key of each ``hash_id * n_groups + group`` (-1: never seen),
+        the number of hash ids and of keys.
+    """
+    n = occ_hash.shape[0] + par_hash.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = cap - 1
+    slot_hash = np.zeros(cap, np.int64)
+    slot_id = np.full(cap, -1, np.int64)
+    occ_hid = np.empty(occ_hash.shape[0], np.int64)
+    par_hid = np.empty(par_hash.shape[0], np.int64)
+    n_hid = 0
+    for src in range(2):
+        vals = occ_hash if src == 0 else par_hash
+        out = occ_hid if src == 0 else par_hid
+        for i in range(vals.shape[0]):
+            h = vals[i]
+            s = ((h * np.int64(-7046029254386353131)) >> np.int64(17)) & mask
+            while slot_id[s] >= 0 and slot_hash[s] != h:
+                s = (s + 1) & mask
+            if slot_id[s] < 0:
+                slot_hash[s] = h
+                slot_id[s] = n_hid
+                n_hid += 1
+            out[i] = slot_id[s]
+    key_of = np.full(n_hid * n_groups, -1, np.int64)
+    occ_key = np.empty(occ_hash.shape[0], np.int64)
+    n_keys = 0
+    for i in range(occ_hash.shape[0]):
+        c = occ_hid[i] * n_groups + occ_g[i]
+        if key_of[c] < 0:
+            key_of[c] = n_keys
+            n_keys += 1
+        occ_key[i] = key_of[c]
+    return occ_hid, par_hid, occ_key, key_of, n_hid, n_keys
 
 
 @kernel
@@ -56,7 +95,7 @@ def build(
     ev_batch: I64,
     occ_hid: I64,
     occ_key: I64,
-    ucodes: I64,
+    key_of: I64,
     n_hid: int,
     n_groups: int,
     gbs: I64,
@@ -73,7 +112,7 @@ def build(
         ev_batch: Batch number of each event.
         occ_hid: Hash id of each hash occurrence.
         occ_key: Key id ((group, hash)) of each occurrence.
-        ucodes: Sorted ``hash_id * n_groups + group`` codes; a key id is an index here.
+        key_of: The key id of each ``hash_id * n_groups + group`` (-1: none).
         n_hid: Number of hash ids.
         n_groups: Number of groups.
         gbs: Block size per group position.
@@ -282,7 +321,7 @@ def build(
     cand = np.full((n_rows, n_groups), -1, np.int64)
     for i in range(n_rows):
         for g in range(n_groups):
-            cand[i, g] = _find(ucodes, rows_h[i] * n_groups + g)
+            cand[i, g] = key_of[rows_h[i] * n_groups + g]
     return (
         op_kind,
         op_a,
@@ -300,4 +339,4 @@ def build(
     )
 
 
-__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "build"]
+__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "build", "intern"]
