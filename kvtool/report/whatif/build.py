@@ -28,6 +28,15 @@ EV_REMOVE = 1
 EV_CLEAR = 2
 """``AllBlocksCleared`` or a publisher restart."""
 
+_COUNTED = -(1 << 62)
+
+RESUME_BATCHES = 8
+"""A request that re-stores another's abandoned tail at most this many batches after that
+tail was stored is taken for a preempted request resuming (see :func:`build`): vLLM puts a
+preempted request back at the head of the waiting queue, so it is scheduled again within
+a few steps (one batch each) once blocks are free; a conversation's next turn waits for
+its user."""
+
 
 @kernel
 def intern(
@@ -99,7 +108,7 @@ def build(
     n_hid: int,
     n_groups: int,
     gbs: I64,
-) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
     Args:
@@ -119,13 +128,20 @@ def build(
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
-        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``).
+        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``), and the
+        requests taken for preempted ones resuming (one element): a new request (its
+        parent is no request's open tail) whose first store re-stores the abandoned tail
+        of another (the last block of its chain, never continued) at most
+        :data:`RESUME_BATCHES` batches after that tail was stored. A conversation's next
+        turn looks the same but comes after the user's pause, not within a few steps.
     """
     n_ev = ev_type.shape[0]
     n_occ = occ_hid.shape[0]
     depth = np.full(n_hid, -1, np.int64)
     tail_req = np.full(n_hid, -1, np.int64)
     tail_gen = np.full(n_hid, -1, np.int64)
+    tail_batch = np.full(n_hid, -1, np.int64)
+    resumed = 0
     gen = 0
     # pass 1: base ops (one per hash, one per clear) and records (at most one per store)
     n_base = n_occ
@@ -208,6 +224,18 @@ def build(
             if q < 0:
                 q = n_req
                 n_req += 1
+                # A preempted request frees its blocks (they stay cached) and resumes: what
+                # was evicted meanwhile it computes again, up to its old tail and beyond.
+                for i in range(nh - 1):  # the chain goes on past the tail: resumed
+                    h = occ_hid[h0 + i]
+                    if (
+                        tail_req[h] >= 0
+                        and tail_gen[h] == gen
+                        and ev_batch[e] - tail_batch[h] <= RESUME_BATCHES
+                    ):
+                        resumed += 1
+                        tail_batch[h] = _COUNTED  # one resume per tail; the links stay
+                        break
             rec_req[r] = q
             rec_batch[r] = ev_batch[e]
             rec_base[r] = base
@@ -216,6 +244,7 @@ def build(
             if last >= 0:
                 tail_req[last] = q
                 tail_gen[last] = gen
+                tail_batch[last] = ev_batch[e]
             cur = r
             cur_parent = par
             cur_last = last
@@ -336,7 +365,8 @@ def build(
         req_cap,
         req_c0,
         cand,
+        np.array([resumed], np.int64),
     )
 
 
-__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "build", "intern"]
+__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "RESUME_BATCHES", "build", "intern"]

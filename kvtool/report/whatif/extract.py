@@ -372,6 +372,7 @@ class _Columns:
             "req_cap",
             "req_c0",
             "cand",
+            "resumed",
         ]
         pool = PoolStream(self.channel, self.rank, infos)
         pool.arrays = dict(zip(names, arrays, strict=True))
