@@ -87,3 +87,53 @@ def test_malformed_and_restarted_streams_take_the_msgspec_path(tmp_path: Path) -
     got = extract_pools([path])
     _same(got, _by_msgspec(path, 1 << 24))
     assert got[0].seq_regressions == 1
+
+
+def _feed_raw(datas: list[bytes]) -> tuple[list[PoolStream], list[PoolStream]]:
+    """The same payloads through the numba feed and through msgspec one by one."""
+    from kvtool.columns import RawChunk
+
+    n = len(datas)
+    raw = RawChunk(
+        log_time=list(range(n)),
+        seq=list(range(n)),
+        channel_id=[0] * n,
+        dp_rank=[0] * n,
+        data=datas,
+        streams={0: ("tcp://127.0.0.1:5557", "")},
+    )
+    feed = PoolFeed()
+    feed(raw)
+    ref = _Columns("tcp://127.0.0.1:5557", 0)
+    for i, d in enumerate(datas):
+        try:
+            _rank, events = lean.decode(d, i)
+        except ProtocolError:
+            continue
+        ref.batch(i, events)
+    ann = input_annotation([ROOT / "recordings" / "gemma3.mcap"])
+    got = feed.finish(ann)
+    want = [ref.finish(ann.rule(ref.channel, ref.rank))] if ref.batches else []
+    return got, want
+
+
+def test_mutated_payloads_decode_as_msgspec_decodes_them() -> None:
+    import random
+
+    from kvtool.recording import open_recording
+
+    with open_recording(ROOT / "recordings" / "gemma3.mcap") as r:
+        payloads = [m.data for m in r.messages()][:40]
+    rng = random.Random(20)
+    for _ in range(60):
+        datas = []
+        for p in payloads:
+            b = bytearray(p)
+            what = rng.random()
+            if what < 0.3 and b:
+                b[rng.randrange(len(b))] = rng.randrange(256)  # one byte changed
+            elif what < 0.4 and b:
+                del b[rng.randrange(len(b)) :]  # truncated
+            datas.append(bytes(b))
+        got, want = _feed_raw(datas)
+        _same(got, want)

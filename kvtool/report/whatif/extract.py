@@ -236,11 +236,17 @@ class _Columns:
         for g in np.unique(sg).tolist():
             self.stored.add(None if g == _NONE else int(g))
         sk, sw, sb = kind[store], window[store], bsize[store]
-        said = sk >= 0
-        if said.any():
-            combos = np.unique(np.stack([sg[said], sk[said], sw[said]]), axis=1)
-            for g, k, w in combos.T.tolist():
-                self.said[None if g == _NONE else g] = (vocab[k], None if w == NULL else w)
+        said = np.flatnonzero(sk >= 0)
+        if len(said):
+            # The last store that said something wins (as in _flush).
+            g_said = sg[said]
+            order = np.argsort(g_said, kind="stable")
+            gs = g_said[order]
+            last = said[order[np.flatnonzero(np.append(gs[1:] != gs[:-1], True))]]
+            for i in last.tolist():
+                g = int(sg[i])
+                w = int(sw[i])
+                self.said[None if g == _NONE else g] = (vocab[int(sk[i])], None if w == NULL else w)
         sized = sb >= 0
         if sized.any():
             for g, b in zip(*_group_max(sg[sized], sb[sized]), strict=True):
@@ -252,9 +258,13 @@ class _Columns:
         """Turn the rows kept so far into arrays (one piece) and note what groups said."""
         if not self.codes:
             return
-        for g, k, w in set(zip(self.sgroups, self.kinds, self.windows, strict=True)):
+        # What a group's stores said: the last store that said something wins.
+        last: dict[object, tuple[object, object]] = {}
+        for g, k, w in zip(self.sgroups, self.kinds, self.windows, strict=True):
             if k is not None:
-                self.said[g if isinstance(g, int) else None] = (k, w)
+                last[g] = (k, w)
+        for g, kw in last.items():
+            self.said[g if isinstance(g, int) else None] = kw
         for g, b in set(zip(self.sgroups, self.sizes, strict=True)):
             gi = g if isinstance(g, int) else None
             self.stored.add(gi)
