@@ -21,6 +21,7 @@ import numpy as np
 from kvtool.annotate import kind_label
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.replay import BatchFilter
+from kvtool.report.whatif.build import RESUME_BATCHES
 from kvtool.report.whatif.extract import (
     GroupInfo,
     PoolFeed,
@@ -165,6 +166,17 @@ def _conditions(
                 "each restart starts the pool afresh",
             }
         )
+    resumed = resumed_requests(pool)
+    if heavy_preemption(resumed, pool.requests):
+        out.append(
+            {
+                "condition": "heavy_preemption",
+                "detail": f"{resumed:,} of {pool.requests:,} requests look like preempted "
+                "requests resuming (a new request recomputes another's abandoned tail within "
+                f"{RESUME_BATCHES} batches): a larger pool preempts less and reorders the "
+                "requests, so the prediction is less certain",
+            }
+        )
     if any(g.kind == "mamba" for g in pool.groups):
         out.append(
             {
@@ -188,6 +200,28 @@ def _conditions(
         }
     )
     return out
+
+
+HEAVY_PREEMPTION_SHARE = 0.02
+"""Requests taken for preempted ones resuming, as a share of all, that make preemption heavy."""
+HEAVY_PREEMPTION_MIN = 10
+"""And at least this many (a few preemptions change little)."""
+
+
+def resumed_requests(pool: PoolStream) -> int:
+    """Requests of the pool taken for preempted ones resuming (:func:`build.build`'s rule)."""
+    a = pool.arrays.get("resumed")
+    return int(a[0]) if a is not None and len(a) else 0
+
+
+def heavy_preemption(resumed: int, requests: int) -> bool:
+    """The ``heavy_preemption`` rule: at least 10 resumed requests and 2 % of all.
+
+    Args:
+        resumed: Requests taken for preempted ones resuming.
+        requests: Requests rebuilt from the stream.
+    """
+    return resumed >= max(HEAVY_PREEMPTION_MIN, HEAVY_PREEMPTION_SHARE * requests)
 
 
 def _refusal(pool: PoolStream) -> str | None:
@@ -341,6 +375,8 @@ def predict(
             "by_window": _rows(pool, "sliding_window", recorded, pred, band, tokens),
             "by_group": _rows(pool, "group_idx", recorded, pred, band, tokens),
             "conditions": conditions,
+            "requests": pool.requests,
+            "resumed_requests": resumed_requests(pool),
         }
         out.append(entry)
     return out
@@ -422,6 +458,7 @@ __all__ = [
     "PoolFeed",
     "WhatIf",
     "WhatIfRefused",
+    "heavy_preemption",
     "parse_what_if",
     "predict",
     "what_if",

@@ -28,21 +28,69 @@ EV_REMOVE = 1
 EV_CLEAR = 2
 """``AllBlocksCleared`` or a publisher restart."""
 
+_COUNTED = -(1 << 62)
+
+RESUME_BATCHES = 8
+"""A request that re-stores another's abandoned tail at most this many batches after that
+tail was stored is taken for a preempted request resuming (see :func:`build`): vLLM puts a
+preempted request back at the head of the waiting queue, so it is scheduled again within
+a few steps (one batch each) once blocks are free; a conversation's next turn waits for
+its user."""
+
 
 @kernel
-def _find(codes: I64, code: int) -> int:
-    """Index of ``code`` in the sorted ``codes``, or -1."""
-    lo = 0
-    hi = codes.shape[0]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if codes[mid] < code:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo < codes.shape[0] and codes[lo] == code:
-        return lo
-    return -1
+def intern(
+    occ_hash: I64, par_hash: I64, occ_g: I64, n_groups: int
+) -> tuple[I64, I64, I64, I64, int, int]:
+    """Number the hashes and the (group, hash) keys in order of first appearance.
+
+    One open-addressing table over the 64-bit hashes (linear probing, at most half
+    full) instead of sorting them.
+
+    Args:
+        occ_hash: The hash of each occurrence (a stored or removed block).
+        par_hash: The parent hash of each store that names one.
+        occ_g: The group position of each occurrence.
+        n_groups: Number of groups.
+
+    Returns:
+        The hash id of each occurrence and of each parent, the key id of each
+        occurrence, the key of each ``hash_id * n_groups + group`` (-1: never seen),
+        the number of hash ids and of keys.
+    """
+    n = occ_hash.shape[0] + par_hash.shape[0]
+    cap = 16
+    while cap < 2 * n:
+        cap *= 2
+    mask = cap - 1
+    slot_hash = np.zeros(cap, np.int64)
+    slot_id = np.full(cap, -1, np.int64)
+    occ_hid = np.empty(occ_hash.shape[0], np.int64)
+    par_hid = np.empty(par_hash.shape[0], np.int64)
+    n_hid = 0
+    for src in range(2):
+        vals = occ_hash if src == 0 else par_hash
+        out = occ_hid if src == 0 else par_hid
+        for i in range(vals.shape[0]):
+            h = vals[i]
+            s = ((h * np.int64(-7046029254386353131)) >> np.int64(17)) & mask
+            while slot_id[s] >= 0 and slot_hash[s] != h:
+                s = (s + 1) & mask
+            if slot_id[s] < 0:
+                slot_hash[s] = h
+                slot_id[s] = n_hid
+                n_hid += 1
+            out[i] = slot_id[s]
+    key_of = np.full(n_hid * n_groups, -1, np.int64)
+    occ_key = np.empty(occ_hash.shape[0], np.int64)
+    n_keys = 0
+    for i in range(occ_hash.shape[0]):
+        c = occ_hid[i] * n_groups + occ_g[i]
+        if key_of[c] < 0:
+            key_of[c] = n_keys
+            n_keys += 1
+        occ_key[i] = key_of[c]
+    return occ_hid, par_hid, occ_key, key_of, n_hid, n_keys
 
 
 @kernel
@@ -56,11 +104,11 @@ def build(
     ev_batch: I64,
     occ_hid: I64,
     occ_key: I64,
-    ucodes: I64,
+    key_of: I64,
     n_hid: int,
     n_groups: int,
     gbs: I64,
-) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
     Args:
@@ -73,20 +121,27 @@ def build(
         ev_batch: Batch number of each event.
         occ_hid: Hash id of each hash occurrence.
         occ_key: Key id ((group, hash)) of each occurrence.
-        ucodes: Sorted ``hash_id * n_groups + group`` codes; a key id is an index here.
+        key_of: The key id of each ``hash_id * n_groups + group`` (-1: none).
         n_hid: Number of hash ids.
         n_groups: Number of groups.
         gbs: Block size per group position.
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
-        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``).
+        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``), and the
+        requests taken for preempted ones resuming (one element): a new request (its
+        parent is no request's open tail) whose first store re-stores the abandoned tail
+        of another (the last block of its chain, never continued) at most
+        :data:`RESUME_BATCHES` batches after that tail was stored. A conversation's next
+        turn looks the same but comes after the user's pause, not within a few steps.
     """
     n_ev = ev_type.shape[0]
     n_occ = occ_hid.shape[0]
     depth = np.full(n_hid, -1, np.int64)
     tail_req = np.full(n_hid, -1, np.int64)
     tail_gen = np.full(n_hid, -1, np.int64)
+    tail_batch = np.full(n_hid, -1, np.int64)
+    resumed = 0
     gen = 0
     # pass 1: base ops (one per hash, one per clear) and records (at most one per store)
     n_base = n_occ
@@ -169,6 +224,18 @@ def build(
             if q < 0:
                 q = n_req
                 n_req += 1
+                # A preempted request frees its blocks (they stay cached) and resumes: what
+                # was evicted meanwhile it computes again, up to its old tail and beyond.
+                for i in range(nh - 1):  # the chain goes on past the tail: resumed
+                    h = occ_hid[h0 + i]
+                    if (
+                        tail_req[h] >= 0
+                        and tail_gen[h] == gen
+                        and ev_batch[e] - tail_batch[h] <= RESUME_BATCHES
+                    ):
+                        resumed += 1
+                        tail_batch[h] = _COUNTED  # one resume per tail; the links stay
+                        break
             rec_req[r] = q
             rec_batch[r] = ev_batch[e]
             rec_base[r] = base
@@ -177,6 +244,7 @@ def build(
             if last >= 0:
                 tail_req[last] = q
                 tail_gen[last] = gen
+                tail_batch[last] = ev_batch[e]
             cur = r
             cur_parent = par
             cur_last = last
@@ -282,7 +350,7 @@ def build(
     cand = np.full((n_rows, n_groups), -1, np.int64)
     for i in range(n_rows):
         for g in range(n_groups):
-            cand[i, g] = _find(ucodes, rows_h[i] * n_groups + g)
+            cand[i, g] = key_of[rows_h[i] * n_groups + g]
     return (
         op_kind,
         op_a,
@@ -297,7 +365,8 @@ def build(
         req_cap,
         req_c0,
         cand,
+        np.array([resumed], np.int64),
     )
 
 
-__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "build"]
+__all__ = ["EV_CLEAR", "EV_REMOVE", "EV_STORE", "RESUME_BATCHES", "build", "intern"]

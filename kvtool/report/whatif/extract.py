@@ -33,10 +33,10 @@ from kvtool.protocol import hash_key
 from kvtool.recording.format import channel_topic
 from kvtool.replay import BatchFilter
 from kvtool.report.whatif import lean
-from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build
+from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build, intern
 from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
 from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
-from kvtool.report.whatif.wscan import scan_whatif
+from kvtool.report.whatif.wscan import WScanned, scan_whatif
 from kvtool.scan import NULL
 
 if TYPE_CHECKING:
@@ -236,11 +236,17 @@ class _Columns:
         for g in np.unique(sg).tolist():
             self.stored.add(None if g == _NONE else int(g))
         sk, sw, sb = kind[store], window[store], bsize[store]
-        said = sk >= 0
-        if said.any():
-            combos = np.unique(np.stack([sg[said], sk[said], sw[said]]), axis=1)
-            for g, k, w in combos.T.tolist():
-                self.said[None if g == _NONE else g] = (vocab[k], None if w == NULL else w)
+        said = np.flatnonzero(sk >= 0)
+        if len(said):
+            # The last store that said something wins (as in _flush).
+            g_said = sg[said]
+            order = np.argsort(g_said, kind="stable")
+            gs = g_said[order]
+            last = said[order[np.flatnonzero(np.append(gs[1:] != gs[:-1], True))]]
+            for i in last.tolist():
+                g = int(sg[i])
+                w = int(sw[i])
+                self.said[None if g == _NONE else g] = (vocab[int(sk[i])], None if w == NULL else w)
         sized = sb >= 0
         if sized.any():
             for g, b in zip(*_group_max(sg[sized], sb[sized]), strict=True):
@@ -252,9 +258,13 @@ class _Columns:
         """Turn the rows kept so far into arrays (one piece) and note what groups said."""
         if not self.codes:
             return
-        for g, k, w in set(zip(self.sgroups, self.kinds, self.windows, strict=True)):
+        # What a group's stores said: the last store that said something wins.
+        last: dict[object, tuple[object, object]] = {}
+        for g, k, w in zip(self.sgroups, self.kinds, self.windows, strict=True):
             if k is not None:
-                self.said[g if isinstance(g, int) else None] = (k, w)
+                last[g] = (k, w)
+        for g, kw in last.items():
+            self.said[g if isinstance(g, int) else None] = kw
         for g, b in set(zip(self.sgroups, self.sizes, strict=True)):
             gi = g if isinstance(g, int) else None
             self.stored.add(gi)
@@ -332,18 +342,16 @@ class _Columns:
         infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
-        universe, inv = np.unique(
-            np.concatenate([occ_hash, par_hash[par_has]]), return_inverse=True
+        occ_g = np.repeat(ev_gpos, ev_nh)
+        occ_hid, par_hid, occ_key, key_of, n_hid, n_keys = intern(
+            occ_hash, par_hash[par_has], occ_g, n_groups
         )
-        occ_hid = inv[: len(occ_hash)].astype(np.int64)
+        del occ_g
         ev_parent = np.full(len(ev_type), -1, np.int64)
-        ev_parent[par_has] = inv[len(occ_hash) :]
+        ev_parent[par_has] = par_hid
         ev_h0 = (
             np.concatenate([[0], np.cumsum(ev_nh)[:-1]]).astype(np.int64) if len(ev_nh) else ev_nh
         )
-        occ_g = np.repeat(ev_gpos, ev_nh)
-        codes = occ_hid * n_groups + occ_g
-        ucodes, occ_key = np.unique(codes, return_inverse=True)
         gbs = np.array([max(i.block_size, 1) for i in infos] or [1], np.int64)
         arrays = build(
             ev_type,
@@ -354,9 +362,9 @@ class _Columns:
             ev_ntok.astype(np.int64),
             ev_batch,
             occ_hid,
-            occ_key.astype(np.int64),
-            ucodes.astype(np.int64),
-            len(universe),
+            occ_key,
+            key_of,
+            n_hid,
             n_groups,
             gbs,
         )
@@ -374,6 +382,7 @@ class _Columns:
             "req_cap",
             "req_c0",
             "cand",
+            "resumed",
         ]
         pool = PoolStream(self.channel, self.rank, infos)
         pool.arrays = dict(zip(names, arrays, strict=True))
@@ -387,7 +396,7 @@ class _Columns:
             ],
             np.int64,
         )
-        pool.n_keys = len(ucodes)
+        pool.n_keys = n_keys
         pool.removes_without_group = removes_none if has_none else 0
         pool.stores_without_group = stores_none
         pool.seq_regressions = self.seq_regressions
@@ -484,6 +493,8 @@ class PoolFeed:
             ws.window,
             ws.block_size,
         )
+        if self._one_run(raw, ws, cols):
+            return
         names: dict[int, str] = {}
         run: tuple[_Columns, int] | None = None  # (pool, first payload of the run)
 
@@ -532,6 +543,31 @@ class PoolFeed:
                 run = (c, i)
             c.last_seq = seq
         close(n)
+
+    def _one_run(self, raw: RawChunk, ws: WScanned, cols: tuple[I64, ...]) -> bool:
+        """The usual chunk at once: one stream, one rank, every payload scanned, seq rising."""
+        cids = set(raw.channel_id)
+        ranks = set(raw.dp_rank)
+        if len(cids) != 1 or len(ranks) != 1 or raw.ranks is not None or ws.err.any():
+            return False
+        (cid,) = cids
+        (ch_rank,) = ranks
+        if ch_rank is None:
+            b = ws.rank
+            if (b != b[0]).any():
+                return False
+            rank = event_rank(None, int(b[0]) if b[0] >= 0 else None)
+        else:
+            rank = ch_rank
+        if not all(a < b for a, b in zip(raw.seq, raw.seq[1:], strict=False)):
+            return False
+        endpoint, topic = raw.streams.get(cid, (raw.where.get(cid, ""), ""))
+        c = self._pool((channel_topic(endpoint, topic), rank))
+        if c.last_seq is not None and raw.seq[0] <= c.last_seq:
+            return False
+        c.scanned(cols, ws.keys, ws.n_events, ws.vocab)
+        c.last_seq = raw.seq[-1]
+        return True
 
     def finish(self, annotation: Annotation) -> list[PoolStream]:
         """Return every pool's arrays, in order of first appearance.

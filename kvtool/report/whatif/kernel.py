@@ -264,7 +264,10 @@ def simulate(
                     ph[k] += 1
                 n0[k] += 1
                 saved[g] += 1
-                seen[k] = True
+                # Not stored at the larger pool: a block it hits was stored before (seen
+                # already); one it skips (sliding window blocks before the window, Mamba
+                # states before the hit) is never computed there, so a later store of
+                # it is a first store, not a recompute.
                 continue
             stores[g] += 1
             if seen[k]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba.np.numpy_support import carray
 
 from kvtool import schema
 from kvtool._jit import kernel
@@ -46,6 +47,7 @@ from kvtool._msgpack import (
     _quick,
     _same,
     _skip,
+    _voidptr,
 )
 from kvtool.scan import (
     MAX_VOCAB,
@@ -120,7 +122,10 @@ def _event(buf: Any, pos: Any, end: Any, stack: Any, fpos: Any) -> Any:
     tcode = -1
     if cls == _MAP:
         for _i in range(n):
-            kc, kn, kp = _head(buf, p, end)
+            if p < end and 0xA0 <= buf[p] <= 0xBF and p + 1 + (buf[p] & 0x1F) <= end:
+                kc, kn, kp = _STR, np.int64(buf[p] & 0x1F), p + 1  # fixstr: no call
+            else:
+                kc, kn, kp = _head(buf, p, end)
             if kc == _ERR:
                 return -1, 0, kp, kn
             if kc != _STR:
@@ -289,7 +294,7 @@ def _events(
 
 
 @kernel
-def _scan(
+def _scan_body(
     buf: Any,
     offs: Any,
     first: Any,
@@ -317,7 +322,7 @@ def _scan(
     f8: Any,
     f4: Any,
 ) -> Any:
-    """Scan payloads ``first..`` into the columns; return where it stopped (full columns)."""
+    """:func:`_scan`'s work, on borrowed arrays."""
     n_pay = len(offs) - 1
     for i in range(first, n_pay):
         start = offs[i]
@@ -381,6 +386,70 @@ def _scan(
             counts[0] = ev0
             counts[1] = k0
     return n_pay
+
+
+@kernel
+def _scan(
+    buf: Any,
+    offs: Any,
+    first: Any,
+    b_rank: Any,
+    b_err: Any,
+    b_nev: Any,
+    e_type: Any,
+    e_nh: Any,
+    e_group: Any,
+    e_kind: Any,
+    e_window: Any,
+    e_tokens: Any,
+    e_parent: Any,
+    e_has_parent: Any,
+    e_bsize: Any,
+    keys: Any,
+    voc_off: Any,
+    voc_len: Any,
+    counts: Any,
+    stack: Any,
+    fpos: Any,
+    bpos: Any,
+    s8: Any,
+    s4: Any,
+    f8: Any,
+    f4: Any,
+) -> Any:
+    """Scan payloads ``first..`` into the columns; return where it stopped (full columns).
+
+    Every array goes to the work as a borrowed view (no reference count), as in
+    :func:`kvtool.scan._scan`; the caller holds them all for the call.
+    """
+    return _scan_body(
+        carray(_voidptr(buf.ctypes.data), buf.shape, np.uint8),
+        carray(_voidptr(offs.ctypes.data), offs.shape, np.int64),
+        first,
+        carray(_voidptr(b_rank.ctypes.data), b_rank.shape, np.int64),
+        carray(_voidptr(b_err.ctypes.data), b_err.shape, np.int64),
+        carray(_voidptr(b_nev.ctypes.data), b_nev.shape, np.int64),
+        carray(_voidptr(e_type.ctypes.data), e_type.shape, np.uint8),
+        carray(_voidptr(e_nh.ctypes.data), e_nh.shape, np.int64),
+        carray(_voidptr(e_group.ctypes.data), e_group.shape, np.int64),
+        carray(_voidptr(e_kind.ctypes.data), e_kind.shape, np.int32),
+        carray(_voidptr(e_window.ctypes.data), e_window.shape, np.int64),
+        carray(_voidptr(e_tokens.ctypes.data), e_tokens.shape, np.int64),
+        carray(_voidptr(e_parent.ctypes.data), e_parent.shape, np.int64),
+        carray(_voidptr(e_has_parent.ctypes.data), e_has_parent.shape, np.int64),
+        carray(_voidptr(e_bsize.ctypes.data), e_bsize.shape, np.int64),
+        carray(_voidptr(keys.ctypes.data), keys.shape, np.int64),
+        carray(_voidptr(voc_off.ctypes.data), voc_off.shape, np.int64),
+        carray(_voidptr(voc_len.ctypes.data), voc_len.shape, np.int64),
+        carray(_voidptr(counts.ctypes.data), counts.shape, np.int64),
+        carray(_voidptr(stack.ctypes.data), stack.shape, np.int64),
+        carray(_voidptr(fpos.ctypes.data), fpos.shape, np.int64),
+        carray(_voidptr(bpos.ctypes.data), bpos.shape, np.int64),
+        carray(_voidptr(s8.ctypes.data), s8.shape, np.uint8),
+        carray(_voidptr(s4.ctypes.data), s4.shape, np.uint8),
+        carray(_voidptr(f8.ctypes.data), f8.shape, np.float64),
+        carray(_voidptr(f4.ctypes.data), f4.shape, np.float32),
+    )
 
 
 @dataclass
