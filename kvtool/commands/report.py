@@ -66,7 +66,8 @@ def report(
         typer.Option(
             "--by",
             metavar="TABLE,...",
-            help="Tables to show: kind,window,group,rank,channel (any subset, in order).",
+            help="Tables to show: kind,window,group,rank,channel,medium (any subset, in "
+            "order; medium adds the tier transitions).",
         ),
     ] = "kind,window",
     every: Annotated[
@@ -279,7 +280,7 @@ def report(
                 clock=clock.value,
                 select=select,
                 progress=bar.update if bar.shown else None,
-                split=[t for t in tables if t in ("rank", "channel")],
+                split=[t for t in tables if t in ("rank", "channel", "medium")],
                 raw_tap=feed,
             )
         wi = None
