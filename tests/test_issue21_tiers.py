@@ -206,3 +206,47 @@ def test_issue21_medium_order() -> None:
         "zz",
         None,
     ]
+
+
+def _write(path: Path, batches: list[tuple[int, list[dict[str, object]]]]) -> None:
+    with RecordingWriter(path) as w:
+        ch = w.add_channel(ENDPOINT, "", 0)
+        for i, (seq, events) in enumerate(batches):
+            payload = msgspec.msgpack.encode([TS + i * 0.01, events, 0])
+            w.write(ch, seq, payload, BASE_NS + i * STEP_NS)
+
+
+def test_issue21_clear_and_restart_end_every_tier(tmp_path: Path) -> None:
+    """A clear names no medium: it clears every tier; a restart starts every tier afresh."""
+    rec = tmp_path / "cleared.mcap"
+    _write(
+        rec,
+        [
+            (0, [_store([1, 2], "GPU"), _store([7], "CPU")]),
+            (1, [{"type": "AllBlocksCleared"}]),
+            (2, [_store([1], "CPU")]),  # GPU's copy went with the clear: no transition
+            (3, [_store([3], "GPU")]),
+            (0, [_store([3], "CPU")]),  # the publisher restarted: no transition either
+            (1, [_store([3], "GPU"), _store([3], "CPU_PINNED")]),  # CPU -> CPU_PINNED: a move
+        ],
+    )
+    rep = _json("report", str(rec), "--by", "medium")
+    rows = {r["medium"]: r for r in rep["by_medium"]}
+    assert rows["GPU"]["blocks_cleared"] == 2 + 1  # the clear; block 3 at the restart
+    assert rows["CPU"]["blocks_cleared"] == 1 + 1
+    assert rep["tier_transitions"] == [
+        {
+            "kind": "full_attention",
+            "from_medium": "CPU",
+            "to_medium": "GPU",
+            "direction": "load",
+            "blocks": 1,
+        },
+        {
+            "kind": "full_attention",
+            "from_medium": "CPU",
+            "to_medium": "CPU_PINNED",
+            "direction": "move",
+            "blocks": 1,
+        },
+    ]
