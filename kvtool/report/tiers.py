@@ -227,10 +227,10 @@ class TierSplit:
             key = (0 if ng else int(group[i]), ng, int(h[i]))
             m = str(med[i])
             verdict = int(what[i])
-            copies = live.setdefault(key, {})
             if t == STORED and verdict in _ADDED:
+                copies = live.setdefault(key, {})
                 if verdict in _NEW_HERE:
-                    others = [o for o, n_ in copies.items() if o != m and n_ > 0]
+                    others = [o for o in copies if o != m]
                     if not others:
                         others = [o for o in gone.get(key, ()) if o != m]
                     if others:
@@ -239,9 +239,15 @@ class TierSplit:
                         self.transitions[k] = self.transitions.get(k, 0) + 1
                 copies[m] = copies.get(m, 0) + 1
             elif t == REMOVED and verdict == kernel.EVICTED:
-                left = copies.get(m, 0) - 1
-                copies[m] = max(left, 0)
-                if left <= 0:
+                # Only media with live copies are kept: memory follows the live keys.
+                held = live.get(key)
+                if held is None or m not in held:
+                    continue
+                held[m] -= 1
+                if held[m] <= 0:
+                    del held[m]
+                    if not held:
+                        del live[key]
                     gone.setdefault(key, set()).add(m)
 
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame]:
