@@ -250,3 +250,45 @@ def test_issue21_clear_and_restart_end_every_tier(tmp_path: Path) -> None:
             "blocks": 1,
         },
     ]
+
+
+def _offload(hashes: list[int], removed: bool = False) -> dict[str, object]:
+    """vLLM's OffloadingConnector.take_events: CPU events without group_idx or tokens."""
+    if removed:
+        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "CPU"}
+    return {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": None,
+        "token_ids": [],
+        "block_size": 0,
+        "lora_id": None,
+        "medium": "CPU",
+        "lora_name": None,
+    }
+
+
+def test_issue21_offloading_connector_events_without_group(tmp_path: Path) -> None:
+    """A CPU tier whose events carry no group_idx still pairs with the GPU group's blocks."""
+    rec = tmp_path / "offload.mcap"
+    _write(
+        rec,
+        [
+            (0, [_store([1, 2], "GPU")]),
+            (1, [_offload([1, 2])]),  # offloaded while live on GPU: 2
+            (2, [_remove([1, 2], "GPU")]),
+            (3, [_store([1], "GPU")]),  # loaded back: 1
+            (4, [_offload([2], removed=True)]),
+        ],
+    )
+    rep = _json("report", str(rec), "--by", "medium")
+    rows = {r["medium"]: r for r in rep["by_medium"]}
+    assert (rows["CPU"]["blocks_stored"], rows["CPU"]["blocks_removed"]) == (2, 1)
+    assert (rows["CPU"]["live_blocks_end"], rows["CPU"]["orphan_removes"]) == (1, 0)
+    assert [
+        (t["kind"], t["from_medium"], t["to_medium"], t["direction"], t["blocks"])
+        for t in rep["tier_transitions"]
+    ] == [
+        ("full_attention", "GPU", "CPU", "offload", 2),
+        ("full_attention", "CPU", "GPU", "load", 1),
+    ]

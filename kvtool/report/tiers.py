@@ -16,10 +16,13 @@ another medium was removed earlier in the same batch (a move). It is counted per
 as (``from_medium``, ``to_medium``, ``direction``): ``offload`` into a lower tier (GPU →
 CPU → storage), ``load`` into a higher one, ``move`` between media of one tier or ones
 kvtool cannot rank. When the key is live in several other media the nearest tier is the
-source (ties: the higher). The per-key liveness across media is read from each medium's
-kernel verdicts (``what``: a store that added a copy, an eviction that took one), and
-seeded from the kernels' live entries when a channel first shows a second medium, so a
-stream with one medium costs no per-row work here.
+source (ties: the higher). A copy without ``group_idx`` matches a copy of the same hash in
+any group (vLLM's ``OffloadingConnector`` sends its CPU events without one); such a store
+takes the kind of its source copies when they agree on one. The per-key liveness across
+media is read from each medium's kernel verdicts (``what``: a store that added a copy, an
+eviction that took one), and seeded from the kernels' live entries when a channel first
+shows a second medium, so a stream with one medium costs no per-row work here (a tiered
+one a Python step per block row of its channels).
 """
 
 from __future__ import annotations
@@ -65,6 +68,14 @@ TRANSITIONS_SCHEMA = {
 _ADDED = (kernel.FIRST, kernel.WHILE_LIVE, kernel.RECOMPUTED)
 _NEW_HERE = (kernel.FIRST, kernel.RECOMPUTED)
 _NULL = "\x00null"  # the builders' key of rows without a medium (never a medium's name)
+
+_Copy = tuple[str, "int | None"]
+"""(medium key, group_idx or None) of a hash's live copies."""
+
+
+def _same_group(a: int | None, b: int | None) -> bool:
+    """Two copies of a hash are one block's when their groups agree or one has none."""
+    return a is None or b is None or a == b
 
 
 def medium_sort_key(medium: str | None) -> tuple[int, int, str]:
@@ -122,29 +133,34 @@ class TierSplit:
     def __init__(self, group_kind: attribution.GroupKind | None) -> None:
         self.group_kind = group_kind
         self.builders: dict[str, ReportBuilder] = {}
-        # Per channel: the media seen; per active channel (two media or more), each key's
-        # live copies per medium, and the keys whose last copy in a medium went in the
-        # current batch (seq).
+        # Per channel: the media seen; per active channel (two media or more), per hash
+        # the live copies per (medium, group or None), and the (medium, group) whose last
+        # copy of a hash went in the current batch (seq); the kind of each group's stores.
         self.media: dict[int, set[str]] = {}
-        self.live: dict[int, dict[tuple[int, bool, int], dict[str, int]]] = {}
-        self.gone: dict[int, tuple[int, dict[tuple[int, bool, int], set[str]]]] = {}
+        self.live: dict[int, dict[int, dict[_Copy, int]]] = {}
+        self.gone: dict[int, tuple[int, dict[int, set[_Copy]]]] = {}
         self.last_seq: dict[int, int] = {}
+        self.group_kinds: dict[tuple[int, int | None], str] = {}
         self.transitions: dict[tuple[str, str | None, str | None], int] = {}
 
     def add(self, df: pl.DataFrame) -> None:
-        """Feed one annotated chunk (with its ``medium`` column), in stream order."""
+        """Feed one annotated chunk (with its ``medium`` column), in stream order.
+
+        Args:
+            df: The chunk (:func:`kvtool.report.run.run_builder`'s, ``medium`` kept).
+        """
         if df.height == 0:
             return
         tc = df["type_code"].to_numpy()
         is_clear = tc == CLEARED
         med = df["medium"].fill_null(_NULL)
         chan = np.asarray(df["channel_id"].to_numpy(), dtype=np.int64)
-        blocks = ~is_clear
+        blocks = pl.Series(~is_clear)
         if blocks.any():
-            pairs = pl.DataFrame({"c": chan[blocks], "m": med.filter(pl.Series(blocks))}).unique()
+            pairs = pl.DataFrame({"c": chan[~is_clear], "m": med.filter(blocks)}).unique()
             for c, m in pairs.iter_rows():
                 self.media.setdefault(int(c), set()).add(m)
-        for m in sorted({*med.filter(pl.Series(blocks)).unique().to_list()}):
+        for m in sorted(med.filter(blocks).unique().to_list()):
             if m not in self.builders:
                 self.builders[m] = ReportBuilder(None, self.group_kind)
         active = [c for c, ms in self.media.items() if len(ms) > 1]
@@ -157,15 +173,14 @@ class TierSplit:
             mine = (med_np == m) | is_clear
             if not mine.any():
                 continue
-            idx = np.flatnonzero(mine)
             b.add(df.filter(pl.Series(mine)))
-            whats[m] = (idx, b.row_what)
+            whats[m] = (np.flatnonzero(mine), b.row_what)
         if active:
             self._track(df, med_np, chan, tc, whats, set(active))
 
     def _seed(self, c: int) -> None:
         """Start tracking channel ``c`` from the media's kernels' live entries now."""
-        live: dict[tuple[int, bool, int], dict[str, int]] = {}
+        live: dict[int, dict[_Copy, int]] = {}
         for m, b in self.builders.items():
             if c not in b._kchan:
                 continue
@@ -175,8 +190,9 @@ class TierSplit:
                 kchan.tolist(), group.tolist(), no_group.tolist(), h.tolist(), strict=True
             ):
                 if k == now:
-                    copies = live.setdefault((g, bool(ng), hh), {})
-                    copies[m] = copies.get(m, 0) + 1
+                    copies = live.setdefault(hh, {})
+                    key = (m, None if ng else g)
+                    copies[key] = copies.get(key, 0) + 1
         self.live[c] = live
 
     def _track(
@@ -223,32 +239,48 @@ class TierSplit:
                 continue
             if no_hash[i]:
                 continue
-            ng = bool(no_group[i])
-            key = (0 if ng else int(group[i]), ng, int(h[i]))
+            g = None if no_group[i] else int(group[i])
             m = str(med[i])
+            hh = int(h[i])
             verdict = int(what[i])
             if t == STORED and verdict in _ADDED:
-                copies = live.setdefault(key, {})
+                if kinds[i] is not None and g is not None:
+                    self.group_kinds[(c, g)] = kinds[i]
+                copies = live.setdefault(hh, {})
                 if verdict in _NEW_HERE:
-                    others = [o for o in copies if o != m]
+                    # A copy elsewhere of the same group; an ungrouped side (an offloading
+                    # connector's CPU events carry no group_idx) matches any group.
+                    others = [k for k in copies if k[0] != m and _same_group(k[1], g)]
                     if not others:
-                        others = [o for o in gone.get(key, ()) if o != m]
+                        others = [k for k in gone.get(hh, ()) if k[0] != m and _same_group(k[1], g)]
                     if others:
-                        src = _nearest(_medium(m), [_medium(o) for o in others])
-                        k = (kind_label(kinds[i]), src, _medium(m))
-                        self.transitions[k] = self.transitions.get(k, 0) + 1
-                copies[m] = copies.get(m, 0) + 1
+                        self._count(c, m, g, kinds[i], others)
+                key = (m, g)
+                copies[key] = copies.get(key, 0) + 1
             elif t == REMOVED and verdict == kernel.EVICTED:
                 # Only media with live copies are kept: memory follows the live keys.
-                held = live.get(key)
-                if held is None or m not in held:
+                held = live.get(hh)
+                key = (m, g)
+                if held is None or key not in held:
                     continue
-                held[m] -= 1
-                if held[m] <= 0:
-                    del held[m]
+                held[key] -= 1
+                if held[key] <= 0:
+                    del held[key]
                     if not held:
-                        del live[key]
-                    gone.setdefault(key, set()).add(m)
+                        del live[hh]
+                    gone.setdefault(hh, set()).add(key)
+
+    def _count(self, c: int, m: str, g: int | None, kind: str | None, others: list[_Copy]) -> None:
+        """Count one transition into ``m`` from the nearest medium of ``others``."""
+        src = _nearest(_medium(m), [_medium(k[0]) for k in others])
+        if kind is None:
+            # An ungrouped store takes its source copies' kind when they agree on one.
+            src_key = _NULL if src is None else src
+            seen = {self.group_kinds.get((c, k[1])) for k in others if k[0] == src_key}
+            seen.discard(None)
+            kind = seen.pop() if len(seen) == 1 else None
+        k = (kind_label(kind), src, _medium(m))
+        self.transitions[k] = self.transitions.get(k, 0) + 1
 
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Return the ``by_medium`` table and the ``tier_transitions`` table."""
