@@ -93,6 +93,19 @@ def test_issue21_sglang_report_with_group_meta_none(tmp_path: Path, name: str) -
     assert given["totals"] == plain["totals"]
     assert row["blocks_removed"] == capture_truth(name)["block_removed"]["blocks"]
     assert given["source"]["group_metadata"] == ["--group-meta flags (none=full_attention)"]
+    # The "kinds cannot be known" finding is gone: the kind was given.
+    assert not [f for f in given["source"]["findings"] if "kinds cannot be known" in f]
+    assert [f for f in plain["source"]["findings"] if "kinds cannot be known" in f]
+
+
+def test_issue21_group_meta_none_bad_kind_is_one_line(tmp_path: Path) -> None:
+    rec = tmp_path / "sglang_full.mcap"
+    write_capture(rec, "sglang_full")
+    result = runner.invoke(app, ["report", str(rec), "--group-meta", "none=ful_attention"])
+    assert result.exit_code != 0
+    (line,) = result.stderr.strip().splitlines()
+    assert "--group-meta 'none=ful_attention': not a KV cache kind" in line
+    assert "did you mean full_attention" in line
 
 
 def test_issue21_grouped_stream_keeps_learning_with_only_none(tmp_path: Path) -> None:
