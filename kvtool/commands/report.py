@@ -199,7 +199,8 @@ def report(
     A damaged recording is reported from everything readable, with exit status 3.
     Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
-    table (by_kind, by_window, by_group, timeline).
+    table (by_kind, by_window, by_group, timeline). --by medium adds a row per medium (each
+    its own cache) and the tier transitions (offload, load, move) per kind.
     """
     from kvtool.report.procs import default_jobs, start_server, stop_servers
 
