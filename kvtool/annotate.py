@@ -209,11 +209,14 @@ class GroupTable:
         source: Where the table came from, for messages (a file, ``--group flags`` …).
         partial: The table names only some groups (``--group-meta`` flags): it is merged
             over a recording's own metadata (:func:`merge_over`) instead of replacing it.
+        ungrouped: The (kind, window) of events without ``group_idx`` (``--group-meta
+            none=KIND``: SGLang, vLLM before 0.21), or None: they stay unannotated.
     """
 
     groups: dict[int, GroupInfo]
     source: str = ""
     partial: bool = False
+    ungrouped: KindWindow | None = None
 
     def lookup(self, group_idx: int) -> GroupInfo | None:
         """Return the group with this index, or None when the table has none.
@@ -267,6 +270,9 @@ class GroupTable:
             g = self.groups[i]
             w = f":{g.sliding_window}" if g.sliding_window is not None else ""
             parts.append(f"{i}={g.kind}{w}")
+        if self.ungrouped is not None:
+            kind, window = self.ungrouped
+            parts.append(f"none={kind}" + (f":{window}" if window is not None else ""))
         return " ".join(parts)
 
 
@@ -555,9 +561,11 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
     A kind must be one of vLLM's :data:`KINDS`, as ``--kind`` checks it (a typo such as
     ``ful_attention`` made a row of its own); a kind vLLM adds later can be given in a
     ``--groups`` file, which comes from the engine rather than from typing.
+    ``none=KIND[:WINDOW]`` gives the kind of the events without ``group_idx`` (an
+    ungrouped stream: SGLang, vLLM before 0.21; issue 21), :attr:`GroupTable.ungrouped`.
 
     Args:
-        flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``.
+        flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``, ``["none=full_attention"]``.
 
     Returns:
         The table, ``partial``: merged over a recording's own metadata where there is
@@ -567,15 +575,21 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         MetadataError: A flag that does not parse, an unknown kind, or an index given twice.
     """
     groups: dict[int, GroupInfo] = {}
+    ungrouped: KindWindow | None = None
     for flag in flags:
         idx_s, sep, rest = flag.partition("=")
         kind, _, win_s = rest.partition(":")
-        hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
+        hint = (
+            "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024, or none=KIND for "
+            "events without group_idx"
+        )
+        # 'none': the events without group_idx (SGLang, vLLM before 0.21; issue 21).
+        is_none = idx_s.strip().lower() == "none"
         # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
-        if not sep or not _ascii_int(idx_s) or not kind.strip():
+        if not sep or not (is_none or _ascii_int(idx_s)) or not kind.strip():
             raise MetadataError(f"--group-meta {flag!r}: {hint}")
-        idx = int(idx_s)
-        if not _is_i64(idx):  # every event's group_idx is int64 (issue 24)
+        idx = -1 if is_none else int(idx_s)
+        if not is_none and not _is_i64(idx):  # every event's group_idx is int64 (issue 24)
             raise MetadataError(f"--group-meta {flag!r}: group {idx_s} is past int64; {hint}")
         window: int | None = None
         win_s = win_s.strip()
@@ -589,8 +603,9 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
                 raise MetadataError(
                     f"--group-meta {flag!r}: window {win_s!r} is past int64; {hint}"
                 )
-        if idx in groups:
-            raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
+        if (is_none and ungrouped is not None) or (not is_none and idx in groups):
+            what = "none" if is_none else str(idx)
+            raise MetadataError(f"--group-meta {flag!r}: group {what} is given twice")
         if kind.strip() not in KINDS:
             raise MetadataError(
                 unknown_kind(
@@ -600,8 +615,11 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
                     extra="; a kind kvtool does not know yet: give it in a --groups FILE",
                 )
             )
-        groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group-meta flags", partial=True)
+        if is_none:
+            ungrouped = (kind.strip(), window)
+        else:
+            groups[idx] = GroupInfo(idx, kind.strip(), None, window)
+    return GroupTable(groups, "--group-meta flags", partial=True, ungrouped=ungrouped)
 
 
 def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
@@ -622,8 +640,12 @@ def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
         return flags
     merged = dict(base.groups)
     merged.update(flags.groups)
-    named = ",".join(str(i) for i in sorted(flags.groups))
-    return GroupTable(merged, f"{flags.source} (group {named}) over {base.source}")
+    names = [str(i) for i in sorted(flags.groups)]
+    names += ["none"] if flags.ungrouped is not None else []
+    ungrouped = flags.ungrouped if flags.ungrouped is not None else base.ungrouped
+    return GroupTable(
+        merged, f"{flags.source} (group {','.join(names)}) over {base.source}", ungrouped=ungrouped
+    )
 
 
 def resolve_groups(
@@ -687,13 +709,28 @@ class ChannelRule:
     the learned annotations apply: a store that carries its own kind keeps it (it is what
     the engine said), a store without one takes its group's learned (kind, window).
 
+    Events without ``group_idx`` take :attr:`ungrouped` (``--group-meta none=KIND``),
+    else the table's own, else stay untouched.
+
     Attributes:
         table: The metadata table, or None (learned).
         learned: group_idx → (kind, window) learned for this channel and rank.
+        ungrouped: The (kind, window) of events without ``group_idx``, or None.
     """
 
     table: GroupTable | None = None
     learned: Mapping[int, KindWindow] = field(default_factory=dict)
+    ungrouped: KindWindow | None = None
+
+    def no_group(self) -> KindWindow | None:
+        """Return the (kind, window) of events without ``group_idx`` (None: untouched).
+
+        Returns:
+            :attr:`ungrouped`, else the table's, else None.
+        """
+        if self.ungrouped is not None:
+            return self.ungrouped
+        return self.table.ungrouped if self.table is not None else None
 
     def store(self, group_idx: object, kind: object = None, window: object = None) -> Decision:
         """Decide what to do with one ``BlockStored``.
@@ -706,6 +743,8 @@ class ChannelRule:
         Returns:
             The :data:`Decision`.
         """
+        if group_idx is None:
+            return self.no_group()
         if not _is_int(group_idx):
             return None
         assert isinstance(group_idx, int)
@@ -727,6 +766,8 @@ class ChannelRule:
         Returns:
             From the table, else learned, else None.
         """
+        if group_idx is None:
+            return self.no_group()
         if not _is_int(group_idx):
             return None
         assert isinstance(group_idx, int)
@@ -1201,9 +1242,24 @@ class Annotation:
         if self.given is not None and not self.given.partial:
             return self.given
         table = self.tables.get(channel)
-        if table is None and self.given is not None:
+        if table is None and self.given is not None and self.given.groups:
             return self.given  # partial flags, a channel with no metadata of its own
+        # Flags naming only ``none=KIND`` leave a channel's groups to be learned.
         return table
+
+    def ungrouped_for(self, channel: str) -> KindWindow | None:
+        """Return the (kind, window) of a channel's events without ``group_idx``.
+
+        Args:
+            channel: The channel name.
+
+        Returns:
+            ``--group-meta none=KIND`` (or the channel's table's), else None.
+        """
+        table = self.table_for(channel)
+        if table is not None and table.ungrouped is not None:
+            return table.ungrouped
+        return self.given.ungrouped if self.given is not None else None
 
     def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
         """Return the rule for the events of one (channel, rank).
@@ -1216,12 +1272,13 @@ class Annotation:
             The rule (metadata, else learned).
         """
         table = self.table_for(channel)
+        ungrouped = self.ungrouped_for(channel)
         if table is not None:
-            return ChannelRule(table)
+            return ChannelRule(table, ungrouped=ungrouped)
         learned = {
             g: kw for (ch, r, g), kw in self.learned.items() if ch == channel and r == dp_rank
         }
-        return ChannelRule(None, learned)
+        return ChannelRule(None, learned, ungrouped)
 
     def needs_learning(self, channel: str) -> bool:
         """Return True when no metadata covers a channel (its stores teach the learner).
@@ -1246,10 +1303,13 @@ class Annotation:
         for t in self.tables.values():
             if t.source not in out:
                 out.append(t.source)
-        if self.given is not None:
+        if self.given is not None and self.given.groups:
             return out or [self.given.source]
-        if self.learned or not out:
+        flags = self.given is not None and self.given.ungrouped is not None
+        if self.learned or not (out or flags):
             out.append(LEARNED_SOURCE)
+        if self.given is not None and self.given.ungrouped is not None:
+            out.append(f"{self.given.source} ({self.given.describe()})")
         return out
 
 

@@ -2154,6 +2154,7 @@ def annotate_table(
     """
     if df.height == 0:
         return df
+    df = _annotate_ungrouped(df, annotation, channels)
     meta_rows, learned_rows, covered = _annotation_rows(annotation, channels)
     if not covered and not learned_rows:
         return df
@@ -2162,6 +2163,50 @@ def annotate_table(
         if fast is not None:
             return fast
     return _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+
+
+def _annotate_ungrouped(
+    df: pl.DataFrame, annotation: Annotation, channels: dict[int, ChannelRef]
+) -> pl.DataFrame:
+    """Rows without ``group_idx`` (not clears) take ``--group-meta none=KIND`` (issue 21).
+
+    The other passes match rows on their ``group_idx`` only, so they leave these alone.
+    """
+    given = {
+        cid: kw
+        for cid, ref in channels.items()
+        if (kw := annotation.ungrouped_for(ref.info.name)) is not None
+    }
+    if not given or not df["group_idx"].null_count():
+        return df
+    ids = list(given)
+    keys = pl.DataFrame(
+        {
+            "channel_id": ids,
+            "_u_kind": [given[c][0] for c in ids],
+            "_u_window": [given[c][1] for c in ids],
+        },
+        schema={"channel_id": df.schema["channel_id"], "_u_kind": pl.String, "_u_window": pl.Int64},
+    )
+    hit = (
+        pl.col("group_idx").is_null()
+        & (pl.col("type_code") != CLEARED)
+        & pl.col("_u_kind").is_not_null()
+    )
+    return (
+        df.join(keys, on="channel_id", how="left", maintain_order="left")
+        .with_columns(
+            kind=pl.when(hit)
+            .then(pl.col("_u_kind"))
+            .otherwise(pl.col("kind"))
+            .cast(df.schema["kind"]),
+            sliding_window=pl.when(hit)
+            .then(pl.col("_u_window"))
+            .otherwise(pl.col("sliding_window"))
+            .cast(df.schema["sliding_window"]),
+        )
+        .drop("_u_kind", "_u_window")
+    )
 
 
 _MetaRow = tuple[int, int, "str | None", "int | None"]

@@ -376,7 +376,11 @@ def resolve_annotation(
             # --group-meta flags name some groups: merged over each channel's metadata
             # (a channel without any, or a live stream's, takes the flags alone).
             tables = {name: merge_over(given, t) for name, t in tables.items()}
-            return Annotation(given, tables)
+            if given.groups or not learn_from_input:
+                return Annotation(given, tables)
+            # Only none=KIND: the groups of a channel without metadata are learned.
+            learner = learn(rs, Annotation(given, tables))
+            return Annotation(given, tables, learner.resolved(), tuple(learner.conflicts()))
         base = Annotation(given, tables)
         if given is not None or not learn_from_input:
             return base

@@ -439,6 +439,9 @@ class Replay:
             )
             if text not in parts:
                 parts.append(text)
+        given = ann.given
+        if given is not None and given.ungrouped is not None and not given.groups:
+            parts.append(f"{given.source} ({given.describe()})")
         return "; ".join(parts) if parts else "none"
 
     @property

@@ -66,7 +66,8 @@ def report(
         typer.Option(
             "--by",
             metavar="TABLE,...",
-            help="Tables to show: kind,window,group,rank,channel (any subset, in order).",
+            help="Tables to show: kind,window,group,rank,channel,medium (any subset, in "
+            "order; medium adds the tier transitions).",
         ),
     ] = "kind,window",
     every: Annotated[
@@ -198,7 +199,8 @@ def report(
     A damaged recording is reported from everything readable, with exit status 3.
     Tables fit the terminal (columns that do not fit go to a block below; nothing is cut);
     --wide or --columns show more. CSV is one table with a 'table' column naming each row's
-    table (by_kind, by_window, by_group, timeline).
+    table (by_kind, by_window, by_group, timeline). --by medium adds a row per medium (each
+    its own cache) and the tier transitions (offload, load, move) per kind.
     """
     from kvtool.report.procs import default_jobs
 
@@ -274,7 +276,7 @@ def report(
             clock=clock.value,
             select=select,
             progress=bar.update if bar.shown else None,
-            split=[t for t in tables if t in ("rank", "channel")],
+            split=[t for t in tables if t in ("rank", "channel", "medium")],
             raw_tap=feed,
         )
     wi = None

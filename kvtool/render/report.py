@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from kvtool.report import Report
 
-TABLES = ("kind", "window", "group", "rank", "channel")
+TABLES = ("kind", "window", "group", "rank", "channel", "medium")
 """Names accepted by ``--by``."""
 
 _TITLES = {
@@ -28,6 +28,7 @@ _TITLES = {
     "group": "by group",
     "rank": "by data-parallel rank",
     "channel": "by channel",
+    "medium": "by medium",
 }
 _FRAME = {
     "kind": "by_kind",
@@ -35,6 +36,7 @@ _FRAME = {
     "group": "by_group",
     "rank": "by_rank",
     "channel": "by_channel",
+    "medium": "by_medium",
 }
 _KEYS = {
     "kind": ["kind"],
@@ -42,6 +44,7 @@ _KEYS = {
     "group": ["group_idx", "kind", "sliding_window"],
     "rank": ["dp_rank"],
     "channel": ["channel"],
+    "medium": ["medium"],
 }
 
 
@@ -136,6 +139,13 @@ def _rows(
     return header, rows
 
 
+def _tier_rows(frame: pl.DataFrame) -> tuple[list[str], list[list[object]]]:
+    """The tier transitions' header and rows (a ``none`` row when there are none)."""
+    header = list(frame.columns)
+    rows = [list(r) for r in frame.iter_rows()]
+    return header, rows or [["none", "", "", "", 0]]
+
+
 def _timeline_rows(report: Report) -> tuple[list[str], list[list[object]]]:
     assert report.timeline is not None
     header = list(report.timeline.columns)
@@ -189,6 +199,14 @@ def render_table(
         print_table(
             console, _TITLES[name], cols, [[cell(v) for v in r] for r in rows], total_last=True
         )
+        if name == "medium" and report.tier_transitions is not None:
+            header, rows = _tier_rows(report.tier_transitions)
+            print_table(
+                console,
+                "tier transitions (blocks stored into one medium while live in another)",
+                [Column(h, key=i < 3) for i, h in enumerate(header)],
+                [[cell(v) for v in r] for r in rows],
+            )
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
         cols = [Column(_TIMELINE_LABELS.get(h, h), key=h in ("time_s", "kind")) for h in header]
@@ -240,11 +258,15 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     """
     w = csv.writer(stream, lineterminator="\n")
     key_cols = ["kind", "sliding_window", "group_idx"]
-    key_cols += [k for k, t in (("dp_rank", "rank"), ("channel", "channel")) if t in by]
+    key_cols += [
+        k for k, t in (("dp_rank", "rank"), ("channel", "channel"), ("medium", "medium")) if t in by
+    ]
+    tiers = report.tier_transitions if "medium" in by else None
+    tier_cols = ["from_medium", "to_medium", "direction", "blocks"] if tiers is not None else []
     tl = report.timeline
     tl_cols = [c for c in tl.columns if c != "kind"] if tl is not None else []
-    w.writerow(["table", *key_cols, *COLUMNS, *tl_cols])
-    pad = [""] * len(tl_cols)
+    w.writerow(["table", *key_cols, *COLUMNS, *tl_cols, *tier_cols])
+    pad = [""] * (len(tl_cols) + len(tier_cols))
     for name in by:
         frame: pl.DataFrame = getattr(report, _FRAME[name])
         for r in frame.to_dicts():
@@ -276,6 +298,19 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
                     *[""] * (len(key_cols) - 1),
                     *empty,
                     *[_csv(r.get(c)) for c in tl_cols],
+                    *[""] * len(tier_cols),
+                ]
+            )
+    if tiers is not None:
+        # Tier transitions: ``table`` = tier_transitions, keyed by kind.
+        for r in tiers.to_dicts():
+            w.writerow(
+                [
+                    "tier_transitions",
+                    _csv(r.get("kind")),
+                    *[""] * (len(key_cols) - 1),
+                    *[""] * (len(COLUMNS) + len(tl_cols)),
+                    *[_csv(r.get(c)) for c in tier_cols],
                 ]
             )
 
@@ -307,6 +342,11 @@ def render_markdown(
         stream.write(f"### {_TITLES[name]}\n\n")
         _md_table(stream, header, rows, bold_last=True)
         stream.write("\n")
+        if name == "medium" and report.tier_transitions is not None:
+            header, rows = _tier_rows(report.tier_transitions)
+            stream.write("### tier transitions\n\n")
+            _md_table(stream, header, rows, bold_last=False)
+            stream.write("\n")
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
         stream.write(f"### {_timeline_title(report)}\n\n")

@@ -90,6 +90,10 @@ class Report:
         every_s: The timeline bucket in seconds, or None.
         by_rank: One row per data-parallel rank (``dp_rank``), when asked for.
         by_channel: One row per channel (``channel``), when asked for.
+        by_medium: One row per medium (``medium``; null: events without one), when asked
+            for (:mod:`kvtool.report.tiers`).
+        tier_transitions: Blocks stored into one medium while live in another, per
+            (kind, from_medium, to_medium, direction), with ``by_medium``.
     """
 
     source: ReportSource
@@ -103,6 +107,8 @@ class Report:
     every_s: float | None = None
     by_rank: pl.DataFrame | None = None
     by_channel: pl.DataFrame | None = None
+    by_medium: pl.DataFrame | None = None
+    tier_transitions: pl.DataFrame | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Return the JSON contract: source, totals, by_kind, by_window, by_group (+ timeline).
@@ -121,6 +127,10 @@ class Report:
             out["by_rank"] = self.by_rank.to_dicts()
         if self.by_channel is not None:
             out["by_channel"] = self.by_channel.to_dicts()
+        if self.by_medium is not None:
+            out["by_medium"] = self.by_medium.to_dicts()
+        if self.tier_transitions is not None:
+            out["tier_transitions"] = self.tier_transitions.to_dicts()
         if self.timeline is not None:
             out["timeline"] = self.timeline.to_dicts()
         return finite(out)  # type: ignore[return-value]

@@ -247,6 +247,8 @@ class ReportBuilder:
         # The report row (gkey) of each row of the last chunk added, -1 for a clear: what
         # export files each block under, so both attribute a remove alike (issue 24).
         self.row_gkey: NDArray[Any] = np.zeros(0, dtype=_I64)
+        # The kernel's ``what`` of each row of the last chunk added (kernel.NONE ...).
+        self.row_what: NDArray[Any] = np.zeros(0, dtype=np.int8)
         # Publisher restarts (a channel's seq going backwards): per channel, [restarts,
         # live blocks they dropped]; the kernel's channel of each stream now (a new one
         # from each restart on), the stream of each kernel channel, the last seq seen.
@@ -398,6 +400,7 @@ class ReportBuilder:
         """
         if df.height == 0:
             self.row_gkey = np.zeros(0, dtype=_I64)
+            self.row_what = np.zeros(0, dtype=np.int8)
             return
         n = df.height
         first_row = self.rows
@@ -473,6 +476,7 @@ class ReportBuilder:
             else:
                 gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
         self.row_gkey = gkey
+        self.row_what = what  # the kernel's verdict per row (kvtool.report.tiers reads it)
         self._add_counts(
             df,
             gkey,

@@ -36,6 +36,7 @@ from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
 from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
+from kvtool.report.tiers import TierSplit, tier_findings
 from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ def report_with(
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
-        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``).
+        split: Extra tables: ``rank`` (``by_rank``), ``channel`` (``by_channel``),
+            ``medium`` (``by_medium`` and ``tier_transitions``).
 
     Returns:
         The report.
@@ -158,7 +160,9 @@ def run_builder(
         streams=streams,
         annotation=annotator.annotation if in_worker else None,
         out_of_range=annotator.out_of_range if in_worker else None,
-        keep=BUILDER_INPUT if in_worker or type(annotator) is TableAnnotator else None,
+        keep=(*BUILDER_INPUT, *(splits.columns if splits is not None else ()))
+        if in_worker or type(annotator) is TableAnnotator
+        else None,
     )
 
     def annotated() -> Iterator[pl.DataFrame]:
@@ -181,7 +185,7 @@ def run_builder(
     return builder, stats
 
 
-_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id"}
+_SPLIT_COLUMN = {"rank": "dp_rank", "channel": "channel_id", "medium": "medium"}
 
 
 class Splits:
@@ -192,7 +196,7 @@ class Splits:
     its rows have in the whole report: its totals are that rank's (channel's) row.
 
     Args:
-        split: ``rank`` and/or ``channel``.
+        split: ``rank``, ``channel`` and/or ``medium``.
         group_kind: As for :class:`ReportBuilder`.
     """
 
@@ -201,10 +205,19 @@ class Splits:
         if bad:
             raise ValueError(f"unknown split {bad[0]!r}")
         self.group_kind = group_kind
-        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split}
+        self.parts: dict[str, dict[object, ReportBuilder]] = {s: {} for s in split if s != "medium"}
+        # --by medium: a builder per medium and the tier transitions (kvtool.report.tiers).
+        self.tiers = TierSplit(group_kind) if "medium" in split else None
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Table columns the splits read beyond the builder's own (``medium``)."""
+        return ("medium",) if self.tiers is not None else ()
 
     def add(self, df: pl.DataFrame) -> None:
-        """Feed one annotated chunk's rows to the builder of each rank (channel)."""
+        """Feed one annotated chunk's rows to the builder of each rank (channel, medium)."""
+        if self.tiers is not None:
+            self.tiers.add(df)
         for by, builders in self.parts.items():
             for (key,), part in df.partition_by(_SPLIT_COLUMN[by], as_dict=True).items():
                 b = builders.get(key)
@@ -213,10 +226,15 @@ class Splits:
                 b.add(part)
 
     def finish(self, rep: Report, stats: ReadStats) -> Report:
-        """Return ``rep`` with ``by_rank``/``by_channel`` tables."""
-        if not self.parts:
+        """Return ``rep`` with ``by_rank``/``by_channel``/``by_medium`` tables."""
+        if not self.parts and self.tiers is None:
             return rep
         out = dict(rep.__dict__)
+        if self.tiers is not None:
+            by_medium, transitions = self.tiers.tables()
+            out["by_medium"] = by_medium
+            out["tier_transitions"] = transitions
+            out["findings"] = [*rep.findings, *tier_findings(by_medium)]
         if "rank" in self.parts:
             ranks = sorted(
                 self.parts["rank"], key=lambda r: (r is None, r if isinstance(r, int) else 0)
