@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.render.report import render_json
-from kvtool.report import build_report
+from kvtool.report import build_report, kernel
 
 SEMANTICS = Path(__file__).parent / "data" / "semantics"
 runner = CliRunner()
@@ -167,3 +168,45 @@ def test_issue21_without_metadata_the_block_size_is_learned(name: str) -> None:
             physical(g)["blocks_removed"],
             physical(g)["live_blocks_end"],
         ), (name, g["group_idx"])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_issue21_kernel_rules_equal_the_plain_loop_where_every_hash_is_a_block(
+    seed: int,
+) -> None:
+    # Without partial entries and Mamba groups, advance's rules keep every hash one block:
+    # the same rows, pairs, drops and survivors as the loop before issue 21
+    # (_advance_plain, which step takes there), over several calls.
+    rng = np.random.default_rng(seed)
+    states = {True: kernel.State(), False: kernel.State()}
+    for _call in range(4):
+        n = int(rng.integers(1, 300))
+        op = rng.choice([kernel.STORE, kernel.REMOVE, kernel.CLEAR], n, p=[0.55, 0.42, 0.03])
+        chan = rng.integers(0, 3, n)
+        group = rng.integers(0, 3, n)
+        no_group = rng.random(n) < 0.1
+        group[no_group] = 0
+        h = rng.integers(0, 40, n)
+        ts = np.sort(rng.random(n)) + _call
+        gkey = group + 3 * no_group
+        shape = kernel.Shape(
+            np.cumsum(rng.random(n) < 0.2) + 1000 * _call,
+            np.cumsum(rng.random(n) < 0.5),
+            rng.integers(16, 64, n),
+            np.ones(n, np.int64),
+            np.ones(n, bool),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int8),
+        )
+        outs = {
+            plain: kernel.step(
+                st, op.astype(np.int8), chan, group, no_group, h, ts, gkey, 4, shape, plain
+            )
+            for plain, st in states.items()
+        }
+        for field in kernel.Out._fields:
+            assert np.array_equal(getattr(outs[True], field), getattr(outs[False], field)), field
+        live = {p: st.live_entries() for p, st in states.items()}
+        for a, b in zip(live[True], live[False], strict=True):
+            assert np.array_equal(np.sort(a), np.sort(b))
+        assert np.array_equal(states[True].live_gkey, states[False].live_gkey)

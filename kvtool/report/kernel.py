@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kvtool._jit import kernel
+from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA = 1, 2, 4
 
 _EMPTY = -1
 _PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
+_UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
 
 
 class Table(NamedTuple):
@@ -113,34 +114,35 @@ class Entries(NamedTuple):
         ts: Store time (seconds).
         gkey: The report row it was stored under.
         next: The key's next younger copy, or the next free entry (-1: none).
-        owner: The block's primary entry.
-        bnext: The next entry of the same block (-1: none).
-        slot: The key's table slot.
-        batch: The batch it was stored in (:attr:`Shape.batch`).
-        row: Its store's row in the call that stored it.
-        bits: 1: a partial primary key; 2: the last block of its store event; 4: live.
-        serial: Which allocation of the entry this is (to tell a reused entry).
+        aux: Per entry, one row (one cache line) of: ``owner``, the block's primary
+            entry; ``bnext``, the next entry of the same block (-1: none); ``slot``, the
+            key's table slot; ``batch``, the batch it was stored in
+            (:attr:`Shape.batch`); ``row``, its store's row in the call that stored it;
+            ``bits``, 1: a partial primary key, 2: the last block of its store event,
+            4: live; ``serial``, which allocation of the entry this is.
     """
 
     ts: NDArray[Any]
     gkey: NDArray[Any]
     next: NDArray[Any]
-    owner: NDArray[Any]
-    bnext: NDArray[Any]
-    slot: NDArray[Any]
-    batch: NDArray[Any]
-    row: NDArray[Any]
-    bits: NDArray[Any]
-    serial: NDArray[Any]
+    aux: NDArray[Any]
+
+
+_OWNER, _BNEXT, _SLOT, _BATCH, _ROW, _BITS, _STAMP = range(7)
+_AUX_FILL = (-1, -1, -1, -1, -1, 0, 0)
 
 
 def _entries(size: int, old: Entries | None = None) -> Entries:
-    fills = (0.0, 0, -1, -1, -1, -1, -1, -1, 0, 0)
-    i32, i64 = np.int32, np.int64
-    dtypes: tuple[Any, ...] = (np.float64, i32, i32, i32, i32, i32, i64, i64, np.int8, i64)
+    aux = np.empty((size, len(_AUX_FILL)), dtype=np.int64)
+    aux[:] = _AUX_FILL
     if old is None:
-        return Entries(*[np.full(size, f, dtype=d) for f, d in zip(fills, dtypes, strict=True)])
-    return Entries(*[_grown(a, size, f) for a, f in zip(old, fills, strict=True)])
+        return Entries(
+            np.zeros(size, np.float64), np.zeros(size, np.int32), np.full(size, -1, np.int32), aux
+        )
+    aux[: len(old.aux)] = old.aux
+    return Entries(
+        _grown(old.ts, size, 0.0), _grown(old.gkey, size, 0), _grown(old.next, size, -1), aux
+    )
 
 
 class Shape(NamedTuple):
@@ -192,8 +194,8 @@ class Channels(NamedTuple):
 
 
 # meta: [keys in the table, entries ever handed out, head of the free list, live entries,
-# allocations so far]
-_KEYS, _USED, _FREE, _LIVE, _SERIAL = 0, 1, 2, 3, 4
+# allocations so far, live partial primary entries, live extra-key entries]
+_KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = 0, 1, 2, 3, 4, 5, 6
 
 
 class Out(NamedTuple):
@@ -258,7 +260,7 @@ class State:
         self.channels = Channels(
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
         )
-        self.meta = np.array([0, 0, -1, 0, 0], dtype=np.int64)
+        self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
         # Live physical blocks per report row (a block counts under its primary key's).
         self.live_gkey = np.zeros(0, dtype=np.int64)
 
@@ -375,8 +377,8 @@ def _rehash(old: Table, new: Table, chan_head: Any, e: Entries, meta: Any) -> No
         if chan_head[c] >= 0:
             chan_head[c] = where[chan_head[c]]
     for x in range(meta[_USED]):
-        if e.bits[x] & _LIVE_BIT:
-            e.slot[x] = where[e.slot[x]]
+        if e.aux[x, _BITS] & _LIVE_BIT:
+            e.aux[x, _SLOT] = where[e.aux[x, _SLOT]]
 
 
 @kernel
@@ -406,13 +408,13 @@ def _live_entries(
             x = e.next[x]
 
 
-@kernel
+@inline_kernel
 def _link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
     """Append entry ``x`` to key ``s``'s copies (into its channel's live list if new)."""
     count = t.copies[s]
     e.next[x] = -1
-    e.slot[x] = s
-    e.bits[x] |= _LIVE_BIT
+    e.aux[x, _SLOT] = s
+    e.aux[x, _BITS] |= _LIVE_BIT
     if count == 0:
         t.head[s] = x
         first = c.head[ch]
@@ -428,7 +430,7 @@ def _link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any)
     meta[_LIVE] += 1
 
 
-@kernel
+@inline_kernel
 def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> Any:
     x = meta[_FREE]
     if x >= 0:
@@ -439,20 +441,20 @@ def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> A
     e.ts[x] = ts
     e.gkey[x] = gkey
     e.next[x] = -1
-    e.owner[x] = x
-    e.bnext[x] = -1
-    e.batch[x] = batch
-    e.row[x] = row
-    e.bits[x] = 0
+    e.aux[x, _OWNER] = x
+    e.aux[x, _BNEXT] = -1
+    e.aux[x, _BATCH] = batch
+    e.aux[x, _ROW] = row
+    e.aux[x, _BITS] = 0
     meta[_SERIAL] += 1
-    e.serial[x] = meta[_SERIAL]
+    e.aux[x, _STAMP] = meta[_SERIAL]
     return x
 
 
-@kernel
+@inline_kernel
 def _unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any) -> None:
     """Take entry ``x`` off its key's copies and free it (the key's gone time if last)."""
-    s = e.slot[x]
+    s = e.aux[x, _SLOT]
     p = -1
     y = t.head[s]
     while y != x:
@@ -478,13 +480,17 @@ def _unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: A
             t.prev[nx] = pv
         t.prev[s] = -1
         t.next[s] = -1
-    e.bits[x] = 0
+    if e.aux[x, _BITS] & _PARTIAL_BIT:
+        meta[_PARTIALS] -= 1
+    if e.aux[x, _OWNER] != x:
+        meta[_EXTRAS] -= 1
+    e.aux[x, _BITS] = 0
     e.next[x] = meta[_FREE]
     meta[_FREE] = x
     meta[_LIVE] -= 1
 
 
-@kernel
+@inline_kernel
 def _find(lc: Any, lg: Any, ln: Any, n: Any, ch: Any, g: Any, ng: Any) -> Any:
     """The index of (channel, group, no_group) among the first ``n`` of a pending list."""
     for k in range(n):
@@ -493,14 +499,22 @@ def _find(lc: Any, lg: Any, ln: Any, n: Any, ch: Any, g: Any, ng: Any) -> Any:
     return -1
 
 
-@kernel
+@inline_kernel
 def _is_partial(sh: Shape, i: Any) -> Any:
-    """A partial entry's store (R2): one hash, fewer tokens than the group's block size."""
+    """A partial entry's store (R2): one hash whose tokens are a hash unit of the block.
+
+    One hash, fewer tokens than the group's block size, a multiple of 16 that divides it
+    (vLLM aligns blocks and hash units to 16 tokens; an older vLLM's store of a block's
+    first few tokens is no partial entry), in a group that is not a sliding window's.
+    """
+    tok = sh.tokens[i]
+    bs = sh.bs[i]
     return (
         sh.hashes[i] == 1
-        and sh.tokens[i] > 0
-        and sh.bs[i] > 0
-        and sh.tokens[i] < sh.bs[i]
+        and tok > 0
+        and tok < bs
+        and tok % _UNIT == 0
+        and bs % tok == 0
         and (sh.flags[i] & FLAG_WINDOW) == 0
     )
 
@@ -555,7 +569,7 @@ def _pending(n: int) -> _Pending:
     )  # fmt: skip
 
 
-@kernel
+@inline_kernel
 def _settle(pd: _Pending, c: Channels, chan: Any, out: Out) -> None:
     """End a batch: a promoted block whose full key never came was evicted after all."""
     for k in range(pd.n[2]):
@@ -564,10 +578,11 @@ def _settle(pd: _Pending, c: Channels, chan: Any, out: Out) -> None:
             out.what[r] = EVICTED
             out.ts[r] = pd.pr_ts[k]
             c.evictions[chan[r]] += 1
-    pd.n[:] = 0
+    for k in range(5):
+        pd.n[k] = 0
 
 
-@kernel
+@inline_kernel
 def _drop_block(
     t: Table,
     e: Entries,
@@ -586,14 +601,14 @@ def _drop_block(
     Returns:
         The block's report row.
     """
-    b = e.owner[x]
+    b = e.aux[x, _OWNER]
     g = e.gkey[b]
     y = b
     while y >= 0:
-        ny = e.bnext[y]
+        ny = e.aux[y, _BNEXT]
         if y != x:
             k = pd.n[0]
-            pd.fold_slot[k] = e.slot[y]
+            pd.fold_slot[k] = e.aux[y, _SLOT]
             pd.fold_ts[k] = e.ts[y]
             pd.fold_gkey[k] = e.gkey[y]
             pd.n[0] = k + 1
@@ -603,15 +618,15 @@ def _drop_block(
     return g
 
 
-@kernel
+@inline_kernel
 def _block_has(t: Table, e: Entries, x: Any, h: Any, not_slot: Any) -> Any:
     """Whether the block of entry ``x`` carries key hash ``h`` (other than ``not_slot``)."""
-    y = e.owner[x]
+    y = e.aux[x, _OWNER]
     while y >= 0:
-        s = e.slot[y]
+        s = e.aux[y, _SLOT]
         if s != not_slot and t.hash[s] == h:
             return True
-        y = e.bnext[y]
+        y = e.aux[y, _BNEXT]
     return False
 
 
@@ -664,7 +679,8 @@ def advance(
     for i in range(n_rows):
         kind = op[i]
         if sh.batch[i] != cur:
-            _settle(pd, c, chan, out)
+            if pd.n[0] or pd.n[1] or pd.n[2] or pd.n[3] or pd.n[4]:
+                _settle(pd, c, chan, out)
             cur = sh.batch[i]
         if kind == STORE:
             ch = chan[i]
@@ -696,16 +712,17 @@ def advance(
                     k = _find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
                     if k >= 0:
                         x = pd.lf_entry[k]
-                        if e.serial[x] == pd.lf_serial[k] and e.bits[x] & _LIVE_BIT:
+                        if e.aux[x, _STAMP] == pd.lf_serial[k] and e.aux[x, _BITS] & _LIVE_BIT:
                             host = x
                 if host >= 0:
                     if _block_has(t, e, host, h[i], -1):
                         out.what[i] = EXTRA_NOOP
                         continue
                     y = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
-                    e.owner[y] = host
-                    e.bnext[y] = e.bnext[host]
-                    e.bnext[host] = y
+                    e.aux[y, _OWNER] = host
+                    e.aux[y, _BNEXT] = e.aux[host, _BNEXT]
+                    e.aux[host, _BNEXT] = y
+                    meta[_EXTRAS] += 1
                     _link(t, e, c, meta, s, y, ch)
                     out.what[i] = EXTRA
                     continue
@@ -741,9 +758,10 @@ def advance(
                 pd.n[4] = last
             x = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
             if partial and not rekey:
-                e.bits[x] |= _PARTIAL_BIT
+                e.aux[x, _BITS] |= _PARTIAL_BIT
+                meta[_PARTIALS] += 1
             if sh.last[i]:
-                e.bits[x] |= _LAST_BIT
+                e.aux[x, _BITS] |= _LAST_BIT
             _link(t, e, c, meta, s, x, ch)
             live_gkey[gkey[i]] += 1
             if not partial:
@@ -755,7 +773,7 @@ def advance(
                     pd.lf_nog[k] = ng
                     pd.n[1] = k + 1
                 pd.lf_entry[k] = x
-                pd.lf_serial[k] = e.serial[x]
+                pd.lf_serial[k] = e.aux[x, _STAMP]
         elif kind == REMOVE:
             ch = chan[i]
             grp, ng = group[i], no_group[i]
@@ -782,11 +800,13 @@ def advance(
             x = t.head[s]
             # R4: the partial primary key of a block, stored again (one hash) later in
             # this batch and group: the block is promoted, not evicted.
-            y = x
-            while y >= 0:
-                if e.owner[y] == y and e.bits[y] & _PARTIAL_BIT:
-                    break
-                y = e.next[y]
+            y = -1
+            if meta[_PARTIALS] > 0:
+                y = x
+                while y >= 0:
+                    if e.aux[y, _OWNER] == y and e.aux[y, _BITS] & _PARTIAL_BIT:
+                        break
+                    y = e.next[y]
             if y >= 0:
                 j = i + 1
                 again = False
@@ -822,7 +842,7 @@ def advance(
                 old = False
                 y = x
                 while y >= 0:
-                    if e.batch[y] == cur and e.owner[y] == y:
+                    if e.aux[y, _BATCH] == cur and e.aux[y, _OWNER] == y:
                         fresh = y
                     else:
                         old = True
@@ -843,7 +863,7 @@ def advance(
                         j += 1
                     out.ts[i] = e.ts[fresh]
                     if (
-                        e.bits[fresh] & _LAST_BIT
+                        e.aux[fresh, _BITS] & _LAST_BIT
                         and nxt >= 0
                         and op[nxt] == STORE
                         and _is_partial(sh, nxt)
@@ -856,7 +876,7 @@ def advance(
                         pd.n[4] = k + 1
                     else:
                         out.what[i] = DISCARD
-                        r = e.row[fresh]
+                        r = e.aux[fresh, _ROW]
                         w = out.what[r]
                         if w == FIRST or w == WHILE_LIVE or w == RECOMPUTED:  # noqa: SIM109
                             out.what[r] = DISCARDED_STORE
@@ -885,7 +905,8 @@ def advance(
             out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd)
         elif kind == CLEAR:
             ch = chan[i]
-            pd.n[:] = 0
+            for k in range(5):
+                pd.n[k] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
             s = c.head[ch]
@@ -893,10 +914,14 @@ def advance(
                 x = t.head[s]
                 while x >= 0:
                     scratch_keys[e.gkey[x]] += 1
-                    if e.owner[x] == x:
+                    if e.aux[x, _OWNER] == x:
                         scratch[e.gkey[x]] += 1
                     nx = e.next[x]
-                    e.bits[x] = 0
+                    if e.aux[x, _BITS] & _PARTIAL_BIT:
+                        meta[_PARTIALS] -= 1
+                    if e.aux[x, _OWNER] != x:
+                        meta[_EXTRAS] -= 1
+                    e.aux[x, _BITS] = 0
                     e.next[x] = meta[_FREE]
                     meta[_FREE] = x
                     meta[_LIVE] -= 1
@@ -925,6 +950,166 @@ def advance(
     return drops
 
 
+@kernel
+def _advance_plain(
+    t: Table,
+    e: Entries,
+    c: Channels,
+    meta: Any,
+    live_gkey: Any,
+    op: Any,
+    chan: Any,
+    group: Any,
+    no_group: Any,
+    h: Any,
+    ts: Any,
+    gkey: Any,
+    out: Out,
+) -> int:
+    """:func:`advance` for a call where every hash is one block: the loop before issue 21.
+
+    :func:`step` takes it when no row can be a partial entry or a Mamba group's and no
+    extra key or partial block is live: then each rule of :func:`advance` keeps every
+    hash one block, and this loop (which keeps the entries' block fields consistent for
+    later calls) gives the same answers faster.
+
+    Args:
+        t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
+        e: The entry pool (likewise).
+        c: Per channel (every channel of the chunk).
+        meta: Keys, entries handed out, free-list head.
+        live_gkey: Live copies per report row (every report row of the chunk).
+        op: Per row: :data:`SKIP`, :data:`STORE`, :data:`REMOVE` or :data:`CLEAR`.
+        chan: Channel of each row.
+        group: Group of each row (0 where ``no_group``).
+        no_group: The row has no ``group_idx``.
+        h: Block hash of each row.
+        ts: Time of each row (seconds).
+        gkey: Report row of each row.
+        out: Filled in (:class:`Out`); the drop arrays hold one slot per (clear, report
+            row).
+
+    Returns:
+        The number of drops written to ``out``.
+    """
+    drops = 0
+    scratch = np.zeros(len(live_gkey), dtype=np.int64)
+    for i in range(len(op)):
+        kind = op[i]
+        if kind == STORE:
+            ch = chan[i]
+            s = _probe(t, ch, group[i], no_group[i], h[i])
+            count = t.copies[s]
+            if t.chan[s] == _EMPTY:
+                t.chan[s] = ch
+                t.group[s] = group[i]
+                t.no_group[s] = no_group[i]
+                t.hash[s] = h[i]
+                meta[_KEYS] += 1
+                out.what[i] = FIRST
+            elif count > 0:
+                out.what[i] = WHILE_LIVE
+            else:
+                out.what[i] = RECOMPUTED
+                out.ts[i] = t.gone_ts[s]
+                out.distance[i] = c.evictions[ch] - t.gone_evictions[s]
+            x = meta[_FREE]
+            if x >= 0:
+                meta[_FREE] = e.next[x]
+            else:
+                x = meta[_USED]
+                meta[_USED] += 1
+            e.ts[x] = ts[i]
+            e.gkey[x] = gkey[i]
+            e.next[x] = -1
+            e.aux[x, _OWNER] = x
+            e.aux[x, _BNEXT] = -1
+            e.aux[x, _SLOT] = s
+            e.aux[x, _BITS] = _LIVE_BIT
+            meta[_LIVE] += 1
+            if count == 0:
+                t.head[s] = x
+                # Into the channel's live-key list, at its head.
+                first = c.head[ch]
+                t.prev[s] = -1
+                t.next[s] = first
+                if first >= 0:
+                    t.prev[first] = s
+                c.head[ch] = s
+            else:
+                e.next[t.tail[s]] = x
+            t.tail[s] = x
+            t.copies[s] = count + 1
+            live_gkey[gkey[i]] += 1
+        elif kind == REMOVE:
+            ch = chan[i]
+            s = _probe(t, ch, group[i], no_group[i], h[i])
+            if t.chan[s] == _EMPTY or t.copies[s] == 0:
+                out.what[i] = ORPHAN
+                continue
+            x = t.head[s]
+            out.what[i] = EVICTED
+            out.ts[i] = e.ts[x]
+            out.gkey[i] = e.gkey[x]
+            live_gkey[e.gkey[x]] -= 1
+            t.head[s] = e.next[x]
+            e.aux[x, _BITS] = 0
+            meta[_LIVE] -= 1
+            e.next[x] = meta[_FREE]
+            meta[_FREE] = x
+            t.copies[s] -= 1
+            c.evictions[ch] += 1
+            if t.copies[s] == 0:
+                t.tail[s] = -1
+                t.gone_ts[s] = ts[i]
+                t.gone_evictions[s] = c.evictions[ch]
+                # Out of the channel's live-key list.
+                p, n = t.prev[s], t.next[s]
+                if p >= 0:
+                    t.next[p] = n
+                else:
+                    c.head[ch] = n
+                if n >= 0:
+                    t.prev[n] = p
+                t.prev[s] = -1
+                t.next[s] = -1
+        elif kind == CLEAR:
+            ch = chan[i]
+            if ch >= len(c.head):
+                continue  # a channel that never stored: nothing to drop
+            s = c.head[ch]
+            while s >= 0:
+                x = t.head[s]
+                while x >= 0:
+                    scratch[e.gkey[x]] += 1
+                    nx = e.next[x]
+                    e.aux[x, _BITS] = 0
+                    meta[_LIVE] -= 1
+                    e.next[x] = meta[_FREE]
+                    meta[_FREE] = x
+                    x = nx
+                t.copies[s] = 0
+                t.head[s] = -1
+                t.tail[s] = -1
+                t.gone_ts[s] = ts[i]
+                t.gone_evictions[s] = c.evictions[ch]
+                nxt = t.next[s]
+                t.prev[s] = -1
+                t.next[s] = -1
+                s = nxt
+            c.head[ch] = -1
+            for g in range(len(scratch)):
+                if scratch[g]:
+                    out.drop_row[drops] = i
+                    out.drop_gkey[drops] = g
+                    out.drop_n[drops] = scratch[g]
+                    out.drop_keys[drops] = scratch[g]
+                    live_gkey[g] -= scratch[g]
+                    scratch[g] = 0
+                    drops += 1
+    return drops
+
+
 def step(
     state: State,
     op: NDArray[Any],
@@ -936,6 +1121,7 @@ def step(
     gkey: NDArray[Any],
     gkeys: int,
     shape: Shape | None = None,
+    plain: bool | None = None,
 ) -> Out:
     """Advance ``state`` by one chunk's rows (in stream order).
 
@@ -951,6 +1137,8 @@ def step(
         gkeys: Report rows there are (every ``gkey`` of a store is below).
         shape: Per row, the event's shape (:class:`Shape`; None: :func:`no_shape`, each
             hash one block).
+        plain: Walk with :func:`_advance_plain` (True), with :func:`advance` (False), or
+            whichever gives the answer (None: plain where it is the same).
 
     Returns:
         What each row was, and the clears' drops (trimmed to their number).
@@ -984,6 +1172,43 @@ def step(
         np.ascontiguousarray(sh.bs, dtype=i64),
         np.ascontiguousarray(sh.flags, dtype=np.int8),
     )
+    meta = state.meta
+    if plain is None:
+        plain = shape is None or (
+            meta[_PARTIALS] == 0
+            and meta[_EXTRAS] == 0
+            and not (sh.flags & FLAG_MAMBA).any()
+            and not (
+                is_store
+                & (sh.hashes == 1)
+                & (sh.tokens > 0)
+                & (sh.tokens < sh.bs)
+                & (sh.tokens % _UNIT == 0)
+                & ((sh.flags & FLAG_WINDOW) == 0)
+            ).any()
+        )
+    if plain:
+        drops = _advance_plain(
+            state.table,
+            state.entries,
+            state.channels,
+            state.meta,
+            state.live_gkey,
+            np.ascontiguousarray(op, dtype=np.int8),
+            np.ascontiguousarray(chan, dtype=i64),
+            np.ascontiguousarray(group, dtype=i64),
+            np.ascontiguousarray(no_group, dtype=np.bool_),
+            np.ascontiguousarray(h, dtype=i64),
+            np.ascontiguousarray(ts, dtype=np.float64),
+            np.ascontiguousarray(gkey, dtype=i64),
+            out,
+        )
+        return out._replace(
+            drop_row=out.drop_row[:drops],
+            drop_gkey=out.drop_gkey[:drops],
+            drop_n=out.drop_n[:drops],
+            drop_keys=out.drop_keys[:drops],
+        )
     drops = advance(
         state.table,
         state.entries,
