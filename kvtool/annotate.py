@@ -209,11 +209,14 @@ class GroupTable:
         source: Where the table came from, for messages (a file, ``--group flags`` …).
         partial: The table names only some groups (``--group-meta`` flags): it is merged
             over a recording's own metadata (:func:`merge_over`) instead of replacing it.
+        ungrouped: The kind and window of events without ``group_idx`` (``--group-meta
+            none=KIND``: SGLang, vLLM < 0.21), else None (their stores' own, or none).
     """
 
     groups: dict[int, GroupInfo]
     source: str = ""
     partial: bool = False
+    ungrouped: GroupInfo | None = None
 
     def lookup(self, group_idx: int) -> GroupInfo | None:
         """Return the group with this index, or None when the table has none.
@@ -565,14 +568,16 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         MetadataError: A flag that does not parse, an unknown kind, or an index given twice.
     """
     groups: dict[int, GroupInfo] = {}
+    ungrouped: GroupInfo | None = None
     for flag in flags:
         idx_s, sep, rest = flag.partition("=")
         kind, _, win_s = rest.partition(":")
-        hint = "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024"
+        hint = "expected IDX=KIND[:WINDOW] or none=KIND[:WINDOW], e.g. 1=sliding_window:1024"
+        none = idx_s.strip().lower() == "none"
         # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
-        if not sep or not _ascii_int(idx_s) or not kind.strip():
+        if not sep or not (none or _ascii_int(idx_s)) or not kind.strip():
             raise MetadataError(f"--group-meta {flag!r}: {hint}")
-        idx = int(idx_s)
+        idx = -1 if none else int(idx_s)
         window: int | None = None
         win_s = win_s.strip()
         if win_s and win_s.lower() not in ("none", "null"):
@@ -581,8 +586,9 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
                     f"--group-meta {flag!r}: window {win_s!r} is not an integer; {hint}"
                 )
             window = int(win_s)
-        if idx in groups:
-            raise MetadataError(f"--group-meta {flag!r}: group {idx} is given twice")
+        if idx in groups or (none and ungrouped is not None):
+            what = "none" if none else str(idx)
+            raise MetadataError(f"--group-meta {flag!r}: group {what} is given twice")
         if kind.strip() not in KINDS:
             raise MetadataError(
                 unknown_kind(
@@ -592,8 +598,12 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
                     extra="; a kind kvtool does not know yet: give it in a --groups FILE",
                 )
             )
+        if none:
+            # Events without group_idx (SGLang, vLLM < 0.21): one pool of this kind.
+            ungrouped = GroupInfo(-1, kind.strip(), None, window)
+            continue
         groups[idx] = GroupInfo(idx, kind.strip(), None, window)
-    return GroupTable(groups, "--group-meta flags", partial=True)
+    return GroupTable(groups, "--group-meta flags", partial=True, ungrouped=ungrouped)
 
 
 def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
@@ -614,8 +624,12 @@ def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:
         return flags
     merged = dict(base.groups)
     merged.update(flags.groups)
-    named = ",".join(str(i) for i in sorted(flags.groups))
-    return GroupTable(merged, f"{flags.source} (group {named}) over {base.source}")
+    named = ",".join([str(i) for i in sorted(flags.groups)] + (["none"] if flags.ungrouped else []))
+    return GroupTable(
+        merged,
+        f"{flags.source} (group {named}) over {base.source}",
+        ungrouped=flags.ungrouped or base.ungrouped,
+    )
 
 
 def resolve_groups(

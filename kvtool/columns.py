@@ -2157,11 +2157,52 @@ def annotate_table(
     meta_rows, learned_rows, covered = _annotation_rows(annotation, channels)
     if not covered and not learned_rows:
         return df
+    out = None
     if np is not None:
-        fast = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
-        if fast is not None:
-            return fast
-    return _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+        out = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
+    if out is None:
+        out = _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+    return _annotate_ungrouped(out, annotation, channels)
+
+
+def _annotate_ungrouped(
+    df: pl.DataFrame, annotation: Annotation, channels: dict[int, ChannelRef]
+) -> pl.DataFrame:
+    """Give events without ``group_idx`` or a kind their channel's ``none=KIND``.
+
+    ``--group-meta none=KIND`` (issue 21): SGLang and vLLM < 0.21 send no group.
+    """
+    given: dict[int, tuple[str, int | None]] = {}
+    for cid, ref in channels.items():
+        table = annotation.table_for(ref.info.name)
+        if table is not None and table.ungrouped is not None:
+            given[cid] = (table.ungrouped.kind, table.ungrouped.sliding_window)
+    if not given or not df["group_idx"].null_count():
+        return df
+    cids = list(given)
+    frame = pl.DataFrame(
+        {
+            "channel_id": pl.Series(cids, dtype=df.schema["channel_id"]),
+            "_kind": [given[c][0] for c in cids],
+            "_window": pl.Series([given[c][1] for c in cids], dtype=df.schema["sliding_window"]),
+        }
+    )
+    pick = (
+        pl.col("group_idx").is_null()
+        & pl.col("kind").is_null()
+        & (pl.col("type_code") != CLEARED)
+        & pl.col("_kind").is_not_null()
+    )
+    return (
+        df.join(frame, on="channel_id", how="left", maintain_order="left")
+        .with_columns(
+            kind=pl.when(pick).then(pl.col("_kind")).otherwise(pl.col("kind")),
+            sliding_window=pl.when(pick)
+            .then(pl.col("_window"))
+            .otherwise(pl.col("sliding_window")),
+        )
+        .drop("_kind", "_window")
+    )
 
 
 _MetaRow = tuple[int, int, "str | None", "int | None"]

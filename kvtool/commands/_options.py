@@ -56,7 +56,8 @@ GroupMeta = Annotated[
     typer.Option(
         "--group-meta",
         metavar="IDX=KIND[:WINDOW]",
-        help="Group metadata for group IDX; repeat per group.",
+        help="Group metadata for group IDX; repeat per group. none=KIND[:WINDOW]: events "
+        "without group_idx (SGLang, vLLM < 0.21).",
     ),
 ]
 OutputFile = Annotated[
