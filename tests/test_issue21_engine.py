@@ -210,3 +210,21 @@ def test_issue21_kernel_rules_equal_the_plain_loop_where_every_hash_is_a_block(
         for a, b in zip(live[True], live[False], strict=True):
             assert np.array_equal(np.sort(a), np.sort(b))
         assert np.array_equal(states[True].live_gkey, states[False].live_gkey)
+
+
+@pytest.mark.parametrize("name", PHYSICAL)
+def test_issue21_timeline_counts_physical_blocks(name: str) -> None:
+    # The timeline's stores, removes and cleared are the tables' blocks, and add up to its
+    # live blocks: stored - removed - cleared = live at the end, per kind.
+    rep = report(name, "--every", "100ms")
+    by_kind = {r["kind"]: r for r in rep["by_kind"]}
+    for kind, row in by_kind.items():
+        points = [p for p in rep["timeline"] if p["kind"] == kind]
+        sums = {c: sum(p[c] for p in points) for c in ("stores", "removes", "cleared")}
+        assert sums == {
+            "stores": row["blocks_stored"],
+            "removes": row["blocks_removed"],
+            "cleared": row["blocks_cleared"],
+        }
+        assert points[-1]["live_blocks"] == row["live_blocks_end"]
+        assert sums["stores"] - sums["removes"] - sums["cleared"] == row["live_blocks_end"]

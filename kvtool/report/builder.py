@@ -492,12 +492,14 @@ class ReportBuilder:
         if self.peak_log is not None:
             self._log_peaks(df, delta_row, delta_gkey, delta, rows)
         if self.every_ns is not None:
+            # Blocks, as the tables count them (issue 21): extra keys, re-keys and
+            # discarded checkpoints are no stored block, their removes no eviction.
             self._add_timeline(
                 df,
                 gkey,
                 is_clear,
-                is_store,
-                is_remove,
+                is_store & ~np.isin(what, _NOT_A_BLOCK),
+                is_remove & ~np.isin(what, _NOT_AN_EVICTION),
                 has_hash,
                 (delta_gkey, delta, delta_row, dropped),
             )
