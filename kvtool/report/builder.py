@@ -546,15 +546,21 @@ class ReportBuilder:
         flags[(kind == "mamba").fill_null(False).to_numpy()] |= kernel.FLAG_MAMBA
         window = df["sliding_window"].is_not_null() | kind.str.contains("sliding").fill_null(False)
         flags[window.to_numpy()] |= kernel.FLAG_WINDOW
-        bs = np.zeros(n, dtype=_I64)
-        key_of = _pack([channel, group, no_group.astype(_I64)])
-        _u, first, inv = np.unique(key_of, return_index=True, return_inverse=True)
+        # Per event (a store's rows share its group; a remove's block size is not read):
+        # its (channel, group)'s block size, and whether the channel has a Mamba group.
+        ev_key = _pack([channel[starts], group[starts], no_group[starts].astype(_I64)])
+        _u, first, inv = np.unique(ev_key, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         annotator = getattr(self.group_kind, "__self__", None)
-        # A multi-hash store's tokens per hash, on its event's first row (else "none").
+        # A multi-hash store's tokens per hash (else "none").
         none = np.iinfo(np.int64).max
-        per_hash = np.where(is_store & (count >= 2) & ev_change, tokens // count, none)
-        for j, r in enumerate(first.tolist()):
+        ev_tokens, ev_count = tokens[starts], lengths
+        per_hash = np.where(is_store[starts] & (ev_count >= 2), ev_tokens // ev_count, none)
+        ev_bs = np.zeros(len(starts), dtype=_I64)
+        ev_mamba = np.zeros(len(starts), dtype=bool)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(len(first) + 1))
+        for j, r in enumerate(starts[first].tolist()):
             key = (int(channel[r]), int(group[r]), bool(no_group[r]))
             known = self._group_shape.get(key)
             if known is None:
@@ -562,19 +568,20 @@ class ReportBuilder:
                 if annotator is not None and hasattr(annotator, "group_shape"):
                     meta = annotator.group_shape(key[0], None if key[2] else key[1])
                 known = self._group_shape[key] = meta
-            rows_j = np.flatnonzero(inv == j)
+            evs = order[bounds[j] : bounds[j + 1]]  # the key's events, in stream order
             size, mamba = known
             if size:
-                bs[rows_j] = size
+                ev_bs[evs] = size
             else:
-                # Learned from the stores before each row (any chunking gives the same).
-                run = np.minimum.accumulate(per_hash[rows_j])
-                carried = self._learned_bs.get(key, none)
-                run = np.minimum(run, carried)
+                # Learned from the stores before each event (any chunking gives the same).
+                run = np.minimum(
+                    np.minimum.accumulate(per_hash[evs]), self._learned_bs.get(key, none)
+                )
                 self._learned_bs[key] = int(run[-1])
-                bs[rows_j] = np.where(run == none, 0, run)
-            if mamba:
-                flags[rows_j] |= kernel.FLAG_CHANNEL_MAMBA
+                ev_bs[evs] = np.where(run == none, 0, run)
+            ev_mamba[evs] = mamba
+        bs = ev_bs[of]
+        flags[ev_mamba[of]] |= kernel.FLAG_CHANNEL_MAMBA
         return kernel.Shape(batch, event, tokens, count, last, bs, flags)
 
     def _kernel_channels(
