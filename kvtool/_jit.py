@@ -30,4 +30,21 @@ def kernel(func: F) -> F:
     return numba.njit(cache=True, nogil=True)(func)  # type: ignore[return-value]
 
 
-__all__ = ["kernel"]
+def inline_kernel(func: F) -> F:
+    """:func:`kernel` for a small helper inlined into its callers (numba ``inline="always"``).
+
+    A call of a compiled helper that takes named tuples of arrays costs a reference count
+    of every array each time; inlined, a helper of a per-row loop costs nothing.
+
+    Args:
+        func: A function written in numba's subset of Python.
+
+    Returns:
+        The compiled dispatcher.
+    """
+    import numba
+
+    return numba.njit(cache=True, nogil=True, inline="always")(func)  # type: ignore[return-value]
+
+
+__all__ = ["inline_kernel", "kernel"]

@@ -2158,11 +2158,12 @@ def annotate_table(
     meta_rows, learned_rows, covered = _annotation_rows(annotation, channels)
     if not covered and not learned_rows:
         return df
+    out = None
     if np is not None:
-        fast = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
-        if fast is not None:
-            return fast
-    return _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+        out = _annotate_dense(df, meta_rows, learned_rows, covered, channels, out_of_range)
+    if out is None:
+        out = _annotate_join(df, meta_rows, learned_rows, covered, channels, out_of_range)
+    return out
 
 
 def _annotate_ungrouped(
@@ -2588,6 +2589,28 @@ class TableAnnotator:
             kw for (ch, _r, g), kw in ann.learned.items() if ch == ref.info.name and g == group_idx
         }
         return next(iter(vals)) if len(vals) == 1 else None
+
+    def group_shape(self, channel_id: int, group_idx: int | None) -> tuple[int, bool]:
+        """Return a group's block size and whether its channel has a Mamba group.
+
+        From the channel's metadata (issue 21: partial entries, R2 of docs/SEMANTICS.md).
+
+        Args:
+            channel_id: The channel.
+            group_idx: The group (None: none).
+
+        Returns:
+            (block size or 0, the metadata names a ``mamba`` group).
+        """
+        ref = self._channels.get(channel_id)
+        if ref is None:
+            return 0, False
+        table = self.annotation.table_for(ref.info.name)
+        if table is None:
+            return 0, False
+        info = table.lookup(group_idx) if group_idx is not None else None
+        bs = info.block_size if info is not None and info.block_size else 0
+        return bs, any(g.kind == "mamba" for g in table.groups.values())
 
     def sources(self) -> list[str]:
         """Return the metadata sources used, one per distinct source."""

@@ -485,7 +485,7 @@ def test_issue12_markdown(recs: dict[str, Path]) -> None:
     buf = io.StringIO()
     render_markdown(d, buf)
     text = buf.getvalue()
-    assert "### full_attention: 2 of 22 metrics changed; largest recompute_distance_p90" in text
+    assert "### full_attention: 2 of 30 metrics changed; largest recompute_distance_p90" in text
     assert "| metric | A | B | delta | change |\n|---|---:|---:|---:|---:|\n" in text
     assert "| blocks_removed | 1,314 | 1,290 | -24 | -1.8% |" in text
 
@@ -518,7 +518,7 @@ def test_issue12_cli_fail_on_exit_status(recs: dict[str, Path]) -> None:
     )
     assert ok.exit_code == 0, ok.output
     assert (
-        "sliding_window: 11 of 22 metrics changed; largest stored_while_live +71.4% (21 -> 36)"
+        "sliding_window: 12 of 30 metrics changed; largest stored_while_live +71.4% (21 -> 36)"
         in " ".join(ok.stdout.split())
     )
     bad = runner.invoke(
@@ -621,8 +621,8 @@ def test_issue12_python_dash_m_diff(recs: dict[str, Path]) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == ""
-    assert "window 64: 11 of 22 metrics changed" in proc.stdout
-    assert "no window: 2 of 22 metrics changed" in proc.stdout
+    assert "window 64: 12 of 30 metrics changed" in proc.stdout
+    assert "no window: 2 of 30 metrics changed" in proc.stdout
     assert "…" not in proc.stdout
 
 

@@ -124,3 +124,32 @@ def test_issue21_sglang_recorded_live_byte_identical(tmp_path: Path, name: str) 
     report = cli_json("report", str(out))
     want = expected(name)
     assert {k: report["totals"][k] for k in want} == want
+
+
+@pytest.mark.parametrize("name", SGLANG_CAPTURES)
+def test_issue21_sglang_stream_given_a_kind_with_group_meta_none(tmp_path: Path, name: str) -> None:
+    # An ungrouped stream can be given a kind (--group-meta none=KIND): one row of that
+    # kind, the same counts as the unannotated row it replaces; with --jobs 2 as well.
+    rec = tmp_path / f"{name}.mcap"
+    write_capture(rec, name)
+    want = expected(name)
+    for extra in ((), ("--jobs", "2")):
+        report = cli_json("report", str(rec), "--group-meta", "none=full_attention", *extra)
+        (row,) = report["by_kind"]
+        assert row["kind"] == "full_attention"
+        assert {k: row[k] for k in want} == want
+    windowed = cli_json("report", str(rec), "--group-meta", "none=sliding_window:4096")
+    (row,) = windowed["by_window"]
+    assert row["sliding_window"] == 4096
+
+
+def test_issue21_group_meta_none_is_checked(tmp_path: Path) -> None:
+    rec = tmp_path / "s.mcap"
+    write_capture(rec, SGLANG_CAPTURES[0])
+    flags = ["--group-meta", "none=full_attention", "--group-meta", "none=mamba"]
+    result = runner.invoke(app, ["report", str(rec), *flags])
+    assert result.exit_code == 2, result.output
+    assert "group none is given twice" in result.stderr
+    bad = runner.invoke(app, ["report", str(rec), "--group-meta", "none=ful_attention"])
+    assert bad.exit_code == 2
+    assert "not a KV cache kind" in bad.stderr

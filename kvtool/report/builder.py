@@ -88,6 +88,22 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
+_BLOCK_IN = (*kernel.MAKES_BLOCK, kernel.REKEY, kernel.DISCARDED_STORE)
+_BLOCK_OUT = (kernel.EVICTED, kernel.PROMOTED, kernel.REKEY_REMOVE, kernel.DISCARD)
+_NOT_A_BLOCK = (kernel.EXTRA, kernel.EXTRA_NOOP, kernel.REKEY, kernel.DISCARDED_STORE)
+_NOT_AN_EVICTION = (kernel.EVICTED_EXTRA, kernel.PROMOTED, kernel.REKEY_REMOVE, kernel.DISCARD)
+_KEY_IN = (*_BLOCK_IN, kernel.EXTRA)
+_KEY_OUT = (*_BLOCK_OUT, kernel.EVICTED_EXTRA)
+_CLASS_COLUMNS = (
+    ("partial_extra_keys", kernel.EXTRA),
+    ("evicted_extra_keys", kernel.EVICTED_EXTRA),
+    ("rekeys", kernel.REKEY),
+    ("partial_promotions", kernel.PROMOTED),
+    ("rekey_removes", kernel.REKEY_REMOVE),
+    ("checkpoints_discarded", kernel.DISCARD),
+)
+"""Issue 21: the kernel's classes of stores and removes (docs/SEMANTICS.md), as columns."""
+
 ReportRow = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window) of one report row."""
 
@@ -261,6 +277,11 @@ class ReportBuilder:
         # Set by run_builder: the read's channels, and the peak log of a unit of work.
         self.streams: dict[int, ChannelRef] = {}
         self.peak_log: PeakLog | None = None
+        # Issue 21: batches numbered so far, and per (channel, group) the block size and
+        # whether the channel has a Mamba group (metadata, else learned: _shape).
+        self._batches = 0
+        self._group_shape: dict[tuple[int, int, bool], tuple[int, bool]] = {}
+        self._learned_bs: dict[tuple[int, int, bool], int] = {}
 
     @property
     def timeline(self) -> pl.DataFrame:
@@ -445,8 +466,9 @@ class ReportBuilder:
         op[block & ~is_store] = kernel.REMOVE
         op[is_clear] = kernel.CLEAR
         seq, _ = _column(df, "seq")
+        shape = self._shape(df, channel, seq, group, no_group, is_store)
         kchan, at, old = self._kernel_channels(channel, seq)
-        out, restart_drop = self._step(op, kchan, group, no_group, hashes, ts, gkey, at, old)
+        out, restart_drop = self._step(op, kchan, group, no_group, hashes, ts, gkey, at, old, shape)
         if len(at):
             per_chan = np.bincount(
                 channel[out.drop_row[restart_drop]],
@@ -491,8 +513,8 @@ class ReportBuilder:
         )
         stored = op == kernel.STORE
         self._add_distinct(gkey[stored], hashes[stored])
-        evicted = np.flatnonzero(what == kernel.EVICTED)
-        self._add_lifetimes(gkey[evicted], ts[evicted], out.ts[evicted])
+        paired = np.flatnonzero((what == kernel.EVICTED) | (what == kernel.EVICTED_EXTRA))
+        self._add_lifetimes(gkey[paired], ts[paired], out.ts[paired])
         again = np.flatnonzero(what == kernel.RECOMPUTED)
         if len(again):
             gap = _seconds_between(out.ts[again], ts[again])
@@ -501,7 +523,10 @@ class ReportBuilder:
             self.distances.add(gkey[again], out.distance[again])
         # Live-block deltas in stream order: +1 per stored block, -1 per effective remove
         # (under the report row of the entry it removes), a clear's drops at its row.
-        delta = stored.astype(_I64)
+        # A physical block: +1 where a store makes or re-keys one, -1 where a remove takes
+        # one off (issue 21: extra keys and their removes change no block).
+        delta = (stored & np.isin(what, _BLOCK_IN)).astype(_I64)
+        evicted = np.flatnonzero(np.isin(what, _BLOCK_OUT))
         delta[evicted] = -1
         delta_gkey = gkey.copy()
         delta_gkey[evicted] = out.gkey[evicted]
@@ -522,15 +547,97 @@ class ReportBuilder:
         if self.peak_log is not None:
             self._log_peaks(df, delta_row, delta_gkey, delta, rows)
         if self.every_ns is not None:
+            # Blocks, as the tables count them (issue 21): extra keys, re-keys and
+            # discarded checkpoints are no stored block, their removes no eviction.
             self._add_timeline(
                 df,
                 gkey,
                 is_clear,
-                is_store,
-                is_remove,
+                is_store & ~np.isin(what, _NOT_A_BLOCK),
+                is_remove & ~np.isin(what, _NOT_AN_EVICTION),
                 has_hash,
                 (delta_gkey, delta, delta_row, dropped),
             )
+
+    def _shape(
+        self,
+        df: pl.DataFrame,
+        channel: NDArray[Any],
+        seq: NDArray[Any],
+        group: NDArray[Any],
+        no_group: NDArray[Any],
+        is_store: NDArray[Any],
+    ) -> kernel.Shape:
+        """Each row's batch, event and the event's shape, for the kernel's issue 21 rules.
+
+        A batch is a run of rows of one message (channel, seq and receive time), numbered
+        across chunks. A group's block size is its metadata's, else the smallest
+        ``len(token_ids) / hashes`` of its multi-hash stores so far (exact for full
+        attention; partial entries have one hash).
+        """
+        n = len(channel)
+        log_time = df["log_time"].to_numpy()
+        change = np.zeros(n, dtype=bool)
+        change[0] = True
+        for values in (channel, seq, log_time):
+            _changes(values, change)
+        batch = np.cumsum(change) + (self._batches - 1)
+        self._batches = int(batch[-1]) + 1
+        event = np.asarray(df["event_index"].fill_null(-1).to_numpy(), dtype=_I64)
+        ev_change = np.zeros(n, dtype=bool)
+        ev_change[0] = True
+        _changes(event, ev_change)
+        ev_change |= change
+        starts = np.flatnonzero(ev_change)
+        of = np.cumsum(ev_change) - 1
+        lengths = np.diff(np.append(starts, n))
+        count = lengths[of]
+        last = np.ones(n, dtype=bool)
+        last[:-1] = ev_change[1:]
+        tokens, _ = _column(df, "tokens")
+        tokens = tokens[starts][of]
+        kind = df["kind"]
+        flags = np.zeros(n, dtype=np.int8)
+        flags[(kind == "mamba").fill_null(False).to_numpy()] |= kernel.FLAG_MAMBA
+        window = df["sliding_window"].is_not_null() | kind.str.contains("sliding").fill_null(False)
+        flags[window.to_numpy()] |= kernel.FLAG_WINDOW
+        # Per event (a store's rows share its group; a remove's block size is not read):
+        # its (channel, group)'s block size, and whether the channel has a Mamba group.
+        ev_key = _pack([channel[starts], group[starts], no_group[starts].astype(_I64)])
+        _u, first, inv = np.unique(ev_key, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        annotator = getattr(self.group_kind, "__self__", None)
+        # A multi-hash store's tokens per hash (else "none").
+        none = np.iinfo(np.int64).max
+        ev_tokens, ev_count = tokens[starts], lengths
+        per_hash = np.where(is_store[starts] & (ev_count >= 2), ev_tokens // ev_count, none)
+        ev_bs = np.zeros(len(starts), dtype=_I64)
+        ev_mamba = np.zeros(len(starts), dtype=bool)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(len(first) + 1))
+        for j, r in enumerate(starts[first].tolist()):
+            key = (int(channel[r]), int(group[r]), bool(no_group[r]))
+            known = self._group_shape.get(key)
+            if known is None:
+                meta: tuple[int, bool] = (0, False)
+                if annotator is not None and hasattr(annotator, "group_shape"):
+                    meta = annotator.group_shape(key[0], None if key[2] else key[1])
+                known = self._group_shape[key] = meta
+            evs = order[bounds[j] : bounds[j + 1]]  # the key's events, in stream order
+            size, mamba = known
+            if size:
+                ev_bs[evs] = size
+            else:
+                # Learned from the stores before each event (any chunking gives the same).
+                run = np.minimum(
+                    np.minimum.accumulate(per_hash[evs]), self._learned_bs.get(key, none)
+                )
+                self._learned_bs[key] = int(run[-1])
+                ev_bs[evs] = np.where(run == none, 0, run)
+            ev_mamba[evs] = mamba
+        bs = ev_bs[of]
+        flags[ev_mamba[of]] |= kernel.FLAG_CHANNEL_MAMBA
+        return kernel.Shape(batch, event, tokens, count, last, bs, flags)
 
     def _kernel_channels(
         self, channel: NDArray[Any], seq: NDArray[Any]
@@ -589,6 +696,7 @@ class ReportBuilder:
         gkey: NDArray[Any],
         at: NDArray[Any],
         old: NDArray[Any],
+        shape: kernel.Shape | None = None,
     ) -> tuple[kernel.Out, NDArray[Any]]:
         """:func:`kernel.step` on the chunk, each restart preceded by a clear of its old channel.
 
@@ -598,7 +706,9 @@ class ReportBuilder:
         """
         size = len(self.registry)
         if len(at) == 0:
-            out = kernel.step(self.kstate, op, kchan, group, no_group, hashes, ts, gkey, size)
+            out = kernel.step(
+                self.kstate, op, kchan, group, no_group, hashes, ts, gkey, size, shape
+            )
             return out, np.zeros(len(out.drop_row), dtype=bool)
         n, r = len(op), len(at)
         ins = np.insert
@@ -612,6 +722,7 @@ class ReportBuilder:
             ins(ts, at, ts[at]),
             ins(gkey, at, 0),
             size,
+            None if shape is None else kernel.Shape(*[ins(a, at, a[at]) for a in shape]),
         )
         rows = np.arange(n) + np.searchsorted(at, np.arange(n), side="right")
         orig = np.empty(n + r, dtype=_I64)
@@ -627,6 +738,7 @@ class ReportBuilder:
             orig[out.drop_row],
             out.drop_gkey,
             out.drop_n,
+            out.drop_keys,
         ), synthetic[out.drop_row]
 
     def _log_peaks(
@@ -876,10 +988,25 @@ class ReportBuilder:
         )
         add[:, col["stored_while_live"]] = per(what == kernel.WHILE_LIVE)
         add[:, col["blocks_recomputed"]] = per(what == kernel.RECOMPUTED)
+        # Issue 21: stores and removes that are no block of their own (docs/SEMANTICS.md).
+        add[:, col["blocks_stored"]] -= per(st & np.isin(what, _NOT_A_BLOCK))
+        add[:, col["blocks_removed"]] -= per(rm & np.isin(what, _NOT_AN_EVICTION))
+        for name, code in _CLASS_COLUMNS:
+            add[:, col[name]] = per(what == code)
+        # Keys live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
+        # off (under the report row it was stored under), minus the keys clears drop.
+        taken = rm & np.isin(what, _KEY_OUT)
+        add[:, col["live_keys"]] = per(st & np.isin(what, _KEY_IN)) - per(
+            taken[taken], out.gkey[rows][taken]
+        )
         if len(out.drop_gkey):
             add[:, col["blocks_cleared"]] = np.bincount(
                 out.drop_gkey, weights=out.drop_n, minlength=size
             ).astype(_I64)
+            add[:, col["keys_cleared"]] = np.bincount(
+                out.drop_gkey, weights=out.drop_keys, minlength=size
+            ).astype(_I64)
+            add[:, col["live_keys"]] -= add[:, col["keys_cleared"]]
         if len(self.counts) < size:
             grown = np.zeros((size, len(ADDITIVE)), dtype=_I64)
             grown[: len(self.counts)] = self.counts

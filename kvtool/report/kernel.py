@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kvtool._jit import kernel
+from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
 
 if TYPE_CHECKING:
@@ -51,7 +51,27 @@ block, a remove of one block, an ``AllBlocksCleared`` of the row's channel."""
 NONE, FIRST, WHILE_LIVE, RECOMPUTED, EVICTED, ORPHAN = 0, 1, 2, 3, 4, 5
 """What a row was (the kernel's output ``what``)."""
 
+EXTRA, EXTRA_NOOP, REKEY, DISCARDED_STORE = 6, 7, 8, 9
+"""What a store was beyond a new block (issue 21, docs/SEMANTICS.md): a partial key added
+to a block already cached (R2), one that block already had, a new key on a block already
+cached (a partial block promoted to full, R4; a Mamba checkpoint re-keyed, R5), a Mamba
+checkpoint stored and discarded in the same batch (R5: it leaves ``blocks_stored``)."""
+
+EVICTED_EXTRA, PROMOTED, REKEY_REMOVE, DISCARD = 10, 11, 12, 13
+"""What a remove was beyond an eviction: a further key of a block evicted just before (R3),
+a partial primary key replaced when its block fills (R4), a Mamba checkpoint's old key on
+a re-key, a transient Mamba checkpoint discarded (R5)."""
+
+MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
+"""The ``what`` of a store of a new physical block (``blocks_stored``)."""
+
+FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA = 1, 2, 4
+"""Bits of :attr:`Shape.flags`: the row's group is a Mamba group, a sliding-window group
+(no partial entries), the row's channel has a Mamba group (its metadata says so)."""
+
 _EMPTY = -1
+_PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
+_UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
 
 
 class Table(NamedTuple):
@@ -85,17 +105,78 @@ class Table(NamedTuple):
 
 
 class Entries(NamedTuple):
-    """The entry pool: one entry per live copy of a key.
+    """The entry pool: one entry per live copy of a key, i.e. per (key, physical block).
+
+    A physical block is its *primary* entry (``owner`` is itself) and the chain of its
+    extra keys' entries (partial entries, issue 21), linked by ``bnext``.
 
     Attributes:
         ts: Store time (seconds).
         gkey: The report row it was stored under.
         next: The key's next younger copy, or the next free entry (-1: none).
+        aux: Per entry, one row (one cache line) of: ``owner``, the block's primary
+            entry; ``bnext``, the next entry of the same block (-1: none); ``slot``, the
+            key's table slot; ``batch``, the batch it was stored in
+            (:attr:`Shape.batch`); ``row``, its store's row in the call that stored it;
+            ``bits``, 1: a partial primary key, 2: the last block of its store event,
+            4: live; ``serial``, which allocation of the entry this is.
     """
 
     ts: NDArray[Any]
     gkey: NDArray[Any]
     next: NDArray[Any]
+    aux: NDArray[Any]
+
+
+_OWNER, _BNEXT, _SLOT, _BATCH, _ROW, _BITS, _STAMP = range(7)
+_AUX_FILL = (-1, -1, -1, -1, -1, 0, 0)
+
+
+def _entries(size: int, old: Entries | None = None) -> Entries:
+    aux = np.empty((size, len(_AUX_FILL)), dtype=np.int64)
+    aux[:] = _AUX_FILL
+    if old is None:
+        return Entries(
+            np.zeros(size, np.float64), np.zeros(size, np.int32), np.full(size, -1, np.int32), aux
+        )
+    aux[: len(old.aux)] = old.aux
+    return Entries(
+        _grown(old.ts, size, 0.0), _grown(old.gkey, size, 0), _grown(old.next, size, -1), aux
+    )
+
+
+class Shape(NamedTuple):
+    """Per row, what the classification of issue 21 reads beyond the key.
+
+    All optional: :func:`step` without one classifies nothing, each hash one block.
+
+    A batch (one ``KVEventBatch``) must not straddle two calls: the rules look ahead
+    inside it, and take back an earlier row of it (a discarded checkpoint).
+
+    Attributes:
+        batch: The row's batch (a number that changes from one batch to the next).
+        event: The row's event (its blocks share it).
+        tokens: ``len(token_ids)`` of the row's event.
+        hashes: Hashes in the row's event.
+        last: The row is its event's last block.
+        bs: The group's block size (0: unknown).
+        flags: :data:`FLAG_MAMBA`, :data:`FLAG_WINDOW`, :data:`FLAG_CHANNEL_MAMBA`.
+    """
+
+    batch: NDArray[Any]
+    event: NDArray[Any]
+    tokens: NDArray[Any]
+    hashes: NDArray[Any]
+    last: NDArray[Any]
+    bs: NDArray[Any]
+    flags: NDArray[Any]
+
+
+def no_shape(n: int) -> Shape:
+    """The shape of ``n`` rows that classifies nothing (every row its own batch and event)."""
+    z = np.zeros(n, dtype=np.int64)
+    r = np.arange(n, dtype=np.int64)
+    return Shape(r, r, z, np.ones(n, np.int64), np.ones(n, np.bool_), z, np.zeros(n, np.int8))
 
 
 class Channels(NamedTuple):
@@ -103,15 +184,18 @@ class Channels(NamedTuple):
 
     Attributes:
         head: First live key (slot, -1: none).
-        evictions: Effective removes so far.
+        evictions: Evictions so far (physical blocks).
+        mamba: A Mamba group's row was seen (partial keys may be primary keys).
     """
 
     head: NDArray[Any]
     evictions: NDArray[Any]
+    mamba: NDArray[Any]
 
 
-# meta: [keys in the table, entries ever handed out, head of the free list]
-_KEYS, _USED, _FREE = 0, 1, 2
+# meta: [keys in the table, entries ever handed out, head of the free list, live entries,
+# allocations so far, live partial primary entries, live extra-key entries]
+_KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = 0, 1, 2, 3, 4, 5, 6
 
 
 class Out(NamedTuple):
@@ -125,7 +209,8 @@ class Out(NamedTuple):
         distance: A recompute: the pool's evictions between the key's removal and now.
         drop_row: Per (clear, report row) with copies dropped: the clear's row.
         drop_gkey: That report row.
-        drop_n: How many of its copies the clear dropped.
+        drop_n: How many of its physical blocks the clear dropped.
+        drop_keys: How many of its keys (entries) the clear dropped.
     """
 
     what: NDArray[Any]
@@ -135,6 +220,7 @@ class Out(NamedTuple):
     drop_row: NDArray[Any]
     drop_gkey: NDArray[Any]
     drop_n: NDArray[Any]
+    drop_keys: NDArray[Any]
 
 
 def _table(capacity: int) -> Table:
@@ -182,11 +268,12 @@ class State:
         self.forgotten = 0
         self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
-        self.entries = Entries(
-            np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32), np.zeros(0, np.int32)
+        self.entries = _entries(0)
+        self.channels = Channels(
+            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
         )
-        self.channels = Channels(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-        self.meta = np.array([0, 0, -1], dtype=np.int64)
+        self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
+        # Live physical blocks per report row (a block counts under its primary key's).
         self.live_gkey = np.zeros(0, dtype=np.int64)
 
     @property
@@ -210,19 +297,18 @@ class State:
             while 10 * need > 7 * cap:
                 cap *= 2
             new = _table(cap)
-            _rehash(self.table, new, self.channels.head)
+            _rehash(self.table, new, self.channels.head, self.entries, self.meta)
             self.table = new
         e = self.entries
         want = int(self.meta[_USED]) + stores
         if want > len(e.ts):
-            size = max(want, 2 * len(e.ts), 1 << 10)
-            self.entries = Entries(
-                _grown(e.ts, size, 0.0), _grown(e.gkey, size, 0), _grown(e.next, size, -1)
-            )
+            self.entries = _entries(max(want, 2 * len(e.ts), 1 << 10), e)
         c = self.channels
         if top_channel >= len(c.head):
             size = top_channel + 1
-            self.channels = Channels(_grown(c.head, size, -1), _grown(c.evictions, size, 0))
+            self.channels = Channels(
+                _grown(c.head, size, -1), _grown(c.evictions, size, 0), _grown(c.mamba, size, 0)
+            )
         if gkeys > len(self.live_gkey):
             self.live_gkey = _grown(self.live_gkey, gkeys, 0)
 
@@ -249,7 +335,7 @@ class State:
         while 10 * (self.keys + stores) > 7 * cap:
             cap *= 2
         new = _table(cap)
-        _rehash(t, new, self.channels.head)
+        _rehash(t, new, self.channels.head, self.entries, self.meta)
         self.table = new
 
     def live_entries(self) -> tuple[NDArray[Any], ...]:
@@ -258,7 +344,7 @@ class State:
         Returns:
             Six arrays, one row per live copy; a key's copies oldest first.
         """
-        n = int(self.live_gkey.sum())
+        n = int(self.meta[_LIVE])
         out = (
             np.zeros(n, np.int64),
             np.zeros(n, np.int64),
@@ -301,8 +387,11 @@ def _probe(t: Table, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
 
 
 @kernel
-def _rehash(old: Table, new: Table, chan_head: Any) -> None:
-    """Move every key of ``old`` into ``new`` (emptier), and re-point the live-key lists."""
+def _rehash(old: Table, new: Table, chan_head: Any, e: Entries, meta: Any) -> None:
+    """Move every key of ``old`` into ``new`` (emptier), re-pointing lists and slots.
+
+    The channels' live-key lists and the live entries' key slots follow their keys.
+    """
     where = np.full(len(old.chan), -1, dtype=np.int32)
     for s in range(len(old.chan)):
         c = old.chan[s]
@@ -327,6 +416,9 @@ def _rehash(old: Table, new: Table, chan_head: Any) -> None:
     for c in range(len(chan_head)):
         if chan_head[c] >= 0:
             chan_head[c] = where[chan_head[c]]
+    for x in range(meta[_USED]):
+        if e.aux[x, _BITS] & _LIVE_BIT:
+            e.aux[x, _SLOT] = where[e.aux[x, _SLOT]]
 
 
 @kernel
@@ -356,6 +448,228 @@ def _live_entries(
             x = e.next[x]
 
 
+@inline_kernel
+def _link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
+    """Append entry ``x`` to key ``s``'s copies (into its channel's live list if new)."""
+    count = t.copies[s]
+    e.next[x] = -1
+    e.aux[x, _SLOT] = s
+    e.aux[x, _BITS] |= _LIVE_BIT
+    if count == 0:
+        t.head[s] = x
+        first = c.head[ch]
+        t.prev[s] = -1
+        t.next[s] = first
+        if first >= 0:
+            t.prev[first] = s
+        c.head[ch] = s
+    else:
+        e.next[t.tail[s]] = x
+    t.tail[s] = x
+    t.copies[s] = count + 1
+    meta[_LIVE] += 1
+
+
+@inline_kernel
+def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> Any:
+    x = meta[_FREE]
+    if x >= 0:
+        meta[_FREE] = e.next[x]
+    else:
+        x = meta[_USED]
+        meta[_USED] += 1
+    e.ts[x] = ts
+    e.gkey[x] = gkey
+    e.next[x] = -1
+    e.aux[x, _OWNER] = x
+    e.aux[x, _BNEXT] = -1
+    e.aux[x, _BATCH] = batch
+    e.aux[x, _ROW] = row
+    e.aux[x, _BITS] = 0
+    meta[_SERIAL] += 1
+    e.aux[x, _STAMP] = meta[_SERIAL]
+    return x
+
+
+@inline_kernel
+def _unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any) -> None:
+    """Take entry ``x`` off its key's copies and free it (the key's gone time if last)."""
+    s = e.aux[x, _SLOT]
+    p = -1
+    y = t.head[s]
+    while y != x:
+        p = y
+        y = e.next[y]
+    if p < 0:
+        t.head[s] = e.next[x]
+    else:
+        e.next[p] = e.next[x]
+    if t.tail[s] == x:
+        t.tail[s] = p
+    t.copies[s] -= 1
+    if t.copies[s] == 0:
+        t.tail[s] = -1
+        t.gone_ts[s] = ts
+        t.gone_evictions[s] = c.evictions[ch]
+        pv, nx = t.prev[s], t.next[s]
+        if pv >= 0:
+            t.next[pv] = nx
+        else:
+            c.head[ch] = nx
+        if nx >= 0:
+            t.prev[nx] = pv
+        t.prev[s] = -1
+        t.next[s] = -1
+    if e.aux[x, _BITS] & _PARTIAL_BIT:
+        meta[_PARTIALS] -= 1
+    if e.aux[x, _OWNER] != x:
+        meta[_EXTRAS] -= 1
+    e.aux[x, _BITS] = 0
+    e.next[x] = meta[_FREE]
+    meta[_FREE] = x
+    meta[_LIVE] -= 1
+
+
+@inline_kernel
+def _find(lc: Any, lg: Any, ln: Any, n: Any, ch: Any, g: Any, ng: Any) -> Any:
+    """The index of (channel, group, no_group) among the first ``n`` of a pending list."""
+    for k in range(n):
+        if lc[k] == ch and lg[k] == g and ln[k] == ng:
+            return k
+    return -1
+
+
+@inline_kernel
+def _is_partial(sh: Shape, i: Any) -> Any:
+    """A partial entry's store (R2): one hash whose tokens are a hash unit of the block.
+
+    One hash, fewer tokens than the group's block size, a multiple of 16 that divides it
+    (vLLM aligns blocks and hash units to 16 tokens; an older vLLM's store of a block's
+    first few tokens is no partial entry), in a group that is not a sliding window's.
+    """
+    tok = sh.tokens[i]
+    bs = sh.bs[i]
+    return (
+        sh.hashes[i] == 1
+        and tok > 0
+        and tok < bs
+        and tok % _UNIT == 0
+        and bs % tok == 0
+        and (sh.flags[i] & FLAG_WINDOW) == 0
+    )
+
+
+class _Pending(NamedTuple):
+    """Per batch, what later rows of it resolve (docs/SEMANTICS.md, "Porting notes").
+
+    ``fold_*``: keys of blocks taken off just now whose removes follow (R3); ``lf_*``:
+    per group, the last full block stored (a partial's host, R2); ``pr_*``: per group, a
+    promoted block awaiting its full key (R4); ``pk``: keys promoted whose re-store is an
+    extra key; ``rk_*``: per group, a Mamba checkpoint block awaiting its new key (R5).
+    ``n``: [folds, lf, pr, pk, rk].
+    """
+
+    fold_slot: NDArray[Any]
+    fold_ts: NDArray[Any]
+    fold_gkey: NDArray[Any]
+    lf_chan: NDArray[Any]
+    lf_group: NDArray[Any]
+    lf_nog: NDArray[Any]
+    lf_entry: NDArray[Any]
+    lf_serial: NDArray[Any]
+    pr_chan: NDArray[Any]
+    pr_group: NDArray[Any]
+    pr_nog: NDArray[Any]
+    pr_row: NDArray[Any]
+    pr_ts: NDArray[Any]
+    pr_open: NDArray[Any]
+    pk: NDArray[Any]
+    rk_chan: NDArray[Any]
+    rk_group: NDArray[Any]
+    rk_nog: NDArray[Any]
+    n: NDArray[Any]
+
+
+def _pending(n: int) -> _Pending:
+    i64 = np.int64
+
+    def z() -> NDArray[Any]:
+        return np.zeros(n + 1, dtype=i64)
+
+    def b() -> NDArray[Any]:
+        return np.zeros(n + 1, dtype=np.bool_)
+
+    return _Pending(
+        z(), np.zeros(n + 1, np.float64), z(),
+        z(), z(), b(), z(), z(),
+        z(), z(), b(), z(), np.zeros(n + 1, np.float64), b(),
+        z(),
+        z(), z(), b(),
+        np.zeros(5, dtype=i64),
+    )  # fmt: skip
+
+
+@inline_kernel
+def _settle(pd: _Pending, c: Channels, chan: Any, out: Out) -> None:
+    """End a batch: a promoted block whose full key never came was evicted after all."""
+    for k in range(pd.n[2]):
+        if pd.pr_open[k]:
+            r = pd.pr_row[k]
+            out.what[r] = EVICTED
+            out.ts[r] = pd.pr_ts[k]
+            c.evictions[chan[r]] += 1
+    for k in range(5):
+        pd.n[k] = 0
+
+
+@inline_kernel
+def _drop_block(
+    t: Table,
+    e: Entries,
+    c: Channels,
+    meta: Any,
+    live_gkey: Any,
+    x: Any,
+    ts: Any,
+    ch: Any,
+    pd: _Pending,
+) -> Any:
+    """Take the block holding entry ``x`` off the cache, with all its keys.
+
+    The removes of its other keys follow (folded, R3).
+
+    Returns:
+        The block's report row.
+    """
+    b = e.aux[x, _OWNER]
+    g = e.gkey[b]
+    y = b
+    while y >= 0:
+        ny = e.aux[y, _BNEXT]
+        if y != x:
+            k = pd.n[0]
+            pd.fold_slot[k] = e.aux[y, _SLOT]
+            pd.fold_ts[k] = e.ts[y]
+            pd.fold_gkey[k] = e.gkey[y]
+            pd.n[0] = k + 1
+        _unlink(t, e, c, meta, y, ts, ch)
+        y = ny
+    live_gkey[g] -= 1
+    return g
+
+
+@inline_kernel
+def _block_has(t: Table, e: Entries, x: Any, h: Any, not_slot: Any) -> Any:
+    """Whether the block of entry ``x`` carries key hash ``h`` (other than ``not_slot``)."""
+    y = e.aux[x, _OWNER]
+    while y >= 0:
+        s = e.aux[y, _SLOT]
+        if s != not_slot and t.hash[s] == h:
+            return True
+        y = e.aux[y, _BNEXT]
+    return False
+
+
 @kernel
 def advance(
     t: Table,
@@ -370,9 +684,334 @@ def advance(
     h: Any,
     ts: Any,
     gkey: Any,
+    sh: Shape,
+    pd: _Pending,
     out: Out,
 ) -> int:
     """Walk one chunk's rows in stream order (see the module docstring).
+
+    Args:
+        t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
+        e: The entry pool (likewise).
+        c: Per channel (every channel of the chunk).
+        meta: Keys, entries handed out, free-list head, live entries, allocations.
+        live_gkey: Live physical blocks per report row (every report row of the chunk).
+        op: Per row: :data:`SKIP`, :data:`STORE`, :data:`REMOVE` or :data:`CLEAR`.
+        chan: Channel of each row.
+        group: Group of each row (0 where ``no_group``).
+        no_group: The row has no ``group_idx``.
+        h: Block hash of each row.
+        ts: Time of each row (seconds).
+        gkey: Report row of each row.
+        sh: Per row, the event's shape (:class:`Shape`).
+        pd: Per-batch scratch (:func:`_pending`, one slot per row).
+        out: Filled in (:class:`Out`); the drop arrays hold one slot per (clear, report
+            row).
+
+    Returns:
+        The number of drops written to ``out``.
+    """
+    drops = 0
+    scratch = np.zeros(len(live_gkey), dtype=np.int64)
+    scratch_keys = np.zeros(len(live_gkey), dtype=np.int64)
+    n_rows = len(op)
+    cur = -1
+    for i in range(n_rows):
+        kind = op[i]
+        if sh.batch[i] != cur:
+            if pd.n[0] or pd.n[1] or pd.n[2] or pd.n[3] or pd.n[4]:
+                _settle(pd, c, chan, out)
+            cur = sh.batch[i]
+        if kind == STORE:
+            ch = chan[i]
+            grp, ng = group[i], no_group[i]
+            if sh.flags[i] & FLAG_MAMBA:
+                c.mamba[ch] = 1
+            s = _probe(t, ch, grp, ng, h[i])
+            new_key = t.chan[s] == _EMPTY
+            if new_key:
+                t.chan[s] = ch
+                t.group[s] = grp
+                t.no_group[s] = ng
+                t.hash[s] = h[i]
+                meta[_KEYS] += 1
+            count = t.copies[s]
+            rk = _find(pd.rk_chan, pd.rk_group, pd.rk_nog, pd.n[4], ch, grp, ng)
+            pr = _find(pd.pr_chan, pd.pr_group, pd.pr_nog, pd.n[2], ch, grp, ng)
+            partial = _is_partial(sh, i)
+            if partial and rk < 0:
+                # R2: a partial entry; an extra key on the block of this batch that holds
+                # it, unless the channel has partial hits (a Mamba group) and it is not
+                # a promoted key's re-store (R4): then its block's primary key.
+                host = -1
+                promoted = False
+                for k in range(pd.n[3]):
+                    if pd.pk[k] == s:
+                        promoted = True
+                if promoted or not (c.mamba[ch] or sh.flags[i] & FLAG_CHANNEL_MAMBA):
+                    k = _find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
+                    if k >= 0:
+                        x = pd.lf_entry[k]
+                        if e.aux[x, _STAMP] == pd.lf_serial[k] and e.aux[x, _BITS] & _LIVE_BIT:
+                            host = x
+                if host >= 0:
+                    if _block_has(t, e, host, h[i], -1):
+                        out.what[i] = EXTRA_NOOP
+                        continue
+                    y = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+                    e.aux[y, _OWNER] = host
+                    e.aux[y, _BNEXT] = e.aux[host, _BNEXT]
+                    e.aux[host, _BNEXT] = y
+                    meta[_EXTRAS] += 1
+                    _link(t, e, c, meta, s, y, ch)
+                    out.what[i] = EXTRA
+                    continue
+            rekey = rk >= 0 if partial else (pr >= 0 and pd.pr_open[pr])
+            if rekey:
+                out.what[i] = REKEY
+                if partial:
+                    # R5: the Mamba checkpoint block gets this key (its old one went).
+                    last = pd.n[4] - 1
+                    pd.rk_chan[rk] = pd.rk_chan[last]
+                    pd.rk_group[rk] = pd.rk_group[last]
+                    pd.rk_nog[rk] = pd.rk_nog[last]
+                    pd.n[4] = last
+                else:
+                    # R4: the promoted block gets its full key; the partial key's
+                    # re-store that follows is an extra key on it.
+                    pd.pr_open[pr] = False
+                    pd.pk[pd.n[3]] = _probe(t, ch, grp, ng, h[pd.pr_row[pr]])
+                    pd.n[3] += 1
+            elif new_key:
+                out.what[i] = FIRST
+            elif count > 0:
+                out.what[i] = WHILE_LIVE
+            else:
+                out.what[i] = RECOMPUTED
+                out.ts[i] = t.gone_ts[s]
+                out.distance[i] = c.evictions[ch] - t.gone_evictions[s]
+            if not rekey and rk >= 0:
+                last = pd.n[4] - 1  # a new block ends a pending re-key (as the model)
+                pd.rk_chan[rk] = pd.rk_chan[last]
+                pd.rk_group[rk] = pd.rk_group[last]
+                pd.rk_nog[rk] = pd.rk_nog[last]
+                pd.n[4] = last
+            x = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+            if partial and not rekey:
+                e.aux[x, _BITS] |= _PARTIAL_BIT
+                meta[_PARTIALS] += 1
+            if sh.last[i]:
+                e.aux[x, _BITS] |= _LAST_BIT
+            _link(t, e, c, meta, s, x, ch)
+            live_gkey[gkey[i]] += 1
+            if not partial:
+                k = _find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
+                if k < 0:
+                    k = pd.n[1]
+                    pd.lf_chan[k] = ch
+                    pd.lf_group[k] = grp
+                    pd.lf_nog[k] = ng
+                    pd.n[1] = k + 1
+                pd.lf_entry[k] = x
+                pd.lf_serial[k] = e.aux[x, _STAMP]
+        elif kind == REMOVE:
+            ch = chan[i]
+            grp, ng = group[i], no_group[i]
+            s = _probe(t, ch, grp, ng, h[i])
+            folded = -1
+            for k in range(pd.n[0]):
+                if pd.fold_slot[k] == s and t.chan[s] != _EMPTY:
+                    folded = k
+                    break
+            if folded >= 0:
+                # R3: a further key of the block taken off just before.
+                out.what[i] = EVICTED_EXTRA
+                out.ts[i] = pd.fold_ts[folded]
+                out.gkey[i] = pd.fold_gkey[folded]
+                last = pd.n[0] - 1
+                pd.fold_slot[folded] = pd.fold_slot[last]
+                pd.fold_ts[folded] = pd.fold_ts[last]
+                pd.fold_gkey[folded] = pd.fold_gkey[last]
+                pd.n[0] = last
+                continue
+            if t.chan[s] == _EMPTY or t.copies[s] == 0:
+                out.what[i] = ORPHAN
+                continue
+            x = t.head[s]
+            # R4: the partial primary key of a block, stored again (one hash) later in
+            # this batch and group: the block is promoted, not evicted.
+            y = -1
+            if meta[_PARTIALS] > 0:
+                y = x
+                while y >= 0:
+                    if e.aux[y, _OWNER] == y and e.aux[y, _BITS] & _PARTIAL_BIT:
+                        break
+                    y = e.next[y]
+            if y >= 0:
+                j = i + 1
+                again = False
+                while j < n_rows and sh.batch[j] == cur:
+                    if (
+                        op[j] == STORE
+                        and h[j] == h[i]
+                        and chan[j] == ch
+                        and group[j] == grp
+                        and no_group[j] == ng
+                        and sh.hashes[j] == 1
+                    ):
+                        again = True
+                        break
+                    j += 1
+                if again:
+                    out.what[i] = PROMOTED
+                    out.ts[i] = e.ts[y]
+                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, y, ts[i], ch, pd)
+                    k = pd.n[2]
+                    pd.pr_chan[k] = ch
+                    pd.pr_group[k] = grp
+                    pd.pr_nog[k] = ng
+                    pd.pr_row[k] = i
+                    pd.pr_ts[k] = out.ts[i]
+                    pd.pr_open[k] = True
+                    pd.n[2] = k + 1
+                    continue
+            if sh.flags[i] & FLAG_MAMBA:
+                # R5: every copy stored in this batch: a Mamba checkpoint re-keyed (the
+                # next event of the group a partial store) or discarded.
+                fresh = -1
+                old = False
+                y = x
+                while y >= 0:
+                    if e.aux[y, _BATCH] == cur and e.aux[y, _OWNER] == y:
+                        fresh = y
+                    else:
+                        old = True
+                    y = e.next[y]
+                if not old and fresh >= 0:
+                    j = i + 1
+                    nxt = -1
+                    while j < n_rows and sh.batch[j] == cur:
+                        if (
+                            op[j] != CLEAR
+                            and chan[j] == ch
+                            and group[j] == grp
+                            and no_group[j] == ng
+                            and sh.event[j] != sh.event[i]
+                        ):
+                            nxt = j
+                            break
+                        j += 1
+                    out.ts[i] = e.ts[fresh]
+                    if (
+                        e.aux[fresh, _BITS] & _LAST_BIT
+                        and nxt >= 0
+                        and op[nxt] == STORE
+                        and _is_partial(sh, nxt)
+                    ):
+                        out.what[i] = REKEY_REMOVE
+                        k = pd.n[4]
+                        pd.rk_chan[k] = ch
+                        pd.rk_group[k] = grp
+                        pd.rk_nog[k] = ng
+                        pd.n[4] = k + 1
+                    else:
+                        out.what[i] = DISCARD
+                        r = e.aux[fresh, _ROW]
+                        w = out.what[r]
+                        if w == FIRST or w == WHILE_LIVE or w == RECOMPUTED:  # noqa: SIM109
+                            out.what[r] = DISCARDED_STORE
+                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, fresh, ts[i], ch, pd)
+                    continue
+            if t.copies[s] > 1:
+                # The copy whose other keys are removed next (R8), else the oldest.
+                j = i + 1
+                seen = 0
+                found = -1
+                while j < n_rows and sh.batch[j] == cur and seen < 8 and found < 0:
+                    if op[j] == REMOVE and chan[j] == ch and group[j] == grp:
+                        seen += 1
+                        y = x
+                        while y >= 0:
+                            if _block_has(t, e, y, h[j], s):
+                                found = y
+                                break
+                            y = e.next[y]
+                    j += 1
+                if found >= 0:
+                    x = found
+            out.what[i] = EVICTED
+            out.ts[i] = e.ts[x]
+            c.evictions[ch] += 1
+            out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd)
+        elif kind == CLEAR:
+            ch = chan[i]
+            for k in range(5):
+                pd.n[k] = 0
+            if ch >= len(c.head):
+                continue  # a channel that never stored: nothing to drop
+            s = c.head[ch]
+            while s >= 0:
+                x = t.head[s]
+                while x >= 0:
+                    scratch_keys[e.gkey[x]] += 1
+                    if e.aux[x, _OWNER] == x:
+                        scratch[e.gkey[x]] += 1
+                    nx = e.next[x]
+                    if e.aux[x, _BITS] & _PARTIAL_BIT:
+                        meta[_PARTIALS] -= 1
+                    if e.aux[x, _OWNER] != x:
+                        meta[_EXTRAS] -= 1
+                    e.aux[x, _BITS] = 0
+                    e.next[x] = meta[_FREE]
+                    meta[_FREE] = x
+                    meta[_LIVE] -= 1
+                    x = nx
+                t.copies[s] = 0
+                t.head[s] = -1
+                t.tail[s] = -1
+                t.gone_ts[s] = ts[i]
+                t.gone_evictions[s] = c.evictions[ch]
+                nxt = t.next[s]
+                t.prev[s] = -1
+                t.next[s] = -1
+                s = nxt
+            c.head[ch] = -1
+            for g in range(len(scratch)):
+                if scratch_keys[g]:
+                    out.drop_row[drops] = i
+                    out.drop_gkey[drops] = g
+                    out.drop_n[drops] = scratch[g]
+                    out.drop_keys[drops] = scratch_keys[g]
+                    live_gkey[g] -= scratch[g]
+                    scratch[g] = 0
+                    scratch_keys[g] = 0
+                    drops += 1
+    _settle(pd, c, chan, out)
+    return drops
+
+
+@kernel
+def _advance_plain(
+    t: Table,
+    e: Entries,
+    c: Channels,
+    meta: Any,
+    live_gkey: Any,
+    op: Any,
+    chan: Any,
+    group: Any,
+    no_group: Any,
+    h: Any,
+    ts: Any,
+    gkey: Any,
+    out: Out,
+) -> int:
+    """:func:`advance` for a call where every hash is one block: the loop before issue 21.
+
+    :func:`step` takes it when no row can be a partial entry or a Mamba group's and no
+    extra key or partial block is live: then each rule of :func:`advance` keeps every
+    hash one block, and this loop (which keeps the entries' block fields consistent for
+    later calls) gives the same answers faster.
 
     Args:
         t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
@@ -423,6 +1062,11 @@ def advance(
             e.ts[x] = ts[i]
             e.gkey[x] = gkey[i]
             e.next[x] = -1
+            e.aux[x, _OWNER] = x
+            e.aux[x, _BNEXT] = -1
+            e.aux[x, _SLOT] = s
+            e.aux[x, _BITS] = _LIVE_BIT
+            meta[_LIVE] += 1
             if count == 0:
                 t.head[s] = x
                 # Into the channel's live-key list, at its head.
@@ -449,6 +1093,8 @@ def advance(
             out.gkey[i] = e.gkey[x]
             live_gkey[e.gkey[x]] -= 1
             t.head[s] = e.next[x]
+            e.aux[x, _BITS] = 0
+            meta[_LIVE] -= 1
             e.next[x] = meta[_FREE]
             meta[_FREE] = x
             t.copies[s] -= 1
@@ -477,6 +1123,8 @@ def advance(
                 while x >= 0:
                     scratch[e.gkey[x]] += 1
                     nx = e.next[x]
+                    e.aux[x, _BITS] = 0
+                    meta[_LIVE] -= 1
                     e.next[x] = meta[_FREE]
                     meta[_FREE] = x
                     x = nx
@@ -495,6 +1143,7 @@ def advance(
                     out.drop_row[drops] = i
                     out.drop_gkey[drops] = g
                     out.drop_n[drops] = scratch[g]
+                    out.drop_keys[drops] = scratch[g]
                     live_gkey[g] -= scratch[g]
                     scratch[g] = 0
                     drops += 1
@@ -511,6 +1160,8 @@ def step(
     ts: NDArray[Any],
     gkey: NDArray[Any],
     gkeys: int,
+    shape: Shape | None = None,
+    plain: bool | None = None,
 ) -> Out:
     """Advance ``state`` by one chunk's rows (in stream order).
 
@@ -524,6 +1175,10 @@ def step(
         ts: Time of each row (float seconds).
         gkey: Report row of each row (any value where ``op`` is SKIP or CLEAR).
         gkeys: Report rows there are (every ``gkey`` of a store is below).
+        shape: Per row, the event's shape (:class:`Shape`; None: :func:`no_shape`, each
+            hash one block).
+        plain: Walk with :func:`_advance_plain` (True), with :func:`advance` (False), or
+            whichever gives the answer (None: plain where it is the same).
 
     Returns:
         What each row was, and the clears' drops (trimmed to their number).
@@ -542,10 +1197,58 @@ def step(
         np.zeros(m, dtype=np.int64),
         np.zeros(m, dtype=np.int64),
         np.zeros(m, dtype=np.int64),
+        np.zeros(m, dtype=np.int64),
     )
     if n == 0:
         return out
     i64 = np.int64
+    sh = no_shape(n) if shape is None else shape
+    sh = Shape(
+        np.ascontiguousarray(sh.batch, dtype=i64),
+        np.ascontiguousarray(sh.event, dtype=i64),
+        np.ascontiguousarray(sh.tokens, dtype=i64),
+        np.ascontiguousarray(sh.hashes, dtype=i64),
+        np.ascontiguousarray(sh.last, dtype=np.bool_),
+        np.ascontiguousarray(sh.bs, dtype=i64),
+        np.ascontiguousarray(sh.flags, dtype=np.int8),
+    )
+    meta = state.meta
+    if plain is None:
+        plain = shape is None or (
+            meta[_PARTIALS] == 0
+            and meta[_EXTRAS] == 0
+            and not (sh.flags & FLAG_MAMBA).any()
+            and not (
+                is_store
+                & (sh.hashes == 1)
+                & (sh.tokens > 0)
+                & (sh.tokens < sh.bs)
+                & (sh.tokens % _UNIT == 0)
+                & ((sh.flags & FLAG_WINDOW) == 0)
+            ).any()
+        )
+    if plain:
+        drops = _advance_plain(
+            state.table,
+            state.entries,
+            state.channels,
+            state.meta,
+            state.live_gkey,
+            np.ascontiguousarray(op, dtype=np.int8),
+            np.ascontiguousarray(chan, dtype=i64),
+            np.ascontiguousarray(group, dtype=i64),
+            np.ascontiguousarray(no_group, dtype=np.bool_),
+            np.ascontiguousarray(h, dtype=i64),
+            np.ascontiguousarray(ts, dtype=np.float64),
+            np.ascontiguousarray(gkey, dtype=i64),
+            out,
+        )
+        return out._replace(
+            drop_row=out.drop_row[:drops],
+            drop_gkey=out.drop_gkey[:drops],
+            drop_n=out.drop_n[:drops],
+            drop_keys=out.drop_keys[:drops],
+        )
     drops = advance(
         state.table,
         state.entries,
@@ -559,26 +1262,45 @@ def step(
         np.ascontiguousarray(h, dtype=i64),
         np.ascontiguousarray(ts, dtype=np.float64),
         np.ascontiguousarray(gkey, dtype=i64),
+        sh,
+        _pending(n),
         out,
     )
     return out._replace(
-        drop_row=out.drop_row[:drops], drop_gkey=out.drop_gkey[:drops], drop_n=out.drop_n[:drops]
+        drop_row=out.drop_row[:drops],
+        drop_gkey=out.drop_gkey[:drops],
+        drop_n=out.drop_n[:drops],
+        drop_keys=out.drop_keys[:drops],
     )
 
 
 __all__ = [
     "CLEAR",
+    "DISCARD",
+    "DISCARDED_STORE",
     "EVICTED",
+    "EVICTED_EXTRA",
+    "EXTRA",
+    "EXTRA_NOOP",
     "FIRST",
+    "FLAG_CHANNEL_MAMBA",
+    "FLAG_MAMBA",
+    "FLAG_WINDOW",
+    "MAKES_BLOCK",
     "NONE",
     "ORPHAN",
+    "PROMOTED",
     "RECOMPUTED",
+    "REKEY",
+    "REKEY_REMOVE",
     "REMOVE",
     "SKIP",
     "STORE",
     "WHILE_LIVE",
     "Out",
+    "Shape",
     "State",
     "advance",
+    "no_shape",
     "step",
 ]

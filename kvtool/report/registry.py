@@ -103,6 +103,35 @@ METRICS: tuple[Metric, ...] = (
        "recomp = blocks_recomputed (stored again after it was evicted or cleared)",
        "blocks", "sum", "up", "counter", "kvtool_blocks_recomputed",
        "Stores of a block that was cached earlier and evicted or cleared since."),
+    # Issue 21 (docs/SEMANTICS.md): what the other keys on the wire were.
+    _m("live_keys", "live\nkeys", "live keys = live_keys (hash keys cached at the end; a "
+       "block can carry several)", "hashes", "sum", "none", "gauge", "kvtool_live_keys",
+       "Hash keys cached now (partial entries are extra keys on a block)."),
+    _m("keys_cleared", "cleared\nkeys", "cleared keys = keys_cleared (hash keys dropped by "
+       "AllBlocksCleared or a restart)", "hashes", "sum", "none", "counter",
+       "kvtool_keys_cleared", "Hash keys dropped by AllBlocksCleared or a publisher restart."),
+    _m("partial_extra_keys", "partial\nextra", "partial extra = partial_extra_keys (a "
+       "partial prefix key added to a block already cached: not a block)", "hashes", "sum",
+       "none", "counter", "kvtool_partial_extra_keys",
+       "Partial prefix keys added to a cached block (BlockStored with the hash block size)."),
+    _m("evicted_extra_keys", "evicted\nextra", "evicted extra = evicted_extra_keys (removes "
+       "of a block's further keys when it is evicted: not evictions)", "hashes", "sum", "none",
+       "counter", "kvtool_evicted_extra_keys",
+       "Removes of the further keys of an evicted block (one eviction, several keys)."),
+    _m("rekeys", "rekeys\nblocks", "rekeys = rekeys (a new key on a block already cached: a "
+       "partial block promoted to full, a Mamba checkpoint re-keyed)", "blocks", "sum", "none",
+       "counter", "kvtool_rekeys", "New keys on a cached block (promotion, Mamba re-key)."),
+    _m("partial_promotions", "promoted\nblocks", "promoted = partial_promotions (a partial "
+       "key removed when its block fills: not an eviction)", "blocks", "sum", "none",
+       "counter", "kvtool_partial_promotions",
+       "Partial primary keys replaced when their block filled (not evictions)."),
+    _m("rekey_removes", "rekey rm\nblocks", "rekey rm = rekey_removes (a Mamba checkpoint's "
+       "old key removed on a re-key: not an eviction)", "blocks", "sum", "none", "counter",
+       "kvtool_rekey_removes", "Mamba checkpoint keys removed on a re-key (not evictions)."),
+    _m("checkpoints_discarded", "discard\nblocks", "discard = checkpoints_discarded (a "
+       "transient Mamba checkpoint stored and dropped in one batch: neither stored nor "
+       "evicted)", "blocks", "sum", "none", "counter", "kvtool_checkpoints_discarded",
+       "Transient Mamba checkpoints stored and discarded in one batch."),
     _m("recompute_share", "recomp\nshare",
        "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
        "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),
