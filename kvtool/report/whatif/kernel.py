@@ -10,7 +10,10 @@ the per-kind rules (full attention: every block up to the hit; sliding window: t
 ``ceil((w-1)/block_size)`` blocks; Mamba: the state exactly at the hit) and capped where
 the recorded engine itself stopped although its own cache held more (the prompt - 1
 limit). A store at the larger pool of a key that is neither live nor ghost is a
-recompute; a store it would not make (inside the longer hit) is saved.
+recompute; a store it would not make (inside the longer hit) is saved. The recorded
+copies of a saved store the larger pool skips (sliding-window blocks before the window)
+are *phantoms*: the larger pool's copy of such a key is an older one, and a lookup that
+hits the key there takes that copy out of the ghost list, also below the recorded hit.
 """
 
 from __future__ import annotations
