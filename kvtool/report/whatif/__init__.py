@@ -304,6 +304,8 @@ def _simulate(pool: PoolStream, extra: int, rejoin: bool) -> tuple[np.ndarray, i
         a["req_cap"],
         a["req_c0"],
         a["cand"],
+        a["req_p0"],
+        a["pre"],
         a["gkind"],
         a["gsw"],
         pool.n_keys,

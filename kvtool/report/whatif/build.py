@@ -108,7 +108,7 @@ def build(
     n_hid: int,
     n_groups: int,
     gbs: I64,
-) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
     Args:
@@ -128,16 +128,19 @@ def build(
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
-        req_first_rec, req_l0, req_cap, req_c0, cand (see ``simulate``), and the
-        requests taken for preempted ones resuming (one element): a new request (its
-        parent is no request's open tail) whose first store re-stores the abandoned tail
-        of another (the last block of its chain, never continued) at most
+        req_first_rec, req_l0, req_cap, req_c0, cand, req_p0, pre (see ``simulate``;
+        ``pre`` holds each request's keys at depths ``req_l0``, ``req_l0 - 1``, … 1, the
+        blocks the recorded engine hit, found through the parents), and the requests
+        taken for preempted ones resuming (one element): a new request (its parent is no
+        request's open tail) whose first store re-stores the abandoned tail of another
+        (the last block of its chain, never continued) at most
         :data:`RESUME_BATCHES` batches after that tail was stored. A conversation's next
         turn looks the same but comes after the user's pause, not within a few steps.
     """
     n_ev = ev_type.shape[0]
     n_occ = occ_hid.shape[0]
     depth = np.full(n_hid, -1, np.int64)
+    par_of = np.full(n_hid, -2, np.int64)  # -2: not seen as a stored block yet
     tail_req = np.full(n_hid, -1, np.int64)
     tail_gen = np.full(n_hid, -1, np.int64)
     tail_batch = np.full(n_hid, -1, np.int64)
@@ -164,6 +167,7 @@ def build(
     rec_h0 = np.full(n_stores + 1, -1, np.int64)
     rec_nh = np.zeros(n_stores + 1, np.int64)
     rec_pos = np.empty(n_stores + 1, np.int64)
+    rec_par = np.full(n_stores + 1, -1, np.int64)
     n_rec = 0
     n_req = 0
     cur = -1
@@ -210,6 +214,8 @@ def build(
             h = occ_hid[h0 + i]
             if depth[h] < 0:
                 depth[h] = first + i
+            if par_of[h] == -2 and span == nh:
+                par_of[h] = par if i == 0 else occ_hid[h0 + i - 1]
         last = occ_hid[h0 + nh - 1] if nh > 0 else -1
         bit = 1 << (g % 63)
         if cur >= 0 and cur_parent == par and cur_last == last and (cur_mask & bit) == 0:
@@ -241,6 +247,7 @@ def build(
             rec_base[r] = base
             rec_end[r] = base + span
             rec_pos[r] = lookup_pos
+            rec_par[r] = par
             if last >= 0:
                 tail_req[last] = q
                 tail_gen[last] = gen
@@ -351,6 +358,22 @@ def build(
     for i in range(n_rows):
         for g in range(n_groups):
             cand[i, g] = key_of[rows_h[i] * n_groups + g]
+    # the blocks each request's recorded hit covered, deepest first, through the parents
+    req_p0 = np.zeros(n_req + 1, np.int64)
+    for q in range(n_req):
+        n = 0
+        h = rec_par[req_first[q]]
+        while n < req_l0[q] and h >= 0:
+            n += 1
+            h = par_of[h]
+        req_p0[q + 1] = req_p0[q] + n
+    pre = np.full((req_p0[n_req], n_groups), -1, np.int64)
+    for q in range(n_req):
+        h = rec_par[req_first[q]]
+        for i in range(req_p0[q], req_p0[q + 1]):
+            for g in range(n_groups):
+                pre[i, g] = key_of[h * n_groups + g]
+            h = par_of[h]
     return (
         op_kind,
         op_a,
@@ -365,6 +388,8 @@ def build(
         req_cap,
         req_c0,
         cand,
+        req_p0,
+        pre,
         np.array([resumed], np.int64),
     )
 

@@ -382,6 +382,8 @@ class _Columns:
             "req_cap",
             "req_c0",
             "cand",
+            "req_p0",
+            "pre",
             "resumed",
         ]
         pool = PoolStream(self.channel, self.rank, infos)

@@ -10,7 +10,10 @@ the per-kind rules (full attention: every block up to the hit; sliding window: t
 ``ceil((w-1)/block_size)`` blocks; Mamba: the state exactly at the hit) and capped where
 the recorded engine itself stopped although its own cache held more (the prompt - 1
 limit). A store at the larger pool of a key that is neither live nor ghost is a
-recompute; a store it would not make (inside the longer hit) is saved.
+recompute; a store it would not make (inside the longer hit) is saved. The recorded
+copies of a saved store the larger pool skips (sliding-window blocks before the window)
+are *phantoms*: the larger pool's copy of such a key is an older one, and a lookup that
+hits the key there takes that copy out of the ghost list, also below the recorded hit.
 """
 
 from __future__ import annotations
@@ -111,6 +114,8 @@ def simulate(
     req_cap: I64,
     req_c0: I64,
     cand: I64,
+    req_p0: I64,
+    pre: I64,
     gkind: I64,
     gsw: I64,
     n_keys: int,
@@ -133,6 +138,9 @@ def simulate(
         req_cap: The deepest block a lookup may reach (end of the prompt's blocks).
         req_c0: Offset of each request's candidate rows in ``cand``.
         cand: Per candidate depth (``req_l0 + 1`` …) and group, the key or -1.
+        req_p0: Offset of each request's rows in ``pre``.
+        pre: Per depth the recorded hit covered (``req_l0``, ``req_l0 - 1`` …) and
+            group, the key or -1.
         gkind: Kernel kind of each group (``KIND_*``).
         gsw: Blocks a sliding-window hit needs, per group.
         n_keys: Number of keys.
@@ -212,6 +220,32 @@ def simulate(
                             tail += 1
                         else:
                             kin[k] += 1
+                # What the recorded engine hit too, the larger pool hits again. Where the
+                # recorded pool holds the key only in copies the larger pool never made
+                # (phantoms: a sliding-window block a longer hit skipped and the recorded
+                # engine computed), the larger pool's copy is an older one in the ghost
+                # list: the hit takes it out of the queue, and the recorded copy this
+                # request touched stands for it from now on.
+                for j in range(req_p0[q], req_p0[q + 1]):
+                    d = l0 - (j - req_p0[q])
+                    for g in range(n_groups):
+                        k = pre[j, g]
+                        if k < 0:
+                            continue
+                        kd = gkind[g]
+                        if kd == KIND_MAMBA:
+                            continue
+                        if kd == KIND_SLIDING and d <= hit - gsw[g]:
+                            continue
+                        if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0 or ph[k] <= 0:
+                            continue
+                        e = key_last[k]
+                        while e >= 0 and not ent_alive[e]:
+                            e = ent_prev[e]
+                        ent_alive[e] = False
+                        gc[k] -= 1
+                        key_last[k] = ent_prev[e]
+                        ph[k] -= 1
             hit = req_hit[q]
             if hit >= 0:
                 # This record's saved stores allocate nothing at the larger pool.
