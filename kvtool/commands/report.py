@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvtool.commands import check_inputs, examples, get_env, lost_batches, parse_duration_ns
+from kvtool.commands import (
+    UNCONFIRMED_MARK,
+    check_inputs,
+    examples,
+    get_env,
+    lost_batches,
+    missing_batches,
+    parse_duration_ns,
+)
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
@@ -395,13 +403,15 @@ def report(
     # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
     listed = rep.source.get("damaged")
     damage = [d for d in listed if isinstance(d, str)] if isinstance(listed, list) else []
-    # Batches lost while recording exit 3 as in `info` (one policy for every reader).
-    lost = lost_batches(files)
+    # Batches lost while recording, and tails never confirmed, exit 3 as in `info` (one
+    # policy for every reader).
+    lost = missing_batches(files)
     for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
-            if line not in damage and not (lost and "lost while recording" in line):
+            said = "lost while recording" in line or UNCONFIRMED_MARK in line
+            if line not in damage and not (lost and said):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 
