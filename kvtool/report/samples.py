@@ -52,13 +52,17 @@ def linear_quantiles(values: NDArray[Any]) -> list[float]:
     time) instead of a sort; the interpolation is polars' ``quantile(q, "linear")``:
     ``(f - floor(f)) * (upper - lower) + lower`` with ``f = (n - 1) * q``.
     """
-    n = len(values)
+    return _partitioned_quantiles(np.array(values, copy=True))
+
+
+def _partitioned_quantiles(buf: NDArray[Any]) -> list[float]:
+    """:func:`linear_quantiles` of ``buf``, which it partitions in place (no copy)."""
+    n = len(buf)
     where = [((n - 1) * q, math.floor((n - 1) * q), math.ceil((n - 1) * q)) for q in _QS]
-    kth = sorted({i for _f, lo, hi in where for i in (lo, hi)})
-    part = np.partition(values, kth)
+    buf.partition(sorted({i for _f, lo, hi in where for i in (lo, hi)}))
     out = []
     for f, lo, hi in where:
-        low, high = float(part[lo]), float(part[hi])
+        low, high = float(buf[lo]), float(buf[hi])
         out.append(low if low == high else (f - lo) * (high - low) + low)
     return out
 
@@ -98,7 +102,8 @@ class Seconds:
         if len(values) == 0:
             return
         if self.hist is None and self.n + len(values) <= limit:
-            self.exact.append((gkeys, values))
+            # Report rows fit in 32 bits: 12 bytes a kept sample instead of 16.
+            self.exact.append((gkeys.astype(np.uint32, copy=False), values))
             self.n += len(values)
             return
         self.n += len(values)
@@ -168,18 +173,32 @@ class Seconds:
         """The samples are a histogram (no longer exact)."""
         return self.hist is not None
 
-    def by_gkey(self, rows: int) -> dict[int, NDArray[Any]]:
-        """The exact samples of each report row (unsorted)."""
-        if not self.exact:
-            return {}
-        gk = np.concatenate([g for g, _v in self.exact])
-        values = np.concatenate([v for _g, v in self.exact])
-        # Report rows are few: as uint16 the stable argsort is a linear-time radix sort.
-        order = np.argsort(gk.astype(np.uint16) if rows <= 0xFFFF else gk, kind="stable")
-        gk, values = gk[order], values[order]
-        keys, starts = np.unique(gk, return_index=True)
-        ends = np.append(starts[1:], len(gk))
-        return {int(k): values[s:e] for k, s, e in zip(keys.tolist(), starts, ends, strict=True)}
+    def _row_counts(self) -> NDArray[Any]:
+        """The exact samples of each report row (``gkey``): how many."""
+        counts = np.zeros(0, dtype=np.int64)
+        for g, _v in self.exact:
+            c = np.bincount(g)
+            if len(c) > len(counts):
+                counts = np.pad(counts, (0, len(c) - len(counts)))
+            counts[: len(c)] += c
+        return counts
+
+    def _gather(self, rows: tuple[int, ...], counts: NDArray[Any], out: NDArray[Any]) -> int:
+        """Copy the exact samples of report rows ``rows`` into ``out``; return how many."""
+        m = int(counts[list(rows)].sum())
+        if m == int(counts.sum()):
+            np.concatenate([v for _g, v in self.exact], out=out[:m])
+            return m
+        on = np.zeros(len(counts), dtype=bool)
+        on[list(rows)] = True
+        pos = 0
+        for g, v in self.exact:
+            sel = on[g]
+            k = int(np.count_nonzero(sel))
+            if k:
+                np.compress(sel, v, out=out[pos : pos + k])
+                pos += k
+        return m
 
     def quantiles(
         self,
@@ -194,7 +213,7 @@ class Seconds:
             levels: Per report row (``gkey``) its key in each level column (:data:`LEVELS`).
             members: Per level column, each key's report rows.
             names: The three percentile columns.
-            rows: Report rows there are.
+            rows: Report rows there are (unused: each row's samples are counted).
 
         Returns:
             Per level column, one row per key that has samples.
@@ -206,22 +225,24 @@ class Seconds:
                 .join(levels, on="gkey", how="left")
             )
             return {col: quantiles(frame, col, names, "value") for col in LEVELS}
-        exact = self.by_gkey(rows)
+        # One scratch buffer for every key: each key's samples are copied into it and
+        # partitioned there in place, so a refresh (top, serve) holds the samples once
+        # more at most, never the sorted and concatenated copies per row (issue 23).
+        counts = self._row_counts()
+        scratch = np.empty(int(counts.sum()), dtype=np.float64)
         out = {}
         for col in LEVELS:
             got_keys: list[object] = []
             got: list[list[float]] = []
             done: dict[tuple[int, ...], list[float]] = {}
             for key, ids in members.get(col, {}).items():
-                have = tuple(sorted(i for i in ids if i in exact))
+                have = tuple(sorted(i for i in set(ids) if 0 <= i < len(counts) and counts[i]))
                 if not have:
                     continue
                 q = done.get(have)
                 if q is None:
-                    parts = [exact[i] for i in have]
-                    q = done[have] = linear_quantiles(
-                        np.concatenate(parts) if len(parts) > 1 else parts[0]
-                    )
+                    m = self._gather(have, counts, scratch)
+                    q = done[have] = _partitioned_quantiles(scratch[:m])
                 got_keys.append(key)
                 got.append(q)
             out[col] = _frame(col, levels.schema[col], names, got_keys, got)
@@ -253,8 +274,16 @@ class Counts:
     def _compact(self) -> None:
         if not self._pending:
             return
-        packed = np.concatenate([np.repeat(self.keys, self.counts), *self._pending])
-        self.keys, self.counts = np.unique(packed, return_counts=True)
+        # The pending samples are counted on their own and merged into the counts kept,
+        # never expanded back into one sample each (issue 23: that was a copy of every
+        # sample at each top/serve refresh).
+        keys, counts = np.unique(np.concatenate(self._pending), return_counts=True)
+        if len(self.keys):
+            keys, where = np.unique(np.concatenate([self.keys, keys]), return_inverse=True)
+            merged = np.zeros(len(keys), dtype=np.int64)
+            np.add.at(merged, where, np.concatenate([self.counts, counts]))
+            counts = merged
+        self.keys, self.counts = keys, counts.astype(np.int64, copy=False)
         self._pending = []
         self._rows = 0
 
