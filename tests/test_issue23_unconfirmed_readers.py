@@ -106,3 +106,16 @@ def test_issue23_diff_says_the_unconfirmed_tail(
     res = runner.invoke(app, ["diff", str(other), str(path), "--format", fmt])
     assert res.exit_code == 3, res.output
     _said_once(res.stderr, endpoint, n)
+
+
+def test_issue23_serve_file_says_the_unconfirmed_tail(
+    unconfirmed_recording: tuple[Path, int, str],
+) -> None:
+    """`serve FILE --exit-at-end` plays it, says the tail once and exits 3 (was 0)."""
+    path, n, endpoint = unconfirmed_recording
+    res = runner.invoke(
+        app,
+        ["serve", str(path), "--speed", "0", "--exit-at-end", "--metrics", "127.0.0.1:0"],
+    )
+    assert res.exit_code == 3, res.output
+    _said_once(res.stderr, endpoint, n)
