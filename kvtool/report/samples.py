@@ -13,8 +13,9 @@ for, however many there are.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 _QS = (0.5, 0.9, 0.99)
+_BLOCK = 1 << 16
+"""Exact samples joined per block when percentiles are taken (:meth:`Seconds._blocks`)."""
 
 LEVELS = ("L_total", "L_kind", "L_window", "L_group")
 """The level columns a report row maps to (its key in totals, by_kind, by_window, by_group)."""
@@ -173,32 +176,62 @@ class Seconds:
         """The samples are a histogram (no longer exact)."""
         return self.hist is not None
 
+    def _blocks(self) -> Iterator[tuple[NDArray[Any], NDArray[Any]]]:
+        """The exact samples as (gkeys, values), consecutive small chunks joined.
+
+        A live feed adds a chunk per refresh, a few batches each on a slow stream: joined
+        into blocks of about :data:`_BLOCK` samples, the work per block, not per chunk, is
+        what a percentile pass repeats (the copies are a block at a time, bounded).
+        """
+        gs: list[NDArray[Any]] = []
+        vs: list[NDArray[Any]] = []
+        n = 0
+        for g, v in self.exact:
+            gs.append(g)
+            vs.append(v)
+            n += len(v)
+            if n >= _BLOCK:
+                yield (np.concatenate(gs), np.concatenate(vs)) if len(gs) > 1 else (g, v)
+                gs, vs, n = [], [], 0
+        if gs:
+            yield (np.concatenate(gs), np.concatenate(vs)) if len(gs) > 1 else (gs[0], vs[0])
+
     def _row_counts(self) -> NDArray[Any]:
         """The exact samples of each report row (``gkey``): how many."""
         counts = np.zeros(0, dtype=np.int64)
-        for g, _v in self.exact:
+        for g, _v in self._blocks():
             c = np.bincount(g)
             if len(c) > len(counts):
                 counts = np.pad(counts, (0, len(c) - len(counts)))
             counts[: len(c)] += c
         return counts
 
-    def _gather(self, rows: tuple[int, ...], counts: NDArray[Any], out: NDArray[Any]) -> int:
-        """Copy the exact samples of report rows ``rows`` into ``out``; return how many."""
-        m = int(counts[list(rows)].sum())
-        if m == int(counts.sum()):
-            np.concatenate([v for _g, v in self.exact], out=out[:m])
-            return m
-        on = np.zeros(len(counts), dtype=bool)
-        on[list(rows)] = True
-        pos = 0
-        for g, v in self.exact:
-            sel = on[g]
-            k = int(np.count_nonzero(sel))
-            if k:
-                np.compress(sel, v, out=out[pos : pos + k])
-                pos += k
-        return m
+    def _gather(
+        self, sets: list[tuple[int, ...]], counts: NDArray[Any], out: NDArray[Any]
+    ) -> list[NDArray[Any]]:
+        """Copy the exact samples of each set of report rows into its own slice of ``out``.
+
+        The sets are disjoint (the keys of one level column), so together they hold at
+        most every sample once: ``out`` has room for all of them.
+
+        Returns:
+            Per set, its slice of ``out`` (a view), filled.
+        """
+        lut = np.full(len(counts), -1, dtype=np.int64)
+        ends = [0]
+        for j, rows in enumerate(sets):
+            lut[list(rows)] = j
+            ends.append(ends[-1] + int(counts[list(rows)].sum()))
+        pos = ends[:-1]
+        for g, v in self._blocks():
+            which = lut[g]
+            for j in range(len(sets)):
+                sel = which == j
+                k = int(np.count_nonzero(sel))
+                if k:
+                    np.compress(sel, v, out=out[pos[j] : pos[j] + k])
+                    pos[j] += k
+        return [out[a:b] for a, b in itertools.pairwise(ends)]
 
     def quantiles(
         self,
@@ -234,17 +267,27 @@ class Seconds:
         for col in LEVELS:
             got_keys: list[object] = []
             got: list[list[float]] = []
-            done: dict[tuple[int, ...], list[float]] = {}
+            keyed: list[tuple[object, tuple[int, ...]]] = []
             for key, ids in members.get(col, {}).items():
                 have = tuple(sorted(i for i in set(ids) if 0 <= i < len(counts) and counts[i]))
-                if not have:
-                    continue
-                q = done.get(have)
-                if q is None:
-                    m = self._gather(have, counts, scratch)
-                    q = done[have] = _partitioned_quantiles(scratch[:m])
+                if have:
+                    keyed.append((key, have))
+            done: dict[tuple[int, ...], list[float]] = {}
+            todo = list(dict.fromkeys(have for _k, have in keyed))
+            while todo:
+                # Disjoint sets share one pass (a level's keys are); any other waits.
+                taken: set[int] = set()
+                sets = []
+                for have in todo:
+                    if taken.isdisjoint(have):
+                        sets.append(have)
+                        taken.update(have)
+                todo = [h for h in todo if h not in sets]
+                for have, buf in zip(sets, self._gather(sets, counts, scratch), strict=True):
+                    done[have] = _partitioned_quantiles(buf)
+            for key, have in keyed:
                 got_keys.append(key)
-                got.append(q)
+                got.append(done[have])
             out[col] = _frame(col, levels.schema[col], names, got_keys, got)
         return out
 
