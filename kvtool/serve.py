@@ -412,6 +412,7 @@ class Exporter:
         self.families: list[Family] = []
         self._hists: dict[tuple[int | None, str], _Hist] = {}
         self._served_hists: set[str] = set()
+        self._generation = 0
         # Per (endpoint, rank) label pair: the state's keys, forgotten keys, horizon.
         self._state: dict[tuple[str, str], tuple[int, int, float | None]] = {}
         self._forgetting: set[int | None] = set()
@@ -538,6 +539,13 @@ class Exporter:
         from kvtool.report.snapshot import builder_samples
 
         state: set[tuple[str, str]] = set()
+        # Rows that a re-feed may still re-attribute are held back, so that no served
+        # counter goes down (README, serve); a re-feed's builders are new, so their
+        # samples are taken afresh (the same samples for every row served before).
+        held = feed.pending_groups()
+        if feed.generation != self._generation:
+            self._generation = feed.generation
+            self._hists.clear()
         for rank, builder in sorted(
             feed.builders().items(), key=lambda kv: (kv[0] is None, kv[0] or 0)
         ):
@@ -573,6 +581,8 @@ class Exporter:
             # The percentiles are served as histograms, from the samples: not computed.
             for row in builder.tables(quantiles=False)["by_group"].to_dicts():
                 g, k, w = row.get("group_idx"), row.get("kind"), row.get("sliding_window")
+                if g in held and k in (None, "unannotated"):
+                    continue
                 med = row.get("medium")
                 key = (g, k, w, med) if "medium" in row else (g, k, w)
                 gkey = snap.rows.get(key)  # type: ignore[arg-type]
@@ -770,6 +780,8 @@ def run_serve(
                 # is in the feed by the snapshot (a live recorder goes on meanwhile).
                 health, ledger = source.health(), source_ledger(source)
                 _feed(source, feed, None if done else now + FEED_BUDGET_S)
+                if done:
+                    feed.finish()  # rows held back for re-attribution are final now
                 exporter.update(feed, _fed(health, feed), ledger)
                 next_snap = now + interval_s
                 ended = done
@@ -788,6 +800,7 @@ def run_serve(
         source.stop()
         health, ledger = source.health(), source_ledger(source)
         _feed(source, feed, None)  # what the recorder wrote while stopping, all of it
+        feed.finish()
         exporter.update(feed, _fed(health, feed), ledger)
 
 

@@ -381,6 +381,32 @@ class ReportFeed:
         self._kept: list[RecordedMessage] | None = [] if self._live is not None else None
         self._kept_bytes = 0
         self._pending: set[tuple[str, int | None, int]] = set()
+        self.generation = 0
+        """How many times the builders were fed again from the start (:meth:`_refeed`)."""
+
+    def pending_groups(self) -> frozenset[int]:
+        """Return the groups whose rows without a kind may still be given one (issue 24).
+
+        While messages are kept (a live stream, no metadata), a row of such a group is
+        re-attributed to the group's kind once it is learned, and its ``unannotated`` row
+        shrinks or goes. ``serve`` holds those rows back (a Prometheus counter never goes
+        down) until this set no longer names them.
+
+        Returns:
+            Group indexes (of any channel and rank); empty once the messages are let go.
+        """
+        if self._kept is None:
+            return frozenset()
+        return frozenset(g for _c, _r, g in self._pending)
+
+    def finish(self) -> None:
+        """Say the stream has ended: every row is final (the kept messages are let go).
+
+        ``report`` of the recorded stream gives a group never learned no kind either, so
+        the rows :meth:`pending_groups` held back are then the report's.
+        """
+        self._kept = None
+        self._kept_bytes = 0
 
     def add(self, messages: Sequence[RecordedMessage]) -> None:
         """Feed messages, in stream order.
@@ -532,6 +558,7 @@ class ReportFeed:
         kept = self._kept
         assert kept is not None
         self._pending = set()
+        self.generation += 1
 
         def restart() -> None:
             self.stats = ReadStats()

@@ -30,6 +30,7 @@ __all__ = [
     "examples",
     "get_env",
     "lost_batches",
+    "missing_batches",
     "parse_duration_ns",
 ]
 
@@ -166,6 +167,40 @@ def lost_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
             )
         )
     return out
+
+
+def missing_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """Say what each recording's gap ledger lists as missing: lost batches and unconfirmed tails.
+
+    The exit policy of every command that reads a recording (issue 23): batches lost while
+    recording (:func:`lost_batches`) and channel tails the replay socket never confirmed
+    (:func:`kvtool.info.unconfirmed_lines`) are one line each, and the command exits 3.
+    The what-if's condition stays :func:`lost_batches` (a tail missing after the last
+    batch read changes no eviction order the prediction replays).
+
+    Args:
+        paths: The recordings.
+
+    Returns:
+        Per recording, its lost-batches line, then its unconfirmed-tails line.
+    """
+    from kvtool.info import unconfirmed_lines, unconfirmed_tails
+    from kvtool.recording.reader import open_recording
+
+    out: list[str] = []
+    for path in paths:
+        out += lost_batches([path])
+        try:
+            with open_recording(path) as reader:
+                ledger = reader.gap_ledger
+        except (KvtoolError, OSError):
+            continue
+        out += [printable(x) for x in unconfirmed_lines(os.fspath(path), unconfirmed_tails(ledger))]
+    return out
+
+
+UNCONFIRMED_MARK = "the replay socket never confirmed what followed"
+"""Words every unconfirmed-tail line holds (so a command says it once, not also as a finding)."""
 
 
 @dataclass

@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import TextOutput, check_inputs, examples, get_env, lost_batches
+from kvtool.commands import (
+    UNCONFIRMED_MARK,
+    TextOutput,
+    check_inputs,
+    examples,
+    get_env,
+    missing_batches,
+)
 from kvtool.commands._help import KvtoolCommand
 from kvtool.commands._options import ForceText, OutputFile
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
@@ -183,7 +190,7 @@ def diff(
     else:
         render_table(result, out.console, all_metrics=all_metrics)
     out.close()
-    lost = lost_batches([*side_a, *side_b])
+    lost = missing_batches([*side_a, *side_b])
     if format is not DiffFormat.table and not quiet:
         from kvtool.render.diff import check_lines
         from kvtool.text import printable
@@ -193,13 +200,13 @@ def diff(
         for name, side in (("A", result.a), ("B", result.b)):
             findings = side.get("findings")
             for f in findings if isinstance(findings, list) else []:
-                if lost and "lost while recording" in str(f):
+                if lost and ("lost while recording" in str(f) or UNCONFIRMED_MARK in str(f)):
                     continue  # said once below, as an error
                 env.err.print(
                     printable(f"kvtool: finding ({name}): {f}"), markup=False, highlight=False
                 )
-    # Batches lost while recording exit 3, as in `info` and `report` (a crossed
-    # --fail-on, exit 1, outranks it).
+    # Batches lost while recording, and tails never confirmed, exit 3, as in `info` and
+    # `report` (a crossed --fail-on, exit 1, outranks it).
     for line in lost:
         env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     if result.failed:

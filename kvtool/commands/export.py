@@ -87,7 +87,8 @@ def export(
             markup=False,
             highlight=False,
         )
-    # Batches lost while recording exit 3, as in `info` and `report`.
+    # Batches lost while recording, and tails never confirmed (both in ``stats.lost``),
+    # exit 3, as in `info` and `report`.
     problems = stats.damaged + stats.lost + stats.problems[:1]
     for line in problems:
         env.err.print(f"kvtool: {line}", markup=False, highlight=False)

@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from kvtool.commands import Env, check_inputs, examples, get_env, lost_batches
+from kvtool.commands import Env, check_inputs, examples, get_env, missing_batches
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import is_stdout
 from kvtool.text import printable
@@ -854,8 +854,8 @@ def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
         if not env.quiet:
             env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
     damaged = False
-    # Batches lost while recording exit 3 as in `info` and `report`.
-    for line in lost_batches([r.path for r in rp.readers]):
+    # Batches lost while recording, and tails never confirmed, exit 3 as in `info` and `report`.
+    for line in missing_batches([r.path for r in rp.readers]):
         damaged = True
         env.err.print(f"kvtool: {line}", markup=False, highlight=False)
     for rep in rp.recoveries:

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvtool.commands import check_inputs, examples, get_env, lost_batches, parse_duration_ns
+from kvtool.commands import (
+    UNCONFIRMED_MARK,
+    check_inputs,
+    examples,
+    get_env,
+    lost_batches,
+    missing_batches,
+    parse_duration_ns,
+)
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
@@ -386,14 +394,16 @@ def report(
             env.err.print(f"kvtool: plot written to {plot}", markup=False, highlight=False)
     # Damage is an error, not status: it reaches stderr even with -q or a table on stdout.
     damage = rep.source.damaged
-    # Batches lost while recording exit 3 as in `info` (one policy for every reader).
-    lost = lost_batches(files)
+    # Batches lost while recording, and tails never confirmed, exit 3 as in `info` (one
+    # policy for every reader).
+    lost = missing_batches(files)
     for line in [*damage, *lost]:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
             kind = line.kind if isinstance(line, Finding) else None
-            if kind != "damaged" and not (lost and kind == "lost"):
+            said = kind == "lost" or UNCONFIRMED_MARK in line
+            if kind != "damaged" and not (lost and said):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 

@@ -244,7 +244,15 @@ def serve(
         pass  # Ctrl-C and SIGTERM are how a server is stopped: run_serve stopped the source
     finally:
         server.stop()
-    return ExitStatus.DAMAGED if source.health().lost else ExitStatus.OK
+    # What the numbers miss (lost batches, a tail never confirmed, damage): one line each
+    # and exit 3, as top and report say it (issue 23).
+    from kvtool.commands.top import source_problems
+    from kvtool.text import printable
+
+    lines = source_problems(source, feed)
+    for line in lines:
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
+    return ExitStatus.DAMAGED if lines or source.health().lost else ExitStatus.OK
 
 
 def live_source(

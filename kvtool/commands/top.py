@@ -186,27 +186,28 @@ def _run(state: TopState, once: bool, interval_s: float, duration_s: float | Non
     env.stdout.flush()
 
 
-def _finish(
-    source: LiveSource | RecordingSource, feed: ReportFeed, record: Path | None
-) -> ExitStatus:
-    """Say what the numbers miss and where ``--record`` wrote; the exit status (issue 24).
+def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> list[str]:
+    """What the numbers of ``top``'s or ``serve``'s source miss: one line each (issue 24).
 
-    A damaged or truncated recording, batches lost while recording, and malformed batches
-    or events are one line each on stderr and exit 3, as ``report`` does for the same file.
+    A damaged or truncated recording, batches lost while recording, a channel tail the
+    replay socket never confirmed (issue 23), and malformed batches or events; any of
+    them exits 3, as ``report`` does for the same file.
+
+    Args:
+        source: The source, stopped.
+        feed: The report feed it was fed into.
+
+    Returns:
+        The lines, none when nothing is missing.
     """
-    from kvtool.commands import lost_batches
-    from kvtool.text import printable
+    from kvtool.commands import missing_batches
     from kvtool.top import RecordingSource
 
-    env = get_env()
     lines: list[str] = []
     if isinstance(source, RecordingSource):
-        from kvtool.info import unconfirmed_lines, unconfirmed_tails
-
         if source.recovery.damaged:
             lines.append(source.recovery.summary())
-        lines += lost_batches([source.path])
-        lines += unconfirmed_lines(source.path, unconfirmed_tails(source.gap_ledger))
+        lines += missing_batches([source.path])
     else:
         lost = source.recorder.stats.lost
         if lost:
@@ -218,15 +219,6 @@ def _finish(
                 f"batch of {source.recorder.stats.unconfirmed} channel(s) (its answer never "
                 "ended); batches published after it may be missing"
             )
-        if record is not None:
-            n = source.recorder.stats.batches
-            # No batch: the recorder leaves no empty file behind.
-            said = (
-                f"top recorded {n:,} batch(es) to {printable(str(record))}"
-                if n or record.exists()
-                else f"top recorded nothing, so no file was written at {printable(str(record))}"
-            )
-            env.err.print(f"kvtool: {said}", markup=False, highlight=False)
     st = feed.stats
     if st.bad_batches or st.skipped_events:
         first = f" (first: {st.problems[0]})" if st.problems else ""
@@ -234,6 +226,30 @@ def _finish(
             f"{source.path}: skipped {st.bad_batches} malformed batch(es) and "
             f"{st.skipped_events} event(s){first}; the numbers miss them"
         )
+    return lines
+
+
+def _finish(
+    source: LiveSource | RecordingSource, feed: ReportFeed, record: Path | None
+) -> ExitStatus:
+    """Say what the numbers miss (:func:`source_problems`) and where ``--record`` wrote.
+
+    Returns the exit status: 3 when anything is missing.
+    """
+    from kvtool.text import printable
+    from kvtool.top import LiveSource
+
+    env = get_env()
+    if isinstance(source, LiveSource) and record is not None:
+        n = source.recorder.stats.batches
+        # No batch: the recorder leaves no empty file behind.
+        said = (
+            f"top recorded {n:,} batch(es) to {printable(str(record))}"
+            if n or record.exists()
+            else f"top recorded nothing, so no file was written at {printable(str(record))}"
+        )
+        env.err.print(f"kvtool: {said}", markup=False, highlight=False)
+    lines = source_problems(source, feed)
     for line in lines:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if lines else ExitStatus.OK

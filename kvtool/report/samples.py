@@ -13,8 +13,9 @@ for, however many there are.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 _QS = (0.5, 0.9, 0.99)
+_BLOCK = 1 << 16
+"""Exact samples joined per block when percentiles are taken (:meth:`Seconds._blocks`)."""
 
 LEVELS = ("L_total", "L_kind", "L_window", "L_group")
 """The level columns a report row maps to (its key in totals, by_kind, by_window, by_group)."""
@@ -52,13 +55,17 @@ def linear_quantiles(values: NDArray[Any]) -> list[float]:
     time) instead of a sort; the interpolation is polars' ``quantile(q, "linear")``:
     ``(f - floor(f)) * (upper - lower) + lower`` with ``f = (n - 1) * q``.
     """
-    n = len(values)
+    return _partitioned_quantiles(np.array(values, copy=True))
+
+
+def _partitioned_quantiles(buf: NDArray[Any]) -> list[float]:
+    """:func:`linear_quantiles` of ``buf``, which it partitions in place (no copy)."""
+    n = len(buf)
     where = [((n - 1) * q, math.floor((n - 1) * q), math.ceil((n - 1) * q)) for q in _QS]
-    kth = sorted({i for _f, lo, hi in where for i in (lo, hi)})
-    part = np.partition(values, kth)
+    buf.partition(sorted({i for _f, lo, hi in where for i in (lo, hi)}))
     out = []
     for f, lo, hi in where:
-        low, high = float(part[lo]), float(part[hi])
+        low, high = float(buf[lo]), float(buf[hi])
         out.append(low if low == high else (f - lo) * (high - low) + low)
     return out
 
@@ -98,7 +105,8 @@ class Seconds:
         if len(values) == 0:
             return
         if self.hist is None and self.n + len(values) <= limit:
-            self.exact.append((gkeys, values))
+            # Report rows fit in 32 bits: 12 bytes a kept sample instead of 16.
+            self.exact.append((gkeys.astype(np.uint32, copy=False), values))
             self.n += len(values)
             return
         self.n += len(values)
@@ -168,18 +176,62 @@ class Seconds:
         """The samples are a histogram (no longer exact)."""
         return self.hist is not None
 
-    def by_gkey(self, rows: int) -> dict[int, NDArray[Any]]:
-        """The exact samples of each report row (unsorted)."""
-        if not self.exact:
-            return {}
-        gk = np.concatenate([g for g, _v in self.exact])
-        values = np.concatenate([v for _g, v in self.exact])
-        # Report rows are few: as uint16 the stable argsort is a linear-time radix sort.
-        order = np.argsort(gk.astype(np.uint16) if rows <= 0xFFFF else gk, kind="stable")
-        gk, values = gk[order], values[order]
-        keys, starts = np.unique(gk, return_index=True)
-        ends = np.append(starts[1:], len(gk))
-        return {int(k): values[s:e] for k, s, e in zip(keys.tolist(), starts, ends, strict=True)}
+    def _blocks(self) -> Iterator[tuple[NDArray[Any], NDArray[Any]]]:
+        """The exact samples as (gkeys, values), consecutive small chunks joined.
+
+        A live feed adds a chunk per refresh, a few batches each on a slow stream: joined
+        into blocks of about :data:`_BLOCK` samples, the work per block, not per chunk, is
+        what a percentile pass repeats (the copies are a block at a time, bounded).
+        """
+        gs: list[NDArray[Any]] = []
+        vs: list[NDArray[Any]] = []
+        n = 0
+        for g, v in self.exact:
+            gs.append(g)
+            vs.append(v)
+            n += len(v)
+            if n >= _BLOCK:
+                yield (np.concatenate(gs), np.concatenate(vs)) if len(gs) > 1 else (g, v)
+                gs, vs, n = [], [], 0
+        if gs:
+            yield (np.concatenate(gs), np.concatenate(vs)) if len(gs) > 1 else (gs[0], vs[0])
+
+    def _row_counts(self) -> NDArray[Any]:
+        """The exact samples of each report row (``gkey``): how many."""
+        counts = np.zeros(0, dtype=np.int64)
+        for g, _v in self._blocks():
+            c = np.bincount(g)
+            if len(c) > len(counts):
+                counts = np.pad(counts, (0, len(c) - len(counts)))
+            counts[: len(c)] += c
+        return counts
+
+    def _gather(
+        self, sets: list[tuple[int, ...]], counts: NDArray[Any], out: NDArray[Any]
+    ) -> list[NDArray[Any]]:
+        """Copy the exact samples of each set of report rows into its own slice of ``out``.
+
+        The sets are disjoint (the keys of one level column), so together they hold at
+        most every sample once: ``out`` has room for all of them.
+
+        Returns:
+            Per set, its slice of ``out`` (a view), filled.
+        """
+        lut = np.full(len(counts), -1, dtype=np.int64)
+        ends = [0]
+        for j, rows in enumerate(sets):
+            lut[list(rows)] = j
+            ends.append(ends[-1] + int(counts[list(rows)].sum()))
+        pos = ends[:-1]
+        for g, v in self._blocks():
+            which = lut[g]
+            for j in range(len(sets)):
+                sel = which == j
+                k = int(np.count_nonzero(sel))
+                if k:
+                    np.compress(sel, v, out=out[pos[j] : pos[j] + k])
+                    pos[j] += k
+        return [out[a:b] for a, b in itertools.pairwise(ends)]
 
     def quantiles(
         self,
@@ -194,7 +246,7 @@ class Seconds:
             levels: Per report row (``gkey``) its key in each level column (:data:`LEVELS`).
             members: Per level column, each key's report rows.
             names: The three percentile columns.
-            rows: Report rows there are.
+            rows: Report rows there are (unused: each row's samples are counted).
 
         Returns:
             Per level column, one row per key that has samples.
@@ -206,24 +258,36 @@ class Seconds:
                 .join(levels, on="gkey", how="left")
             )
             return {col: quantiles(frame, col, names, "value") for col in LEVELS}
-        exact = self.by_gkey(rows)
+        # One scratch buffer for every key: each key's samples are copied into it and
+        # partitioned there in place, so a refresh (top, serve) holds the samples once
+        # more at most, never the sorted and concatenated copies per row (issue 23).
+        counts = self._row_counts()
+        scratch = np.empty(int(counts.sum()), dtype=np.float64)
         out = {}
         for col in LEVELS:
             got_keys: list[object] = []
             got: list[list[float]] = []
-            done: dict[tuple[int, ...], list[float]] = {}
+            keyed: list[tuple[object, tuple[int, ...]]] = []
             for key, ids in members.get(col, {}).items():
-                have = tuple(sorted(i for i in ids if i in exact))
-                if not have:
-                    continue
-                q = done.get(have)
-                if q is None:
-                    parts = [exact[i] for i in have]
-                    q = done[have] = linear_quantiles(
-                        np.concatenate(parts) if len(parts) > 1 else parts[0]
-                    )
+                have = tuple(sorted(i for i in set(ids) if 0 <= i < len(counts) and counts[i]))
+                if have:
+                    keyed.append((key, have))
+            done: dict[tuple[int, ...], list[float]] = {}
+            todo = list(dict.fromkeys(have for _k, have in keyed))
+            while todo:
+                # Disjoint sets share one pass (a level's keys are); any other waits.
+                taken: set[int] = set()
+                sets = []
+                for have in todo:
+                    if taken.isdisjoint(have):
+                        sets.append(have)
+                        taken.update(have)
+                todo = [h for h in todo if h not in sets]
+                for have, buf in zip(sets, self._gather(sets, counts, scratch), strict=True):
+                    done[have] = _partitioned_quantiles(buf)
+            for key, have in keyed:
                 got_keys.append(key)
-                got.append(q)
+                got.append(done[have])
             out[col] = _frame(col, levels.schema[col], names, got_keys, got)
         return out
 
@@ -253,8 +317,16 @@ class Counts:
     def _compact(self) -> None:
         if not self._pending:
             return
-        packed = np.concatenate([np.repeat(self.keys, self.counts), *self._pending])
-        self.keys, self.counts = np.unique(packed, return_counts=True)
+        # The pending samples are counted on their own and merged into the counts kept,
+        # never expanded back into one sample each (issue 23: that was a copy of every
+        # sample at each top/serve refresh).
+        keys, counts = np.unique(np.concatenate(self._pending), return_counts=True)
+        if len(self.keys):
+            keys, where = np.unique(np.concatenate([self.keys, keys]), return_inverse=True)
+            merged = np.zeros(len(keys), dtype=np.int64)
+            np.add.at(merged, where, np.concatenate([self.counts, counts]))
+            counts = merged
+        self.keys, self.counts = keys, counts.astype(np.int64, copy=False)
         self._pending = []
         self._rows = 0
 
