@@ -66,8 +66,9 @@ def _peak_during(fn: object) -> int:
 def test_issue23_seconds_percentiles_are_exact_and_take_one_scratch_buffer() -> None:
     """1,000,000 samples in 200 chunks over 3 rows: every level's p50/p90/p99 equal polars'
     linear quantile of that key's samples, and taking them allocates one more copy of
-    the values (8 MB) and a bounded block (under 1.5x in all). Before: ~5 copies (the concatenated rows, their sort order,
-    the sorted rows, each key's concatenation and partition)."""
+    the values (8 MB) and a bounded block (under 1.5x in all). Before: ~5 copies (the
+    concatenated rows, their sort order, the sorted rows, each key's concatenation and
+    partition)."""
     rng = np.random.default_rng(23)
     s = Seconds()
     all_g, all_v = [], []
