@@ -133,7 +133,12 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 # block_hashes and token_ids stay Raw, and fields the table does not use are skipped.
 # Every struct answers every lean field (a field its type lacks is a class attribute)
 # and carries type_code (STORED, REMOVED, CLEARED).
-_LEAN_STRUCTS = projections.build(projections.LEAN, module=__name__, prefix="_Lean")
+_LEAN_STRUCTS = projections.build(
+    projections.LEAN,
+    module=__name__,
+    names=("_Stored", "_Removed", "_Cleared"),
+    array_names=("_StoredArrayLayout", "_RemovedArrayLayout", "_ClearedArrayLayout"),
+)
 _Stored, _Removed, _Cleared = _LEAN_STRUCTS.map
 # Array-encoded events (vLLM <= 0.23): every position up to the last lean field.
 _StoredArrayLayout, _RemovedArrayLayout, _ClearedArrayLayout = _LEAN_STRUCTS.array
@@ -154,9 +159,11 @@ else:
 _VOCAB_STRUCTS = projections.build(
     projections.LEAN,
     module=__name__,
-    prefix="_Vocab",
+    names=("_VocabStored", "_VocabRemoved", "_VocabCleared"),
     overrides={"medium": (_Medium | None, None), "kv_cache_spec_kind": (_Kind | None, None)},
 )
+_VocabStored, _VocabRemoved, _VocabCleared = _VOCAB_STRUCTS.map
+# Array-encoded events have no vocabulary decoder: they read as lean.
 _VOCAB = protocol.BatchProjection(
     "vocab", _VOCAB_STRUCTS.map_union, _LEAN_STRUCTS.array_union, gc=False
 )

@@ -180,7 +180,14 @@ def _merge_heap(
 # The learner's projection (kvtool.schema's "learner" fields; kvtool.projections makes the
 # structs): only (group_idx, kind, window, block_size) of stores; hashes and tokens are
 # skipped undecoded, and every element of a remove or clear past its tag is ignored.
-_LEARN_STRUCTS = projections.build(projections.LEARNER, module=__name__, prefix="_Learn")
+_LEARN_STRUCTS = projections.build(
+    projections.LEARNER,
+    module=__name__,
+    names=("_LearnStored", "_LearnRemoved", "_LearnCleared"),
+    array_names=("_LearnStoredArray", "_LearnRemovedArray", "_LearnClearedArray"),
+)
+_LearnStored, _LearnRemoved, _LearnCleared = _LEARN_STRUCTS.map
+_LearnStoredArray, _LearnRemovedArray, _LearnClearedArray = _LEARN_STRUCTS.array
 _LEARN = protocol.BatchProjection(
     "learn", _LEARN_STRUCTS.map_union, _LEARN_STRUCTS.array_union, gc=False
 )

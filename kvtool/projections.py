@@ -155,8 +155,12 @@ def build(
     spec: Spec,
     *,
     module: str,
-    prefix: str = "",
     names: tuple[str, str, str] = schema.EVENT_TAGS,
+    array_names: tuple[str, str, str] = (
+        "_BlockStoredArray",
+        "_BlockRemovedArray",
+        "_AllBlocksClearedArray",
+    ),
     overrides: Mapping[str, Decoded] | None = None,
     fields: tuple[EventField, ...] = schema.FIELDS,
 ) -> Structs:
@@ -164,10 +168,10 @@ def build(
 
     Args:
         spec: The projection.
-        module: The ``__module__`` of the structs (where they can be pickled from).
-        prefix: Prefix of their class names.
-        names: Class names of the map-encoded structs (after the prefix); array-encoded
-            ones add ``Array``.
+        module: The ``__module__`` of the structs: bound there under ``names`` and
+            ``array_names``, they can be pickled.
+        names: Class names of the map-encoded structs.
+        array_names: Class names of the array-encoded structs.
         overrides: Field name → (annotation, default) for the map-encoded structs,
             over the spec's type (e.g. a vocabulary of literals).
         fields: The field table (default: :data:`kvtool.schema.FIELDS`).
@@ -198,7 +202,7 @@ def build(
         name: str, tag: str, flds: list[tuple[str, object, object]], code: int, array: bool
     ) -> type[msgspec.Struct]:
         return msgspec.defstruct(
-            prefix + name,
+            name,
             flds,
             module=module,
             namespace=namespace(code, {f[0] for f in flds}),
@@ -211,7 +215,8 @@ def build(
 
     maps: list[type[msgspec.Struct]] = []
     arrays: list[type[msgspec.Struct]] = []
-    for code, (kind, tag, name) in enumerate(zip(_KINDS, schema.EVENT_TAGS, names, strict=True)):
+    rows = zip(_KINDS, schema.EVENT_TAGS, names, array_names, strict=True)
+    for code, (kind, tag, name, array_name) in enumerate(rows):
         positions = {} if kind == "cleared" else schema.array_index(kind, fields)
         # Declared in array order, then the map-only fields in table order: the full
         # array structs read their fields positionally in declaration order.
@@ -224,7 +229,7 @@ def build(
             # The map struct read positionally (so isinstance holds for both encodings).
             arrays.append(
                 msgspec.defstruct(
-                    f"_{prefix}{name}Array",
+                    array_name,
                     [],
                     bases=(maps[-1],),
                     module=module,
@@ -242,7 +247,7 @@ def build(
             for n, pos in positions.items()
             if pos <= last
         ]
-        arrays.append(make(f"{name}Array", tag, flds, code, True))
+        arrays.append(make(array_name, tag, flds, code, True))
     return Structs((maps[0], maps[1], maps[2]), (arrays[0], arrays[1], arrays[2]))
 
 

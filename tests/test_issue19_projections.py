@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import pickle
 
 import msgspec
 import pytest
@@ -105,7 +106,17 @@ def test_issue19_every_projection_is_the_tables() -> None:
         assert cleared.__struct_fields__ == ()
     stored_arr = columns._LEAN_STRUCTS.array[0]
     assert stored_arr.__struct_fields__ == tuple(schema.array_index("stored"))
-    assert protocol.BlockStored.__module__ == "kvtool.protocol"
+    # Bound in their modules under their own names: every one pickles.
+    for structs in (
+        protocol._STRUCTS,
+        columns._LEAN_STRUCTS,
+        stats._STATUS,
+        inputs._LEARN_STRUCTS,
+    ):
+        for cls in (*structs.map, *structs.array):
+            assert pickle.loads(pickle.dumps(cls())) == cls()
+    vocab = columns._VOCAB_STRUCTS.map[0]
+    assert pickle.loads(pickle.dumps(vocab(medium="GPU"))) == vocab(medium="GPU")
 
 
 def test_issue19_the_type_checking_stubs_are_the_generated_structs() -> None:

@@ -15,7 +15,14 @@ from kvtool.protocol import BatchProjection, decode_batch, event_type
 
 # The status projection (kvtool.schema's "status" fields; kvtool.projections makes the
 # structs): every struct answers group_idx and kv_cache_spec_kind, and carries type_code.
-_STATUS = projections.build(projections.STATUS, module=__name__, prefix="_Status")
+_STATUS = projections.build(
+    projections.STATUS,
+    module=__name__,
+    names=("_SStored", "_SRemoved", "_SCleared"),
+    array_names=("_SStoredA", "_SRemovedA", "_SClearedA"),
+)
+_SStored, _SRemoved, _SCleared = _STATUS.map
+_SStoredA, _SRemovedA, _SClearedA = _STATUS.array
 _STAT_KEY = operator.attrgetter("type_code", "group_idx", "kv_cache_spec_kind")
 
 _STATS = BatchProjection("stats", _STATUS.map_union, _STATUS.array_union, gc=False)
