@@ -66,6 +66,9 @@ class Spec:
             its event type lacks is a class attribute holding the default) and carries
             ``type_code`` (0 stored, 1 removed, 2 cleared), so that one ``attrgetter``
             reads any event.
+        positional: Whether each array-encoded struct is its map-encoded one read
+            positionally (a subclass, so ``isinstance`` holds for both encodings; every
+            field declared) rather than the positions up to the last field read.
     """
 
     name: Projection
@@ -73,6 +76,7 @@ class Spec:
     frozen: bool = False
     gc: bool = True
     uniform: bool = False
+    positional: bool = False
 
 
 FULL = Spec(
@@ -90,6 +94,7 @@ FULL = Spec(
         "any": _OBJECT,
     },
     frozen=True,
+    positional=True,
 )
 LEAN = Spec(
     "lean",
@@ -225,8 +230,7 @@ def build(
         maps.append(
             make(name, tag, [_field(n, over.get(n) or decoded(n)) for n in wanted], code, False)
         )
-        if spec.name == "full":
-            # The map struct read positionally (so isinstance holds for both encodings).
+        if spec.positional:
             arrays.append(
                 msgspec.defstruct(
                     array_name,
