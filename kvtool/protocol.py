@@ -32,8 +32,8 @@ _STRUCTS = projections.build(projections.FULL, module=__name__)
 
 if TYPE_CHECKING:
     # What mypy sees. At run time the structs are generated from kvtool.schema's table
-    # (kvtool.projections); tests/test_protocol.py checks that every field named here is
-    # the generated one, in its order, with its type and default.
+    # (kvtool.projections); tests/test_issue19_projections.py checks that every field here
+    # is the generated one, in its order, with its type and default.
     class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True):
         """Blocks newly cached (or re-announced) in one KV cache group.
 
