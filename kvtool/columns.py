@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, compress
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import polars as pl
@@ -66,7 +66,7 @@ try:  # optional: numpy makes the byte-level parsing of hashes and token counts 
 except ImportError:  # pragma: no cover - exercised by tests that hide numpy
     np = None  # type: ignore[assignment]
 
-from kvtool import protocol
+from kvtool import projections, protocol
 from kvtool.annotate import KINDS, Annotation, GroupLearner, GroupTable, KindWindow
 from kvtool.errors import KvtoolError, ProtocolError
 from kvtool.inputs import MergeFindings, merge_messages, resolve_annotation
@@ -129,89 +129,23 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 
 # -- the lean decoder ------------------------------------------------------------------------
 
-_EMPTY = msgspec.Raw(b"\x90")
-_NO_TOKENS = _EMPTY
-_NIL = msgspec.Raw(b"\xc0")
+# The lean projection (kvtool.schema's "lean" fields; kvtool.projections makes the structs):
+# block_hashes and token_ids stay Raw, and fields the table does not use are skipped.
+# Every struct answers every lean field (a field its type lacks is a class attribute)
+# and carries type_code (STORED, REMOVED, CLEARED).
+_LEAN_STRUCTS = projections.build(
+    projections.LEAN,
+    module=__name__,
+    names=("_Stored", "_Removed", "_Cleared"),
+    array_names=("_StoredArrayLayout", "_RemovedArrayLayout", "_ClearedArrayLayout"),
+)
+_Stored, _Removed, _Cleared = _LEAN_STRUCTS.map
+# Array-encoded events (vLLM <= 0.23): every position up to the last lean field.
+_StoredArrayLayout, _RemovedArrayLayout, _ClearedArrayLayout = _LEAN_STRUCTS.array
 
-
-class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True, gc=False):
-    type_code: ClassVar[int] = STORED
-    block_hashes: msgspec.Raw = _EMPTY
-    token_ids: msgspec.Raw = _NO_TOKENS
-    medium: str | None = None
-    group_idx: protocol.Int64 | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: protocol.Int64 | None = None
-
-
-class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
-    type_code: ClassVar[int] = REMOVED
-    block_hashes: msgspec.Raw = _EMPTY
-    medium: str | None = None
-    group_idx: protocol.Int64 | None = None
-    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
-    kv_cache_spec_kind: ClassVar[None] = None
-    kv_cache_spec_sliding_window: ClassVar[None] = None
-
-
-class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False):
-    type_code: ClassVar[int] = CLEARED
-    block_hashes: ClassVar[msgspec.Raw] = _EMPTY
-    medium: ClassVar[None] = None
-    group_idx: ClassVar[None] = None
-    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
-    kv_cache_spec_kind: ClassVar[None] = None
-    kv_cache_spec_sliding_window: ClassVar[None] = None
-
-
-# Array-encoded events (vLLM <= 0.23): every declared field in order, see
-# protocol.STORED_ARRAY_INDEX; fields the table does not use stay undecoded (Raw).
-class _StoredArrayLayout(
-    msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", frozen=True, gc=False
-):
-    type_code: ClassVar[int] = STORED
-    block_hashes: msgspec.Raw = _EMPTY
-    parent_block_hash: msgspec.Raw = _NIL
-    token_ids: msgspec.Raw = _NO_TOKENS
-    block_size: msgspec.Raw = _NIL
-    lora_id: msgspec.Raw = _NIL
-    medium: str | None = None
-    lora_name: msgspec.Raw = _NIL
-    extra_keys: msgspec.Raw = _NIL
-    group_idx: protocol.Int64 | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: protocol.Int64 | None = None
-
-
-class _RemovedArrayLayout(
-    msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", frozen=True, gc=False
-):
-    type_code: ClassVar[int] = REMOVED
-    block_hashes: msgspec.Raw = _EMPTY
-    medium: str | None = None
-    group_idx: protocol.Int64 | None = None
-    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
-    kv_cache_spec_kind: ClassVar[None] = None
-    kv_cache_spec_sliding_window: ClassVar[None] = None
-
-
-class _ClearedArrayLayout(
-    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", frozen=True, gc=False
-):
-    type_code: ClassVar[int] = CLEARED
-    block_hashes: ClassVar[msgspec.Raw] = _EMPTY
-    medium: ClassVar[None] = None
-    group_idx: ClassVar[None] = None
-    token_ids: ClassVar[msgspec.Raw] = _NO_TOKENS
-    kv_cache_spec_kind: ClassVar[None] = None
-    kv_cache_spec_sliding_window: ClassVar[None] = None
-
-
-_LeanMap = _Stored | _Removed | _Cleared
-_LeanArray = _StoredArrayLayout | _RemovedArrayLayout | _ClearedArrayLayout
-
-
-_LEAN = protocol.BatchProjection("lean", _LeanMap, _LeanArray, gc=False)
+_LEAN = protocol.BatchProjection(
+    "lean", _LEAN_STRUCTS.map_union, _LEAN_STRUCTS.array_union, gc=False
+)
 
 # The media and kinds vLLM sends (PROTOCOL.md, annotate.KINDS). Decoded as literals they
 # are shared strings, not one new string per event: decoding, reading and freeing them
@@ -222,18 +156,16 @@ if TYPE_CHECKING:
 else:
     _Kind = Literal[KINDS]  # the one list of kinds (annotate.KINDS)
 
-
-class _VocabStored(_Stored, tag_field="type", tag="BlockStored", frozen=True, gc=False):
-    medium: _Medium | None = None
-    kv_cache_spec_kind: _Kind | None = None
-
-
-class _VocabRemoved(_Removed, tag_field="type", tag="BlockRemoved", frozen=True, gc=False):
-    medium: _Medium | None = None
-
-
+_VOCAB_STRUCTS = projections.build(
+    projections.LEAN,
+    module=__name__,
+    names=("_VocabStored", "_VocabRemoved", "_VocabCleared"),
+    overrides={"medium": (_Medium | None, None), "kv_cache_spec_kind": (_Kind | None, None)},
+)
+_VocabStored, _VocabRemoved, _VocabCleared = _VOCAB_STRUCTS.map
+# Array-encoded events have no vocabulary decoder: they read as lean.
 _VOCAB = protocol.BatchProjection(
-    "vocab", _VocabStored | _VocabRemoved | _Cleared, _LeanArray, gc=False
+    "vocab", _VOCAB_STRUCTS.map_union, _LEAN_STRUCTS.array_union, gc=False
 )
 _VOCAB_BACKOFF = 64
 """Blocks decoded with the str decoder alone after the vocabulary decoder failed one."""

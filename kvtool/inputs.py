@@ -31,9 +31,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-
-from kvtool import protocol
+from kvtool import projections, protocol
 from kvtool.annotate import (
     Annotation,
     GroupLearner,
@@ -179,59 +177,19 @@ def _merge_heap(
 
 # -- learning the annotation from the whole input -------------------------------------------
 
-_RAW_NIL = msgspec.Raw(b"\xc0")
-
-
-class _LearnStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    group_idx: protocol.Int64 | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: protocol.Int64 | None = None
-    block_size: object = None
-
-
-class _LearnRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    pass
-
-
-class _LearnCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    pass
-
-
-class _LearnStoredArray(
-    msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", gc=False
-):
-    block_hashes: msgspec.Raw = _RAW_NIL
-    parent_block_hash: msgspec.Raw = _RAW_NIL
-    token_ids: msgspec.Raw = _RAW_NIL
-    block_size: object = None
-    lora_id: msgspec.Raw = _RAW_NIL
-    medium: msgspec.Raw = _RAW_NIL
-    lora_name: msgspec.Raw = _RAW_NIL
-    extra_keys: msgspec.Raw = _RAW_NIL
-    group_idx: protocol.Int64 | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: protocol.Int64 | None = None
-
-
-# Array-encoded removes and clears: every element past the tag is ignored.
-class _LearnRemovedArray(
-    msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", gc=False
-):
-    pass
-
-
-class _LearnClearedArray(
-    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", gc=False
-):
-    pass
-
-
-# Only (group_idx, kind, window) of stores: hashes and tokens are skipped undecoded.
+# The learner's projection (kvtool.schema's "learner" fields; kvtool.projections makes the
+# structs): only (group_idx, kind, window, block_size) of stores; hashes and tokens are
+# skipped undecoded, and every element of a remove or clear past its tag is ignored.
+_LEARN_STRUCTS = projections.build(
+    projections.LEARNER,
+    module=__name__,
+    names=("_LearnStored", "_LearnRemoved", "_LearnCleared"),
+    array_names=("_LearnStoredArray", "_LearnRemovedArray", "_LearnClearedArray"),
+)
+_LearnStored, _LearnRemoved, _LearnCleared = _LEARN_STRUCTS.map
+_LearnStoredArray, _LearnRemovedArray, _LearnClearedArray = _LEARN_STRUCTS.array
 _LEARN = protocol.BatchProjection(
-    "learn",
-    _LearnStored | _LearnRemoved | _LearnCleared,
-    _LearnStoredArray | _LearnRemovedArray | _LearnClearedArray,
-    gc=False,
+    "learn", _LEARN_STRUCTS.map_union, _LEARN_STRUCTS.array_union, gc=False
 )
 
 

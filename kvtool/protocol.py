@@ -12,118 +12,101 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from kvtool import schema
+from kvtool import projections, schema
 from kvtool.errors import ProtocolError
+from kvtool.projections import Hash, Int64
 from kvtool.text import printable
 
-Hash = int | bytes
-"""``ExternalBlockHash``: a 64-bit int (signed in old vLLM and SGLang) or raw sha256 bytes."""
-
 EVENT_TYPES = schema.EVENT_TAGS
-
-Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
-"""``group_idx`` and ``kv_cache_spec_sliding_window`` as every projection decodes them.
-
-msgpack ints reach 2**64 - 1, but kvtool's table keeps these fields as int64: a value
-outside int64 makes its event malformed (skipped and named, in every command alike),
-never a null that would merge distinct groups (issue 24).
-"""
 
 # Array index of each field inside an array-encoded event (index 0 is the tag), from
 # the one field table (kvtool.schema).
 STORED_ARRAY_INDEX = schema.array_index("stored")
 REMOVED_ARRAY_INDEX = schema.array_index("removed")
 
+_STRUCTS = projections.build(projections.FULL, module=__name__)
 
-class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True):
-    """Blocks newly cached (or re-announced) in one KV cache group.
+if TYPE_CHECKING:
+    # What mypy sees. At run time the structs are generated from kvtool.schema's table
+    # (kvtool.projections); tests/test_issue19_projections.py checks that every field here
+    # is the generated one, in its order, with its type and default.
+    class BlockStored(msgspec.Struct, tag_field="type", tag="BlockStored", frozen=True):
+        """Blocks newly cached (or re-announced) in one KV cache group.
 
-    Attributes:
-        block_hashes: One hash per stored block (may be empty).
-        parent_block_hash: Hash of the block before the first one, if any.
-        token_ids: Every token of the newly cached range (SGLang EAGLE: pairs).
-        block_size: Tokens per block (for a partial store, the tokens in it).
-        lora_id: Deprecated LoRA id.
-        medium: ``GPU``, ``CPU``, ``STORAGE`` … (vLLM >= 0.11).
-        lora_name: LoRA adapter name (SGLang's array layout has a map here).
-        extra_keys: Per-block extra hash keys (vLLM >= 0.17).
-        group_idx: KV cache group index (vLLM >= 0.21).
-        kv_cache_spec_kind: Kind of the group's KV cache spec (vLLM >= 0.22).
-        kv_cache_spec_sliding_window: Sliding window of the group's spec, if any.
-        locality: ``LOCAL`` or ``REMOTE`` (vLLM >= 0.26).
-        ownership: Owner of the blocks (vLLM >= 0.29).
-        session_id: Session the request belongs to (vLLM >= 0.28).
-        lookahead_token_ids: Speculative lookahead tokens per block (vLLM 0.33).
-        cache_salt: The salt the block hashes are namespaced by (SGLang 0.5.23 map
-            events; its array layout puts a ``{cache_salt}`` map at ``lora_name``).
-    """
+        Attributes:
+            block_hashes: One hash per stored block (may be empty).
+            parent_block_hash: Hash of the block before the first one, if any.
+            token_ids: Every token of the newly cached range (SGLang EAGLE: pairs).
+            block_size: Tokens per block (for a partial store, the tokens in it).
+            lora_id: Deprecated LoRA id.
+            medium: ``GPU``, ``CPU``, ``STORAGE`` … (vLLM >= 0.11).
+            lora_name: LoRA adapter name (SGLang's array layout has a map here).
+            extra_keys: Per-block extra hash keys (vLLM >= 0.17).
+            group_idx: KV cache group index (vLLM >= 0.21).
+            kv_cache_spec_kind: Kind of the group's KV cache spec (vLLM >= 0.22).
+            kv_cache_spec_sliding_window: Sliding window of the group's spec, if any.
+            locality: ``LOCAL`` or ``REMOTE`` (vLLM >= 0.26).
+            ownership: Owner of the blocks (vLLM >= 0.29).
+            session_id: Session the request belongs to (vLLM >= 0.28).
+            lookahead_token_ids: Speculative lookahead tokens per block (vLLM 0.33).
+            cache_salt: The salt the block hashes are namespaced by (SGLang 0.5.23 map
+                events; its array layout puts a ``{cache_salt}`` map at ``lora_name``).
+        """
 
-    block_hashes: list[Hash] = msgspec.field(default_factory=list)
-    # Fields kvtool only passes through are typed loosely, so a value of an unexpected
-    # type (SGLang's array layout has a {cache_salt} map at lora_name) never costs the
-    # event: every command then sees the same events as the report's lean decoder.
-    parent_block_hash: object = None
-    token_ids: list[object] = msgspec.field(default_factory=list)
-    block_size: object = None
-    lora_id: object = None
-    medium: str | None = None
-    lora_name: object = None
-    extra_keys: object = None
-    group_idx: Int64 | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: Int64 | None = None
-    locality: object = None
-    ownership: object = None
-    session_id: object = None
-    lookahead_token_ids: object = None
-    cache_salt: object = None
+        block_hashes: list[Hash] = msgspec.field(default_factory=list)
+        parent_block_hash: object = None
+        token_ids: list[object] = msgspec.field(default_factory=list)
+        block_size: object = None
+        lora_id: object = None
+        medium: str | None = None
+        lora_name: object = None
+        extra_keys: object = None
+        group_idx: Int64 | None = None
+        kv_cache_spec_kind: str | None = None
+        kv_cache_spec_sliding_window: Int64 | None = None
+        locality: object = None
+        ownership: object = None
+        session_id: object = None
+        lookahead_token_ids: object = None
+        cache_salt: object = None
 
+    class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True):
+        """Cached blocks evicted (one event per hash in vLLM) — no kind, no window.
 
-class BlockRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", frozen=True):
-    """Cached blocks evicted (one event per hash in vLLM) — no kind, no window.
+        Attributes:
+            block_hashes: Hashes of the removed blocks.
+            medium: Where they were cached.
+            group_idx: KV cache group index (vLLM >= 0.21).
+            locality: ``LOCAL`` or ``REMOTE``.
+            ownership: Owner of the blocks.
+        """
 
-    Attributes:
-        block_hashes: Hashes of the removed blocks.
-        medium: Where they were cached.
-        group_idx: KV cache group index (vLLM >= 0.21).
-        locality: ``LOCAL`` or ``REMOTE``.
-        ownership: Owner of the blocks.
-    """
+        block_hashes: list[Hash] = msgspec.field(default_factory=list)
+        medium: str | None = None
+        group_idx: Int64 | None = None
+        locality: object = None
+        ownership: object = None
 
-    block_hashes: list[Hash] = msgspec.field(default_factory=list)
-    medium: str | None = None
-    group_idx: Int64 | None = None
-    locality: object = None
-    ownership: object = None
+    class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True):
+        """The whole prefix cache was reset."""
+else:
+    BlockStored, BlockRemoved, AllBlocksCleared = _STRUCTS.map
+    BlockStored.__doc__ = "Blocks newly cached (or re-announced) in one KV cache group."
+    BlockRemoved.__doc__ = "Cached blocks evicted (one event per hash in vLLM): no kind, no window."
+    AllBlocksCleared.__doc__ = "The whole prefix cache was reset."
 
-
-class AllBlocksCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", frozen=True):
-    """The whole prefix cache was reset."""
-
-
-class _BlockStoredArray(BlockStored, array_like=True, tag="BlockStored", frozen=True):
-    """``BlockStored`` as vLLM <= 0.23 encoded it: ``[tag, field, …]``."""
-
-
-class _BlockRemovedArray(BlockRemoved, array_like=True, tag="BlockRemoved", frozen=True):
-    """``BlockRemoved`` as vLLM <= 0.23 encoded it."""
-
-
-class _AllBlocksClearedArray(
-    AllBlocksCleared, array_like=True, tag="AllBlocksCleared", frozen=True
-):
-    """``AllBlocksCleared`` as vLLM <= 0.23 encoded it."""
-
+# The array-encoded structs (vLLM <= 0.23: ``[tag, field, …]``) subclass the map ones.
+_BlockStoredArray, _BlockRemovedArray, _AllBlocksClearedArray = _STRUCTS.array
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 EventEncoding = Literal["map", "array"]
 
-_MapEvent = BlockStored | BlockRemoved | AllBlocksCleared
-_ArrayEvent = _BlockStoredArray | _BlockRemovedArray | _AllBlocksClearedArray
+_MapEvent = _STRUCTS.map_union
+_ArrayEvent = _STRUCTS.array_union
 
 
 class _ArrayBatchRaw(msgspec.Struct, array_like=True):

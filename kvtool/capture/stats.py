@@ -9,72 +9,23 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from typing import ClassVar
 
-import msgspec
-
+from kvtool import projections
 from kvtool.protocol import BatchProjection, decode_batch, event_type
 
+# The status projection (kvtool.schema's "status" fields; kvtool.projections makes the
+# structs): every struct answers group_idx and kv_cache_spec_kind, and carries type_code.
+_STATUS = projections.build(
+    projections.STATUS,
+    module=__name__,
+    names=("_SStored", "_SRemoved", "_SCleared"),
+    array_names=("_SStoredA", "_SRemovedA", "_SClearedA"),
+)
+_SStored, _SRemoved, _SCleared = _STATUS.map
+_SStoredA, _SRemovedA, _SClearedA = _STATUS.array
+_STAT_KEY = operator.attrgetter("type_code", "group_idx", "kv_cache_spec_kind")
 
-class _SStored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemoved(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SCleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-def _raw() -> msgspec.Raw:
-    return msgspec.Raw()
-
-
-class _SStoredA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockStored", gc=False):
-    code: ClassVar[int] = 0
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f3: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f4: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f5: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f6: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f7: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f8: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-
-
-class _SRemovedA(msgspec.Struct, array_like=True, tag_field="type", tag="BlockRemoved", gc=False):
-    code: ClassVar[int] = 1
-    f1: msgspec.Raw = msgspec.field(default_factory=_raw)
-    f2: msgspec.Raw = msgspec.field(default_factory=_raw)
-    group_idx: int | None = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-class _SClearedA(
-    msgspec.Struct, array_like=True, tag_field="type", tag="AllBlocksCleared", gc=False
-):
-    code: ClassVar[int] = 2
-    group_idx: ClassVar[None] = None
-    kv_cache_spec_kind: ClassVar[None] = None
-
-
-_STAT_KEY = operator.attrgetter("code", "group_idx", "kv_cache_spec_kind")
-
-_SMap = _SStored | _SRemoved | _SCleared
-_SArr = _SStoredA | _SRemovedA | _SClearedA
-
-
-_STATS = BatchProjection("stats", _SMap, _SArr, gc=False)
+_STATS = BatchProjection("stats", _STATUS.map_union, _STATUS.array_union, gc=False)
 
 # (type, group_idx, kind) per event; type 0 stored, 1 removed, 2 cleared
 EvStat = tuple[int, int | None, str | None]
