@@ -71,7 +71,6 @@ FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA = 1, 2, 4
 
 _EMPTY = -1
 _PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
-_FOURFOLD = 1 << 22  # slots: the table grows fourfold below this size, then twofold
 _UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
 
 
@@ -296,10 +295,7 @@ class State:
         need = self.keys + stores
         if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
             while 10 * need > 7 * cap:
-                # Fourfold up to 4 M slots (228 MB), then twofold: fewer rehashes (each
-                # moves every key) of a table that grows chunk by chunk, and above that
-                # size the same tables as doubling.
-                cap *= 4 if cap < _FOURFOLD else 2
+                cap *= 2
             new = _table(cap)
             _rehash(self.table, new, self.channels.head, self.entries, self.meta)
             self.table = new
