@@ -1641,7 +1641,7 @@ def iter_raw_chunks(
             if ledger is not None:
                 # Issue 23: a tail the replay socket never confirmed may be missing too;
                 # it is said (and exits 3) as lost batches are.
-                from kvtool.info import unconfirmed_lines, unconfirmed_tails
+                from kvtool.recording.unconfirmed import unconfirmed_lines, unconfirmed_tails
 
                 st.lost += unconfirmed_lines(str(reader.path), unconfirmed_tails(ledger))
     finally:

@@ -184,8 +184,8 @@ def missing_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     Returns:
         Per recording, its lost-batches line, then its unconfirmed-tails line.
     """
-    from kvtool.info import unconfirmed_lines, unconfirmed_tails
     from kvtool.recording.reader import open_recording
+    from kvtool.recording.unconfirmed import unconfirmed_lines, unconfirmed_tails
 
     out: list[str] = []
     for path in paths:
