@@ -31,7 +31,6 @@ Spec descriptions are turned into kind and window as ``get_kv_cache_spec_kind`` 
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +40,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from kvtool.errors import MetadataError
+from kvtool.poolsize import read_groups_json
 from kvtool.protocol import BlockStored, Event, KVEventBatch
 
 if TYPE_CHECKING:
@@ -514,16 +514,7 @@ def load_groups_file(path: str | os.PathLike[str]) -> GroupTable:
         MetadataError: The file cannot be read, is not JSON, or is not a valid table.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        raise MetadataError(f"{name}: cannot read groups file: {err.strerror}") from err
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MetadataError(f"{name}: groups file is not JSON: {err}") from err
-    return groups_from_list(obj, source=name)
+    return groups_from_list(read_groups_json(name), source=name)
 
 
 def _ascii_int(text: str) -> bool:

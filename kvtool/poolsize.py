@@ -75,6 +75,36 @@ def pool_blocks_of(obj: object, *, source: str) -> int | None:
     return next(iter(found.values()), None)
 
 
+def read_groups_json(path: str | os.PathLike[str]) -> object:
+    """Read and parse a ``--groups`` file, unvalidated.
+
+    The one reader both the group table and the pool size use, so a file that cannot be
+    parsed says so the same way for both.
+
+    Args:
+        path: The groups file.
+
+    Returns:
+        The parsed JSON value.
+
+    Raises:
+        MetadataError: The file cannot be read or is not JSON (including a number past
+            Python's digit limit and nesting past the recursion limit).
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise MetadataError(f"{name}: cannot read groups file: {err.strerror}") from err
+    try:
+        return json.loads(data)
+    # ValueError covers JSONDecodeError and int's digit limit; RecursionError deep nesting.
+    except (ValueError, RecursionError) as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise MetadataError(f"{name}: groups file is not JSON: {reason}") from err
+
+
 def groups_file_pool_blocks(path: str | os.PathLike[str]) -> int | None:
     """Return the pool size a ``--groups`` file carries, or None.
 
@@ -88,14 +118,7 @@ def groups_file_pool_blocks(path: str | os.PathLike[str]) -> int | None:
         MetadataError: The file cannot be read, is not JSON, or carries a bad pool size.
     """
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            obj = json.loads(f.read())
-    except OSError as err:
-        raise MetadataError(f"{name}: cannot read groups file: {err.strerror}") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MetadataError(f"{name}: groups file is not JSON: {err}") from err
-    return pool_blocks_of(obj, source=name)
+    return pool_blocks_of(read_groups_json(name), source=name)
 
 
 def recording_pool_blocks(path: str | os.PathLike[str]) -> int | None:
@@ -184,6 +207,7 @@ __all__ = [
     "PoolSize",
     "groups_file_pool_blocks",
     "pool_blocks_of",
+    "read_groups_json",
     "recording_pool_blocks",
     "resolve_pool_blocks",
     "valid_pool_blocks",

@@ -597,3 +597,27 @@ def test_wire_annotation_equals_struct_annotation(
         event_to_builtins(e) for e in by_struct.events
     ]
     assert [f"Group index `{i}` not in KV cache metadata" for i in bad] == warnings
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        '[{"group_idx": 0, "kind": "full_attention", "num_gpu_blocks": 1' + "0" * 5000 + "}]",
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=["past-int-digit-limit", "nested-past-recursion-limit"],
+)
+@pytest.mark.parametrize("command", ["report", "export", "replay"])
+def test_unparsable_groups_file_is_one_line_exit_2(
+    tmp_path: Path, payload: str, command: str
+) -> None:
+    """A groups file json cannot turn into values is "not JSON", not an internal error."""
+    f = tmp_path / "g.json"
+    f.write_text(payload)
+    rec = Path(__file__).parent / "data" / "recordings" / "full_only-v1.mcap"
+    extra = {"report": [], "export": ["-o", str(tmp_path / "t.parquet")], "replay": ["--annotate"]}
+    result = CliRunner().invoke(app, [command, str(rec), *extra[command], "--groups", str(f)])
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"kvtool: {f}: groups file is not JSON: "), result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output

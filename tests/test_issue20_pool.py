@@ -97,3 +97,36 @@ def test_a_bad_pool_size_in_a_groups_file_is_one_line_exit_2(tmp_path: Path, bad
     assert r.exit_code == 2 and r.stdout == ""
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "num_gpu_blocks" in line and str(groups) in line
+
+
+@pytest.mark.parametrize("n", [str(2**40 + 1), "99999999999999999999999"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", str(GEMMA3)],
+        ["record", "tcp://127.0.0.1:1", "-o", "never.mcap"],
+        ["serve", "tcp://127.0.0.1:1"],
+    ],
+    ids=["report", "record", "serve"],
+)
+def test_pool_blocks_past_the_recordings_bound_is_refused(command: list[str], n: str) -> None:
+    """--pool-blocks stops where the recording's context record does (2**40), for all three."""
+    r = runner.invoke(app, [*command, "--pool-blocks", n])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert f"'--pool-blocks': Input should be less than or equal to {2**40}" in r.stderr
+    assert not Path("never.mcap").exists()
+
+
+def test_what_if_percent_obeys_the_cap_on_blocks() -> None:
+    """+P% of a large pool is capped as +K blocks is: one line, exit 2, not an overflow."""
+    r = runner.invoke(
+        app, ["report", str(GEMMA3), "--pool-blocks", str(2**40), "--what-if", "+10%"]
+    )
+    assert r.exit_code == 2 and r.stdout == "", r.stderr
+    assert r.stderr == (
+        f"kvtool: --what-if +10%: more than +2,147,483,647 blocks for a pool of {2**40:,} "
+        "(a pool is far smaller)\n"
+    )
+    huge = "+" + "9" * 400 + "%"
+    r = runner.invoke(app, ["report", str(GEMMA3), "--pool-blocks", "600", "--what-if", huge])
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from kvtool.poolsize import MAX_POOL_BLOCKS, MIN_POOL_BLOCKS
+
 Since = Annotated[
     str | None,
     typer.Option(
@@ -116,3 +118,17 @@ PlaySpeed = Annotated[
     ),
 ]
 """``top``/``serve FILE.mcap --speed X``."""
+PoolBlocks = Annotated[
+    int | None,
+    typer.Option(
+        "--pool-blocks",
+        min=MIN_POOL_BLOCKS,
+        max=MAX_POOL_BLOCKS,
+        metavar="N",
+        show_default=False,
+        help="The engine's num_gpu_blocks (vllm:cache_config_info): record stores it in the "
+        "recording's metadata (else a --groups file's num_gpu_blocks); report gives live and "
+        "peak blocks as a share of it and +P% for --what-if (default: a --groups file's, else "
+        "the recording's); serve's occupancy is live / (N - 1), block 0 being vLLM's null block.",
+    ),
+]

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import Env, examples, get_env, parse_duration_ns
-from kvtool.commands._options import DpSize, ReplayEndpoints, ReplayTimeout, Topic
+from kvtool.commands._options import DpSize, PoolBlocks, ReplayEndpoints, ReplayTimeout, Topic
 from kvtool.endpoints import expand_endpoints
 from kvtool.errors import ExitStatus, RecordingError, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout
@@ -62,18 +62,7 @@ def record(
             "get_kv_cache_group_metadata() returns.",
         ),
     ] = None,
-    pool_blocks: Annotated[
-        int | None,
-        typer.Option(
-            "--pool-blocks",
-            min=2,
-            metavar="N",
-            show_default=False,
-            help="The engine's num_gpu_blocks (vllm:cache_config_info), stored in the "
-            "recording's metadata for report's pool shares and --what-if +P% (a --groups "
-            "file's num_gpu_blocks is stored when this is not given).",
-        ),
-    ] = None,
+    pool_blocks: PoolBlocks = None,
     force: Annotated[
         bool,
         typer.Option("--force", help="Replace an existing file (when the first batch arrives)."),

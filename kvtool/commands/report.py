@@ -19,7 +19,15 @@ from kvtool.commands import (
     missing_batches,
     parse_duration_ns,
 )
-from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
+from kvtool.commands._options import (
+    Channels,
+    GroupMeta,
+    GroupsFile,
+    PoolBlocks,
+    Ranks,
+    Since,
+    Until,
+)
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
 from kvtool.text import printable
@@ -183,18 +191,7 @@ def report(
             "--plot then draws recomputed blocks against pool size.",
         ),
     ] = None,
-    pool_blocks: Annotated[
-        int | None,
-        typer.Option(
-            "--pool-blocks",
-            min=2,
-            metavar="N",
-            show_default=False,
-            help="The engine's num_gpu_blocks (vllm:cache_config_info): live and peak "
-            "blocks as a share of it, and +P% for --what-if (default: a --groups file's "
-            "num_gpu_blocks, else the recording's, from record --pool-blocks).",
-        ),
-    ] = None,
+    pool_blocks: PoolBlocks = None,
 ) -> ExitStatus:
     """Report, per KV cache kind, sliding window and group, what was stored and evicted.
 

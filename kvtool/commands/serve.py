@@ -13,6 +13,7 @@ from kvtool.commands._options import (
     DpSize,
     ForceRecord,
     PlaySpeed,
+    PoolBlocks,
     RecordAlso,
     ReplayEndpoints,
     ReplayTimeout,
@@ -56,16 +57,6 @@ MaxSeries = Annotated[
         min=1,
         metavar="N",
         help="Label sets kept per metric; the rest are served as 'other'.",
-    ),
-]
-PoolBlocks = Annotated[
-    int | None,
-    typer.Option(
-        "--pool-blocks",
-        min=2,
-        metavar="N",
-        help="The KV cache pool size in blocks of each rank (num_gpu_blocks; block 0 is "
-        "vLLM's null block, so occupancy is live / (N - 1), as report --pool-blocks says).",
     ),
 ]
 

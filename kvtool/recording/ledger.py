@@ -32,6 +32,7 @@ from typing import Annotated
 
 import msgspec
 
+from kvtool.poolsize import MAX_POOL_BLOCKS, MIN_POOL_BLOCKS
 from kvtool.recording import format as fmt
 
 Seq = Annotated[int, msgspec.Meta(ge=0)]
@@ -283,7 +284,7 @@ class RecordingContext(msgspec.Struct, kw_only=True):
     topic: Name | None = None
     bind: bool | None = None
     history: bool | None = None
-    pool_blocks: Annotated[int, msgspec.Meta(ge=2, le=2**40)] | None = None
+    pool_blocks: Annotated[int, msgspec.Meta(ge=MIN_POOL_BLOCKS, le=MAX_POOL_BLOCKS)] | None = None
 
     def to_json(self) -> dict[str, object]:
         """Return the record's values: the fields that are set.

@@ -69,12 +69,22 @@ class Extra:
 
         Returns:
             The extra blocks, or None when a percentage meets an unknown pool size.
+
+        Raises:
+            UsageError: The percentage comes to more than ``MAX_EXTRA_BLOCKS``, the cap on
+                K given in blocks.
         """
         if self.blocks is not None:
             return self.blocks
         if pool_blocks is None or self.percent is None:
             return None
-        return round(pool_blocks * self.percent / 100.0)
+        k = pool_blocks * self.percent / 100.0
+        if not k <= MAX_EXTRA_BLOCKS:  # also catches an infinite percentage
+            raise UsageError(
+                f"--what-if {self.text}: more than +{MAX_EXTRA_BLOCKS:,} blocks for a pool of "
+                f"{pool_blocks:,} (a pool is far smaller)"
+            )
+        return round(k)
 
 
 def parse_what_if(text: str) -> list[Extra]:
