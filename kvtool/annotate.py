@@ -587,7 +587,7 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         if win_s and win_s.lower() not in ("none", "null"):
             if not _ascii_int(win_s):
                 raise MetadataError(
-                    f"--group-meta {flag!r}: window {win_s!r} is not an integer; {hint}"
+                    f"--group-meta {flag!r}: window {win_s!r} is not a non-negative integer; {hint}"
                 )
             window = int(win_s)
             if not _is_i64(window):

@@ -327,7 +327,7 @@ def test_parse_group_flags() -> None:
         ("full_attention", "expected IDX=KIND"),
         ("x=full_attention", "expected IDX=KIND"),
         ("0=", "expected IDX=KIND"),
-        ("1=sliding_window:wide", "window 'wide' is not an integer"),
+        ("1=sliding_window:wide", "window 'wide' is not a non-negative integer"),
     ],
 )
 def test_parse_group_flags_rejects(flag: str, match: str) -> None:

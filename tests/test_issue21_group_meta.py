@@ -45,7 +45,7 @@ def test_issue21_group_meta_none_parses() -> None:
         (["none=ful_attention"], "not a KV cache kind"),
         (["none=full_attention", "none=mamba"], "group none is given twice"),
         (["none="], "expected IDX=KIND"),
-        (["none=sliding_window:x"], "is not an integer"),
+        (["none=sliding_window:x"], "is not a non-negative integer"),
     ],
 )
 def test_issue21_group_meta_none_is_validated(flags: list[str], match: str) -> None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -93,9 +92,7 @@ def test_issue23_sink_recorder_counts_events_without_the_status_decode(tmp_path:
             sink=lambda _c, seq, _p, _t: seen.append(seq),
             status_decode=False,
         )
-        t0 = time.monotonic()
         res = rec.run()
-        assert time.monotonic() - t0 < 60
     total = sum(len(e) for e in (peer_events(p) for _, _, p in msgs))
     assert seen == list(range(len(msgs)))
     assert (res.stats.events, res.stats.unsampled) == (total, 0)

@@ -188,7 +188,7 @@ def missing_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
     from kvtool.recording.unconfirmed import unconfirmed_lines, unconfirmed_tails
 
     out: list[str] = []
-    for path in paths:
+    for path in dict.fromkeys(str(os.fspath(p)) for p in paths):  # a path given twice is said once
         out += lost_batches([path])
         try:
             with open_recording(path) as reader:
