@@ -39,3 +39,37 @@ def capture_truth(name: str) -> dict:
 def capture(request: pytest.FixtureRequest) -> str:
     """Each capture's name in turn."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def unconfirmed_recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
+    """The last 10 seqs dropped live; the replay answers 3 of them and never ends."""
+    from typer.testing import CliRunner
+
+    from kvtool.cli import app
+    from tests.peer import Peer
+
+    msgs = capture_messages("gemma3")
+    n = len(msgs)
+    out = tmp_path_factory.mktemp("unconfirmed") / "r.mcap"
+    with Peer(
+        msgs, drop=set(range(n - 10, n)), replay_mode="cut", replay_cut=3, answer_limit=1
+    ) as peer:
+        res = CliRunner().invoke(
+            app,
+            [
+                "record",
+                peer.endpoint,
+                "--replay-endpoint",
+                peer.replay_endpoint or "",
+                "-o",
+                str(out),
+                "--duration",
+                "3s",
+                "--replay-timeout",
+                "0.3s",
+                "--quiet",
+            ],
+        )
+    assert res.exit_code == 3, res.output
+    return out, n, peer.endpoint
