@@ -159,7 +159,10 @@ def _gather(
 def _report_rows(
     chunks: Iterable[pl.DataFrame], group_kind: GroupKind | None
 ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-    """Each chunk with its rows' report rows: (group_idx, kind, sliding_window) per row.
+    """Each chunk with its report rows and the state kernel's ``recomputed`` verdict.
+
+    Per row: (group_idx, kind, sliding_window) and ``recomputed`` (issue 20; summed per
+    group, the report's blocks_recomputed). One builder gives both.
 
     The chunks go through the report's own builder, so every block is filed as ``report``
     files it (issue 24): a store under its kind (:func:`kvtool.annotate.kind_label`: a kind
@@ -170,6 +173,7 @@ def _report_rows(
     import numpy as np
     import polars as pl
 
+    from kvtool.report import kernel
     from kvtool.report.builder import ReportBuilder
 
     b = ReportBuilder(None, group_kind)
@@ -185,6 +189,7 @@ def _report_rows(
                 "group_idx": _gather([k[0] for k in keys], pl.Int64, at, none),
                 "kind": _gather([k[1] for k in keys], pl.String, at, none),
                 "sliding_window": _gather([k[2] for k in keys], pl.Int64, at, none),
+                "recomputed": pl.Series(b.row_what == kernel.RECOMPUTED, dtype=pl.Boolean),
             }
         )
         yield df, rows
@@ -272,7 +277,6 @@ def export_table(
         RecordingError: A recording cannot be opened.
     """
     from kvtool.columns import ReadStats, iter_annotated, make_annotator
-    from kvtool.report.recomputed import RecomputeFlags
 
     layout = export_layout(output)
     out = Path(output)
@@ -290,14 +294,11 @@ def export_table(
         groups_file=os.fspath(groups_file) if groups_file is not None else None,
         group_flags=group_flags or None,
     )
-    # The report's recompute rule, row by row (issue 20): `recomputed` summed per group
-    # is the report's blocks_recomputed.
-    recomputed = RecomputeFlags(annotator)
     annotated = iter_annotated(
         paths, stats=st, annotator=annotator, select=select, progress=progress
     )
     chunks = (
-        _export_frame(c, rows).with_columns(recomputed=recomputed(c))
+        _export_frame(c, rows).with_columns(recomputed=rows["recomputed"])
         for c, rows in _report_rows(annotated, annotator.group_kind)
     )
     try:

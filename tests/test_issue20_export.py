@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.columns import iter_annotated, make_annotator
-from kvtool.report.recomputed import RecomputeFlags
+from kvtool.export import _report_rows
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,9 +52,9 @@ def test_recomputed_flags_do_not_depend_on_the_chunking() -> None:
     path = ROOT / "recordings" / "gemma3.mcap"
     ann = make_annotator([path])
     parts = []
-    flags = RecomputeFlags(ann)
-    for c in iter_annotated([path], annotator=ann, chunk_bytes=512):
-        parts.append(c.select("group_idx").with_columns(recomputed=flags(c)))
+    chunks = iter_annotated([path], annotator=ann, chunk_bytes=512)
+    for c, rows in _report_rows(chunks, ann.group_kind):
+        parts.append(c.select("group_idx").with_columns(recomputed=rows["recomputed"]))
     small = pl.concat(parts)
     assert len(parts) > 10
     assert _flags_by_group(small) == _report_by_group(path)
