@@ -517,7 +517,7 @@ def _side(report: Report) -> dict[str, object]:
         "events": src.events,
         "group_metadata": [str(m) for m in src.group_metadata],
         "damaged": report.damaged,
-        "findings": [str(f) for f in report.findings],
+        "findings": list(report.findings),  # each a Finding: its text, kind and path
     }
 
 

@@ -23,6 +23,7 @@ from kvtool.recording import open_recording
 from kvtool.recording.ledger import GroupMeta
 from kvtool.recording.unconfirmed import (
     UnconfirmedTail,
+    lost_line,
     unconfirmed_lines,
     unconfirmed_tails,
 )
@@ -161,14 +162,7 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         g = self.gaps
         # In a damaged file the recovery line above already says what is missing.
         if g.lost and self.complete:
-            seqs = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in g.lost_ranges[:5])
-            more = ", …" if len(g.lost_ranges) > 5 else ""
-            what = "batch was" if g.lost == 1 else "batches were"
-            out.append(
-                f"{self.path}: {g.lost} {what} lost while recording"
-                + (f" (seq {seqs}{more})" if seqs else "")
-                + "; counts miss their events"
-            )
+            out.append(lost_line(self.path, g.lost, g.lost_ranges))
         if self.undecodable or self.skipped_events:
             out.append(
                 f"{self.path}: {self.undecodable} undecodable "

@@ -145,6 +145,7 @@ def lost_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
         Lines naming the file, the count and the first lost seq ranges.
     """
     from kvtool.recording.reader import open_recording
+    from kvtool.recording.unconfirmed import lost_line
 
     out: list[str] = []
     for path in paths:
@@ -155,16 +156,9 @@ def lost_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
             continue
         if ledger is None or ledger.lost <= 0:
             continue
-        ranges = ledger.lost_ranges
-        seqs = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges[:5])
-        more = ", …" if len(ranges) > 5 or ledger.lost_ranges_omitted else ""
-        what = "batch was" if ledger.lost == 1 else "batches were"
+        more = bool(ledger.lost_ranges_omitted)
         out.append(
-            printable(
-                f"{os.fspath(path)}: {ledger.lost} {what} lost while recording"
-                + (f" (seq {seqs}{more})" if seqs else "")
-                + "; counts miss their events"
-            )
+            printable(lost_line(os.fspath(path), ledger.lost, ledger.lost_ranges, more=more))
         )
     return out
 
@@ -197,10 +191,6 @@ def missing_batches(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
             continue
         out += [printable(x) for x in unconfirmed_lines(os.fspath(path), unconfirmed_tails(ledger))]
     return out
-
-
-UNCONFIRMED_MARK = "the replay socket never confirmed what followed"
-"""Words every unconfirmed-tail line holds (so a command says it once, not also as a finding)."""
 
 
 @dataclass

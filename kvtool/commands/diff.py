@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import (
-    UNCONFIRMED_MARK,
     TextOutput,
     check_inputs,
     examples,
@@ -193,6 +192,7 @@ def diff(
     lost = missing_batches([*side_a, *side_b])
     if format is not DiffFormat.table and not quiet:
         from kvtool.render.diff import check_lines
+        from kvtool.report.source import finding_kind
         from kvtool.text import printable
 
         for line in check_lines(result):
@@ -200,8 +200,8 @@ def diff(
         for name, side in (("A", result.a), ("B", result.b)):
             findings = side.get("findings")
             for f in findings if isinstance(findings, list) else []:
-                if lost and ("lost while recording" in str(f) or UNCONFIRMED_MARK in str(f)):
-                    continue  # said once below, as an error
+                if lost and finding_kind(f) == "lost":
+                    continue  # said once below, as an error (by kind, never by its text)
                 env.err.print(
                     printable(f"kvtool: finding ({name}): {f}"), markup=False, highlight=False
                 )

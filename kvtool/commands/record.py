@@ -104,6 +104,7 @@ def record(
     # Imported here, not with the command list (pyzmq, the mcap writer, rich).
     from kvtool.capture import Recorder, load_groups
     from kvtool.recording.ledger import parse_ledger
+    from kvtool.recording.unconfirmed import ledger_lines
     from kvtool.render.status import no_batch_line, record_status, summary_line
 
     env = get_env()
@@ -180,34 +181,11 @@ def record(
             highlight=False,
         )
         damaged = True
-    if result.stats.lost:
-        ledger = parse_ledger(result.ledger)
-        ranges = ledger.lost_ranges if ledger is not None else []
-        shown = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges[:10])
-        more = " …" if len(ranges) > 10 else ""
-        env.err.print(
-            f"kvtool: {result.stats.lost} batches lost (seq {printable(shown)}{more}); "
-            "the gap ledger in the recording lists them",
-            markup=False,
-            highlight=False,
-        )
-        damaged = True
-    if result.stats.unconfirmed:
-        ledger = parse_ledger(result.ledger)
-        tails = [
-            f"{printable(c.channel)} after seq {c.unconfirmed_from - 1}"
-            if c.unconfirmed_from
-            else printable(c.channel)
-            for c in (ledger.channels if ledger is not None else [])
-            if c.unconfirmed_from is not None
-        ]
-        env.err.print(
-            f"kvtool: the replay socket never confirmed what followed {', '.join(tails[:5])}"
-            f"{' …' if len(tails) > 5 else ''} (its answer never ended); the gap ledger "
-            "marks it unconfirmed",
-            markup=False,
-            highlight=False,
-        )
+    if result.stats.lost or result.stats.unconfirmed:
+        # Batches lost while recording, and (issue 23) a tail the replay socket never
+        # confirmed: said in the words `info` and `report` say them of this file.
+        for line in ledger_lines(str(output), parse_ledger(result.ledger)):
+            env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
         damaged = True
     return ExitStatus.DAMAGED if damaged else ExitStatus.OK
 

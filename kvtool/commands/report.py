@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvtool.commands import (
-    UNCONFIRMED_MARK,
     check_inputs,
     examples,
     get_env,
@@ -398,9 +397,9 @@ def report(
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     if format is not ReportFormat.table and not quiet:
         for line in [*rep.findings, *(wi.findings if wi is not None else [])]:
+            # By kind, never by text: lost batches and unconfirmed tails are kind "lost".
             kind = line.kind if isinstance(line, Finding) else None
-            said = kind == "lost" or UNCONFIRMED_MARK in line
-            if kind != "damaged" and not (lost and said):
+            if kind != "damaged" and not (lost and kind == "lost"):
                 env.err.print(f"kvtool: finding: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if rep.damaged or lost else ExitStatus.OK
 

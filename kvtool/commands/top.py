@@ -209,16 +209,11 @@ def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> l
             lines.append(source.recovery.summary())
         lines += missing_batches([source.path])
     else:
-        lost = source.recorder.stats.lost
-        if lost:
-            lines.append(f"{source.path}: {lost} batch(es) lost (see the recording's gap ledger)")
-        if source.recorder.stats.unconfirmed:
-            # Issue 23: a tail asked for and never confirmed is said, and exits 3.
-            lines.append(
-                f"{source.path}: the replay socket never confirmed what followed the last "
-                f"batch of {source.recorder.stats.unconfirmed} channel(s) (its answer never "
-                "ended); batches published after it may be missing"
-            )
+        # The live recorder's ledger, in the words a recording's ledger is said in: lost
+        # batches and (issue 23) a tail asked for and never confirmed, each exits 3.
+        from kvtool.recording.unconfirmed import ledger_lines
+
+        lines += ledger_lines(source.path, source.recorder.ledger())
     st = feed.stats
     if st.bad_batches or st.skipped_events:
         first = f" (first: {st.problems[0]})" if st.problems else ""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, TextIO
 from rich.text import Text
 
 from kvtool.protocol import unknown_tags_text
+from kvtool.recording.unconfirmed import unconfirmed_text
 from kvtool.text import printable
 
 if TYPE_CHECKING:
@@ -120,18 +121,8 @@ def _status(info: RecordingInfo) -> str:
 
 
 def _unconfirmed(info: RecordingInfo) -> str:
-    """Name each unconfirmed tail: the channel and the first seq that may be missing."""
-    parts = [
-        printable(t.channel or "a channel")
-        + (f" from seq {t.from_seq}" if t.from_seq is not None else "")
-        for t in info.unconfirmed[:8]
-    ]
-    if len(info.unconfirmed) > 8:
-        parts.append(f"… ({len(info.unconfirmed) - 8} more)")
-    return (
-        ", ".join(parts) + ": the replay socket's answer never ended, so batches after "
-        "the last one recorded may be missing"
-    )
+    """Name each unconfirmed tail: the words of the line on stderr, without the path."""
+    return printable(unconfirmed_text(info.unconfirmed))
 
 
 def _wrap(key: str, value: str, indent: int, width: int) -> list[str]:

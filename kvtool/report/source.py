@@ -59,12 +59,27 @@ FINDING_KINDS = (
     "out_of_metadata",  # stores of a group index the metadata does not list
     "malformed",  # payloads or events that could not be decoded
     "unknown_events",  # events of a type this kvtool does not know
-    "lost",  # batches lost while recording (the recording's gap ledger)
+    "lost",  # batches lost while recording, or a tail never confirmed (the gap ledger)
     "damaged",  # a damaged recording, read as far as it goes
     "input",  # the input as a whole: same-batch copies, annotation conflicts
     "what_if",  # a condition that weakens a what-if prediction
 )
 """Every :attr:`Finding.kind`."""
+
+
+def finding_kind(finding: object) -> str | None:
+    """The :attr:`Finding.kind` of ``finding``; None for a plain line (no kind known).
+
+    What a command decides on, never the text (issue 19): a plain line that happens to say
+    "lost while recording" is not a lost-batches finding.
+
+    Args:
+        finding: A :class:`Finding`, or any other line.
+
+    Returns:
+        Its kind, or None.
+    """
+    return finding.kind if isinstance(finding, Finding) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,4 +193,11 @@ class ReportSource:
         return out
 
 
-__all__ = ["FINDING_KINDS", "ChannelSource", "Finding", "ReportSource", "TimelineSource"]
+__all__ = [
+    "FINDING_KINDS",
+    "ChannelSource",
+    "Finding",
+    "ReportSource",
+    "TimelineSource",
+    "finding_kind",
+]
