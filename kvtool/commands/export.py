@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
-from kvtool.commands import check_inputs, examples, get_env
+from kvtool.commands import check_inputs, examples, get_env, missing_batches
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
 from kvtool.errors import ExitStatus
+from kvtool.text import printable
 
 
 def export(
@@ -87,14 +88,15 @@ def export(
             markup=False,
             highlight=False,
         )
-    # Batches lost while recording, and tails never confirmed (both in ``stats.lost``),
-    # exit 3, as in `info` and `report`.
-    problems = stats.damaged + stats.lost + stats.problems[:1]
+    # Batches lost while recording, and tails never confirmed, exit 3, said in the words
+    # of `info` and `report` (one policy for every reader).
+    lost = missing_batches(files)
+    problems = stats.damaged + lost + stats.problems[:1]
     for line in problems:
-        env.err.print(f"kvtool: {line}", markup=False, highlight=False)
+        env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     return (
         ExitStatus.DAMAGED
-        if (stats.damaged or stats.lost or stats.bad_batches or stats.skipped_events)
+        if (stats.damaged or lost or stats.lost or stats.bad_batches or stats.skipped_events)
         else ExitStatus.OK
     )
 
