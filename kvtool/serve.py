@@ -1,8 +1,9 @@
 """``kvtool serve``: the report engine's numbers per kind as Prometheus metrics on /metrics.
 
-The exporter computes nothing of its own about blocks. The same :class:`kvtool.top.ReportFeed`
-that ``kvtool top`` reads is fed the stream (live through the recorder, with its gap recovery,
-or a recording played back); every interval the report rows of each ``dp_rank`` are read
+The exporter computes nothing of its own about blocks. The same
+:class:`kvtool.report.feed.ReportFeed` that ``kvtool top`` reads is fed the stream (live
+through the recorder, with its gap recovery, or a recording played back); every interval
+the report rows of each ``dp_rank`` are read
 and turned into metric families whose names, types and help come from the one metric
 registry (:mod:`kvtool.report.registry`), plus the exporter's own stream-health families
 (:data:`EXPORTER_METRICS`, the one table of them). A counter therefore equals what
@@ -40,8 +41,9 @@ if TYPE_CHECKING:
 
     from kvtool.recording.ledger import GapLedger
     from kvtool.report import ReportBuilder
+    from kvtool.report.feed import ReportFeed
     from kvtool.report.snapshot import SecondsSnapshot
-    from kvtool.top import Health, ReportFeed, Source
+    from kvtool.streams import Health, Source
 
 LABELS = ("endpoint", "rank", "group", "kind", "sliding_window", "medium")
 """The labels of every per-row family, coarsest first. ``medium`` is the events' own
@@ -74,7 +76,7 @@ class ExporterMetric:
     """One family the exporter serves that is not a report metric (stream health and such).
 
     Attributes:
-        name: What it is read from (a :class:`kvtool.top.Health` field or an exporter key).
+        name: What it is read from (a :class:`kvtool.streams.Health` field or an exporter key).
         prom: The Prometheus type.
         prom_name: The family name (counters without ``_total``: prometheus_client adds it).
         help: One line of help.
@@ -332,7 +334,7 @@ def source_ledger(source: object) -> GapLedger | None:
     """Return a source's gap ledger as it stands (a recorder's live one, a recording's own).
 
     Args:
-        source: A :class:`kvtool.top.LiveSource` or :class:`kvtool.top.RecordingSource`.
+        source: A :class:`kvtool.streams.LiveSource` or :class:`kvtool.streams.RecordingSource`.
 
     Returns:
         The ledger, or None.
@@ -381,7 +383,7 @@ _LE = (*(floatToGoString(b) for b in RESIDENCY_BUCKETS), "+Inf")
 
 
 class Exporter:
-    """The metrics of a :class:`kvtool.top.ReportFeed`, as a prometheus_client collector.
+    """The metrics of a :class:`kvtool.report.feed.ReportFeed`, as a prometheus_client collector.
 
     :meth:`update` takes a snapshot (report rows per rank, the source's health) and renders
     the exposition text once; :meth:`body` is what a scrape sends. The text is
@@ -721,7 +723,7 @@ def warm_up() -> None:
     import msgspec
 
     from kvtool.recording.reader import ChannelInfo, RecordedMessage
-    from kvtool.top import ReportFeed
+    from kvtool.report.feed import ReportFeed
 
     chan = ChannelInfo(0, "warm-up", "warm-up", "", 0)
     events = [
@@ -734,7 +736,7 @@ def warm_up() -> None:
     data = msgspec.msgpack.encode([1.0, events, 0])
     feed = ReportFeed(whole_stream=False)
     feed.add([RecordedMessage(chan, 0, 1_000_000_000, 1_000_000_000, data, 0)])
-    from kvtool.top import Health
+    from kvtool.streams import Health
 
     Exporter().update(feed, Health(), None)
 
@@ -756,7 +758,7 @@ def run_serve(
     stopped on the way out (a ``--record`` file closed); its error, if any, is raised then.
 
     Args:
-        source: A :class:`kvtool.top.LiveSource` or :class:`kvtool.top.RecordingSource`
+        source: A :class:`kvtool.streams.LiveSource` or :class:`kvtool.streams.RecordingSource`
             (not started).
         feed: The report feed.
         exporter: Where snapshots go.
