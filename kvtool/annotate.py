@@ -700,13 +700,12 @@ class ChannelRule:
     the learned annotations apply: a store that carries its own kind keeps it (it is what
     the engine said), a store without one takes its group's learned (kind, window).
 
-    Events without ``group_idx`` take :attr:`ungrouped` (``--group-meta none=KIND``),
-    else the table's own, else stay untouched.
+    Events without ``group_idx`` (stores and removes alike) follow :meth:`no_group`.
 
     Attributes:
         table: The metadata table, or None (learned).
         learned: group_idx → (kind, window) learned for this channel and rank.
-        ungrouped: The (kind, window) of events without ``group_idx``, or None.
+        ungrouped: The ``--group-meta none=KIND`` flag's (kind, window), or None.
     """
 
     table: GroupTable | None = None
@@ -716,8 +715,12 @@ class ChannelRule:
     def no_group(self) -> KindWindow | None:
         """Return the (kind, window) of events without ``group_idx`` (None: untouched).
 
+        This is the one statement of the rule (:meth:`Annotation.ungrouped_for` asks it
+        too): the ``--group-meta none=KIND`` flag wins over the table's own ungrouped kind,
+        as :func:`merge_over` merges the flags over a recording's metadata.
+
         Returns:
-            :attr:`ungrouped`, else the table's, else None.
+            :attr:`ungrouped` (the flag), else the table's, else None.
         """
         if self.ungrouped is not None:
             return self.ungrouped
@@ -1245,11 +1248,12 @@ class Annotation:
             channel: The channel name.
 
         Returns:
-            ``--group-meta none=KIND`` (or the channel's table's), else None.
+            What :meth:`ChannelRule.no_group` says for the channel's table and the
+            ``--group-meta none=KIND`` flag, or None.
         """
-        table = self.table_for(channel)
-        if table is not None and table.ungrouped is not None:
-            return table.ungrouped
+        return ChannelRule(self.table_for(channel), ungrouped=self._ungrouped_flag()).no_group()
+
+    def _ungrouped_flag(self) -> KindWindow | None:
         return self.given.ungrouped if self.given is not None else None
 
     def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
@@ -1263,7 +1267,7 @@ class Annotation:
             The rule (metadata, else learned).
         """
         table = self.table_for(channel)
-        ungrouped = self.ungrouped_for(channel)
+        ungrouped = self._ungrouped_flag()
         if table is not None:
             return ChannelRule(table, ungrouped=ungrouped)
         learned = {
