@@ -23,7 +23,7 @@ command resolves it the same way: the value most stores say, on a tie the one sa
 in merge order. The resolved :class:`Annotation` is frozen and picklable.
 
 Adapters, each a thin call into the rule: :func:`annotate`/:class:`Annotator` (decoded
-structs, ``replay``), :func:`kvtool.publish.annotate_payload` (wire bytes),
+structs, ``replay``), :func:`kvtool.wire.annotate_payload` (wire bytes),
 :func:`kvtool.columns.annotate_table` (columns: ``report``, ``export``),
 :class:`StatusKinds` (the recorder's live status counts).
 """
