@@ -44,8 +44,8 @@ from kvtool.recording.ledger import ChannelLedger, GapLedger, GapRecord, Restart
 END_SEQ = b"\xff" * 8
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
 
-# The recorder reads these when it starts (tests may change them); the sequencer keeps
-# them as its Limits.
+# kvtool.capture.recorder reads these from its own namespace when it starts (tests change
+# them there); the sequencer keeps them as its Limits.
 REPLAY_DEADLINE_NS = _seqmod.REPLAY_DEADLINE_NS
 """Total time one replay request may take, its retries included (see the sequencer)."""
 STOP_TAIL_QUIET_NS = 50_000_000
