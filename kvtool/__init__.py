@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from kvtool.export import copy_batches, export_table
     from kvtool.info import RecordingInfo, summarize
     from kvtool.inputs import resolve_annotation
+    from kvtool.pacing import publish_recording
     from kvtool.protocol import (
         AllBlocksCleared,
         BlockRemoved,
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
         KVEventBatch,
         decode_batch,
     )
-    from kvtool.publish import publish_recording
     from kvtool.recording import (
         ChannelInfo,
         RecordedMessage,
@@ -117,7 +117,7 @@ _LAZY = {
     "export_table": "kvtool.export",
     "load_groups_file": "kvtool.annotate",
     "open_recording": "kvtool.recording",
-    "publish_recording": "kvtool.publish",
+    "publish_recording": "kvtool.pacing",
     "resolve_annotation": "kvtool.inputs",
     "resolve_groups": "kvtool.annotate",
     "summarize": "kvtool.info",

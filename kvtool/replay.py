@@ -285,7 +285,7 @@ class ReplayBatch:
         dp_rank: The batch's rank (its own, else its channel's).
         error: Why the payload did not decode, or None.
         table: The annotation rule that applies to the batch (its channel and rank),
-            when annotating or checking; :func:`kvtool.publish.annotate_payload` takes it.
+            when annotating or checking; :func:`kvtool.wire.annotate_payload` takes it.
     """
 
     message: RecordedMessage

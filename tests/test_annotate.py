@@ -37,7 +37,7 @@ from kvtool.protocol import (
     decode_batch,
     event_to_builtins,
 )
-from kvtool.publish import annotate_payload
+from kvtool.wire import annotate_payload
 from tests.conftest import capture_messages, capture_truth
 from tests.replayutil import capture_recording
 

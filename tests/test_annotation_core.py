@@ -576,7 +576,7 @@ def test_issue9_1_wire_adapter_agrees_with_struct_adapter(tmp_path: Path, case: 
     """``replay --publish --annotate`` sends what ``replay --annotate`` prints."""
     from kvtool.annotate import annotate
     from kvtool.protocol import decode_batch
-    from kvtool.publish import annotate_payload
+    from kvtool.wire import annotate_payload
 
     rec, flags = _edge_cases(tmp_path)[case]
     with Replay([rec], annotate=True, group_flags=flags or None) as rp:

@@ -497,7 +497,7 @@ def test_lost_tail_longer_than_the_replay_buffer_is_part_lost_part_recovered(
 @pytest.mark.parametrize("name", CAPTURES)
 def test_issue10_5_event_count_from_the_header_matches_decoding(name: str) -> None:
     """The busy recorder counts events from the batch header: the same as decoding."""
-    from kvtool.capture.recorder import _event_count
+    from kvtool.capture.stats import event_count as _event_count
 
     for _topic, seq, payload in capture_messages(name):
         n = _event_count(payload)

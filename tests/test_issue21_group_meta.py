@@ -139,3 +139,34 @@ def test_issue21_replay_annotates_ungrouped_stores(tmp_path: Path) -> None:
         ("sliding_window", 64)
     }
     assert "none=sliding_window:64" in result.stderr
+
+
+def test_issue19_no_group_precedence_is_one_rule() -> None:
+    """A remove (or store) without ``group_idx``: the none=KIND flag, else the table's, else none.
+
+    ``ChannelRule.no_group`` states it; ``Annotation.ungrouped_for`` (the columnar path)
+    and ``Annotation.rule`` (the struct path) both ask it, so they cannot disagree.
+    """
+    from kvtool.annotate import Annotation
+
+    flag = parse_group_flags(["none=mamba"])
+    own = GroupTable({}, "rec", ungrouped=("full_attention", None))
+    bare = GroupTable({}, "rec")
+    cases = [
+        # (given, the channel's table, what an event without group_idx gets)
+        (flag, own, ("mamba", None)),  # the flag wins over the table's own
+        (None, own, ("full_attention", None)),  # else the table's
+        (flag, None, ("mamba", None)),  # a learned channel takes the flag
+        (None, bare, None),  # else untouched (unannotated)
+        (None, None, None),
+    ]
+    for given, table, want in cases:
+        ann = Annotation(given, {"ch": table} if table is not None else {})
+        assert ann.ungrouped_for("ch") == want, (given, table)
+        rule = ann.rule("ch", 0)
+        assert rule.group(None) == want, (given, table)  # a remove
+        assert rule.store(None) == want, (given, table)  # a store
+        assert rule.no_group() == want
+    # A bare rule over a table: the table's own; an explicit flag beside it wins.
+    assert ChannelRule(own).group(None) == ("full_attention", None)
+    assert ChannelRule(own, ungrouped=("mamba", None)).group(None) == ("mamba", None)

@@ -13,7 +13,8 @@ import pytest
 
 from kvtool.endpoints import expand_endpoints, socket_budget, sockets_needed
 from kvtool.errors import EndpointError, UsageError
-from kvtool.publish import Pacing, Publisher, PublishItem, publish
+from kvtool.pacing import Pacing, PublishItem, publish
+from kvtool.publish import Publisher
 from tests.replayutil import capture_recording
 from tests.test_live_faults import ROOT, free_port
 

@@ -263,7 +263,7 @@ def test_issue24_publish_progress_leaves_waiting_once_sending_starts(tmp_path: P
     on (it came every 1000 batches only: the status stayed on "waiting for 1 subscriber")."""
     import zmq
 
-    from kvtool.publish import Pacing, PublishStats, publish_recording
+    from kvtool.pacing import Pacing, PublishStats, publish_recording
     from kvtool.render.status import PublishProgress
     from kvtool.replay import Replay
     from tests.test_live_faults import free_port

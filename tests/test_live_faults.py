@@ -706,11 +706,11 @@ def test_issue8_3_flooding_replay_is_capped_and_closed(
     """Endless replies (many small, or 4 MiB each): what exceeds a request's count or byte
     cap is discarded and counted, the socket closed, and the capture goes on."""
     import kvtool.capture.recorder as recorder_mod
-    import kvtool.capture.sequencer as sequencer_mod
+    import kvtool.capture.seqstate as seqstate_mod
     from kvtool.capture.recorder import MAX_HELD_BYTES
     from kvtool.capture.sequencer import MAX_REPLY_BYTES
 
-    monkeypatch.setattr(sequencer_mod, "MAX_REPLY_COUNT", 2_000)  # a quick flood
+    monkeypatch.setattr(seqstate_mod, "MAX_REPLY_COUNT", 2_000)  # a quick flood
     monkeypatch.setattr(recorder_mod, "MAX_LATE_REPLIES", 2_000)
     msgs = capture_messages("gemma3")
     count = 600

@@ -19,15 +19,10 @@ from kvtool.annotate import groups_from_list, parse_group_flags
 from kvtool.cli import app
 from kvtool.endpoints import offset_endpoint, parse_endpoint
 from kvtool.errors import EndpointError
+from kvtool.pacing import Pacing, PublishItem, publish
 from kvtool.protocol import decode_batch, event_to_builtins
-from kvtool.publish import (
-    END_SEQ,
-    Pacing,
-    Publisher,
-    PublishItem,
-    annotate_payload,
-    publish,
-)
+from kvtool.publish import END_SEQ, Publisher
+from kvtool.wire import annotate_payload
 from tests.conftest import CAPTURES, capture_messages, capture_truth
 from tests.replayutil import capture_recording, strip_payload
 
@@ -684,7 +679,7 @@ def test_issue8_12_bounded_router_still_streams_whole_replies_to_a_reader() -> N
 
 @pytest.mark.zmq
 def test_issue9_7_publish_recording_library_call(tmp_path: Path) -> None:
-    from kvtool.publish import publish_recording
+    from kvtool.pacing import publish_recording
     from kvtool.replay import Replay
 
     rec = capture_recording(tmp_path, "gemma3")
@@ -722,7 +717,7 @@ def test_issue9_7_publish_recording_library_call(tmp_path: Path) -> None:
 
 @pytest.mark.zmq
 def test_issue11_9_publish_to_nobody_warns(tmp_path: Path) -> None:
-    from kvtool.publish import publish_recording
+    from kvtool.pacing import publish_recording
     from kvtool.replay import Replay
 
     rec = capture_recording(tmp_path, "full_only")

@@ -15,7 +15,9 @@ import zstandard
 from kvtool.columns import ReadStats, iter_raw_chunks
 from kvtool.inputs import MergeFindings, _merge_heap, merge_messages
 from kvtool.recording import RecordedMessage, open_recording
-from kvtool.recording import reader as reader_mod
+
+# The chunk path: its message struct, CRC and decompression (read there, patched there).
+from kvtool.recording import chunks as reader_mod
 from tests import mcapbytes as mb
 
 RECORDINGS = Path(__file__).parent.parent / "recordings"
@@ -113,7 +115,7 @@ def test_issue10_read_crc_is_zlibs_crc32() -> None:
     rnd = random.Random(5)
     for n in (0, 1, 7, 64, 4095, 65_537, 1 << 20):
         buf = rnd.randbytes(n)
-        assert reader_mod._crc32(buf) == zlib.crc32(buf)
+        assert reader_mod.crc32(buf) == zlib.crc32(buf)
 
 
 def test_issue10_read_one_decompressor_per_reader(

@@ -238,7 +238,7 @@ def test_check_learned_kind_change_mid_stream(tmp_path: Path) -> None:
     msgs = capture_messages("gemma3")
     # Second half re-annotated with a different window for group 1 (and only group 1).
     from kvtool.annotate import parse_group_flags
-    from kvtool.publish import annotate_payload
+    from kvtool.wire import annotate_payload
     from tests.replayutil import strip_payload
 
     table = parse_group_flags(

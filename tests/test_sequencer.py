@@ -15,7 +15,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvtool.capture import sequencer
+from kvtool.capture import seqstate
 from kvtool.capture.sequencer import (
     MAX_PLAUSIBLE_JUMP,
     MAX_REPLY_BYTES,
@@ -247,7 +247,7 @@ def test_issue8_7_reply_window_accepts_only_the_requested_range(
 
 
 def test_issue8_3_reply_window_floods_past_its_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sequencer, "MAX_REPLY_COUNT", 10)
+    monkeypatch.setattr(seqstate, "MAX_REPLY_COUNT", 10)  # read where it is defined
     w = ReplyWindow(5, 100)
     verdicts = [w.check(b"", 5 + i, 1) for i in range(12)]
     assert verdicts == [ReplyVerdict.ACCEPT] * 10 + [ReplyVerdict.DISCARD] * 2

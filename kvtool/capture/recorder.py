@@ -46,40 +46,54 @@ The gap ledger (``kvtool.gaps`` metadata record, written at close by :func:`buil
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import FrameType
-from typing import TypeVar
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from kvtool.annotate import StatusKinds, groups_from_list
-from kvtool.capture import sequencer as _seqmod
+from kvtool.capture.endpoint_io import EndpointIO
 from kvtool.capture.sequencer import (
-    DEFAULT_QUIET_NS,
-    DEFAULT_REPLAY_TIMEOUT_NS,
-    MAX_REPLY_COUNT,
-    Action,
-    Budget,
     CaptureStats,
-    ChannelState,
     Limits,
-    NewChannel,
-    Request,
-    ResetReplySocket,
     Sequencer,
-    Write,
 )
-from kvtool.capture.stats import EvStat as _EvStat
-from kvtool.capture.stats import event_count as _event_count
-from kvtool.capture.stats import stat_events as _stat_events
+
+# The recorder's state, bounds and writes live in kvtool.capture.writes; their names
+# stay importable here (tests bound some of them here: the recorder reads them here).
+from kvtool.capture.writes import (
+    BURST,
+    BURST_NS,
+    DEALER_RCVHWM,
+    END_SEQ,
+    LEDGER_LIST_CAP,
+    LOOP_STALL_NS,
+    MAX_CHANNELS_PER_SOURCE,
+    MAX_HELD_BYTES,
+    MAX_LATE_REPLIES,
+    MAX_MESSAGE_BYTES,
+    MAX_REMEMBERED,
+    MEMORY_BOUND_BYTES,
+    RCVHWM,
+    REPLAY_DEADLINE_NS,
+    SETTLE_STEP,
+    STATS_QUEUE_BYTES,
+    STATS_QUEUE_MAX,
+    STATS_SLICE_NS,
+    STATS_STOP_NS,
+    STOP_GRACE_NS,
+    STOP_TAIL_QUIET_NS,
+    STOP_WRITE_BUDGET_NS,
+    T,
+    _NullWriter,
+    _Src,
+    build_ledger,
+)
 from kvtool.endpoints import (
     ConnectTimeout,
     Source,
@@ -89,65 +103,7 @@ from kvtool.endpoints import (
     sockets_needed,
 )
 from kvtool.errors import EndpointError, KvtoolError, MetadataError
-from kvtool.protocol import peek_ts
 from kvtool.recording import RecordingWriter
-from kvtool.recording.ledger import ChannelLedger, GapLedger, GapRecord, RestartRecord
-
-END_SEQ = b"\xff" * 8
-"""The replay end marker: seq -1 as 8-byte signed big-endian."""
-
-# The recorder reads these when it starts (tests may change them); the sequencer keeps
-# them as its Limits.
-REPLAY_DEADLINE_NS = _seqmod.REPLAY_DEADLINE_NS
-"""Total time one replay request may take, its retries included (see the sequencer)."""
-STOP_TAIL_QUIET_NS = 50_000_000
-"""At stop, only channels quiet this long ask for a lost tail (a busy one has batches in flight)."""
-STOP_GRACE_NS = 1_000_000_000
-"""After a stop, outstanding replays get at most this long before what is held is written."""
-STOP_WRITE_BUDGET_NS = 700_000_000
-"""After a stop, writing the reserve gets this long; what is left then is in the ledger as lost."""
-LOOP_STALL_NS = 200_000_000
-"""A loop pass longer than this was busy elsewhere (writing, merging, catching up the status):
-pending replay requests are not charged for it (their replies could not be read)."""
-MAX_HELD_BYTES = 128 * 1024 * 1024
-"""Live bytes held while one replay is outstanding; past this the replay is given up."""
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""ZeroMQ ``MAXMSGSIZE`` of every socket: a larger message drops the peer's connection."""
-DEALER_RCVHWM = 20_000
-"""Replies queued on a DEALER: twice vLLM's ``buffer_steps``, so a real replay never drops."""
-MAX_CHANNELS_PER_SOURCE = 64
-"""Topics (channels) accepted from one endpoint; messages on further topics are malformed."""
-LEDGER_LIST_CAP = 2_000
-"""Entries per ledger list (gaps, restarts, lost ranges); keeps the record far below 1 MiB."""
-STATS_QUEUE_MAX = 2_000
-STATS_QUEUE_BYTES = 32 * 1024 * 1024
-"""Written batches waiting to be decoded for the per-kind status counts. They are decoded
-only when no socket has anything to read (issue 23: the status never delays receiving);
-past this queue a batch only has its events counted from its header (about 1 us instead
-of 100-200 us for a 15 kB batch) and is ``unsampled``."""
-STATS_SLICE_NS = 5_000_000
-"""Decoding for the status runs in slices this long between two polls."""
-STATS_STOP_NS = 200_000_000
-"""At stop, decoding what is queued gets this long; the rest is counted from headers."""
-MAX_REMEMBERED = 20_000
-"""Replayed batches remembered per channel (by payload hash), to recognise a late live copy."""
-MEMORY_BOUND_BYTES = 768 * 1024 * 1024
-"""The stated bound on the recorder's own buffers: held (MAX_HELD_BYTES) + one request's
-replies (MAX_REPLY_BYTES) + the reserve (about two requests' replies) + the status
-decode queue (STATS_QUEUE_BYTES) + remembered hashes."""
-RCVHWM = 5_000
-"""Receive high-water mark. Deliberately well under vLLM's replay buffer (10,000 batches):
-a recorder that falls behind must see a gap while the replay buffer still holds it; a
-deep receive queue would only delay the gap past recovery."""
-BURST = 500
-"""Messages drained from one socket before the loop looks at its timers again."""
-BURST_NS = 100_000_000
-"""...or this long (ns), whichever comes first: 500 messages of 16 MiB take seconds to
-write, and a stop or a deadline must not wait for them."""
-MAX_LATE_REPLIES = MAX_REPLY_COUNT
-"""Late replies (to requests given up on) filed per request; past this the socket is closed."""
-SETTLE_STEP = 256
-"""Reserve batches written at stop between two looks at the clock."""
 
 
 def load_groups(path: str | os.PathLike[str]) -> list[dict[str, object]]:
@@ -193,61 +149,7 @@ class CaptureResult:
     kept_old: bool = False
 
 
-# ------------------------------------------------------------------ internal state
-
-
-@dataclass
-class _Src:
-    """One endpoint's sockets and its sequencer."""
-
-    spec: Source
-    index: int
-    sub: zmq.Socket[bytes]
-    sub_mon: zmq.Socket[bytes] | None
-    seq: Sequencer
-    dealer: zmq.Socket[bytes] | None = None
-    channel_ids: dict[bytes, int] = field(default_factory=dict)
-    connected: bool = False
-    received: int = 0
-
-
-# ------------------------------------------------------------------------ recorder
-
-Sink = Callable[[tuple[str, str, "int | None"], int, bytes, int], None]
-"""A batch as written: ((endpoint, topic, dp_rank), seq, payload, log_time_ns)."""
-
-
-class _NullWriter:
-    """Stands in for the :class:`RecordingWriter` when ``path`` is None (write no file)."""
-
-    def __init__(self) -> None:
-        self.messages_written = 0
-        self._channels = 0
-
-    def add_channel(self, endpoint: str, topic: str, dp_rank: int | None) -> int:
-        self._channels += 1
-        return self._channels
-
-    def write(self, channel_id: int, seq: int, payload: bytes, t: int, pub: int) -> None:
-        self.messages_written += 1
-
-    def add_groups(self, groups: object, source: str) -> None:
-        pass
-
-    def maybe_flush(self) -> None:
-        pass
-
-    def close(self, *, ledger: dict[str, object] | None = None) -> None:
-        pass
-
-    def discard_if_empty(self) -> bool:
-        return False
-
-
-_Role = tuple[str, _Src]
-
-
-class Recorder:
+class Recorder(EndpointIO):
     """Records vLLM KV-event streams into one recording, recovering gaps over replay.
 
     Args:
@@ -280,83 +182,6 @@ class Recorder:
             batch themselves: no second decode, no queue of payloads for it).
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None,
-        sources: Sequence[Source],
-        *,
-        topic: str = "",
-        bind: bool = False,
-        history: bool = False,
-        duration_ns: int | None = None,
-        max_batches: int | None = None,
-        connect_timeout_ns: int | None = None,
-        replay_timeout_ns: int = DEFAULT_REPLAY_TIMEOUT_NS,
-        quiet_ns: int = DEFAULT_QUIET_NS,
-        groups: list[dict[str, object]] | None = None,
-        groups_source: str = "",
-        force: bool = False,
-        status: Callable[[CaptureStats], None] | None = None,
-        status_interval_ns: int = 250_000_000,
-        context: zmq.Context[zmq.Socket[bytes]] | None = None,
-        rcvhwm: int = RCVHWM,
-        writer_options: dict[str, object] | None = None,
-        extra_context: dict[str, object] | None = None,
-        sink: Sink | None = None,
-        status_decode: bool = True,
-    ) -> None:
-        if not sources:
-            raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
-        self.path = os.fspath(path) if path is not None else ""
-        self._sink = sink
-        self.sources = list(sources)
-        self.topic = topic
-        self._topic_b = topic.encode()
-        self.bind = bind
-        self.history = history
-        self.duration_ns = duration_ns
-        self.max_batches = max_batches
-        self.connect_timeout_ns = connect_timeout_ns
-        self.replay_timeout_ns = replay_timeout_ns
-        self.quiet_ns = quiet_ns
-        self.groups = groups
-        self.groups_source = groups_source
-        self.force = force
-        self._status = status
-        self._status_interval_ns = status_interval_ns
-        self._ctx_given = context
-        self._rcvhwm = rcvhwm
-        self._writer_options = writer_options or {}
-        self._extra_context = extra_context or {}
-        self.stats = CaptureStats()
-        self._stat_queue: collections.deque[tuple[ChannelState, int, bytes]] = collections.deque()
-        self._stat_bytes = 0
-        self._status_decode = status_decode
-        self._stop_flag = threading.Event()
-        self._abort_flag = threading.Event()
-        self._stop_reason = "stopped"
-        self._srcs: list[_Src] = []
-        self._writer: RecordingWriter | _NullWriter | None = None
-        self._full = False
-        self._budget = Budget(max_batches)
-        # Status labels come from the one annotation rule (kvtool.annotate): the metadata
-        # given, else what annotated stores of each channel said so far.
-        table = groups_from_list(groups, source=groups_source or "groups") if groups else None
-        self._kinds = StatusKinds(table=table)
-
-    # ------------------------------------------------------------ control
-    def stop(self, reason: str = "stopped") -> None:
-        """Ask the capture to stop (thread- and signal-safe); a second call aborts waiting.
-
-        Args:
-            reason: Recorded as the stop reason.
-        """
-        if self._stop_flag.is_set():
-            self._abort_flag.set()
-            return
-        self._stop_reason = reason
-        self._stop_flag.set()
-
     @contextlib.contextmanager
     def _signals(self, install: bool) -> Iterator[None]:
         if not install or threading.current_thread() is not threading.main_thread():
@@ -376,7 +201,6 @@ class Recorder:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    # ---------------------------------------------------------------- run
     def run(self, *, handle_signals: bool = True) -> CaptureResult:
         """Record until a stop condition, then close the file with the gap ledger.
 
@@ -451,7 +275,6 @@ class Recorder:
             size = 0
         return CaptureResult(self.path, self.stats, ledger, self._stop_reason, size, kept_old)
 
-    # ------------------------------------------------------------ sockets
     def _open_sockets(self, ctx: zmq.Context[zmq.Socket[bytes]]) -> None:
         for i, spec in enumerate(self.sources):
             sub = ctx.socket(zmq.SUB)
@@ -506,55 +329,6 @@ class Recorder:
             budget=self._budget,
         )
 
-    def _new_dealer(self, src: _Src, ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
-        if src.dealer is not None:
-            src.dealer.close(linger=0)
-        d = (ctx or self._ctx).socket(zmq.DEALER)
-        d.setsockopt(zmq.LINGER, 0)
-        # A request is queued only on a connection: with none, its send fails and it is
-        # sent again at the next tick (given up after --replay-timeout without one).
-        d.setsockopt(zmq.IMMEDIATE, 1)
-        d.setsockopt(zmq.RCVHWM, DEALER_RCVHWM)
-        d.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        assert src.spec.replay is not None
-        if "[" in src.spec.replay:
-            d.setsockopt(zmq.IPV6, 1)
-        try:
-            d.connect(src.spec.replay)
-        except zmq.ZMQError as err:
-            d.close(linger=0)
-            raise EndpointError(
-                f"replay endpoint {src.spec.replay}: cannot connect: {err}"
-            ) from err
-        src.dealer = d
-
-    def _close_sockets(self) -> None:
-        for src in self._srcs:
-            if src.sub_mon is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    src.sub.disable_monitor()
-                src.sub_mon.close(linger=0)
-            src.sub.close(linger=0)
-            if src.dealer is not None:
-                src.dealer.close(linger=0)
-                src.dealer = None
-
-    # --------------------------------------------------------------- loop
-    def _build_poller(self, live: bool) -> tuple[zmq.Poller, dict[zmq.Socket[bytes], _Role]]:
-        poller = zmq.Poller()
-        roles: dict[zmq.Socket[bytes], _Role] = {}
-        for src in self._srcs:
-            if live:
-                poller.register(src.sub, zmq.POLLIN)
-                roles[src.sub] = ("sub", src)
-                if src.sub_mon is not None:
-                    poller.register(src.sub_mon, zmq.POLLIN)
-                    roles[src.sub_mon] = ("mon", src)
-            if src.dealer is not None:
-                poller.register(src.dealer, zmq.POLLIN)
-                roles[src.dealer] = ("dealer", src)
-        return poller, roles
-
     def _loop(self) -> None:
         start = time.monotonic_ns()
         self.stats.start_ns = time.time_ns()
@@ -608,9 +382,6 @@ class Recorder:
             if self._status is not None and now >= next_status:
                 self._status(self.stats)
                 next_status = now + self._status_interval_ns
-
-    def _dealer_ids(self) -> tuple[int, ...]:
-        return tuple(id(s.dealer) for s in self._srcs)
 
     def _finish(self) -> None:
         """After a stop: complete outstanding replays and ask quiet channels for a tail."""
@@ -675,333 +446,6 @@ class Recorder:
             if not done:
                 self._act(src, src.seq.settle_give_up())
 
-    # ------------------------------------------------------------ receive
-    def _drain_sub(self, src: _Src) -> bool:
-        """Read up to BURST messages; return True when more may be waiting."""
-        recv = src.sub.recv_multipart
-        time_ns = time.time_ns
-        live = src.seq.live
-        act = self._act
-        start = time.monotonic_ns()
-        n = 0
-        more = False
-        stopping = self._stop_flag.is_set
-        monotonic_ns = time.monotonic_ns
-        until = start + BURST_NS
-        while n < BURST:
-            try:
-                frames = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            n += 1
-            if len(frames) != 3 or len(frames[1]) < 8:
-                self.stats.malformed += 1
-                continue
-            topic, seq_b, payload = frames
-            seq = int.from_bytes(seq_b if len(seq_b) == 8 else seq_b[:8], "big")
-            act(src, live(topic, seq, payload, time_ns(), start))
-            if self._budget.full or stopping():
-                break
-            if monotonic_ns() >= until:
-                more = True
-                break
-        if n:
-            # A long drain must not make its channels look quiet.
-            src.seq.live_drained(start, time.monotonic_ns())
-            src.received += n
-            src.connected = True
-            self.stats.connected.add(src.spec.endpoint)
-        return more or n >= BURST
-
-    def _drain_monitor(self, src: _Src) -> None:
-        assert src.sub_mon is not None
-        while True:
-            try:
-                msg = recv_monitor_message(src.sub_mon, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            ev = msg["event"]
-            if ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                src.connected = True
-                self.stats.connected.add(src.spec.endpoint)
-            elif ev == zmq.EVENT_DISCONNECTED:
-                self.stats.connected.discard(src.spec.endpoint)
-
-    def _check_connected(self) -> None:
-        missing = [s for s in self._srcs if not s.connected and s.received == 0]
-        if not missing:
-            return
-        secs = (self.connect_timeout_ns or 0) / 1e9
-        names = ", ".join(s.spec.endpoint for s in missing)
-        how = "accepted a publisher on" if self.bind else "reached a publisher at"
-        replay = [s.spec.replay for s in missing if s.spec.replay]
-        rep = ""
-        if replay:
-            rep = f" (replay {', '.join(r for r in replay if r)} did not answer either)"
-        raise ConnectTimeout(
-            f"no connection and no batch within {secs:g}s: never {how} {names}{rep}; "
-            "is vLLM running with --kv-events-config publishing there? "
-            "(raise --connect-timeout, or 0 to wait forever)"
-        )
-
-    # ------------------------------------------------------------ actions
-    def _act(self, src: _Src, actions: list[Action]) -> bool:
-        """Carry out a sequencer's actions; return True when the replay socket was replaced."""
-        reset = False
-        for a in actions:
-            if type(a) is Write:
-                if not self._full:
-                    self._write(src, a)
-            elif type(a) is Request:
-                self._request(src, a.kind, a.topic, a.start_seq)
-            elif type(a) is NewChannel:
-                writer = self._writer
-                assert writer is not None
-                ch = src.seq.channels[a.topic]
-                src.channel_ids[a.topic] = writer.add_channel(
-                    src.spec.endpoint, ch.topic_str, src.spec.dp_rank
-                )
-            elif type(a) is ResetReplySocket:
-                self._new_dealer(src)
-                reset = True
-            # Lose, Restart, Stray and Discard are in the ledger and counters already.
-        return reset
-
-    def _request(
-        self,
-        src: _Src,
-        kind: str,
-        topic: bytes | None,
-        start: int,
-        trigger: int | None = None,
-    ) -> None:
-        """Send a replay request the sequencer decided on (``[b"", start_seq]``)."""
-        dealer = src.dealer
-        try:
-            if dealer is None:
-                raise zmq.Again
-            dealer.send_multipart((b"", start.to_bytes(8, "big")), zmq.NOBLOCK)
-        except zmq.Again:  # unsent: times out like an unanswered one
-            src.seq.unsent()
-
-    def _write(self, src: _Src, w: Write) -> None:
-        st = self.stats
-        seq, payload, t = w.seq, w.payload, w.log_time
-        ch = src.seq.channels[w.topic]
-        ts = peek_ts(payload)
-        pub = int(ts * 1e9) if ts is not None and 0 <= ts < 1e10 else t
-        # Decoding for the status costs more than writing: queued for an idle moment, or
-        # past the queue's bound counted from the header only.
-        queue = self._stat_queue
-        if not self._status_decode:
-            n = _event_count(payload)
-            if n is None:
-                self._decode_stats(ch, seq, payload)  # no header to count: a broken payload
-            else:
-                st.events += n
-        elif len(queue) < STATS_QUEUE_MAX and self._stat_bytes + len(payload) <= STATS_QUEUE_BYTES:
-            queue.append((ch, seq, payload))
-            self._stat_bytes += len(payload)
-        else:
-            n = _event_count(payload)
-            if n is None:
-                self._decode_stats(ch, seq, payload)  # no header to count: a broken payload
-            else:
-                st.events += n
-                st.unsampled += 1
-        writer = self._writer
-        assert writer is not None
-        writer.write(src.channel_ids[w.topic], seq, payload, t, pub)
-        if self._sink is not None:
-            self._sink((src.spec.endpoint, ch.topic_str, src.spec.dp_rank), seq, payload, t)
-        st.batches += 1
-        st.bytes += len(payload)
-        if self.max_batches is not None and st.batches >= self.max_batches:
-            self._full = True
-            self.stop("max_batches")
-
-    def _decode_queued(self, budget_ns: int) -> None:
-        """Decode queued batches for the status for up to ``budget_ns``."""
-        queue = self._stat_queue
-        until = time.monotonic_ns() + budget_ns
-        while queue:
-            ch, seq, payload = queue.popleft()
-            self._stat_bytes -= len(payload)
-            self._decode_stats(ch, seq, payload)
-            if time.monotonic_ns() >= until:
-                return
-
-    def _count_queued(self) -> None:
-        """At the very end: what is still queued is counted from its headers."""
-        queue = self._stat_queue
-        while queue:
-            ch, seq, payload = queue.popleft()
-            n = _event_count(payload)
-            if n is None:
-                self._decode_stats(ch, seq, payload)
-            else:
-                self.stats.events += n
-                self.stats.unsampled += 1
-        self._stat_bytes = 0
-
-    def _decode_stats(self, ch: ChannelState, seq: int, payload: bytes) -> None:
-        try:
-            n, agg = _stat_events(payload, seq)
-        except Exception:  # any payload, however broken (even RecursionError), is recorded
-            self.stats.undecodable += 1
-        else:
-            self._count(ch, n, agg)
-
-    # -------------------------------------------------------------- replay
-    def _drain_dealer(self, src: _Src) -> None:
-        """Read up to BURST replies (a flooding socket cannot keep the loop here)."""
-        dealer = src.dealer
-        assert dealer is not None
-        seq_ = src.seq
-        until = time.monotonic_ns() + BURST_NS
-        for _ in range(BURST):
-            if time.monotonic_ns() >= until:
-                return  # the rest at the next poll: the loop's timers first
-            try:
-                frames = dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            now = time.monotonic_ns()
-            if len(frames) == 4 and not frames[0]:
-                _, topic_f, seq_b, payload = frames
-                topic: bytes | None = topic_f
-            elif len(frames) == 3 and not frames[0]:
-                _, seq_b, payload = frames
-                topic = None
-            else:
-                seq_.reply_seen(now)  # the replay socket is alive
-                self.stats.malformed += 1
-                continue
-            if seq_b[:8] == END_SEQ:
-                if self._act(src, seq_.reply_end(now)):
-                    return
-                continue
-            if len(seq_b) < 8:
-                seq_.reply_seen(now)
-                self.stats.malformed += 1
-                continue
-            seq = int.from_bytes(seq_b[:8], "big")
-            if self._act(src, seq_.reply(topic, seq, payload, time.time_ns(), now)):
-                return
-
-    def _credit_busy(self, now: int, busy_ns: int) -> None:
-        """Do not charge pending replays for a loop pass spent busy elsewhere."""
-        if busy_ns <= LOOP_STALL_NS:
-            return
-        for src in self._srcs:
-            src.seq.credit_busy(now, busy_ns)
-
-    def _check_replays(self, now: int) -> None:
-        for src in self._srcs:
-            seq_ = src.seq
-            if seq_.pending is None:
-                continue
-            if seq_.awaiting_replies and src.dealer is not None:
-                # Never time out a request whose replies are waiting to be read.
-                req = seq_.pending
-                self._drain_dealer(src)
-                if seq_.pending is not req:
-                    continue
-                now = max(now, time.monotonic_ns())
-            self._act(src, seq_.check_replay(now))
-
-    def _check_quiet(self, now: int) -> None:
-        for src in self._srcs:
-            self._act(src, src.seq.check_quiet(now))
-
-    def _count(self, ch: ChannelState, n_events: int, agg: dict[_EvStat, int]) -> None:
-        st = self.stats
-        st.events += n_events
-        name = ch.name
-        for (typ, gi, kind), n in agg.items():
-            if typ == 0:
-                st.stores[self._kinds.store(name, gi, kind, n)] += n
-            elif typ == 1:
-                st.removes[self._kinds.remove(name, gi)] += n
-            else:
-                st.cleared += n
-
-    # -------------------------------------------------------------- ledger
-    def ledger(self) -> GapLedger:
-        """Return the gap ledger as it stands (see :func:`build_ledger`).
-
-        Returns:
-            The typed ledger.
-        """
-        return build_ledger(ch for src in self._srcs for ch in src.seq.channels.values())
-
-
-def build_ledger(channels: Iterable[ChannelState]) -> GapLedger:
-    """Build the gap ledger (:class:`kvtool.recording.ledger.GapLedger`) -- the only builder.
-
-    The totals are always exact. Lists are capped (``LEDGER_LIST_CAP`` entries: the
-    first and last halves) so the record stays small; what a list leaves out is counted
-    under ``gaps_omitted`` / ``restarts_omitted`` / ``lost_ranges_omitted``.
-
-    Args:
-        channels: The recorder's channels, in order.
-
-    Returns:
-        The ledger; ``to_json()`` gives the record's shape on disk.
-    """
-    half = LEDGER_LIST_CAP // 2
-
-    def cap(items: list[T]) -> list[T]:
-        return list(items) if len(items) <= LEDGER_LIST_CAP else items[:half] + items[-half:]
-
-    chans: list[ChannelLedger] = []
-    lost_ranges: list[tuple[int, int]] = []
-    recovered = lost = restarts = unconfirmed = 0
-    for ch in channels:
-        for g in ch.gaps:
-            recovered += g.recovered
-            for a, b in g.lost_ranges:
-                lost += b - a + 1
-                lost_ranges.append((a, b))
-        restarts += len(ch.restarts)
-        chans.append(
-            ChannelLedger(
-                channel=ch.name,
-                endpoint=ch.endpoint,
-                topic=ch.topic_str,
-                dp_rank=ch.dp_rank,
-                batches=ch.batches,
-                seq_first=ch.seq_first,
-                seq_last=ch.seq_last,
-                gaps=[
-                    GapRecord(
-                        first=g.first,
-                        last=g.last,
-                        recovered=g.recovered,
-                        lost_ranges=[(a, b) for a, b in g.lost_ranges],
-                    )
-                    for g in cap(ch.gaps)
-                ],
-                restarts=[RestartRecord(**r) for r in cap(ch.restarts)],
-                gaps_omitted=max(0, len(ch.gaps) - LEDGER_LIST_CAP),
-                restarts_omitted=max(0, len(ch.restarts) - LEDGER_LIST_CAP),
-                unconfirmed_from=ch.expected if ch.unconfirmed else None,
-            )
-        )
-        unconfirmed += ch.unconfirmed
-    return GapLedger(
-        channels=chans,
-        recovered=recovered,
-        lost=lost,
-        lost_ranges=cap(lost_ranges),
-        restarts=restarts,
-        lost_ranges_omitted=max(0, len(lost_ranges) - LEDGER_LIST_CAP),
-        unconfirmed=unconfirmed,
-    )
-
-
-T = TypeVar("T")
-
 
 def capture(
     path: str | os.PathLike[str],
@@ -1036,12 +480,35 @@ def capture(
 
 
 __all__ = [
+    "BURST",
+    "BURST_NS",
+    "DEALER_RCVHWM",
+    "END_SEQ",
+    "LEDGER_LIST_CAP",
+    "LOOP_STALL_NS",
+    "MAX_CHANNELS_PER_SOURCE",
+    "MAX_HELD_BYTES",
+    "MAX_LATE_REPLIES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_REMEMBERED",
+    "MEMORY_BOUND_BYTES",
+    "RCVHWM",
+    "REPLAY_DEADLINE_NS",
+    "SETTLE_STEP",
+    "STATS_QUEUE_BYTES",
+    "STATS_QUEUE_MAX",
+    "STATS_SLICE_NS",
+    "STATS_STOP_NS",
+    "STOP_GRACE_NS",
+    "STOP_TAIL_QUIET_NS",
+    "STOP_WRITE_BUDGET_NS",
     "CaptureResult",
     "CaptureStats",
     "ConnectTimeout",
     "MetadataError",
     "Recorder",
     "Source",
+    "T",
     "build_ledger",
     "capture",
     "expand_endpoints",

@@ -18,7 +18,8 @@ from kvtool.text import printable
 # runs, so `kvtool --help` and `kvtool replay --help` answer without it.
 if TYPE_CHECKING:
     from kvtool.export import RecordingCopy
-    from kvtool.publish import Publisher, PublishResult
+    from kvtool.pacing import PublishResult
+    from kvtool.publish import Publisher
     from kvtool.render.events import HashFormat
     from kvtool.replay import Replay, ReplayBatch
 
@@ -717,7 +718,7 @@ def _run_publish(
     annotate: bool,
 ) -> ExitStatus:
     from kvtool.endpoints import parse_endpoint
-    from kvtool.publish import Pacing, publish_recording
+    from kvtool.pacing import Pacing, publish_recording
     from kvtool.render.status import PublishProgress
     from kvtool.text import printable
 

@@ -22,9 +22,10 @@ from kvtool.commands._options import (
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
+    from kvtool.report.feed import ReportFeed
     from kvtool.serve import Exporter
     from kvtool.serve_http import MetricsServer
-    from kvtool.top import LiveSource, ReportFeed
+    from kvtool.streams import LiveSource
 
 EXAMPLES = examples(
     "serve tcp://127.0.0.1:5557 --replay-endpoint tcp://127.0.0.1:5558",
@@ -167,8 +168,9 @@ def serve(
     when batches were lost).
     """
     from kvtool.commands._process import give_back_big_buffers
+    from kvtool.report.feed import ReportFeed
     from kvtool.serve import Exporter, run_serve, warm_up
-    from kvtool.top import RecordingSource, ReportFeed
+    from kvtool.streams import RecordingSource
 
     give_back_big_buffers()  # a server runs for days: freed state tables go back (glibc)
     env = get_env()
@@ -280,8 +282,8 @@ def live_source(
     from kvtool.capture import load_groups
     from kvtool.endpoints import expand_endpoints
     from kvtool.outputs import OutputKind, check_output, is_stdout
-    from kvtool.top import LiveSource
-    from kvtool.top import ReportFeed as Feed
+    from kvtool.report.feed import ReportFeed as Feed
+    from kvtool.streams import LiveSource
 
     sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
     if record is not None:

@@ -23,7 +23,8 @@ from kvtool.commands.serve import is_recording
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
-    from kvtool.top import LiveSource, RecordingSource, ReportFeed
+    from kvtool.report.feed import ReportFeed
+    from kvtool.streams import LiveSource, RecordingSource
     from kvtool.top import TopView as TopState
 
 EXAMPLES = examples(
@@ -109,7 +110,8 @@ def top(
     until q. Without a terminal, or with --once, it prints a plain block every --interval
     and exits after --duration or at the end of a recording.
     """
-    from kvtool.top import RecordingSource, ReportFeed
+    from kvtool.report.feed import ReportFeed
+    from kvtool.streams import RecordingSource
     from kvtool.top import TopView as View
 
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
@@ -201,7 +203,7 @@ def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> l
         The lines, none when nothing is missing.
     """
     from kvtool.commands import missing_batches
-    from kvtool.top import RecordingSource
+    from kvtool.streams import RecordingSource
 
     lines: list[str] = []
     if isinstance(source, RecordingSource):
@@ -231,8 +233,8 @@ def _finish(
 
     Returns the exit status: 3 when anything is missing.
     """
+    from kvtool.streams import LiveSource
     from kvtool.text import printable
-    from kvtool.top import LiveSource
 
     env = get_env()
     if isinstance(source, LiveSource) and record is not None:

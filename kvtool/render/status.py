@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kvtool.capture import CaptureResult, CaptureStats
-    from kvtool.publish import PublishStats
+    from kvtool.pacing import PublishStats
 
 Segment = tuple[str, str]
 """A piece of status text and its rich style ("" for none); never split across lines."""

@@ -15,7 +15,8 @@ from kvtool.top import sparkline
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from kvtool.top import Health, TopModel, TopRow
+    from kvtool.streams import Health
+    from kvtool.top import TopModel, TopRow
 
 # Short headers with units, so the table fits 80 columns: label 18, numbers 7-9, spark 12.
 HEADERS = ("live", "peak", "store/s", "evict/s", "recomp/s", "orphan", "p50 s")

@@ -6,8 +6,9 @@ multiset, FIFO lifetimes, recomputes, in numba), :mod:`~kvtool.report.attributio
 distinct hashes, peaks, percentiles, timeline), :mod:`~kvtool.report.findings` (what looks wrong),
 :mod:`~kvtool.report.builder` (drives them chunk by chunk), :mod:`~kvtool.report.run`
 (reads the input into a builder, finishes the report), :mod:`~kvtool.report.parallel`
-(``--jobs`` and ``--ray``) and :mod:`~kvtool.report.api` (``build_report``). They import
-one way, in that order.
+(``--jobs`` and ``--ray``), :mod:`~kvtool.report.api` (``build_report``) and
+:mod:`~kvtool.report.feed` (``ReportFeed``: the same engine fed incrementally, for ``top``
+and ``serve``). They import one way, in that order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from kvtool.report.aggregates import EXACT_LIFETIMES, MAX_TIMELINE_CELLS, Report
     from kvtool.report.api import build_report
     from kvtool.report.builder import ReportBuilder
+    from kvtool.report.feed import ReportFeed
     from kvtool.report.parallel import RAY_INSTALL_HINT
     from kvtool.report.procs import default_jobs
     from kvtool.report.run import finish_report, report_from_chunks, report_with
@@ -32,6 +34,7 @@ _LAZY = {
     "MAX_TIMELINE_CELLS": "kvtool.report.aggregates",
     "Report": "kvtool.report.aggregates",
     "ReportBuilder": "kvtool.report.builder",
+    "ReportFeed": "kvtool.report.feed",
     "build_report": "kvtool.report.api",
     "finish_report": "kvtool.report.run",
     "report_from_chunks": "kvtool.report.run",
@@ -64,6 +67,7 @@ __all__ = [
     "TIMELINE_COLUMNS",
     "Report",
     "ReportBuilder",
+    "ReportFeed",
     "build_report",
     "default_jobs",
     "finish_report",
