@@ -316,25 +316,6 @@ def test_any_bytes_roundtrip(
     path.unlink()
 
 
-def test_fast_message_path_writes_the_same_bytes_as_mcaps_add_message(tmp_path: Path) -> None:
-    """The writer's packed message records equal what mcap's own Writer.add_message writes."""
-    from kvtool.recording.writer import _has_fast_path
-
-    msgs = capture_messages("gemma3")
-    files = {}
-    for mode in ("fast", "public"):
-        path = tmp_path / f"{mode}.mcap"
-        with RecordingWriter(path, chunk_size=16 * 1024, context={"start_time": "fixed"}) as w:
-            assert _has_fast_path(w._writer)
-            if mode == "public":
-                w._add = w._add_public  # type: ignore[method-assign]
-            ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
-            for i, (_topic, seq, payload) in enumerate(msgs * 3):
-                w.write(ch, seq + (i // len(msgs)) * len(msgs), payload, 1_000 + i)
-        files[mode] = path.read_bytes()
-    assert files["fast"] == files["public"]
-
-
 # -- issue 9.3: typed records, JSON on disk unchanged ------------------------------------
 
 # The ledger exactly as the recorder builds it today (capture.Recorder.ledger()).

@@ -8,17 +8,12 @@ import fcntl
 import io
 import json
 import os
-import struct
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import IO, TypeVar
-
-import mcap.writer as _mcap_writer
-from mcap.records import MessageIndex
-from mcap.writer import CompressionType, Writer
 
 import kvtool
 from kvtool.errors import OutputError, RecordingError, RecordingPathError
@@ -32,146 +27,9 @@ from kvtool.outputs import (
 )
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
+from kvtool.recording.mcap_writer import McapWriter, check_compression
 
 T = TypeVar("T")
-
-# A message record: opcode, record length, then channel id, sequence, log and publish time.
-_MESSAGE_HEAD = struct.Struct("<BQHIQQ")
-_MESSAGE_FIXED = 2 + 4 + 8 + 8
-_OP_MESSAGE = 0x05
-
-
-def _has_fast_path(writer: Writer) -> bool:
-    """True when ``writer`` has the mcap internals :meth:`RecordingWriter._add_fast` uses."""
-    cb = getattr(writer, "_Writer__chunk_builder", None)
-    stats = getattr(writer, "_Writer__statistics", None)
-    return (
-        cb is not None
-        and stats is not None
-        and hasattr(writer, "_Writer__maybe_finalize_chunk")
-        and all(hasattr(cb, a) for a in ("message_indices", "num_messages", "record_writer"))
-        and isinstance(getattr(cb.record_writer, "_buffer", None), io.BytesIO)
-        and all(hasattr(stats, a) for a in ("channel_message_counts", "message_count"))
-    )
-
-
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_ZSTD_FHD = 0xE0  # single segment, 8-byte frame content size, no checksum, no dictionary
-_ZSTD_BLOCK = 128 * 1024  # the largest block zstd allows
-_LZ4_BLOCK = 64 * 1024  # the header's block size
-
-
-def raw_zstd_frame(data: bytes) -> bytes:
-    """Return ``data`` as a zstd frame of raw (stored, uncompressed) blocks.
-
-    A standard zstd frame (RFC 8878 §3.1.1) that every zstd decoder reads back as
-    ``data``, about as large as ``data`` itself.
-
-    Args:
-        data: The bytes.
-
-    Returns:
-        The frame.
-    """
-    out = bytearray(_ZSTD_MAGIC)
-    out.append(_ZSTD_FHD)
-    out += len(data).to_bytes(8, "little")
-    view = memoryview(data)
-    pos = 0
-    while True:
-        block = view[pos : pos + _ZSTD_BLOCK]
-        pos += len(block)
-        last = pos >= len(data)
-        out += ((len(block) << 3) | int(last)).to_bytes(3, "little")  # block type 0: raw
-        out += block
-        if last:
-            return bytes(out)
-
-
-def raw_lz4_frame(data: bytes) -> bytes:
-    """Return ``data`` as an LZ4 frame of uncompressed blocks (LZ4 frame format §3).
-
-    The frame header comes from ``lz4`` itself (independent 64 KiB blocks, no checksums);
-    each block's size has its high bit set: stored as is.
-
-    Args:
-        data: The bytes.
-
-    Returns:
-        The frame, which ``lz4.frame.decompress`` reads back as ``data``.
-    """
-    import lz4.frame  # type: ignore[import-untyped]
-
-    header = lz4.frame.compress(
-        b"", block_size=lz4.frame.BLOCKSIZE_MAX64KB, block_linked=False, store_size=False
-    )[:7]
-    out = bytearray(header)
-    view = memoryview(data)
-    for pos in range(0, len(data), _LZ4_BLOCK):
-        block = view[pos : pos + _LZ4_BLOCK]
-        out += (len(block) | 0x80000000).to_bytes(4, "little")
-        out += block
-    out += b"\x00\x00\x00\x00"  # end mark
-    return bytes(out)
-
-
-class _BoundedLz4Frame:
-    """Stands in for ``lz4.frame`` inside ``mcap.writer``, as :class:`_BoundedZstd` does."""
-
-    def __init__(self, real: object) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-    def compress(self, data: bytes, *args: object, **kwargs: object) -> bytes:
-        out: bytes = self._real.compress(data, *args, **kwargs)  # type: ignore[attr-defined]
-        if fmt.chunk_size_limit("lz4", len(out)) < len(data):
-            return raw_lz4_frame(data)
-        return out
-
-
-class _Lz4Namespace:
-    """``lz4`` as ``mcap.writer`` sees it: the real package with a bounded ``frame``."""
-
-    def __init__(self, real: object) -> None:
-        self._real = real
-        self.frame = _BoundedLz4Frame(real.frame)  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-
-class _BoundedZstd:
-    """Stands in for the ``zstandard`` module inside ``mcap.writer``.
-
-    The reader bounds a chunk's decompression ratio (``format.chunk_size_limit``) so a
-    hostile file cannot inflate without limit. A hostile *peer* can send payloads that
-    compress beyond that bound (megabytes of zeros, the same reply again and again); such a
-    chunk is stored in raw zstd blocks instead, so kvtool never writes a file its own reader
-    refuses and no received batch is lost. Every other chunk is compressed exactly as
-    ``mcap`` does, once.
-    """
-
-    def __init__(self, real: object) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._real, name)
-
-    def compress(self, data: bytes, *args: object, **kwargs: object) -> bytes:
-        out: bytes = self._real.compress(data, *args, **kwargs)  # type: ignore[attr-defined]
-        if fmt.chunk_size_limit("zstd", len(out)) < len(data):
-            return raw_zstd_frame(data)
-        return out
-
-
-# Installed once per process: every chunk kvtool's writer (through mcap) compresses passes here.
-if not isinstance(getattr(_mcap_writer, "zstandard", None), _BoundedZstd | None):
-    _mcap_writer.zstandard = _BoundedZstd(_mcap_writer.zstandard)  # type: ignore[attr-defined,assignment,unused-ignore]
-if not isinstance(getattr(_mcap_writer, "lz4", None), _Lz4Namespace | None):
-    _mcap_writer.lz4 = _Lz4Namespace(_mcap_writer.lz4)  # type: ignore[attr-defined,assignment,unused-ignore]
-
 
 _U64 = 1 << 64
 
@@ -179,7 +37,7 @@ _U64 = 1 << 64
 class _Positioned:
     """A stream that counts the bytes written to it, for a pipe that cannot ``tell()``.
 
-    mcap's Writer asks its stream for the offset of every record it indexes; a pipe
+    The MCAP writer asks its stream for the offset of every record it indexes; a pipe
     (``replay -o - | cat > copy.mcap``) answers "Illegal seek" (issue 24). What the reader
     of the pipe receives starts at offset 0, so the offset is the count of bytes written.
     """
@@ -270,13 +128,10 @@ class RecordingWriter:
     ) -> None:
         self.path = os.fspath(path)
         try:
-            comp = {
-                "zstd": CompressionType.ZSTD,
-                "lz4": CompressionType.LZ4,
-                "none": CompressionType.NONE,
-            }[compression]
+            comp = {"zstd": "zstd", "lz4": "lz4", "none": ""}[compression]
         except KeyError:
             raise RecordingError(f"unknown compression {compression!r} (zstd, lz4, none)") from None
+        check_compression(comp)  # before the output is opened
         if chunk_size <= 0 or flush_interval_ns <= 0:
             raise RecordingError(
                 f"chunk_size ({chunk_size}) and flush_interval_ns ({flush_interval_ns}) "
@@ -290,9 +145,7 @@ class RecordingWriter:
         self._wrapped: io.BufferedWriter | None = None
         self._own_file = stream is None
         self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
-        self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp)
-        self._chunk_size = chunk_size
-        self._add = self._add_fast if _has_fast_path(self._writer) else self._add_public
+        self._writer = McapWriter(self._file, chunk_size=chunk_size, compression=comp)
         self._flush_interval_ns = flush_interval_ns
         self._last_flush = time.monotonic_ns()
         self._closed = False
@@ -345,7 +198,7 @@ class RecordingWriter:
                 raise RecordingPathError(str(err)) from None
             if isinstance(stream, io.RawIOBase):
                 # An unbuffered stream (stdout under PYTHONUNBUFFERED=1 is a FileIO): mcap's
-                # Writer would wrap it in a buffer of its own that nobody flushes, so the
+                # Writer wrapped it in a buffer of its own that nobody flushed, so the
                 # recording's end reached stdout only at exit, and a write error (disk
                 # full) was never seen. Buffer it here, where flush() and close() see it.
                 self._wrapped = io.BufferedWriter(stream)
@@ -556,62 +409,15 @@ class RecordingWriter:
             )
         self._last_seq[channel_id] = seq
         self._guard(
-            lambda: self._add(channel_id, log_time, payload, publish_time, seq & fmt.SEQ_MASK)
+            lambda: self._writer.add_message(
+                channel_id, log_time, payload, publish_time, seq & fmt.SEQ_MASK
+            )
         )
         self.messages_written += 1
         self.bytes_written += len(payload)
         if self._staged is not None:
             self._take_place()
         self.maybe_flush()
-
-    def _add_fast(
-        self, channel_id: int, log_time: int, payload: bytes, publish_time: int, seq32: int
-    ) -> None:
-        """Append a message record straight into the open chunk.
-
-        ``mcap``'s ``Writer.add_message`` builds a ``Message`` object and writes it field
-        by field (~14 us a message, most of the recorder's write cost); this packs the
-        record with one ``struct`` call and keeps the same statistics, chunk times and
-        message index the library's summary is built from. Used only when the installed
-        ``mcap`` has the internals it relies on (checked once, in ``__init__``).
-        """
-        w = self._writer
-        stats = w._Writer__statistics  # type: ignore[attr-defined]
-        cb = w._Writer__chunk_builder  # type: ignore[attr-defined]
-        if stats.message_count == 0 or log_time < stats.message_start_time:
-            stats.message_start_time = log_time
-        if log_time > stats.message_end_time:
-            stats.message_end_time = log_time
-        stats.channel_message_counts[channel_id] += 1
-        stats.message_count += 1
-        if cb.num_messages == 0 or log_time < cb.message_start_time:
-            cb.message_start_time = log_time
-        if log_time > cb.message_end_time:
-            cb.message_end_time = log_time
-        index = cb.message_indices.get(channel_id)
-        if index is None:
-            index = cb.message_indices[channel_id] = MessageIndex(channel_id=channel_id, records=[])
-        buf = cb.record_writer._buffer
-        index.records.append((log_time, buf.tell()))
-        cb.num_messages += 1
-        buf.write(
-            _MESSAGE_HEAD.pack(
-                _OP_MESSAGE,
-                _MESSAGE_FIXED + len(payload),
-                channel_id,
-                seq32,
-                log_time,
-                publish_time,
-            )
-        )
-        buf.write(payload)
-        if buf.tell() > self._chunk_size:
-            w._Writer__maybe_finalize_chunk()  # type: ignore[attr-defined]
-
-    def _add_public(
-        self, channel_id: int, log_time: int, payload: bytes, publish_time: int, seq32: int
-    ) -> None:
-        self._writer.add_message(channel_id, log_time, payload, publish_time, seq32)
 
     def add_metadata(self, name: str, values: dict[str, object]) -> None:
         """Write a metadata record; every value is stored as JSON.
