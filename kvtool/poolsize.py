@@ -20,14 +20,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvtool.errors import KvtoolError, MetadataError
+from kvtool.poolbounds import MAX_POOL_BLOCKS, MIN_POOL_BLOCKS
 from kvtool.text import printable
 
 POOL_KEYS = ("num_gpu_blocks", "pool_blocks")
 """Keys of a groups file object that give the pool size."""
-MIN_POOL_BLOCKS = 2
-"""The smallest pool: vLLM's null block plus one usable block."""
-MAX_POOL_BLOCKS = 2**40
-"""Far above any real pool; larger values are refused as input errors."""
+__all__ = [
+    "MAX_POOL_BLOCKS",
+    "MIN_POOL_BLOCKS",
+    "POOL_KEYS",
+    "PoolSize",
+    "groups_file_pool_blocks",
+    "pool_blocks_of",
+    "read_groups_json",
+    "recording_pool_blocks",
+    "resolve_pool_blocks",
+    "valid_pool_blocks",
+]
 
 
 def valid_pool_blocks(value: object) -> bool:

@@ -32,7 +32,7 @@ from typing import Annotated
 
 import msgspec
 
-from kvtool.poolsize import MAX_POOL_BLOCKS, MIN_POOL_BLOCKS
+from kvtool.poolbounds import MAX_POOL_BLOCKS, MIN_POOL_BLOCKS
 from kvtool.recording import format as fmt
 
 Seq = Annotated[int, msgspec.Meta(ge=0)]
