@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
+from kvtool.commands._live import is_recording, live_source, open_server, source_problems
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
@@ -23,8 +23,6 @@ from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
     from kvtool.report.feed import ReportFeed
-    from kvtool.serve import Exporter
-    from kvtool.serve_http import MetricsServer
     from kvtool.streams import LiveSource
 
 EXAMPLES = examples(
@@ -75,34 +73,6 @@ RememberKeys = Annotated[
 ]
 DEFAULT_REMEMBER_KEYS = 1_000_000
 """``--remember-keys``'s default: ~60-120 MB of state per rank (57 bytes a table slot)."""
-
-
-def is_recording(targets: list[str]) -> bool:
-    """True when ``targets`` is one recording (FILE.mcap, or an existing file)."""
-    if len(targets) != 1:
-        return False
-    t = targets[0]
-    return t.endswith(".mcap") or (os.path.isfile(t) and "://" not in t)
-
-
-def open_server(addr: str, exporter: Exporter) -> MetricsServer:
-    """Bind ``/metrics`` at ``addr`` (``--metrics``) and say where on stderr.
-
-    Args:
-        addr: ``HOST:PORT`` or ``PORT``.
-        exporter: The :class:`kvtool.serve.Exporter`.
-
-    Returns:
-        The started :class:`kvtool.serve.MetricsServer`.
-    """
-    from kvtool.serve_http import MetricsServer, is_loopback, parse_bind
-
-    host, port = parse_bind(addr)
-    server = MetricsServer(exporter, host, port).start()
-    env = get_env()
-    note = "" if is_loopback(host) else " (not loopback: reachable from other hosts)"
-    env.err.print(f"kvtool: serving {server.url}{note}", markup=False, highlight=False)
-    return server
 
 
 def serve(
@@ -239,79 +209,12 @@ def serve(
         server.stop()
     # What the numbers miss (lost batches, a tail never confirmed, damage): one line each
     # and exit 3, as top and report say it (issue 23).
-    from kvtool.commands.top import source_problems
     from kvtool.text import printable
 
     lines = source_problems(source, feed)
     for line in lines:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
     return ExitStatus.DAMAGED if lines or source.health().lost else ExitStatus.OK
-
-
-def live_source(
-    targets: list[str],
-    replay: list[str] | None,
-    dp_size: int | None,
-    topic: str,
-    record: Path | None,
-    force: bool,
-    groups: Path | None,
-    replay_timeout: str,
-    *,
-    whole_stream: bool = False,
-    max_keys: int | None = None,
-) -> tuple[LiveSource, ReportFeed]:
-    """Build the live source and feed of `top`/`serve` from their options.
-
-    Args:
-        targets: The endpoints.
-        replay: ``--replay-endpoint`` values.
-        dp_size: ``--dp-size``.
-        topic: ``--topic``.
-        record: ``--record FILE``.
-        force: ``--force``.
-        groups: ``--groups FILE``.
-        replay_timeout: ``--replay-timeout``.
-        whole_stream: The feed also keeps the whole stream's report (``top``'s views),
-            not only the per-rank ones (``serve``).
-        max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
-
-    Returns:
-        (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
-    """
-    from kvtool.capture import load_groups
-    from kvtool.endpoints import expand_endpoints
-    from kvtool.outputs import OutputKind, check_output, is_stdout
-    from kvtool.report.feed import ReportFeed as Feed
-    from kvtool.streams import LiveSource
-
-    sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
-    if record is not None:
-        if is_stdout(record):
-            raise UsageError("--record -: a recording is a file; give a path")
-        check_output(
-            record,
-            kind=OutputKind.RECORDING,
-            force=force,
-            inputs=[groups] if groups is not None else [],
-        )
-    group_list = load_groups(groups) if groups is not None else None
-    replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
-    source = LiveSource(
-        sources,
-        record=str(record) if record is not None else None,
-        topic=topic,
-        force=force,
-        replay_timeout_ns=replay_ns,
-        groups=group_list,
-        groups_source=str(groups) if groups is not None else "",
-    )
-    feed = Feed(
-        groups_file=str(groups) if groups is not None else None,
-        whole_stream=whole_stream,
-        max_keys=max_keys,
-    )
-    return source, feed
 
 
 COMMANDS = {"serve": serve}

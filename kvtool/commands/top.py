@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
+from kvtool.commands._live import is_recording, live_source, open_server, source_problems
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
@@ -19,7 +20,6 @@ from kvtool.commands._options import (
     ReplayTimeout,
     Topic,
 )
-from kvtool.commands.serve import is_recording
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -131,15 +131,12 @@ def top(
         source = RecordingSource(targets[0], speed=speed)
         feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
     else:
-        from kvtool.commands.serve import live_source
-
         source, feed = live_source(
             targets, replay, dp_size, topic, record, force, groups, replay_timeout,
             whole_stream=True,
         )  # fmt: skip
     state = View(source=source, feed=feed, view=view.value)
     if metrics is not None:
-        from kvtool.commands.serve import open_server
         from kvtool.serve import Exporter, ExportingView
 
         exporter = Exporter()
@@ -186,44 +183,6 @@ def _run(state: TopState, once: bool, interval_s: float, duration_s: float | Non
     # The final numbers stay in the scrollback after the alternate screen is gone.
     env.stdout.write(plain_block(state.model, state.view))
     env.stdout.flush()
-
-
-def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> list[str]:
-    """What the numbers of ``top``'s or ``serve``'s source miss: one line each (issue 24).
-
-    A damaged or truncated recording, batches lost while recording, a channel tail the
-    replay socket never confirmed (issue 23), and malformed batches or events; any of
-    them exits 3, as ``report`` does for the same file.
-
-    Args:
-        source: The source, stopped.
-        feed: The report feed it was fed into.
-
-    Returns:
-        The lines, none when nothing is missing.
-    """
-    from kvtool.commands import missing_batches
-    from kvtool.streams import RecordingSource
-
-    lines: list[str] = []
-    if isinstance(source, RecordingSource):
-        if source.recovery.damaged:
-            lines.append(source.recovery.summary())
-        lines += missing_batches([source.path])
-    else:
-        # The live recorder's ledger, in the words a recording's ledger is said in: lost
-        # batches and (issue 23) a tail asked for and never confirmed, each exits 3.
-        from kvtool.recording.unconfirmed import ledger_lines
-
-        lines += ledger_lines(source.path, source.recorder.ledger())
-    st = feed.stats
-    if st.bad_batches or st.skipped_events:
-        first = f" (first: {st.problems[0]})" if st.problems else ""
-        lines.append(
-            f"{source.path}: skipped {st.bad_batches} malformed batch(es) and "
-            f"{st.skipped_events} event(s){first}; the numbers miss them"
-        )
-    return lines
 
 
 def _finish(

@@ -1,0 +1,152 @@
+"""What ``top`` and ``serve`` share: a recording or endpoints, the live source, /metrics, the gaps.
+
+Both commands read a recording or live endpoints, can serve ``/metrics``, and say at the
+end what their numbers miss; the helpers live here so neither command imports the other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtool.commands import get_env, parse_duration_ns
+from kvtool.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvtool.report.feed import ReportFeed
+    from kvtool.serve import Exporter
+    from kvtool.serve_http import MetricsServer
+    from kvtool.streams import LiveSource, RecordingSource
+
+
+def is_recording(targets: list[str]) -> bool:
+    """True when ``targets`` is one recording (FILE.mcap, or an existing file)."""
+    if len(targets) != 1:
+        return False
+    t = targets[0]
+    return t.endswith(".mcap") or (os.path.isfile(t) and "://" not in t)
+
+
+def open_server(addr: str, exporter: Exporter) -> MetricsServer:
+    """Bind ``/metrics`` at ``addr`` (``--metrics``) and say where on stderr.
+
+    Args:
+        addr: ``HOST:PORT`` or ``PORT``.
+        exporter: The :class:`kvtool.serve.Exporter`.
+
+    Returns:
+        The started :class:`kvtool.serve.MetricsServer`.
+    """
+    from kvtool.serve_http import MetricsServer, is_loopback, parse_bind
+
+    host, port = parse_bind(addr)
+    server = MetricsServer(exporter, host, port).start()
+    env = get_env()
+    note = "" if is_loopback(host) else " (not loopback: reachable from other hosts)"
+    env.err.print(f"kvtool: serving {server.url}{note}", markup=False, highlight=False)
+    return server
+
+
+def live_source(
+    targets: list[str],
+    replay: list[str] | None,
+    dp_size: int | None,
+    topic: str,
+    record: Path | None,
+    force: bool,
+    groups: Path | None,
+    replay_timeout: str,
+    *,
+    whole_stream: bool = False,
+    max_keys: int | None = None,
+) -> tuple[LiveSource, ReportFeed]:
+    """Build the live source and feed of `top`/`serve` from their options.
+
+    Args:
+        targets: The endpoints.
+        replay: ``--replay-endpoint`` values.
+        dp_size: ``--dp-size``.
+        topic: ``--topic``.
+        record: ``--record FILE``.
+        force: ``--force``.
+        groups: ``--groups FILE``.
+        replay_timeout: ``--replay-timeout``.
+        whole_stream: The feed also keeps the whole stream's report (``top``'s views),
+            not only the per-rank ones (``serve``).
+        max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
+
+    Returns:
+        (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
+    """
+    from kvtool.capture import load_groups
+    from kvtool.endpoints import expand_endpoints
+    from kvtool.outputs import OutputKind, check_output, is_stdout
+    from kvtool.report.feed import ReportFeed as Feed
+    from kvtool.streams import LiveSource
+
+    sources = expand_endpoints(targets, replay=replay or (), dp_size=dp_size)
+    if record is not None:
+        if is_stdout(record):
+            raise UsageError("--record -: a recording is a file; give a path")
+        check_output(
+            record,
+            kind=OutputKind.RECORDING,
+            force=force,
+            inputs=[groups] if groups is not None else [],
+        )
+    group_list = load_groups(groups) if groups is not None else None
+    replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
+    source = LiveSource(
+        sources,
+        record=str(record) if record is not None else None,
+        topic=topic,
+        force=force,
+        replay_timeout_ns=replay_ns,
+        groups=group_list,
+        groups_source=str(groups) if groups is not None else "",
+    )
+    feed = Feed(
+        groups_file=str(groups) if groups is not None else None,
+        whole_stream=whole_stream,
+        max_keys=max_keys,
+    )
+    return source, feed
+
+
+def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> list[str]:
+    """What the numbers of ``top``'s or ``serve``'s source miss: one line each (issue 24).
+
+    A damaged or truncated recording, batches lost while recording, a channel tail the
+    replay socket never confirmed (issue 23), and malformed batches or events; any of
+    them exits 3, as ``report`` does for the same file.
+
+    Args:
+        source: The source, stopped.
+        feed: The report feed it was fed into.
+
+    Returns:
+        The lines, none when nothing is missing.
+    """
+    from kvtool.commands import missing_batches
+    from kvtool.streams import RecordingSource
+
+    lines: list[str] = []
+    if isinstance(source, RecordingSource):
+        if source.recovery.damaged:
+            lines.append(source.recovery.summary())
+        lines += missing_batches([source.path])
+    else:
+        # The live recorder's ledger, in the words a recording's ledger is said in: lost
+        # batches and (issue 23) a tail asked for and never confirmed, each exits 3.
+        from kvtool.recording.unconfirmed import ledger_lines
+
+        lines += ledger_lines(source.path, source.recorder.ledger())
+    st = feed.stats
+    if st.bad_batches or st.skipped_events:
+        first = f" (first: {st.problems[0]})" if st.problems else ""
+        lines.append(
+            f"{source.path}: skipped {st.bad_batches} malformed batch(es) and "
+            f"{st.skipped_events} event(s){first}; the numbers miss them"
+        )
+    return lines
