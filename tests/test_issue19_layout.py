@@ -1,4 +1,4 @@
-"""Issue 19: report/ imports one way, and no module or class grows past its size goal.
+"""Issue 19: kvtool imports one way, and no module or class grows past its size goal.
 
 The import graph is read from the source (every ``import`` that runs: module level and
 inside functions, not under ``TYPE_CHECKING``), so a cycle hidden behind a function-level
@@ -27,6 +27,12 @@ OVER_MODULE_GOAL = {
     "kvtool/report/kernel.py",
     "kvtool/scan.py",
 }
+# Known import cycles, not to grow: each strongly connected set of modules, sorted.
+KNOWN_CYCLES = [
+    # A function-level import of WhatIfRefused; the what-if work owns those files (the
+    # strict xfail below says when it is gone).
+    ["kvtool.report.whatif", "kvtool.report.whatif.extract"],
+]
 OVER_CLASS_GOAL = {
     ("kvtool/recording/writer.py", "RecordingWriter"),
     ("kvtool/report/builder.py", "ReportBuilder"),
@@ -157,11 +163,33 @@ def test_issue19_whatif_imports_one_way() -> None:
 )
 def test_issue19_split_modules_import_one_way(package: str) -> None:
     """The modules split out of capture, recording, annotate, top, serve and publish."""
-    assert [c for c in cycles("kvtool") if any(m.startswith(package) for m in c)] in (
-        [],
-        # poolsize -> recording.reader -> recording.ledger -> poolsize: not a split's.
-        [["kvtool.poolsize", "kvtool.recording.ledger", "kvtool.recording.reader"]],
-    )
+    assert [c for c in cycles("kvtool") if any(m.startswith(package) for m in c)] == []
+
+
+def test_issue19_kvtool_imports_one_way() -> None:
+    """All of kvtool: no import cycle but the listed debt (module- and function-level)."""
+    assert [c for c in cycles("kvtool") if c not in KNOWN_CYCLES] == []
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        # The pool size's bounds are a leaf: the recording's struct no longer imports
+        # poolsize, which reads recordings.
+        ("kvtool.poolsize", "kvtool.recording.reader"),
+        ("kvtool.recording.ledger", "kvtool.poolbounds"),
+        # top and serve share kvtool.commands._live, neither imports the other.
+        ("kvtool.commands.top", "kvtool.commands._live"),
+        ("kvtool.commands.serve", "kvtool.commands._live"),
+    ],
+)
+def test_issue19_cycles_broken_one_way(importer: str, imported: str) -> None:
+    graph = import_graph()
+    assert imported in graph[importer]
+    assert importer not in graph[imported]
+    assert "kvtool.poolsize" not in graph["kvtool.recording.ledger"]
+    assert "kvtool.commands.serve" not in graph["kvtool.commands.top"]
+    assert "kvtool.commands.top" not in graph["kvtool.commands.serve"]
 
 
 def test_issue19_the_graph_sees_function_level_imports() -> None:
