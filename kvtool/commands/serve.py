@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
+from kvtool.commands._process import give_back_big_buffers
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
@@ -166,11 +167,9 @@ def serve(
     key). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
-    from kvtool.commands._process import give_back_big_buffers
     from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.top import RecordingSource, ReportFeed
 
-    give_back_big_buffers()  # a server runs for days: freed state tables go back (glibc)
     env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (
@@ -314,6 +313,10 @@ def live_source(
 
 COMMANDS = {"serve": serve}
 COMMAND_OPTIONS = {"serve": {"epilog": EXAMPLES}}
+# Made by the console script's entry (kvtool.cli.main) for a `kvtool serve` process, never
+# by the command function, which tests and other programs call in their own process.
+# A server runs for days: freed state tables go back to the system (glibc).
+PROCESS_SETTINGS = {"serve": give_back_big_buffers}
 HELP_PANELS = {
     "serve": {
         "Serving": [
