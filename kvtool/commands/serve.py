@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
-from kvtool.commands._process import give_back_big_buffers
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
@@ -20,6 +19,7 @@ from kvtool.commands._options import (
     ReplayTimeout,
     Topic,
 )
+from kvtool.commands._process import give_back_big_buffers
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
