@@ -13,6 +13,7 @@ fixed 1 MiB threshold it is a mapping of its own (``mallinfo2().hblks`` counts t
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import subprocess
 import sys
@@ -95,3 +96,50 @@ def test_issue19_serve_called_in_process_changes_nothing_process_wide() -> None:
 @pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc >= 2.33 only")
 def test_issue19_serve_process_entry_fixes_the_mmap_threshold() -> None:
     assert _serve_then_probe("entry") == "fixed"
+
+
+_JIT_MODULE = """
+from kvtool._jit import helper_kernel, kernel
+
+
+@helper_kernel
+def twice(x):
+    return 2 * x
+
+
+@kernel
+def total(a):
+    s = 0
+    for v in a:
+        s += twice(v)
+    return s
+"""
+
+_JIT_RUN = """
+import numpy as np
+import jitmod
+
+print(jitmod.total(np.arange(5, dtype=np.int64)), sum(jitmod.total.stats.cache_hits.values()))
+"""
+
+
+def test_issue19_helper_kernel_is_called_from_a_kernel_and_cached(tmp_path: Path) -> None:
+    """A helper without Python wrappers (``helper_kernel``) computes as a kernel does, and
+    its caller is loaded from numba's disk cache by the next process."""
+    (tmp_path / "jitmod.py").write_text(_JIT_MODULE)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    env["PYTHONPATH"] = str(tmp_path)
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _JIT_RUN],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env=env,
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert [r.stdout.split() for r in runs] == [["20", "0"], ["20", "1"]]
