@@ -46,6 +46,40 @@ def run_child(cmd: list[str], *, cpus: str | None = None, env: dict[str, str] | 
     return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0, proc.returncode)
 
 
+def run_child_tty(cmd: list[str], *, env: dict[str, str] | None = None,
+                  stdout: Any = subprocess.DEVNULL) -> tuple[Run, str]:
+    """:func:`run_child` with stderr on a pseudo-terminal (what a person at a terminal sees).
+
+    Returns the run and everything the child wrote to stderr (a terminal's ``\\r\\n`` as
+    ``\\n``): kvtool says some things only to a terminal (the cold-compile notice).
+    """
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child's side is closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        run = run_child(cmd, env=env, stdout=stdout, stderr=slave)
+    finally:
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+    return run, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -3,6 +3,7 @@
 Each of the three is run ``--runs`` times as its own process (same conditions: a fresh
 interpreter, imports included), interleaved, and the medians compared:
 
+- physical: the physical floor, read the file and decompress every chunk (no decoding);
 - floor: read every payload with ``kvtool.recording.open_recording`` and decode it once
   with a minimal typed msgspec decoder (only the fields a report needs: hashes, token
   ids, group, kind, window), nothing else;
@@ -15,13 +16,20 @@ interpreter, imports included), interleaved, and the medians compared:
 - report: ``python -m kvtool report FILE --format json -q`` (``--jobs`` as the CLI defaults);
 - report-jN (``--jobs 1,2``): the same with ``--jobs N``;
 - report-ray (``--ray ADDRESS``): the same with ``--ray ADDRESS`` (``local`` starts a
-  Ray instance inside the kvtool process: its start-up is part of the time).
+  Ray instance inside the kvtool process: its start-up is part of the time);
+- ``--imports``: the import cost, ``python -c pass`` (python) against
+  ``python -c "import kvtool.cli, typer.main, kvtool.commands.report, kvtool.report.api"``
+  (import-report: what ``kvtool report`` imports before it reads a byte);
+- ``--cold N``: N cold runs (report-cold: the report with an empty ``NUMBA_CACHE_DIR`` of
+  its own, so every kernel compiles), each followed by a warm run (report-warm: the same
+  cache, now filled); stderr is a pseudo-terminal, and the lines it shows are kept (a cold
+  run says once that it is compiling).
 
 The report's counts are checked against the hand loop's and against the generator's
 truth file. Goals (issue 5): report <= 3x floor, <= 0.3x hand, >= 2 M block events/s.
 
     python3 bench/bench_report.py bench/data/big1.mcap --runs 5 [--cpus 1] \
-        [--jobs 1,2] [--ray local] [--no-hand]
+        [--jobs 1,2] [--ray local] [--no-hand] [--imports] [--cold 2]
 
 Peak RSS is that of the measured process (for ``--jobs`` > 1 and Ray: the driver only).
 """
@@ -39,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from _common import ROOT, kvtool_cmd, median, run_child, save_result
+from _common import ROOT, kvtool_cmd, median, run_child, run_child_tty, save_result
 
 COUNT_COLUMNS = ("store_events", "blocks_stored", "tokens_stored", "remove_events",
                  "blocks_removed", "blocks_cleared", "live_blocks_end", "peak_live_blocks",
@@ -118,6 +126,24 @@ def floor(path: str) -> dict[str, Any]:
             batches += 1
             events += len(b.events)
     return {"batches": batches, "events": events}
+
+
+def physical(path: str) -> dict[str, Any]:
+    """The physical floor: read the file and decompress every chunk, nothing else."""
+    import zstandard
+    from mcap.records import Chunk
+    from mcap.stream_reader import StreamReader
+
+    unzstd = zstandard.ZstdDecompressor()
+    chunks = size = 0
+    with open(path, "rb") as f:
+        for record in StreamReader(f, emit_chunks=True, validate_crcs=False).records:
+            if isinstance(record, Chunk):
+                data = (unzstd.decompress(record.data, max_output_size=record.uncompressed_size)
+                        if record.compression == "zstd" else record.data)
+                chunks += 1
+                size += len(data)
+    return {"chunks": chunks, "bytes": size}
 
 
 # --- hand loop -----------------------------------------------------------------------------
@@ -284,8 +310,32 @@ def compare(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str,
 
 
 def _child(mode: str, path: str, out: str) -> None:
-    res = floor(path) if mode == "floor" else hand(path)
+    res = {"floor": floor, "physical": physical, "hand": hand}[mode](path)
     Path(out).write_text(json.dumps(res))
+
+
+# What `kvtool report` imports before it reads a byte (the console script, the command,
+# the report library: numba, polars, numpy, msgspec).
+IMPORT_REPORT = "import kvtool.cli, typer.main, kvtool.commands.report, kvtool.report.api"
+
+
+def _cold_runs(rec: Path, n: int, tmp: Path) -> dict[str, Any]:
+    """N cold reports (each with an empty JIT cache of its own), each followed by a warm one."""
+    out: dict[str, Any] = {"report-cold": [], "report-warm": [], "stderr_lines": []}
+    for i in range(n):
+        cache = Path(tempfile.mkdtemp(prefix="kvbench-jit-"))
+        env = {"NUMBA_CACHE_DIR": str(cache)}
+        cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q",
+               "-o", str(tmp / "cold.json"), "--force"]
+        for kind in ("report-cold", "report-warm"):
+            r, err = run_child_tty(cmd, env=env)
+            out[kind].append(r)
+            if kind == "report-cold":
+                out["stderr_lines"].append(err.splitlines())
+            print(f"cold {i + 1} {kind} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
+                  f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}", file=sys.stderr)
+        subprocess.run(["rm", "-rf", str(cache)], check=False)
+    return out
 
 
 def main() -> int:
@@ -298,6 +348,10 @@ def main() -> int:
                     help="comma list of --jobs values to time as report-jN (e.g. 1,2)")
     ap.add_argument("--ray", default=None, metavar="ADDRESS",
                     help="also time report --ray ADDRESS (e.g. local)")
+    ap.add_argument("--imports", action="store_true",
+                    help="also time python -c pass against the report's imports")
+    ap.add_argument("--cold", type=int, default=0, metavar="N",
+                    help="also N cold runs (empty NUMBA_CACHE_DIR), each with a warm run after")
     ap.add_argument("--child", nargs=3, metavar=("MODE", "PATH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -308,9 +362,10 @@ def main() -> int:
     truth = json.loads(truth_path.read_text()) if truth_path.exists() else None
     tmp = Path(tempfile.mkdtemp(prefix="kvbench-"))
     jobs = [int(j) for j in args.jobs.split(",")] if args.jobs else []
-    modes = (["floor", "report"] + [f"report-j{j}" for j in jobs]
+    modes = (["physical", "floor", "report"] + [f"report-j{j}" for j in jobs]
              + (["report-ray"] if args.ray else [])
-             + ([] if args.no_hand else ["hand", "hand-user"]))
+             + ([] if args.no_hand else ["hand", "hand-user"])
+             + (["python", "import-report"] if args.imports else []))
     runs: dict[str, list[Any]] = {m: [] for m in modes}
     outputs: dict[str, Any] = {}
     for i in range(args.runs):
@@ -327,6 +382,10 @@ def main() -> int:
                     out.unlink()
             elif mode == "hand-user":
                 cmd = [sys.executable, str(Path(__file__).with_name("hand_report.py")), str(rec)]
+            elif mode == "python":
+                cmd = [sys.executable, "-c", "pass"]
+            elif mode == "import-report":
+                cmd = [sys.executable, "-c", IMPORT_REPORT]
             else:
                 cmd = [sys.executable, __file__, "--child", mode, str(rec), str(out)]
             if mode == "hand-user":
@@ -341,6 +400,7 @@ def main() -> int:
                   f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}", file=sys.stderr)
             if out.exists():
                 outputs[mode] = json.loads(out.read_text())
+    cold = _cold_runs(rec, args.cold, tmp) if args.cold else None
     med = {m: median([r.wall_s for r in runs[m]]) for m in modes}
     block_events = (truth or {}).get("generator", {}).get("block_events")
     if block_events is None and "report" in outputs:
@@ -353,11 +413,18 @@ def main() -> int:
         "runs": {m: runs[m] for m in modes},
         "median_wall_s": med,
         "ratio_report_over_floor": med["report"] / med["floor"],
+        "ratio_report_over_physical": med["report"] / med["physical"],
         "report_block_events_per_s": block_events / med["report"] if block_events else None,
         "floor_block_events_per_s": block_events / med["floor"] if block_events else None,
     }
     if "hand" in med:
         result["ratio_report_over_hand"] = med["report"] / med["hand"]
+    if args.imports:
+        result["median_cpu_s"] = {m: median([r.cpu_s for r in runs[m]]) for m in modes}
+        result["import_report_cpu_s"] = (result["median_cpu_s"]["import-report"]
+                                         - result["median_cpu_s"]["python"])
+    if cold is not None:
+        result["cold"] = cold
     if "hand-user" in med:
         result["ratio_report_over_hand_user"] = med["report"] / med["hand-user"]
     for m in modes:
@@ -384,6 +451,7 @@ def main() -> int:
     for m in modes:
         print(f"{m:7s} median wall {med[m]:.2f} s")
     print(f"report / floor = {result['ratio_report_over_floor']:.2f}  (goal <= 3)")
+    print(f"report / physical floor = {result['ratio_report_over_physical']:.2f}  (goal <= 10)")
     if "hand" in med:
         print(f"report / hand (bench loop)    = {result['ratio_report_over_hand']:.2f}")
     if "hand-user" in med:
@@ -392,6 +460,17 @@ def main() -> int:
     for m in modes:
         if m.startswith("report-"):
             print(f"{m} / report = {med[m] / med['report']:.2f}")
+    if args.imports:
+        cpu = result["median_cpu_s"]
+        print(f"imports of the report path: {result['import_report_cpu_s']:.2f} s CPU "
+              f"(import-report {cpu['import-report']:.2f} s, python -c pass {cpu['python']:.2f} s)"
+              f"; report {cpu['report']:.2f} s CPU in all")
+    if cold is not None:
+        for kind, goal in (("report-cold", "  (goal <= 10 s)"), ("report-warm", "")):
+            rs = cold[kind]
+            print(f"{kind}: median wall {median([r.wall_s for r in rs]):.2f} s, "
+                  f"CPU {median([r.cpu_s for r in rs]):.2f} s{goal}")
+        print(f"cold runs' stderr lines: {cold['stderr_lines']}")
     if block_events:
         print(f"report: {result['report_block_events_per_s'] / 1e6:.2f} M block events/s "
               f"(goal >= 2)")

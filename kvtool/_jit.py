@@ -30,6 +30,28 @@ def kernel(func: F) -> F:
     return numba.njit(cache=True, nogil=True)(func)  # type: ignore[return-value]
 
 
+def helper_kernel(func: F) -> F:
+    """:func:`kernel` for a helper that only other kernels call, never Python.
+
+    numba gives every compiled function a CPython wrapper (unboxing each argument) and a
+    C wrapper, links them into every kernel that calls it and optimises them again there,
+    at each level of calls; a helper called only from kernels never runs them. Without
+    them a cold first run compiles the decoder and the state kernel in ~15 % less CPU
+    (bench/RESULTS.md, issue 19 start-up); the machine code of the calls is the same.
+
+    Args:
+        func: A function written in numba's subset of Python.
+
+    Returns:
+        The compiled dispatcher, callable from kernels only.
+    """
+    import numba
+
+    # numba's target options for its own helpers (numba.core.extending's overloads).
+    wrappers: dict[str, Any] = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+    return numba.njit(cache=True, nogil=True, **wrappers)(func)  # type: ignore[no-any-return]
+
+
 def inline_kernel(func: F) -> F:
     """:func:`kernel` for a small helper inlined into its callers (numba ``inline="always"``).
 
@@ -47,4 +69,4 @@ def inline_kernel(func: F) -> F:
     return numba.njit(cache=True, nogil=True, inline="always")(func)  # type: ignore[return-value]
 
 
-__all__ = ["inline_kernel", "kernel"]
+__all__ = ["helper_kernel", "inline_kernel", "kernel"]

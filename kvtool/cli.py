@@ -265,6 +265,9 @@ def _silence_stdout() -> None:
 
 
 _registered: set[str] = set()
+# Process-wide settings a command asks for its own process (``PROCESS_SETTINGS`` of its
+# module), by command name; only :func:`main`, the process's entry, makes them.
+_process_settings: dict[str, Callable[[], object]] = {}
 
 
 def _command_modules() -> list[str]:
@@ -297,6 +300,7 @@ def _register(only: str | None = None) -> typer.Typer:
             continue
         _registered.add(name)
         module = importlib.import_module(f"kvtool.commands.{name}")
+        _process_settings.update(getattr(module, "PROCESS_SETTINGS", {}))
         for cmd_name, fn in getattr(module, "COMMANDS", {}).items():
             options: dict[str, Any] = {"cls": KvtoolCommand}
             options.update(getattr(module, "COMMAND_OPTIONS", {}).get(cmd_name, {}))
@@ -357,6 +361,11 @@ def _main(args: list[str], wanted: str | None) -> None:
         app = _get_app()  # `kvtool --version` prints before any command is looked at
     else:
         app = _register(wanted if wanted in _command_modules() else None)
+    setting = _process_settings.get(wanted) if wanted is not None else None
+    if setting is not None:
+        # This process runs that command (the console script, not a library call): its
+        # process-wide settings (serve: glibc's mmap threshold) are made here, once.
+        setting()
     cmd = typer.main.get_command(app)
     try:
         rv = cmd.main(prog_name="kvtool", standalone_mode=False)

@@ -1,4 +1,10 @@
-"""Process-wide settings a command makes for its own process, never a library call."""
+"""Process-wide settings a command asks for its own process, never a library call.
+
+A command module names them in ``PROCESS_SETTINGS`` (command name -> function); the
+console script's entry, :func:`kvtool.cli.main`, makes them for the command it runs. The
+command function itself (called in-process by tests and other programs through
+``kvtool.cli.app``) changes nothing process-wide.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ def give_back_big_buffers() -> bool:
     For a process that runs for days (``kvtool serve``): glibc's threshold otherwise rises
     to each freed mapping's size (up to 32 MiB), and the state's tables of ~16 MiB arrays,
     rebuilt now and then, are then carved from the heap, whose holes are never given back:
-    RSS grew by each rebuild. A process-wide setting, so only a command's entry calls it.
+    RSS grew by each rebuild. A process-wide setting: only the process's entry calls it
+    (``PROCESS_SETTINGS`` of :mod:`kvtool.commands.serve`).
 
     Returns:
         True if set (glibc); False elsewhere (nothing changed).

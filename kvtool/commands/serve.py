@@ -19,6 +19,7 @@ from kvtool.commands._options import (
     ReplayTimeout,
     Topic,
 )
+from kvtool.commands._process import give_back_big_buffers
 from kvtool.errors import ExitStatus, UsageError
 
 if TYPE_CHECKING:
@@ -137,12 +138,10 @@ def serve(
     key). Ctrl-C, SIGTERM or SIGHUP stops it (exit 0, or 3
     when batches were lost).
     """
-    from kvtool.commands._process import give_back_big_buffers
     from kvtool.report.feed import ReportFeed
     from kvtool.serve import Exporter, run_serve, warm_up
     from kvtool.streams import RecordingSource
 
-    give_back_big_buffers()  # a server runs for days: freed state tables go back (glibc)
     env = get_env()
     interval_s = parse_duration_ns(interval, option="--interval") / 1e9
     duration_s = (
@@ -219,6 +218,10 @@ def serve(
 
 COMMANDS = {"serve": serve}
 COMMAND_OPTIONS = {"serve": {"epilog": EXAMPLES}}
+# Made by the console script's entry (kvtool.cli.main) for a `kvtool serve` process, never
+# by the command function, which tests and other programs call in their own process.
+# A server runs for days: freed state tables go back to the system (glibc).
+PROCESS_SETTINGS = {"serve": give_back_big_buffers}
 HELP_PANELS = {
     "serve": {
         "Serving": [
