@@ -317,15 +317,18 @@ class _Columns:
         """
         self._flush()
         self._group_infos(rule)
-        cols = [
-            np.concatenate(c) if c else np.zeros(0, np.int64)
-            for c in zip(*self.pieces, strict=True)
-        ]
-        if not cols:
-            cols = [np.zeros(0, np.int64)] * 8
+        # One column at a time, each column's pieces let go as it is joined (the pieces
+        # and the joined columns are never all held at once).
+        by_col = [list(c) for c in zip(*self.pieces, strict=True)] or [[] for _ in range(8)]
+        self.pieces = []
+        cols: list[I64] = []
+        for i in range(len(by_col)):
+            parts, by_col[i] = by_col[i], []
+            cols.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+            del parts
         ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
         par_has = par_has_i.astype(np.bool_)
-        self.pieces = []
+        del par_has_i
         self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
         store_groups = sorted(g for g in self.info if g is not None)  # groups that stored
         has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
@@ -342,11 +345,10 @@ class _Columns:
         infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
-        occ_g = np.repeat(ev_gpos, ev_nh)
         occ_hid, par_hid, occ_key, key_of, n_hid, n_keys = intern(
-            occ_hash, par_hash[par_has], occ_g, n_groups
+            occ_hash, par_hash[par_has], ev_gpos, ev_nh, n_groups
         )
-        del occ_g
+        del occ_hash, par_hash, cols  # the hashes are numbered now
         ev_parent = np.full(len(ev_type), -1, np.int64)
         ev_parent[par_has] = par_hid
         ev_h0 = (
