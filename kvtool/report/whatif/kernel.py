@@ -154,14 +154,21 @@ def simulate(
     """
     n_groups = gkind.shape[0]
     n_ops = op_kind.shape[0]
-    n0 = np.zeros(n_keys, np.int64)
-    ph = np.zeros(n_keys, np.int64)
-    kin = np.zeros(n_keys, np.int64)
-    gc = np.zeros(n_keys, np.int64)
+    # Copies per key are small counts: 32 bits halve the replay's per-key memory.
+    n0 = np.zeros(n_keys, np.int32)
+    ph = np.zeros(n_keys, np.int32)
+    kin = np.zeros(n_keys, np.int32)
+    gc = np.zeros(n_keys, np.int32)
     seen = np.zeros(n_keys, np.bool_)
-    ent_key = np.zeros(n_ops + 1, np.int64)
-    ent_alive = np.zeros(n_ops + 1, np.bool_)
-    ent_prev = np.full(n_ops + 1, -1, np.int64)
+    # The ghost list gets one entry per remove, and one per Mamba state a request's hit
+    # puts back at the queue's tail.
+    n_ent = req_l0.shape[0] * n_groups + 1
+    for i in range(n_ops):
+        if op_kind[i] == OP_REMOVE:
+            n_ent += 1
+    ent_key = np.zeros(n_ent, np.int64)
+    ent_alive = np.zeros(n_ent, np.bool_)
+    ent_prev = np.full(n_ent, -1, np.int64)
     key_last = np.full(n_keys, -1, np.int64)
     head = 0
     tail = 0
