@@ -355,7 +355,7 @@ def build(
     req_cap = np.empty(n_req, np.int64)
     req_c0 = np.zeros(n_req + 1, np.int64)
     n_rows = 0
-    rows_h = np.empty(n_occ + 1, np.int64)
+    rows_h = np.empty(rec_nh[:n_rec].sum() + 1, np.int64)  # at most one row per record hash
     for q in range(n_req):
         r0 = by_req[cnt[q]]
         req_first[q] = r0

@@ -327,6 +327,7 @@ class _Columns:
             cols.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
             del parts
         ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
+        del cols
         par_has = par_has_i.astype(np.bool_)
         del par_has_i
         self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
@@ -342,13 +343,14 @@ class _Columns:
         order: list[int | None] = [*seen, *([None] if has_none else [])]
         lut = {(_NONE if g is None else g): i for i, g in enumerate(order)}
         ev_gpos = _map_small(ev_group, lut)
+        del ev_group
         infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
         occ_hid, par_hid, occ_key, key_of, n_hid, n_keys = intern(
             occ_hash, par_hash[par_has], ev_gpos, ev_nh, n_groups
         )
-        del occ_hash, par_hash, cols  # the hashes are numbered now
+        del occ_hash, par_hash  # the hashes are numbered now
         ev_parent = np.full(len(ev_type), -1, np.int64)
         ev_parent[par_has] = par_hid
         ev_h0 = (
