@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -137,7 +137,7 @@ class _Columns:
         self.channel = channel
         self.rank = rank
         self._reset()
-        self.pieces: list[tuple[I64, ...]] = []
+        self.pieces: list[tuple[npt.NDArray[np.signedinteger[Any]], ...]] = []
         self.batches = 0
         self.last_seq: int | None = None
         self.seq_regressions = 0
@@ -188,7 +188,7 @@ class _Columns:
         z = np.zeros(1, np.int64)
         e = np.zeros(0, np.int64)
         clear = np.full(1, EV_CLEAR, np.int64)
-        self.pieces.append((clear, z - 1, z, z, e, z, z, z + self.batches + 1))
+        self.pieces.append(_narrow(clear, z - 1, z, z, e, z, z, z + self.batches + 1))
 
     def scanned(
         self,
@@ -219,16 +219,7 @@ class _Columns:
         has = store & (has_par != 0)
         batch = np.repeat(np.arange(first, first + len(n_events), dtype=np.int64), n_events)
         self.pieces.append(
-            (
-                ev_type,
-                ev_group,
-                ev_nh,
-                ev_ntok,
-                keys,
-                np.where(has, par, 0),
-                has.astype(np.int64),
-                batch,
-            )
+            _narrow(ev_type, ev_group, ev_nh, ev_ntok, keys, np.where(has, par, 0), has, batch)
         )
         if not store.any():
             return
@@ -293,7 +284,7 @@ class _Columns:
         par_has[is_store] = s_has
         batch = np.array(self.ev_batch, np.int64)
         self.pieces.append(
-            (ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has.astype(np.int64), batch)
+            _narrow(ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has, batch)
         )
         self._reset()
 
@@ -321,7 +312,7 @@ class _Columns:
         # and the joined columns are never all held at once).
         by_col = [list(c) for c in zip(*self.pieces, strict=True)] or [[] for _ in range(8)]
         self.pieces = []
-        cols: list[I64] = []
+        cols: list[npt.NDArray[np.signedinteger[Any]]] = []
         for i in range(len(by_col)):
             parts, by_col[i] = by_col[i], []
             cols.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
@@ -410,6 +401,40 @@ class _Columns:
         pool.requests = len(pool.arrays["req_l0"])
         pool.batches = self.batches
         return pool
+
+
+def _narrow(
+    ev_type: I64,
+    ev_group: I64,
+    ev_nh: I64,
+    ev_ntok: I64,
+    hashes: I64,
+    parent: I64,
+    has_parent: npt.NDArray[np.bool_] | I64,
+    batch: I64,
+) -> tuple[npt.NDArray[np.signedinteger[Any]], ...]:
+    """One piece of event rows, each column in the narrowest type that holds it.
+
+    The pieces of a large input are kept until the end: a type code needs a byte, not
+    eight. Hashes and parents stay 64-bit; a column whose values do not fit 32 bits stays
+    64-bit.
+    """
+
+    def fit(a: I64) -> npt.NDArray[np.signedinteger[Any]]:
+        if len(a) == 0 or (int(a.min()) >= -(2**31) and int(a.max()) < 2**31):
+            return a.astype(np.int32)
+        return a
+
+    return (
+        ev_type.astype(np.int8),
+        fit(ev_group),
+        fit(ev_nh),
+        fit(ev_ntok),
+        hashes,
+        parent,
+        np.asarray(has_parent).astype(np.int8),
+        fit(batch),
+    )
 
 
 def _joined(raws: list[object]) -> tuple[npt.NDArray[np.uint8], I64]:

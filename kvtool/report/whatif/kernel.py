@@ -24,6 +24,7 @@ import numpy.typing as npt
 from kvtool._jit import kernel
 
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
 
 KIND_FULL = 0
 """Group kinds of the kernel: full attention and every kind that needs the whole prefix."""
@@ -43,7 +44,7 @@ OP_RECORD = 3
 
 
 @kernel
-def _cached(k: int, n0: I64, ph: I64, kin: I64, gc: I64, n0_only: bool) -> bool:
+def _cached(k: int, n0: I32, ph: I32, kin: I32, gc: I32, n0_only: bool) -> bool:
     if k < 0:
         return False
     if n0_only:
@@ -59,10 +60,10 @@ def _lookup(
     cap: int,
     gkind: I64,
     gsw: I64,
-    n0: I64,
-    ph: I64,
-    kin: I64,
-    gc: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
     n0_only: bool,
 ) -> int:
     """Return the longest hit (blocks) in [l0, cap] under the per-kind rules."""
