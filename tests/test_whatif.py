@@ -383,3 +383,23 @@ def test_issue20_pool_blocks_smaller_than_the_peak_is_a_finding() -> None:
     assert "kvtool: finding: --pool-blocks 5: the stream had 593 keys cached at once" in (
         proc.stderr
     )
+
+
+def test_issue20_columns_past_32_bits_stay_64_bit(tmp_path: Path) -> None:
+    """The what-if keeps its event rows in 32 bits where they fit; a group_idx past 2**31
+    keeps its column 64-bit and predicts what group 1 predicts (the ghost-list example)."""
+    out = []
+    for group in (1, 2**33):
+        fa = {"group": group, "kind": "full_attention"}
+        path = record_batches(
+            tmp_path / f"g{group}.mcap",
+            [
+                [stored([1, 2, 3], **fa)],
+                [removed([3, 2, 1], group), stored([4, 5, 6], **fa)],
+                [stored([1, 2, 3], **fa)],
+            ],
+        )
+        entry = what_if([path], parse_what_if("+2"))
+        out.append(entry.entries[0]["totals"])
+    assert out[0] == out[1]
+    assert out[0]["blocks_recomputed"] == 1  # type: ignore[index]
