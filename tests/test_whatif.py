@@ -403,3 +403,13 @@ def test_issue20_columns_past_32_bits_stay_64_bit(tmp_path: Path) -> None:
         out.append(entry.entries[0]["totals"])
     assert out[0] == out[1]
     assert out[0]["blocks_recomputed"] == 1  # type: ignore[index]
+
+
+def test_issue20_wide_columns_predict_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input too large for 32-bit columns keeps them 64-bit: the same prediction."""
+    from kvtool.report.whatif import extract
+
+    f = DATA / "gemma3" / SHAPES["gemma3"]
+    narrow = what_if([f], parse_what_if("+60,+600")).entries
+    monkeypatch.setattr(extract, "_NARROW_LIMIT", 0)
+    assert what_if([f], parse_what_if("+60,+600")).entries == narrow

@@ -13,6 +13,8 @@ its own allocation caused, where vLLM looked the request up.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -20,6 +22,7 @@ from kvtool._jit import kernel
 from kvtool.report.whatif.kernel import OP_CLEAR, OP_RECORD, OP_REMOVE, OP_STORE
 
 I64 = npt.NDArray[np.int64]
+IArr = npt.NDArray[np.signedinteger[Any]]
 
 EV_STORE = 0
 """Event row types: ``BlockStored``."""
@@ -135,7 +138,8 @@ def build(
     n_hid: int,
     n_groups: int,
     gbs: I64,
-) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+    like: IArr,
+) -> tuple[IArr, IArr, IArr, IArr, IArr, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
     Args:
@@ -152,6 +156,8 @@ def build(
         n_hid: Number of hash ids.
         n_groups: Number of groups.
         gbs: Block size per group position.
+        like: An empty array of the type of the op columns (``op_a``, ``op_depth``,
+            ``op_group``, ``op_rec``): int32 when every key, record and depth fits it.
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
@@ -184,11 +190,13 @@ def build(
     # The ops are laid out in place: the base ops first, then (pass 2) moved up to make
     # room for the record starts (at most one per store).
     n_cap = n_base + n_stores + 1
-    b_kind = np.empty(n_cap, np.int64)
-    b_a = np.empty(n_cap, np.int64)
-    b_depth = np.zeros(n_cap, np.int64)
-    b_group = np.zeros(n_cap, np.int64)
-    b_rec = np.full(n_cap, -1, np.int64)
+    # In ``like``'s type: 32 bits unless the input is too large for them (the caller's
+    # choice); the op codes in a byte.
+    b_kind = np.empty(n_cap, np.int8)
+    b_a = np.empty(n_cap, like.dtype)
+    b_depth = np.zeros(n_cap, like.dtype)
+    b_group = np.zeros(n_cap, like.dtype)
+    b_rec = np.full(n_cap, -1, like.dtype)
     nb = 0
     rec_req = np.empty(n_stores + 1, np.int64)
     rec_batch = np.empty(n_stores + 1, np.int64)

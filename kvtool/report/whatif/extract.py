@@ -127,6 +127,8 @@ assert (lean.CODE_STORE, lean.CODE_REMOVE, lean.CODE_CLEAR) == (EV_STORE, EV_REM
 
 
 _FLUSH = 1 << 16
+_NARROW_LIMIT = 2**31
+"""Values below this fit the what-if's 32-bit columns (a larger input keeps 64 bits)."""
 """Events kept as Python objects before they are turned into arrays (bounds memory)."""
 
 
@@ -348,6 +350,13 @@ class _Columns:
             np.concatenate([[0], np.cumsum(ev_nh)[:-1]]).astype(np.int64) if len(ev_nh) else ev_nh
         )
         gbs = np.array([max(i.block_size, 1) for i in infos] or [1], np.int64)
+        # The op columns in 32 bits unless a key, record or depth could pass them (a depth
+        # is at most the blocks every store spans together).
+        span = int(np.maximum(ev_ntok, ev_nh).sum()) if len(ev_nh) else 0
+        wide = len(occ_hid) + len(ev_type) + span + 2 >= _NARROW_LIMIT
+        like: npt.NDArray[np.signedinteger[Any]] = (
+            np.zeros(0, np.int64) if wide else np.zeros(0, np.int32)
+        )
         arrays = build(
             ev_type,
             ev_gpos,
@@ -362,6 +371,7 @@ class _Columns:
             n_hid,
             n_groups,
             gbs,
+            like,
         )
         names = [
             "op_kind",
@@ -421,7 +431,7 @@ def _narrow(
     """
 
     def fit(a: I64) -> npt.NDArray[np.signedinteger[Any]]:
-        if len(a) == 0 or (int(a.min()) >= -(2**31) and int(a.max()) < 2**31):
+        if len(a) == 0 or (int(a.min()) >= -_NARROW_LIMIT and int(a.max()) < _NARROW_LIMIT):
             return a.astype(np.int32)
         return a
 

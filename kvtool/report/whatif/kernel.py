@@ -18,6 +18,8 @@ hits the key there takes that copy out of the ghost list, also below the recorde
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -25,6 +27,7 @@ from kvtool._jit import kernel
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
+IArr = npt.NDArray[np.signedinteger[Any]]
 
 KIND_FULL = 0
 """Group kinds of the kernel: full attention and every kind that needs the whole prefix."""
@@ -102,11 +105,11 @@ def _lookup(
 
 @kernel
 def simulate(
-    op_kind: I64,
-    op_a: I64,
-    op_depth: I64,
-    op_group: I64,
-    op_rec: I64,
+    op_kind: IArr,
+    op_a: IArr,
+    op_depth: IArr,
+    op_group: IArr,
+    op_rec: IArr,
     rec_req: I64,
     rec_s0: I64,
     rec_depths: I64,
