@@ -413,3 +413,21 @@ def test_issue20_wide_columns_predict_the_same(monkeypatch: pytest.MonkeyPatch) 
     narrow = what_if([f], parse_what_if("+60,+600")).entries
     monkeypatch.setattr(extract, "_NARROW_LIMIT", 0)
     assert what_if([f], parse_what_if("+60,+600")).entries == narrow
+
+
+@pytest.mark.parametrize("shape", ["full", "gemma3", "mamba"])
+def test_issue20_recorded_counts_are_the_replay_at_plus_0(shape: str) -> None:
+    """The recorded size's counts come from a cheap pass; they are the replay's at +0."""
+    import numpy as np
+
+    from kvtool.report.whatif import _simulate
+    from kvtool.report.whatif.extract import extract_pools
+    from kvtool.report.whatif.kernel import recorded
+
+    folder = DATA / shape
+    (pool,) = extract_pools([folder / SHAPES[shape]], groups_file=folder / "groups.json")
+    a = pool.arrays
+    rc, orphans = recorded(a["op_kind"], a["op_a"], a["op_group"], pool.n_keys, len(a["gkind"]))
+    rc0, _hit, orphans0 = _simulate(pool, 0, True)
+    assert np.array_equal(rc, rc0) and orphans == orphans0
+    assert rc.sum() > 0

@@ -327,6 +327,41 @@ def simulate(
     return rc, dup, saved, stores, first, hit_blocks, orphans
 
 
+@kernel
+def recorded(
+    op_kind: IArr, op_a: IArr, op_group: IArr, n_keys: int, n_groups: int
+) -> tuple[I64, int]:
+    """The recorded pool's own counts: what :func:`simulate` gives at ``extra=0``, cheaply.
+
+    At the recorded size no hit is longer and nothing is saved, so a recompute is a store
+    of a key stored before and not live, and an orphan a remove of a key not live.
+
+    Returns:
+        Recomputed blocks per group, and the removes of keys not live.
+    """
+    live = np.zeros(n_keys, np.int32)
+    seen = np.zeros(n_keys, np.bool_)
+    rc = np.zeros(n_groups, np.int64)
+    orphans = 0
+    for i in range(op_kind.shape[0]):
+        t = op_kind[i]
+        if t == OP_STORE:
+            k = op_a[i]
+            if seen[k] and live[k] <= 0:
+                rc[op_group[i]] += 1
+            seen[k] = True
+            live[k] += 1
+        elif t == OP_REMOVE:
+            k = op_a[i]
+            if live[k] <= 0:
+                orphans += 1
+            else:
+                live[k] -= 1
+        elif t == OP_CLEAR:
+            live[:] = 0
+    return rc, orphans
+
+
 __all__ = [
     "KIND_FULL",
     "KIND_MAMBA",
@@ -335,5 +370,6 @@ __all__ = [
     "OP_RECORD",
     "OP_REMOVE",
     "OP_STORE",
+    "recorded",
     "simulate",
 ]
