@@ -8,12 +8,16 @@ absolute error per kind. It also times the prediction beside a plain report.
 
     python3 bench/whatif_accuracy.py                       # tests/data/whatif/*
     python3 bench/whatif_accuracy.py /work/shared/whatif/*  # other folders, same layout
+    python3 bench/whatif_accuracy.py tests/data/whatif/full --time bench/data/big10.mcap --repeat 5
+        # cost: `report -j 1 -q` with and without --what-if (five K), in turn: medians of
+        # wall and CPU (user + system), peak RSS, and the ratio run pair by run pair
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,10 +47,21 @@ def shape(folder: Path) -> list[tuple[str, int, int, int, float]]:
     return out
 
 
-def _wall(args: list[str]) -> float:
+def _run(args: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (KiB) of one CLI run."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "kvtool", *args], check=False, capture_output=True)
-    return time.perf_counter() - t
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvtool", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _pid, _status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # reaped here
+    return time.perf_counter() - t, ru.ru_utime + ru.ru_stime, ru.ru_maxrss
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def main() -> int:
@@ -67,17 +82,25 @@ def main() -> int:
             print(f"  {kind}: mean |error| {sum(errs) / len(errs):.1f} %, max {max(errs):.1f} %")
     if a.time is not None:
         f = str(a.time)
-        plain = ["report", f, "-q"]
+        plain = ["report", f, "-j", "1", "-q"]
         wi = [*plain, "--what-if", "+10,+50,+100,+500,+1000"]
-        _wall(wi)  # compile and cache the kernel once
-        tp, tw = [], []
-        for _ in range(a.repeat):
-            tp.append(_wall(plain))
-            tw.append(_wall(wi))
-        mp, mw = sorted(tp)[len(tp) // 2], sorted(tw)[len(tw) // 2]
+        _run(wi)  # compile and cache the kernels once
+        _run(plain)
+        runs: dict[str, list[tuple[float, float, int]]] = {"plain": [], "what-if": []}
+        for _ in range(a.repeat):  # in turn, so that load changes hit both alike
+            runs["what-if"].append(_run(wi))
+            runs["plain"].append(_run(plain))
+        for name, rs in runs.items():
+            print(
+                f"{name:>8}: wall {_median([r[0] for r in rs]):.2f} s, "
+                f"CPU {_median([r[1] for r in rs]):.2f} s, "
+                f"peak RSS {max(r[2] for r in rs) / 1024:,.0f} MiB (median of {len(rs)})"
+            )
+        ratios = [w[0] / p[0] for w, p in zip(runs["what-if"], runs["plain"], strict=True)]
+        cpu = [w[1] / p[1] for w, p in zip(runs["what-if"], runs["plain"], strict=True)]
         print(
-            f"== cost on {a.time.name}: plain {mp:.2f} s, --what-if x5 {mw:.2f} s, "
-            f"ratio {mw / mp:.2f}"
+            f"== cost on {a.time.name}: --what-if x5 / plain, wall {_median(ratios):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}), CPU {_median(cpu):.2f}"
         )
     return 0
 

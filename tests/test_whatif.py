@@ -383,3 +383,51 @@ def test_issue20_pool_blocks_smaller_than_the_peak_is_a_finding() -> None:
     assert "kvtool: finding: --pool-blocks 5: the stream had 593 keys cached at once" in (
         proc.stderr
     )
+
+
+def test_issue20_columns_past_32_bits_stay_64_bit(tmp_path: Path) -> None:
+    """The what-if keeps its event rows in 32 bits where they fit; a group_idx past 2**31
+    keeps its column 64-bit and predicts what group 1 predicts (the ghost-list example)."""
+    out = []
+    for group in (1, 2**33):
+        fa = {"group": group, "kind": "full_attention"}
+        path = record_batches(
+            tmp_path / f"g{group}.mcap",
+            [
+                [stored([1, 2, 3], **fa)],
+                [removed([3, 2, 1], group), stored([4, 5, 6], **fa)],
+                [stored([1, 2, 3], **fa)],
+            ],
+        )
+        entry = what_if([path], parse_what_if("+2"))
+        out.append(entry.entries[0]["totals"])
+    assert out[0] == out[1]
+    assert out[0]["blocks_recomputed"] == 1  # type: ignore[index]
+
+
+def test_issue20_wide_columns_predict_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input too large for 32-bit columns keeps them 64-bit: the same prediction."""
+    from kvtool.report.whatif import extract
+
+    f = DATA / "gemma3" / SHAPES["gemma3"]
+    narrow = what_if([f], parse_what_if("+60,+600")).entries
+    monkeypatch.setattr(extract, "_NARROW_LIMIT", 0)
+    assert what_if([f], parse_what_if("+60,+600")).entries == narrow
+
+
+@pytest.mark.parametrize("shape", ["full", "gemma3", "mamba"])
+def test_issue20_recorded_counts_are_the_replay_at_plus_0(shape: str) -> None:
+    """The recorded size's counts come from a cheap pass; they are the replay's at +0."""
+    import numpy as np
+
+    from kvtool.report.whatif import _simulate
+    from kvtool.report.whatif.extract import extract_pools
+    from kvtool.report.whatif.kernel import recorded
+
+    folder = DATA / shape
+    (pool,) = extract_pools([folder / SHAPES[shape]], groups_file=folder / "groups.json")
+    a = pool.arrays
+    rc, orphans = recorded(a["op_kind"], a["op_a"], a["op_group"], pool.n_keys, len(a["gkind"]))
+    rc0, _hit, orphans0 = _simulate(pool, 0, True)
+    assert np.array_equal(rc, rc0) and orphans == orphans0
+    assert rc.sum() > 0

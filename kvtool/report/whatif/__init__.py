@@ -30,6 +30,7 @@ from kvtool.report.whatif.extract import (
     input_annotation,
 )
 from kvtool.report.whatif.kernel import KIND_MAMBA, simulate
+from kvtool.report.whatif.kernel import recorded as recorded_counts
 
 COLUMNS = ("blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained")
 """The predicted columns of every what-if row (plus ``blocks_recomputed_recorded``)."""
@@ -361,13 +362,17 @@ def predict(
         if all(k != done for _e, done in sizes):  # +60 and +10% of 600 are one prediction
             sizes.append((e, k))
     mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
-    jobs = [(0, True)] + [(k, True) for _e, k in sizes]
+    jobs = [(k, True) for _e, k in sizes]
     if mamba:
         jobs += [(k, False) for _e, k in sizes]
     # The kernel runs without the GIL: the replays of one pool run side by side.
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as ex:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as ex:
         runs = dict(zip(jobs, ex.map(lambda j: _simulate(pool, *j), jobs), strict=True))
-    recorded, _, orphans = runs[(0, True)]
+    a = pool.arrays
+    recorded, n_orphans = recorded_counts(
+        a["op_kind"], a["op_a"], a["op_group"], pool.n_keys, len(a["gkind"])
+    )
+    orphans = int(n_orphans)
     evictions = int((pool.arrays["op_kind"] == 1).sum())
     conditions = _conditions(pool, lost, evictions, orphans)
     block_size = max([g.block_size for g in pool.groups] + [1])

@@ -13,6 +13,8 @@ its own allocation caused, where vLLM looked the request up.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -20,6 +22,7 @@ from kvtool._jit import kernel
 from kvtool.report.whatif.kernel import OP_CLEAR, OP_RECORD, OP_REMOVE, OP_STORE
 
 I64 = npt.NDArray[np.int64]
+IArr = npt.NDArray[np.signedinteger[Any]]
 
 EV_STORE = 0
 """Event row types: ``BlockStored``."""
@@ -39,18 +42,38 @@ its user."""
 
 
 @kernel
+def _rehash(slot_hash: I64, slot_id: I64, cap: int) -> tuple[I64, I64]:
+    """The table's entries in a table of ``cap`` slots."""
+    mask = cap - 1
+    new_hash = np.zeros(cap, np.int64)
+    new_id = np.full(cap, -1, np.int64)
+    for j in range(slot_id.shape[0]):
+        if slot_id[j] < 0:
+            continue
+        h = slot_hash[j]
+        s = ((h * np.int64(-7046029254386353131)) >> np.int64(17)) & mask
+        while new_id[s] >= 0:
+            s = (s + 1) & mask
+        new_hash[s] = h
+        new_id[s] = slot_id[j]
+    return new_hash, new_id
+
+
+@kernel
 def intern(
-    occ_hash: I64, par_hash: I64, occ_g: I64, n_groups: int
+    occ_hash: I64, par_hash: I64, ev_gpos: I64, ev_nh: I64, n_groups: int
 ) -> tuple[I64, I64, I64, I64, int, int]:
     """Number the hashes and the (group, hash) keys in order of first appearance.
 
     One open-addressing table over the 64-bit hashes (linear probing, at most half
-    full) instead of sorting them.
+    full, doubled as the distinct hashes grow: a recording repeats its hashes many times,
+    so the table stays small and in cache) instead of sorting them.
 
     Args:
         occ_hash: The hash of each occurrence (a stored or removed block).
         par_hash: The parent hash of each store that names one.
-        occ_g: The group position of each occurrence.
+        ev_gpos: The group position of each event.
+        ev_nh: The hashes (occurrences) of each event.
         n_groups: Number of groups.
 
     Returns:
@@ -58,10 +81,7 @@ def intern(
         occurrence, the key of each ``hash_id * n_groups + group`` (-1: never seen),
         the number of hash ids and of keys.
     """
-    n = occ_hash.shape[0] + par_hash.shape[0]
-    cap = 16
-    while cap < 2 * n:
-        cap *= 2
+    cap = 1 << 12
     mask = cap - 1
     slot_hash = np.zeros(cap, np.int64)
     slot_id = np.full(cap, -1, np.int64)
@@ -80,16 +100,26 @@ def intern(
                 slot_hash[s] = h
                 slot_id[s] = n_hid
                 n_hid += 1
+                if 2 * n_hid > cap:
+                    cap *= 2
+                    mask = cap - 1
+                    slot_hash, slot_id = _rehash(slot_hash, slot_id, cap)
+                    out[i] = n_hid - 1
+                    continue
             out[i] = slot_id[s]
     key_of = np.full(n_hid * n_groups, -1, np.int64)
     occ_key = np.empty(occ_hash.shape[0], np.int64)
     n_keys = 0
-    for i in range(occ_hash.shape[0]):
-        c = occ_hid[i] * n_groups + occ_g[i]
-        if key_of[c] < 0:
-            key_of[c] = n_keys
-            n_keys += 1
-        occ_key[i] = key_of[c]
+    i = 0
+    for e in range(ev_nh.shape[0]):
+        g = ev_gpos[e]
+        for _j in range(ev_nh[e]):
+            c = occ_hid[i] * n_groups + g
+            if key_of[c] < 0:
+                key_of[c] = n_keys
+                n_keys += 1
+            occ_key[i] = key_of[c]
+            i += 1
     return occ_hid, par_hid, occ_key, key_of, n_hid, n_keys
 
 
@@ -108,7 +138,8 @@ def build(
     n_hid: int,
     n_groups: int,
     gbs: I64,
-) -> tuple[I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
+    like: IArr,
+) -> tuple[IArr, IArr, IArr, IArr, IArr, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
     Args:
@@ -125,6 +156,8 @@ def build(
         n_hid: Number of hash ids.
         n_groups: Number of groups.
         gbs: Block size per group position.
+        like: An empty array of the type of the op columns (``op_a``, ``op_depth``,
+            ``op_group``, ``op_rec``): int32 when every key, record and depth fits it.
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
@@ -154,11 +187,16 @@ def build(
             n_base += 1
         elif ev_type[e] == EV_STORE:
             n_stores += 1
-    b_kind = np.empty(n_base, np.int64)
-    b_a = np.empty(n_base, np.int64)
-    b_depth = np.zeros(n_base, np.int64)
-    b_group = np.zeros(n_base, np.int64)
-    b_rec = np.full(n_base, -1, np.int64)
+    # The ops are laid out in place: the base ops first, then (pass 2) moved up to make
+    # room for the record starts (at most one per store).
+    n_cap = n_base + n_stores + 1
+    # In ``like``'s type: 32 bits unless the input is too large for them (the caller's
+    # choice); the op codes in a byte.
+    b_kind = np.empty(n_cap, np.int8)
+    b_a = np.empty(n_cap, like.dtype)
+    b_depth = np.zeros(n_cap, like.dtype)
+    b_group = np.zeros(n_cap, like.dtype)
+    b_rec = np.full(n_cap, -1, like.dtype)
     nb = 0
     rec_req = np.empty(n_stores + 1, np.int64)
     rec_batch = np.empty(n_stores + 1, np.int64)
@@ -268,29 +306,6 @@ def build(
             b_rec[nb] = r
             nb += 1
         lookup_pos = nb
-    # pass 2: record starts merged at their lookup positions
-    n_ops = nb + n_rec
-    op_kind = np.empty(n_ops, np.int64)
-    op_a = np.empty(n_ops, np.int64)
-    op_depth = np.zeros(n_ops, np.int64)
-    op_group = np.zeros(n_ops, np.int64)
-    op_rec = np.full(n_ops, -1, np.int64)
-    o = 0
-    r = 0
-    for i in range(nb + 1):
-        while r < n_rec and rec_pos[r] == i:
-            op_kind[o] = OP_RECORD
-            op_a[o] = r
-            o += 1
-            r += 1
-        if i == nb:
-            break
-        op_kind[o] = b_kind[i]
-        op_a[o] = b_a[i]
-        op_depth[o] = b_depth[i]
-        op_group[o] = b_group[i]
-        op_rec[o] = b_rec[i]
-        o += 1
     # per record, the depths of its stores
     rec_s0 = np.zeros(n_rec + 1, np.int64)
     for i in range(nb):
@@ -305,6 +320,32 @@ def build(
             rr = b_rec[i]
             rec_depths[fill[rr]] = b_depth[i]
             fill[rr] += 1
+    # pass 2: record starts merged at their lookup positions (in place, from the end: an
+    # op only moves up, past the ops not yet moved)
+    n_ops = nb + n_rec
+    o = n_ops
+    r = n_rec - 1
+    for i in range(nb, -1, -1):
+        if i < nb:
+            o -= 1
+            b_kind[o] = b_kind[i]
+            b_a[o] = b_a[i]
+            b_depth[o] = b_depth[i]
+            b_group[o] = b_group[i]
+            b_rec[o] = b_rec[i]
+        while r >= 0 and rec_pos[r] == i:
+            o -= 1
+            b_kind[o] = OP_RECORD
+            b_a[o] = r
+            b_depth[o] = 0
+            b_group[o] = 0
+            b_rec[o] = -1
+            r -= 1
+    op_kind = b_kind[:n_ops]
+    op_a = b_a[:n_ops]
+    op_depth = b_depth[:n_ops]
+    op_group = b_group[:n_ops]
+    op_rec = b_rec[:n_ops]
     # requests: records in order, the prompt run, candidate rows
     cnt = np.zeros(n_req + 1, np.int64)
     for r in range(n_rec):
@@ -322,7 +363,7 @@ def build(
     req_cap = np.empty(n_req, np.int64)
     req_c0 = np.zeros(n_req + 1, np.int64)
     n_rows = 0
-    rows_h = np.empty(n_occ + 1, np.int64)
+    rows_h = np.empty(rec_nh[:n_rec].sum() + 1, np.int64)  # at most one row per record hash
     for q in range(n_req):
         r0 = by_req[cnt[q]]
         req_first[q] = r0

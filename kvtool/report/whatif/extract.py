@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -127,6 +127,8 @@ assert (lean.CODE_STORE, lean.CODE_REMOVE, lean.CODE_CLEAR) == (EV_STORE, EV_REM
 
 
 _FLUSH = 1 << 16
+_NARROW_LIMIT = 2**31
+"""Values below this fit the what-if's 32-bit columns (a larger input keeps 64 bits)."""
 """Events kept as Python objects before they are turned into arrays (bounds memory)."""
 
 
@@ -137,7 +139,7 @@ class _Columns:
         self.channel = channel
         self.rank = rank
         self._reset()
-        self.pieces: list[tuple[I64, ...]] = []
+        self.pieces: list[tuple[npt.NDArray[np.signedinteger[Any]], ...]] = []
         self.batches = 0
         self.last_seq: int | None = None
         self.seq_regressions = 0
@@ -188,7 +190,7 @@ class _Columns:
         z = np.zeros(1, np.int64)
         e = np.zeros(0, np.int64)
         clear = np.full(1, EV_CLEAR, np.int64)
-        self.pieces.append((clear, z - 1, z, z, e, z, z, z + self.batches + 1))
+        self.pieces.append(_narrow(clear, z - 1, z, z, e, z, z, z + self.batches + 1))
 
     def scanned(
         self,
@@ -219,16 +221,7 @@ class _Columns:
         has = store & (has_par != 0)
         batch = np.repeat(np.arange(first, first + len(n_events), dtype=np.int64), n_events)
         self.pieces.append(
-            (
-                ev_type,
-                ev_group,
-                ev_nh,
-                ev_ntok,
-                keys,
-                np.where(has, par, 0),
-                has.astype(np.int64),
-                batch,
-            )
+            _narrow(ev_type, ev_group, ev_nh, ev_ntok, keys, np.where(has, par, 0), has, batch)
         )
         if not store.any():
             return
@@ -293,7 +286,7 @@ class _Columns:
         par_has[is_store] = s_has
         batch = np.array(self.ev_batch, np.int64)
         self.pieces.append(
-            (ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has.astype(np.int64), batch)
+            _narrow(ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has, batch)
         )
         self._reset()
 
@@ -317,15 +310,19 @@ class _Columns:
         """
         self._flush()
         self._group_infos(rule)
-        cols = [
-            np.concatenate(c) if c else np.zeros(0, np.int64)
-            for c in zip(*self.pieces, strict=True)
-        ]
-        if not cols:
-            cols = [np.zeros(0, np.int64)] * 8
-        ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
-        par_has = par_has_i.astype(np.bool_)
+        # One column at a time, each column's pieces let go as it is joined (the pieces
+        # and the joined columns are never all held at once).
+        by_col = [list(c) for c in zip(*self.pieces, strict=True)] or [[] for _ in range(8)]
         self.pieces = []
+        cols: list[npt.NDArray[np.signedinteger[Any]]] = []
+        for i in range(len(by_col)):
+            parts, by_col[i] = by_col[i], []
+            cols.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+            del parts
+        ev_type, ev_group, ev_nh, ev_ntok, occ_hash, par_hash, par_has_i, ev_batch = cols
+        del cols
+        par_has = par_has_i.astype(np.bool_)
+        del par_has_i
         self.clears = int((ev_type == EV_CLEAR).sum()) - self.seq_regressions
         store_groups = sorted(g for g in self.info if g is not None)  # groups that stored
         has_none = bool((ev_group[ev_type != EV_CLEAR] == _NONE).any())
@@ -339,20 +336,27 @@ class _Columns:
         order: list[int | None] = [*seen, *([None] if has_none else [])]
         lut = {(_NONE if g is None else g): i for i, g in enumerate(order)}
         ev_gpos = _map_small(ev_group, lut)
+        del ev_group
         infos = [self.info.get(g) or GroupInfo(g) for g in order]
         n_groups = max(len(order), 1)
         # Hash ids over hashes and parents; key ids over (group position, hash id).
-        occ_g = np.repeat(ev_gpos, ev_nh)
         occ_hid, par_hid, occ_key, key_of, n_hid, n_keys = intern(
-            occ_hash, par_hash[par_has], occ_g, n_groups
+            occ_hash, par_hash[par_has], ev_gpos, ev_nh, n_groups
         )
-        del occ_g
+        del occ_hash, par_hash  # the hashes are numbered now
         ev_parent = np.full(len(ev_type), -1, np.int64)
         ev_parent[par_has] = par_hid
         ev_h0 = (
             np.concatenate([[0], np.cumsum(ev_nh)[:-1]]).astype(np.int64) if len(ev_nh) else ev_nh
         )
         gbs = np.array([max(i.block_size, 1) for i in infos] or [1], np.int64)
+        # The op columns in 32 bits unless a key, record or depth could pass them (a depth
+        # is at most the blocks every store spans together).
+        span = int(np.maximum(ev_ntok, ev_nh).sum()) if len(ev_nh) else 0
+        wide = len(occ_hid) + len(ev_type) + span + 2 >= _NARROW_LIMIT
+        like: npt.NDArray[np.signedinteger[Any]] = (
+            np.zeros(0, np.int64) if wide else np.zeros(0, np.int32)
+        )
         arrays = build(
             ev_type,
             ev_gpos,
@@ -367,6 +371,7 @@ class _Columns:
             n_hid,
             n_groups,
             gbs,
+            like,
         )
         names = [
             "op_kind",
@@ -406,6 +411,40 @@ class _Columns:
         pool.requests = len(pool.arrays["req_l0"])
         pool.batches = self.batches
         return pool
+
+
+def _narrow(
+    ev_type: I64,
+    ev_group: I64,
+    ev_nh: I64,
+    ev_ntok: I64,
+    hashes: I64,
+    parent: I64,
+    has_parent: npt.NDArray[np.bool_] | I64,
+    batch: I64,
+) -> tuple[npt.NDArray[np.signedinteger[Any]], ...]:
+    """One piece of event rows, each column in the narrowest type that holds it.
+
+    The pieces of a large input are kept until the end: a type code needs a byte, not
+    eight. Hashes and parents stay 64-bit; a column whose values do not fit 32 bits stays
+    64-bit.
+    """
+
+    def fit(a: I64) -> npt.NDArray[np.signedinteger[Any]]:
+        if len(a) == 0 or (int(a.min()) >= -_NARROW_LIMIT and int(a.max()) < _NARROW_LIMIT):
+            return a.astype(np.int32)
+        return a
+
+    return (
+        ev_type.astype(np.int8),
+        fit(ev_group),
+        fit(ev_nh),
+        fit(ev_ntok),
+        hashes,
+        parent,
+        np.asarray(has_parent).astype(np.int8),
+        fit(batch),
+    )
 
 
 def _joined(raws: list[object]) -> tuple[npt.NDArray[np.uint8], I64]:

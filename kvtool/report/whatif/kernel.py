@@ -18,12 +18,16 @@ hits the key there takes that copy out of the ghost list, also below the recorde
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from kvtool._jit import kernel
 
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+IArr = npt.NDArray[np.signedinteger[Any]]
 
 KIND_FULL = 0
 """Group kinds of the kernel: full attention and every kind that needs the whole prefix."""
@@ -43,7 +47,7 @@ OP_RECORD = 3
 
 
 @kernel
-def _cached(k: int, n0: I64, ph: I64, kin: I64, gc: I64, n0_only: bool) -> bool:
+def _cached(k: int, n0: I32, ph: I32, kin: I32, gc: I32, n0_only: bool) -> bool:
     if k < 0:
         return False
     if n0_only:
@@ -59,10 +63,10 @@ def _lookup(
     cap: int,
     gkind: I64,
     gsw: I64,
-    n0: I64,
-    ph: I64,
-    kin: I64,
-    gc: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
     n0_only: bool,
 ) -> int:
     """Return the longest hit (blocks) in [l0, cap] under the per-kind rules."""
@@ -101,11 +105,11 @@ def _lookup(
 
 @kernel
 def simulate(
-    op_kind: I64,
-    op_a: I64,
-    op_depth: I64,
-    op_group: I64,
-    op_rec: I64,
+    op_kind: IArr,
+    op_a: IArr,
+    op_depth: IArr,
+    op_group: IArr,
+    op_rec: IArr,
     rec_req: I64,
     rec_s0: I64,
     rec_depths: I64,
@@ -154,14 +158,21 @@ def simulate(
     """
     n_groups = gkind.shape[0]
     n_ops = op_kind.shape[0]
-    n0 = np.zeros(n_keys, np.int64)
-    ph = np.zeros(n_keys, np.int64)
-    kin = np.zeros(n_keys, np.int64)
-    gc = np.zeros(n_keys, np.int64)
+    # Copies per key are small counts: 32 bits halve the replay's per-key memory.
+    n0 = np.zeros(n_keys, np.int32)
+    ph = np.zeros(n_keys, np.int32)
+    kin = np.zeros(n_keys, np.int32)
+    gc = np.zeros(n_keys, np.int32)
     seen = np.zeros(n_keys, np.bool_)
-    ent_key = np.zeros(n_ops + 1, np.int64)
-    ent_alive = np.zeros(n_ops + 1, np.bool_)
-    ent_prev = np.full(n_ops + 1, -1, np.int64)
+    # The ghost list gets one entry per remove, and one per Mamba state a request's hit
+    # puts back at the queue's tail.
+    n_ent = req_l0.shape[0] * n_groups + 1
+    for i in range(n_ops):
+        if op_kind[i] == OP_REMOVE:
+            n_ent += 1
+    ent_key = np.zeros(n_ent, np.int64)
+    ent_alive = np.zeros(n_ent, np.bool_)
+    ent_prev = np.full(n_ent, -1, np.int64)
     key_last = np.full(n_keys, -1, np.int64)
     head = 0
     tail = 0
@@ -316,6 +327,41 @@ def simulate(
     return rc, dup, saved, stores, first, hit_blocks, orphans
 
 
+@kernel
+def recorded(
+    op_kind: IArr, op_a: IArr, op_group: IArr, n_keys: int, n_groups: int
+) -> tuple[I64, int]:
+    """The recorded pool's own counts: what :func:`simulate` gives at ``extra=0``, cheaply.
+
+    At the recorded size no hit is longer and nothing is saved, so a recompute is a store
+    of a key stored before and not live, and an orphan a remove of a key not live.
+
+    Returns:
+        Recomputed blocks per group, and the removes of keys not live.
+    """
+    live = np.zeros(n_keys, np.int32)
+    seen = np.zeros(n_keys, np.bool_)
+    rc = np.zeros(n_groups, np.int64)
+    orphans = 0
+    for i in range(op_kind.shape[0]):
+        t = op_kind[i]
+        if t == OP_STORE:
+            k = op_a[i]
+            if seen[k] and live[k] <= 0:
+                rc[op_group[i]] += 1
+            seen[k] = True
+            live[k] += 1
+        elif t == OP_REMOVE:
+            k = op_a[i]
+            if live[k] <= 0:
+                orphans += 1
+            else:
+                live[k] -= 1
+        elif t == OP_CLEAR:
+            live[:] = 0
+    return rc, orphans
+
+
 __all__ = [
     "KIND_FULL",
     "KIND_MAMBA",
@@ -324,5 +370,6 @@ __all__ = [
     "OP_RECORD",
     "OP_REMOVE",
     "OP_STORE",
+    "recorded",
     "simulate",
 ]
