@@ -276,6 +276,43 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
     }
 
 
+def writer_cost(frames: Path, runs: int, compression: str) -> dict[str, Any]:
+    """The recording writer alone, in this process: CPU µs per batch written.
+
+    Every batch of ``frames`` through ``RecordingWriter.write`` (one channel, the stream's
+    seqs, rising log times) into a fresh file, then ``close``; process CPU time, no
+    sockets, so the figure is the writer's own cost and holds on a loaded machine. One
+    untimed run first: imports made at first use (the compressor's module) and first
+    touches are start-up, not per-batch cost.
+    """
+    from kvtool.recording.writer import RecordingWriter
+
+    msgs = read_frames(frames)
+    tmp = Path(tempfile.mkdtemp(prefix="kvbench-wr-"))
+    per_batch: list[float] = []
+    size = 0
+    for i in range(-1, runs):
+        out = tmp / f"w{i + 1}.mcap"
+        t0 = time.process_time()
+        with RecordingWriter(out, compression=compression) as w:
+            ch = w.add_channel("tcp://127.0.0.1:5557", "", 0)
+            for seq, (_topic, payload) in enumerate(msgs):
+                w.write(ch, seq, payload, 1_000_000_000 + seq)
+        cost = (time.process_time() - t0) / len(msgs) * 1e6
+        size = out.stat().st_size
+        out.unlink()
+        if i < 0:
+            continue  # the warm-up
+        per_batch.append(cost)
+        print(f"writer run {i + 1}: {per_batch[-1]:.1f} us/batch CPU", file=sys.stderr)
+    tmp.rmdir()
+    import kvtool.recording.writer as module
+
+    return {"batches": len(msgs), "compression": compression, "file_bytes": size,
+            "writer_module": module.__file__,
+            "cpu_us_per_batch": per_batch, "median_cpu_us_per_batch": median(per_batch)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="record capacity")
     ap.add_argument("frames", nargs="?", default=str(ROOT / "bench/data/big1.frames"))
@@ -287,8 +324,17 @@ def main() -> int:
     ap.add_argument("--cpus-pub", default=None, help="taskset CPU list for the publisher")
     ap.add_argument("--cpus-rec", default=None, help="taskset CPU list for the recorder")
     ap.add_argument("--name", default="record", help="result file name (bench/data/results/)")
+    ap.add_argument("--writer", action="store_true",
+                    help="measure the recording writer alone, in process (CPU us per batch)")
+    ap.add_argument("--compression", default="zstd", help="with --writer: zstd, lz4 or none")
     ap.add_argument("--publisher", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.writer:
+        res = writer_cost(Path(args.frames), args.runs, args.compression)
+        save_result(args.name, res)
+        print(f"{res['batches']} batches, {args.compression}: writer "
+              f"{res['median_cpu_us_per_batch']:.1f} us/batch CPU (median of {args.runs})")
+        return 0
     if args.publisher:
         return publisher(Path(args.publisher[0]), int(args.publisher[1]),
                          int(args.publisher[2]))
