@@ -119,6 +119,18 @@ files being one channel (``recording`` names the first input that holds it);
 the payload's only on a channel without one), ``payload_rank`` the rank the payload names
 where it differs from that (null elsewhere; issue 24)."""
 
+EXTRA_SCHEMA: dict[str, pl.DataType] = {
+    "parent": pl.Int64(),
+    "origin": pl.Int8(),
+}
+"""Columns made only for a reader that asks for them (the report's kernel, issue 21; never
+part of :data:`TABLE_SCHEMA`): per row, its event's ``parent_block_hash`` as a key (null: no
+parent, or one that is not a hash) and its ``origin`` (vllm-project/vllm#51699) as a code
+(:data:`ORIGIN_CODES`; 0: none or another value)."""
+
+ORIGIN_CODES = {"NEW": 1, "REUSED": 2}
+"""``origin`` values and their codes in the ``origin`` column."""
+
 T = TypeVar("T")
 
 _LABELS = ("recording", "channel", "type")
@@ -248,6 +260,7 @@ def _lean_event(e: protocol.Event) -> object:
             group_idx=e.group_idx,
             kv_cache_spec_kind=e.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
+            parent_block_hash=msgspec.Raw(_RAW_ENC.encode(_hash_or_none(e.parent_block_hash))),
         )
     if isinstance(e, protocol.BlockRemoved):
         return _Removed(
@@ -313,6 +326,35 @@ def _array_headers(big: pl.Series, off: pl.Series, lens: pl.Series) -> pl.DataFr
         .then(u32),
         hl=pl.when(h == 0xDC).then(3).when(h == 0xDD).then(5).otherwise(1),
     )
+
+
+def _hash_or_none(value: object) -> object:
+    """A parent as the table reads it: a hash (int or bytes), else None."""
+    return value if isinstance(value, int | bytes) and not isinstance(value, bool) else None
+
+
+def _parent_keys(raws: list[object]) -> _Ints:
+    """Each undecoded ``parent_block_hash`` as a key (:func:`protocol.hash_key`), and
+    whether it is a hash at all (nil, or a value of another type: no parent).
+
+    Vectorised for nil, 9-byte ints and 32-byte bytes (what vLLM sends); anything else
+    through msgspec, per event.
+    """
+    a, off, lens = _np_joined(raws)
+    h = a[off]
+    nine = (lens == 9) & ((h == 0xCF) | (h == 0xD3))
+    b32 = (lens == 34) & (h == 0xC4) & (a[off + 1] == 0x20)
+    at_every_byte = np.ndarray((len(a) - 8,), dtype=">i8", buffer=a, strides=(1,))
+    keys = np.zeros(len(raws), dtype=np.int64)
+    keys[nine] = at_every_byte[off[nine] + 1]
+    keys[b32] = at_every_byte[off[b32] + 26]
+    has = nine | b32
+    for i in np.flatnonzero(~has & ~((lens == 1) & (h == 0xC0))).tolist():
+        value = _hash_or_none(msgspec.msgpack.decode(raws[i]))  # type: ignore[call-overload]
+        if value is not None:
+            keys[i] = protocol.hash_key(value)  # type: ignore[arg-type]
+            has[i] = True
+    return keys, has
 
 
 def _joined(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series]:
@@ -829,6 +871,8 @@ class _Pending:
         self.tokens: list[Any] = []
         self.kinds: list[_Codes] = []
         self.windows: list[_Ints] = []
+        self.parents: list[_Ints] = []
+        self.origins: list[_Codes] = []
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -892,6 +936,8 @@ class _Pending:
             self.tokens.append(np.maximum(n_tok, 0))
             self.kinds.append(_str_codes([e.kv_cache_spec_kind for e in stores]))
             self.windows.append(_int_column([e.kv_cache_spec_sliding_window for e in stores]))
+            self.parents.append(_parent_keys([e.parent_block_hash for e in stores]))
+            self.origins.append(_str_codes([e.origin for e in stores]))
 
     def add_scanned(
         self,
@@ -928,6 +974,8 @@ class _Pending:
             self.kinds.append((pick(sc.kind), sc.vocab))
             w = pick(sc.window)
             self.windows.append((w, w != scan_null()))
+            self.parents.append((pick(sc.parent), pick(sc.has_parent).astype(bool)))
+            self.origins.append((pick(sc.origin), sc.vocab))
 
     def medium_column(self, keep: Any, row_event: Any, n_rows: int) -> pl.Series:
         """The ``medium`` of each row (constant when every event has the same one)."""
@@ -1061,6 +1109,17 @@ def _build(
         w_ok = np.concatenate([m for _v, m in p.windows] + [np.zeros(1, bool)])
         return _nullable(np.take(w_val, store_rows), np.take(w_ok, store_rows))
 
+    def parent_rows() -> pl.Series:
+        v = np.concatenate([v for v, _m in p.parents] + [np.zeros(1, np.int64)])
+        ok = np.concatenate([m for _v, m in p.parents] + [np.zeros(1, bool)])
+        return _nullable(np.take(v, store_rows), np.take(ok, store_rows))
+
+    def origin_rows() -> pl.Series:
+        codes, vocab = _merge_codes(p.origins)
+        table = np.array([ORIGIN_CODES.get(str(v), 0) for v in vocab] or [0], dtype=np.int8)
+        codes = np.append(codes, len(vocab) - 1)  # the other types: none
+        return pl.Series(np.take(table, np.take(codes, store_rows)), dtype=pl.Int8)
+
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
@@ -1089,7 +1148,11 @@ def _build(
             dtype=pl.Int32,
         ),
     }
-    df = pl.DataFrame({c: f() for c, f in make.items() if wanted is None or c in wanted})
+    extra: dict[str, Callable[[], pl.Series]] = {"parent": parent_rows, "origin": origin_rows}
+    df = pl.DataFrame(
+        {c: f() for c, f in make.items() if wanted is None or c in wanted}
+        | {c: f() for c, f in extra.items() if wanted is not None and c in wanted}
+    )
     stats.rows += n_rows
     stats.events += n_ev
     return df
@@ -1099,7 +1162,8 @@ def _finish(df: pl.DataFrame, stats: ReadStats, labels: bool) -> pl.DataFrame:
     if not labels:
         have = set(df.columns)  # a worker may have returned only some (RawChunk.keep)
         return df.select(
-            [c for c in TABLE_SCHEMA if c not in _LABELS and c in have] + ["type_code"]
+            [c for c in (*TABLE_SCHEMA, *EXTRA_SCHEMA) if c not in _LABELS and c in have]
+            + ["type_code"]
         )
     names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
     recs = pl.DataFrame(

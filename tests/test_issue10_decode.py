@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import polars as pl
 import pytest
@@ -61,9 +63,17 @@ def _same(a: DecodedChunk, b: DecodedChunk) -> None:
     assert a.problems == b.problems
 
 
+def with_extras(raw: RawChunk) -> RawChunk:
+    """``raw`` asking for every column, those made only on request (issue 21) too."""
+    cols = [c for c in columns.TABLE_SCHEMA if c not in ("recording", "channel", "type")]
+    return dataclasses.replace(raw, keep=(*cols, "type_code", *columns.EXTRA_SCHEMA))
+
+
 def _paths(raw: RawChunk, monkeypatch: pytest.MonkeyPatch) -> list[DecodedChunk]:
     """The chunk decoded by each path: the numba scanner (issue 19), then msgspec's:
-    vocabulary, str decoder, payload by payload, tiny blocks."""
+    vocabulary, str decoder, payload by payload, tiny blocks (every column, the ones made
+    only on request too)."""
+    raw = with_extras(raw) if raw.keep is None else raw
     out = [decode_chunk(raw, decoder="msgspec"), decode_chunk(raw, decoder="numba")]
     with monkeypatch.context() as m:
         m.setattr(columns, "_vocab_skip", [10**9])

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kvtool import scan
 from kvtool.columns import DecodedChunk, RawChunk, decode_chunk, iter_raw_chunks
 from tests.conftest import CAPTURES, capture_messages
-from tests.test_issue10_decode import _chunk
+from tests.test_issue10_decode import _chunk, with_extras
 
 ENC = msgspec.msgpack.Encoder()
 ROOT = Path(__file__).parent.parent
@@ -33,6 +33,9 @@ RECORDINGS = sorted((ROOT / "recordings").glob("*.mcap")) + sorted(
 
 
 def _both(raw: RawChunk) -> tuple[DecodedChunk, DecodedChunk]:
+    # Every column, the ones made only on request (parent, origin: issue 21) included.
+    if raw.keep is None:
+        raw = with_extras(raw)
     return decode_chunk(raw, decoder="numba"), decode_chunk(raw, decoder="msgspec")
 
 
