@@ -2538,11 +2538,14 @@ class TableAnnotator:
     Attributes:
         annotation: The resolved annotation.
         out_of_range: Stores per group index not in a given metadata table.
+        report_mode: How the report's kernel reads parentless stores (``--report-mode``:
+            ``auto``, ``full`` or ``incremental``; hit announcements, issue 21).
     """
 
     annotation: Annotation = field(default_factory=Annotation)
     out_of_range: dict[int, int] = field(default_factory=dict)
     _channels: dict[int, ChannelRef] = field(default_factory=dict)
+    report_mode: str = "auto"
 
     @property
     def tables(self) -> dict[str, GroupTable | None]:
@@ -2614,6 +2617,21 @@ class TableAnnotator:
         bs = info.block_size if info is not None and info.block_size else 0
         return bs, any(g.kind == "mamba" for g in table.groups.values())
 
+    def group_indices(self, channel_id: int) -> tuple[int, ...] | None:
+        """Return the group indices a channel's metadata names (None: no metadata).
+
+        Args:
+            channel_id: The channel.
+
+        Returns:
+            The indices, or None.
+        """
+        ref = self._channels.get(channel_id)
+        if ref is None:
+            return None
+        table = self.annotation.table_for(ref.info.name)
+        return None if table is None else tuple(sorted(table.groups))
+
     def sources(self) -> list[str]:
         """Return the metadata sources used, one per distinct source."""
         return self.annotation.sources()
@@ -2664,6 +2682,7 @@ def make_annotator(
     *,
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
+    report_mode: str = "auto",
 ) -> TableAnnotator:
     """Resolve THE annotation of the input (:func:`kvtool.inputs.resolve_annotation`).
 
@@ -2673,6 +2692,7 @@ def make_annotator(
             with the learning pass over the whole input when some channel has none).
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        report_mode: ``--report-mode`` (:attr:`TableAnnotator.report_mode`).
 
     Returns:
         The annotator.
@@ -2683,7 +2703,8 @@ def make_annotator(
     """
     paths = list(recording_groups)
     return TableAnnotator(
-        resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags)
+        resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags),
+        report_mode=report_mode,
     )
 
 

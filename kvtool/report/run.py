@@ -34,6 +34,10 @@ from kvtool.report.aggregates import DEFAULT_CLOCK, HIST_BINS_PER_OCTAVE, Report
 from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
+
+ANNOUNCE_INPUT = ("parent", "origin")
+"""The table columns made only on request that the builder reads for hit announcements
+(issue 21; :data:`kvtool.columns.EXTRA_SCHEMA`)."""
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
 from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
 from kvtool.report.tiers import TierSplit, tier_findings
@@ -160,7 +164,7 @@ def run_builder(
         streams=streams,
         annotation=annotator.annotation if in_worker else None,
         out_of_range=annotator.out_of_range if in_worker else None,
-        keep=(*BUILDER_INPUT, *(splits.columns if splits is not None else ()))
+        keep=(*BUILDER_INPUT, *ANNOUNCE_INPUT, *(splits.columns if splits is not None else ()))
         if in_worker or type(annotator) is TableAnnotator
         else None,
     )
@@ -383,7 +387,7 @@ def report_unit(task: UnitTask) -> PartialReport:
     Returns:
         Its partial report.
     """
-    annotator = TableAnnotator(task.annotation)
+    annotator = TableAnnotator(task.annotation, report_mode=task.report_mode)
     builder, stats = run_builder(
         task.paths,
         annotator,
