@@ -324,36 +324,25 @@ def test_issue21_physical_blocks_are_conserved(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_issue21_report_counts_equal_the_model_per_kind(name: str) -> None:
-    """The report's kernel classifies as the model does (kvtool/report/kernel.py ports
-    its rules); hit announcements are not classified by the kernel yet: they still count
-    as stores there. What the wire carried decomposes into the classes."""
+@pytest.mark.parametrize("table", ["by_kind", "by_group"])
+def test_issue21_report_counts_equal_the_model_per_kind(name: str, table: str) -> None:
+    """The report's kernel classifies as the model does (kvtool/report/kernel.py and
+    kvtool/report/announce.py port its rules): every column the model has and the report
+    too is equal, per kind and per group, in all three runs. The bounds are the model's
+    upper ends (the report gives those; each lower end follows from the other's). Not
+    compared: lifetimes (R8's copy rule is not ported: the kernel's is oldest first)."""
     path = SEMANTICS / name / f"{name}.mcap"
     result = runner.invoke(app, ["report", str(path), "--format", "json"])
     assert result.exit_code == 0, result.stderr
-    got = {r["kind"]: r for r in json.loads(result.stdout)["by_kind"]}
-    for row in scenario(name)[0]["by_kind"]:
-        want = got[row["kind"]]
-        n = {k: int(v) for k, v in row.items() if isinstance(v, int)}
-        assert want["blocks_stored"] == n["blocks_stored"] + n["hit_announced_blocks"]
-        assert want["blocks_removed"] == n["blocks_removed"] + n["orphan_removes"]
-        for col in (
-            "partial_extra_keys",
-            "evicted_extra_keys",
-            "rekeys",
-            "partial_promotions",
-            "rekey_removes",
-            "checkpoints_discarded",
-        ):
-            assert want[col] == n[col], (name, row["kind"], col)
-        assert want["tokens_stored"] == n["tokens_stored"] + n["tokens_announced"]
-        if not n["hit_announced_blocks"]:
-            assert (want["live_blocks_end"], want["peak_live_blocks"], want["live_keys"]) == (
-                n["live_blocks_end"],
-                n["peak_live_blocks"],
-                n["live_keys"],
-            )
-            assert (want["blocks_cleared"], want["keys_cleared"]) == (
-                n["blocks_cleared"],
-                n["keys_cleared"],
-            )
+    key = "kind" if table == "by_kind" else "group_idx"
+    got = {r[key]: r for r in json.loads(result.stdout)[table]}
+    compared = 0
+    for row in scenario(name)[0][table]:
+        want = got[row[key]]
+        for col, value in row.items():
+            if col not in want or col.startswith("lifetime_"):
+                continue
+            expect = value[1] if col.endswith("_bound") else value  # type: ignore[index]
+            assert want[col] == expect, (name, row[key], col)
+            compared += 1
+    assert compared >= 20 * len(got)
