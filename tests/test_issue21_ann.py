@@ -128,8 +128,9 @@ def test_issue21_ann_bounds_contain_the_truth_and_a_finding_says_so() -> None:
         sorted(rep["by_group"], key=lambda r: r["group_idx"]), truth()["by_group"], strict=True
     ):
         ann, stored = row["hit_announced_blocks"], row["blocks_stored"]
-        ann_hi, stored_hi = row["hit_announced_blocks_bound"], row["blocks_stored_bound"]
-        ann_lo, stored_lo = stored + ann - stored_hi, stored + ann - ann_hi
+        taken, left = row["blocks_stored_bound"], row["hit_announced_blocks_bound"]
+        ann_lo, ann_hi = ann - taken, ann + left
+        stored_lo, stored_hi = stored - left, stored + taken
         assert ann_lo <= physical(t)["hit_announced_blocks"] <= ann_hi
         assert stored_lo <= physical(t)["blocks_stored"] <= stored_hi
         assert ann_lo < ann_hi  # 2 runs per group the wire cannot tell (83 blocks)
@@ -152,32 +153,28 @@ def test_issue21_ann_incremental_mode_gives_the_counts_from_before() -> None:
             old["restored_blocks"],
             old["live_blocks_end"],
         )
-        assert {c: row[c] for c in NEW_COLUMNS if c != "blocks_stored_bound"} == dict.fromkeys(
-            (c for c in NEW_COLUMNS if c != "blocks_stored_bound"), 0
-        )
-        assert row["blocks_stored_bound"] == row["blocks_stored"]
+        assert {c: row[c] for c in NEW_COLUMNS} == dict.fromkeys(NEW_COLUMNS, 0)
     assert "hit announcements" not in err
 
 
 def test_issue21_ann_full_mode_takes_every_ambiguous_run() -> None:
     rep = report(d_path(), "--report-mode", "full")
     for row in rep["by_group"]:
-        assert row["hit_announced_blocks"] == row["hit_announced_blocks_bound"] == 1580
-        assert row["blocks_stored"] == row["blocks_stored_bound"]
+        assert row["hit_announced_blocks"] == 1580
+        assert row["hit_announced_blocks_bound"] == row["blocks_stored_bound"] == 0
 
 
 @pytest.mark.parametrize("path", DEFAULT_MODE, ids=lambda p: p.name)
 def test_issue21_ann_default_mode_streams_are_unchanged(path: Path) -> None:
     # No request announced: auto finds nothing, so every output is incremental's (the
-    # numbers from before), apart from the new columns, zero (the stored bound: stored).
+    # numbers from before), apart from the new columns, all zero.
     auto, auto_err = _run(path)
     inc, inc_err = _run(path, "--report-mode", "incremental")
     assert auto == inc and auto_err == inc_err
     for table in ("totals", "by_kind", "by_window", "by_group"):
         rows = auto.get(table, [])
         for row in [rows] if isinstance(rows, dict) else rows:
-            assert all(row[c] == 0 for c in NEW_COLUMNS if c != "blocks_stored_bound"), row
-            assert row["blocks_stored_bound"] == row["blocks_stored"]
+            assert all(row[c] == 0 for c in NEW_COLUMNS), row
     for fmt in ("table", "csv"):
         a = runner.invoke(app, ["report", str(path), "--format", fmt])
         b = runner.invoke(app, ["report", str(path), "--format", fmt, "--report-mode", "incremental"])
@@ -325,7 +322,7 @@ def test_issue21_ann_origin_makes_the_classification_exact(tmp_path: Path, origi
             # REUSED = an announcement, NEW = a store, in every mode.
             assert got == (6, 3, 5), mode
             assert fa["live_blocks_end"] == fa["live_keys"] == 6
-            assert fa["hit_blocks"] == 5 and fa["blocks_stored_bound"] == 6
+            assert fa["hit_blocks"] == 5 and fa["blocks_stored_bound"] == 0
         elif mode == "incremental":
             assert got == (11, 8, 0)
         else:

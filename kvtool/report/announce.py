@@ -329,8 +329,8 @@ def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     ann = int(totals.get("hit_announced_blocks", 0) or 0)
     stored = int(totals.get("blocks_stored", 0) or 0)
-    ann_hi = int(totals.get("hit_announced_blocks_bound", ann) or 0)
-    stored_hi = int(totals.get("blocks_stored_bound", stored) or 0)
+    taken = int(totals.get("blocks_stored_bound", 0) or 0)
+    left = int(totals.get("hit_announced_blocks_bound", 0) or 0)
     if ann and mode == "auto":
         out.append(
             (
@@ -340,15 +340,14 @@ def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
                 "hits; --report-mode incremental counts them as stores",
             )
         )
-    ambiguous = (ann_hi - ann) + (stored_hi - stored)
-    if ambiguous:
+    if taken or left:
         out.append(
             (
                 "announcement_or_copy",
-                f"{ambiguous} blocks in parentless stores could be hit announcements or second "
-                f"copies (the wire cannot tell): blocks_stored is between "
-                f"{stored + ann - ann_hi} and {stored_hi}, hit_announced_blocks between "
-                f"{stored + ann - stored_hi} and {ann_hi}",
+                f"{taken + left} blocks in parentless stores could be hit announcements or "
+                f"second copies (the wire cannot tell): blocks_stored is between "
+                f"{stored - left} and {stored + taken}, hit_announced_blocks between "
+                f"{ann - taken} and {ann + left}",
             )
         )
     return out

@@ -1101,13 +1101,10 @@ class ReportBuilder:
         add[:, col["blocks_removed"]] -= per(rm & np.isin(what, _NOT_AN_EVICTION))
         for name, code in _CLASS_COLUMNS:
             add[:, col[name]] = per(what == code)
-        # The bounds where the wire cannot tell an announcement from a second copy.
-        add[:, col["blocks_stored_bound"]] = add[:, col["blocks_stored"]] + per(
-            what == kernel.ANNOUNCED_AMBIGUOUS
-        )
-        add[:, col["hit_announced_blocks_bound"]] = add[:, col["hit_announced_blocks"]] + per(
-            out.note[rows] == announce.NOTE_AMBIGUOUS
-        )
+        # The bounds where the wire cannot tell an announcement from a second copy: how
+        # many more blocks each could be (the ambiguous runs counted as the other).
+        add[:, col["blocks_stored_bound"]] = per(what == kernel.ANNOUNCED_AMBIGUOUS)
+        add[:, col["hit_announced_blocks_bound"]] = per(out.note[rows] == announce.NOTE_AMBIGUOUS)
         # Keys live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
         # off (under the report row it was stored under), minus the keys clears drop.
         taken = rm & np.isin(what, _KEY_OUT)

@@ -150,14 +150,16 @@ METRICS: tuple[Metric, ...] = (
     _m("failed_lookups", "failed\nlookups", "failed = failed_lookups (hit announcements taken "
        "back: the allocation failed and the same lookup came again)", "events", "sum", "up",
        "counter", "kvtool_failed_lookups", "Announced lookups whose allocation failed."),
-    _m("blocks_stored_bound", "stored\nat most", "stored at most = blocks_stored_bound "
-       "(blocks_stored were every ambiguous parentless store a second copy; at least: "
-       "blocks_stored + hit_announced_blocks - hit_announced_blocks_bound)", "blocks", "sum",
-       "none", "none", "", "Upper bound of blocks_stored."),
-    _m("hit_announced_blocks_bound", "announced\nat most", "announced at most = "
-       "hit_announced_blocks_bound (were every ambiguous parentless store an announcement; "
-       "at least: hit_announced_blocks + blocks_stored - blocks_stored_bound)", "blocks",
-       "sum", "none", "none", "", "Upper bound of hit_announced_blocks."),
+    _m("blocks_stored_bound", "stored\n+ at most", "stored + at most = blocks_stored_bound "
+       "(blocks of parentless stores taken as hit announcements that could be second copies: "
+       "blocks_stored is at most blocks_stored + this, at least blocks_stored - "
+       "hit_announced_blocks_bound; 0: the wire tells)", "blocks", "sum", "none", "none", "",
+       "How many more blocks_stored could be."),
+    _m("hit_announced_blocks_bound", "announced\n+ at most", "announced + at most = "
+       "hit_announced_blocks_bound (blocks of parentless stores counted as stores that could "
+       "be hit announcements: hit_announced_blocks is at most hit_announced_blocks + this, at "
+       "least hit_announced_blocks - blocks_stored_bound)", "blocks", "sum", "none", "none",
+       "", "How many more hit_announced_blocks could be."),
     _m("recompute_share", "recomp\nshare",
        "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
        "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),
