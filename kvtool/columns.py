@@ -123,10 +123,11 @@ EXTRA_SCHEMA: dict[str, pl.DataType] = {
     "parent": pl.Int64(),
     "origin": pl.Int8(),
 }
-"""Columns made only for a reader that asks for them (the report's kernel, issue 21; never
-part of :data:`TABLE_SCHEMA`): per row, its event's ``parent_block_hash`` as a key (null: no
-parent, or one that is not a hash) and its ``origin`` (vllm-project/vllm#51699) as a code
-(:data:`ORIGIN_CODES`; 0: none or another value)."""
+"""Columns of the unlabelled table beside :data:`TABLE_SCHEMA` (the report's kernel reads
+them, issue 21; a labelled table -- what ``export`` writes -- leaves them out): per row, its
+event's ``parent_block_hash`` as a key (null: no parent, or one that is not a hash) and its
+``origin`` (vllm-project/vllm#51699) as a code (:data:`ORIGIN_CODES`; 0: none or another
+value)."""
 
 ORIGIN_CODES = {"NEW": 1, "REUSED": 2}
 """``origin`` values and their codes in the ``origin`` column."""
@@ -1151,7 +1152,7 @@ def _build(
     extra: dict[str, Callable[[], pl.Series]] = {"parent": parent_rows, "origin": origin_rows}
     df = pl.DataFrame(
         {c: f() for c, f in make.items() if wanted is None or c in wanted}
-        | {c: f() for c, f in extra.items() if wanted is not None and c in wanted}
+        | {c: f() for c, f in extra.items() if wanted is None or c in wanted}
     )
     stats.rows += n_rows
     stats.events += n_ev

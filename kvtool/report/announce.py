@@ -35,7 +35,7 @@ from typing import Any
 
 from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
-from kvtool.report.kbase import EMPTY, FLAG_MAMBA, FLAG_PREFIX, FLAG_WINDOW, probe
+from kvtool.report.kbase import EMPTY, FLAG_MAMBA, FLAG_PREFIX, FLAG_TIER, FLAG_WINDOW, probe
 
 INCREMENTAL, AUTO, FULL = 0, 1, 2
 """Report modes (``--report-mode``): no request announces (every parentless store is a
@@ -63,7 +63,9 @@ STORE = 1  # kvtool.report.kernel.STORE
 
 def candidates(op: Any, sh: Any, mode: int, first: Any) -> Any:
     """The rows where an announcement may start: an event's first row, a store of hashes,
-    marked ``REUSED``, or (not ``incremental``) unmarked, parentless and of whole blocks.
+    marked ``REUSED``, or (not ``incremental``) unmarked, parentless, of whole blocks and
+    of the GPU block pool (``emit_cached_block_events``; an offload to another tier is a
+    parentless store of cached keys too).
 
     Args:
         op: The kernel's row kinds.
@@ -79,7 +81,8 @@ def candidates(op: Any, sh: Any, mode: int, first: Any) -> Any:
     if mode == INCREMENTAL:
         return out & reused
     whole = (sh.bs > 0) & (sh.tokens == sh.hashes * sh.bs)
-    return out & (reused | (~sh.has_parent & (sh.origin == 0) & whole))
+    gpu = (sh.flags & FLAG_TIER) == 0
+    return out & (reused | (~sh.has_parent & (sh.origin == 0) & whole & gpu))
 
 
 @inline_kernel

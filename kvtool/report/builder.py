@@ -662,6 +662,10 @@ class ReportBuilder:
         bs = ev_bs[of]
         flags[ev_mamba[of]] |= kernel.FLAG_CHANNEL_MAMBA
         flags[kind.is_in(_PREFIX_KINDS).fill_null(False).to_numpy()] |= kernel.FLAG_PREFIX
+        if "medium" in df.columns:
+            medium = df["medium"]
+            tier = ~(medium.is_null() | (medium == "GPU").fill_null(False))
+            flags[tier.to_numpy()] |= kernel.FLAG_TIER
         win, _ = _column(df, "sliding_window")
         if "parent" in df.columns:
             parent, parent_null = _column(df, "parent")

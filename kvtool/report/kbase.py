@@ -15,11 +15,12 @@ from kvtool.columns import np
 EMPTY = -1
 """``Table.chan`` of an empty slot."""
 
-FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA, FLAG_PREFIX = 1, 2, 4, 8
+FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA, FLAG_PREFIX, FLAG_TIER = 1, 2, 4, 8, 16
 """Bits of :attr:`kvtool.report.kernel.Shape.flags`: the row's group is a Mamba group, a
 sliding-window group (no partial entries), the row's channel has a Mamba group (its
 metadata says so), the row's group hits by whole prefixes (full attention, MLA, sink:
-vLLM's ``FullAttentionManager`` family)."""
+vLLM's ``FullAttentionManager`` family), the row's ``medium`` is another tier than the GPU
+block pool's (an offload: never a hit announcement)."""
 
 
 @kernel
@@ -51,4 +52,4 @@ def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
         s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
 
 
-__all__ = ["EMPTY", "FLAG_CHANNEL_MAMBA", "FLAG_MAMBA", "FLAG_PREFIX", "FLAG_WINDOW", "mix", "probe"]
+__all__ = ["EMPTY", "FLAG_CHANNEL_MAMBA", "FLAG_MAMBA", "FLAG_PREFIX", "FLAG_TIER", "FLAG_WINDOW", "mix", "probe"]

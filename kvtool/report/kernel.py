@@ -48,6 +48,7 @@ from kvtool.report.kbase import (
     FLAG_CHANNEL_MAMBA,
     FLAG_MAMBA,
     FLAG_PREFIX,
+    FLAG_TIER,
     FLAG_WINDOW,
 )
 from kvtool.report.kbase import probe as _probe
@@ -1355,6 +1356,7 @@ __all__ = [
     "ANNOUNCED",
     "ANNOUNCED_AMBIGUOUS",
     "FLAG_PREFIX",
+    "FLAG_TIER",
     "ORPHAN",
     "PROMOTED",
     "RECOMPUTED",

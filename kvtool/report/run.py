@@ -35,9 +35,10 @@ from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 
-ANNOUNCE_INPUT = ("parent", "origin")
-"""The table columns made only on request that the builder reads for hit announcements
-(issue 21; :data:`kvtool.columns.EXTRA_SCHEMA`)."""
+ANNOUNCE_INPUT = ("parent", "origin", "medium")
+"""The table columns the builder reads for hit announcements (issue 21): those made only on
+request (:data:`kvtool.columns.EXTRA_SCHEMA`) and ``medium`` (only the GPU pool's stores
+announce)."""
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
 from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
 from kvtool.report.tiers import TierSplit, tier_findings
