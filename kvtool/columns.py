@@ -335,9 +335,9 @@ def _hash_or_none(value: object) -> object:
 
 
 def _parent_keys(raws: list[object]) -> _Ints:
-    """Each undecoded ``parent_block_hash`` as a key (:func:`protocol.hash_key`), and
-    whether it is a hash at all (nil, or a value of another type: no parent).
+    """Each undecoded ``parent_block_hash`` as a key, and whether it is a hash at all.
 
+    The key is :func:`protocol.hash_key`'s; nil, or a value of another type: no parent.
     Vectorised for nil, 9-byte ints and 32-byte bytes (what vLLM sends); anything else
     through msgspec, per event.
     """

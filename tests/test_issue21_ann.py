@@ -117,9 +117,17 @@ def test_issue21_ann_report_mode_full_run_equals_the_truth_per_group_and_kind() 
     fa = by_kind["full_attention"]
     # The issue's table: 4,661 stored (not 6,241), 196 live (not 1,505), 1,319 stored
     # while live (not 3,607); sliding window 23,305 / 291 / 135.
-    assert (fa["blocks_stored"], fa["live_blocks_end"], fa["stored_while_live"]) == (4661, 196, 1319)
+    assert (fa["blocks_stored"], fa["live_blocks_end"], fa["stored_while_live"]) == (
+        4661,
+        196,
+        1319,
+    )
     sw = by_kind["sliding_window"]
-    assert (sw["blocks_stored"], sw["live_blocks_end"], sw["stored_while_live"]) == (23305, 291, 135)
+    assert (sw["blocks_stored"], sw["live_blocks_end"], sw["stored_while_live"]) == (
+        23305,
+        291,
+        135,
+    )
 
 
 def test_issue21_ann_bounds_contain_the_truth_and_a_finding_says_so() -> None:
@@ -177,7 +185,9 @@ def test_issue21_ann_default_mode_streams_are_unchanged(path: Path) -> None:
             assert all(row[c] == 0 for c in NEW_COLUMNS), row
     for fmt in ("table", "csv"):
         a = runner.invoke(app, ["report", str(path), "--format", fmt])
-        b = runner.invoke(app, ["report", str(path), "--format", fmt, "--report-mode", "incremental"])
+        b = runner.invoke(
+            app, ["report", str(path), "--format", fmt, "--report-mode", "incremental"]
+        )
         assert (a.exit_code, a.stdout) == (b.exit_code, b.stdout)
 
 
@@ -260,7 +270,10 @@ def _stored(hashes: list[int], group: int, parent: int | None, origin: str | Non
 
 
 def _both(hashes: list[int], parent: int | None, origin: str | None) -> list[BlockStored]:
-    return [_stored(hashes, 0, parent, origin), _stored([h + 100 for h in hashes], 1, parent, origin)]
+    return [
+        _stored(hashes, 0, parent, origin),
+        _stored([h + 100 for h in hashes], 1, parent, origin),
+    ]
 
 
 def _stream(origin: bool) -> list[bytes]:

@@ -62,10 +62,12 @@ STORE = 1  # kvtool.report.kernel.STORE
 
 
 def candidates(op: Any, sh: Any, mode: int, first: Any) -> Any:
-    """The rows where an announcement may start: an event's first row, a store of hashes,
-    marked ``REUSED``, or (not ``incremental``) unmarked, parentless, of whole blocks and
-    of the GPU block pool (``emit_cached_block_events``; an offload to another tier is a
-    parentless store of cached keys too).
+    """The rows where an announcement may start.
+
+    An event's first row, a store of hashes, marked ``REUSED``, or (not ``incremental``)
+    unmarked, parentless, of whole blocks and of the GPU block pool
+    (``emit_cached_block_events``; an offload to another tier is a parentless store of
+    cached keys too).
 
     Args:
         op: The kernel's row kinds.
@@ -155,11 +157,7 @@ def _count_hit(
         hits[idx, _H_NOG] = ng
         hits[idx, _H_BATCH] = -2
         hits[idx, _H_TAIL] = 0
-    elif (
-        hits[idx, _H_TAIL]
-        and hits[idx, _H_BATCH] == sh.pbatch[e]
-        and hits[idx, _H_FIRST] == h[e]
-    ):
+    elif hits[idx, _H_TAIL] and hits[idx, _H_BATCH] == sh.pbatch[e] and hits[idx, _H_FIRST] == h[e]:
         # The channel's previous batch announced this lookup and stored nothing after it
         # in the group: its allocation failed, and this is the same request again.
         out.back_blocks[e] = hits[idx, _H_N]
@@ -293,10 +291,7 @@ def announce(
             e = i + n0
             while ok and e <= end:
                 bse = sh.bs[e]
-                if length % bse:
-                    ok = False
-                else:
-                    ok = _valid(sh, cl, e, length // bse, mode)
+                ok = False if length % bse else _valid(sh, cl, e, length // bse, mode)
                 e += sh.hashes[e]
             if ok:
                 certain = True

@@ -691,8 +691,10 @@ class ReportBuilder:
         counted: NDArray[Any],
         annotator: Any,
     ) -> tuple[NDArray[Any], NDArray[Any]]:
-        """Per row: the groups (a bit each) a hit announcement on its channel covers, and
-        the channel's batch before the row's (-1: none), carried across chunks."""
+        """Per row: the groups (a bit each) an announcement on its channel covers, and more.
+
+        Also the channel's batch before the row's (-1: none); both carried across chunks.
+        """
         n = len(channel)
         bits = np.left_shift(np.int64(1), np.clip(group, 0, 62).astype(_I64))
         bits = np.where(no_group, np.iinfo(np.int64).min, bits)
@@ -812,7 +814,9 @@ class ReportBuilder:
             ins(ts, at, ts[at]),
             ins(gkey, at, 0),
             size,
-            None if shape is None else kernel.Shape(*[ins(a, at, a[at]) for a in shape]),
+            None
+            if shape is None
+            else kernel.Shape(*[None if a is None else ins(a, at, a[at]) for a in shape]),
             mode=announce.MODES[self.report_mode],
         )
         rows = np.arange(n) + np.searchsorted(at, np.arange(n), side="right")

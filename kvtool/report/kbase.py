@@ -52,4 +52,13 @@ def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
         s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
 
 
-__all__ = ["EMPTY", "FLAG_CHANNEL_MAMBA", "FLAG_MAMBA", "FLAG_PREFIX", "FLAG_TIER", "FLAG_WINDOW", "mix", "probe"]
+__all__ = [
+    "EMPTY",
+    "FLAG_CHANNEL_MAMBA",
+    "FLAG_MAMBA",
+    "FLAG_PREFIX",
+    "FLAG_TIER",
+    "FLAG_WINDOW",
+    "mix",
+    "probe",
+]

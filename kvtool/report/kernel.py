@@ -335,7 +335,9 @@ class State:
         """
         want_hits = int(self.hit_n[0]) + announcements
         if want_hits > len(self.hits):
-            grown = np.zeros((max(want_hits, 2 * len(self.hits), 16), announce.HIT_FIELDS), np.int64)
+            grown = np.zeros(
+                (max(want_hits, 2 * len(self.hits), 16), announce.HIT_FIELDS), np.int64
+            )
             grown[: len(self.hits)] = self.hits
             self.hits = grown
         if self.max_keys is not None and self.keys + stores > self.max_keys:
@@ -1340,6 +1342,8 @@ def step(
 
 
 __all__ = [
+    "ANNOUNCED",
+    "ANNOUNCED_AMBIGUOUS",
     "CLEAR",
     "DISCARD",
     "DISCARDED_STORE",
@@ -1350,13 +1354,11 @@ __all__ = [
     "FIRST",
     "FLAG_CHANNEL_MAMBA",
     "FLAG_MAMBA",
+    "FLAG_PREFIX",
+    "FLAG_TIER",
     "FLAG_WINDOW",
     "MAKES_BLOCK",
     "NONE",
-    "ANNOUNCED",
-    "ANNOUNCED_AMBIGUOUS",
-    "FLAG_PREFIX",
-    "FLAG_TIER",
     "ORPHAN",
     "PROMOTED",
     "RECOMPUTED",

@@ -34,15 +34,15 @@ from kvtool.report.aggregates import DEFAULT_CLOCK, HIST_BINS_PER_OCTAVE, Report
 from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
+from kvtool.report.partial import PartialReport, PeakLog, UnitTask
+from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
+from kvtool.report.tiers import TierSplit, tier_findings
+from kvtool.report.timeline import input_origin
 
 ANNOUNCE_INPUT = ("parent", "origin", "medium")
 """The table columns the builder reads for hit announcements (issue 21): those made only on
 request (:data:`kvtool.columns.EXTRA_SCHEMA`) and ``medium`` (only the GPU pool's stores
 announce)."""
-from kvtool.report.partial import PartialReport, PeakLog, UnitTask
-from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
-from kvtool.report.tiers import TierSplit, tier_findings
-from kvtool.report.timeline import input_origin
 
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
