@@ -31,6 +31,7 @@ of a candidate event (:func:`candidates`) and marks the rows of the events it de
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtool._jit import inline_kernel, kernel
@@ -313,6 +314,89 @@ def announce(
     return end
 
 
+@dataclass
+class ChannelContext:
+    """What :func:`channel_context` carries from chunk to chunk, per channel.
+
+    Attributes:
+        seen: The groups seen so far (a bit each).
+        meta: The groups its metadata names (0: no metadata).
+        last_batch: Its last batch number.
+    """
+
+    seen: dict[int, int] = field(default_factory=dict)
+    meta: dict[int, int] = field(default_factory=dict)
+    last_batch: dict[int, int] = field(default_factory=dict)
+
+
+def _mask(groups: tuple[int, ...] | None) -> int:
+    mask = 0
+    for g in groups or ():
+        mask |= 1 << min(max(g, 0), 62)
+    return mask
+
+
+def channel_context(
+    channel: Any,
+    batch: Any,
+    group: Any,
+    no_group: Any,
+    counted: Any,
+    ctx: ChannelContext,
+    annotator: Any,
+) -> tuple[Any, Any]:
+    """Per row: the groups an announcement on its channel covers, and its previous batch.
+
+    The groups (:attr:`kvtool.report.kernel.Shape.want`, a bit each) are the channel's
+    metadata's, else those of its ``counted`` rows up to the row; the previous batch
+    (``pbatch``) is the channel's batch before the row's (-1: none). Both carry across
+    chunks in ``ctx``.
+
+    Args:
+        channel: Each row's channel.
+        batch: Each row's batch number.
+        group: Each row's group (0 where ``no_group``).
+        no_group: The row has no ``group_idx``.
+        counted: The rows whose group the channel has (stores and removes of a group).
+        ctx: The state carried (changed in place).
+        annotator: The report's annotator (its ``group_indices``), or None.
+
+    Returns:
+        ``want`` and ``pbatch``.
+    """
+    n = len(channel)
+    bits = np.left_shift(np.int64(1), np.clip(group, 0, 62).astype(np.int64))
+    bits = np.where(no_group, np.iinfo(np.int64).min, bits)
+    bits = np.where(counted, bits, 0)
+    want = np.zeros(n, dtype=np.int64)
+    pbatch = np.empty(n, dtype=np.int64)
+    present = np.flatnonzero(np.bincount(channel)).tolist()
+    for c in present:
+        idx = np.arange(n) if len(present) == 1 else np.flatnonzero(channel == c)
+        if c not in ctx.meta:
+            got = None
+            if annotator is not None and hasattr(annotator, "group_indices"):
+                got = annotator.group_indices(c)
+            ctx.meta[c] = _mask(got)
+        meta = ctx.meta[c]
+        if meta:
+            want[idx] = meta
+        else:
+            acc = np.bitwise_or.accumulate(bits[idx]) | np.int64(ctx.seen.get(c, 0))
+            want[idx] = acc
+            ctx.seen[c] = int(acc[-1])
+        bb = batch[idx]
+        change = np.ones(len(bb), dtype=bool)
+        change[1:] = bb[1:] != bb[:-1]
+        heads = bb[change]
+        prev = np.empty_like(heads)
+        prev[0] = ctx.last_batch.get(c, -1)
+        prev[1:] = heads[:-1]
+        pbatch[idx] = prev[np.cumsum(change) - 1]
+        ctx.last_batch[c] = int(bb[-1])
+    return want, pbatch
+
+
 def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     """The findings of hit announcements: (kind, text) each.
 
@@ -362,7 +446,9 @@ __all__ = [
     "NOTE_AMBIGUOUS",
     "ORIGIN_NEW",
     "ORIGIN_REUSED",
+    "ChannelContext",
     "announce",
     "candidates",
+    "channel_context",
     "findings",
 ]

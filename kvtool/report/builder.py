@@ -296,11 +296,8 @@ class ReportBuilder:
         self._batches = 0
         self._group_shape: dict[tuple[int, int, bool], tuple[int, bool]] = {}
         self._learned_bs: dict[tuple[int, int, bool], int] = {}
-        # Hit announcements (R6): per channel, the groups seen so far (a bit each) or its
-        # metadata's, and its last batch number.
-        self._seen_groups: dict[int, int] = {}
-        self._meta_groups: dict[int, int] = {}
-        self._last_batch: dict[int, int] = {}
+        # Hit announcements (R6): per channel, its groups and its last batch number.
+        self._announce_ctx = announce.ChannelContext()
 
     @property
     def timeline(self) -> pl.DataFrame:
@@ -676,59 +673,13 @@ class ReportBuilder:
             origin = np.asarray(df["origin"].fill_null(0).to_numpy(), dtype=np.int8)
         else:
             origin = np.zeros(n, dtype=np.int8)
-        want, pbatch = self._channel_context(channel, batch, group, no_group, counted, annotator)
+        want, pbatch = announce.channel_context(
+            channel, batch, group, no_group, counted, self._announce_ctx, annotator
+        )
         return kernel.Shape(
             batch, event, tokens, count, last, bs, flags,
             has_parent, parent, origin, win, want, pbatch,
         )  # fmt: skip
-
-    def _channel_context(
-        self,
-        channel: NDArray[Any],
-        batch: NDArray[Any],
-        group: NDArray[Any],
-        no_group: NDArray[Any],
-        counted: NDArray[Any],
-        annotator: Any,
-    ) -> tuple[NDArray[Any], NDArray[Any]]:
-        """Per row: the groups (a bit each) an announcement on its channel covers, and more.
-
-        Also the channel's batch before the row's (-1: none); both carried across chunks.
-        """
-        n = len(channel)
-        bits = np.left_shift(np.int64(1), np.clip(group, 0, 62).astype(_I64))
-        bits = np.where(no_group, np.iinfo(np.int64).min, bits)
-        bits = np.where(counted, bits, 0)
-        want = np.zeros(n, dtype=_I64)
-        pbatch = np.empty(n, dtype=_I64)
-        present = np.flatnonzero(np.bincount(channel)).tolist()
-        for c in present:
-            idx = np.arange(n) if len(present) == 1 else np.flatnonzero(channel == c)
-            if c not in self._meta_groups:
-                got = None
-                if annotator is not None and hasattr(annotator, "group_indices"):
-                    got = annotator.group_indices(c)
-                mask = 0
-                for g in got or ():
-                    mask |= 1 << min(max(g, 0), 62)
-                self._meta_groups[c] = mask - (1 << 64) if mask >= 1 << 63 else mask
-            meta = self._meta_groups[c]
-            if meta:
-                want[idx] = meta
-            else:
-                acc = np.bitwise_or.accumulate(bits[idx]) | np.int64(self._seen_groups.get(c, 0))
-                want[idx] = acc
-                self._seen_groups[c] = int(acc[-1])
-            bb = batch[idx]
-            change = np.ones(len(bb), dtype=bool)
-            change[1:] = bb[1:] != bb[:-1]
-            heads = bb[change]
-            prev = np.empty_like(heads)
-            prev[0] = self._last_batch.get(c, -1)
-            prev[1:] = heads[:-1]
-            pbatch[idx] = prev[np.cumsum(change) - 1]
-            self._last_batch[c] = int(bb[-1])
-        return want, pbatch
 
     def _kernel_channels(
         self, channel: NDArray[Any], seq: NDArray[Any]
@@ -814,9 +765,7 @@ class ReportBuilder:
             ins(ts, at, ts[at]),
             ins(gkey, at, 0),
             size,
-            None
-            if shape is None
-            else kernel.Shape(*[None if a is None else ins(a, at, a[at]) for a in shape]),
+            None if shape is None else _inserted(shape, at),
             mode=announce.MODES[self.report_mode],
         )
         rows = np.arange(n) + np.searchsorted(at, np.arange(n), side="right")
@@ -1423,6 +1372,12 @@ class ReportBuilder:
             span = self.timeline_span()
         frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns, span)
         return frame
+
+
+def _inserted(shape: kernel.Shape, at: NDArray[Any]) -> kernel.Shape:
+    """``shape`` with each row ``at`` repeated before itself (a restart's clear's row)."""
+    cols: list[Any] = [None if a is None else np.insert(a, at, a[at]) for a in shape]
+    return kernel.Shape(*cols)
 
 
 def _seconds_between(earlier: NDArray[Any], later: NDArray[Any]) -> NDArray[Any]:
