@@ -122,12 +122,14 @@ where it differs from that (null elsewhere; issue 24)."""
 EXTRA_SCHEMA: dict[str, pl.DataType] = {
     "parent": pl.Int64(),
     "origin": pl.Int8(),
+    "block_size": pl.Int64(),
 }
 """Columns of the unlabelled table beside :data:`TABLE_SCHEMA` (the report's kernel reads
 them, issue 21; a labelled table -- what ``export`` writes -- leaves them out): per row, its
 event's ``parent_block_hash`` as a key (null: no parent, or one that is not a hash) and its
 ``origin`` (vllm-project/vllm#51699) as a code (:data:`ORIGIN_CODES`; 0: none or another
-value)."""
+value). ``block_size`` (a store's, when it is an int64; else null) is made only when a
+reader names it (not for ``keep=None``)."""
 
 ORIGIN_CODES = {"NEW": 1, "REUSED": 2}
 """``origin`` values and their codes in the ``origin`` column."""
@@ -262,6 +264,7 @@ def _lean_event(e: protocol.Event) -> object:
             kv_cache_spec_kind=e.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
             parent_block_hash=msgspec.Raw(_RAW_ENC.encode(_hash_or_none(e.parent_block_hash))),
+            block_size=msgspec.Raw(_RAW_ENC.encode(_int64_or_none(e.block_size))),
         )
     if isinstance(e, protocol.BlockRemoved):
         return _Removed(
@@ -332,6 +335,29 @@ def _array_headers(big: pl.Series, off: pl.Series, lens: pl.Series) -> pl.DataFr
 def _hash_or_none(value: object) -> object:
     """A parent as the table reads it: a hash (int or bytes), else None."""
     return value if isinstance(value, int | bytes) and not isinstance(value, bool) else None
+
+
+def _int64_or_none(value: object) -> object:
+    """A ``block_size`` as the table reads it: an int inside int64, else None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
+    return value if ok else None
+
+
+def _block_sizes(raws: list[object]) -> _Ints:
+    """Each undecoded ``block_size`` as an int (valid: it is an int inside int64).
+
+    Vectorised for positive fixints (what vLLM sends); anything else through msgspec.
+    """
+    a, off, lens = _np_joined(raws)
+    h = a[off]
+    ok = (lens == 1) & (h <= 0x7F)
+    sizes = np.where(ok, h, 0).astype(np.int64)
+    for i in np.flatnonzero(~ok & ~((lens == 1) & (h == 0xC0))).tolist():
+        value = _int64_or_none(msgspec.msgpack.decode(raws[i]))  # type: ignore[call-overload]
+        if value is not None:
+            sizes[i] = value
+            ok[i] = True
+    return sizes, ok
 
 
 def _parent_keys(raws: list[object]) -> _Ints:
@@ -874,6 +900,7 @@ class _Pending:
         self.windows: list[_Ints] = []
         self.parents: list[_Ints] = []
         self.origins: list[_Codes] = []
+        self.block_sizes: list[_Ints] = []
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -939,6 +966,7 @@ class _Pending:
             self.windows.append(_int_column([e.kv_cache_spec_sliding_window for e in stores]))
             self.parents.append(_parent_keys([e.parent_block_hash for e in stores]))
             self.origins.append(_str_codes([e.origin for e in stores]))
+            self.block_sizes.append(_block_sizes([e.block_size for e in stores]))
 
     def add_scanned(
         self,
@@ -977,6 +1005,8 @@ class _Pending:
             self.windows.append((w, w != scan_null()))
             self.parents.append((pick(sc.parent), pick(sc.has_parent).astype(bool)))
             self.origins.append((pick(sc.origin), sc.vocab))
+            bs = pick(sc.block_size)
+            self.block_sizes.append((bs, bs != scan_null()))
 
     def medium_column(self, keep: Any, row_event: Any, n_rows: int) -> pl.Series:
         """The ``medium`` of each row (constant when every event has the same one)."""
@@ -1121,6 +1151,11 @@ def _build(
         codes = np.append(codes, len(vocab) - 1)  # the other types: none
         return pl.Series(np.take(table, np.take(codes, store_rows)), dtype=pl.Int8)
 
+    def block_size_rows() -> pl.Series:
+        v = np.concatenate([v for v, _m in p.block_sizes] + [np.zeros(1, np.int64)])
+        ok = np.concatenate([m for _v, m in p.block_sizes] + [np.zeros(1, bool)])
+        return _nullable(np.take(v, store_rows), np.take(ok, store_rows))
+
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
@@ -1150,9 +1185,11 @@ def _build(
         ),
     }
     extra: dict[str, Callable[[], pl.Series]] = {"parent": parent_rows, "origin": origin_rows}
+    on_request: dict[str, Callable[[], pl.Series]] = {"block_size": block_size_rows}
     df = pl.DataFrame(
         {c: f() for c, f in make.items() if wanted is None or c in wanted}
         | {c: f() for c, f in extra.items() if wanted is None or c in wanted}
+        | {c: f() for c, f in on_request.items() if wanted is not None and c in wanted}
     )
     stats.rows += n_rows
     stats.events += n_ev

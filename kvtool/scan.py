@@ -77,10 +77,9 @@ MAX_VOCAB = 256
 
 # -- field codes, from the one field table ---------------------------------------------------
 
-F_SKIP, F_TYPE, F_HASHES, F_TOKENS, F_MEDIUM, F_GROUP, F_KIND, F_WINDOW, F_PARENT, F_ORIGIN = range(
-    10
-)
-N_CODES = 10
+(F_SKIP, F_TYPE, F_HASHES, F_TOKENS, F_MEDIUM, F_GROUP, F_KIND, F_WINDOW, F_PARENT, F_ORIGIN,
+ F_BSIZE) = range(11)  # fmt: skip
+N_CODES = 11
 _CODE_OF = {
     "block_hashes": F_HASHES,
     "token_ids": F_TOKENS,
@@ -90,6 +89,7 @@ _CODE_OF = {
     "kv_cache_spec_sliding_window": F_WINDOW,
     "parent_block_hash": F_PARENT,
     "origin": F_ORIGIN,
+    "block_size": F_BSIZE,
 }
 _LEAN_STORED = schema.projection("lean", "stored")
 _LEAN_REMOVED = schema.projection("lean", "removed")
@@ -428,6 +428,7 @@ def _events(
     e_parent: Any,
     e_has_parent: Any,
     e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -516,9 +517,23 @@ def _events(
             org, err = _opt_str(buf, at, end, voc_off, voc_len, counts)
             if err != OK:
                 return p, 0, 0, err
+        # block_size: any value (typed loosely, as kvtool.columns reads it): an int64 is
+        # a block size, anything else none (NULL; int64's minimum goes to msgspec).
+        bs = NULL
+        at = fpos[F_BSIZE]
+        if at >= 0:
+            if buf[at] <= 0x7F:
+                bs = np.int64(buf[at])
+            else:
+                bc, bv, _bq = _head(buf, at, end)
+                if bc == _INT:
+                    if bv == NULL:
+                        return p, 0, 0, ERR_RANGE
+                    bs = bv
         e_parent[ev] = par
         e_has_parent[ev] = has_par
         e_origin[ev] = org
+        e_bsize[ev] = bs
         e_type[ev] = tcode
         e_nh[ev] = nh
         e_group[ev] = g
@@ -550,6 +565,7 @@ def _scan_body(
     e_parent: Any,
     e_has_parent: Any,
     e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -589,7 +605,7 @@ def _scan_body(
                     p, n_ev, n_k, err = _events(
                         buf, p, end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
                         e_medium, e_kind, e_window, e_tokens, e_parent, e_has_parent,
-                        e_origin, keys, voc_off, voc_len, counts,
+                        e_origin, e_bsize, keys, voc_off, voc_len, counts,
                     )  # fmt: skip
                 for j in range(2, n):
                     if err != OK:
@@ -605,7 +621,7 @@ def _scan_body(
                 _p, n_ev, n_k, err = _events(
                     buf, bpos[1], end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
                     e_medium, e_kind, e_window, e_tokens, e_parent, e_has_parent,
-                    e_origin, keys, voc_off, voc_len, counts,
+                    e_origin, e_bsize, keys, voc_off, voc_len, counts,
                 )  # fmt: skip
         else:
             err = ERR_BATCH
@@ -649,6 +665,7 @@ def _scan(
     e_parent: Any,
     e_has_parent: Any,
     e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -690,6 +707,7 @@ def _scan(
         carray(_voidptr(e_parent.ctypes.data), e_parent.shape, np.int64),
         carray(_voidptr(e_has_parent.ctypes.data), e_has_parent.shape, np.uint8),
         carray(_voidptr(e_origin.ctypes.data), e_origin.shape, np.int32),
+        carray(_voidptr(e_bsize.ctypes.data), e_bsize.shape, np.int64),
         carray(_voidptr(keys.ctypes.data), keys.shape, np.int64),
         carray(_voidptr(voc_off.ctypes.data), voc_off.shape, np.int64),
         carray(_voidptr(voc_len.ctypes.data), voc_len.shape, np.int64),
@@ -723,6 +741,7 @@ class Scanned:
         parent: Per event: the key of ``parent_block_hash`` (0 where ``has_parent`` is 0).
         has_parent: Per event: 1 when ``parent_block_hash`` is a hash (int or bytes).
         origin: Per event: vocabulary code of ``origin`` (vllm-project/vllm#51699; -1: nil).
+        block_size: Per event: ``block_size`` when it is an int (:data:`NULL`: anything else).
         keys: Every hash key, in event order.
         vocab: The strings of the codes.
     """
@@ -741,6 +760,7 @@ class Scanned:
     parent: Any
     has_parent: Any
     origin: Any
+    block_size: Any
     keys: Any
     vocab: list[str]
 
@@ -756,6 +776,7 @@ _EVENT_DTYPES = (
     np.int64,
     np.uint8,
     np.int32,
+    np.int64,
 )
 
 
@@ -787,10 +808,10 @@ def scan(buf: Any, offs: Any) -> Scanned:
     at = 0
     _notice_cold_compile()
     while True:
-        t, nh, g, med, kind, w, tok, par, has_par, org = ev
+        t, nh, g, med, kind, w, tok, par, has_par, org, bsz = ev
         at = _scan(
             buf, offs, at, b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok,
-            par, has_par, org, keys, voc_off, voc_len, counts, *scratch,
+            par, has_par, org, bsz, keys, voc_off, voc_len, counts, *scratch,
         )  # fmt: skip
         if at >= n_pay:
             break
@@ -802,9 +823,9 @@ def scan(buf: Any, offs: Any) -> Scanned:
         bytes(buf[int(o) : int(o) + int(n)]).decode("ascii")
         for o, n in zip(voc_off[:n_voc], voc_len[:n_voc], strict=True)
     ]
-    t, nh, g, med, kind, w, tok, par, has_par, org = (a[:n_ev] for a in ev)
+    t, nh, g, med, kind, w, tok, par, has_par, org, bsz = (a[:n_ev] for a in ev)
     return Scanned(
-        b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok, par, has_par, org,
+        b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok, par, has_par, org, bsz,
         keys[:n_keys], vocab,
     )  # fmt: skip
 

@@ -76,7 +76,7 @@ FIELDS: tuple[EventField, ...] = (
     _f("block_hashes", "hashes", 1, 1, "initial", "lean"),
     _f("parent_block_hash", "hash", 2, None, "initial", "lean"),
     _f("token_ids", "ints", 3, None, "initial", "lean"),
-    _f("block_size", "any", 4, None, "initial", "learner"),
+    _f("block_size", "any", 4, None, "initial", "lean", "learner"),
     _f("lora_id", "any", 5, None, "initial"),
     _f("medium", "str", 6, 2, "medium", "lean"),
     _f("lora_name", "any", 7, None, "lora_name"),

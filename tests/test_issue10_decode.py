@@ -118,6 +118,18 @@ def test_issue10_decode_unknown_medium_and_kind_keep_their_strings(
     assert d.table.select("hash", "medium", "kind").rows() == want
 
 
+def test_issue10_decode_block_size_is_an_int64_or_null(monkeypatch: pytest.MonkeyPatch) -> None:
+    odd: list[object] = [16, None, "16", True, -3, 1 << 63, -(1 << 63), 300, 1.5, [16]]
+    stores = [_store([i + 1], block_size=v) for i, v in enumerate(odd)]
+    raw = _chunk([ENC.encode([1.0, [*stores, _remove([1])], 0])])
+    first, *others = _paths(raw, monkeypatch)
+    for other in others:
+        _same(first, other)
+    want = [16, None, None, None, -3, None, -(1 << 63), 300, None, None, None]
+    assert first.table["block_size"].to_list() == want
+    assert "block_size" not in decode_chunk(dataclasses.replace(raw, keep=None)).table.columns
+
+
 def test_issue10_decode_bad_input_inside_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     good = ENC.encode([1.0, [_store([1, 2]), _remove([1], group_idx=3)], 0])
     mixed = ENC.encode(
