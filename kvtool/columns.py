@@ -337,10 +337,11 @@ def _hash_or_none(value: object) -> object:
     return value if isinstance(value, int | bytes) and not isinstance(value, bool) else None
 
 
-def _int64_or_none(value: object) -> object:
+def _int64_or_none(value: object) -> int | None:
     """A ``block_size`` as the table reads it: an int inside int64, else None."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
-    return value if ok else None
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63:
+        return value
+    return None
 
 
 def _block_sizes(raws: list[object]) -> _Ints:

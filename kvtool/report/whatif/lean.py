@@ -106,11 +106,6 @@ def restart() -> object:
     return _Cleared()
 
 
-def _hash(value: object) -> bool:
-    """A parent is a hash: an int or bytes (not a bool), as the report's table reads it."""
-    return isinstance(value, int | bytes) and not isinstance(value, bool)
-
-
 def decode(raw: bytes, seq: int) -> tuple[object, list[object]]:
     """Decode one payload into (batch rank, lean events).
 
@@ -137,7 +132,10 @@ def decode(raw: bytes, seq: int) -> tuple[object, list[object]]:
             out.append(
                 _Stored(
                     block_hashes=msgspec.Raw(_ENC.encode(list(ev.block_hashes))),
-                    parent_block_hash=par if _hash(par) else None,
+                    # A hash: an int or bytes (not a bool), as the report's table reads it.
+                    parent_block_hash=(
+                        par if isinstance(par, int | bytes) and not isinstance(par, bool) else None
+                    ),
                     token_ids=msgspec.Raw(_ENC.encode([0] * len(ev.token_ids))),
                     block_size=bs if isinstance(bs, int) and not isinstance(bs, bool) else None,
                     group_idx=ev.group_idx,
