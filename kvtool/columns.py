@@ -119,6 +119,21 @@ files being one channel (``recording`` names the first input that holds it);
 the payload's only on a channel without one), ``payload_rank`` the rank the payload names
 where it differs from that (null elsewhere; issue 24)."""
 
+EXTRA_SCHEMA: dict[str, pl.DataType] = {
+    "parent": pl.Int64(),
+    "origin": pl.Int8(),
+    "block_size": pl.Int64(),
+}
+"""Columns of the unlabelled table beside :data:`TABLE_SCHEMA` (the report's kernel reads
+them, issue 21; a labelled table -- what ``export`` writes -- leaves them out): per row, its
+event's ``parent_block_hash`` as a key (null: no parent, or one that is not a hash) and its
+``origin`` (vllm-project/vllm#51699) as a code (:data:`ORIGIN_CODES`; 0: none or another
+value). ``block_size`` (a store's, when it is an int64; else null) is made only when a
+reader names it (not for ``keep=None``)."""
+
+ORIGIN_CODES = {"NEW": 1, "REUSED": 2}
+"""``origin`` values and their codes in the ``origin`` column."""
+
 T = TypeVar("T")
 
 _LABELS = ("recording", "channel", "type")
@@ -248,6 +263,8 @@ def _lean_event(e: protocol.Event) -> object:
             group_idx=e.group_idx,
             kv_cache_spec_kind=e.kv_cache_spec_kind,
             kv_cache_spec_sliding_window=e.kv_cache_spec_sliding_window,
+            parent_block_hash=msgspec.Raw(_RAW_ENC.encode(_hash_or_none(e.parent_block_hash))),
+            block_size=msgspec.Raw(_RAW_ENC.encode(_int64_or_none(e.block_size))),
         )
     if isinstance(e, protocol.BlockRemoved):
         return _Removed(
@@ -313,6 +330,59 @@ def _array_headers(big: pl.Series, off: pl.Series, lens: pl.Series) -> pl.DataFr
         .then(u32),
         hl=pl.when(h == 0xDC).then(3).when(h == 0xDD).then(5).otherwise(1),
     )
+
+
+def _hash_or_none(value: object) -> object:
+    """A parent as the table reads it: a hash (int or bytes), else None."""
+    return value if isinstance(value, int | bytes) and not isinstance(value, bool) else None
+
+
+def _int64_or_none(value: object) -> int | None:
+    """A ``block_size`` as the table reads it: an int inside int64, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63:
+        return value
+    return None
+
+
+def _block_sizes(raws: list[object]) -> _Ints:
+    """Each undecoded ``block_size`` as an int (valid: it is an int inside int64).
+
+    Vectorised for positive fixints (what vLLM sends); anything else through msgspec.
+    """
+    a, off, lens = _np_joined(raws)
+    h = a[off]
+    ok = (lens == 1) & (h <= 0x7F)
+    sizes = np.where(ok, h, 0).astype(np.int64)
+    for i in np.flatnonzero(~ok & ~((lens == 1) & (h == 0xC0))).tolist():
+        value = _int64_or_none(msgspec.msgpack.decode(raws[i]))  # type: ignore[call-overload]
+        if value is not None:
+            sizes[i] = value
+            ok[i] = True
+    return sizes, ok
+
+
+def _parent_keys(raws: list[object]) -> _Ints:
+    """Each undecoded ``parent_block_hash`` as a key, and whether it is a hash at all.
+
+    The key is :func:`protocol.hash_key`'s; nil, or a value of another type: no parent.
+    Vectorised for nil, 9-byte ints and 32-byte bytes (what vLLM sends); anything else
+    through msgspec, per event.
+    """
+    a, off, lens = _np_joined(raws)
+    h = a[off]
+    nine = (lens == 9) & ((h == 0xCF) | (h == 0xD3))
+    b32 = (lens == 34) & (h == 0xC4) & (a[off + 1] == 0x20)
+    at_every_byte = np.ndarray((len(a) - 8,), dtype=">i8", buffer=a, strides=(1,))
+    keys = np.zeros(len(raws), dtype=np.int64)
+    keys[nine] = at_every_byte[off[nine] + 1]
+    keys[b32] = at_every_byte[off[b32] + 26]
+    has = nine | b32
+    for i in np.flatnonzero(~has & ~((lens == 1) & (h == 0xC0))).tolist():
+        value = _hash_or_none(msgspec.msgpack.decode(raws[i]))  # type: ignore[call-overload]
+        if value is not None:
+            keys[i] = protocol.hash_key(value)  # type: ignore[arg-type]
+            has[i] = True
+    return keys, has
 
 
 def _joined(raws: list[object]) -> tuple[pl.Series, pl.Series, pl.Series]:
@@ -829,6 +899,9 @@ class _Pending:
         self.tokens: list[Any] = []
         self.kinds: list[_Codes] = []
         self.windows: list[_Ints] = []
+        self.parents: list[_Ints] = []
+        self.origins: list[_Codes] = []
+        self.block_sizes: list[_Ints] = []
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -892,6 +965,9 @@ class _Pending:
             self.tokens.append(np.maximum(n_tok, 0))
             self.kinds.append(_str_codes([e.kv_cache_spec_kind for e in stores]))
             self.windows.append(_int_column([e.kv_cache_spec_sliding_window for e in stores]))
+            self.parents.append(_parent_keys([e.parent_block_hash for e in stores]))
+            self.origins.append(_str_codes([e.origin for e in stores]))
+            self.block_sizes.append(_block_sizes([e.block_size for e in stores]))
 
     def add_scanned(
         self,
@@ -928,6 +1004,10 @@ class _Pending:
             self.kinds.append((pick(sc.kind), sc.vocab))
             w = pick(sc.window)
             self.windows.append((w, w != scan_null()))
+            self.parents.append((pick(sc.parent), pick(sc.has_parent).astype(bool)))
+            self.origins.append((pick(sc.origin), sc.vocab))
+            bs = pick(sc.block_size)
+            self.block_sizes.append((bs, bs != scan_null()))
 
     def medium_column(self, keep: Any, row_event: Any, n_rows: int) -> pl.Series:
         """The ``medium`` of each row (constant when every event has the same one)."""
@@ -1061,6 +1141,22 @@ def _build(
         w_ok = np.concatenate([m for _v, m in p.windows] + [np.zeros(1, bool)])
         return _nullable(np.take(w_val, store_rows), np.take(w_ok, store_rows))
 
+    def parent_rows() -> pl.Series:
+        v = np.concatenate([v for v, _m in p.parents] + [np.zeros(1, np.int64)])
+        ok = np.concatenate([m for _v, m in p.parents] + [np.zeros(1, bool)])
+        return _nullable(np.take(v, store_rows), np.take(ok, store_rows))
+
+    def origin_rows() -> pl.Series:
+        codes, vocab = _merge_codes(p.origins)
+        table = np.array([ORIGIN_CODES.get(str(v), 0) for v in vocab] or [0], dtype=np.int8)
+        codes = np.append(codes, len(vocab) - 1)  # the other types: none
+        return pl.Series(np.take(table, np.take(codes, store_rows)), dtype=pl.Int8)
+
+    def block_size_rows() -> pl.Series:
+        v = np.concatenate([v for v, _m in p.block_sizes] + [np.zeros(1, np.int64)])
+        ok = np.concatenate([m for _v, m in p.block_sizes] + [np.zeros(1, bool)])
+        return _nullable(np.take(v, store_rows), np.take(ok, store_rows))
+
     if n_rows == len(keys):
         hash_col = pl.Series(keys, dtype=pl.Int64)
     else:
@@ -1089,7 +1185,13 @@ def _build(
             dtype=pl.Int32,
         ),
     }
-    df = pl.DataFrame({c: f() for c, f in make.items() if wanted is None or c in wanted})
+    extra: dict[str, Callable[[], pl.Series]] = {"parent": parent_rows, "origin": origin_rows}
+    on_request: dict[str, Callable[[], pl.Series]] = {"block_size": block_size_rows}
+    df = pl.DataFrame(
+        {c: f() for c, f in make.items() if wanted is None or c in wanted}
+        | {c: f() for c, f in extra.items() if wanted is None or c in wanted}
+        | {c: f() for c, f in on_request.items() if wanted is not None and c in wanted}
+    )
     stats.rows += n_rows
     stats.events += n_ev
     return df
@@ -1099,7 +1201,8 @@ def _finish(df: pl.DataFrame, stats: ReadStats, labels: bool) -> pl.DataFrame:
     if not labels:
         have = set(df.columns)  # a worker may have returned only some (RawChunk.keep)
         return df.select(
-            [c for c in TABLE_SCHEMA if c not in _LABELS and c in have] + ["type_code"]
+            [c for c in (*TABLE_SCHEMA, *EXTRA_SCHEMA) if c not in _LABELS and c in have]
+            + ["type_code"]
         )
     names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
     recs = pl.DataFrame(
@@ -2474,11 +2577,14 @@ class TableAnnotator:
     Attributes:
         annotation: The resolved annotation.
         out_of_range: Stores per group index not in a given metadata table.
+        report_mode: How the report's kernel reads parentless stores (``--report-mode``:
+            ``auto``, ``full`` or ``incremental``; hit announcements, issue 21).
     """
 
     annotation: Annotation = field(default_factory=Annotation)
     out_of_range: dict[int, int] = field(default_factory=dict)
     _channels: dict[int, ChannelRef] = field(default_factory=dict)
+    report_mode: str = "auto"
 
     @property
     def tables(self) -> dict[str, GroupTable | None]:
@@ -2550,6 +2656,21 @@ class TableAnnotator:
         bs = info.block_size if info is not None and info.block_size else 0
         return bs, any(g.kind == "mamba" for g in table.groups.values())
 
+    def group_indices(self, channel_id: int) -> tuple[int, ...] | None:
+        """Return the group indices a channel's metadata names (None: no metadata).
+
+        Args:
+            channel_id: The channel.
+
+        Returns:
+            The indices, or None.
+        """
+        ref = self._channels.get(channel_id)
+        if ref is None:
+            return None
+        table = self.annotation.table_for(ref.info.name)
+        return None if table is None else tuple(sorted(table.groups))
+
     def sources(self) -> list[str]:
         """Return the metadata sources used, one per distinct source."""
         return self.annotation.sources()
@@ -2600,6 +2721,7 @@ def make_annotator(
     *,
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
+    report_mode: str = "auto",
 ) -> TableAnnotator:
     """Resolve THE annotation of the input (:func:`kvtool.inputs.resolve_annotation`).
 
@@ -2609,6 +2731,7 @@ def make_annotator(
             with the learning pass over the whole input when some channel has none).
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        report_mode: ``--report-mode`` (:attr:`TableAnnotator.report_mode`).
 
     Returns:
         The annotator.
@@ -2619,7 +2742,8 @@ def make_annotator(
     """
     paths = list(recording_groups)
     return TableAnnotator(
-        resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags)
+        resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags),
+        report_mode=report_mode,
     )
 
 

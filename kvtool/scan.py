@@ -77,7 +77,9 @@ MAX_VOCAB = 256
 
 # -- field codes, from the one field table ---------------------------------------------------
 
-F_SKIP, F_TYPE, F_HASHES, F_TOKENS, F_MEDIUM, F_GROUP, F_KIND, F_WINDOW = range(8)
+(F_SKIP, F_TYPE, F_HASHES, F_TOKENS, F_MEDIUM, F_GROUP, F_KIND, F_WINDOW, F_PARENT, F_ORIGIN,
+ F_BSIZE) = range(11)  # fmt: skip
+N_CODES = 11
 _CODE_OF = {
     "block_hashes": F_HASHES,
     "token_ids": F_TOKENS,
@@ -85,6 +87,9 @@ _CODE_OF = {
     "group_idx": F_GROUP,
     "kv_cache_spec_kind": F_KIND,
     "kv_cache_spec_sliding_window": F_WINDOW,
+    "parent_block_hash": F_PARENT,
+    "origin": F_ORIGIN,
+    "block_size": F_BSIZE,
 }
 _LEAN_STORED = schema.projection("lean", "stored")
 _LEAN_REMOVED = schema.projection("lean", "removed")
@@ -113,14 +118,16 @@ _BATCH_KEYS, _BATCH_KEY_OFFS = _names_blob(["ts", "events", "data_parallel_rank"
 
 def _fields_of(names: tuple[str, ...]) -> Any:
     """Per field code: 1 when the event type reads that field."""
-    used = np.zeros(8, dtype=np.int64)
+    used = np.zeros(N_CODES, dtype=np.int64)
     for n in names:
         used[_CODE_OF[n]] = 1
     return used
 
 
 # Per type code (stored, removed, cleared): which field codes it reads.
-_USES = np.stack([_fields_of(_LEAN_STORED), _fields_of(_LEAN_REMOVED), np.zeros(8, dtype=np.int64)])
+_USES = np.stack(
+    [_fields_of(_LEAN_STORED), _fields_of(_LEAN_REMOVED), np.zeros(N_CODES, dtype=np.int64)]
+)
 
 
 def _positions(event: str) -> Any:
@@ -214,7 +221,7 @@ def _event(
 
     ``fpos[code]`` receives the position of each field's value (-1: absent).
     """
-    for k in range(8):
+    for k in range(N_CODES):
         fpos[k] = -1
     cls, n, p = _head(buf, pos, end)
     if cls == _ERR:
@@ -260,7 +267,7 @@ def _event(
                 tcode = t
         if tcode < 0:
             return -1, 0, p, ERR_TAG
-        for k in range(2, 8):
+        for k in range(2, N_CODES):
             if _USES[tcode, k] == 0:
                 fpos[k] = -1
         return tcode, 0, p, OK
@@ -418,6 +425,10 @@ def _events(
     e_kind: Any,
     e_window: Any,
     e_tokens: Any,
+    e_parent: Any,
+    e_has_parent: Any,
+    e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -486,6 +497,43 @@ def _events(
         if at >= 0:
             fix = 0x90 <= buf[at] <= 0x9F  # a fixarray: its count in the header byte
             tok = np.int64(buf[at] & 0x0F) if fix else _tokens(buf, at, end)
+        # parent_block_hash: its key when it is a hash (int or bytes, as block_hashes);
+        # nil, absent or any other value: no parent (as kvtool.columns reads it).
+        par = np.int64(0)
+        has_par = 0
+        at = fpos[F_PARENT]
+        if at >= 0 and buf[at] != 0xC0:
+            pc, pv, pq = _head(buf, at, end)
+            if pc == _INT or pc == _UINT:
+                par = pv
+                has_par = 1
+            elif pc == _BIN:
+                lo = pq + pv - 8 if pv > 8 else pq
+                par = _be(buf, lo, pq + pv - lo)
+                has_par = 1
+        org = -1
+        at = fpos[F_ORIGIN]
+        if at >= 0 and buf[at] != 0xC0:
+            org, err = _opt_str(buf, at, end, voc_off, voc_len, counts)
+            if err != OK:
+                return p, 0, 0, err
+        # block_size: any value (typed loosely, as kvtool.columns reads it): an int64 is
+        # a block size, anything else none (NULL; int64's minimum goes to msgspec).
+        bs = NULL
+        at = fpos[F_BSIZE]
+        if at >= 0:
+            if buf[at] <= 0x7F:
+                bs = np.int64(buf[at])
+            else:
+                bc, bv, _bq = _head(buf, at, end)
+                if bc == _INT:
+                    if bv == NULL:
+                        return p, 0, 0, ERR_RANGE
+                    bs = bv
+        e_parent[ev] = par
+        e_has_parent[ev] = has_par
+        e_origin[ev] = org
+        e_bsize[ev] = bs
         e_type[ev] = tcode
         e_nh[ev] = nh
         e_group[ev] = g
@@ -514,6 +562,10 @@ def _scan_body(
     e_kind: Any,
     e_window: Any,
     e_tokens: Any,
+    e_parent: Any,
+    e_has_parent: Any,
+    e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -552,7 +604,8 @@ def _scan_body(
                 if err == OK:
                     p, n_ev, n_k, err = _events(
                         buf, p, end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
-                        e_medium, e_kind, e_window, e_tokens, keys, voc_off, voc_len, counts,
+                        e_medium, e_kind, e_window, e_tokens, e_parent, e_has_parent,
+                        e_origin, e_bsize, keys, voc_off, voc_len, counts,
                     )  # fmt: skip
                 for j in range(2, n):
                     if err != OK:
@@ -567,7 +620,8 @@ def _scan_body(
             if err == OK:
                 _p, n_ev, n_k, err = _events(
                     buf, bpos[1], end, stack, fpos, ev0, k0, e_type, e_nh, e_group,
-                    e_medium, e_kind, e_window, e_tokens, keys, voc_off, voc_len, counts,
+                    e_medium, e_kind, e_window, e_tokens, e_parent, e_has_parent,
+                    e_origin, e_bsize, keys, voc_off, voc_len, counts,
                 )  # fmt: skip
         else:
             err = ERR_BATCH
@@ -608,6 +662,10 @@ def _scan(
     e_kind: Any,
     e_window: Any,
     e_tokens: Any,
+    e_parent: Any,
+    e_has_parent: Any,
+    e_origin: Any,
+    e_bsize: Any,
     keys: Any,
     voc_off: Any,
     voc_len: Any,
@@ -646,6 +704,10 @@ def _scan(
         carray(_voidptr(e_kind.ctypes.data), e_kind.shape, np.int32),
         carray(_voidptr(e_window.ctypes.data), e_window.shape, np.int64),
         carray(_voidptr(e_tokens.ctypes.data), e_tokens.shape, np.int64),
+        carray(_voidptr(e_parent.ctypes.data), e_parent.shape, np.int64),
+        carray(_voidptr(e_has_parent.ctypes.data), e_has_parent.shape, np.uint8),
+        carray(_voidptr(e_origin.ctypes.data), e_origin.shape, np.int32),
+        carray(_voidptr(e_bsize.ctypes.data), e_bsize.shape, np.int64),
         carray(_voidptr(keys.ctypes.data), keys.shape, np.int64),
         carray(_voidptr(voc_off.ctypes.data), voc_off.shape, np.int64),
         carray(_voidptr(voc_len.ctypes.data), voc_len.shape, np.int64),
@@ -676,6 +738,10 @@ class Scanned:
         kind: Per event: vocabulary code (-1: nil).
         window: Per event (:data:`NULL`: nil or absent).
         tokens: Per event: ``len(token_ids)``.
+        parent: Per event: the key of ``parent_block_hash`` (0 where ``has_parent`` is 0).
+        has_parent: Per event: 1 when ``parent_block_hash`` is a hash (int or bytes).
+        origin: Per event: vocabulary code of ``origin`` (vllm-project/vllm#51699; -1: nil).
+        block_size: Per event: ``block_size`` when it is an int (:data:`NULL`: anything else).
         keys: Every hash key, in event order.
         vocab: The strings of the codes.
     """
@@ -691,6 +757,10 @@ class Scanned:
     kind: Any
     window: Any
     tokens: Any
+    parent: Any
+    has_parent: Any
+    origin: Any
+    block_size: Any
     keys: Any
     vocab: list[str]
 
@@ -702,6 +772,10 @@ _EVENT_DTYPES = (
     np.int32,
     np.int32,
     np.int64,
+    np.int64,
+    np.int64,
+    np.uint8,
+    np.int32,
     np.int64,
 )
 
@@ -734,10 +808,10 @@ def scan(buf: Any, offs: Any) -> Scanned:
     at = 0
     _notice_cold_compile()
     while True:
-        t, nh, g, med, kind, w, tok = ev
+        t, nh, g, med, kind, w, tok, par, has_par, org, bsz = ev
         at = _scan(
             buf, offs, at, b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok,
-            keys, voc_off, voc_len, counts, *scratch,
+            par, has_par, org, bsz, keys, voc_off, voc_len, counts, *scratch,
         )  # fmt: skip
         if at >= n_pay:
             break
@@ -749,8 +823,11 @@ def scan(buf: Any, offs: Any) -> Scanned:
         bytes(buf[int(o) : int(o) + int(n)]).decode("ascii")
         for o, n in zip(voc_off[:n_voc], voc_len[:n_voc], strict=True)
     ]
-    t, nh, g, med, kind, w, tok = (a[:n_ev] for a in ev)
-    return Scanned(b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok, keys[:n_keys], vocab)
+    t, nh, g, med, kind, w, tok, par, has_par, org, bsz = (a[:n_ev] for a in ev)
+    return Scanned(
+        b_ts, b_rank, b_err, b_nev, t, nh, g, med, kind, w, tok, par, has_par, org, bsz,
+        keys[:n_keys], vocab,
+    )  # fmt: skip
 
 
 def _scratch() -> tuple[Any, ...]:
@@ -759,7 +836,7 @@ def _scratch() -> tuple[Any, ...]:
     s4 = np.zeros(4, dtype=np.uint8)
     return (
         np.zeros(MAX_DEPTH, dtype=np.int64),
-        np.zeros(8, dtype=np.int64),
+        np.zeros(N_CODES, dtype=np.int64),
         np.zeros(3, dtype=np.int64),
         s8,
         s4,

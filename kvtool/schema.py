@@ -74,9 +74,9 @@ def _f(
 
 FIELDS: tuple[EventField, ...] = (
     _f("block_hashes", "hashes", 1, 1, "initial", "lean"),
-    _f("parent_block_hash", "hash", 2, None, "initial"),
+    _f("parent_block_hash", "hash", 2, None, "initial", "lean"),
     _f("token_ids", "ints", 3, None, "initial", "lean"),
-    _f("block_size", "any", 4, None, "initial", "learner"),
+    _f("block_size", "any", 4, None, "initial", "lean", "learner"),
     _f("lora_id", "any", 5, None, "initial"),
     _f("medium", "str", 6, 2, "medium", "lean"),
     _f("lora_name", "any", 7, None, "lora_name"),
@@ -89,6 +89,11 @@ FIELDS: tuple[EventField, ...] = (
     _f("session_id", "any", None, None, "map"),
     _f("lookahead_token_ids", "any", None, None, "map"),
     _f("cache_salt", "any", None, None, "map"),
+    # vllm-project/vllm#51699 (proposed): "NEW" (cache_full_blocks) or "REUSED" (a hit
+    # announced by emit_cached_block_events under kv_cache_report_mode="full").
+    # Not in the full projection (yet): protocol's structs, and every command printing
+    # their fields (replay, export), stay as they were until vLLM merges it.
+    EventField("origin", "str", None, None, "map", frozenset({"lean"})),
 )
 """Every event field, in ``BlockStored`` declaration order (removes: the same order;
 :mod:`kvtool.projections` declares fields with an array position first, in its order)."""

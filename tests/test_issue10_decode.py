@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import polars as pl
 import pytest
@@ -61,9 +63,17 @@ def _same(a: DecodedChunk, b: DecodedChunk) -> None:
     assert a.problems == b.problems
 
 
+def with_extras(raw: RawChunk) -> RawChunk:
+    """``raw`` asking for every column, those made only on request (issue 21) too."""
+    cols = [c for c in columns.TABLE_SCHEMA if c not in ("recording", "channel", "type")]
+    return dataclasses.replace(raw, keep=(*cols, "type_code", *columns.EXTRA_SCHEMA))
+
+
 def _paths(raw: RawChunk, monkeypatch: pytest.MonkeyPatch) -> list[DecodedChunk]:
     """The chunk decoded by each path: the numba scanner (issue 19), then msgspec's:
-    vocabulary, str decoder, payload by payload, tiny blocks."""
+    vocabulary, str decoder, payload by payload, tiny blocks (every column, the ones made
+    only on request too)."""
+    raw = with_extras(raw) if raw.keep is None else raw
     out = [decode_chunk(raw, decoder="msgspec"), decode_chunk(raw, decoder="numba")]
     with monkeypatch.context() as m:
         m.setattr(columns, "_vocab_skip", [10**9])
@@ -106,6 +116,18 @@ def test_issue10_decode_unknown_medium_and_kind_keep_their_strings(
     assert columns._vocab_skip[0] == columns._VOCAB_BACKOFF - 1  # backs off, then retries
     d = decode_chunk(_chunk([known, odd, known]), decoder="numba")
     assert d.table.select("hash", "medium", "kind").rows() == want
+
+
+def test_issue10_decode_block_size_is_an_int64_or_null(monkeypatch: pytest.MonkeyPatch) -> None:
+    odd: list[object] = [16, None, "16", True, -3, 1 << 63, -(1 << 63), 300, 1.5, [16]]
+    stores = [_store([i + 1], block_size=v) for i, v in enumerate(odd)]
+    raw = _chunk([ENC.encode([1.0, [*stores, _remove([1])], 0])])
+    first, *others = _paths(raw, monkeypatch)
+    for other in others:
+        _same(first, other)
+    want = [16, None, None, None, -3, None, -(1 << 63), 300, None, None, None]
+    assert first.table["block_size"].to_list() == want
+    assert "block_size" not in decode_chunk(dataclasses.replace(raw, keep=None)).table.columns
 
 
 def test_issue10_decode_bad_input_inside_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kvtool import scan
 from kvtool.columns import DecodedChunk, RawChunk, decode_chunk, iter_raw_chunks
 from tests.conftest import CAPTURES, capture_messages
-from tests.test_issue10_decode import _chunk
+from tests.test_issue10_decode import _chunk, with_extras
 
 ENC = msgspec.msgpack.Encoder()
 ROOT = Path(__file__).parent.parent
@@ -33,6 +33,10 @@ RECORDINGS = sorted((ROOT / "recordings").glob("*.mcap")) + sorted(
 
 
 def _both(raw: RawChunk) -> tuple[DecodedChunk, DecodedChunk]:
+    # Every column, the ones made only on request (parent, origin: issue 21; block_size)
+    # included.
+    if raw.keep is None:
+        raw = with_extras(raw)
     return decode_chunk(raw, decoder="numba"), decode_chunk(raw, decoder="msgspec")
 
 
@@ -99,7 +103,7 @@ def _event(draw: st.DrawFn, encoding: str) -> object:
         "block_hashes": draw(st.one_of(st.lists(_hash, max_size=6), _odd)),
         "parent_block_hash": draw(st.one_of(st.none(), _hash)),
         "token_ids": draw(st.one_of(st.lists(st.integers(0, 9), max_size=20), _odd)),
-        "block_size": 16,
+        "block_size": draw(st.one_of(st.just(16), _opt_int, _odd)),
         "lora_id": None,
         "medium": draw(st.one_of(_opt_str, _odd)),
         "lora_name": draw(st.one_of(st.none(), st.just({"cache_salt": "s"}))),

@@ -190,7 +190,8 @@ def test_issue21_report_mode_incremental_is_todays_key_counting() -> None:
     fa = {r["kind"]: r for r in summary(model)["by_kind"]}["full_attention"]
     assert fa["hit_announced_blocks"] == 0
     assert fa["blocks_stored"] == 6241
-    assert_todays_numbers(path, summary(model))
+    # today's numbers are kvtool's --report-mode incremental (auto tells announcements apart)
+    assert_todays_numbers(path, summary(model), "--report-mode", "incremental")
 
 
 LIFETIME_UNBOUNDED = {
@@ -259,8 +260,10 @@ def test_issue21_block16_recordings_give_todays_numbers(path: Path) -> None:
         assert row["hit_announced_blocks"] == 0 and row["ambiguous_announcements"] == 0
 
 
-def assert_todays_numbers(path: Path, model: dict[str, list[dict[str, object]]]) -> None:
-    result = runner.invoke(app, ["report", str(path), "--format", "json"])
+def assert_todays_numbers(
+    path: Path, model: dict[str, list[dict[str, object]]], *extra: str
+) -> None:
+    result = runner.invoke(app, ["report", str(path), *extra, "--format", "json"])
     assert result.exit_code in (0, 3), result.stderr
     today = json.loads(result.stdout)
     for level, key in (("by_kind", "kind"), ("by_group", "group_idx")):
@@ -324,36 +327,28 @@ def test_issue21_physical_blocks_are_conserved(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_issue21_report_counts_equal_the_model_per_kind(name: str) -> None:
-    """The report's kernel classifies as the model does (kvtool/report/kernel.py ports
-    its rules); hit announcements are not classified by the kernel yet: they still count
-    as stores there. What the wire carried decomposes into the classes."""
+@pytest.mark.parametrize("table", ["by_kind", "by_group"])
+def test_issue21_report_counts_equal_the_model_per_kind(name: str, table: str) -> None:
+    """The report's kernel classifies as the model does (kvtool/report/kernel.py and
+    kvtool/report/announce.py port its rules): every column the model has and the report
+    too is equal, per kind and per group, in all three runs. A bound is the model's upper end
+    less the value (the report gives how much more it could be; each lower end follows from
+    the other's). Not
+    compared: lifetimes (R8's copy rule is not ported: the kernel's is oldest first)."""
     path = SEMANTICS / name / f"{name}.mcap"
     result = runner.invoke(app, ["report", str(path), "--format", "json"])
     assert result.exit_code == 0, result.stderr
-    got = {r["kind"]: r for r in json.loads(result.stdout)["by_kind"]}
-    for row in scenario(name)[0]["by_kind"]:
-        want = got[row["kind"]]
-        n = {k: int(v) for k, v in row.items() if isinstance(v, int)}
-        assert want["blocks_stored"] == n["blocks_stored"] + n["hit_announced_blocks"]
-        assert want["blocks_removed"] == n["blocks_removed"] + n["orphan_removes"]
-        for col in (
-            "partial_extra_keys",
-            "evicted_extra_keys",
-            "rekeys",
-            "partial_promotions",
-            "rekey_removes",
-            "checkpoints_discarded",
-        ):
-            assert want[col] == n[col], (name, row["kind"], col)
-        assert want["tokens_stored"] == n["tokens_stored"] + n["tokens_announced"]
-        if not n["hit_announced_blocks"]:
-            assert (want["live_blocks_end"], want["peak_live_blocks"], want["live_keys"]) == (
-                n["live_blocks_end"],
-                n["peak_live_blocks"],
-                n["live_keys"],
-            )
-            assert (want["blocks_cleared"], want["keys_cleared"]) == (
-                n["blocks_cleared"],
-                n["keys_cleared"],
-            )
+    key = "kind" if table == "by_kind" else "group_idx"
+    got = {r[key]: r for r in json.loads(result.stdout)[table]}
+    compared = 0
+    for row in scenario(name)[0][table]:
+        want = got[row[key]]
+        for col, value in row.items():
+            if col not in want or col.startswith("lifetime_"):
+                continue
+            if col.endswith("_bound"):  # the report gives how much more it could be
+                value = value[1] - row[col.removesuffix("_bound")]  # type: ignore[index,operator]
+            expect = value
+            assert want[col] == expect, (name, row[key], col)
+            compared += 1
+    assert compared >= 20 * len(got)

@@ -54,6 +54,26 @@ class Clock(StrEnum):
     publish = "publish"
 
 
+class ReportMode(StrEnum):
+    """Modes of ``--report-mode`` (hit announcements, docs/SEMANTICS.md R6)."""
+
+    auto = "auto"
+    full = "full"
+    incremental = "incremental"
+
+
+ReportModeOption = Annotated[
+    ReportMode,
+    typer.Option(
+        "--report-mode",
+        help="How parentless stores are read (vLLM's kv_cache_report_mode): auto (hit "
+        "announcements where the stream shows them, with a finding), full (every request "
+        "announces its hits) or incremental (none does: every store is a store). An "
+        "event's origin field (REUSED/NEW, when vLLM sends it) always decides.",
+    ),
+]
+"""``--report-mode``: the one definition (every command driving the report engine)."""
+
 DEFAULT_PLOT_EVERY = "1s"
 
 
@@ -175,6 +195,7 @@ def report(
             "batch ts, the engine's clock). Lifetimes always use publish.",
         ),
     ] = Clock.receive,
+    report_mode: ReportModeOption = ReportMode.auto,
     since: Since = None,
     until: Until = None,
     rank: Ranks = None,
@@ -282,6 +303,7 @@ def report(
             progress=bar.update if bar.shown else None,
             split=[t for t in tables if t in ("rank", "channel", "medium")],
             raw_tap=feed,
+            report_mode=report_mode.value,
         )
     wi = None
     too_small = _pool_too_small(rep, pool_blocks)
@@ -446,7 +468,7 @@ HELP_PANELS = {
         "Tables": ["--by", "--every", "--columns", "--wide", "--clock"],
         "What-if": ["--what-if", "--pool-blocks"],
         "Filters": ["--since", "--until", "--rank", "--channel"],
-        "Annotation": ["--groups", "--group-meta"],
+        "Annotation": ["--groups", "--group-meta", "--report-mode"],
         "Output": ["--format", "--output", "--force", "--plot", "--quiet"],
         "Performance": ["--jobs", "--ray"],
     }

@@ -52,6 +52,7 @@ def build_report(
     progress: Progress | None = None,
     split: Sequence[str] = (),
     raw_tap: Callable[[RawChunk], None] | None = None,
+    report_mode: str = "auto",
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -78,6 +79,8 @@ def build_report(
         raw_tap: Called with every raw chunk this process reads, in stream order, before
             it is decoded (``--what-if`` takes the same read); only on the one-process
             path (``jobs`` 1, no Ray): elsewhere it is never called.
+        report_mode: How parentless stores are read (``--report-mode``: ``auto``,
+            ``full``, ``incremental``; hit announcements, docs/SEMANTICS.md R6).
 
     Returns:
         The report.
@@ -89,7 +92,10 @@ def build_report(
     """
     check_clock(clock)
     annotator = make_annotator(
-        recording_groups(paths), groups_file=groups_file, group_flags=group_flags
+        recording_groups(paths),
+        groups_file=groups_file,
+        group_flags=group_flags,
+        report_mode=report_mode,
     )
     if (jobs > 1 or ray_address is not None) and select is None and not split:
         # Recordings that share no stream are separate units of work: each is reported
@@ -194,6 +200,7 @@ def report_units(
             clock=clock,
             chunk_bytes=chunk_bytes,
             origin_ns=origin,
+            report_mode=annotator.report_mode,
         )
         for unit in units
     ]

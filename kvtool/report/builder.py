@@ -46,7 +46,7 @@ from kvtool.columns import (
     TableAnnotator,
     np,
 )
-from kvtool.report import attribution, kernel
+from kvtool.report import announce, attribution, kernel
 from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
@@ -90,7 +90,15 @@ if TYPE_CHECKING:
 
 _BLOCK_IN = (*kernel.MAKES_BLOCK, kernel.REKEY, kernel.DISCARDED_STORE)
 _BLOCK_OUT = (kernel.EVICTED, kernel.PROMOTED, kernel.REKEY_REMOVE, kernel.DISCARD)
-_NOT_A_BLOCK = (kernel.EXTRA, kernel.EXTRA_NOOP, kernel.REKEY, kernel.DISCARDED_STORE)
+_ANNOUNCED = (kernel.ANNOUNCED, kernel.ANNOUNCED_AMBIGUOUS)
+_NOT_A_BLOCK = (
+    kernel.EXTRA,
+    kernel.EXTRA_NOOP,
+    kernel.REKEY,
+    kernel.DISCARDED_STORE,
+    *_ANNOUNCED,
+)
+_PREFIX_KINDS = ("full_attention", "mla_attention", "sink_full_attention")
 _NOT_AN_EVICTION = (kernel.EVICTED_EXTRA, kernel.PROMOTED, kernel.REKEY_REMOVE, kernel.DISCARD)
 _KEY_IN = (*_BLOCK_IN, kernel.EXTRA)
 _KEY_OUT = (*_BLOCK_OUT, kernel.EVICTED_EXTRA)
@@ -225,7 +233,13 @@ class ReportBuilder:
         *,
         by_medium: bool = False,
         max_keys: int | None = None,
+        report_mode: str | None = None,
     ) -> None:
+        annotator = getattr(group_kind, "__self__", None)
+        mode = report_mode or getattr(annotator, "report_mode", None) or "auto"
+        if mode not in announce.MODES:
+            raise ValueError(f"report mode {mode!r}: expected one of {', '.join(announce.MODES)}")
+        self.report_mode: str = mode
         self.by_medium = by_medium
         self.max_keys = max_keys
         self.every_ns = every_ns
@@ -282,6 +296,8 @@ class ReportBuilder:
         self._batches = 0
         self._group_shape: dict[tuple[int, int, bool], tuple[int, bool]] = {}
         self._learned_bs: dict[tuple[int, int, bool], int] = {}
+        # Hit announcements (R6): per channel, its groups and its last batch number.
+        self._announce_ctx = announce.ChannelContext()
 
     @property
     def timeline(self) -> pl.DataFrame:
@@ -466,7 +482,7 @@ class ReportBuilder:
         op[block & ~is_store] = kernel.REMOVE
         op[is_clear] = kernel.CLEAR
         seq, _ = _column(df, "seq")
-        shape = self._shape(df, channel, seq, group, no_group, is_store)
+        shape = self._shape(df, channel, seq, group, no_group, is_store, block)
         kchan, at, old = self._kernel_channels(channel, seq)
         out, restart_drop = self._step(op, kchan, group, no_group, hashes, ts, gkey, at, old, shape)
         if len(at):
@@ -512,7 +528,8 @@ class ReportBuilder:
             out,
         )
         stored = op == kernel.STORE
-        self._add_distinct(gkey[stored], hashes[stored])
+        real = stored & ~np.isin(what, _ANNOUNCED)  # an announced hit stores nothing
+        self._add_distinct(gkey[real], hashes[real])
         paired = np.flatnonzero((what == kernel.EVICTED) | (what == kernel.EVICTED_EXTRA))
         self._add_lifetimes(gkey[paired], ts[paired], out.ts[paired])
         again = np.flatnonzero(what == kernel.RECOMPUTED)
@@ -567,13 +584,17 @@ class ReportBuilder:
         group: NDArray[Any],
         no_group: NDArray[Any],
         is_store: NDArray[Any],
+        counted: NDArray[Any],
     ) -> kernel.Shape:
         """Each row's batch, event and the event's shape, for the kernel's issue 21 rules.
 
         A batch is a run of rows of one message (channel, seq and receive time), numbered
         across chunks. A group's block size is its metadata's, else the smallest
         ``len(token_ids) / hashes`` of its multi-hash stores so far (exact for full
-        attention; partial entries have one hash).
+        attention; partial entries have one hash). For hit announcements (R6): the
+        event's parent and ``origin`` (when the chunk has those columns), the group's
+        window, the groups an announcement covers (the channel's metadata's, else those
+        of its ``counted`` rows so far) and the channel's previous batch.
         """
         n = len(channel)
         log_time = df["log_time"].to_numpy()
@@ -637,7 +658,28 @@ class ReportBuilder:
             ev_mamba[evs] = mamba
         bs = ev_bs[of]
         flags[ev_mamba[of]] |= kernel.FLAG_CHANNEL_MAMBA
-        return kernel.Shape(batch, event, tokens, count, last, bs, flags)
+        flags[kind.is_in(_PREFIX_KINDS).fill_null(False).to_numpy()] |= kernel.FLAG_PREFIX
+        if "medium" in df.columns:
+            medium = df["medium"]
+            tier = ~(medium.is_null() | (medium == "GPU").fill_null(False))
+            flags[tier.to_numpy()] |= kernel.FLAG_TIER
+        win, _ = _column(df, "sliding_window")
+        if "parent" in df.columns:
+            parent, parent_null = _column(df, "parent")
+            has_parent = ~parent_null if parent_null is not None else np.ones(n, dtype=bool)
+        else:
+            parent, has_parent = np.zeros(n, dtype=_I64), np.ones(n, dtype=bool)
+        if "origin" in df.columns:
+            origin = np.asarray(df["origin"].fill_null(0).to_numpy(), dtype=np.int8)
+        else:
+            origin = np.zeros(n, dtype=np.int8)
+        want, pbatch = announce.channel_context(
+            channel, batch, group, no_group, counted, self._announce_ctx, annotator
+        )
+        return kernel.Shape(
+            batch, event, tokens, count, last, bs, flags,
+            has_parent, parent, origin, win, want, pbatch,
+        )  # fmt: skip
 
     def _kernel_channels(
         self, channel: NDArray[Any], seq: NDArray[Any]
@@ -707,8 +749,9 @@ class ReportBuilder:
         size = len(self.registry)
         if len(at) == 0:
             out = kernel.step(
-                self.kstate, op, kchan, group, no_group, hashes, ts, gkey, size, shape
-            )
+                self.kstate, op, kchan, group, no_group, hashes, ts, gkey, size, shape,
+                mode=announce.MODES[self.report_mode],
+            )  # fmt: skip
             return out, np.zeros(len(out.drop_row), dtype=bool)
         n, r = len(op), len(at)
         ins = np.insert
@@ -722,7 +765,8 @@ class ReportBuilder:
             ins(ts, at, ts[at]),
             ins(gkey, at, 0),
             size,
-            None if shape is None else kernel.Shape(*[ins(a, at, a[at]) for a in shape]),
+            None if shape is None else _inserted(shape, at),
+            mode=announce.MODES[self.report_mode],
         )
         rows = np.arange(n) + np.searchsorted(at, np.arange(n), side="right")
         orig = np.empty(n + r, dtype=_I64)
@@ -739,6 +783,10 @@ class ReportBuilder:
             out.drop_gkey,
             out.drop_n,
             out.drop_keys,
+            out.note[rows],
+            out.back_blocks[rows],
+            out.back_tokens[rows],
+            out.back_gkey[rows],
         ), synthetic[out.drop_row]
 
     def _log_peaks(
@@ -977,12 +1025,29 @@ class ReportBuilder:
         col = {c: i for i, c in enumerate(ADDITIVE)}
         add[:, col["store_events"]] = per(fb & st)
         add[:, col["blocks_stored"]] = per(hh & st)
+        what = out.what[rows]
+        announced = np.isin(what, _ANNOUNCED)
+        tok = tokens[rows]
+        real = st & ~announced
         add[:, col["tokens_stored"]] = np.rint(
-            np.bincount(g[st], weights=tokens[rows][st], minlength=size)
+            np.bincount(g[real], weights=tok[real], minlength=size)
+        ).astype(_I64)
+        # Hit announcements (R6, R7): no store; their hits, less the lookups repeated.
+        add[:, col["hit_announced_blocks"]] = per(announced)
+        add[:, col["tokens_announced"]] = np.rint(
+            np.bincount(g[announced], weights=tok[announced], minlength=size)
+        ).astype(_I64)
+        back_at = out.back_blocks[rows] > 0
+        back_g = out.back_gkey[rows][back_at]
+        add[:, col["failed_lookups"]] = per(back_at[back_at], back_g)
+        add[:, col["hit_blocks"]] = add[:, col["hit_announced_blocks"]] - np.bincount(
+            back_g, weights=out.back_blocks[rows][back_at], minlength=size
+        ).astype(_I64)
+        add[:, col["hit_tokens"]] = add[:, col["tokens_announced"]] - np.bincount(
+            back_g, weights=out.back_tokens[rows][back_at], minlength=size
         ).astype(_I64)
         add[:, col["remove_events"]] = per(fb & rm)
         add[:, col["blocks_removed"]] = per(hh & rm)
-        what = out.what[rows]
         add[:, col["orphan_removes"]] = per(
             (unattributed_orphan[rows] & hh) | (what == kernel.ORPHAN)
         )
@@ -993,6 +1058,10 @@ class ReportBuilder:
         add[:, col["blocks_removed"]] -= per(rm & np.isin(what, _NOT_AN_EVICTION))
         for name, code in _CLASS_COLUMNS:
             add[:, col[name]] = per(what == code)
+        # The bounds where the wire cannot tell an announcement from a second copy: how
+        # many more blocks each could be (the ambiguous runs counted as the other).
+        add[:, col["blocks_stored_bound"]] = per(what == kernel.ANNOUNCED_AMBIGUOUS)
+        add[:, col["hit_announced_blocks_bound"]] = per(out.note[rows] == announce.NOTE_AMBIGUOUS)
         # Keys live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
         # off (under the report row it was stored under), minus the keys clears drop.
         taken = rm & np.isin(what, _KEY_OUT)
@@ -1303,6 +1372,12 @@ class ReportBuilder:
             span = self.timeline_span()
         frame, self.timeline_sparse = timeline_frame(per_bucket, self.every_ns, span)
         return frame
+
+
+def _inserted(shape: kernel.Shape, at: NDArray[Any]) -> kernel.Shape:
+    """``shape`` with each row ``at`` repeated before itself (a restart's clear's row)."""
+    cols: list[Any] = [None if a is None else np.insert(a, at, a[at]) for a in shape]
+    return kernel.Shape(*cols)
 
 
 def _seconds_between(earlier: NDArray[Any], later: NDArray[Any]) -> NDArray[Any]:

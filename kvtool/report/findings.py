@@ -8,6 +8,7 @@ import polars as pl
 
 from kvtool.columns import UNANNOTATED, UNATTRIBUTED, ReadStats, TableAnnotator
 from kvtool.protocol import sorted_unknown_tags
+from kvtool.report import announce
 from kvtool.report.source import Finding
 from kvtool.text import printable
 
@@ -153,6 +154,9 @@ def report_findings(
     out.extend(Finding("lost", line, _named(line, stats.recordings)) for line in stats.lost)
     out.extend(Finding("damaged", line, _named(line, stats.recordings)) for line in stats.damaged)
     out.extend(Finding("input", line) for line in annotator.findings(stats))
+    # Hit announcements (issue 21, docs/SEMANTICS.md R6).
+    mode = getattr(annotator, "report_mode", "auto")
+    out.extend(Finding(kind, text) for kind, text in announce.findings(tot, mode))
     return out
 
 

@@ -40,6 +40,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
+from kvtool.report import announce
+from kvtool.report.announce import ANNOUNCED, ANNOUNCED_AMBIGUOUS
+from kvtool.report.announce import announce as _announce
+from kvtool.report.kbase import (
+    EMPTY,
+    FLAG_CHANNEL_MAMBA,
+    FLAG_MAMBA,
+    FLAG_PREFIX,
+    FLAG_TIER,
+    FLAG_WINDOW,
+)
+from kvtool.report.kbase import probe as _probe
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -65,11 +77,7 @@ a re-key, a transient Mamba checkpoint discarded (R5)."""
 MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
 """The ``what`` of a store of a new physical block (``blocks_stored``)."""
 
-FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA = 1, 2, 4
-"""Bits of :attr:`Shape.flags`: the row's group is a Mamba group, a sliding-window group
-(no partial entries), the row's channel has a Mamba group (its metadata says so)."""
-
-_EMPTY = -1
+_EMPTY = EMPTY
 _PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
 _UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
 
@@ -160,7 +168,17 @@ class Shape(NamedTuple):
         hashes: Hashes in the row's event.
         last: The row is its event's last block.
         bs: The group's block size (0: unknown).
-        flags: :data:`FLAG_MAMBA`, :data:`FLAG_WINDOW`, :data:`FLAG_CHANNEL_MAMBA`.
+        flags: :data:`FLAG_MAMBA`, :data:`FLAG_WINDOW`, :data:`FLAG_CHANNEL_MAMBA`,
+            :data:`FLAG_PREFIX`.
+        has_parent: The row's event has a ``parent_block_hash`` (hit announcements have
+            none; None: every row has one).
+        parent: Its key.
+        origin: The event's ``origin`` (:data:`kvtool.report.announce.ORIGIN_NEW`,
+            ``ORIGIN_REUSED``; 0: none).
+        window: The group's sliding window (0: none).
+        want: The groups (a bit each) an announcement on the row's channel covers: its
+            metadata's, else those seen on it up to the row.
+        pbatch: The batch before the row's on its channel (-1: none).
     """
 
     batch: NDArray[Any]
@@ -170,6 +188,12 @@ class Shape(NamedTuple):
     last: NDArray[Any]
     bs: NDArray[Any]
     flags: NDArray[Any]
+    has_parent: NDArray[Any] | None = None
+    parent: NDArray[Any] | None = None
+    origin: NDArray[Any] | None = None
+    window: NDArray[Any] | None = None
+    want: NDArray[Any] | None = None
+    pbatch: NDArray[Any] | None = None
 
 
 def no_shape(n: int) -> Shape:
@@ -186,11 +210,13 @@ class Channels(NamedTuple):
         head: First live key (slot, -1: none).
         evictions: Evictions so far (physical blocks).
         mamba: A Mamba group's row was seen (partial keys may be primary keys).
+        announced: Certain hit announcements so far (issue 21, R6).
     """
 
     head: NDArray[Any]
     evictions: NDArray[Any]
     mamba: NDArray[Any]
+    announced: NDArray[Any]
 
 
 # meta: [keys in the table, entries ever handed out, head of the free list, live entries,
@@ -211,6 +237,12 @@ class Out(NamedTuple):
         drop_gkey: That report row.
         drop_n: How many of its physical blocks the clear dropped.
         drop_keys: How many of its keys (entries) the clear dropped.
+        note: Per row: :data:`kvtool.report.announce.NOTE_AMBIGUOUS` (a store that could be
+            a hit announcement; 0 else).
+        back_blocks: Per row: hit blocks of an earlier announcement this lookup repeats
+            (its allocation failed: counted once, R7).
+        back_tokens: Its tokens.
+        back_gkey: Its report row.
     """
 
     what: NDArray[Any]
@@ -221,6 +253,10 @@ class Out(NamedTuple):
     drop_gkey: NDArray[Any]
     drop_n: NDArray[Any]
     drop_keys: NDArray[Any]
+    note: NDArray[Any]
+    back_blocks: NDArray[Any]
+    back_tokens: NDArray[Any]
+    back_gkey: NDArray[Any]
 
 
 def _table(capacity: int) -> Table:
@@ -270,8 +306,14 @@ class State:
         self.table = _table(1 << 10)
         self.entries = _entries(0)
         self.channels = Channels(
-            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8)
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int8),
+            np.zeros(0, dtype=np.int64),
         )
+        # Per (channel, group), the last hit announcement counted (announce.py, R7).
+        self.hits = np.zeros((0, announce.HIT_FIELDS), dtype=np.int64)
+        self.hit_n = np.zeros(1, dtype=np.int64)
         self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
         # Live physical blocks per report row (a block counts under its primary key's).
         self.live_gkey = np.zeros(0, dtype=np.int64)
@@ -281,14 +323,23 @@ class State:
         """Keys in the table (every key ever stored)."""
         return int(self.meta[_KEYS])
 
-    def reserve(self, stores: int, top_channel: int, gkeys: int) -> None:
+    def reserve(self, stores: int, top_channel: int, gkeys: int, announcements: int = 0) -> None:
         """Make room for ``stores`` more stores, channels up to ``top_channel``, ``gkeys`` rows.
 
         Args:
             stores: Stores in the next call (each may add a key and an entry).
             top_channel: The largest channel id of the next call.
             gkeys: Report rows the next call may name.
+            announcements: Events of the next call that may be hit announcements (each
+                may add a hit record).
         """
+        want_hits = int(self.hit_n[0]) + announcements
+        if want_hits > len(self.hits):
+            grown = np.zeros(
+                (max(want_hits, 2 * len(self.hits), 16), announce.HIT_FIELDS), np.int64
+            )
+            grown[: len(self.hits)] = self.hits
+            self.hits = grown
         if self.max_keys is not None and self.keys + stores > self.max_keys:
             self._forget(self.keys + stores - self.max_keys * 3 // 4, stores)
         cap = len(self.table.chan)
@@ -307,7 +358,10 @@ class State:
         if top_channel >= len(c.head):
             size = top_channel + 1
             self.channels = Channels(
-                _grown(c.head, size, -1), _grown(c.evictions, size, 0), _grown(c.mamba, size, 0)
+                _grown(c.head, size, -1),
+                _grown(c.evictions, size, 0),
+                _grown(c.mamba, size, 0),
+                _grown(c.announced, size, 0),
             )
         if gkeys > len(self.live_gkey):
             self.live_gkey = _grown(self.live_gkey, gkeys, 0)
@@ -355,35 +409,6 @@ class State:
         )
         _live_entries(self.table, self.entries, *out)
         return out
-
-
-@kernel
-def _mix(chan: Any, group: Any, no_group: Any, h: Any) -> Any:
-    """splitmix64's finaliser over the key's parts (uint64 arithmetic throughout)."""
-    x = np.uint64(h) ^ (np.uint64(chan) * np.uint64(0x9E3779B97F4A7C15))
-    x ^= np.uint64(group) * np.uint64(0xC2B2AE3D27D4EB4F)
-    if no_group:
-        x ^= np.uint64(0x165667B19E3779F9)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-@kernel
-def _probe(t: Table, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
-    """The slot holding the key, or the empty slot where it would go."""
-    mask = np.uint64(len(t.chan) - 1)
-    s = np.int64(_mix(chan, group, no_group, h) & mask)
-    while True:
-        c = t.chan[s]
-        if c == _EMPTY:
-            return s
-        if c == chan and t.hash[s] == h and t.group[s] == group and t.no_group[s] == no_group:
-            return s
-        s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
 
 
 @kernel
@@ -687,6 +712,11 @@ def advance(
     sh: Shape,
     pd: _Pending,
     out: Out,
+    cand: Any,
+    mode: Any,
+    hits: Any,
+    hit_n: Any,
+    cl: Any,
 ) -> int:
     """Walk one chunk's rows in stream order (see the module docstring).
 
@@ -707,6 +737,11 @@ def advance(
         pd: Per-batch scratch (:func:`_pending`, one slot per row).
         out: Filled in (:class:`Out`); the drop arrays hold one slot per (clear, report
             row).
+        cand: Rows where a hit announcement may start (:func:`announce.candidates`).
+        mode: The report mode (:data:`kvtool.report.announce.MODES`).
+        hits: The hit records (:attr:`State.hits`).
+        hit_n: Hit records in use.
+        cl: Scratch for :func:`kvtool.report.announce.announce`, one per row.
 
     Returns:
         The number of drops written to ``out``.
@@ -716,6 +751,7 @@ def advance(
     scratch_keys = np.zeros(len(live_gkey), dtype=np.int64)
     n_rows = len(op)
     cur = -1
+    run_end = -1
     for i in range(n_rows):
         kind = op[i]
         if sh.batch[i] != cur:
@@ -723,6 +759,13 @@ def advance(
                 _settle(pd, c, chan, out)
             cur = sh.batch[i]
         if kind == STORE:
+            if cand[i] and i > run_end:
+                run_end = _announce(
+                    t, c.announced, hits, hit_n, op, chan, group, no_group, h, gkey, sh,
+                    cand, i, mode, out, cl,
+                )  # fmt: skip
+            if out.what[i] >= ANNOUNCED:
+                continue  # R6: a hit announced changes no state
             ch = chan[i]
             grp, ng = group[i], no_group[i]
             if sh.flags[i] & FLAG_MAMBA:
@@ -1005,6 +1048,12 @@ def _advance_plain(
     ts: Any,
     gkey: Any,
     out: Out,
+    sh: Shape,
+    cand: Any,
+    mode: Any,
+    hits: Any,
+    hit_n: Any,
+    cl: Any,
 ) -> int:
     """:func:`advance` for a call where every hash is one block: the loop before issue 21.
 
@@ -1028,15 +1077,29 @@ def _advance_plain(
         gkey: Report row of each row.
         out: Filled in (:class:`Out`); the drop arrays hold one slot per (clear, report
             row).
+        sh: The rows' shape (read by the hit announcements' rules only).
+        cand: As :func:`advance`'s (hit announcements, R6).
+        mode: Likewise.
+        hits: Likewise.
+        hit_n: Likewise.
+        cl: Likewise.
 
     Returns:
         The number of drops written to ``out``.
     """
     drops = 0
     scratch = np.zeros(len(live_gkey), dtype=np.int64)
+    run_end = -1
     for i in range(len(op)):
         kind = op[i]
         if kind == STORE:
+            if cand[i] and i > run_end:
+                run_end = _announce(
+                    t, c.announced, hits, hit_n, op, chan, group, no_group, h, gkey, sh,
+                    cand, i, mode, out, cl,
+                )  # fmt: skip
+            if out.what[i] >= ANNOUNCED:
+                continue  # R6: a hit announced changes no state
             ch = chan[i]
             s = _probe(t, ch, group[i], no_group[i], h[i])
             count = t.copies[s]
@@ -1162,6 +1225,7 @@ def step(
     gkeys: int,
     shape: Shape | None = None,
     plain: bool | None = None,
+    mode: int = announce.INCREMENTAL,
 ) -> Out:
     """Advance ``state`` by one chunk's rows (in stream order).
 
@@ -1179,6 +1243,8 @@ def step(
             hash one block).
         plain: Walk with :func:`_advance_plain` (True), with :func:`advance` (False), or
             whichever gives the answer (None: plain where it is the same).
+        mode: The report mode (:data:`kvtool.report.announce.MODES`; hit announcements,
+            issue 21 R6): ``INCREMENTAL`` takes only events marked ``REUSED`` as ones.
 
     Returns:
         What each row was, and the clears' drops (trimmed to their number).
@@ -1187,7 +1253,6 @@ def step(
     is_store = op == STORE
     stores = int(is_store.sum())
     clears = int((op == CLEAR).sum())
-    state.reserve(stores, int(chan.max()) if n else 0, gkeys)
     m = clears * max(gkeys, 1)
     out = Out(
         np.zeros(n, dtype=np.int8),
@@ -1198,20 +1263,42 @@ def step(
         np.zeros(m, dtype=np.int64),
         np.zeros(m, dtype=np.int64),
         np.zeros(m, dtype=np.int64),
+        np.zeros(n, dtype=np.int8),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.full(n, -1, dtype=np.int64),
     )
     if n == 0:
         return out
     i64 = np.int64
     sh = no_shape(n) if shape is None else shape
+
+    def col(a: NDArray[Any] | None, dtype: Any, fill: Any) -> NDArray[Any]:
+        if a is None:
+            return np.full(n, fill, dtype=dtype)
+        return np.ascontiguousarray(a, dtype=dtype)
+
     sh = Shape(
-        np.ascontiguousarray(sh.batch, dtype=i64),
-        np.ascontiguousarray(sh.event, dtype=i64),
-        np.ascontiguousarray(sh.tokens, dtype=i64),
-        np.ascontiguousarray(sh.hashes, dtype=i64),
-        np.ascontiguousarray(sh.last, dtype=np.bool_),
-        np.ascontiguousarray(sh.bs, dtype=i64),
-        np.ascontiguousarray(sh.flags, dtype=np.int8),
+        col(sh.batch, i64, 0),
+        col(sh.event, i64, 0),
+        col(sh.tokens, i64, 0),
+        col(sh.hashes, i64, 1),
+        col(sh.last, np.bool_, True),
+        col(sh.bs, i64, 0),
+        col(sh.flags, np.int8, 0),
+        col(sh.has_parent, np.bool_, True),
+        col(sh.parent, i64, 0),
+        col(sh.origin, np.int8, 0),
+        col(sh.window, i64, 0),
+        col(sh.want, i64, 0),
+        col(sh.pbatch, i64, -1),
     )
+    first = np.ones(n, dtype=bool)
+    first[1:] = (sh.event[1:] != sh.event[:-1]) | (sh.batch[1:] != sh.batch[:-1])
+    cand = announce.candidates(op, sh, mode, first)
+    n_cand = int(cand.sum())
+    state.reserve(stores, int(chan.max()), gkeys, n_cand)
+    cl = np.zeros(n if n_cand else 1, dtype=i64)
     meta = state.meta
     if plain is None:
         plain = shape is None or (
@@ -1227,29 +1314,7 @@ def step(
                 & ((sh.flags & FLAG_WINDOW) == 0)
             ).any()
         )
-    if plain:
-        drops = _advance_plain(
-            state.table,
-            state.entries,
-            state.channels,
-            state.meta,
-            state.live_gkey,
-            np.ascontiguousarray(op, dtype=np.int8),
-            np.ascontiguousarray(chan, dtype=i64),
-            np.ascontiguousarray(group, dtype=i64),
-            np.ascontiguousarray(no_group, dtype=np.bool_),
-            np.ascontiguousarray(h, dtype=i64),
-            np.ascontiguousarray(ts, dtype=np.float64),
-            np.ascontiguousarray(gkey, dtype=i64),
-            out,
-        )
-        return out._replace(
-            drop_row=out.drop_row[:drops],
-            drop_gkey=out.drop_gkey[:drops],
-            drop_n=out.drop_n[:drops],
-            drop_keys=out.drop_keys[:drops],
-        )
-    drops = advance(
+    args = (
         state.table,
         state.entries,
         state.channels,
@@ -1262,10 +1327,12 @@ def step(
         np.ascontiguousarray(h, dtype=i64),
         np.ascontiguousarray(ts, dtype=np.float64),
         np.ascontiguousarray(gkey, dtype=i64),
-        sh,
-        _pending(n),
-        out,
     )
+    ann = (np.int64(mode), state.hits, state.hit_n, cl)
+    if plain:
+        drops = _advance_plain(*args, out, sh, cand, *ann)
+    else:
+        drops = advance(*args, sh, _pending(n), out, cand, *ann)
     return out._replace(
         drop_row=out.drop_row[:drops],
         drop_gkey=out.drop_gkey[:drops],
@@ -1275,6 +1342,8 @@ def step(
 
 
 __all__ = [
+    "ANNOUNCED",
+    "ANNOUNCED_AMBIGUOUS",
     "CLEAR",
     "DISCARD",
     "DISCARDED_STORE",
@@ -1285,6 +1354,8 @@ __all__ = [
     "FIRST",
     "FLAG_CHANNEL_MAMBA",
     "FLAG_MAMBA",
+    "FLAG_PREFIX",
+    "FLAG_TIER",
     "FLAG_WINDOW",
     "MAKES_BLOCK",
     "NONE",

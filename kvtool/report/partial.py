@@ -352,6 +352,7 @@ class UnitTask:
         chunk_bytes: Payload bytes per chunk.
         origin_ns: The timeline's time zero for the whole input
             (:func:`kvtool.report.timeline.input_origin`): every unit buckets on one grid.
+        report_mode: ``--report-mode`` (hit announcements, issue 21).
     """
 
     paths: list[str]
@@ -363,6 +364,7 @@ class UnitTask:
     clock: str
     chunk_bytes: int
     origin_ns: int | None = None
+    report_mode: str = "auto"
 
 
 # -- the merge --------------------------------------------------------------------------------

@@ -132,6 +132,34 @@ METRICS: tuple[Metric, ...] = (
        "transient Mamba checkpoint stored and dropped in one batch: neither stored nor "
        "evicted)", "blocks", "sum", "none", "counter", "kvtool_checkpoints_discarded",
        "Transient Mamba checkpoints stored and discarded in one batch."),
+    # Hit announcements (kv_cache_report_mode="full", R6/R7 of docs/SEMANTICS.md).
+    _m("hit_announced_blocks", "announced\nblocks", "announced = hit_announced_blocks (blocks "
+       "of BlockStored events that announced a prefix-cache hit: no store)", "blocks", "sum",
+       "none", "counter", "kvtool_hit_announced_blocks",
+       "Blocks of hit announcements (kv_cache_report_mode='full'), not stores."),
+    _m("tokens_announced", "announced\ntokens", "announced tokens = tokens_announced (tokens "
+       "of the hit announcements)", "tokens", "sum", "none", "counter",
+       "kvtool_tokens_announced", "Tokens of hit announcements."),
+    _m("hit_blocks", "hit\nblocks", "hit = hit_blocks (blocks of announced hits of requests "
+       "then admitted; a lookup repeated after its allocation failed counts once)", "blocks",
+       "sum", "down", "counter", "kvtool_hit_blocks",
+       "Prefix-cache hit blocks of admitted requests (announcing requests only)."),
+    _m("hit_tokens", "hit\ntokens", "hit tokens = hit_tokens", "tokens", "sum", "down",
+       "counter", "kvtool_hit_tokens",
+       "Prefix-cache hit tokens of admitted requests (announcing requests only)."),
+    _m("failed_lookups", "failed\nlookups", "failed = failed_lookups (hit announcements taken "
+       "back: the allocation failed and the same lookup came again)", "events", "sum", "up",
+       "counter", "kvtool_failed_lookups", "Announced lookups whose allocation failed."),
+    _m("blocks_stored_bound", "stored\n+ at most", "stored + at most = blocks_stored_bound "
+       "(blocks of parentless stores taken as hit announcements that could be second copies: "
+       "blocks_stored is at most blocks_stored + this, at least blocks_stored - "
+       "hit_announced_blocks_bound; 0: the wire tells)", "blocks", "sum", "none", "none", "",
+       "How many more blocks_stored could be."),
+    _m("hit_announced_blocks_bound", "announced\n+ at most", "announced + at most = "
+       "hit_announced_blocks_bound (blocks of parentless stores counted as stores that could "
+       "be hit announcements: hit_announced_blocks is at most hit_announced_blocks + this, at "
+       "least hit_announced_blocks - blocks_stored_bound)", "blocks", "sum", "none", "none",
+       "", "How many more hit_announced_blocks could be."),
     _m("recompute_share", "recomp\nshare",
        "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
        "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),

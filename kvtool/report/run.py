@@ -39,6 +39,11 @@ from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
 from kvtool.report.tiers import TierSplit, tier_findings
 from kvtool.report.timeline import input_origin
 
+ANNOUNCE_INPUT = ("parent", "origin", "medium")
+"""The table columns the builder reads for hit announcements (issue 21): those made only on
+request (:data:`kvtool.columns.EXTRA_SCHEMA`) and ``medium`` (only the GPU pool's stores
+announce)."""
+
 if TYPE_CHECKING:
     from kvtool.replay import BatchFilter
 
@@ -160,7 +165,7 @@ def run_builder(
         streams=streams,
         annotation=annotator.annotation if in_worker else None,
         out_of_range=annotator.out_of_range if in_worker else None,
-        keep=(*BUILDER_INPUT, *(splits.columns if splits is not None else ()))
+        keep=(*BUILDER_INPUT, *ANNOUNCE_INPUT, *(splits.columns if splits is not None else ()))
         if in_worker or type(annotator) is TableAnnotator
         else None,
     )
@@ -383,7 +388,7 @@ def report_unit(task: UnitTask) -> PartialReport:
     Returns:
         Its partial report.
     """
-    annotator = TableAnnotator(task.annotation)
+    annotator = TableAnnotator(task.annotation, report_mode=task.report_mode)
     builder, stats = run_builder(
         task.paths,
         annotator,

@@ -2,9 +2,9 @@
 
 :class:`PoolFeed` takes the input's raw chunks (:class:`kvtool.columns.RawChunk`, the
 report's own read: with ``--what-if`` the report hands each chunk it reads to the feed,
-so the file is read once) and scans them with the what-if's numba decoder
-(:func:`kvtool.report.whatif.wscan.scan_whatif`) into per-pool (channel, rank) numpy
-pieces; a payload that decoder does not take goes through msgspec
+so the file is read once) and scans them with THE numba decoder, the report's
+(:func:`kvtool.scan.scan`: its parent and block size columns too), into per-pool
+(channel, rank) numpy pieces; a payload that decoder does not take goes through msgspec
 (:mod:`kvtool.report.whatif.lean`, the reference). :func:`extract_pools` reads the
 input itself for callers without a report. Everything after that is numpy and the
 numba kernel :func:`kvtool.report.whatif.build.build`, which interns (group, hash) keys,
@@ -36,8 +36,7 @@ from kvtool.report.whatif import lean
 from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build, intern
 from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
 from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
-from kvtool.report.whatif.wscan import WScanned, scan_whatif
-from kvtool.scan import NULL
+from kvtool.scan import NULL, Scanned, scan
 
 if TYPE_CHECKING:
     from kvtool.columns import RawChunk
@@ -203,7 +202,7 @@ class _Columns:
 
         Args:
             cols: Per event: type, group (``NULL``: none), hashes, tokens, parent,
-                has parent, kind code, window (``NULL``: none), block size (-1: none).
+                has parent, kind code, window (``NULL``: none), block size (negative: none).
             keys: The run's hash keys, in order.
             n_events: Events per batch of the run.
             vocab: The strings of the kind codes.
@@ -261,7 +260,8 @@ class _Columns:
         for g, b in set(zip(self.sgroups, self.sizes, strict=True)):
             gi = g if isinstance(g, int) else None
             self.stored.add(gi)
-            if isinstance(b, int) and b > self.sizes_seen.get(gi, 0):
+            # An int outside int64 is no size (the scanner reads it as none too).
+            if isinstance(b, int) and self.sizes_seen.get(gi, 0) < b < 1 << 63:
                 self.sizes_seen[gi] = b
         ev_type = np.array(self.codes, np.int64)
         gobj = np.array(self.groups, dtype=object)
@@ -520,7 +520,7 @@ class PoolFeed:
         offs = np.zeros(n + 1, np.int64)
         np.cumsum(lens, out=offs[1:])
         buf = np.frombuffer(b"".join(data), np.uint8)
-        ws = scan_whatif(buf, offs)
+        ws = scan(buf, offs)
         ev_end = np.cumsum(ws.n_events)
         key_end = np.concatenate([[0], np.cumsum(ws.n_hashes)]).astype(np.int64)
         cols = (
@@ -529,7 +529,7 @@ class PoolFeed:
             ws.n_hashes,
             ws.tokens,
             ws.parent,
-            ws.has_parent,
+            ws.has_parent.astype(np.int64),
             ws.kind.astype(np.int64),
             ws.window,
             ws.block_size,
@@ -585,7 +585,7 @@ class PoolFeed:
             c.last_seq = seq
         close(n)
 
-    def _one_run(self, raw: RawChunk, ws: WScanned, cols: tuple[I64, ...]) -> bool:
+    def _one_run(self, raw: RawChunk, ws: Scanned, cols: tuple[I64, ...]) -> bool:
         """The usual chunk at once: one stream, one rank, every payload scanned, seq rising."""
         cids = set(raw.channel_id)
         ranks = set(raw.dp_rank)

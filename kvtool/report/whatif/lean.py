@@ -132,9 +132,12 @@ def decode(raw: bytes, seq: int) -> tuple[object, list[object]]:
             out.append(
                 _Stored(
                     block_hashes=msgspec.Raw(_ENC.encode(list(ev.block_hashes))),
-                    parent_block_hash=par if isinstance(par, int | bytes) else None,
+                    # A hash: an int or bytes (not a bool), as the report's table reads it.
+                    parent_block_hash=(
+                        par if isinstance(par, int | bytes) and not isinstance(par, bool) else None
+                    ),
                     token_ids=msgspec.Raw(_ENC.encode([0] * len(ev.token_ids))),
-                    block_size=bs if isinstance(bs, int) else None,
+                    block_size=bs if isinstance(bs, int) and not isinstance(bs, bool) else None,
                     group_idx=ev.group_idx,
                     kv_cache_spec_kind=ev.kv_cache_spec_kind,
                     kv_cache_spec_sliding_window=ev.kv_cache_spec_sliding_window,

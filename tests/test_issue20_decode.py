@@ -1,4 +1,6 @@
-"""Issue 20 (cost): the what-if's numba decoder and the report's one read agree with msgspec."""
+"""Issues 20/19 (one decoder): the what-if reads THE numba scanner's columns
+(:func:`kvtool.scan.scan`, parents and block sizes too) off the report's own read, and
+gets what its msgspec reference (:mod:`kvtool.report.whatif.lean`) gets."""
 
 from __future__ import annotations
 
@@ -137,3 +139,23 @@ def test_mutated_payloads_decode_as_msgspec_decodes_them() -> None:
             datas.append(bytes(b))
         got, want = _feed_raw(datas)
         _same(got, want)
+
+
+def test_odd_parents_and_block_sizes_decode_as_msgspec_decodes_them() -> None:
+    import msgspec
+
+    enc = msgspec.msgpack.Encoder()
+    odd: list[object] = [None, "x", True, -3, 1 << 63, -(1 << 63), 1.5, [1], 0, 7, 1 << 40]
+    datas = []
+    for i, v in enumerate(odd):
+        events = [
+            {"type": "BlockStored", "block_hashes": [10 * i + 1], "parent_block_hash": v,
+             "token_ids": [0] * 16, "block_size": v, "group_idx": 0,
+             "kv_cache_spec_kind": "full_attention"},
+            {"type": "BlockStored", "block_hashes": [10 * i + 2], "parent_block_hash": 10 * i + 1,
+             "token_ids": [0] * 16, "block_size": 16 if i % 2 else v, "group_idx": 0},
+        ]  # fmt: skip
+        datas.append(enc.encode([float(i), events, 0]))
+    got, want = _feed_raw(datas)
+    assert got
+    _same(got, want)

@@ -1,0 +1,64 @@
+"""What the state kernel's modules share: the key table's probe and the row flags.
+
+:mod:`kvtool.report.kernel` (the rules loop and the block-16 loop) and
+:mod:`kvtool.report.announce` (hit announcements, issue 21) both read the key table; its
+probe lives here so that neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtool._jit import kernel
+from kvtool.columns import np
+
+EMPTY = -1
+"""``Table.chan`` of an empty slot."""
+
+FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA, FLAG_PREFIX, FLAG_TIER = 1, 2, 4, 8, 16
+"""Bits of :attr:`kvtool.report.kernel.Shape.flags`: the row's group is a Mamba group, a
+sliding-window group (no partial entries), the row's channel has a Mamba group (its
+metadata says so), the row's group hits by whole prefixes (full attention, MLA, sink:
+vLLM's ``FullAttentionManager`` family), the row's ``medium`` is another tier than the GPU
+block pool's (an offload: never a hit announcement)."""
+
+
+@kernel
+def mix(chan: Any, group: Any, no_group: Any, h: Any) -> Any:
+    """splitmix64's finaliser over the key's parts (uint64 arithmetic throughout)."""
+    x = np.uint64(h) ^ (np.uint64(chan) * np.uint64(0x9E3779B97F4A7C15))
+    x ^= np.uint64(group) * np.uint64(0xC2B2AE3D27D4EB4F)
+    if no_group:
+        x ^= np.uint64(0x165667B19E3779F9)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+@kernel
+def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
+    """The slot of the table ``t`` holding the key, or the empty slot where it would go."""
+    mask = np.uint64(len(t.chan) - 1)
+    s = np.int64(mix(chan, group, no_group, h) & mask)
+    while True:
+        c = t.chan[s]
+        if c == EMPTY:
+            return s
+        if c == chan and t.hash[s] == h and t.group[s] == group and t.no_group[s] == no_group:
+            return s
+        s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
+
+
+__all__ = [
+    "EMPTY",
+    "FLAG_CHANNEL_MAMBA",
+    "FLAG_MAMBA",
+    "FLAG_PREFIX",
+    "FLAG_TIER",
+    "FLAG_WINDOW",
+    "mix",
+    "probe",
+]
