@@ -12,6 +12,7 @@ from kvtool.commands import check_inputs, examples, get_env, parse_duration_ns
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
+    GroupMeta,
     PlaySpeed,
     PoolBlocks,
     RecordAlso,
@@ -148,6 +149,7 @@ def serve(
             "also stored with --record.",
         ),
     ] = None,
+    group_meta: GroupMeta = None,
     pool_blocks: PoolBlocks = None,
     label_limit: LabelLimit = 256,
     max_series: MaxSeries = 2000,
@@ -193,6 +195,7 @@ def serve(
         feed = ReportFeed(
             source.groups,
             groups_file=str(groups) if groups else None,
+            group_flags=group_meta or None,
             whole_stream=False,
             max_keys=remember_keys or None,
         )
@@ -209,6 +212,7 @@ def serve(
             groups,
             replay_timeout,
             max_keys=remember_keys or None,
+            group_flags=group_meta or None,
         )
 
     def finding(text: str) -> None:
@@ -260,6 +264,7 @@ def live_source(
     *,
     whole_stream: bool = False,
     max_keys: int | None = None,
+    group_flags: list[str] | None = None,
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
 
@@ -275,6 +280,8 @@ def live_source(
         whole_stream: The feed also keeps the whole stream's report (``top``'s views),
             not only the per-rank ones (``serve``).
         max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
+        group_flags: ``--group-meta IDX=KIND[:WINDOW]`` flags (``none=KIND``: the kind of
+            events without ``group_idx``, e.g. SGLang's; issue 21).
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -308,6 +315,7 @@ def live_source(
     )
     feed = Feed(
         groups_file=str(groups) if groups is not None else None,
+        group_flags=group_flags,
         whole_stream=whole_stream,
         max_keys=max_keys,
     )
@@ -335,6 +343,7 @@ HELP_PANELS = {
             "--record",
             "--force",
             "--groups",
+            "--group-meta",
         ],
         "Recording": ["--speed", "--exit-at-end"],
     }
