@@ -303,9 +303,7 @@ SIGNATURE_BATCHES = 64
 hashes are negative, so the first stores show the signature."""
 
 
-def sglang_like(
-    messages: Iterable[RecordedMessage], *, batches: int = SIGNATURE_BATCHES
-) -> bool:
+def sglang_like(messages: Iterable[RecordedMessage], *, batches: int = SIGNATURE_BATCHES) -> bool:
     """Return True when a stream's first batches show SGLang's signature (issue 21).
 
     The same test as ``info``'s ``source_like`` (:class:`_Signature`), on the first

@@ -369,9 +369,7 @@ def resolve_annotation(
                 return Annotation(given, tables, recorded_ungrouped=rules)
             # Only none=KIND: the groups of a channel without metadata are learned.
             learner = learn(rs, Annotation(given, tables, recorded_ungrouped=rules))
-            return Annotation(
-                given, tables, learner.resolved(), tuple(learner.conflicts()), rules
-            )
+            return Annotation(given, tables, learner.resolved(), tuple(learner.conflicts()), rules)
         base = Annotation(given, tables, recorded_ungrouped=rules)
         if given is not None or not learn_from_input:
             return base
