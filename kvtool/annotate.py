@@ -325,12 +325,16 @@ class Annotation:
         learned: (channel, rank, group_idx) → (kind, window).
         conflicts: Keys whose annotated stores disagree (resolved as :class:`GroupLearner`
             says).
+        recorded_ungrouped: Channel name → a recording's stored ``none=KIND`` rule
+            (``kvtool.ungrouped``, issue 21): the kind of the channel's events without
+            ``group_idx`` unless a ``--group-meta none=KIND`` flag gives another.
     """
 
     given: GroupTable | None = None
     tables: Mapping[str, GroupTable] = field(default_factory=dict)
     learned: Mapping[LearnKey, KindWindow] = field(default_factory=dict)
     conflicts: tuple[Conflict, ...] = ()
+    recorded_ungrouped: Mapping[str, GroupTable] = field(default_factory=dict)
 
     def table_for(self, channel: str) -> GroupTable | None:
         """Return the metadata table that applies to a channel, or None (learned).
@@ -359,10 +363,14 @@ class Annotation:
             What :meth:`ChannelRule.no_group` says for the channel's table and the
             ``--group-meta none=KIND`` flag, or None.
         """
-        return ChannelRule(self.table_for(channel), ungrouped=self._ungrouped_flag()).no_group()
+        return ChannelRule(self.table_for(channel), ungrouped=self._ungrouped(channel)).no_group()
 
-    def _ungrouped_flag(self) -> KindWindow | None:
-        return self.given.ungrouped if self.given is not None else None
+    def _ungrouped(self, channel: str) -> KindWindow | None:
+        """The ``--group-meta none=KIND`` flag's rule, else the channel's stored one."""
+        if self.given is not None and self.given.ungrouped is not None:
+            return self.given.ungrouped
+        rule = self.recorded_ungrouped.get(channel)
+        return rule.ungrouped if rule is not None else None
 
     def rule(self, channel: str, dp_rank: int | None) -> ChannelRule:
         """Return the rule for the events of one (channel, rank).
@@ -375,7 +383,7 @@ class Annotation:
             The rule (metadata, else learned).
         """
         table = self.table_for(channel)
-        ungrouped = self._ungrouped_flag()
+        ungrouped = self._ungrouped(channel)
         if table is not None:
             return ChannelRule(table, ungrouped=ungrouped)
         learned = {
@@ -406,9 +414,14 @@ class Annotation:
         for t in self.tables.values():
             if t.source not in out:
                 out.append(t.source)
+        flags = self.given is not None and self.given.ungrouped is not None
+        if not flags:
+            for rule in self.recorded_ungrouped.values():
+                text = f"{rule.source}: {rule.describe()}"
+                if text not in out:
+                    out.append(text)
         if self.given is not None and self.given.groups:
             return out or [self.given.source]
-        flags = self.given is not None and self.given.ungrouped is not None
         if self.learned or not (out or flags):
             out.append(LEARNED_SOURCE)
         if self.given is not None and self.given.ungrouped is not None:

@@ -66,7 +66,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
-from kvtool.report.names import COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS
+from kvtool.report.names import ALIASES, COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS
 from kvtool.report.registry import BY_NAME
 
 if TYPE_CHECKING:
@@ -237,6 +237,8 @@ class FailOn:
         limit: The threshold exactly, as written (a fraction when ``relative``): what
             :meth:`crossed` compares with, so ``+1.1%`` means 11/1000 and not the float
             nearest 0.011 (issue 24). None: taken from ``threshold``.
+        alias: The deprecated name the expression gave for ``metric``
+            (``restored_blocks`` for ``stored_while_live``, issue 20), or None.
     """
 
     text: str
@@ -246,6 +248,17 @@ class FailOn:
     relative: bool
     direction: int
     limit: Fraction | None = None
+    alias: str | None = None
+
+    @property
+    def deprecation(self) -> str | None:
+        """The note to print when the expression used a deprecated metric name, or None."""
+        if self.alias is None:
+            return None
+        return (
+            f"--fail-on {self.text!r}: {self.alias} is the deprecated name of {self.metric} "
+            f"(kept in JSON for one release); watching {self.metric}, write that instead"
+        )
 
     @property
     def table(self) -> str:
@@ -560,6 +573,9 @@ def parse_fail_on(text: str) -> FailOn:
             "'live_blocks_end{kind=sliding_window}:-100'"
         )
     metric = m["metric"]
+    # A deprecated JSON name (issue 20: restored_blocks) watches the column it repeats.
+    alias = metric if metric in ALIASES else None
+    metric = ALIASES.get(metric, metric)
     if metric not in METRICS:
         raise UsageError(f"{where}: unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
     filters: list[tuple[str, KeyValue]] = []
@@ -589,6 +605,7 @@ def parse_fail_on(text: str) -> FailOn:
         relative=relative,
         direction=1 if sign == "+" else -1 if sign == "-" else 0,
         limit=Fraction(m["num"]) / 100 if relative else Fraction(m["num"]),
+        alias=alias,
     )
 
 

@@ -487,7 +487,6 @@ class RecordingCopy:
         stream: IO[bytes] | None = None,
     ) -> None:
         from kvtool.recording import RecordingWriter
-        from kvtool.recording import format as rfmt
 
         self.path = os.fspath(output)
         if is_stdout(self.path) and stream is None:
@@ -502,14 +501,29 @@ class RecordingCopy:
         )
         self.channels: dict[tuple[str, str], int] = {}
         self.written = 0
+        self._store_groups(sources, given)
+
+    def _store_groups(self, sources: Sequence[RecordingReader], given: GroupTable | None) -> None:
+        """Store the group metadata the copy is annotated with, as the sources' report sees it.
+
+        ``--groups FILE`` replaces the sources' metadata; ``--group-meta`` flags merge over
+        each stored table (issue 24). ``get_kv_cache_group_metadata()``'s list has no place
+        for ``none=KIND[:WINDOW]`` (and may not be empty), so that rule goes into a
+        ``kvtool.ungrouped`` record of its own (issue 21: an empty ``kvtool.groups`` record
+        made the copy DAMAGED); a source's own such record is copied unless the flag
+        replaces it. The payload bytes stay as received (DESIGN.md), so the events cannot
+        carry the kind themselves.
+        """
+        from kvtool.annotate import groups_from_list, merge_over
+        from kvtool.recording import format as rfmt
+
         if given is not None and not given.partial:
             self.writer.add_groups(given.to_metadata(), given.source)
             return
-        from kvtool.annotate import groups_from_list, merge_over
-
         stored = False
         for r in sources:
-            for rec in r.read_metadata().get(rfmt.META_GROUPS, []):
+            meta = r.read_metadata()
+            for rec in meta.get(rfmt.META_GROUPS, []):
                 g = rec.get("groups")
                 ch = rec.get("channel")
                 if not isinstance(g, list):
@@ -521,8 +535,18 @@ class RecordingCopy:
                     g, source = table.to_metadata(), table.source
                 self.writer.add_groups(g, source, ch if isinstance(ch, str) else None)
                 stored = True
-        if given is not None and not stored:
+            if given is None or given.ungrouped is None:
+                for rec in meta.get(rfmt.META_UNGROUPED, []):
+                    self.writer.add_metadata(rfmt.META_UNGROUPED, dict(rec))
+        if given is None:
+            return
+        if given.groups and not stored and sorted(given.groups) == list(range(len(given.groups))):
+            # Flags alone are a table only when they name groups 0..N-1 as vLLM numbers
+            # them; any other set cannot be stored as one (the record would be damaged).
             self.writer.add_groups(given.to_metadata(), given.source)
+        rule = given.ungrouped_metadata()
+        if rule is not None:
+            self.writer.add_metadata(rfmt.META_UNGROUPED, rule)
 
     def __enter__(self) -> RecordingCopy:
         return self

@@ -193,7 +193,7 @@ class GroupTable:
         partial: The table names only some groups (``--group-meta`` flags): it is merged
             over a recording's own metadata (:func:`merge_over`) instead of replacing it.
         ungrouped: The (kind, window) of events without ``group_idx`` (``--group-meta
-            none=KIND``: SGLang, vLLM before 0.21), or None: they stay unannotated.
+            none=KIND``: SGLang, vLLM before ~0.21), or None: they stay unannotated.
     """
 
     groups: dict[int, GroupInfo]
@@ -222,6 +222,21 @@ class GroupTable:
             One dict per group, ordered by ``group_idx``.
         """
         return [self.groups[i].to_metadata() for i in sorted(self.groups)]
+
+    def ungrouped_metadata(self) -> dict[str, object] | None:
+        """Return :attr:`ungrouped` as a ``kvtool.ungrouped`` record holds it, or None.
+
+        ``get_kv_cache_group_metadata()``'s list (:meth:`to_metadata`) has no entry for
+        events without ``group_idx``; a recording keeps the ``none=KIND[:WINDOW]`` rule in
+        a record of its own (:func:`ungrouped_from_record` reads it back).
+
+        Returns:
+            ``{"kind", "sliding_window", "source"}``, or None without a rule.
+        """
+        if self.ungrouped is None:
+            return None
+        kind, window = self.ungrouped
+        return {"kind": kind, "sliding_window": window, "source": self.source}
 
     def to_frame(self) -> pl.DataFrame:
         """Return the table as a polars DataFrame, for joins in vectorised code.
@@ -536,7 +551,7 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
     ``ful_attention`` made a row of its own); a kind vLLM adds later can be given in a
     ``--groups`` file, which comes from the engine rather than from typing.
     ``none=KIND[:WINDOW]`` gives the kind of the events without ``group_idx`` (an
-    ungrouped stream: SGLang, vLLM before 0.21; issue 21), :attr:`GroupTable.ungrouped`.
+    ungrouped stream: SGLang, vLLM before ~0.21; issue 21), :attr:`GroupTable.ungrouped`.
 
     Args:
         flags: E.g. ``["0=full_attention", "1=sliding_window:1024"]``, ``["none=full_attention"]``.
@@ -557,7 +572,7 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
             "expected IDX=KIND[:WINDOW], e.g. 1=sliding_window:1024, or none=KIND for "
             "events without group_idx"
         )
-        # 'none': the events without group_idx (SGLang, vLLM before 0.21; issue 21).
+        # 'none': the events without group_idx (SGLang, vLLM before ~0.21; issue 21).
         is_none = idx_s.strip().lower() == "none"
         # ASCII digits only: str.isdigit() takes '²' (int() then fails) and '٣'.
         if not sep or not (is_none or _ascii_int(idx_s)) or not kind.strip():
@@ -594,6 +609,39 @@ def parse_group_flags(flags: Sequence[str]) -> GroupTable:
         else:
             groups[idx] = GroupInfo(idx, kind.strip(), None, window)
     return GroupTable(groups, "--group-meta flags", partial=True, ungrouped=ungrouped)
+
+
+def ungrouped_from_record(values: Mapping[str, object], *, source: str) -> GroupTable:
+    """Read a ``kvtool.ungrouped`` record: the kind of events without ``group_idx``.
+
+    The record (:meth:`GroupTable.ungrouped_metadata`) is what ``replay --annotate
+    --group-meta none=KIND[:WINDOW] -o COPY`` stores, so a report of the copy gives those
+    events the kind a report of the original with the flag gives them (issue 21).
+
+    Args:
+        values: The record's decoded values: ``kind`` (a non-empty string),
+            ``sliding_window`` (int64 or null), ``source``, optionally ``channel``.
+        source: Names the recording in the table's source and in error messages.
+
+    Returns:
+        A partial table with no groups and :attr:`GroupTable.ungrouped` set, like the
+        flag's (:func:`parse_group_flags`).
+
+    Raises:
+        MetadataError: The record does not have that shape.
+    """
+    kind = values.get("kind")
+    window = values.get("sliding_window")
+    if not isinstance(kind, str) or not kind:
+        raise MetadataError(f'{source}: "kind" must be a non-empty string, got {kind!r}')
+    if window is not None and not (_is_int(window) and _is_i64(window)):
+        raise MetadataError(
+            f'{source}: "sliding_window" must be an integer (int64) or null, got {window!r}'
+        )
+    assert window is None or isinstance(window, int)
+    given = values.get("source")
+    label = f"{source} (from {given})" if isinstance(given, str) and given else source
+    return GroupTable({}, label, partial=True, ungrouped=(kind, window))
 
 
 def merge_over(flags: GroupTable, base: GroupTable | None) -> GroupTable:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -27,6 +28,9 @@ from kvtool.recording.unconfirmed import (
     unconfirmed_lines,
     unconfirmed_tails,
 )
+
+if TYPE_CHECKING:
+    from kvtool.recording import RecordedMessage
 
 
 class ChannelSummary(msgspec.Struct, kw_only=True):
@@ -290,6 +294,66 @@ class _Signature:
         if self.stores and not self.grouped and self.negative and self.clear_at_0:
             return "sglang"
         return None
+
+
+SGLANG_LIKE = "SGLang-like (signed hashes, no group_idx, a clear at seq 0)"
+"""How kvtool names a stream whose wire shows SGLang's signature (:class:`_Signature`)."""
+SIGNATURE_BATCHES = 64
+"""Batches :func:`sglang_like` reads: the clear is seq 0, and about half of SGLang's
+hashes are negative, so the first stores show the signature."""
+
+
+def sglang_like(messages: Iterable[RecordedMessage], *, batches: int = SIGNATURE_BATCHES) -> bool:
+    """Return True when a stream's first batches show SGLang's signature (issue 21).
+
+    The same test as ``info``'s ``source_like`` (:class:`_Signature`), on the first
+    ``batches`` batches only: for a caller that already knows no event of the whole
+    stream carries ``group_idx`` (a report's findings, ``replay``'s warnings) and wants
+    the hint without a second full pass. A hint, never a rule.
+
+    Args:
+        messages: The stream's recorded messages, in order.
+        batches: Read at most this many.
+
+    Returns:
+        Whether those batches look like SGLang's.
+    """
+    sig = _Signature()
+    for n, msg in enumerate(messages):
+        if n >= batches:
+            break
+        try:
+            batch = decode_batch(msg.data, seq=msg.seq)
+        except (ProtocolError, RecursionError):
+            continue
+        sig.see(msg.seq, batch.events)
+    return sig.verdict() == "sglang"
+
+
+def recording_sglang_like(paths: Iterable[str | os.PathLike[str]]) -> bool:
+    """Return True when every recording's first batches look like SGLang's (:func:`sglang_like`).
+
+    A recording that cannot be opened counts as not SGLang-like (its error is said
+    elsewhere).
+
+    Args:
+        paths: Recordings.
+
+    Returns:
+        True when there is at least one and each looks SGLang-like.
+    """
+    from kvtool.errors import KvtoolError
+
+    seen = False
+    for p in paths:
+        try:
+            with open_recording(p) as reader:
+                if not sglang_like(reader.messages()):
+                    return False
+        except (KvtoolError, OSError):
+            return False
+        seen = True
+    return seen
 
 
 def _merge_ranges(ranges: list[list[int]]) -> list[list[int]]:

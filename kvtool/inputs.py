@@ -42,6 +42,7 @@ from kvtool.annotate import (
     resolve_groups,
 )
 from kvtool.errors import ProtocolError
+from kvtool.groups import ungrouped_from_record
 from kvtool.recording import RecordedMessage, RecordingReader, open_recording
 from kvtool.recording import format as fmt
 
@@ -245,6 +246,30 @@ def recording_tables(
     return whole, per
 
 
+def recording_ungrouped(reader: RecordingReader) -> dict[str | None, GroupTable]:
+    """Read a recording's ``kvtool.ungrouped`` records: the kind of events without group_idx.
+
+    ``replay --annotate --group-meta none=KIND -o COPY`` stores the flag's rule so (issue
+    21); it applies as the flag would (:func:`kvtool.annotate.ungrouped_from_record`).
+
+    Args:
+        reader: The open recording.
+
+    Returns:
+        Channel name (None: every channel) → the rule, as a partial table.
+
+    Raises:
+        MetadataError: A stored record does not have its shape.
+    """
+    out: dict[str | None, GroupTable] = {}
+    for rec in reader.read_metadata().get(fmt.META_UNGROUPED, []):
+        ch = rec.get("channel")
+        key = ch if isinstance(ch, str) else None
+        where = f"{reader.path} kvtool.ungrouped record" + (f" for {key}" if key else "")
+        out.setdefault(key, ungrouped_from_record(rec, source=where))
+    return out
+
+
 def learn(
     readers: Sequence[RecordingReader],
     annotation: Annotation,
@@ -323,27 +348,33 @@ def resolve_annotation(
         else:
             rs = readers
         tables: dict[str, GroupTable] = {}
+        # A copy's stored none=KIND rule (issue 21), per channel: applies as the flag would.
+        rules: dict[str, GroupTable] = {}
         if given is None or given.partial:
             for r in rs:
                 whole, per = recording_tables(r)
+                stored = recording_ungrouped(r)
                 for ch in r.channels.values():
                     t = per.get((r.path, ch.name)) or whole
                     if t is not None and ch.name not in tables:
                         tables[ch.name] = t
+                    rule = stored.get(ch.name) or stored.get(None)
+                    if rule is not None and ch.name not in rules:
+                        rules[ch.name] = rule
         if given is not None and given.partial:
             # --group-meta flags name some groups: merged over each channel's metadata
             # (a channel without any, or a live stream's, takes the flags alone).
             tables = {name: merge_over(given, t) for name, t in tables.items()}
             if given.groups or not learn_from_input:
-                return Annotation(given, tables)
+                return Annotation(given, tables, recorded_ungrouped=rules)
             # Only none=KIND: the groups of a channel without metadata are learned.
-            learner = learn(rs, Annotation(given, tables))
-            return Annotation(given, tables, learner.resolved(), tuple(learner.conflicts()))
-        base = Annotation(given, tables)
+            learner = learn(rs, Annotation(given, tables, recorded_ungrouped=rules))
+            return Annotation(given, tables, learner.resolved(), tuple(learner.conflicts()), rules)
+        base = Annotation(given, tables, recorded_ungrouped=rules)
         if given is not None or not learn_from_input:
             return base
         learner = learn(rs, base)
-        return Annotation(None, tables, learner.resolved(), tuple(learner.conflicts()))
+        return Annotation(None, tables, learner.resolved(), tuple(learner.conflicts()), rules)
     finally:
         for r in opened:
             r.close()
@@ -360,5 +391,6 @@ __all__ = [
     "merge_messages",
     "merge_position",
     "recording_tables",
+    "recording_ungrouped",
     "resolve_annotation",
 ]

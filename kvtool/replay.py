@@ -331,7 +331,7 @@ class Replay:
         annotate: Annotate stores with the group metadata.
         check: Compare stores with the group metadata (see :class:`kvtool.annotate.Checker`).
         groups_file: ``--groups FILE``.
-        group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
+        group_flags: ``--group-meta IDX=KIND[:WINDOW]`` flags.
         decode: Force decoding (e.g. to print events); otherwise payloads are decoded
             only when a filter, the annotation or the check needs them.
 
@@ -442,6 +442,12 @@ class Replay:
         given = ann.given
         if given is not None and given.ungrouped is not None and not given.groups:
             parts.append(f"{given.source} ({given.describe()})")
+        elif given is None or given.ungrouped is None:
+            # A copy's stored none=KIND rule (issue 21), where no flag replaces it.
+            for rule in ann.recorded_ungrouped.values():
+                text = f"{rule.source}: {rule.describe()}"
+                if text not in parts:
+                    parts.append(text)
         return "; ".join(parts) if parts else "none"
 
     @property
@@ -572,9 +578,15 @@ class Replay:
     def unlearned(self) -> list[str]:
         """Name the recordings whose stores had nothing to learn from (no annotated store).
 
+        Quiet for a recording whose channels' events without ``group_idx`` are given a kind
+        (``--group-meta none=KIND``, or a copy's stored rule): that is the kind they get.
+
         Returns:
             One line per such recording (empty unless annotating with learned metadata).
         """
+        from kvtool.info import sglang_like
+        from kvtool.report.findings import ungrouped_hint
+
         ann = self.annotation
         if ann is None or not self.annotate:
             return []
@@ -582,11 +594,17 @@ class Replay:
         out = []
         for r in self.readers:
             names = {c.name for c in r.channels.values() if ann.needs_learning(c.name)}
-            if names and not names & learned_channels:
+            if not names or names & learned_channels:
+                continue
+            if all(ann.ungrouped_for(n) is not None for n in names):
+                continue
+            if sglang_like(r.messages()):
+                out.append(f"{r.path}: {ungrouped_hint(True)}; stores stay unannotated")
+            else:
                 out.append(
                     f"{r.path}: no store carries a kind to learn from and there is no group "
-                    "metadata; stores stay unannotated (give --groups FILE or --group "
-                    "IDX=KIND[:WINDOW])"
+                    "metadata; stores stay unannotated (give --groups FILE or --group-meta "
+                    "IDX=KIND[:WINDOW]; none=KIND[:WINDOW] for events without group_idx)"
                 )
         return out
 

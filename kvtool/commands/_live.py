@@ -60,6 +60,7 @@ def live_source(
     *,
     whole_stream: bool = False,
     max_keys: int | None = None,
+    group_flags: list[str] | None = None,
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
 
@@ -75,6 +76,8 @@ def live_source(
         whole_stream: The feed also keeps the whole stream's report (``top``'s views),
             not only the per-rank ones (``serve``).
         max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
+        group_flags: ``--group-meta IDX=KIND[:WINDOW]`` flags (``none=KIND``: the kind of
+            events without ``group_idx``, e.g. SGLang's; issue 21).
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -108,6 +111,7 @@ def live_source(
     )
     feed = Feed(
         groups_file=str(groups) if groups is not None else None,
+        group_flags=group_flags,
         whole_stream=whole_stream,
         max_keys=max_keys,
     )

@@ -59,7 +59,7 @@ GroupMeta = Annotated[
         "--group-meta",
         metavar="IDX=KIND[:WINDOW]",
         help="Group metadata for group IDX; repeat per group. none=KIND[:WINDOW] gives "
-        "the kind of events without group_idx (SGLang, vLLM < 0.21).",
+        "the kind of events without group_idx (SGLang; vLLM before ~0.21).",
     ),
 ]
 OutputFile = Annotated[

@@ -171,6 +171,9 @@ def diff(
     """
     env = get_env()
     rules = [parse_fail_on(text) for text in fail_on or []]
+    for rule in rules:
+        if rule.deprecation is not None and not quiet:
+            env.err.print(f"kvtool: note: {rule.deprecation}", markup=False, highlight=False)
     side_a, side_b = _split(files)
     check_inputs([*side_a, *side_b, groups])
     out = TextOutput(env, output, force=force, inputs=[*side_a, *side_b, groups])

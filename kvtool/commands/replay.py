@@ -10,6 +10,7 @@ from typing import IO, TYPE_CHECKING, Annotated, cast
 import typer
 
 from kvtool.commands import Env, check_inputs, examples, get_env, missing_batches
+from kvtool.commands._options import GroupMeta
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import is_stdout
 from kvtool.text import printable
@@ -147,15 +148,7 @@ def replay(
             show_default=False,
         ),
     ] = None,
-    group_meta: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--group-meta",
-            metavar="IDX=KIND[:WINDOW]",
-            help="Group metadata for group IDX, for --annotate and --check; repeat per group.",
-            show_default=False,
-        ),
-    ] = None,
+    group_meta: GroupMeta = None,
     group: Annotated[
         list[str] | None,
         typer.Option(

@@ -12,6 +12,7 @@ from kvtool.commands._live import is_recording, live_source, open_server, source
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
+    GroupMeta,
     PlaySpeed,
     PoolBlocks,
     RecordAlso,
@@ -119,6 +120,7 @@ def serve(
             "also stored with --record.",
         ),
     ] = None,
+    group_meta: GroupMeta = None,
     pool_blocks: PoolBlocks = None,
     label_limit: LabelLimit = 256,
     max_series: MaxSeries = 2000,
@@ -162,6 +164,7 @@ def serve(
         feed = ReportFeed(
             source.groups,
             groups_file=str(groups) if groups else None,
+            group_flags=group_meta or None,
             whole_stream=False,
             max_keys=remember_keys or None,
         )
@@ -178,6 +181,7 @@ def serve(
             groups,
             replay_timeout,
             max_keys=remember_keys or None,
+            group_flags=group_meta or None,
         )
 
     def finding(text: str) -> None:
@@ -241,6 +245,7 @@ HELP_PANELS = {
             "--record",
             "--force",
             "--groups",
+            "--group-meta",
         ],
         "Recording": ["--speed", "--exit-at-end"],
     }

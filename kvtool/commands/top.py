@@ -14,6 +14,7 @@ from kvtool.commands._live import is_recording, live_source, open_server, source
 from kvtool.commands._options import (
     DpSize,
     ForceRecord,
+    GroupMeta,
     PlaySpeed,
     RecordAlso,
     ReplayEndpoints,
@@ -88,6 +89,7 @@ def top(
             "also stored with --record.",
         ),
     ] = None,
+    group_meta: GroupMeta = None,
     replay_timeout: ReplayTimeout = "2s",
     metrics: Annotated[
         str | None,
@@ -129,11 +131,15 @@ def top(
             if given:
                 raise UsageError(f"top FILE.mcap: {opt} is for live endpoints, not a recording")
         source = RecordingSource(targets[0], speed=speed)
-        feed = ReportFeed(source.groups, groups_file=str(groups) if groups else None)
+        feed = ReportFeed(
+            source.groups,
+            groups_file=str(groups) if groups else None,
+            group_flags=group_meta or None,
+        )
     else:
         source, feed = live_source(
             targets, replay, dp_size, topic, record, force, groups, replay_timeout,
-            whole_stream=True,
+            whole_stream=True, group_flags=group_meta or None,
         )  # fmt: skip
     state = View(source=source, feed=feed, view=view.value)
     if metrics is not None:
@@ -223,6 +229,7 @@ HELP_PANELS = {
             "--record",
             "--force",
             "--groups",
+            "--group-meta",
         ],
         "Recording": ["--speed"],
         "Display": ["--view", "--interval", "--duration", "--once", "--metrics"],

@@ -11,6 +11,10 @@ There is one channel per (endpoint, topic); its metadata holds ``endpoint``,
   ``command_line``, ``endpoints``;
 - ``kvtool.groups`` — ``groups``: the list ``get_kv_cache_group_metadata()`` returns,
   and ``source``; optionally ``channel`` when it applies to one channel only;
+- ``kvtool.ungrouped`` — ``kind``, ``sliding_window``, ``source``; optionally ``channel``:
+  the kind of events without ``group_idx`` (``--group-meta none=KIND[:WINDOW]``, which
+  ``get_kv_cache_group_metadata()``'s list has no entry for), as ``replay --annotate -o``
+  keeps it (issue 21). Optional: a reader that does not know it ignores it;
 - ``kvtool.gaps`` — ``ledger``: written at close, the gap ledger (its shape and the
   structs for all three records are in ``recording/ledger.py``);
 - ``kvtool.channel`` — ``id``, ``name``, ``endpoint``, ``topic``, ``dp_rank``: written
@@ -27,7 +31,9 @@ up to its own and refuses a newer one. Minor versions only add optional records.
 
 Version history:
     1: first version: profile ``kvtool``, msgpack channels, ``kvtool.recording``,
-       ``kvtool.groups``, ``kvtool.gaps``, ``kvtool.channel`` and ``kvtool.seq``.
+       ``kvtool.groups``, ``kvtool.gaps``, ``kvtool.channel`` and ``kvtool.seq``;
+       later the optional ``kvtool.ungrouped`` (no new version: an optional record that
+       older readers ignore, as unknown names are).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ MESSAGE_ENCODING = "msgpack"
 
 META_RECORDING = "kvtool.recording"
 META_GROUPS = "kvtool.groups"
+META_UNGROUPED = "kvtool.ungrouped"
 META_GAPS = "kvtool.gaps"
 META_CHANNEL = "kvtool.channel"
 META_SEQ = "kvtool.seq"

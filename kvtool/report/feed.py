@@ -76,7 +76,9 @@ class ReportFeed:
                     [], groups_file=groups_file, group_flags=group_flags, learn_from_input=False
                 )
             )
-            if self._annotator.annotation.given is None:
+            given = self._annotator.annotation.given
+            # Flags naming only none=KIND (issue 21) leave the groups to be learned too.
+            if given is None or (given.partial and not given.groups):
                 self._live = GroupLearner()
         else:
             self._annotator = make_annotator(
@@ -183,8 +185,9 @@ class ReportFeed:
         from kvtool.annotate import Annotation
 
         assert self._live is not None
+        given = self._annotator.annotation.given  # None, or only none=KIND flags
         self._annotator.annotation = Annotation(
-            None, {}, self._live.resolved(), tuple(self._live.conflicts())
+            given, {}, self._live.resolved(), tuple(self._live.conflicts())
         )
 
     def _feed(self, raw: pl.DataFrame, *, refeeding: bool = False) -> None:

@@ -44,26 +44,26 @@ def report_findings(
                 Finding(
                     "unannotated",
                     "no store was annotated with a kind: pass the group metadata with "
-                    "--groups FILE (get_kv_cache_group_metadata()) or --group IDX=KIND[:WINDOW]",
+                    "--groups FILE (get_kv_cache_group_metadata()) or --group-meta "
+                    "IDX=KIND[:WINDOW]",
                 )
             )
         else:
-            out.append(
-                Finding(
-                    "unannotated",
-                    "no store carries group_idx or a kind (vLLM < 0.21): kinds cannot be known; "
-                    "every block is reported as unannotated",
-                )
-            )
+            out.append(Finding("unannotated", _ungrouped_finding(stats)))
     removed = tot["blocks_removed"]
     unattr = by_kind.get(UNATTRIBUTED, {}).get("blocks_removed", 0)
     unann = by_kind.get(UNANNOTATED, {}).get("blocks_removed", 0)
     if removed and unattr + unann == removed:
+        how = (
+            "--groups FILE or --group-meta IDX=KIND[:WINDOW]"
+            if builder.grouped_channels
+            else "--group-meta none=KIND[:WINDOW] for events without group_idx"
+        )
         out.append(
             Finding(
                 "unannotated",
                 f"no remove could be attributed to a kind ({unattr} unattributed, {unann} "
-                "unannotated): give the group metadata (--groups/--group)",
+                f"unannotated): give the group metadata ({how})",
             )
         )
     elif unattr:
@@ -158,6 +158,44 @@ def report_findings(
     mode = getattr(annotator, "report_mode", "auto")
     out.extend(Finding(kind, text) for kind, text in announce.findings(tot, mode))
     return out
+
+
+UNGROUPED_SOURCES = "SGLang, or vLLM before group_idx (~0.21, vllm#37688)"
+"""Who sends events without ``group_idx`` (PROTOCOL.md: the field came in ~v0.21)."""
+
+
+def ungrouped_hint(sglang: bool) -> str:
+    """What to say of a stream whose events carry no ``group_idx``, and the option to give.
+
+    One wording for ``report``'s finding and ``replay --annotate``'s warning (issue 21).
+
+    Args:
+        sglang: The stream shows SGLang's signature (:func:`kvtool.info.sglang_like`).
+
+    Returns:
+        E.g. ``the stream is SGLang-like (…): … give their kind with --group-meta
+        none=KIND[:WINDOW] (e.g. none=full_attention)``.
+    """
+    from kvtool.info import SGLANG_LIKE
+
+    who = (
+        f"the stream is {SGLANG_LIKE}; where SGLang's cache has a sliding-window part, "
+        "evicting that part alone sends no event"
+        if sglang
+        else f"as {UNGROUPED_SOURCES} sends"
+    )
+    return (
+        f"no store carries group_idx or a kind ({who}): give their kind with --group-meta "
+        "none=KIND[:WINDOW] (e.g. none=full_attention)"
+    )
+
+
+def _ungrouped_finding(stats: ReadStats) -> str:
+    from kvtool.info import recording_sglang_like
+
+    return ungrouped_hint(recording_sglang_like(stats.recordings)) + (
+        "; without it kinds cannot be known: every block is reported as unannotated"
+    )
 
 
 def unknown_tags_finding(counts: dict[str, int]) -> str:
