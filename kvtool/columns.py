@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import gc
 import io
 import itertools
 import os
@@ -1352,23 +1351,15 @@ def decode_chunk(raw: RawChunk, *, decoder: Decoder | None = None) -> DecodedChu
     n = len(raw.data)
     if not len(raw.log_time) == len(raw.seq) == len(raw.channel_id) == len(raw.dp_rank) == n:
         raise ValueError("RawChunk columns differ in length")
-    # The cyclic GC would walk the decoded events again and again (nothing here makes
-    # cycles): pause it while decoding.
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        if _use_numba(decoder) and n:
-            _decode_scanned(raw, st, pending)
-        else:
-            for i in range(0, n, _BLOCK):
-                pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
-        keep = raw.keep
-        if keep is not None and raw.annotation is not None:
-            keep = (*keep, *_ANNOTATE_INPUT)
-        table = _build(pending, 0, st, keep, raw.streams) if len(pending) else pl.DataFrame()
-    finally:
-        if gc_was:
-            gc.enable()
+    if _use_numba(decoder) and n:
+        _decode_scanned(raw, st, pending)
+    else:
+        for i in range(0, n, _BLOCK):
+            pending.add(*_decode_block(raw, slice(i, i + _BLOCK), st))
+    keep = raw.keep
+    if keep is not None and raw.annotation is not None:
+        keep = (*keep, *_ANNOTATE_INPUT)
+    table = _build(pending, 0, st, keep, raw.streams) if len(pending) else pl.DataFrame()
     out_of_range: dict[int, int] | None = None
     if raw.annotation is not None:
         out_of_range = {}
@@ -1731,22 +1722,11 @@ def iter_raw_chunks(
             if not rec.complete:
                 st.damaged.append(rec.summary())
             ledger = reader.gap_ledger
-            if ledger is not None and ledger.lost > 0:
-                shown = ", ".join(
-                    f"{a}-{b}" if a != b else f"{a}" for a, b in ledger.lost_ranges[:5]
-                )
-                st.lost.append(
-                    f"{reader.path}: {ledger.lost} batch(es) were lost while recording"
-                    + (f" (seq {shown})" if shown else "")
-                    + ": counts miss their events, and removes of blocks stored in them "
-                    "count as orphans"
-                )
-            if ledger is not None:
-                # Issue 23: a tail the replay socket never confirmed may be missing too;
-                # it is said (and exits 3) as lost batches are.
-                from kvtool.recording.unconfirmed import unconfirmed_lines, unconfirmed_tails
+            # Lost batches, then a tail the replay socket never confirmed (issue 23): the
+            # library's one wording (kvtool.recording.unconfirmed).
+            from kvtool.recording.unconfirmed import ledger_lines
 
-                st.lost += unconfirmed_lines(str(reader.path), unconfirmed_tails(ledger))
+            st.lost += ledger_lines(str(reader.path), ledger, orphans=True)
     finally:
         st.messages += n
         st.payload_bytes += size

@@ -116,12 +116,6 @@ def test_issue19_every_reader_says_the_lost_batches_in_one_wording(tmp_path: Pat
     _check_every_reader(FULL_ONLY, tmp_path, expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kvtool/columns.py still words the report's lost-batches finding itself "
-    "('1 batch(es) were lost ... (seq 8): counts ...'); it is to call ledger_lines(..., "
-    "orphans=True) -- then this passes and the xfail goes",
-)
 def test_issue19_the_reports_lost_finding_is_the_library_line() -> None:
     with open_recording(FULL_ONLY) as reader:
         ledger = reader.gap_ledger

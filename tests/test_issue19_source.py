@@ -67,7 +67,7 @@ def test_findings_carry_their_kind_and_stay_their_text(tmp_path: Path) -> None:
     (lost,) = [f for f in rep.findings if f.kind == "lost"]
     assert isinstance(lost, Finding) and isinstance(lost, str)
     assert lost.path == str(path)
-    assert "2 batch(es) were lost while recording (seq 1-2)" in lost
+    assert "2 batches were lost while recording (seq 1-2)" in lost
     assert type(lost.text) is str and lost.text == lost
     back = pickle.loads(pickle.dumps(lost))
     assert (back.kind, back.text, back.path) == (lost.kind, lost.text, lost.path)

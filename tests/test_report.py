@@ -784,7 +784,7 @@ def test_lost_batches_are_a_finding(tmp_path: Path) -> None:
         ledger={"channels": [], "recovered": 0, "lost": 2, "lost_ranges": [[1, 2]], "restarts": 0}
     )
     rep = build_report([path])
-    assert any("2 batch(es) were lost while recording (seq 1-2)" in f for f in rep.findings)
+    assert any("2 batches were lost while recording (seq 1-2)" in f for f in rep.findings)
     assert rep.totals["orphan_removes"][0] == 1
 
 
