@@ -207,17 +207,3 @@ def resolve_pool_blocks(
                 f"using {used:,}"
             )
     return out
-
-
-__all__ = [
-    "MAX_POOL_BLOCKS",
-    "MIN_POOL_BLOCKS",
-    "POOL_KEYS",
-    "PoolSize",
-    "groups_file_pool_blocks",
-    "pool_blocks_of",
-    "read_groups_json",
-    "recording_pool_blocks",
-    "resolve_pool_blocks",
-    "valid_pool_blocks",
-]

@@ -156,36 +156,7 @@ class RecorderWrites:
     """The state, bounds and writes of a :class:`~kvtool.capture.recorder.Recorder` (its base).
 
     The first of its three layers (each calls only the ones below it); the arguments are
-    the recorder's.
-
-    Args:
-        path: The recording to write, or None to write no file (``sink`` sees the batches).
-        sources: What to subscribe to (see :func:`expand_endpoints`).
-        topic: SUB topic filter (vLLM's default topic is ``""``).
-        bind: Bind the SUB sockets instead of connecting them.
-        history: First fetch what each replay buffer still holds.
-        duration_ns: Stop after this long.
-        max_batches: Stop after writing this many batches.
-        connect_timeout_ns: Fail when an endpoint has neither connected nor sent anything
-            within this time (None: wait forever).
-        replay_timeout_ns: Give up a replay request that gets no answer this long (time
-            the loop spent busy elsewhere is not counted).
-        quiet_ns: A channel quiet this long asks its replay socket for a lost tail.
-        groups: KV cache group metadata to store (``get_kv_cache_group_metadata()``).
-        groups_source: Where ``groups`` came from (a file name).
-        force: Overwrite an existing file.
-        status: Called with the live :class:`CaptureStats` every ``status_interval_ns``.
-        status_interval_ns: How often to call ``status``.
-        context: A ZeroMQ context to use (e.g. for ``inproc``); default: a new one.
-        rcvhwm: Receive high-water mark of each SUB socket (messages queued before ZeroMQ
-            drops; gaps are then recovered over replay).
-        writer_options: Extra keyword arguments for :class:`RecordingWriter`.
-        extra_context: Extra keys for the recording's context metadata.
-        sink: Called with each batch in the order it is written:
-            ``((endpoint, topic, dp_rank), seq, payload, log_time_ns)`` (recorder thread).
-        status_decode: Decode each batch (when idle) for the per-kind status counts; False
-            counts events from the batch header only (``top`` and ``serve`` decode every
-            batch themselves: no second decode, no queue of payloads for it).
+    the recorder's, documented once, on :class:`~kvtool.capture.recorder.Recorder`.
     """
 
     def __init__(
