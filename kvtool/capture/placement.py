@@ -44,22 +44,8 @@ class Placement:
     The first layer of :class:`kvtool.capture.sequencer.Sequencer` (which documents the
     whole); it calls nothing of the layers above it.
 
-    Every method takes the time it is called at (``now``, monotonic ns; ``t``, the wall
-    receive time of a batch) and returns the actions to carry out, in order. While a
-    replay request is outstanding every live batch of the endpoint is *held*; when it
-    ends the replies go to each channel's *reserve* and the held batches are placed in
-    seq order, each hole the live stream shows filled from the reserve, so a replayed
-    ``BlockStored(A)`` never lands after a live ``BlockRemoved(A)`` that followed it.
-
-    Args:
-        endpoint: The endpoint (for channel names and the ledger).
-        dp_rank: Its data-parallel rank.
-        topic_prefix: The SUB topic filter (replies on other topics are ignored).
-        has_replay: The endpoint has a replay socket.
-        history: Ask the replay socket for what it holds from before the subscription.
-        limits: The bounds to keep.
-        stats: The counters to update (shared with the recorder).
-        budget: The write budget (shared by every endpoint).
+    Its methods, their time arguments and the hold are described on the sequencer; the
+    arguments are the sequencer's, documented once there.
     """
 
     def __init__(
