@@ -135,7 +135,7 @@ def test_token_counts_read_the_msgpack_header() -> None:
 @pytest.mark.parametrize("numpy", [True, False])
 def test_raw_hashes_every_encoding(numpy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not numpy:
-        monkeypatch.setattr(columns, "np", None)
+        monkeypatch.setattr(columns.hashes, "np", None)
     big = (1 << 64) - 5
     lists = [
         [big, 1 << 40],  # uint64: 0xcf, vectorised

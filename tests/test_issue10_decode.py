@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from kvtool import columns
-from kvtool.columns import DecodedChunk, RawChunk, decode_chunk, raw_hashes
+from kvtool.columns import DecodedChunk, RawChunk, decode, decode_chunk, lean, raw_hashes
 from kvtool.protocol import hash_key
 from tests.conftest import CAPTURES, capture_messages
 
@@ -76,14 +76,14 @@ def _paths(raw: RawChunk, monkeypatch: pytest.MonkeyPatch) -> list[DecodedChunk]
     raw = with_extras(raw) if raw.keep is None else raw
     out = [decode_chunk(raw, decoder="msgspec"), decode_chunk(raw, decoder="numba")]
     with monkeypatch.context() as m:
-        m.setattr(columns, "_vocab_skip", [10**9])
+        m.setattr(lean, "_vocab_skip", [10**9])
         out.append(decode_chunk(raw, decoder="msgspec"))
     with monkeypatch.context() as m:
-        m.setattr(columns._VOCAB, "decode_all", lambda _raws: None)
-        m.setattr(columns._LEAN, "decode_all", lambda _raws: None)
+        m.setattr(lean._VOCAB, "decode_all", lambda _raws: None)
+        m.setattr(lean._LEAN, "decode_all", lambda _raws: None)
         out.append(decode_chunk(raw, decoder="msgspec"))
     with monkeypatch.context() as m:
-        m.setattr(columns, "_BLOCK", 3)
+        m.setattr(decode, "_BLOCK", 3)
         out.append(decode_chunk(raw, decoder="msgspec"))
         out.append(decode_chunk(raw, decoder="numba"))  # its refused payloads in tiny blocks
     return out
@@ -108,12 +108,12 @@ def test_issue10_decode_unknown_medium_and_kind_keep_their_strings(
     odd = ENC.encode(
         [2.0, [_store([2], medium="NVME", kv_cache_spec_kind="new_kind"), _remove([2])], 0]
     )
-    monkeypatch.setattr(columns, "_BLOCK", 1)
-    monkeypatch.setattr(columns, "_vocab_skip", [0])
+    monkeypatch.setattr(decode, "_BLOCK", 1)
+    monkeypatch.setattr(lean, "_vocab_skip", [0])
     d = decode_chunk(_chunk([known, odd, known]), decoder="msgspec")
     want = [(1, "GPU", "mamba"), (2, "NVME", "new_kind"), (2, "GPU", None), (1, "GPU", "mamba")]
     assert d.table.select("hash", "medium", "kind").rows() == want
-    assert columns._vocab_skip[0] == columns._VOCAB_BACKOFF - 1  # backs off, then retries
+    assert lean._vocab_skip[0] == lean._VOCAB_BACKOFF - 1  # backs off, then retries
     d = decode_chunk(_chunk([known, odd, known]), decoder="numba")
     assert d.table.select("hash", "medium", "kind").rows() == want
 

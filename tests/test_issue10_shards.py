@@ -3,8 +3,7 @@
 The caller reads; ``jobs`` threads decode and the tables come back in stream order.
 Whatever the input -- damaged, with lost batches, several files, a selection -- the stats
 and tables are the ones one thread makes, and every decoding thread ends with the read.
-A reader of its own share (:func:`kvtool.columns.read_shard`, for other front ends) keeps
-only the columns asked for.
+Decoding threads return only the columns asked for.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kvtool.columns import ReadPlan, ReadStats, iter_tables, read_shard
+from kvtool.columns import ReadStats, iter_tables
 from kvtool.errors import RecordingError
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.parallel import thread_decode_map
@@ -103,14 +102,23 @@ def test_threads_give_the_tables_and_stats_of_one_thread(
         assert got_st.unselected > 0
 
 
-def test_shards_return_only_the_kept_columns(tmp_path: Path) -> None:
+def test_decoding_threads_return_only_the_kept_columns(tmp_path: Path) -> None:
     write_capture(tmp_path / "a.mcap", "gemma3")
-    plan = ReadPlan((str(tmp_path / "a.mcap"),), chunk_bytes=2500, keep=BUILDER_INPUT)
-    items = list(read_shard(plan, 1, 2))
-    assert items[-1].chunk is None
-    tables = [i.chunk.table for i in items if i.chunk is not None]
-    assert tables
-    assert all(set(t.columns) == set(BUILDER_INPUT) for t in tables)
+    decode, close = thread_decode_map(2)
+    try:
+        tables = list(
+            iter_tables(
+                [tmp_path / "a.mcap"],
+                chunk_bytes=2500,
+                labels=False,
+                keep=BUILDER_INPUT,
+                decode_map=decode,
+            )
+        )
+    finally:
+        close()
+    assert len(tables) > 1
+    assert all(set(t.columns) == {*BUILDER_INPUT, "type_code"} for t in tables)
 
 
 def _decoders() -> list[threading.Thread]:

@@ -21,11 +21,9 @@ MAX_CLASS_LINES = 400
 # Known debt, not to grow: modules and classes over the goal today. A file split below
 # the goal leaves this list; nothing new joins it.
 OVER_MODULE_GOAL = {
-    "kvtool/columns.py",
     "kvtool/commands/replay.py",
     "kvtool/report/builder.py",
     "kvtool/report/kernel.py",
-    "kvtool/scan.py",
 }
 # Known import cycles, not to grow: each strongly connected set of modules, sorted.
 KNOWN_CYCLES = [

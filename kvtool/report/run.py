@@ -23,7 +23,6 @@ from kvtool.columns import (
     DecodeMap,
     Progress,
     ReadStats,
-    ShardMap,
     TableAnnotator,
     iter_tables,
     prefetch,
@@ -55,7 +54,6 @@ def report_with(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
-    shard_map: ShardMap | None = None,
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
@@ -74,8 +72,6 @@ def report_with(
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
             :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
-        shard_map: Reads and decodes elsewhere, each reader reading the input itself
-            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -92,7 +88,6 @@ def report_with(
         every_ns=every_ns,
         chunk_bytes=chunk_bytes,
         decode_map=decode_map,
-        shard_map=shard_map,
         clock=clock,
         select=select,
         progress=progress,
@@ -109,7 +104,6 @@ def run_builder(
     every_ns: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     decode_map: DecodeMap | None = None,
-    shard_map: ShardMap | None = None,
     clock: str = DEFAULT_CLOCK,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
@@ -127,8 +121,6 @@ def run_builder(
         chunk_bytes: Payload bytes per chunk.
         decode_map: Decodes raw chunks in order (default: a chunk ahead in a thread;
             :func:`kvtool.report.parallel.thread_decode_map` for ``--jobs``).
-        shard_map: Reads and decodes elsewhere, each reader reading the input itself
-            (:func:`kvtool.columns.read_shard`; then ``decode_map`` is unused).
         clock: The timeline's clock (``receive`` or ``publish``).
         select: Report only these batches.
         progress: Called with (bytes done, bytes total) of the input files.
@@ -147,19 +139,17 @@ def run_builder(
     builder = ReportBuilder(every_ns, annotator.group_kind, clock, origin_ns)
     builder.peak_log = peak_log
     builder.streams = stats.channels
-    # With a decode or shard map (other threads or processes), the chunks are annotated
+    # With a decode map (other threads), the chunks are annotated
     # where they are decoded: the annotation is fixed before the first chunk, and the driver (the
     # ordered, single-threaded part) keeps only the builder. A TableAnnotator subclass
     # may annotate otherwise: it annotates here.
-    elsewhere = decode_map is not None or shard_map is not None
-    in_worker = elsewhere and type(annotator) is TableAnnotator
+    in_worker = decode_map is not None and type(annotator) is TableAnnotator
     chunks = iter_tables(
         paths,
         stats=stats,
         chunk_bytes=chunk_bytes,
         labels=False,
         decode_map=decode_map,
-        shard_map=shard_map,
         select=select,
         progress=progress,
         streams=streams,
