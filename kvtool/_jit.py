@@ -6,14 +6,67 @@ keeps the machine code beside the module, or in the user's cache folder when
 site-packages is read-only; ``NUMBA_CACHE_DIR`` is honoured by numba itself) and
 ``nogil=True`` (so a kernel runs in a thread beside decompression). numba is imported
 here only, the first time a kernel is defined.
+
+A compile says so, once a process, on stderr (:data:`COMPILE_NOTICE`): when the console
+entry asked for it (:func:`say_when_compiling`), numba's compile event of a kvtool
+kernel prints it. numba raises that event only when it really compiles (a cache miss),
+not when it loads a kernel from its cache, so a warm run says nothing.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+COMPILE_NOTICE = "kvtool: compiling its numba kernels (first run only; cached after)…"
+"""The line a process prints on stderr before its first compile of a kvtool kernel."""
+
+
+class _Notice:
+    """Whether the notice is wanted, its listener registered, and the line said."""
+
+    wanted = False
+    registered = False
+    said = threading.Lock()  # taken by the one compile that says it
+
+
+def say_when_compiling() -> None:
+    """Print :data:`COMPILE_NOTICE` once on stderr when this process compiles a kernel.
+
+    The console entry (:func:`kvtool.cli.main`) calls it, not a library call: a program
+    that imports kvtool gets no line on its stderr. numba is not imported for it; the
+    listener is registered with the first kernel (or now, if numba is loaded).
+    """
+    _Notice.wanted = True
+    if "numba" in sys.modules:
+        _listen()
+
+
+def _listen() -> None:
+    """Register the listener of numba's compile events, once (when the notice is wanted)."""
+    if _Notice.registered or not _Notice.wanted:
+        return
+    from numba.core import event
+
+    class _OnCompile(event.Listener):
+        def on_start(self, ev: Any) -> None:
+            data = ev.data if isinstance(ev.data, dict) else {}
+            func = getattr(data.get("dispatcher"), "py_func", None)
+            module = getattr(func, "__module__", "") or ""
+            if not module.startswith("kvtool.") or not _Notice.said.acquire(blocking=False):
+                return
+            if sys.stderr is not None:
+                print(COMPILE_NOTICE, file=sys.stderr, flush=True)
+
+        def on_end(self, ev: Any) -> None:
+            pass
+
+    _Notice.registered = True
+    event.register("numba:compile", _OnCompile())  # type: ignore[no-untyped-call]
 
 
 def kernel(func: F) -> F:
@@ -27,6 +80,7 @@ def kernel(func: F) -> F:
     """
     import numba
 
+    _listen()
     return numba.njit(cache=True, nogil=True)(func)  # type: ignore[return-value]
 
 
@@ -36,8 +90,8 @@ def helper_kernel(func: F) -> F:
     numba gives every compiled function a CPython wrapper (unboxing each argument) and a
     C wrapper, links them into every kernel that calls it and optimises them again there,
     at each level of calls; a helper called only from kernels never runs them. Without
-    them a cold first run compiles the decoder and the state kernel in ~15 % less CPU
-    (bench/RESULTS.md, issue 19 start-up); the machine code of the calls is the same.
+    them a cold first run compiles in less CPU (the decoder's 16 helpers: -6 to -11 % of a
+    cold report, bench/RESULTS.md); the machine code of the calls is the same.
 
     Args:
         func: A function written in numba's subset of Python.
@@ -47,6 +101,7 @@ def helper_kernel(func: F) -> F:
     """
     import numba
 
+    _listen()
     # numba's target options for its own helpers (numba.core.extending's overloads).
     wrappers: dict[str, Any] = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
     return numba.njit(cache=True, nogil=True, **wrappers)(func)  # type: ignore[no-any-return]
@@ -66,7 +121,8 @@ def inline_kernel(func: F) -> F:
     """
     import numba
 
+    _listen()
     return numba.njit(cache=True, nogil=True, inline="always")(func)  # type: ignore[return-value]
 
 
-__all__ = ["helper_kernel", "inline_kernel", "kernel"]
+__all__ = ["COMPILE_NOTICE", "helper_kernel", "inline_kernel", "kernel", "say_when_compiling"]

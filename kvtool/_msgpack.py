@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kvtool._jit import kernel
+from kvtool._jit import helper_kernel
 
 # -- error codes (0: decoded) ------------------------------------------------------------
 
@@ -99,7 +99,7 @@ def _define_borrow() -> Any:
 _voidptr = _define_borrow()
 
 
-@kernel
+@helper_kernel
 def _be(buf: Any, pos: Any, n: Any) -> Any:
     """Big-endian unsigned int of ``n`` bytes at ``pos``, as int64 bits (caller checks bounds)."""
     v: Any = np.int64(0)
@@ -108,7 +108,7 @@ def _be(buf: Any, pos: Any, n: Any) -> Any:
     return v
 
 
-@kernel
+@helper_kernel
 def _head(buf: Any, pos: Any, end: Any) -> Any:
     """Read a value's header at ``pos``: (class, n, position after the header).
 
@@ -217,7 +217,7 @@ _SCALAR[0xD7], _SCALAR[0xD8] = 10, 18
 _SCALAR[0xA0:0xC0] = np.arange(1, 33)  # fixstr: header + data
 
 
-@kernel
+@helper_kernel
 def _quick(buf: Any, pos: Any, end: Any) -> Any:
     """The end of a scalar or fixstr at ``pos`` (-1: anything else, or past ``end``).
 
@@ -231,7 +231,7 @@ def _quick(buf: Any, pos: Any, end: Any) -> Any:
     return q
 
 
-@kernel
+@helper_kernel
 def _skip(buf: Any, pos: Any, end: Any, stack: Any) -> Any:
     """Skip one whole value at ``pos``: (position after it, error code), iteratively.
 
@@ -273,7 +273,7 @@ def _skip(buf: Any, pos: Any, end: Any, stack: Any) -> Any:
             pos = p
 
 
-@kernel
+@helper_kernel
 def _same(buf: Any, at: Any, n: Any, names: Any, lo: Any, hi: Any) -> Any:
     """Whether ``buf[at:at+n]`` equals ``names[lo:hi]``."""
     if hi - lo != n:
@@ -284,7 +284,7 @@ def _same(buf: Any, at: Any, n: Any, names: Any, lo: Any, hi: Any) -> Any:
     return True
 
 
-@kernel
+@helper_kernel
 def _ascii(buf: Any, at: Any, n: Any) -> Any:
     for k in range(n):
         if buf[at + k] >= 0x80:

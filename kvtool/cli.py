@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, cast
 
 import kvtool
-from kvtool import _signals
+from kvtool import _jit, _signals
 from kvtool.commands import get_env
 from kvtool.errors import ExitStatus, KvtoolError
 from kvtool.outputs import silence_fd
@@ -337,6 +337,8 @@ def main() -> None:
     line on stderr and exit status 2, like every other kvtool error.
     """
     args = sys.argv[1:]
+    # A command that compiles numba kernels (a cold first run) says so once on stderr.
+    _jit.say_when_compiling()
     # Python's default SIGTERM ends the process without unwinding: temporary files of
     # -o/--plot/export would stay beside the output (the console script installed this
     # already; `kvtool.cli.main()` called from Python gets it here).

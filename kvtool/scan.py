@@ -16,19 +16,19 @@ Strings (medium, kind) come back as codes into a small per-chunk vocabulary of b
 ranges (only ASCII values are taken, so they decode to the same ``str`` msgspec makes).
 Field names and array positions come from the one field table, :mod:`kvtool.schema`.
 
-The kernels compile on first use (numba, cached on disk: :mod:`kvtool._jit`); a cold
-compile says so once on stderr when stderr is a terminal.
+The kernels (:mod:`kvtool.scankernel`) compile on first use (numba, cached on disk:
+:mod:`kvtool._jit`); a kvtool command that compiles says so once on stderr
+(:data:`kvtool._jit.COMPILE_NOTICE`).
 """
 
 from __future__ import annotations
 
-import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvtool._jit import COMPILE_NOTICE
 from kvtool._msgpack import (  # the primitives and the error codes (re-exported)
     ERR_BATCH,
     ERR_CAPACITY,
@@ -137,7 +137,6 @@ def scan(buf: Any, offs: Any) -> Scanned:
     counts = np.zeros(3, dtype=np.int64)
     scratch = _scratch()
     at = 0
-    _notice_cold_compile()
     while True:
         t, nh, g, med, kind, w, tok, par, has_par, org, bsz = ev
         at = _scan(
@@ -174,49 +173,6 @@ def _scratch() -> tuple[Any, ...]:
         s8.view(np.float64),
         s4.view(np.float32),
     )
-
-
-# -- the cold-compile notice ------------------------------------------------------------------
-
-_noticed = threading.Lock()
-COMPILE_NOTICE = "kvtool: compiling the decoder (first run, ~20 s)…"
-
-
-def is_cached(dispatcher: Any) -> bool:
-    """Whether numba's disk cache holds an index for a kernel (so a first call loads it).
-
-    Looks where numba keeps it (``dispatcher.stats.cache_path``: beside the module, the
-    user cache folder when that is read-only, or ``NUMBA_CACHE_DIR``) for the kernel's
-    index file (named by module, function and line). An index of an edited source that
-    kept its line is taken as cached (then numba recompiles without the notice). Unknown
-    (no such attribute): True.
-
-    Args:
-        dispatcher: A :func:`kvtool._jit.kernel`.
-
-    Returns:
-        True when the first call will most likely load, not compile.
-    """
-    from pathlib import Path
-
-    path = getattr(getattr(dispatcher, "stats", None), "cache_path", None)
-    if not isinstance(path, str):
-        return True
-    func = dispatcher.py_func
-    stem = Path(func.__code__.co_filename).stem
-    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
-    try:
-        return any(Path(path).glob(f"{stem}.{func.__qualname__}-*.{tag}.nbi"))
-    except OSError:
-        return False
-
-
-def _notice_cold_compile() -> None:
-    """Before the first scan of a process: say on stderr (a terminal) if it compiles."""
-    if not _noticed.acquire(blocking=False):
-        return
-    if not is_cached(_scan) and sys.stderr is not None and sys.stderr.isatty():
-        print(COMPILE_NOTICE, file=sys.stderr, flush=True)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ import numpy as np
 from numba.np.numpy_support import carray
 
 from kvtool import schema
-from kvtool._jit import kernel
+from kvtool._jit import helper_kernel, kernel
 from kvtool._msgpack import (  # the primitives and the error codes (re-exported)
     _ARRAY,
     _BIN,
@@ -137,7 +137,7 @@ NULL = np.int64(-(1 << 63))
 # -- kernels ---------------------------------------------------------------------------------
 
 
-@kernel
+@helper_kernel
 def _intern(buf: Any, at: Any, n: Any, voc_off: Any, voc_len: Any, counts: Any) -> Any:
     """The vocabulary code of the ASCII string ``buf[at:at+n]`` (-1: vocabulary full)."""
     nv = counts[2]
@@ -159,7 +159,7 @@ def _intern(buf: Any, at: Any, n: Any, voc_off: Any, voc_len: Any, counts: Any) 
     return nv
 
 
-@kernel
+@helper_kernel
 def _opt_str(buf: Any, pos: Any, end: Any, voc_off: Any, voc_len: Any, counts: Any) -> Any:
     """A nil-or-str field: (code, -1 for nil; error code)."""
     if pos < 0:
@@ -175,7 +175,7 @@ def _opt_str(buf: Any, pos: Any, end: Any, voc_off: Any, voc_len: Any, counts: A
     return code, OK
 
 
-@kernel
+@helper_kernel
 def _opt_int(buf: Any, pos: Any, end: Any) -> Any:
     """A nil-or-int field: (value, 1 if present, error code)."""
     if pos < 0:
@@ -190,7 +190,7 @@ def _opt_int(buf: Any, pos: Any, end: Any) -> Any:
     return 0, 0, ERR_FIELD
 
 
-@kernel
+@helper_kernel
 def _event(
     buf: Any,
     pos: Any,
@@ -282,7 +282,7 @@ def _event(
     return -1, 0, p, ERR_EVENTS
 
 
-@kernel
+@helper_kernel
 def _ts(buf: Any, pos: Any, end: Any, s8: Any, s4: Any, f8: Any, f4: Any) -> Any:
     """The batch's ``ts``: (value, error code); ``f8``/``f4`` view ``s8``/``s4``."""
     cls, n, p = _head(buf, pos, end)
@@ -299,7 +299,7 @@ def _ts(buf: Any, pos: Any, end: Any, s8: Any, s4: Any, f8: Any, f4: Any) -> Any
     return 0.0, ERR_TS
 
 
-@kernel
+@helper_kernel
 def _batch_map(buf: Any, start: Any, end: Any, stack: Any, bpos: Any) -> Any:
     """Locate a map batch's ts, events and rank (``bpos[0..2]``, -1: absent): error code."""
     bpos[0] = -1
@@ -336,7 +336,7 @@ def _batch_map(buf: Any, start: Any, end: Any, stack: Any, bpos: Any) -> Any:
     return OK
 
 
-@kernel
+@helper_kernel
 def _hashes(buf: Any, pos: Any, end: Any, keys: Any, at: Any) -> Any:
     """Read a ``block_hashes`` list into ``keys[at:]``: (count, error code).
 
@@ -381,7 +381,7 @@ def _hashes(buf: Any, pos: Any, end: Any, keys: Any, at: Any) -> Any:
     return n, OK
 
 
-@kernel
+@helper_kernel
 def _tokens(buf: Any, pos: Any, end: Any) -> Any:
     """``len(token_ids)`` from its header (0: absent or not an array; already validated)."""
     if pos < 0:
@@ -390,7 +390,7 @@ def _tokens(buf: Any, pos: Any, end: Any) -> Any:
     return n if cls == _ARRAY else 0
 
 
-@kernel
+@helper_kernel
 def _events(
     buf: Any,
     pos: Any,
@@ -527,7 +527,7 @@ def _events(
     return p, n_ev, nk - k0, OK
 
 
-@kernel
+@helper_kernel
 def _scan_body(
     buf: Any,
     offs: Any,

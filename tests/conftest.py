@@ -73,3 +73,21 @@ def unconfirmed_recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
         )
     assert res.exit_code == 3, res.output
     return out, n, peer.endpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_jit_cache() -> None:
+    """Load (or first compile) kvtool's numba kernels into the JIT cache before any test.
+
+    A kvtool command that compiles says so on stderr (kvtool._jit.COMPILE_NOTICE); tests
+    that run kvtool and assert an empty stderr then run as a user's second run does,
+    whatever the test order or a fresh clone's empty cache. The cold run is tested on its
+    own, with a cache of its own (tests/test_scan.py).
+    """
+    from typer.testing import CliRunner
+
+    from kvtool.cli import app
+
+    gemma3 = Path(__file__).parent.parent / "recordings" / "gemma3.mcap"
+    result = CliRunner().invoke(app, ["report", str(gemma3), "--format", "json", "-q"])
+    assert result.exit_code == 0, result.output

@@ -266,7 +266,8 @@ def test_issue19_env_var_forces_the_msgspec_path(monkeypatch: pytest.MonkeyPatch
 
 _RUN = """
 import msgspec, numpy as np
-from kvtool import scan
+from kvtool import _jit, scan
+_jit.say_when_compiling()  # as the console entry does
 p = msgspec.msgpack.encode([1.0, [["AllBlocksCleared"]]])
 s = scan.scan(np.frombuffer(p, dtype=np.uint8), np.array([0, len(p)], dtype=np.int64))
 assert s.err.tolist() == [0] and s.type_code.tolist() == [2]
@@ -316,6 +317,34 @@ def test_issue19_cold_compile_says_so_once_and_the_cache_is_used(tmp_path: Path)
     out, err = _run_on_a_terminal(env, tmp_path)
     assert out.strip() == "ok"
     assert scan.COMPILE_NOTICE not in err
+
+
+@pytest.mark.slow
+def test_issue19_a_cold_report_says_it_compiles_once_and_a_warm_one_nothing(
+    tmp_path: Path,
+) -> None:
+    """The notice is printed whenever a command compiles, stderr a pipe (not a terminal)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "kvtool", "report", str(ROOT / "recordings" / "gemma3.mcap")]
+
+    def report() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cmd, "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=900,
+            check=False,
+        )
+
+    cold = report()
+    warm = report()
+    assert cold.returncode == 0, cold.stderr
+    assert cold.stderr.splitlines() == [scan.COMPILE_NOTICE]  # one line, said once
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stderr == ""  # every kernel loaded from the cache: nothing compiled
+    assert warm.stdout == cold.stdout
 
 
 @pytest.mark.slow
