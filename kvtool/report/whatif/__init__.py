@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtool.annotate import kind_label
-from kvtool.errors import ExitStatus, KvtoolError, UsageError
+from kvtool.errors import UsageError
 from kvtool.replay import BatchFilter
 from kvtool.report.whatif.build import RESUME_BATCHES
+from kvtool.report.whatif.errors import WhatIfRefused
 from kvtool.report.whatif.extract import (
     GroupInfo,
     PoolFeed,
@@ -40,12 +41,6 @@ _EXTRA = re.compile(r"^\+?(\d+(?:\.\d+)?)(%?)$")
 
 MAX_EXTRA_BLOCKS = 2**31 - 1
 """The largest ``+K`` (the kernels count blocks in 64-bit; vLLM's pools are far smaller)."""
-
-
-class WhatIfRefused(KvtoolError):
-    """A pool whose stream cannot support a what-if prediction (exit status 2)."""
-
-    exit_status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)
