@@ -293,8 +293,10 @@ def test_issue20_pool_blocks_shows_live_and_peak_as_a_share_of_the_pool() -> Non
     two = runner.invoke(
         app, ["report", f, str(REC / "gemma3.mcap"), "--pool-blocks", "600", "-f", "json"]
     )
-    assert two.exit_code == 0 and "pool" not in json.loads(two.stdout)
-    assert "need one pool" in two.stderr
+    # One engine's pool size for a fleet of two channels: refused in one line (exit 2),
+    # never a report without the shares it was asked for (tests/test_issue20_conditions.py).
+    assert two.exit_code == 2 and two.stdout == ""
+    assert len(two.stderr.strip().splitlines()) == 1 and "--channel" in two.stderr
 
 
 def test_issue20_publisher_restart_starts_the_pool_afresh(tmp_path: Path) -> None:
