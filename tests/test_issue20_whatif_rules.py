@@ -42,3 +42,84 @@ def test_a_state_the_larger_pool_skips_is_a_first_store_later(tmp_path: Path) ->
     rows = {r["kind"]: r for r in entry["by_kind"]}  # type: ignore[attr-defined]
     assert rows["mamba"]["blocks_recomputed_recorded"] == 2
     assert rows["mamba"]["blocks_recomputed"] == 0
+
+
+def test_a_recorded_hit_the_larger_pool_no_longer_holds_is_computed_again() -> None:
+    """The larger pool hits only what it holds (vLLM's lookup runs there, not here).
+
+    A full-attention group and a sliding-window group (one block of window). Request 1
+    hits blocks 1-2 at the larger pool, so it never computes the window block w1 that
+    the recorded engine computes (a phantom there); the larger pool's older copy of w1
+    is then evicted. Request 3's recorded hit of block 1 needs w1: the larger pool does
+    not hold it, so its hit is shorter and w1 is computed again (a recompute), f1 too
+    (a duplicate: still cached).
+    """
+    import numpy as np
+
+    from kvtool.report.whatif.kernel import (
+        KIND_FULL,
+        KIND_SLIDING,
+        OP_RECORD,
+        OP_REMOVE,
+        OP_STORE,
+        recorded,
+        simulate,
+    )
+
+    f1, f2, w1, w2 = 0, 1, 2, 3
+    xs = [4, 5, 6, 7, 8]
+    ops: list[tuple[int, int, int, int, int]] = []  # kind, a, depth, group, record
+
+    def rec(r: int) -> None:
+        ops.append((OP_RECORD, r, 0, -1, -1))
+
+    def store(k: int, d: int, g: int, r: int) -> None:
+        ops.append((OP_STORE, k, d, g, r))
+
+    def remove(k: int, g: int) -> None:
+        ops.append((OP_REMOVE, k, 0, g, -1))
+
+    rec(0)
+    for k, d, g in ((f1, 1, 0), (f2, 2, 0), (w1, 1, 1), (w2, 2, 1)):
+        store(k, d, g, 0)
+    for k, g in ((w1, 1), (w2, 1), (f1, 0), (f2, 0)):
+        remove(k, g)
+    rec(1)  # the recorded engine recomputes 1-2; the larger pool hits them
+    for k, d, g in ((f1, 1, 0), (f2, 2, 0), (w1, 1, 1), (w2, 2, 1)):
+        store(k, d, g, 1)
+    rec(2)  # filler: its evictions push the larger pool's older w1 out
+    for d, k in enumerate(xs, 1):
+        store(k, d, 0, 2)
+    for k in xs:
+        remove(k, 0)
+    rec(3)  # a recorded hit of block 1 (f1, w1: the recorded copies are live)
+    kind, a, depth, group, record = (np.array(c, np.int64) for c in zip(*ops, strict=True))
+    i64 = np.int64
+    args = (
+        kind,
+        a,
+        depth,
+        group,
+        record,
+        np.array([0, 1, 2, 3], i64),  # rec_req
+        np.array([0, 4, 8, 13, 13], i64),  # rec_s0
+        np.array([1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 3, 4, 5], i64),  # rec_depths
+        np.array([0, 1, 2, 3], i64),  # req_first_rec
+        np.array([0, 0, 0, 1], i64),  # req_l0
+        np.array([0, 2, 0, 1], i64),  # req_cap
+        np.array([0, 0, 2, 2, 2], i64),  # req_c0
+        np.array([[f1, w1], [f2, w2]], i64),  # cand (request 1, depths 1-2)
+        np.array([0, 0, 0, 0, 1], i64),  # req_p0
+        np.array([[f1, w1]], i64),  # pre (request 3, depth 1)
+        np.array([KIND_FULL, KIND_SLIDING], i64),
+        np.array([0, 1], i64),  # gsw
+        9,
+    )
+    rc0, _orphans = recorded(kind, a, group, 9, 2)
+    assert rc0.tolist() == [2, 2]  # request 1 recomputes 1-2 in both groups
+    rc, dup, _saved, _stores, _first, hit, orphans = simulate(*args, 0, True)
+    assert rc.tolist() == rc0.tolist() and hit == 0 and orphans == 0
+    rc, dup, _saved, _stores, _first, hit, orphans = simulate(*args, 4, True)
+    assert rc.tolist() == [0, 1]  # w1 computed again at request 3
+    assert dup.tolist() == [1, 0]  # f1 too, into a second copy
+    assert hit == 2 - 1  # request 1 hits 2 blocks more, request 3 one less

@@ -14,6 +14,9 @@ recompute; a store it would not make (inside the longer hit) is saved. The recor
 copies of a saved store the larger pool skips (sliding-window blocks before the window)
 are *phantoms*: the larger pool's copy of such a key is an older one, and a lookup that
 hits the key there takes that copy out of the ghost list, also below the recorded hit.
+Where the larger pool holds no copy of a key the recorded hit needs (only phantoms: its
+older copy was evicted), its own hit is shorter (:func:`_held_hit`): the blocks between
+are computed again there, recomputes or duplicates, each taking a block.
 """
 
 from __future__ import annotations
@@ -104,6 +107,54 @@ def _lookup(
 
 
 @kernel
+def _held_hit(
+    pre: I64,
+    p0: int,
+    n_pre: int,
+    l0: int,
+    gkind: I64,
+    gsw: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
+) -> int:
+    """Return the longest hit at or below the recorded one (``l0``) the larger pool holds.
+
+    vLLM's lookup there can only hit what that pool holds: in a sliding-window group the
+    last ``gsw`` blocks before the hit (all of them from the first block on, below a
+    whole window). The recorded pool may hold such a block only in a copy the larger pool
+    never made (a phantom: a longer hit there padded that position with the null block),
+    and the larger pool's older copy may be evicted since: its hit is shorter there.
+    Only sliding-window blocks are checked: a full-attention hit takes every block, so
+    the larger pool holds what the recorded one hit (a phantom there is only which of
+    two copies is counted), and Mamba states are where the recorded chunks ended. A depth
+    whose key the parent chain does not give counts as held.
+    """
+    n_groups = gkind.shape[0]
+    lp = l0
+    while lp > 0:
+        ok = True
+        for g in range(n_groups):
+            if gkind[g] != KIND_SLIDING:
+                continue
+            for d in range(max(lp - gsw[g] + 1, 1), lp + 1):
+                j = l0 - d
+                if j >= n_pre:
+                    continue
+                k = pre[p0 + j, g]
+                if k >= 0 and not _cached(k, n0, ph, kin, gc, False):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            return lp
+        lp -= 1
+    return 0
+
+
+@kernel
 def simulate(
     op_kind: IArr,
     op_a: IArr,
@@ -164,9 +215,10 @@ def simulate(
     kin = np.zeros(n_keys, np.int32)
     gc = np.zeros(n_keys, np.int32)
     seen = np.zeros(n_keys, np.bool_)
-    # The ghost list gets one entry per remove, and one per Mamba state a request's hit
-    # puts back at the queue's tail.
-    n_ent = req_l0.shape[0] * n_groups + 1
+    # The ghost list gets one entry per remove, one per Mamba state a request's hit puts
+    # back at the queue's tail, and one per block a shorter hit at the larger pool
+    # computes again (at most every block of the recorded hits).
+    n_ent = req_l0.shape[0] * n_groups + 1 + pre.shape[0] * n_groups
     for i in range(n_ops):
         if op_kind[i] == OP_REMOVE:
             n_ent += 1
@@ -185,6 +237,7 @@ def simulate(
     first = np.zeros(n_groups, np.int64)
     hit_blocks = 0
     orphans = 0
+    sliding = bool((gkind == KIND_SLIDING).any())
     for i in range(n_ops):
         t = op_kind[i]
         if t == OP_RECORD:
@@ -194,12 +247,53 @@ def simulate(
                 l0 = req_l0[q]
                 c0 = req_c0[q]
                 cap = req_cap[q]
+                p0 = req_p0[q]
+                n_pre = req_p0[q + 1] - p0
                 own = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, True)
                 hit = l0
                 if own <= l0:
                     hit = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, False)
+                # Where the larger pool does not hold the recorded hit (and no longer one
+                # either), its hit is shorter: the blocks between are computed again.
+                top = l0
+                if hit <= l0 and n_pre > 0 and sliding:
+                    top = _held_hit(pre, p0, n_pre, l0, gkind, gsw, n0, ph, kin, gc)
+                for d in range(top + 1, l0 + 1):
+                    j = l0 - d
+                    if j >= n_pre:
+                        continue
+                    for g in range(n_groups):
+                        k = pre[p0 + j, g]
+                        if k < 0 or gkind[g] == KIND_MAMBA:
+                            continue
+                        stores[g] += 1
+                        if _cached(k, n0, ph, kin, gc, False):
+                            dup[g] += 1
+                        else:
+                            rc[g] += 1
+                        if ph[k] > 0:
+                            ph[k] -= 1  # computed at the larger pool: no longer a phantom
+                        else:
+                            # The larger pool's own copy, freed to the queue's tail.
+                            ent_key[tail] = k
+                            ent_alive[tail] = True
+                            ent_prev[tail] = key_last[k]
+                            key_last[k] = tail
+                            gc[k] += 1
+                            tail += 1
+                        # It takes a block: a free one, else the queue's head is evicted.
+                        if free > 0:
+                            free -= 1
+                        else:
+                            while head < tail:
+                                e = head
+                                head += 1
+                                if ent_alive[e]:
+                                    ent_alive[e] = False
+                                    gc[ent_key[e]] -= 1
+                                    break
                 req_hit[q] = hit
-                hit_blocks += hit - l0
+                hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
                     row = c0 + d - l0 - 1
@@ -239,6 +333,8 @@ def simulate(
                 # request touched stands for it from now on.
                 for j in range(req_p0[q], req_p0[q + 1]):
                     d = l0 - (j - req_p0[q])
+                    if d > top:
+                        continue  # computed again above, not hit
                     for g in range(n_groups):
                         k = pre[j, g]
                         if k < 0:
