@@ -106,6 +106,22 @@ def _lookup(
     return hit
 
 
+Bools = npt.NDArray[np.bool_]
+
+
+@kernel
+def _grow(key: I64, alive: Bools, prev: I64) -> tuple[I64, Bools, I64]:
+    """Return the ghost list's arrays with room for twice as many entries."""
+    n = key.shape[0]
+    k2 = np.zeros(2 * n + 1, np.int64)
+    a2 = np.zeros(2 * n + 1, np.bool_)
+    p2 = np.full(2 * n + 1, -1, np.int64)
+    k2[:n] = key
+    a2[:n] = alive
+    p2[:n] = prev
+    return k2, a2, p2
+
+
 @kernel
 def _held_hit(
     pre: I64,
@@ -217,8 +233,8 @@ def simulate(
     seen = np.zeros(n_keys, np.bool_)
     # The ghost list gets one entry per remove, one per Mamba state a request's hit puts
     # back at the queue's tail, and one per block a shorter hit at the larger pool
-    # computes again (at most every block of the recorded hits).
-    n_ent = req_l0.shape[0] * n_groups + 1 + pre.shape[0] * n_groups
+    # computes again (rare: the list grows when they need room).
+    n_ent = req_l0.shape[0] * n_groups + 1
     for i in range(n_ops):
         if op_kind[i] == OP_REMOVE:
             n_ent += 1
@@ -269,12 +285,17 @@ def simulate(
                         stores[g] += 1
                         if _cached(k, n0, ph, kin, gc, False):
                             dup[g] += 1
-                        else:
+                        elif seen[k]:
                             rc[g] += 1
+                        else:
+                            first[g] += 1  # the recording began after its first store
+                        seen[k] = True
                         if ph[k] > 0:
                             ph[k] -= 1  # computed at the larger pool: no longer a phantom
                         else:
                             # The larger pool's own copy, freed to the queue's tail.
+                            if tail >= ent_key.shape[0]:
+                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                             ent_key[tail] = k
                             ent_alive[tail] = True
                             ent_prev[tail] = key_last[k]
@@ -317,6 +338,8 @@ def simulate(
                         gc[k] -= 1
                         key_last[k] = ent_prev[e]
                         if kd == KIND_MAMBA and rejoin:
+                            if tail >= ent_key.shape[0]:
+                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                             ent_key[tail] = k
                             ent_alive[tail] = True
                             ent_prev[tail] = key_last[k]
@@ -368,6 +391,8 @@ def simulate(
             if ph[k] > 0:
                 ph[k] -= 1
             else:
+                if tail >= ent_key.shape[0]:
+                    ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                 ent_key[tail] = k
                 ent_alive[tail] = True
                 ent_prev[tail] = key_last[k]
