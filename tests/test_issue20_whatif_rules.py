@@ -57,8 +57,7 @@ def test_a_recorded_hit_the_larger_pool_no_longer_holds_is_computed_again(depth:
     not hold it, so its hit is shorter and w1 is computed again (a recompute), f1 too
     (a duplicate: still cached). With ``depth`` 20 the recorded hit is 20 blocks deep
     (f1/w1 at the deepest, 19 blocks stored earlier below them, whose window blocks were
-    evicted): the hit falls to 0, and the 40 blocks computed again outgrow the ghost
-    list's first size.
+    evicted).
     """
     import numpy as np
 
@@ -138,8 +137,20 @@ def test_a_recorded_hit_the_larger_pool_no_longer_holds_is_computed_again(depth:
     rc, dup, _saved, _stores, _first, hit, orphans = simulate(*args, 0, True)
     assert rc.tolist() == rc0.tolist() and hit == 0 and orphans == 0
     rc, dup, _saved, _stores, _first, hit, orphans = simulate(*args, 4, True)
-    # w1 computed again at request 3, and every window block below it (evicted in both
-    # pools): the hit falls to 0; f1 and the full blocks below too, into second copies.
-    assert rc.tolist() == [0, 1 + len(below)]
-    assert dup.tolist() == [1 + len(below), 0]
-    assert hit == 2 - depth  # request 1 hits 2 blocks more, request 3 `depth` fewer
+    # w1 computed again at request 3, and f1 into a second copy: its hit is one block
+    # shorter. The window below (evicted by the recorded pool too) says nothing of the
+    # larger pool: taken as held there, as before this rule.
+    assert rc.tolist() == [0, 1]
+    assert dup.tolist() == [1, 0]
+    assert hit == 2 - 1  # request 1 hits 2 blocks more, request 3 one fewer
+
+
+def test_the_ghost_list_grows_keeping_its_entries() -> None:
+    import numpy as np
+
+    from kvtool.report.whatif.kernel import _grow
+
+    key, alive, prev = np.arange(3, dtype=np.int64), np.ones(3, np.bool_), np.arange(3) - 1
+    k2, a2, p2 = _grow(key, alive, prev)
+    assert len(k2) == 7 and k2[:3].tolist() == [0, 1, 2] and a2.tolist() == [True] * 3 + [False] * 4
+    assert p2.tolist() == [-1, 0, 1, -1, -1, -1, -1]

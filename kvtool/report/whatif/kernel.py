@@ -144,8 +144,10 @@ def _held_hit(
     and the larger pool's older copy may be evicted since: its hit is shorter there.
     Only sliding-window blocks are checked: a full-attention hit takes every block, so
     the larger pool holds what the recorded one hit (a phantom there is only which of
-    two copies is counted), and Mamba states are where the recorded chunks ended. A depth
-    whose key the parent chain does not give counts as held.
+    two copies is counted), and Mamba states are where the recorded chunks ended. Only a
+    block the recorded pool holds at the lookup, in phantom copies only, counts as not
+    held: one it does not hold either (its stream stores no such window block, or lost
+    it) says nothing of the larger pool, nor does a depth the parent chain does not give.
     """
     n_groups = gkind.shape[0]
     lp = l0
@@ -159,7 +161,8 @@ def _held_hit(
                 if j >= n_pre:
                     continue
                 k = pre[p0 + j, g]
-                if k >= 0 and not _cached(k, n0, ph, kin, gc, False):
+                # Not held there: the recorded pool holds it, in phantom copies only.
+                if k >= 0 and n0[k] > 0 and not _cached(k, n0, ph, kin, gc, False):
                     ok = False
                     break
             if not ok:
