@@ -5,9 +5,9 @@ name, its msgpack type, its position in the array-encoded event of each type (vL
 0.23; index 0 is the tag), the layout that added it (PROTOCOL.md) and the projections
 that read it. Every msgspec struct of an event is generated from :data:`FIELDS` by
 :mod:`kvtool.projections` (protocol's full structs, the report's lean projection, the
-recorder's status projection, the learner's), and so are the array positions of
-:mod:`kvtool.protocol` and the field codes of the numba scanner (:mod:`kvtool.scan`); a
-field a future vLLM sends is one more row here.
+recorder's status projection, the learner's, the what-if's), and so are the array
+positions of :mod:`kvtool.protocol` and the field codes of the numba scanner
+(:mod:`kvtool.scan`); a field a future vLLM sends is one more row here.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ WireType = Literal["hashes", "hash", "ints", "int", "str", "any"]
 
 WIRE_TYPES: tuple[WireType, ...] = get_args(WireType)
 
-Projection = Literal["full", "lean", "status", "learner"]
+Projection = Literal["full", "lean", "status", "learner", "whatif"]
 """``full``: :mod:`kvtool.protocol`'s structs (every field); ``lean``: the report's table
 (:mod:`kvtool.columns`, :mod:`kvtool.scan`); ``status``: the recorder's live counts
 (:mod:`kvtool.capture.stats`); ``learner``: what the annotation learns from, of stores
-only (:mod:`kvtool.inputs`)."""
+only (:mod:`kvtool.inputs`); ``whatif``: the what-if replay's msgspec fallback
+(:mod:`kvtool.report.whatif.lean`)."""
 
 PROJECTIONS: tuple[Projection, ...] = get_args(Projection)
 
@@ -73,17 +74,17 @@ def _f(
 
 
 FIELDS: tuple[EventField, ...] = (
-    _f("block_hashes", "hashes", 1, 1, "initial", "lean"),
-    _f("parent_block_hash", "hash", 2, None, "initial", "lean"),
-    _f("token_ids", "ints", 3, None, "initial", "lean"),
-    _f("block_size", "any", 4, None, "initial", "lean", "learner"),
+    _f("block_hashes", "hashes", 1, 1, "initial", "lean", "whatif"),
+    _f("parent_block_hash", "hash", 2, None, "initial", "lean", "whatif"),
+    _f("token_ids", "ints", 3, None, "initial", "lean", "whatif"),
+    _f("block_size", "any", 4, None, "initial", "lean", "learner", "whatif"),
     _f("lora_id", "any", 5, None, "initial"),
     _f("medium", "str", 6, 2, "medium", "lean"),
     _f("lora_name", "any", 7, None, "lora_name"),
     _f("extra_keys", "any", 8, None, "extra_keys"),
-    _f("group_idx", "int", 9, 3, "group_idx", "lean", "status", "learner"),
-    _f("kv_cache_spec_kind", "str", 10, None, "spec_kind", "lean", "status", "learner"),
-    _f("kv_cache_spec_sliding_window", "int", 11, None, "spec_kind", "lean", "learner"),
+    _f("group_idx", "int", 9, 3, "group_idx", "lean", "status", "learner", "whatif"),
+    _f("kv_cache_spec_kind", "str", 10, None, "spec_kind", "lean", "status", "learner", "whatif"),
+    _f("kv_cache_spec_sliding_window", "int", 11, None, "spec_kind", "lean", "learner", "whatif"),
     _f("locality", "any", None, None, "map", removed_map=True),
     _f("ownership", "any", None, None, "map", removed_map=True),
     _f("session_id", "any", None, None, "map"),

@@ -14,7 +14,6 @@ from kvtool.commands import (
     check_inputs,
     examples,
     get_env,
-    lost_batches,
     missing_batches,
     parse_duration_ns,
 )
@@ -271,6 +270,7 @@ def report(
     from kvtool.poolsize import resolve_pool_blocks
 
     # --pool-blocks wins over a groups file's num_gpu_blocks and the recording's own.
+    given_blocks = pool_blocks
     pool_size = resolve_pool_blocks(pool_blocks, groups, files)
     pool_blocks = pool_size.blocks
     # Refuse a bad output before the work, not after it.
@@ -305,6 +305,11 @@ def report(
             raw_tap=feed,
             report_mode=report_mode.value,
         )
+    if given_blocks is not None and len(rep.source.channels) > 1:
+        from kvtool.render.whatif import several_pools
+
+        # One engine's pool for a fleet: refused before anything is said of the pool.
+        raise UsageError(several_pools(str(pool_size.source), len(rep.source.channels), given=True))
     wi = None
     too_small = _pool_too_small(rep, pool_blocks)
     if extras is not None:
@@ -317,7 +322,6 @@ def report(
             groups_file=str(groups) if groups is not None else None,
             group_flags=group or None,
             batch_filter=select,
-            lost=lost_batches(files),
             feed=feed if feed is not None and feed.chunks else None,
         )
     note = selection_note(
@@ -359,12 +363,10 @@ def report(
             )
             pool["source"] = pool_size.source
         else:
-            env.err.print(
-                f"kvtool: pool size ({pool_size.source}): live and peak shares need one pool "
-                "(one channel); the input has several",
-                markup=False,
-                highlight=False,
-            )
+            from kvtool.render.whatif import several_pools
+
+            why = several_pools(str(pool_size.source), len(rep.source.channels), given=False)
+            env.err.print(f"kvtool: {why}", markup=False, highlight=False)
     if format is ReportFormat.json:
         extra: dict[str, object] = {}
         if wi is not None:

@@ -119,6 +119,34 @@ def pool_occupancy(totals: dict[str, object], pool_blocks: int) -> dict[str, obj
     return out
 
 
+def several_pools(source: str, pools: int, *, given: bool) -> str:
+    """Say that live and peak shares need one pool, and the input has several.
+
+    ``--pool-blocks N`` is one engine's ``num_gpu_blocks`` (one pool per engine, i.e. per
+    channel and data-parallel rank). Given on the command line for an input of several
+    pools, it is refused (the caller exits 2): a share of which pool is not knowable from
+    the totals. Taken from metadata, it is a note.
+
+    Args:
+        source: Where the pool size came from (:class:`kvtool.poolsize.PoolSize`).
+        pools: The input's channels.
+        given: Whether ``--pool-blocks`` was given on the command line.
+
+    Returns:
+        One line, without the ``kvtool:`` prefix.
+    """
+    if given:
+        return (
+            f"{source}: one engine's pool, but the input has {pools:,} channels (one pool "
+            "each): pick one with --channel (and --rank), or give K in blocks to --what-if "
+            "without --pool-blocks"
+        )
+    return (
+        f"pool size ({source}): live and peak shares need one pool (one channel); "
+        "the input has several"
+    )
+
+
 def pool_line(pool: dict[str, object]) -> str:
     """One line: ``pool 600 blocks (599 usable): live at end 593 (99 %), peak 593 (99 %)``.
 
@@ -141,4 +169,4 @@ def pool_line(pool: dict[str, object]) -> str:
     )
 
 
-__all__ = ["condition_lines", "pool_line", "pool_occupancy", "what_if_lines"]
+__all__ = ["condition_lines", "pool_line", "pool_occupancy", "several_pools", "what_if_lines"]

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtool.annotate import kind_label
-from kvtool.errors import ExitStatus, KvtoolError, UsageError
+from kvtool.errors import KvtoolError, UsageError
+from kvtool.recording.reader import open_recording
+from kvtool.recording.unconfirmed import SHOWN, lost_line
 from kvtool.replay import BatchFilter
 from kvtool.report.whatif.build import RESUME_BATCHES
+from kvtool.report.whatif.errors import WhatIfRefused
 from kvtool.report.whatif.extract import (
     GroupInfo,
     PoolFeed,
@@ -31,6 +34,7 @@ from kvtool.report.whatif.extract import (
 )
 from kvtool.report.whatif.kernel import KIND_MAMBA, simulate
 from kvtool.report.whatif.kernel import recorded as recorded_counts
+from kvtool.text import printable
 
 COLUMNS = ("blocks_recomputed", "blocks_recomputed_saved", "hit_tokens_gained")
 """The predicted columns of every what-if row (plus ``blocks_recomputed_recorded``)."""
@@ -40,12 +44,6 @@ _EXTRA = re.compile(r"^\+?(\d+(?:\.\d+)?)(%?)$")
 
 MAX_EXTRA_BLOCKS = 2**31 - 1
 """The largest ``+K`` (the kernels count blocks in 64-bit; vLLM's pools are far smaller)."""
-
-
-class WhatIfRefused(KvtoolError):
-    """A pool whose stream cannot support a what-if prediction (exit status 2)."""
-
-    exit_status = ExitStatus.USAGE
 
 
 @dataclass(frozen=True)
@@ -123,6 +121,51 @@ def parse_what_if(text: str) -> list[Extra]:
     return out
 
 
+@dataclass(frozen=True)
+class LostBatches:
+    """Batches one recording's gap ledger lists as lost while recording.
+
+    Attributes:
+        path: The recording.
+        lost: Batches lost (exact).
+        ranges: The lost seq ranges ``(first, last)`` the ledger lists.
+        more: Ranges were left out of ``ranges`` (the ledger's ``lost_ranges_omitted``).
+    """
+
+    path: str
+    lost: int
+    ranges: tuple[tuple[int, int], ...] = ()
+    more: bool = False
+
+    def line(self) -> str:
+        """The one wording of it (:func:`kvtool.recording.unconfirmed.lost_line`)."""
+        return lost_line(self.path, self.lost, self.ranges, more=self.more)
+
+
+def lost_batches(paths: Sequence[str | os.PathLike[str]]) -> list[LostBatches]:
+    """Read what each recording's gap ledger lists as lost (record headers only).
+
+    Args:
+        paths: The recordings; one that cannot be opened is left to the report.
+
+    Returns:
+        One entry per recording that lost batches.
+    """
+    out: list[LostBatches] = []
+    for path in paths:
+        try:
+            with open_recording(path) as reader:
+                ledger = reader.gap_ledger
+        except (KvtoolError, OSError):
+            continue
+        if ledger is None or ledger.lost <= 0:
+            continue
+        ranges = tuple((int(a), int(b)) for a, b in ledger.lost_ranges)
+        more = bool(ledger.lost_ranges_omitted)
+        out.append(LostBatches(printable(os.fspath(path)), ledger.lost, ranges, more))
+    return out
+
+
 @dataclass
 class WhatIf:
     """The what-if result: JSON-ready entries (one per pool and K) and findings.
@@ -141,10 +184,34 @@ def _kind(info: GroupInfo) -> str:
     return kind_label(info.kind)
 
 
+def _unannotated(pool: PoolStream) -> list[GroupInfo]:
+    """The pool's groups no source gave a kind: the replay gives them the full-attention rule."""
+    return [g for g in pool.groups if g.kind is None or g.kind == "unknown"]
+
+
+def _group_names(groups: Sequence[GroupInfo]) -> str:
+    names = [str(g.group_idx) if g.group_idx is not None else "none" for g in groups]
+    shown = ", ".join(names[:SHOWN]) + (", …" if len(names) > SHOWN else "")
+    return f"group{'s' if len(names) > 1 else ''} {shown}"
+
+
 def _conditions(
-    pool: PoolStream, lost: Sequence[str], evictions: int, orphans: int = 0
+    pool: PoolStream, lost: Sequence[LostBatches], evictions: int, orphans: int = 0
 ) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
+    bare = _unannotated(pool)
+    if bare:
+        out.append(
+            {
+                "condition": "unannotated_groups",
+                "detail": f"{_group_names(bare)} of {len(pool.groups)} "
+                f"{'carry' if len(bare) > 1 else 'carries'} no kind (no kv_cache_spec_kind, "
+                "groups file or flag), so the replay gives "
+                f"{'them' if len(bare) > 1 else 'it'} the full-attention hit rule; a sliding-"
+                "window or Mamba group is then mispredicted: give --group-meta "
+                "IDX=KIND[:WINDOW] or --groups FILE",
+            }
+        )
     if orphans:
         out.append(
             {
@@ -157,8 +224,8 @@ def _conditions(
         out.append(
             {
                 "condition": "lost_batches",
-                "detail": "batches are missing from the recording, so the eviction order is "
-                "incomplete: " + "; ".join(lost).replace("were lost while recording", "missing"),
+                "detail": "the eviction order is incomplete: "
+                + "; ".join(one.line() for one in lost),
             }
         )
     if pool.removes_without_group:
@@ -331,7 +398,7 @@ def predict(
     extras: Sequence[Extra],
     *,
     pool_blocks: int | None = None,
-    lost: Sequence[str] = (),
+    lost: Sequence[LostBatches] = (),
 ) -> list[dict[str, object]]:
     """Predict one pool at every extra size.
 
@@ -339,7 +406,7 @@ def predict(
         pool: The pool's arrays (:func:`kvtool.report.whatif.extract.extract_pools`).
         extras: The ``--what-if`` values.
         pool_blocks: The pool's ``num_gpu_blocks``, when known.
-        lost: Lines naming batches lost while recording.
+        lost: The batches the recordings lost (:func:`lost_batches`).
 
     Returns:
         One JSON-ready entry per extra.
@@ -423,7 +490,7 @@ def what_if(
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
     batch_filter: BatchFilter | None = None,
-    lost: Sequence[str] = (),
+    lost: Sequence[LostBatches] | None = None,
     feed: PoolFeed | None = None,
 ) -> WhatIf:
     """Read the recordings and predict every pool at every extra size.
@@ -435,7 +502,8 @@ def what_if(
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         batch_filter: ``--channel/--rank/--since/--until``.
-        lost: Lines naming batches lost while recording (``lost_batches``).
+        lost: The batches the recordings lost; None: read from their gap ledgers
+            (:func:`lost_batches`).
         feed: A feed that already took the input's raw chunks (the report's read,
             :func:`kvtool.report.build_report`'s ``raw_tap``); None: read them here.
 
@@ -454,6 +522,8 @@ def what_if(
         pools = extract_pools(
             paths, groups_file=groups_file, group_flags=group_flags, batch_filter=batch_filter
         )
+    if lost is None:
+        lost = lost_batches(paths)
     result = WhatIf()
     for pool in pools:
         entries = predict(pool, extras, pool_blocks=pool_blocks, lost=lost)
@@ -472,10 +542,12 @@ def what_if(
 __all__ = [
     "COLUMNS",
     "Extra",
+    "LostBatches",
     "PoolFeed",
     "WhatIf",
     "WhatIfRefused",
     "heavy_preemption",
+    "lost_batches",
     "parse_what_if",
     "predict",
     "what_if",

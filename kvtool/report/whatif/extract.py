@@ -34,6 +34,7 @@ from kvtool.recording.format import channel_topic
 from kvtool.replay import BatchFilter
 from kvtool.report.whatif import lean
 from kvtool.report.whatif.build import EV_CLEAR, EV_REMOVE, EV_STORE, build, intern
+from kvtool.report.whatif.errors import WhatIfRefused
 from kvtool.report.whatif.kernel import KIND_FULL, KIND_MAMBA, KIND_SLIDING
 from kvtool.report.whatif.lean import CODES, count_arrays, parse_ints
 from kvtool.scan import NULL, Scanned, scan
@@ -54,8 +55,6 @@ def _hash_keys(raw: object) -> list[int]:
         WhatIfRefused: It is not a list of ints and bytes: the report skips such an event
             as malformed, and a prediction without it would be silently off.
     """
-    from kvtool.report.whatif import WhatIfRefused
-
     try:
         hashes = msgspec.msgpack.decode(raw)  # type: ignore[call-overload]
     except msgspec.DecodeError as err:

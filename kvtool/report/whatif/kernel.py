@@ -14,6 +14,9 @@ recompute; a store it would not make (inside the longer hit) is saved. The recor
 copies of a saved store the larger pool skips (sliding-window blocks before the window)
 are *phantoms*: the larger pool's copy of such a key is an older one, and a lookup that
 hits the key there takes that copy out of the ghost list, also below the recorded hit.
+Where the larger pool holds no copy of a key the recorded hit needs (only phantoms: its
+older copy was evicted), its own hit is shorter (:func:`_held_hit`): the blocks between
+are computed again there, recomputes or duplicates, each taking a block.
 """
 
 from __future__ import annotations
@@ -103,6 +106,73 @@ def _lookup(
     return hit
 
 
+Bools = npt.NDArray[np.bool_]
+
+
+@kernel
+def _grow(key: I64, alive: Bools, prev: I64) -> tuple[I64, Bools, I64]:
+    """Return the ghost list's arrays with room for twice as many entries."""
+    n = key.shape[0]
+    k2 = np.zeros(2 * n + 1, np.int64)
+    a2 = np.zeros(2 * n + 1, np.bool_)
+    p2 = np.full(2 * n + 1, -1, np.int64)
+    k2[:n] = key
+    a2[:n] = alive
+    p2[:n] = prev
+    return k2, a2, p2
+
+
+@kernel
+def _held_hit(
+    pre: I64,
+    p0: int,
+    n_pre: int,
+    l0: int,
+    gkind: I64,
+    gsw: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
+) -> int:
+    """Return the longest hit at or below the recorded one (``l0``) the larger pool holds.
+
+    vLLM's lookup there can only hit what that pool holds: in a sliding-window group the
+    last ``gsw`` blocks before the hit (all of them from the first block on, below a
+    whole window). The recorded pool may hold such a block only in a copy the larger pool
+    never made (a phantom: a longer hit there padded that position with the null block),
+    and the larger pool's older copy may be evicted since: its hit is shorter there.
+    Only sliding-window blocks are checked: a full-attention hit takes every block, so
+    the larger pool holds what the recorded one hit (a phantom there is only which of
+    two copies is counted), and Mamba states are where the recorded chunks ended. Only a
+    block the recorded pool holds at the lookup, in phantom copies only, counts as not
+    held: one it does not hold either (its stream stores no such window block, or lost
+    it) says nothing of the larger pool, nor does a depth the parent chain does not give.
+    """
+    n_groups = gkind.shape[0]
+    lp = l0
+    while lp > 0:
+        ok = True
+        for g in range(n_groups):
+            if gkind[g] != KIND_SLIDING:
+                continue
+            for d in range(max(lp - gsw[g] + 1, 1), lp + 1):
+                j = l0 - d
+                if j >= n_pre:
+                    continue
+                k = pre[p0 + j, g]
+                # Not held there: the recorded pool holds it, in phantom copies only.
+                if k >= 0 and n0[k] > 0 and not _cached(k, n0, ph, kin, gc, False):
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok:
+            return lp
+        lp -= 1
+    return 0
+
+
 @kernel
 def simulate(
     op_kind: IArr,
@@ -164,8 +234,9 @@ def simulate(
     kin = np.zeros(n_keys, np.int32)
     gc = np.zeros(n_keys, np.int32)
     seen = np.zeros(n_keys, np.bool_)
-    # The ghost list gets one entry per remove, and one per Mamba state a request's hit
-    # puts back at the queue's tail.
+    # The ghost list gets one entry per remove, one per Mamba state a request's hit puts
+    # back at the queue's tail, and one per block a shorter hit at the larger pool
+    # computes again (rare: the list grows when they need room).
     n_ent = req_l0.shape[0] * n_groups + 1
     for i in range(n_ops):
         if op_kind[i] == OP_REMOVE:
@@ -185,6 +256,7 @@ def simulate(
     first = np.zeros(n_groups, np.int64)
     hit_blocks = 0
     orphans = 0
+    sliding = bool((gkind == KIND_SLIDING).any())
     for i in range(n_ops):
         t = op_kind[i]
         if t == OP_RECORD:
@@ -194,12 +266,58 @@ def simulate(
                 l0 = req_l0[q]
                 c0 = req_c0[q]
                 cap = req_cap[q]
+                p0 = req_p0[q]
+                n_pre = req_p0[q + 1] - p0
                 own = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, True)
                 hit = l0
                 if own <= l0:
                     hit = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, False)
+                # Where the larger pool does not hold the recorded hit (and no longer one
+                # either), its hit is shorter: the blocks between are computed again.
+                top = l0
+                if hit <= l0 and n_pre > 0 and sliding:
+                    top = _held_hit(pre, p0, n_pre, l0, gkind, gsw, n0, ph, kin, gc)
+                for d in range(top + 1, l0 + 1):
+                    j = l0 - d
+                    if j >= n_pre:
+                        continue
+                    for g in range(n_groups):
+                        k = pre[p0 + j, g]
+                        if k < 0 or gkind[g] == KIND_MAMBA:
+                            continue
+                        stores[g] += 1
+                        if _cached(k, n0, ph, kin, gc, False):
+                            dup[g] += 1
+                        elif seen[k]:
+                            rc[g] += 1
+                        else:
+                            first[g] += 1  # the recording began after its first store
+                        seen[k] = True
+                        if ph[k] > 0:
+                            ph[k] -= 1  # computed at the larger pool: no longer a phantom
+                        else:
+                            # The larger pool's own copy, freed to the queue's tail.
+                            if tail >= ent_key.shape[0]:
+                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
+                            ent_key[tail] = k
+                            ent_alive[tail] = True
+                            ent_prev[tail] = key_last[k]
+                            key_last[k] = tail
+                            gc[k] += 1
+                            tail += 1
+                        # It takes a block: a free one, else the queue's head is evicted.
+                        if free > 0:
+                            free -= 1
+                        else:
+                            while head < tail:
+                                e = head
+                                head += 1
+                                if ent_alive[e]:
+                                    ent_alive[e] = False
+                                    gc[ent_key[e]] -= 1
+                                    break
                 req_hit[q] = hit
-                hit_blocks += hit - l0
+                hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
                     row = c0 + d - l0 - 1
@@ -223,6 +341,8 @@ def simulate(
                         gc[k] -= 1
                         key_last[k] = ent_prev[e]
                         if kd == KIND_MAMBA and rejoin:
+                            if tail >= ent_key.shape[0]:
+                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                             ent_key[tail] = k
                             ent_alive[tail] = True
                             ent_prev[tail] = key_last[k]
@@ -239,6 +359,8 @@ def simulate(
                 # request touched stands for it from now on.
                 for j in range(req_p0[q], req_p0[q + 1]):
                     d = l0 - (j - req_p0[q])
+                    if d > top:
+                        continue  # computed again above, not hit
                     for g in range(n_groups):
                         k = pre[j, g]
                         if k < 0:
@@ -272,6 +394,8 @@ def simulate(
             if ph[k] > 0:
                 ph[k] -= 1
             else:
+                if tail >= ent_key.shape[0]:
+                    ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                 ent_key[tail] = k
                 ent_alive[tail] = True
                 ent_prev[tail] = key_last[k]
