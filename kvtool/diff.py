@@ -692,6 +692,8 @@ def diff_recordings(
     fail_on: Sequence[FailOn] = (),
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
+    report_mode: str = "auto",
+    report_mode_b: str | None = None,
 ) -> Diff:
     """Build a report of each side (several recordings: one combined report) and compare.
 
@@ -702,6 +704,9 @@ def diff_recordings(
         fail_on: Thresholds to check.
         groups_file: ``--groups FILE``, used for both sides.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags, used for both sides.
+        report_mode: ``--report-mode`` (``auto``, ``full``, ``incremental``) of side A, and
+            of side B too unless ``report_mode_b`` is given.
+        report_mode_b: Side B's report mode (``--report-mode`` given twice); None: A's.
 
     Returns:
         The comparison.
@@ -717,8 +722,13 @@ def diff_recordings(
         raise UsageError(f"--by {by!r}: expected one of {', '.join(BY)}")
     from kvtool.report import build_report
 
-    rep_a = build_report(paths_a, groups_file=groups_file, group_flags=group_flags)
-    rep_b = build_report(paths_b, groups_file=groups_file, group_flags=group_flags)
+    mode_b = report_mode if report_mode_b is None else report_mode_b
+    rep_a = build_report(
+        paths_a, groups_file=groups_file, group_flags=group_flags, report_mode=report_mode
+    )
+    rep_b = build_report(
+        paths_b, groups_file=groups_file, group_flags=group_flags, report_mode=mode_b
+    )
     return diff_reports(rep_a, rep_b, by=by, fail_on=fail_on)
 
 

@@ -61,6 +61,7 @@ def live_source(
     whole_stream: bool = False,
     max_keys: int | None = None,
     group_flags: list[str] | None = None,
+    report_mode: str = "auto",
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
 
@@ -78,6 +79,7 @@ def live_source(
         max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
         group_flags: ``--group-meta IDX=KIND[:WINDOW]`` flags (``none=KIND``: the kind of
             events without ``group_idx``, e.g. SGLang's; issue 21).
+        report_mode: ``--report-mode`` (``auto``, ``full``, ``incremental``).
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -114,6 +116,7 @@ def live_source(
         group_flags=group_flags,
         whole_stream=whole_stream,
         max_keys=max_keys,
+        report_mode=report_mode,
     )
     return source, feed
 
