@@ -101,6 +101,26 @@ def live_source(
             inputs=[groups] if groups is not None else [],
         )
     group_list = load_groups(groups) if groups is not None else None
+    groups_source = str(groups) if groups is not None else ""
+    metadata: list[tuple[str, dict[str, object]]] = []
+    if group_flags:
+        # What `replay --annotate --group-meta ... -o COPY` stores (kvtool.export), so the
+        # recording reads back annotated as the live view was (issue 21): the none=KIND rule
+        # in a kvtool.ungrouped record; flags naming groups 0..N-1 (no --groups file) as
+        # the groups record.
+        from kvtool.groups import parse_group_flags
+        from kvtool.recording.format import META_UNGROUPED
+
+        table = parse_group_flags(group_flags)
+        rule = table.ungrouped_metadata()
+        if rule is not None:
+            metadata.append((META_UNGROUPED, rule))
+        if (
+            group_list is None
+            and table.groups
+            and sorted(table.groups) == list(range(len(table.groups)))
+        ):
+            group_list, groups_source = table.to_metadata(), table.source
     replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
     source = LiveSource(
         sources,
@@ -109,7 +129,8 @@ def live_source(
         force=force,
         replay_timeout_ns=replay_ns,
         groups=group_list,
-        groups_source=str(groups) if groups is not None else "",
+        groups_source=groups_source,
+        metadata=metadata,
     )
     feed = Feed(
         groups_file=str(groups) if groups is not None else None,
