@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
 from kvtool.report.names import ALIASES, COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS
-from kvtool.report.registry import BY_NAME
+from kvtool.report.registry import BY_NAME, SHORT_LABELS
 
 if TYPE_CHECKING:
     from kvtool.report import Report
@@ -80,6 +80,9 @@ COUNT_METRICS = COUNT_COLUMNS
 LIFETIME_METRICS = LIFETIME_COLUMNS
 METRICS = COLUMNS
 """The metrics compared, in DESIGN.md's names and order (:mod:`kvtool.report.registry`)."""
+
+_BY_SHORT = {short: name for name, short in SHORT_LABELS.items()}
+"""Metric names by their registry short label (``--fail-on`` takes either)."""
 
 BY = ("kind", "window", "group")
 """The tables ``--by`` can show."""
@@ -576,6 +579,8 @@ def parse_fail_on(text: str) -> FailOn:
     # A deprecated JSON name (issue 20: restored_blocks) watches the column it repeats.
     alias = metric if metric in ALIASES else None
     metric = ALIASES.get(metric, metric)
+    # A short label (what a diff table too wide for the console shows) names its metric.
+    metric = _BY_SHORT.get(metric, metric) if metric not in METRICS else metric
     if metric not in METRICS:
         raise UsageError(f"{where}: unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
     filters: list[tuple[str, KeyValue]] = []
