@@ -155,7 +155,6 @@ ReportModesOption = Annotated[
     list[ReportMode] | None,
     typer.Option(
         "--report-mode",
-        metavar="MODE",
         show_default=False,
         help=REPORT_MODE_HELP.removesuffix(".")
         + ". Once: both sides; twice: side A's, then side B's. [default: auto]",
