@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Literal
 
 from kvtool.errors import UsageError
 from kvtool.report.names import ALIASES, COLUMNS, COUNT_COLUMNS, LIFETIME_COLUMNS
-from kvtool.report.registry import BY_NAME
+from kvtool.report.registry import BY_NAME, SHORT_LABELS
 
 if TYPE_CHECKING:
     from kvtool.report import Report
@@ -80,6 +80,9 @@ COUNT_METRICS = COUNT_COLUMNS
 LIFETIME_METRICS = LIFETIME_COLUMNS
 METRICS = COLUMNS
 """The metrics compared, in DESIGN.md's names and order (:mod:`kvtool.report.registry`)."""
+
+_BY_SHORT = {short: name for name, short in SHORT_LABELS.items()}
+"""Metric names by their registry short label (``--fail-on`` takes either)."""
 
 BY = ("kind", "window", "group")
 """The tables ``--by`` can show."""
@@ -576,6 +579,8 @@ def parse_fail_on(text: str) -> FailOn:
     # A deprecated JSON name (issue 20: restored_blocks) watches the column it repeats.
     alias = metric if metric in ALIASES else None
     metric = ALIASES.get(metric, metric)
+    # A short label (what a diff table too wide for the console shows) names its metric.
+    metric = _BY_SHORT.get(metric, metric) if metric not in METRICS else metric
     if metric not in METRICS:
         raise UsageError(f"{where}: unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
     filters: list[tuple[str, KeyValue]] = []
@@ -692,6 +697,8 @@ def diff_recordings(
     fail_on: Sequence[FailOn] = (),
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
+    report_mode: str = "auto",
+    report_mode_b: str | None = None,
 ) -> Diff:
     """Build a report of each side (several recordings: one combined report) and compare.
 
@@ -702,6 +709,9 @@ def diff_recordings(
         fail_on: Thresholds to check.
         groups_file: ``--groups FILE``, used for both sides.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags, used for both sides.
+        report_mode: ``--report-mode`` (``auto``, ``full``, ``incremental``) of side A, and
+            of side B too unless ``report_mode_b`` is given.
+        report_mode_b: Side B's report mode (``--report-mode`` given twice); None: A's.
 
     Returns:
         The comparison.
@@ -717,8 +727,13 @@ def diff_recordings(
         raise UsageError(f"--by {by!r}: expected one of {', '.join(BY)}")
     from kvtool.report import build_report
 
-    rep_a = build_report(paths_a, groups_file=groups_file, group_flags=group_flags)
-    rep_b = build_report(paths_b, groups_file=groups_file, group_flags=group_flags)
+    mode_b = report_mode if report_mode_b is None else report_mode_b
+    rep_a = build_report(
+        paths_a, groups_file=groups_file, group_flags=group_flags, report_mode=report_mode
+    )
+    rep_b = build_report(
+        paths_b, groups_file=groups_file, group_flags=group_flags, report_mode=mode_b
+    )
     return diff_reports(rep_a, rep_b, by=by, fail_on=fail_on)
 
 

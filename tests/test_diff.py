@@ -401,9 +401,8 @@ def test_issue11_1_diff_table_fits_80_columns_without_ellipsis(recs: dict[str, P
         for line in text.splitlines():
             assert len(line) <= 80, line
     assert "delta = B - A; change = delta / A (new: A was 0)" in text
-    # Eleven-digit counts (tens of billions) are never folded (with the longest metric names,
-    # hit_announced_blocks_bound, the change column goes to the block below, the metric
-    # repeated there).
+    # Eleven-digit counts (tens of billions) are never folded (the longest metric name,
+    # hit_announced_blocks_bound, then gives way to its short label: tests/test_diff_fit.py).
     assert re.search(r"33,000,000,077 +\+22,000,000,077", text) and "+200.0%" in text
 
 

@@ -180,6 +180,8 @@ class Recorder(EndpointIO):
         status_decode: Decode each batch (when idle) for the per-kind status counts; False
             counts events from the batch header only (``top`` and ``serve`` decode every
             batch themselves: no second decode, no queue of payloads for it).
+        metadata: More metadata records to store, (name, values) each (``top``/``serve
+            --record``'s ``kvtool.ungrouped`` rule).
     """
 
     @contextlib.contextmanager
@@ -246,6 +248,8 @@ class Recorder(EndpointIO):
         try:
             if self.groups is not None:
                 writer.add_groups(self.groups, self.groups_source or "groups")
+            for name, values in self.metadata:
+                writer.add_metadata(name, values)
             with self._signals(handle_signals):
                 self._open_sockets(ctx)
                 self._loop()

@@ -139,6 +139,9 @@ class _NullWriter:
     def add_groups(self, groups: object, source: str) -> None:
         pass
 
+    def add_metadata(self, name: str, values: dict[str, object]) -> None:
+        pass
+
     def maybe_flush(self) -> None:
         pass
 
@@ -183,6 +186,7 @@ class RecorderWrites:
         extra_context: dict[str, object] | None = None,
         sink: Sink | None = None,
         status_decode: bool = True,
+        metadata: Sequence[tuple[str, dict[str, object]]] = (),
     ) -> None:
         if not sources:
             raise EndpointError("no endpoint given (e.g. tcp://127.0.0.1:5557)")
@@ -207,6 +211,7 @@ class RecorderWrites:
         self._rcvhwm = rcvhwm
         self._writer_options = writer_options or {}
         self._extra_context = extra_context or {}
+        self.metadata = tuple(metadata)
         self.stats = CaptureStats()
         self._stat_queue: collections.deque[tuple[ChannelState, int, bytes]] = collections.deque()
         self._stat_bytes = 0

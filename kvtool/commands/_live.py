@@ -61,6 +61,7 @@ def live_source(
     whole_stream: bool = False,
     max_keys: int | None = None,
     group_flags: list[str] | None = None,
+    report_mode: str = "auto",
 ) -> tuple[LiveSource, ReportFeed]:
     """Build the live source and feed of `top`/`serve` from their options.
 
@@ -78,6 +79,7 @@ def live_source(
         max_keys: Bound the per-rank state (``serve --remember-keys``); None: exact.
         group_flags: ``--group-meta IDX=KIND[:WINDOW]`` flags (``none=KIND``: the kind of
             events without ``group_idx``, e.g. SGLang's; issue 21).
+        report_mode: ``--report-mode`` (``auto``, ``full``, ``incremental``).
 
     Returns:
         (:class:`kvtool.top.LiveSource`, :class:`kvtool.top.ReportFeed`).
@@ -99,6 +101,26 @@ def live_source(
             inputs=[groups] if groups is not None else [],
         )
     group_list = load_groups(groups) if groups is not None else None
+    groups_source = str(groups) if groups is not None else ""
+    metadata: list[tuple[str, dict[str, object]]] = []
+    if group_flags:
+        # What `replay --annotate --group-meta ... -o COPY` stores (kvtool.export), so the
+        # recording reads back annotated as the live view was (issue 21): the none=KIND rule
+        # in a kvtool.ungrouped record; flags naming groups 0..N-1 (no --groups file) as
+        # the groups record.
+        from kvtool.groups import parse_group_flags
+        from kvtool.recording.format import META_UNGROUPED
+
+        table = parse_group_flags(group_flags)
+        rule = table.ungrouped_metadata()
+        if rule is not None:
+            metadata.append((META_UNGROUPED, rule))
+        if (
+            group_list is None
+            and table.groups
+            and sorted(table.groups) == list(range(len(table.groups)))
+        ):
+            group_list, groups_source = table.to_metadata(), table.source
     replay_ns = parse_duration_ns(replay_timeout, option="--replay-timeout")
     source = LiveSource(
         sources,
@@ -107,13 +129,15 @@ def live_source(
         force=force,
         replay_timeout_ns=replay_ns,
         groups=group_list,
-        groups_source=str(groups) if groups is not None else "",
+        groups_source=groups_source,
+        metadata=metadata,
     )
     feed = Feed(
         groups_file=str(groups) if groups is not None else None,
         group_flags=group_flags,
         whole_stream=whole_stream,
         max_keys=max_keys,
+        report_mode=report_mode,
     )
     return source, feed
 

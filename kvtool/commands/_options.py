@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -132,3 +133,31 @@ PoolBlocks = Annotated[
         "the recording's); serve's occupancy is live / (N - 1), block 0 being vLLM's null block.",
     ),
 ]
+
+
+class ReportMode(StrEnum):
+    """Modes of ``--report-mode`` (hit announcements, docs/SEMANTICS.md R6)."""
+
+    auto = "auto"
+    full = "full"
+    incremental = "incremental"
+
+
+REPORT_MODE_HELP = (
+    "How parentless stores are read (vLLM's kv_cache_report_mode): auto (hit "
+    "announcements where the stream shows them, with a finding), full (every request "
+    "announces its hits) or incremental (none does: every store is a store). An "
+    "event's origin field (REUSED/NEW, when vLLM sends it) always decides."
+)
+ReportModeOption = Annotated[ReportMode, typer.Option("--report-mode", help=REPORT_MODE_HELP)]
+"""``--report-mode``: the one definition (every command driving the report engine)."""
+ReportModesOption = Annotated[
+    list[ReportMode] | None,
+    typer.Option(
+        "--report-mode",
+        show_default=False,
+        help=REPORT_MODE_HELP.removesuffix(".")
+        + ". Once: both sides; twice: side A's, then side B's. [default: auto]",
+    ),
+]
+"""``diff --report-mode``: the same option, given once (both sides) or once per side."""

@@ -16,7 +16,7 @@ from kvtool.commands import (
     missing_batches,
 )
 from kvtool.commands._help import KvtoolCommand
-from kvtool.commands._options import ForceText, OutputFile
+from kvtool.commands._options import ForceText, OutputFile, ReportMode, ReportModesOption
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.render.diff import render_json, render_markdown, render_table
@@ -28,8 +28,8 @@ _SEPARATOR = "\x00--"
 
 EXAMPLES = examples(
     "diff yesterday.mcap today.mcap",
-    "diff base.mcap new.mcap --by group --all",
     "diff a0.mcap a1.mcap -- b0.mcap b1.mcap --format json",
+    "diff run.mcap run.mcap --report-mode incremental --report-mode full",
     "diff base.mcap new.mcap --fail-on 'blocks_removed:+10%' \\\n"
     "      --fail-on 'live_blocks_end{kind=sliding_window}:-100'",
 )
@@ -145,6 +145,7 @@ def diff(
             help="Group metadata for group IDX, for both sides; repeat per group.",
         ),
     ] = None,
+    report_mode: ReportModesOption = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No findings or check lines on stderr.")
     ] = False,
@@ -156,7 +157,9 @@ def diff(
     Each side is built by the report engine (the numbers two `kvtool report` runs print).
     For every row it shows A and B side by side, the delta B - A and the relative change,
     largest changes first, with a one-line verdict per row; rows on one side only are
-    shown as such. Unchanged metrics are hidden unless --all.
+    shown as such. Unchanged metrics are hidden unless --all. --report-mode reads both
+    sides in one mode, or, given twice, side A in the first and side B in the second (a
+    recording against itself: what its hit announcements change).
 
     --fail-on EXPR exits 1 when a metric moved past a threshold (0 otherwise):
     METRIC[{kind=K,window=N,group=N}]:[+|-]NUMBER[%]. A filter value may be * (every
@@ -174,6 +177,12 @@ def diff(
     for rule in rules:
         if rule.deprecation is not None and not quiet:
             env.err.print(f"kvtool: note: {rule.deprecation}", markup=False, highlight=False)
+    modes = [m.value for m in report_mode or [ReportMode.auto]]
+    if len(modes) > 2:
+        raise UsageError(
+            f"diff: --report-mode given {len(modes)} times; give it once (both sides) or "
+            "twice (side A's, then side B's)"
+        )
     side_a, side_b = _split(files)
     check_inputs([*side_a, *side_b, groups])
     out = TextOutput(env, output, force=force, inputs=[*side_a, *side_b, groups])
@@ -184,6 +193,8 @@ def diff(
         fail_on=rules,
         groups_file=str(groups) if groups is not None else None,
         group_flags=group or None,
+        report_mode=modes[0],
+        report_mode_b=modes[-1],
     )
     if format is DiffFormat.json:
         render_json(result, out.stream)
@@ -223,7 +234,7 @@ HELP_PANELS = {
     "diff": {
         "Tables": ["--by", "--all"],
         "Checks": ["--fail-on"],
-        "Annotation": ["--groups", "--group-meta"],
+        "Annotation": ["--groups", "--group-meta", "--report-mode"],
         "Output": ["--format", "--output", "--force", "--quiet"],
     }
 }

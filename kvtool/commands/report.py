@@ -23,6 +23,8 @@ from kvtool.commands._options import (
     GroupsFile,
     PoolBlocks,
     Ranks,
+    ReportMode,
+    ReportModeOption,
     Since,
     Until,
 )
@@ -52,26 +54,6 @@ class Clock(StrEnum):
     receive = "receive"
     publish = "publish"
 
-
-class ReportMode(StrEnum):
-    """Modes of ``--report-mode`` (hit announcements, docs/SEMANTICS.md R6)."""
-
-    auto = "auto"
-    full = "full"
-    incremental = "incremental"
-
-
-ReportModeOption = Annotated[
-    ReportMode,
-    typer.Option(
-        "--report-mode",
-        help="How parentless stores are read (vLLM's kv_cache_report_mode): auto (hit "
-        "announcements where the stream shows them, with a finding), full (every request "
-        "announces its hits) or incremental (none does: every store is a store). An "
-        "event's origin field (REUSED/NEW, when vLLM sends it) always decides.",
-    ),
-]
-"""``--report-mode``: the one definition (every command driving the report engine)."""
 
 DEFAULT_PLOT_EVERY = "1s"
 

@@ -18,6 +18,8 @@ from kvtool.commands._options import (
     RecordAlso,
     ReplayEndpoints,
     ReplayTimeout,
+    ReportMode,
+    ReportModeOption,
     Topic,
 )
 from kvtool.commands._process import give_back_big_buffers
@@ -121,6 +123,7 @@ def serve(
         ),
     ] = None,
     group_meta: GroupMeta = None,
+    report_mode: ReportModeOption = ReportMode.auto,
     pool_blocks: PoolBlocks = None,
     label_limit: LabelLimit = 256,
     max_series: MaxSeries = 2000,
@@ -165,6 +168,7 @@ def serve(
             source.groups,
             groups_file=str(groups) if groups else None,
             group_flags=group_meta or None,
+            report_mode=report_mode.value,
             whole_stream=False,
             max_keys=remember_keys or None,
         )
@@ -182,6 +186,7 @@ def serve(
             replay_timeout,
             max_keys=remember_keys or None,
             group_flags=group_meta or None,
+            report_mode=report_mode.value,
         )
 
     def finding(text: str) -> None:
@@ -246,6 +251,7 @@ HELP_PANELS = {
             "--force",
             "--groups",
             "--group-meta",
+            "--report-mode",
         ],
         "Recording": ["--speed", "--exit-at-end"],
     }

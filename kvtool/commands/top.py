@@ -19,6 +19,8 @@ from kvtool.commands._options import (
     RecordAlso,
     ReplayEndpoints,
     ReplayTimeout,
+    ReportMode,
+    ReportModeOption,
     Topic,
 )
 from kvtool.errors import ExitStatus, UsageError
@@ -90,6 +92,7 @@ def top(
         ),
     ] = None,
     group_meta: GroupMeta = None,
+    report_mode: ReportModeOption = ReportMode.auto,
     replay_timeout: ReplayTimeout = "2s",
     metrics: Annotated[
         str | None,
@@ -135,11 +138,13 @@ def top(
             source.groups,
             groups_file=str(groups) if groups else None,
             group_flags=group_meta or None,
+            report_mode=report_mode.value,
         )
     else:
         source, feed = live_source(
             targets, replay, dp_size, topic, record, force, groups, replay_timeout,
             whole_stream=True, group_flags=group_meta or None,
+            report_mode=report_mode.value,
         )  # fmt: skip
     state = View(source=source, feed=feed, view=view.value)
     if metrics is not None:
@@ -230,6 +235,7 @@ HELP_PANELS = {
             "--force",
             "--groups",
             "--group-meta",
+            "--report-mode",
         ],
         "Recording": ["--speed"],
         "Display": ["--view", "--interval", "--duration", "--once", "--metrics"],

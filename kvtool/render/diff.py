@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from kvtool.diff import format_number, format_rel
 from kvtool.render.tables import Column, print_prose, print_table
+from kvtool.report.registry import short_label
 from kvtool.text import markdown, printable
 
 if TYPE_CHECKING:
@@ -22,6 +23,11 @@ LEGEND = "delta = B - A; change = delta / A (new: A was 0); absent: no such row 
 """The line under the summary that explains the columns."""
 
 _TITLES = {"kind": "kind", "window": "sliding window", "group": "group"}
+
+SHORT_NOTE = "short labels: "
+"""Starts the line that names the metrics a table too wide for the console shows by their
+registry short label (:data:`kvtool.report.registry.SHORT_LABELS`; ``--fail-on`` takes
+either)."""
 
 
 def _line(console: Console, text: str) -> None:
@@ -116,16 +122,20 @@ def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> 
     _line(console, f"diff by {_TITLES[diff.by]}: {_summary(diff)}")
     if diff.changed:
         _line(console, LEGEND)
-    for row in [*diff.rows, diff.totals]:
+    rows = [*diff.rows, diff.totals]
+    cells = [[_cells(m, row) for m in _shown(row, all_metrics=all_metrics)] for row in rows]
+    short = _shorten(cells, console.width)
+    if short:
+        _line(console, SHORT_NOTE + ", ".join(f"{b} = {a}" for a, b in short.items()))
+    for row, table in zip(rows, cells, strict=True):
         console.print()
         _line(console, printable(row.verdict))
-        shown = _shown(row, all_metrics=all_metrics)
-        if not shown:
+        if not table:
             continue
         # The tables every command prints: on a narrow console the value columns that do
         # not fit go to a block below (the metric repeated), so no number is ever folded.
         cols = [Column(h, key=i == 0) for i, h in enumerate(HEADER)]
-        print_table(console, None, cols, [_cells(m, row) for m in shown])
+        print_table(console, None, cols, [[short.get(c[0], c[0]), *c[1:]] for c in table])
     if diff.checks:
         console.print()
     for line in check_lines(diff):
@@ -134,6 +144,42 @@ def render_table(diff: Diff, console: Console, *, all_metrics: bool = False) -> 
         findings = side.get("findings")
         for f in findings if isinstance(findings, list) else []:
             _line(console, printable(f"finding ({name}): {f}"))
+
+
+def _too_wide(tables: list[list[list[str]]], width: int) -> bool:
+    """True when some table's five columns (two spaces apart) are wider than ``width``."""
+    from rich.cells import cell_len
+
+    for table in tables:
+        if not table:
+            continue
+        widths = [max(cell_len(h), *(cell_len(r[i]) for r in table)) for i, h in enumerate(HEADER)]
+        if sum(widths) + 2 * (len(widths) - 1) > width:
+            return True
+    return False
+
+
+def _shorten(tables: list[list[list[str]]], width: int) -> dict[str, str]:
+    """The metrics to show by their short label: the fewest, longest names that make it fit.
+
+    Names are kept when every table fits the console with them, and when the tables do not
+    fit even with the short labels (the value columns then go to a block below, as in
+    every table); otherwise the names longer than some length give way to their short
+    labels, that length as long as fits.
+
+    Returns:
+        Metric name -> the short label shown, in the order of the tables.
+    """
+    if not _too_wide(tables, width):
+        return {}
+    names = list(dict.fromkeys(c[0] for table in tables for c in table))
+    for longest in sorted({len(n) for n in names}, reverse=True):
+        short = {n: short_label(n) for n in names if len(n) >= longest}
+        short = {n: x for n, x in short.items() if len(x) < len(n)}
+        shortened = [[[short.get(c[0], c[0]), *c[1:]] for c in table] for table in tables]
+        if short and not _too_wide(shortened, width):
+            return short
+    return {}
 
 
 def render_json(diff: Diff, stream: TextIO) -> None:

@@ -9,8 +9,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from kvtool.report.registry import short_label
 from kvtool.text import printable
-from kvtool.top import sparkline
+from kvtool.top import HISTORY_S, sparkline
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -18,11 +19,27 @@ if TYPE_CHECKING:
     from kvtool.streams import Health
     from kvtool.top import TopModel, TopRow
 
-# Short headers with units, so the table fits 80 columns: label 18, numbers 7-9, spark 12.
-HEADERS = ("live", "peak", "store/s", "evict/s", "recomp/s", "orphan", "p50 s")
+COLUMNS: tuple[tuple[str, bool], ...] = (
+    ("live_blocks_end", False),
+    ("peak_live_blocks", False),
+    ("blocks_stored", True),
+    ("blocks_removed", True),
+    ("blocks_recomputed", True),
+    ("orphan_removes", False),
+    ("lifetime_p50_s", False),
+)
+"""The number columns, in order: the report metric each shows, and whether as a rate."""
+PER_S = "/s"
+# Short headers (the registry's short labels, a rate's with /s), so the table fits 80
+# columns: label 18, numbers 7-9, spark 12.
+HEADERS = tuple(short_label(m) + (PER_S if rate else "") for m, rate in COLUMNS)
+SPARK_HEADER = f"{HISTORY_S:g}s"
+"""The sparkline's header: the live blocks of the last :data:`kvtool.top.HISTORY_S`."""
 LEGEND = (
-    "blocks; /s over the last interval; recomp: stored again after eviction (thrash); "
-    "orphan: removes of blocks not live; p50 s: median lifetime; 60s: live blocks"
+    f"blocks; {PER_S} over the last interval; "
+    f"{short_label('blocks_recomputed')}: stored again after eviction (thrash); "
+    f"{short_label('orphan_removes')}: removes of blocks not live; "
+    f"{short_label('lifetime_p50_s')}: median lifetime; {SPARK_HEADER}: live blocks"
 )
 _WIDTHS = tuple(max(7, len(h)) for h in HEADERS)
 KEYS_HELP = "q quit · k kind · w window · g group · r rank · p pause"
@@ -151,7 +168,7 @@ def screen(
     cells = [_cells(r) for r in rows]
     sparks = [sparkline(r.spark, _SPARK_W) for r in rows]
     key_w = min(width, max([cell_len(view), *(cell_len(x) for x in labels)]))
-    heads = [*HEADERS, "60s"]
+    heads = [*HEADERS, SPARK_HEADER]
     widths = [
         max(_NUMBER_W, len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADERS)
     ] + [_SPARK_W]
@@ -184,4 +201,12 @@ def screen(
     return Group(*parts)
 
 
-__all__ = ["HEADERS", "KEYS_HELP", "health_line", "plain_block", "screen"]
+__all__ = [
+    "COLUMNS",
+    "HEADERS",
+    "KEYS_HELP",
+    "SPARK_HEADER",
+    "health_line",
+    "plain_block",
+    "screen",
+]

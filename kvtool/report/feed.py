@@ -49,6 +49,7 @@ class ReportFeed:
             views of :meth:`snapshot`); ``serve`` reads the per-rank builders only.
         max_keys: Bound the per-rank builders' memory (``serve --remember-keys``):
             :class:`kvtool.report.ReportBuilder` ``max_keys``; None: exact.
+        report_mode: ``--report-mode`` (``auto``, ``full``, ``incremental``), as report's.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class ReportFeed:
         group_flags: Sequence[str] | None = None,
         whole_stream: bool = True,
         max_keys: int | None = None,
+        report_mode: str = "auto",
     ) -> None:
         from kvtool.annotate import GroupLearner
         from kvtool.columns import ReadStats, TableAnnotator, make_annotator
@@ -74,7 +76,8 @@ class ReportFeed:
             self._annotator = TableAnnotator(
                 resolve_annotation(
                     [], groups_file=groups_file, group_flags=group_flags, learn_from_input=False
-                )
+                ),
+                report_mode=report_mode,
             )
             given = self._annotator.annotation.given
             # Flags naming only none=KIND (issue 21) leave the groups to be learned too.
@@ -82,7 +85,10 @@ class ReportFeed:
                 self._live = GroupLearner()
         else:
             self._annotator = make_annotator(
-                recording_groups, groups_file=groups_file, group_flags=group_flags
+                recording_groups,
+                groups_file=groups_file,
+                group_flags=group_flags,
+                report_mode=report_mode,
             )
         self._builder = ReportBuilder(None, self._annotator.group_kind)
         self._whole = whole_stream

@@ -227,4 +227,52 @@ def metric(name: str) -> Metric:
     return BY_NAME[name]
 
 
-__all__ = ["BY_NAME", "METRICS", "Merge", "Metric", "PromType", "Worse", "metric", "usable_blocks"]
+SHORT_LABELS: dict[str, str] = {
+    # top's columns (kvtool/render/top.py): one word over the numbers, 80 columns wide.
+    "live_blocks_end": "live",
+    "peak_live_blocks": "peak",
+    "blocks_stored": "store",
+    "blocks_removed": "evict",
+    "blocks_recomputed": "recomp",
+    "orphan_removes": "orphan",
+    "lifetime_p50_s": "p50 s",
+    # The long names, for a diff table that fits 80 columns only with them.
+    "checkpoints_discarded": "ckpt_discarded",
+    "hit_announced_blocks": "announced",
+    "blocks_stored_bound": "stored_bound",
+    "hit_announced_blocks_bound": "announced_bound",
+    "recompute_gap_s_p50": "recomp_gap_p50",
+    "recompute_gap_s_p90": "recomp_gap_p90",
+    "recompute_gap_s_p99": "recomp_gap_p99",
+    "recompute_distance_p50": "recomp_dist_p50",
+    "recompute_distance_p90": "recomp_dist_p90",
+    "recompute_distance_p99": "recomp_dist_p99",
+}
+"""One-line short labels (at most 16 characters, each naming one metric): ``top``'s column
+headers, and the metric column of a ``diff`` table that does not fit with the names."""
+
+
+def short_label(name: str) -> str:
+    """Return the metric's one-line short label (:data:`SHORT_LABELS`), else its name.
+
+    Args:
+        name: A metric name.
+
+    Returns:
+        The label.
+    """
+    return SHORT_LABELS.get(name, name)
+
+
+__all__ = [
+    "BY_NAME",
+    "METRICS",
+    "SHORT_LABELS",
+    "Merge",
+    "Metric",
+    "PromType",
+    "Worse",
+    "metric",
+    "short_label",
+    "usable_blocks",
+]

@@ -21,8 +21,9 @@ any group (vLLM's ``OffloadingConnector`` sends its CPU events without one); suc
 takes the kind of its source copies when they agree on one. The per-key liveness across
 media is read from each medium's kernel verdicts (``what``: a store that added a copy, an
 eviction that took one), and seeded from the kernels' live entries when a channel first
-shows a second medium, so a stream with one medium costs no per-row work here (a tiered
-one a Python step per block row of its channels).
+shows a second medium, so a stream with one medium costs no per-row work here; a tiered
+one's rows go through one numba loop (:mod:`kvtool.report.tierstep`), no Python object
+per row.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from kvtool.annotate import kind_label
-from kvtool.columns import CLEARED, REMOVED, STORED, np
-from kvtool.report import kernel
+from kvtool.columns import CLEARED, np
+from kvtool.report import tierstep
 from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 
 if TYPE_CHECKING:
@@ -65,17 +66,7 @@ TRANSITIONS_SCHEMA = {
 }
 """Columns of the ``tier_transitions`` table."""
 
-_ADDED = (kernel.FIRST, kernel.WHILE_LIVE, kernel.RECOMPUTED)
-_NEW_HERE = (kernel.FIRST, kernel.RECOMPUTED)
 _NULL = "\x00null"  # the builders' key of rows without a medium (never a medium's name)
-
-_Copy = tuple[str, "int | None"]
-"""(medium key, group_idx or None) of a hash's live copies."""
-
-
-def _same_group(a: int | None, b: int | None) -> bool:
-    """Two copies of a hash are one block's when their groups agree or one has none."""
-    return a is None or b is None or a == b
 
 
 def medium_sort_key(medium: str | None) -> tuple[int, int, str]:
@@ -110,19 +101,6 @@ def direction(source: str | None, target: str | None) -> str:
     return "offload" if b > a else "load"
 
 
-def _nearest(target: str | None, candidates: list[str | None]) -> str | None:
-    """The candidate medium nearest ``target``'s tier (ties: the higher tier, then name)."""
-    t = TIER_RANKS.get(target) if target is not None else None
-
-    def key(m: str | None) -> tuple[int, int, str]:
-        r = TIER_RANKS.get(m) if m is not None else None
-        if r is None or t is None:
-            return (99, 99, m or "")
-        return (abs(r - t), r, m or "")
-
-    return min(candidates, key=key)
-
-
 class TierSplit:
     """The ``--by medium`` split: a builder per medium, and the tier transitions.
 
@@ -133,14 +111,16 @@ class TierSplit:
     def __init__(self, group_kind: attribution.GroupKind | None) -> None:
         self.group_kind = group_kind
         self.builders: dict[str, ReportBuilder] = {}
-        # Per channel: the media seen; per active channel (two media or more), per hash
-        # the live copies per (medium, group or None), and the (medium, group) whose last
-        # copy of a hash went in the current batch (seq); the kind of each group's stores.
+        # Per channel: the media seen. The channels showing two media or more are
+        # tracked by the numba step (kvtool.report.tierstep): per (channel, hash) the live
+        # copies per (medium, group or none), the copies whose last block went in the
+        # current batch, and each group's kind; its ids of media, kinds and channels here.
         self.media: dict[int, set[str]] = {}
-        self.live: dict[int, dict[int, dict[_Copy, int]]] = {}
-        self.gone: dict[int, tuple[int, dict[int, set[_Copy]]]] = {}
-        self.last_seq: dict[int, int] = {}
-        self.group_kinds: dict[tuple[int, int | None], str] = {}
+        self.live: set[int] = set()
+        self.state: tierstep.TierState | None = None
+        self._medium_ids: dict[str, int] = {}
+        self._kind_ids: dict[str, int] = {}
+        self._chan_ids: dict[int, int] = {}
         self.transitions: dict[tuple[str, str | None, str | None], int] = {}
 
     def add(self, df: pl.DataFrame) -> None:
@@ -163,6 +143,7 @@ class TierSplit:
         for m in sorted(med.filter(blocks).unique().to_list()):
             if m not in self.builders:
                 self.builders[m] = ReportBuilder(None, self.group_kind)
+                self._medium_ids[m] = len(self._medium_ids)
         active = [c for c, ms in self.media.items() if len(ms) > 1]
         for c in active:
             if c not in self.live:
@@ -176,111 +157,136 @@ class TierSplit:
             b.add(df.filter(pl.Series(mine)))
             whats[m] = (np.flatnonzero(mine), b.row_what)
         if active:
-            self._track(df, med_np, chan, tc, whats, set(active))
+            self._track(df, med, med_np, chan, tc, whats, set(active))
+
+    def _state(self) -> tierstep.TierState:
+        if self.state is None:
+            self.state = tierstep.TierState()
+        return self.state
+
+    def _chan_index(self, channels: NDArray[Any]) -> NDArray[Any]:
+        """Dense indexes of channel ids (the step's per-channel arrays)."""
+        for c in np.unique(channels).tolist():
+            self._chan_ids.setdefault(int(c), len(self._chan_ids))
+        self._state().channels(len(self._chan_ids))
+        ids = np.asarray(sorted(self._chan_ids), dtype=np.int64)
+        dense = np.asarray([self._chan_ids[int(c)] for c in ids], dtype=np.int64)
+        return dense[np.searchsorted(ids, channels)]
 
     def _seed(self, c: int) -> None:
         """Start tracking channel ``c`` from the media's kernels' live entries now."""
-        live: dict[int, dict[_Copy, int]] = {}
+        st = self._state()
+        (ci,) = self._chan_index(np.asarray([c], dtype=np.int64)).tolist()
         for m, b in self.builders.items():
             if c not in b._kchan:
                 continue
             now = b._kchan[c]
             kchan, group, no_group, h, _ts, _gkey = b.kstate.live_entries()
-            for k, g, ng, hh in zip(
-                kchan.tolist(), group.tolist(), no_group.tolist(), h.tolist(), strict=True
-            ):
-                if k == now:
-                    copies = live.setdefault(hh, {})
-                    key = (m, None if ng else g)
-                    copies[key] = copies.get(key, 0) + 1
-        self.live[c] = live
+            mine = kchan == now
+            h, group, no_group = h[mine], group[mine], no_group[mine]
+            st.grow(len(h), len(h))
+            tierstep.seed(
+                ci,
+                self._medium_ids[m],
+                np.ascontiguousarray(h, dtype=np.int64),
+                np.ascontiguousarray(group, dtype=np.int64),
+                np.ascontiguousarray(no_group, dtype=np.bool_),
+                (st.tab_c, st.tab_h, st.tab_live),
+                (st.node_m, st.node_ng, st.node_g, st.node_n, st.node_next, st.free),
+                st.meta,
+            )
+        self.live.add(c)
+
+    def _media(self) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Per medium id: its tier rank (-1: none) and its place in name order."""
+        keys = list(self._medium_ids)
+        rank = np.asarray(
+            [TIER_RANKS.get(m, -1) if m != _NULL else -1 for m in keys], dtype=np.int64
+        )
+        names = [_medium(m) or "" for m in keys]
+        order = sorted(set(names))
+        name_ord = np.asarray([order.index(n) for n in names], dtype=np.int64)
+        return rank, name_ord
+
+    def _kinds(self, kinds: pl.Series) -> NDArray[Any]:
+        """Kind ids (-1: none) of a chunk's rows."""
+        kinds = kinds.cast(pl.String)
+        for k in kinds.drop_nulls().unique().to_list():
+            self._kind_ids.setdefault(k, len(self._kind_ids))
+        if not self._kind_ids:
+            return np.full(len(kinds), -1, dtype=np.int64)
+        ids = kinds.replace_strict(self._kind_ids, default=None, return_dtype=pl.Int64)
+        return np.asarray(ids.fill_null(-1).to_numpy(), dtype=np.int64)
 
     def _track(
         self,
         df: pl.DataFrame,
-        med: NDArray[Any],
+        med: pl.Series,
+        med_np: NDArray[Any],
         chan: NDArray[Any],
         tc: NDArray[Any],
         whats: dict[str, tuple[NDArray[Any], NDArray[Any]]],
         active: set[int],
     ) -> None:
-        """Walk the active channels' rows in stream order: liveness and transitions."""
+        """Walk the active channels' rows in stream order (the numba step)."""
         n = df.height
         what = np.zeros(n, dtype=np.int64)
         for m, (idx, w) in whats.items():
-            sel = med[idx] == m  # a clear row is in every medium's part: keep its own
+            sel = med_np[idx] == m  # a clear row is in every medium's part: keep its own
             what[idx[sel]] = w[sel]
         rows = np.flatnonzero(np.isin(chan, np.asarray(sorted(active), dtype=np.int64)))
         if not len(rows):
             return
-        g_s, h_s = df["group_idx"], df["hash"]
-        no_group = g_s.is_null().to_numpy()
-        no_hash = h_s.is_null().to_numpy()
-        group = np.asarray(g_s.fill_null(0).to_numpy(), dtype=np.int64)
-        h = np.asarray(h_s.fill_null(0).to_numpy(), dtype=np.int64)
-        seq = np.asarray(df["seq"].to_numpy(), dtype=np.int64)
-        kinds = df["kind"].to_list()
-        for i in rows.tolist():
-            c = int(chan[i])
-            s = int(seq[i])
-            last = self.last_seq.get(c)
-            self.last_seq[c] = s
-            live = self.live[c]
-            if last is not None and s < last:  # a publisher restart: a new cache
-                live.clear()
-            batch_seq, gone = self.gone.get(c, (s, {}))
-            if batch_seq != s:
-                gone = {}
-            self.gone[c] = (s, gone)
-            t = int(tc[i])
-            if t == CLEARED:
-                live.clear()
-                gone.clear()
-                continue
-            if no_hash[i]:
-                continue
-            g = None if no_group[i] else int(group[i])
-            m = str(med[i])
-            hh = int(h[i])
-            verdict = int(what[i])
-            if t == STORED and verdict in _ADDED:
-                if kinds[i] is not None and g is not None:
-                    self.group_kinds[(c, g)] = kinds[i]
-                copies = live.setdefault(hh, {})
-                if verdict in _NEW_HERE:
-                    # A copy elsewhere of the same group; an ungrouped side (an offloading
-                    # connector's CPU events carry no group_idx) matches any group.
-                    others = [k for k in copies if k[0] != m and _same_group(k[1], g)]
-                    if not others:
-                        others = [k for k in gone.get(hh, ()) if k[0] != m and _same_group(k[1], g)]
-                    if others:
-                        self._count(c, m, g, kinds[i], others)
-                key = (m, g)
-                copies[key] = copies.get(key, 0) + 1
-            elif t == REMOVED and verdict == kernel.EVICTED:
-                # Only media with live copies are kept: memory follows the live keys.
-                held = live.get(hh)
-                key = (m, g)
-                if held is None or key not in held:
-                    continue
-                held[key] -= 1
-                if held[key] <= 0:
-                    del held[key]
-                    if not held:
-                        del live[hh]
-                    gone.setdefault(hh, set()).add(key)
+        sub = df[rows]
+        g_s, h_s = sub["group_idx"], sub["hash"]
+        mids = med.gather(rows).replace_strict(self._medium_ids, default=-1, return_dtype=pl.Int64)
+        cols = (
+            self._chan_index(chan[rows]),
+            np.asarray(sub["seq"].to_numpy(), dtype=np.int64),
+            np.asarray(tc[rows], dtype=np.int64),
+            np.asarray(h_s.is_null().to_numpy(), dtype=np.bool_),
+            np.asarray(g_s.is_null().to_numpy(), dtype=np.bool_),
+            np.asarray(g_s.fill_null(0).to_numpy(), dtype=np.int64),
+            np.asarray(h_s.fill_null(0).to_numpy(), dtype=np.int64),
+            np.asarray(mids.to_numpy(), dtype=np.int64),
+            what[rows],
+            self._kinds(sub["kind"]),
+        )
+        st = self._state()
+        media = self._media()
+        out = tuple(np.zeros(len(rows), dtype=np.int64) for _ in range(3))
+        st.meta[tierstep.N_OUT] = 0
+        i = 0
+        while True:
+            i = tierstep.step(
+                i,
+                cols,
+                (st.tab_c, st.tab_h, st.tab_live, st.tab_gone, st.tab_tag),
+                (st.node_m, st.node_ng, st.node_g, st.node_n, st.node_next, st.free),
+                (st.chan_last, st.chan_has_last, st.chan_batch),
+                (st.gk_c, st.gk_g, st.gk_k),
+                media,
+                out,
+                st.meta,
+            )
+            if i >= len(rows):
+                break
+            # Doubling, not room for the whole rest: a clear walks the whole key table.
+            left = len(rows) - i
+            st.grow(min(left, max(1024, int(st.meta[tierstep.USED]))), min(2 * left, 1 << 16))
+            st.group_kinds(min(left, 1024))
+        self._count(*(o[: int(st.meta[tierstep.N_OUT])] for o in out))
 
-    def _count(self, c: int, m: str, g: int | None, kind: str | None, others: list[_Copy]) -> None:
-        """Count one transition into ``m`` from the nearest medium of ``others``."""
-        src = _nearest(_medium(m), [_medium(k[0]) for k in others])
-        if kind is None:
-            # An ungrouped store takes its source copies' kind when they agree on one.
-            src_key = _NULL if src is None else src
-            seen = {self.group_kinds.get((c, k[1])) for k in others if k[0] == src_key}
-            seen.discard(None)
-            kind = seen.pop() if len(seen) == 1 else None
-        k = (kind_label(kind), src, _medium(m))
-        self.transitions[k] = self.transitions.get(k, 0) + 1
+    def _count(self, kind: NDArray[Any], src: NDArray[Any], dst: NDArray[Any]) -> None:
+        """Add the step's transitions (kind id, source and target medium ids) up."""
+        if not len(kind):
+            return
+        kinds = [None, *self._kind_ids]  # id -1 (no kind) first
+        media = list(self._medium_ids)
+        trip, counts = np.unique(np.stack([kind, src, dst], axis=1), axis=0, return_counts=True)
+        for (k, a, b), n in zip(trip.tolist(), counts.tolist(), strict=True):
+            key = (kind_label(kinds[k + 1]), _medium(media[a]), _medium(media[b]))
+            self.transitions[key] = self.transitions.get(key, 0) + n
 
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Return the ``by_medium`` table and the ``tier_transitions`` table."""

@@ -1,0 +1,67 @@
+"""``top --report-mode``: the same counts as ``report`` in each mode (hit announcements).
+
+``top FILE --once --speed 0`` plays ``d_gemma3_report_full`` through report/'s incremental
+feed; its last plain block's live, peak and orphan columns per kind equal ``report``'s
+``live_blocks_end``, ``peak_live_blocks`` and ``orphan_removes`` in the same mode, and the
+modes differ as docs/SEMANTICS.md R6 says (announcements are not live blocks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_top import kvtool
+
+REC = (
+    Path(__file__).parent
+    / "data"
+    / "semantics"
+    / "d_gemma3_report_full"
+    / ("d_gemma3_report_full.mcap")
+)
+
+
+def last_kind_table(text: str) -> dict[str, tuple[int, int, int]]:
+    """(live, peak, orphan) per row of the last ``kind`` table of top's plain output."""
+    lines = text.split("kvtool top")[-1].splitlines()
+    (head,) = [i for i, line in enumerate(lines) if line.startswith("kind ")]
+    out = {}
+    for line in lines[head + 1 :]:
+        label, live, peak, _s, _e, _r, orphan, _p50 = line.split()
+        out[label] = tuple(int(x.replace(",", "")) for x in (live, peak, orphan))
+    return out  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("incremental", {"full_attention": (1505, 1505, 0), "sliding_window": (6836, 6842, 0)}),
+        ("full", {"full_attention": (196, 256, 0), "sliding_window": (291, 395, 0)}),
+        ("auto", {"full_attention": (196, 256, 0), "sliding_window": (291, 395, 0)}),
+    ],
+)
+def test_top_report_mode_on_a_recording_equals_report(
+    mode: str, want: dict[str, tuple[int, int, int]]
+) -> None:
+    args = ["--report-mode", mode] if mode != "auto" else []
+    top = kvtool("top", str(REC), "--once", "--speed", "0", *args)
+    assert top.returncode == 0, top.stderr
+    rep = kvtool("report", str(REC), "--format", "json", *args)
+    assert rep.returncode == 0, rep.stderr
+    by_kind = {
+        r["kind"]: (r["live_blocks_end"], r["peak_live_blocks"], r["orphan_removes"])
+        for r in json.loads(rep.stdout)["by_kind"]
+    }
+    got = last_kind_table(top.stdout)
+    assert got == by_kind
+    assert got == want
+
+
+def test_top_report_mode_unknown_is_a_usage_error() -> None:
+    proc = kvtool("top", str(REC), "--once", "--speed", "0", "--report-mode", "sometimes")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "--report-mode" in proc.stderr
