@@ -21,14 +21,12 @@ MAX_CLASS_LINES = 400
 # Known debt, not to grow: modules and classes over the goal today. A file split below
 # the goal leaves this list; nothing new joins it.
 OVER_MODULE_GOAL = {
-    "kvtool/commands/replay.py",
     "kvtool/report/builder.py",
     "kvtool/report/kernel.py",
 }
 # Known import cycles, not to grow: each strongly connected set of modules, sorted.
 KNOWN_CYCLES: list[list[str]] = []
 OVER_CLASS_GOAL = {
-    ("kvtool/recording/writer.py", "RecordingWriter"),
     ("kvtool/report/builder.py", "ReportBuilder"),
 }
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, cast
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,11 +18,10 @@ from kvtool.text import printable
 # The replay library (msgspec, rich, the recording copy) is imported when the command
 # runs, so `kvtool --help` and `kvtool replay --help` answer without it.
 if TYPE_CHECKING:
-    from kvtool.export import RecordingCopy
-    from kvtool.pacing import PublishResult
     from kvtool.publish import Publisher
-    from kvtool.render.events import HashFormat
-    from kvtool.replay import Replay, ReplayBatch
+    from kvtool.replay import BatchFilter, EventFilter, Replay, ReplayBatch
+    from kvtool.replay_options import PublishFlags
+    from kvtool.replay_run import ReplaySinks
 
 
 class EventFormat(StrEnum):
@@ -48,43 +47,6 @@ def _split(values: list[str] | None) -> list[str]:
     for v in values or []:
         out.extend(p.strip() for p in v.split(",") if p.strip())
     return out
-
-
-def _number(text: str | None, option: str, *, integer: bool = False, zero: bool = False) -> float:
-    if text is None:
-        raise UsageError(f"{option}: missing value")
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise UsageError(f"{option} {text!r}: expected {kind}") from None
-    if value < 0 or (value == 0 and not zero) or value != value:
-        raise UsageError(f"{option} {text!r}: must be {'>= 0' if zero else '> 0'}")
-    return value
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
-
-
-def _seconds(text: str | None, option: str) -> float:
-    if text is None:
-        return 0.0
-    m = _DURATION.match(text)
-    if not m:
-        raise UsageError(f"{option} {text!r}: expected seconds (e.g. 2, 0.5, 500ms, 1m)")
-    return float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
-
-
-def _seq_set(text: str | None) -> frozenset[int]:
-    from kvtool.replay import parse_seq_range
-
-    out: set[int] = set()
-    for part in _split([text] if text else None):
-        a, b = parse_seq_range(part)
-        if a is None or b is None or b - a > 10_000_000:
-            raise UsageError(f"--drop {part!r}: expected seqs like 5,9,20:30")
-        out.update(range(a, b + 1))
-    return frozenset(out)
 
 
 def replay(
@@ -355,31 +317,110 @@ def replay(
     which). Formats: pretty (a table of events, default on a terminal) and jsonl (one
     JSON object per event, default when piped); -o writes a recording (.mcap).
     """
-    from kvtool.commands._filters import (
-        check_kinds,
-        check_time_order,
-        first_log_time,
-        say_if_empty,
-    )
-    from kvtool.outputs import OutputKind, check_output, is_stdout
-    from kvtool.protocol import EVENT_TYPES
-    from kvtool.render.events import HASH_FORMATS
-    from kvtool.replay import (
-        BatchFilter,
-        EventFilter,
-        Replay,
-        parse_group,
-        parse_rank,
-        parse_seq_range,
-        parse_time_bound,
-        parse_window,
-    )
+    from kvtool.commands._filters import say_if_empty
+    from kvtool.replay import Replay
+    from kvtool.replay_options import PublishFlags
 
     env = get_env()
     env.quiet = quiet
     check_inputs([*files, groups])
+    ef, group_filter = _event_filter(group, type_, kind, window)
+    bf = _batch_filter(channel, rank, since, until, seq)
+    pub = PublishFlags(
+        publish=publish,
+        connect=connect,
+        replay_endpoint=replay_endpoint,
+        legacy_replay=legacy_replay,
+        buffer_steps=buffer_steps,
+        renumber=renumber,
+        speed=speed,
+        rate=rate,
+        max_speed=max_speed,
+        loop=loop,
+        wait_subscribers=wait_subscribers,
+        wait_timeout=wait_timeout,
+        start_delay=start_delay,
+        hold=hold,
+        drop=drop,
+    )
+    group_meta = list(group_meta or [])
+    _check_flags(
+        hash_format,
+        pub,
+        annotate=annotate,
+        check=check,
+        metadata=groups is not None or bool(group_meta),
+        output=output,
+    )
+    _check_output(output, force, [*files, *([groups] if groups is not None else [])])
+    show_events = format is not None or (publish is None and output is None and not check)
+    out = _Out(
+        output=output,
+        force=force,
+        show_events=show_events,
+        fmt=format or (EventFormat.pretty if env.stdout_is_tty else EventFormat.jsonl),
+    )
+    with Replay(
+        files,
+        event_filter=ef,
+        batch_filter=bf,
+        annotate=annotate,
+        check=check,
+        groups_file=groups,
+        group_flags=group_meta or None,
+        decode=show_events,
+    ) as rp:
+        _prepare(rp, env, ef, bf, (since, until), annotate=annotate, check=check)
+        rp.hash_format = hash_format  # type: ignore[attr-defined]
+        if check:
+            return _run_check(rp, env)
+        if publish is not None:
+            status = _run_publish(rp, env, pub, out, annotate=annotate)
+        else:
+            status = _run_plain(rp, env, out)
+        if not quiet:
+            selected_by = [
+                (o, ",".join(v) if isinstance(v, list) else v)
+                for o, v in (
+                    ("--type", type_),
+                    ("--kind", kind),
+                    ("--window", window),
+                    ("--group", group_filter),
+                    ("--channel", channel),
+                    ("--rank", rank),
+                    ("--since", since),
+                    ("--until", until),
+                    ("--seq", seq),
+                )
+                if v
+            ]
+            say_if_empty(rp, env, selected_by)
+        return _finish(rp, env, status)
 
-    # -- parse and check the flags -------------------------------------------------------
+
+# -- the options, one step each ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Out:
+    """Where the events and the batches go: printed events, the -o recording."""
+
+    output: Path | None
+    force: bool
+    show_events: bool
+    fmt: EventFormat
+
+
+def _event_filter(
+    group: list[str] | None,
+    type_: list[str] | None,
+    kind: list[str] | None,
+    window: list[str] | None,
+) -> tuple[EventFilter, list[str]]:
+    """Parse --group, --type, --kind and --window into the event filter (and --group's list)."""
+    from kvtool.protocol import EVENT_TYPES
+    from kvtool.replay import EventFilter, parse_group, parse_window
+
     for g in group or []:
         if "=" in g:
             # --group once took metadata too; now it only filters (one job per option).
@@ -387,7 +428,6 @@ def replay(
                 f"--group {g!r}: --group IDX keeps events of a group; give group metadata "
                 f"as --group-meta {g}"
             )
-    group_meta = list(group_meta or [])
     group_filter = _split(group)
     types: set[str] = set()
     aliases = {e.lower(): e for e in EVENT_TYPES} | _TYPE_ALIASES
@@ -402,8 +442,21 @@ def replay(
         windows=frozenset(parse_window(w) for w in _split(window)) if window else None,
         groups=frozenset(parse_group(g) for g in group_filter) if group_filter else None,
     )
+    return ef, group_filter
+
+
+def _batch_filter(
+    channel: list[str] | None,
+    rank: list[str] | None,
+    since: str | None,
+    until: str | None,
+    seq: str | None,
+) -> BatchFilter:
+    """Parse --channel, --rank, --since, --until and --seq into the batch filter."""
+    from kvtool.replay import BatchFilter, parse_rank, parse_seq_range, parse_time_bound
+
     first, last = parse_seq_range(seq) if seq is not None else (None, None)
-    bf = BatchFilter(
+    return BatchFilter(
         channels=tuple(_split(channel)) if channel else None,
         ranks=frozenset(parse_rank(r) for r in _split(rank)) if rank else None,
         since=parse_time_bound(since, option="--since") if since is not None else None,
@@ -411,191 +464,84 @@ def replay(
         seq_first=first,
         seq_last=last,
     )
+
+
+def _check_flags(
+    hash_format: str,
+    pub: PublishFlags,
+    *,
+    annotate: bool,
+    check: bool,
+    metadata: bool,
+    output: Path | None,
+) -> None:
+    """Refuse options that do not go together (before anything is read)."""
+    from kvtool.render.events import HASH_FORMATS
+
     if hash_format not in HASH_FORMATS:
         raise UsageError(f"--hash-format {hash_format!r}: expected one of str, hex, int")
-    if (groups is not None or group_meta) and not (annotate or check):
+    if metadata and not (annotate or check):
         raise UsageError(
             "--groups and --group-meta give metadata for --annotate or --check; add one of them"
         )
-    if check and (publish is not None or output is not None):
+    if check and (pub.publish is not None or output is not None):
         raise UsageError("--check only reports; run it without --publish and -o")
-    publishing_only = [
-        ("--replay-endpoint", replay_endpoint is not None),
-        ("--legacy-replay", legacy_replay),
-        ("--renumber", renumber),
-        ("--speed", speed is not None),
-        ("--rate", rate is not None),
-        ("--max-speed", max_speed),
-        ("--loop", loop != "1"),
-        ("--wait-subscribers", wait_subscribers != "0"),
-        ("--start-delay", start_delay is not None),
-        ("--drop", drop is not None),
-        ("--connect", connect),
-    ]
-    if publish is None:
-        for flag, given in publishing_only:
-            if given:
-                raise UsageError(f"{flag} needs --publish ENDPOINT")
-    if sum([speed is not None, rate is not None, max_speed]) > 1:
-        raise UsageError("give only one of --speed, --rate and --max-speed")
-    if replay_endpoint is None and legacy_replay:
-        raise UsageError("--legacy-replay needs --replay-endpoint")
+    pub.check()
+
+
+def _check_output(output: Path | None, force: bool, inputs: list[Path]) -> None:
+    """Refuse an -o the output rule refuses, before anything is said or read."""
+    from kvtool.outputs import OutputKind, check_output
 
     if output is not None and not is_stdout(output):
-        # Refused before anything is said or read (the copy checks again when it opens).
-        check_output(
-            output,
-            kind=OutputKind.RECORDING,
-            force=force,
-            inputs=[*files, *([groups] if groups is not None else [])],
-        )
+        # The copy checks again when it opens.
+        check_output(output, kind=OutputKind.RECORDING, force=force, inputs=inputs)
 
-    show_events = format is not None or (publish is None and output is None and not check)
-    fmt = format or (EventFormat.pretty if env.stdout_is_tty else EventFormat.jsonl)
 
-    with Replay(
-        files,
-        event_filter=ef,
-        batch_filter=bf,
-        annotate=annotate,
-        check=check,
-        groups_file=groups,
-        group_flags=group_meta or None,
-        decode=show_events,
-    ) as rp:
-        if (annotate or check) and not quiet:
-            verb = "annotating" if annotate else "checking"
-            if check and not annotate and all(t is None for t in rp.tables.values()):
-                # Nothing learned from the stores is metadata to check them against.
-                line = (
-                    "kvtool: checking: no group metadata; the stores are compared only with "
-                    "each other"
-                )
-            else:
-                line = f"kvtool: {verb} with group metadata from {rp.metadata_source()}"
-            env.err.print(line, markup=False, highlight=False)
-        start_ns = first_log_time(rp)
-        check_kinds(sorted(ef.kinds or ()), rp)
-        check_time_order(bf.since, bf.until, start_ns, (since, until))
-        rp.start_ns = start_ns  # type: ignore[attr-defined]
-        rp.hash_format = hash_format  # type: ignore[attr-defined]
-        if check:
-            return _run_check(rp, env)
-        if publish is not None:
-            status = _run_publish(
-                rp,
-                env,
-                publish=publish,
-                replay_endpoint=replay_endpoint,
-                legacy_replay=legacy_replay,
-                buffer_steps=buffer_steps,
-                renumber=renumber,
-                speed=speed,
-                rate=rate,
-                max_speed=max_speed,
-                loop=loop,
-                wait_subscribers=wait_subscribers,
-                wait_timeout=wait_timeout,
-                start_delay=start_delay,
-                hold=hold,
-                drop=drop,
-                connect=connect,
-                output=output,
-                force=force,
-                show_events=show_events,
-                fmt=fmt,
-                annotate=annotate,
-            )
-        else:
-            status = _run_plain(
-                rp, env, output=output, force=force, show_events=show_events, fmt=fmt
-            )
-        selected_by = [
-            (o, ",".join(v) if isinstance(v, list) else v)
-            for o, v in (
-                ("--type", type_),
-                ("--kind", kind),
-                ("--window", window),
-                ("--group", group_filter),
-                ("--channel", channel),
-                ("--rank", rank),
-                ("--since", since),
-                ("--until", until),
-                ("--seq", seq),
-            )
-            if v
-        ]
-        if not quiet:
-            say_if_empty(rp, env, selected_by)
-        return _finish(rp, env, status)
+def _prepare(
+    rp: Replay,
+    env: Env,
+    ef: EventFilter,
+    bf: BatchFilter,
+    given: tuple[str | None, str | None],
+    *,
+    annotate: bool,
+    check: bool,
+) -> None:
+    """Say where the metadata comes from, and refuse kinds and times the input cannot match."""
+    from kvtool.commands._filters import check_kinds, check_time_order, first_log_time
+    from kvtool.replay_run import metadata_line
+
+    if (annotate or check) and not env.quiet:
+        _say(env, metadata_line(rp, annotate=annotate, check=check))
+    start_ns = first_log_time(rp)
+    check_kinds(sorted(ef.kinds or ()), rp)
+    check_time_order(bf.since, bf.until, start_ns, given)
+    rp.start_ns = start_ns  # type: ignore[attr-defined]
 
 
 # -- the three modes ---------------------------------------------------------------------
 
 
-class _Sinks:
-    """Event printing and the -o recording, fed batch by batch."""
+def _say(env: Env, line: str) -> None:
+    env.err.print(line, markup=False, highlight=False)
 
-    def __init__(
-        self,
-        rp: Replay,
-        env: Env,
-        *,
-        output: Path | None,
-        force: bool,
-        show_events: bool,
-        fmt: EventFormat,
-    ) -> None:
-        from kvtool.export import RecordingCopy
-        from kvtool.render.events import JsonlWriter, PrettyWriter
 
-        self.copy: RecordingCopy | None = None
-        self.stdout = env.stdout
-        self.printer: JsonlWriter | PrettyWriter | None = None
-        if show_events:
-            multi = len(rp.readers) > 1 or any(len(r.channels) > 1 for r in rp.readers)
-            hf = cast("HashFormat", getattr(rp, "hash_format", "str"))
-            self.printer = (
-                JsonlWriter(env.stdout, hash_format=hf)
-                if fmt is EventFormat.jsonl
-                else PrettyWriter(
-                    env.out,
-                    multi_channel=multi,
-                    hash_format=hf,
-                    start_ns=getattr(rp, "start_ns", None),
-                )
-            )
-        if output is not None:
-            self.copy = RecordingCopy(
-                output,
-                rp.readers,
-                given=rp.given,
-                force=force,
-                stream=_binary_stdout(env, output, show_events),
-            )
+def _sinks(rp: Replay, env: Env, out: _Out) -> ReplaySinks:
+    """Open the event printer and the -o recording."""
+    from kvtool.replay_run import ReplaySinks
 
-    @property
-    def written(self) -> int:
-        return self.copy.written if self.copy is not None else 0
-
-    def feed(self, item: ReplayBatch) -> None:
-        if self.printer is not None:
-            if getattr(self.stdout, "reader_gone", False):
-                # `| head` closed stdout: nothing printed arrives; the replay goes on to
-                # its end only for what decides the exit status (lost batches, damage).
-                self.printer = None
-            else:
-                self.printer.write(item)
-        if self.copy is not None:
-            self.copy.write(item.message)
-
-    def close(self) -> None:
-        if self.copy is not None:
-            self.copy.close()
-
-    def abort(self) -> None:
-        if self.copy is not None:
-            self.copy.abort()
+    stream = _binary_stdout(env, out.output, out.show_events) if out.output is not None else None
+    return ReplaySinks(
+        rp,
+        stdout=env.stdout,
+        console=env.out,
+        jsonl=out.fmt is EventFormat.jsonl,
+        output=out.output,
+        force=out.force,
+        show_events=out.show_events,
+        stream=stream,
+    )
 
 
 def _binary_stdout(env: Env, output: Path, show_events: bool) -> IO[bytes] | None:
@@ -610,18 +556,16 @@ def _binary_stdout(env: Env, output: Path, show_events: bool) -> IO[bytes] | Non
     return env.stdout.buffer
 
 
-def _run_plain(
-    rp: Replay, env: Env, *, output: Path | None, force: bool, show_events: bool, fmt: EventFormat
-) -> ExitStatus:
+def _run_plain(rp: Replay, env: Env, out: _Out) -> ExitStatus:
     from kvtool.render.progress import FileOffsets, input_size
 
-    sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
+    sinks = _sinks(rp, env, out)
     sizes = {r.path: input_size([r.path]) or 0 for r in rp.readers}
     # A bar only while copying to -o: printed events would scroll it away.
     bar = env.progress(
-        f"writing {printable(output)}",
+        f"writing {printable(out.output)}",
         sum(sizes.values()) or None,
-        quiet=output is None or (show_events and env.stdout_is_tty),
+        quiet=out.output is None or (out.show_events and env.stdout_is_tty),
     )
     try:
         with bar:
@@ -636,109 +580,41 @@ def _run_plain(
         raise
     sinks.close()
     env.stdout.flush()
-    if output is not None and not env.quiet:
-        where = "stdout" if is_stdout(output) else output
-        env.err.print(
-            f"kvtool: wrote {sinks.written} batches to {where}", markup=False, highlight=False
-        )
+    if out.output is not None and not env.quiet:
+        where = "stdout" if is_stdout(out.output) else out.output
+        _say(env, f"kvtool: wrote {sinks.written} batches to {where}")
     return ExitStatus.OK
 
 
 def _run_check(rp: Replay, env: Env) -> ExitStatus:
+    from kvtool.replay_run import check_summary, nothing_to_check
+
     for _ in rp:
         pass
-    assert rp.checker is not None
     lines = rp.disagreements()
     for line in lines:
         env.stdout.write(printable(line) + "\n")
     env.stdout.flush()
-    c = rp.checker
-    metadata = any(t is not None for t in rp.tables.values())
-    if c.stores and not (metadata or c.against_each_other):
-        # No metadata and no store that says a kind (the legacy layout): nothing was
-        # compared with anything; neither "no disagreement" nor a disagreement is true.
+    refused = nothing_to_check(rp)
+    if refused is not None:
         _finish(rp, env, ExitStatus.OK)
-        raise UsageError(
-            f"--check: nothing to check the {c.stores} stores against: no group metadata, and "
-            "no store carries a kind; give --groups FILE or --group-meta IDX=KIND[:WINDOW]"
-        )
+        raise UsageError(refused)
     if not env.quiet:
-        parts = []
-        if c.against_metadata:
-            parts.append(f"{c.against_metadata} against the group metadata")
-        if c.against_each_other:
-            parts.append(
-                f"{c.against_each_other} without metadata only against each other (the "
-                "stores of their channel, rank and group)"
-            )
-        if c.unchecked:
-            parts.append(f"{c.unchecked} with no kind and no metadata (nothing to compare)")
-        if c.stores_without_group:
-            parts.append(f"{c.stores_without_group} without group_idx (not comparable)")
-        verdict = f"{len(lines)} group(s) disagree" if lines else "no disagreement"
-        env.err.print(
-            f"kvtool: checked {c.stores} stores ({'; '.join(parts)}): {verdict}",
-            markup=False,
-            highlight=False,
-        )
+        _say(env, check_summary(rp, len(lines)))
     status = _finish(rp, env, ExitStatus.OK)
     return ExitStatus.FAILED if lines else status
 
 
 def _run_publish(
-    rp: Replay,
-    env: Env,
-    *,
-    publish: str,
-    replay_endpoint: str | None,
-    legacy_replay: bool,
-    buffer_steps: str,
-    renumber: bool,
-    speed: str | None,
-    rate: str | None,
-    max_speed: bool,
-    loop: str,
-    wait_subscribers: str,
-    wait_timeout: str | None,
-    start_delay: str | None,
-    hold: str | None,
-    drop: str | None,
-    connect: bool,
-    output: Path | None,
-    force: bool,
-    show_events: bool,
-    fmt: EventFormat,
-    annotate: bool,
+    rp: Replay, env: Env, pub: PublishFlags, out: _Out, *, annotate: bool
 ) -> ExitStatus:
-    from kvtool.endpoints import parse_endpoint
-    from kvtool.pacing import Pacing, publish_recording
+    from kvtool.pacing import publish_recording
     from kvtool.render.status import PublishProgress
-    from kvtool.text import printable
+    from kvtool.replay_options import parse_publishing
+    from kvtool.replay_run import publish_start_line, publish_summary
 
-    drop_set = _seq_set(drop)
-    endpoint = parse_endpoint(publish, option="--publish", bind=not connect)
-    rep_ep = (
-        parse_endpoint(replay_endpoint, option="--replay-endpoint") if replay_endpoint else None
-    )
-    if rep_ep == endpoint:
-        raise UsageError(f"--publish and --replay-endpoint are the same endpoint {endpoint}")
-    loops: int | None
-    if loop.strip().lower() in ("forever", "inf", "infinite"):
-        loops = None
-    else:
-        loops = int(_number(loop, "--loop", integer=True))
-    pacing = Pacing(
-        speed=_number(speed, "--speed") if speed is not None else 1.0,
-        rate=_number(rate, "--rate") if rate is not None else None,
-        max_speed=max_speed,
-    )
-    steps = int(_number(buffer_steps, "--buffer-steps", integer=True))
-    n_wait = int(_number(wait_subscribers, "--wait-subscribers", integer=True, zero=True))
-    wait_s = _seconds(wait_timeout, "--wait-timeout") if wait_timeout is not None else None
-    delay_s = _seconds(start_delay, "--start-delay")
-    hold_s = _seconds(hold, "--hold") if hold is not None else (1.0 if rep_ep else 0.0)
-
-    sinks = _Sinks(rp, env, output=output, force=force, show_events=show_events, fmt=fmt)
+    p = parse_publishing(pub)
+    sinks = _sinks(rp, env, out)
     progress = PublishProgress(env.err, enabled=not env.quiet)
 
     def on_batch(item: ReplayBatch, loop_no: int) -> None:
@@ -747,35 +623,31 @@ def _run_publish(
         if rp.new_warnings:
             _warn(rp, env)
 
-    def on_start(pub: Publisher) -> None:
+    def on_start(publisher: Publisher) -> None:
         if not env.quiet:
-            first = pub.first.stats
-            where = printable(first.endpoint) + (
-                f", replay on {printable(first.replay_endpoint)}" if first.replay_endpoint else ""
-            )
-            verb = "publishing to" if connect else "publishing on"
-            env.err.print(f"kvtool: {verb} {where}", markup=False, highlight=False)
+            _say(env, publish_start_line(publisher, connect=pub.connect))
 
     def on_wait(n: int) -> None:
-        progress.status(f"waiting for {n_wait} subscriber(s) on {printable(endpoint)} ({n} so far)")
+        where = printable(p.endpoint)
+        progress.status(f"waiting for {p.wait_subscribers} subscriber(s) on {where} ({n} so far)")
 
     try:
         try:
             result = publish_recording(
                 rp,
-                endpoint,
-                rep_ep,
-                pacing=pacing,
-                legacy_replay=legacy_replay,
-                buffer_steps=steps,
-                connect=connect,
-                loops=loops,
-                renumber=renumber,
-                wait_subscribers=n_wait,
-                wait_timeout_s=wait_s,
-                start_delay_s=delay_s,
-                hold_s=hold_s,
-                drop=drop_set,
+                p.endpoint,
+                p.replay_endpoint,
+                pacing=p.pacing,
+                legacy_replay=pub.legacy_replay,
+                buffer_steps=p.buffer_steps,
+                connect=pub.connect,
+                loops=p.loops,
+                renumber=pub.renumber,
+                wait_subscribers=p.wait_subscribers,
+                wait_timeout_s=p.wait_timeout_s,
+                start_delay_s=p.start_delay_s,
+                hold_s=p.hold_s,
+                drop=p.drop,
                 annotate=annotate,
                 on_start=on_start,
                 on_batch=on_batch,
@@ -786,87 +658,41 @@ def _run_publish(
             progress.stop()
     except KeyboardInterrupt:
         sinks.close()
-        env.err.print(
-            f"kvtool: interrupted after {progress.sent} batches", markup=False, highlight=False
-        )
+        _say(env, f"kvtool: interrupted after {progress.sent} batches")
         return ExitStatus.INTERRUPTED
     except BaseException:
         sinks.abort()
         raise
     sinks.close()
     env.stdout.flush()
-    _publish_summary(env, result)
-    return ExitStatus.OK
-
-
-def _publish_summary(env: Env, result: PublishResult) -> None:
-    """Say what was published, and warn when nobody was listening (-q silences both)."""
-    from kvtool.text import printable
-
-    stats = result.stats
     if not env.quiet:
-        eps = ", ".join(
-            printable(c.endpoint)
-            + (
-                f" ({c.replay_requests} replay requests, {c.replayed} replayed"
-                + (f", {c.replay_refused} refused" if c.replay_refused else "")
-                + (f", {c.replay_abandoned} abandoned" if c.replay_abandoned else "")
-                + ")"
-                if c.replay_endpoint
-                else ""
-            )
-            for c in result.channels
-        )
-        env.err.print(
-            f"kvtool: published {stats.sent} batches in {stats.seconds:.2f}s "
-            f"({stats.rate:,.0f}/s) on {eps or printable(result.endpoint)}",
-            markup=False,
-            highlight=False,
-        )
-    if result.unheard and not env.quiet:
-        # ZeroMQ's slow joiner: a short recording is sent before a subscriber's
-        # connection and subscription arrive, and PUB drops what nobody subscribed to.
-        env.err.print(
-            f"kvtool: warning: no subscriber was connected to {printable(result.endpoint)} "
-            f"while {stats.sent} batches were published, so nobody received them; start the "
-            "subscriber first and pass --wait-subscribers 1 (or --start-delay 2s)",
-            markup=False,
-            highlight=False,
-        )
+        # Say what was published, and warn when nobody was listening (-q silences both).
+        for line in publish_summary(result):
+            if line is not None:
+                _say(env, line)
+    return ExitStatus.OK
 
 
 def _warn(rp: Replay, env: Env) -> None:
     if not env.quiet:
         for w in rp.new_warnings:
-            env.err.print(f"kvtool: warning: {w}", markup=False, highlight=False)
+            _say(env, f"kvtool: warning: {w}")
     rp.new_warnings.clear()
 
 
 def _finish(rp: Replay, env: Env, status: ExitStatus) -> ExitStatus:
     """Say what was damaged or left unannotated; exit 3 when input was damaged."""
-    for line in rp.unlearned() + rp.out_of_range() + rp.findings():
-        if not env.quiet:
-            env.err.print(f"kvtool: warning: {line}", markup=False, highlight=False)
-    damaged = False
+    from kvtool.replay_run import damage_lines, warning_lines
+
+    if not env.quiet:
+        for line in warning_lines(rp):
+            _say(env, line)
     # Batches lost while recording, and tails never confirmed, exit 3 as in `info` and `report`.
-    for line in missing_batches([r.path for r in rp.readers]):
-        damaged = True
-        env.err.print(f"kvtool: {line}", markup=False, highlight=False)
-    for rep in rp.recoveries:
-        if not rep.complete:
-            damaged = True
-            env.err.print(f"kvtool: {rep.summary()}", markup=False, highlight=False)
-    st = rp.stats
-    if st.decode_errors or st.skipped_events:
-        damaged = True
-        first = st.first_errors[0] if st.first_errors else ""
-        env.err.print(
-            f"kvtool: {st.decode_errors} payload(s) and {st.skipped_events} event(s) could not "
-            f"be decoded and were skipped (first: {first}); every other batch was replayed",
-            markup=False,
-            highlight=False,
-        )
-    if damaged and status == ExitStatus.OK:
+    damage = [f"kvtool: {line}" for line in missing_batches([r.path for r in rp.readers])]
+    damage += damage_lines(rp)
+    for line in damage:
+        _say(env, line)
+    if damage and status == ExitStatus.OK:
         return ExitStatus.DAMAGED
     return status
 

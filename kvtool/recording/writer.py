@@ -2,81 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import io
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import IO, TypeVar
 
 import kvtool
-from kvtool.errors import OutputError, RecordingError, RecordingPathError
-from kvtool.outputs import (
-    AtomicFile,
-    OutputKind,
-    check_output,
-    check_std_streams_not_inputs,
-    open_locked,
-    temp_prefix,
-)
+from kvtool.errors import RecordingError, RecordingPathError
 from kvtool.protocol import peek_ts
 from kvtool.recording import format as fmt
 from kvtool.recording.mcap_writer import McapWriter, check_compression
+from kvtool.recording.target import RecordingTarget
 
 T = TypeVar("T")
 
 _U64 = 1 << 64
-
-
-class _Positioned:
-    """A stream that counts the bytes written to it, for a pipe that cannot ``tell()``.
-
-    The MCAP writer asks its stream for the offset of every record it indexes; a pipe
-    (``replay -o - | cat > copy.mcap``) answers "Illegal seek" (issue 24). What the reader
-    of the pipe receives starts at offset 0, so the offset is the count of bytes written.
-    """
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self._pos = 0
-
-    @classmethod
-    def around(cls, stream: IO[bytes]) -> IO[bytes]:
-        """Return ``stream`` itself where it can tell its position, else a counting wrapper."""
-        try:
-            stream.tell()
-        except (OSError, ValueError):
-            return cls(stream)  # type: ignore[return-value]
-        return stream
-
-    def write(self, data: bytes) -> int:
-        n = self._stream.write(data)
-        self._pos += len(data) if n is None else n
-        return len(data) if n is None else n
-
-    def tell(self) -> int:
-        return self._pos
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
 
 
 class RecordingWriter:
@@ -91,6 +34,8 @@ class RecordingWriter:
     chunk is closed and the file flushed whenever a write finds ``flush_interval_ns``
     passed since the last flush (and at least by :meth:`flush`, which a recorder calls
     from its poll loop), so a SIGKILL loses at most about one interval of messages.
+    Where the bytes go (in place, staged, atomic, a stream) is its
+    :class:`kvtool.recording.target.RecordingTarget`.
 
     Args:
         path: Where to write.
@@ -137,14 +82,8 @@ class RecordingWriter:
                 f"chunk_size ({chunk_size}) and flush_interval_ns ({flush_interval_ns}) "
                 "must be positive"
             )
-        self._atomic: AtomicFile | None = None
-        self._staged: str | None = None  # a new recording not yet at its path
-        self._staged_id = (0, 0)
-        self._staged_target = self.path
-        self._replaced: IO[bytes] | None = None  # the old one it will replace (locked)
-        self._wrapped: io.BufferedWriter | None = None
-        self._own_file = stream is None
-        self._file: IO[bytes] = self._open(stream, force=force, inputs=inputs, atomic=atomic)
+        self._out = RecordingTarget(self.path, stream, force=force, inputs=inputs, atomic=atomic)
+        self._file = self._out.file
         self._writer = McapWriter(self._file, chunk_size=chunk_size, compression=comp)
         self._flush_interval_ns = flush_interval_ns
         self._last_flush = time.monotonic_ns()
@@ -174,141 +113,16 @@ class RecordingWriter:
             # leaves a file kvtool recognises as a recording.
             self._file.flush()
         except OSError as err:
-            self._close_quietly()
-            if self._atomic is not None:
-                self._atomic.abort()
-            self._drop_staged()
+            self._out.close_quietly()
+            self._out.abort()
             raise RecordingPathError(
                 f"{self.path}: cannot write: {err.strerror}; choose a writable path with free space"
             ) from err
 
-    def _open(
-        self,
-        stream: IO[bytes] | None,
-        *,
-        force: bool,
-        inputs: Iterable[str | os.PathLike[str]],
-        atomic: bool,
-    ) -> IO[bytes]:
-        """Open the output under kvtool's output rule (kvtool/outputs.py)."""
-        if stream is not None:
-            try:
-                check_std_streams_not_inputs(inputs)
-            except OutputError as err:
-                raise RecordingPathError(str(err)) from None
-            if isinstance(stream, io.RawIOBase):
-                # An unbuffered stream (stdout under PYTHONUNBUFFERED=1 is a FileIO): mcap's
-                # Writer wrapped it in a buffer of its own that nobody flushed, so the
-                # recording's end reached stdout only at exit, and a write error (disk
-                # full) was never seen. Buffer it here, where flush() and close() see it.
-                self._wrapped = io.BufferedWriter(stream)
-                stream = self._wrapped
-            return _Positioned.around(stream)
-        try:
-            if os.path.lexists(self.path) or os.path.isdir(self.path):
-                check_output(self.path, kind=OutputKind.RECORDING, force=force, inputs=inputs)
-            if atomic:
-                # A copy (replay -o): written under a temporary name, renamed at close.
-                self._atomic = AtomicFile(self.path, force=force)
-                return self._atomic.open_bytes()
-            if force and os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
-                return self._stage()
-            # A live recording is written in place, so a killed recorder leaves a readable
-            # file at its path; the lock makes a second writer of the same path refuse.
-            return open_locked(self.path, force=force, kind=OutputKind.RECORDING)
-        except OutputError as err:
-            if self._atomic is not None:
-                self._atomic.abort()
-            raise RecordingPathError(str(err)) from None
-        except IsADirectoryError:
-            raise RecordingPathError(
-                f"{self.path}: is a directory; give a file name such as run.mcap"
-            ) from None
-        except OSError as err:
-            if self._atomic is not None:
-                self._atomic.abort()
-            raise RecordingPathError(
-                f"{self.path}: cannot create: {err.strerror}; choose a writable path"
-            ) from err
-
-    def _stage(self) -> IO[bytes]:
-        """Write the new recording beside the one ``--force`` replaces, until its first message.
-
-        The old recording stays at its path, locked (a second writer refuses), until a
-        message is written: then the new file takes its place in one rename
-        (:meth:`_take_place`). A recorder that never receives a batch -- no publisher,
-        a wrong endpoint, Ctrl-C at once -- leaves the old recording as it was.
-        """
-        self._replaced = open_locked(
-            self.path, force=True, kind=OutputKind.RECORDING, truncate=False
-        )
-        # Through a symlink, the file it names is replaced (as truncating it in place
-        # would have), not the link.
-        self._staged_target = os.path.realpath(self.path)
-        parent, name = os.path.split(self._staged_target)
-        try:
-            fd, tmp = tempfile.mkstemp(
-                prefix=temp_prefix(name), suffix=".kvtool-tmp.mcap", dir=parent
-            )
-        except BaseException:
-            self._release_replaced()
-            raise
-        self._staged = tmp
-        try:
-            st = os.fstat(fd)
-            self._staged_id = (st.st_dev, st.st_ino)
-            os.fchmod(fd, os.fstat(self._replaced.fileno()).st_mode & 0o777)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return os.fdopen(fd, "wb")
-        except BaseException:
-            os.close(fd)
-            self._drop_staged()
-            raise
-
-    def _take_place(self) -> None:
-        """The first message is written: the new recording replaces the old at its path."""
-        tmp, self._staged = self._staged, None
-        if tmp is None:
-            return
-        self.flush()  # its first chunk on disk before it is what the path names
-        try:
-            # The lock keeps kvtool writers off the old recording, not other programs:
-            # replace only the file still locked, never one put at the path since.
-            old = self._replaced
-            held = os.fstat(old.fileno()) if old is not None else None
-            named = os.stat(self._staged_target)
-            if held is None or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
-                raise OSError(errno.EEXIST, "another program put a file at the path meanwhile")
-            os.replace(tmp, self._staged_target)
-        except OSError as err:
-            self._failed = RecordingError(
-                f"{self.path}: cannot replace the old recording: {err.strerror or err}; "
-                f"the new one is at {tmp}"
-            )
-            raise self._failed from err
-        finally:
-            self._release_replaced()
-
-    def _drop_staged(self) -> None:
-        """No message was written: remove the new file; the old recording stays as it was."""
-        tmp, self._staged = self._staged, None
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                named = os.stat(tmp)
-                if (named.st_dev, named.st_ino) == self._staged_id:  # still ours
-                    os.unlink(tmp)
-        self._release_replaced()
-
-    def _release_replaced(self) -> None:
-        old, self._replaced = self._replaced, None
-        if old is not None:
-            with contextlib.suppress(OSError):
-                old.close()
-
     @property
     def replaced_nothing(self) -> bool:
         """True when ``force`` met a recording at the path and no message replaced it."""
-        return self._staged is not None
+        return self._out.staged
 
     def __enter__(self) -> RecordingWriter:
         return self
@@ -319,7 +133,7 @@ class RecordingWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None and self._atomic is not None:
+        if exc_type is not None and self._out.atomic:
             self.abort()
         else:
             self.close()
@@ -415,8 +229,12 @@ class RecordingWriter:
         )
         self.messages_written += 1
         self.bytes_written += len(payload)
-        if self._staged is not None:
-            self._take_place()
+        if self._out.staged:
+            try:
+                self._out.take_place(self.flush)
+            except RecordingError as err:
+                self._failed = err
+                raise
         self.maybe_flush()
 
     def add_metadata(self, name: str, values: dict[str, object]) -> None:
@@ -466,13 +284,11 @@ class RecordingWriter:
         """
         if self._closed:
             return
-        if self._failed is not None or self._staged is not None:
+        if self._failed is not None or self._out.staged:
             # Failed, or nothing to replace the old recording with (it stays as it was).
             self._closed = True
-            self._close_quietly()
-            if self._atomic is not None:
-                self._atomic.abort()
-            self._drop_staged()
+            self._out.close_quietly()
+            self._out.abort()
             return
         try:
             if ledger is not None:
@@ -481,17 +297,12 @@ class RecordingWriter:
             self._guard(self._file.flush)
         except BaseException:
             self._closed = True
-            self._close_quietly()
-            if self._atomic is not None:
-                self._atomic.abort()
+            self._out.close_quietly()
+            self._out.abort()
             raise
         self._closed = True
-        self._close_quietly()
-        if self._atomic is not None:
-            try:
-                self._atomic.commit()
-            except OutputError as err:
-                raise RecordingPathError(str(err)) from None
+        self._out.close_quietly()
+        self._out.commit()
 
     def abort(self) -> None:
         """Close without finishing; a copy (``atomic``) is dropped, its target untouched.
@@ -501,10 +312,8 @@ class RecordingWriter:
         if self._closed:
             return
         self._closed = True
-        self._close_quietly()
-        if self._atomic is not None:
-            self._atomic.abort()
-        self._drop_staged()
+        self._out.close_quietly()
+        self._out.abort()
 
     def discard_if_empty(self) -> bool:
         """Remove the recording this writer made in place, when it holds no message.
@@ -518,44 +327,19 @@ class RecordingWriter:
         Returns:
             True when the file was removed.
         """
-        if self.messages_written or not self._own_file or self._atomic is not None:
+        if self.messages_written or not self._out.own_file or self._out.atomic:
             return False
-        if self._staged is not None:
-            self._close_quietly()
+        if self._out.staged:
+            self._out.close_quietly()
             self._closed = True
-            self._drop_staged()  # the old recording stays where it was
+            self._out.drop_staged()  # the old recording stays where it was
             return True
-        try:
-            held = os.fstat(self._file.fileno())
-            named = os.stat(self.path)
-        except (OSError, ValueError):
-            return False
-        if (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
-            return False
-        try:
-            os.unlink(self.path)
-        except OSError:
-            return False
-        return True
+        return self._out.remove_own()
 
     @property
     def closed(self) -> bool:
         """True once :meth:`close` ran."""
         return self._closed
-
-    def _close_quietly(self) -> None:
-        # Buffered bytes that cannot be written (disk full): the error was already
-        # reported; what reached the disk stays readable.
-        with contextlib.suppress(OSError):
-            if self._own_file:
-                self._file.close()
-            else:
-                self._file.flush()
-        if self._wrapped is not None:
-            # Let go of the caller's raw stream without closing it (it may be stdout).
-            with contextlib.suppress(ValueError, OSError):
-                self._wrapped.detach()
-            self._wrapped = None
 
     def _guard(self, fn: Callable[[], T]) -> T:
         if self._failed is not None:
