@@ -465,3 +465,19 @@ def test_issue21_a_vllm_stream_is_not_sglang_like(tmp_path: Path, capture: str) 
     write_capture(path, capture)
     # The legacy signed capture has signed hashes and no group_idx but no clear at seq 0.
     assert summarize(path).source_like is None
+
+
+def test_issue20_info_takes_pool_blocks() -> None:
+    """`info --pool-blocks N` shows the pool as report takes it (issue 20 D2)."""
+    gemma3 = Path(__file__).parent.parent / "recordings" / "gemma3.mcap"
+    plain = runner.invoke(app, ["info", str(gemma3), "--format", "json"])
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["pool_blocks"] is None
+    given = runner.invoke(app, ["info", str(gemma3), "--format", "json", "--pool-blocks", "500"])
+    assert given.exit_code == 0, given.output
+    assert json.loads(given.stdout)["pool_blocks"] == 500
+    table = runner.invoke(app, ["info", str(gemma3), "--pool-blocks", "500"])
+    assert "500 blocks (num_gpu_blocks; 499 usable)" in table.stdout
+    bad = runner.invoke(app, ["info", str(gemma3), "--pool-blocks", "0"])
+    assert bad.exit_code == 2
+    assert "--pool-blocks" in bad.output and "Traceback" not in bad.output

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import TextOutput, check_inputs, examples, get_env
-from kvtool.commands._options import ForceText, OutputFile
+from kvtool.commands._options import ForceText, OutputFile, PoolBlocks
 from kvtool.errors import ExitStatus, KvtoolError, UsageError
 from kvtool.text import printable
 
@@ -36,6 +36,7 @@ def info(
     ] = InfoFormat.table,
     output: OutputFile = None,
     force: ForceText = False,
+    pool_blocks: PoolBlocks = None,
 ) -> ExitStatus:
     """Summarise recordings: channels, batches, events, blocks, gaps, restarts, groups.
 
@@ -43,6 +44,8 @@ def info(
     one line on stderr then says what was recovered and kvtool exits with status 3.
     Batches lost while recording and undecodable payloads also exit 3, as in report.
     With --format json one file gives one object, several files a list.
+    --pool-blocks gives the engine's num_gpu_blocks where the recording does not hold it
+    (or overrides what it holds), as report takes it.
     """
     # Imported here, not with the command list: `kvtool --help` needs none of them.
     from kvtool.info import RecordingInfo, summarize
@@ -68,6 +71,8 @@ def info(
     for path in files:
         try:
             infos.append(summarize(path))
+            if pool_blocks is not None:
+                infos[-1].pool_blocks = pool_blocks
         except KvtoolError as err:
             if len(files) == 1:
                 raise
