@@ -15,6 +15,18 @@ from kvtool.columns import np
 EMPTY = -1
 """``Table.chan`` of an empty slot."""
 
+OWNER, BNEXT, SLOT, BATCH, ROW, BITS, STAMP, EVENT = range(8)
+"""Columns of ``Entries.aux`` (one row, one cache line, per entry; see
+:class:`kvtool.report.kstate.Entries`)."""
+AUX_FILL = (-1, -1, -1, -1, -1, 0, 0, -1)
+"""``Entries.aux`` of a fresh entry."""
+PARTIAL_BIT, LAST_BIT, LIVE_BIT = 1, 2, 4
+"""Bits of ``Entries.aux[:, BITS]``: a partial primary key, the last block of its store
+event, live."""
+SKIP, STORE, REMOVE, CLEAR = 0, 1, 2, 3
+"""Row kinds, the kernel's input (``op``): a row the state does not see, a store of one
+block, a remove of one block, an ``AllBlocksCleared`` of the row's channel."""
+
 FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA, FLAG_PREFIX, FLAG_TIER = 1, 2, 4, 8, 16
 """Bits of :attr:`kvtool.report.kernel.Shape.flags`: the row's group is a Mamba group, a
 sliding-window group (no partial entries), the row's channel has a Mamba group (its
@@ -53,12 +65,28 @@ def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
 
 
 __all__ = [
+    "AUX_FILL",
+    "BATCH",
+    "BITS",
+    "BNEXT",
+    "CLEAR",
     "EMPTY",
+    "EVENT",
     "FLAG_CHANNEL_MAMBA",
     "FLAG_MAMBA",
     "FLAG_PREFIX",
     "FLAG_TIER",
     "FLAG_WINDOW",
+    "LAST_BIT",
+    "LIVE_BIT",
+    "OWNER",
+    "PARTIAL_BIT",
+    "REMOVE",
+    "ROW",
+    "SKIP",
+    "SLOT",
+    "STAMP",
+    "STORE",
     "mix",
     "probe",
 ]

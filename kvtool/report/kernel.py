@@ -40,25 +40,46 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
-from kvtool.report import announce
+from kvtool.report import announce, kcopy
 from kvtool.report.announce import ANNOUNCED, ANNOUNCED_AMBIGUOUS
 from kvtool.report.announce import announce as _announce
 from kvtool.report.kbase import (
+    AUX_FILL as _AUX_FILL,
+)
+from kvtool.report.kbase import (
+    BATCH as _BATCH,
+)
+from kvtool.report.kbase import (
+    BITS as _BITS,
+)
+from kvtool.report.kbase import (
+    BNEXT as _BNEXT,
+)
+from kvtool.report.kbase import (
+    CLEAR,
     EMPTY,
     FLAG_CHANNEL_MAMBA,
     FLAG_MAMBA,
     FLAG_PREFIX,
     FLAG_TIER,
     FLAG_WINDOW,
+    REMOVE,
+    SKIP,
+    STORE,
 )
+from kvtool.report.kbase import EVENT as _EVENT
+from kvtool.report.kbase import LAST_BIT as _LAST_BIT
+from kvtool.report.kbase import LIVE_BIT as _LIVE_BIT
+from kvtool.report.kbase import OWNER as _OWNER
+from kvtool.report.kbase import PARTIAL_BIT as _PARTIAL_BIT
+from kvtool.report.kbase import ROW as _ROW
+from kvtool.report.kbase import SLOT as _SLOT
+from kvtool.report.kbase import STAMP as _STAMP
 from kvtool.report.kbase import probe as _probe
+from kvtool.report.kcopy import NOTE_COPY
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
-
-SKIP, STORE, REMOVE, CLEAR = 0, 1, 2, 3
-"""Row kinds, the kernel's input (``op``): a row the state does not see, a store of one
-block, a remove of one block, an ``AllBlocksCleared`` of the row's channel."""
 
 NONE, FIRST, WHILE_LIVE, RECOMPUTED, EVICTED, ORPHAN = 0, 1, 2, 3, 4, 5
 """What a row was (the kernel's output ``what``)."""
@@ -78,7 +99,6 @@ MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
 """The ``what`` of a store of a new physical block (``blocks_stored``)."""
 
 _EMPTY = EMPTY
-_PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
 _UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
 
 
@@ -134,10 +154,6 @@ class Entries(NamedTuple):
     gkey: NDArray[Any]
     next: NDArray[Any]
     aux: NDArray[Any]
-
-
-_OWNER, _BNEXT, _SLOT, _BATCH, _ROW, _BITS, _STAMP = range(7)
-_AUX_FILL = (-1, -1, -1, -1, -1, 0, 0)
 
 
 def _entries(size: int, old: Entries | None = None) -> Entries:
@@ -297,10 +313,24 @@ class State:
             they alone pass it): a later store of a forgotten key is a first store, not a
             recompute. :attr:`forgotten` counts them, :attr:`forgotten_ts` is the newest
             removal time forgotten.
+        rule: Which copy of a twice-cached key an eviction takes (R8:
+            :data:`kvtool.report.kcopy.ADJACENT`, ``OLDEST`` or ``NEWEST``).
+        bounds: Run the two extreme rules beside it (:attr:`shadows`, one state each):
+            each :func:`step` adds their lifetimes to :attr:`bound_samples`.
     """
 
-    def __init__(self, max_keys: int | None = None) -> None:
+    def __init__(
+        self, max_keys: int | None = None, rule: int = kcopy.ADJACENT, bounds: bool = False
+    ) -> None:
         self.max_keys = max_keys
+        self.rule = rule
+        self.shadows = (
+            [State(max_keys, kcopy.OLDEST), State(max_keys, kcopy.NEWEST)] if bounds else []
+        )
+        # Per shadow: (report row, remove time, store time) of each lifetime, per call.
+        self.bound_samples: list[list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]] = [
+            [] for _ in self.shadows
+        ]
         self.forgotten = 0
         self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
@@ -496,7 +526,7 @@ def _link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any)
 
 
 @inline_kernel
-def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> Any:
+def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any, event: Any) -> Any:
     x = meta[_FREE]
     if x >= 0:
         meta[_FREE] = e.next[x]
@@ -510,6 +540,7 @@ def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> A
     e.aux[x, _BNEXT] = -1
     e.aux[x, _BATCH] = batch
     e.aux[x, _ROW] = row
+    e.aux[x, _EVENT] = event
     e.aux[x, _BITS] = 0
     meta[_SERIAL] += 1
     e.aux[x, _STAMP] = meta[_SERIAL]
@@ -658,10 +689,12 @@ def _drop_block(
     ts: Any,
     ch: Any,
     pd: _Pending,
+    life: Any,
 ) -> Any:
     """Take the block holding entry ``x`` off the cache, with all its keys.
 
-    The removes of its other keys follow (folded, R3).
+    The removes of its other keys follow (folded, R3); they give a lifetime where the
+    block was evicted (``life``), none else (R8: NaN, which no lifetime pairs).
 
     Returns:
         The block's report row.
@@ -674,7 +707,7 @@ def _drop_block(
         if y != x:
             k = pd.n[0]
             pd.fold_slot[k] = e.aux[y, _SLOT]
-            pd.fold_ts[k] = e.ts[y]
+            pd.fold_ts[k] = e.ts[y] if life else np.nan
             pd.fold_gkey[k] = e.gkey[y]
             pd.n[0] = k + 1
         _unlink(t, e, c, meta, y, ts, ch)
@@ -717,6 +750,8 @@ def advance(
     hits: Any,
     hit_n: Any,
     cl: Any,
+    rule: Any,
+    lc: kcopy.Last,
 ) -> int:
     """Walk one chunk's rows in stream order (see the module docstring).
 
@@ -742,6 +777,8 @@ def advance(
         hits: The hit records (:attr:`State.hits`).
         hit_n: Hit records in use.
         cl: Scratch for :func:`kvtool.report.announce.announce`, one per row.
+        rule: Which copy an eviction takes (:data:`kvtool.report.kcopy.ADJACENT`...).
+        lc: Per-batch scratch of the copy rule (:func:`kvtool.report.kcopy.last_evicted`).
 
     Returns:
         The number of drops written to ``out``.
@@ -757,6 +794,7 @@ def advance(
         if sh.batch[i] != cur:
             if pd.n[0] or pd.n[1] or pd.n[2] or pd.n[3] or pd.n[4]:
                 _settle(pd, c, chan, out)
+            lc.n[0] = 0
             cur = sh.batch[i]
         if kind == STORE:
             if cand[i] and i > run_end:
@@ -801,7 +839,7 @@ def advance(
                     if _block_has(t, e, host, h[i], -1):
                         out.what[i] = EXTRA_NOOP
                         continue
-                    y = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+                    y = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i, sh.event[i])
                     e.aux[y, _OWNER] = host
                     e.aux[y, _BNEXT] = e.aux[host, _BNEXT]
                     e.aux[host, _BNEXT] = y
@@ -839,7 +877,7 @@ def advance(
                 pd.rk_group[rk] = pd.rk_group[last]
                 pd.rk_nog[rk] = pd.rk_nog[last]
                 pd.n[4] = last
-            x = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+            x = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i, sh.event[i])
             if partial and not rekey:
                 e.aux[x, _BITS] |= _PARTIAL_BIT
                 meta[_PARTIALS] += 1
@@ -908,7 +946,7 @@ def advance(
                 if again:
                     out.what[i] = PROMOTED
                     out.ts[i] = e.ts[y]
-                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, y, ts[i], ch, pd)
+                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, y, ts[i], ch, pd, False)
                     k = pd.n[2]
                     pd.pr_chan[k] = ch
                     pd.pr_group[k] = grp
@@ -963,33 +1001,23 @@ def advance(
                         w = out.what[r]
                         if w == FIRST or w == WHILE_LIVE or w == RECOMPUTED:  # noqa: SIM109
                             out.what[r] = DISCARDED_STORE
-                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, fresh, ts[i], ch, pd)
+                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, fresh, ts[i], ch, pd, False)
                     continue
             if t.copies[s] > 1:
-                # The copy whose other keys are removed next (R8), else the oldest.
-                j = i + 1
-                seen = 0
-                found = -1
-                while j < n_rows and sh.batch[j] == cur and seen < 8 and found < 0:
-                    if op[j] == REMOVE and chan[j] == ch and group[j] == grp:
-                        seen += 1
-                        y = x
-                        while y >= 0:
-                            if _block_has(t, e, y, h[j], s):
-                                found = y
-                                break
-                            y = e.next[y]
-                    j += 1
-                if found >= 0:
-                    x = found
+                # R8: which copy (kvtool/report/kcopy.py).
+                x, nc = kcopy.choose(t, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
+                if nc > 1:
+                    out.note[i] = NOTE_COPY
+            kcopy.remember(lc, e, x, ch, grp, ng)
             out.what[i] = EVICTED
             out.ts[i] = e.ts[x]
             c.evictions[ch] += 1
-            out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd)
+            out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd, True)
         elif kind == CLEAR:
             ch = chan[i]
             for k in range(5):
                 pd.n[k] = 0
+            lc.n[0] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
             s = c.head[ch]
@@ -1054,6 +1082,8 @@ def _advance_plain(
     hits: Any,
     hit_n: Any,
     cl: Any,
+    rule: Any,
+    lc: kcopy.Last,
 ) -> int:
     """:func:`advance` for a call where every hash is one block: the loop before issue 21.
 
@@ -1083,6 +1113,8 @@ def _advance_plain(
         hits: Likewise.
         hit_n: Likewise.
         cl: Likewise.
+        rule: Likewise (R8: which copy an eviction takes).
+        lc: Likewise.
 
     Returns:
         The number of drops written to ``out``.
@@ -1090,8 +1122,12 @@ def _advance_plain(
     drops = 0
     scratch = np.zeros(len(live_gkey), dtype=np.int64)
     run_end = -1
+    cur = -1
     for i in range(len(op)):
         kind = op[i]
+        if sh.batch[i] != cur:
+            lc.n[0] = 0
+            cur = sh.batch[i]
         if kind == STORE:
             if cand[i] and i > run_end:
                 run_end = _announce(
@@ -1128,6 +1164,8 @@ def _advance_plain(
             e.aux[x, _OWNER] = x
             e.aux[x, _BNEXT] = -1
             e.aux[x, _SLOT] = s
+            e.aux[x, _BATCH] = cur
+            e.aux[x, _EVENT] = sh.event[i]
             e.aux[x, _BITS] = _LIVE_BIT
             meta[_LIVE] += 1
             if count == 0:
@@ -1151,33 +1189,21 @@ def _advance_plain(
                 out.what[i] = ORPHAN
                 continue
             x = t.head[s]
+            if t.copies[s] > 1:
+                # R8: which copy (kvtool/report/kcopy.py).
+                x, nc = kcopy.choose(t, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
+                if nc > 1:
+                    out.note[i] = NOTE_COPY
+            kcopy.remember(lc, e, x, ch, group[i], no_group[i])
             out.what[i] = EVICTED
             out.ts[i] = e.ts[x]
             out.gkey[i] = e.gkey[x]
             live_gkey[e.gkey[x]] -= 1
-            t.head[s] = e.next[x]
-            e.aux[x, _BITS] = 0
-            meta[_LIVE] -= 1
-            e.next[x] = meta[_FREE]
-            meta[_FREE] = x
-            t.copies[s] -= 1
             c.evictions[ch] += 1
-            if t.copies[s] == 0:
-                t.tail[s] = -1
-                t.gone_ts[s] = ts[i]
-                t.gone_evictions[s] = c.evictions[ch]
-                # Out of the channel's live-key list.
-                p, n = t.prev[s], t.next[s]
-                if p >= 0:
-                    t.next[p] = n
-                else:
-                    c.head[ch] = n
-                if n >= 0:
-                    t.prev[n] = p
-                t.prev[s] = -1
-                t.next[s] = -1
+            _unlink(t, e, c, meta, x, ts[i], ch)
         elif kind == CLEAR:
             ch = chan[i]
+            lc.n[0] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
             s = c.head[ch]
@@ -1250,6 +1276,7 @@ def step(
         What each row was, and the clears' drops (trimmed to their number).
     """
     n = len(op)
+    asked = plain
     is_store = op == STORE
     stores = int(is_store.sum())
     clears = int((op == CLEAR).sum())
@@ -1328,11 +1355,17 @@ def step(
         np.ascontiguousarray(ts, dtype=np.float64),
         np.ascontiguousarray(gkey, dtype=i64),
     )
-    ann = (np.int64(mode), state.hits, state.hit_n, cl)
+    ann = (np.int64(mode), state.hits, state.hit_n, cl, np.int64(state.rule), kcopy.last_evicted(n))
     if plain:
         drops = _advance_plain(*args, out, sh, cand, *ann)
     else:
         drops = advance(*args, sh, _pending(n), out, cand, *ann)
+    for k, shadow in enumerate(state.shadows):
+        # R8's bound: the same rows under the extreme rules (their own state).
+        so = step(shadow, op, chan, group, no_group, h, ts, gkey, gkeys, shape, asked, mode)
+        paired = np.flatnonzero(((so.what == EVICTED) | (so.what == EVICTED_EXTRA)))
+        paired = paired[np.isfinite(so.ts[paired])]
+        state.bound_samples[k].append((gkey[paired], ts[paired], so.ts[paired]))
     return out._replace(
         drop_row=out.drop_row[:drops],
         drop_gkey=out.drop_gkey[:drops],
