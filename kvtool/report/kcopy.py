@@ -150,12 +150,12 @@ def choose(
     seen = 0
     j = i + 1
     while j < len(op) and sh.batch[j] == cur and seen < LOOK_AHEAD:
-        if sh.event[j] != sh.event[j - 1] and op[j] != CLEAR:
-            if group[j] == ch_g and no_group[j] == ng:
-                seen += 1
-                if op[j] == REMOVE:
-                    lc.nxt[nn] = h[j]
-                    nn += 1
+        start = sh.event[j] != sh.event[j - 1] and op[j] != CLEAR
+        if start and group[j] == ch_g and no_group[j] == ng:
+            seen += 1
+            if op[j] == REMOVE:
+                lc.nxt[nn] = h[j]
+                nn += 1
         j += 1
     k = _slot_of(lc, t.chan[s], ch_g, ng)
     first = -1

@@ -1363,7 +1363,7 @@ def step(
     for k, shadow in enumerate(state.shadows):
         # R8's bound: the same rows under the extreme rules (their own state).
         so = step(shadow, op, chan, group, no_group, h, ts, gkey, gkeys, shape, asked, mode)
-        paired = np.flatnonzero(((so.what == EVICTED) | (so.what == EVICTED_EXTRA)))
+        paired = np.flatnonzero((so.what == EVICTED) | (so.what == EVICTED_EXTRA))
         paired = paired[np.isfinite(so.ts[paired])]
         state.bound_samples[k].append((gkey[paired], ts[paired], so.ts[paired]))
     return out._replace(
