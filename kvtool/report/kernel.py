@@ -95,6 +95,10 @@ EVICTED_EXTRA, PROMOTED, REKEY_REMOVE, DISCARD = 10, 11, 12, 13
 a partial primary key replaced when its block fills (R4), a Mamba checkpoint's old key on
 a re-key, a transient Mamba checkpoint discarded (R5)."""
 
+NOTE_PARTIAL = 3
+"""``Out.note`` of a store of a partial key that is its block's primary key (R2; the
+export's ``meaning`` ``partial_primary``)."""
+
 MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
 """The ``what`` of a store of a new physical block (``blocks_stored``)."""
 
@@ -331,6 +335,9 @@ class State:
         self.bound_samples: list[list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]] = [
             [] for _ in self.shadows
         ]
+        # Lifetimes no row carries: an evicted block's further keys whose removes did not
+        # come in the batch (R8). Likewise (report row, remove time, store time).
+        self.late_samples: list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]] = []
         self.forgotten = 0
         self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
@@ -621,13 +628,19 @@ class _Pending(NamedTuple):
     ``fold_*``: keys of blocks taken off just now whose removes follow (R3); ``lf_*``:
     per group, the last full block stored (a partial's host, R2); ``pr_*``: per group, a
     promoted block awaiting its full key (R4); ``pk``: keys promoted whose re-store is an
-    extra key; ``rk_*``: per group, a Mamba checkpoint block awaiting its new key (R5).
-    ``n``: [folds, lf, pr, pk, rk].
+    extra key; ``rk_*``: per group, a Mamba checkpoint block awaiting its new key (R5);
+    ``late_*``: lifetimes of evicted blocks' further keys whose removes never came in
+    their batch (R8: the entry's lifetime ends at the eviction all the same).
+    ``n``: [folds, lf, pr, pk, rk, late].
     """
 
     fold_slot: NDArray[Any]
     fold_ts: NDArray[Any]
     fold_gkey: NDArray[Any]
+    fold_rm: NDArray[Any]
+    late_gkey: NDArray[Any]
+    late_rm: NDArray[Any]
+    late_st: NDArray[Any]
     lf_chan: NDArray[Any]
     lf_group: NDArray[Any]
     lf_nog: NDArray[Any]
@@ -655,14 +668,31 @@ def _pending(n: int) -> _Pending:
     def b() -> NDArray[Any]:
         return np.zeros(n + 1, dtype=np.bool_)
 
+    def f() -> NDArray[Any]:
+        return np.zeros(n + 1, dtype=np.float64)
+
     return _Pending(
-        z(), np.zeros(n + 1, np.float64), z(),
+        z(), f(), z(), f(), z(), f(), f(),
         z(), z(), b(), z(), z(),
         z(), z(), b(), z(), np.zeros(n + 1, np.float64), b(),
         z(),
         z(), z(), b(),
-        np.zeros(5, dtype=i64),
+        np.zeros(6, dtype=i64),
     )  # fmt: skip
+
+
+@inline_kernel
+def _flush_folds(pd: _Pending) -> None:
+    """Forget the folded keys whose removes did not come; an evicted block's give their
+    lifetime all the same (``late_*``)."""
+    for k in range(pd.n[0]):
+        if np.isfinite(pd.fold_ts[k]):
+            m = pd.n[5]
+            pd.late_gkey[m] = pd.fold_gkey[k]
+            pd.late_rm[m] = pd.fold_rm[k]
+            pd.late_st[m] = pd.fold_ts[k]
+            pd.n[5] = m + 1
+    pd.n[0] = 0
 
 
 @inline_kernel
@@ -674,7 +704,8 @@ def _settle(pd: _Pending, c: Channels, chan: Any, out: Out) -> None:
             out.what[r] = EVICTED
             out.ts[r] = pd.pr_ts[k]
             c.evictions[chan[r]] += 1
-    for k in range(5):
+    _flush_folds(pd)
+    for k in range(1, 5):
         pd.n[k] = 0
 
 
@@ -709,6 +740,7 @@ def _drop_block(
             pd.fold_slot[k] = e.aux[y, _SLOT]
             pd.fold_ts[k] = e.ts[y] if life else np.nan
             pd.fold_gkey[k] = e.gkey[y]
+            pd.fold_rm[k] = ts
             pd.n[0] = k + 1
         _unlink(t, e, c, meta, y, ts, ch)
         y = ny
@@ -881,6 +913,7 @@ def advance(
             if partial and not rekey:
                 e.aux[x, _BITS] |= _PARTIAL_BIT
                 meta[_PARTIALS] += 1
+                out.note[i] = NOTE_PARTIAL
             if sh.last[i]:
                 e.aux[x, _BITS] |= _LAST_BIT
             _link(t, e, c, meta, s, x, ch)
@@ -913,6 +946,7 @@ def advance(
                 pd.fold_slot[folded] = pd.fold_slot[last]
                 pd.fold_ts[folded] = pd.fold_ts[last]
                 pd.fold_gkey[folded] = pd.fold_gkey[last]
+                pd.fold_rm[folded] = pd.fold_rm[last]
                 pd.n[0] = last
                 continue
             if t.chan[s] == _EMPTY or t.copies[s] == 0:
@@ -1015,7 +1049,8 @@ def advance(
             out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd, True)
         elif kind == CLEAR:
             ch = chan[i]
-            for k in range(5):
+            _flush_folds(pd)
+            for k in range(1, 5):
                 pd.n[k] = 0
             lc.n[0] = 0
             if ch >= len(c.head):
@@ -1359,13 +1394,20 @@ def step(
     if plain:
         drops = _advance_plain(*args, out, sh, cand, *ann)
     else:
-        drops = advance(*args, sh, _pending(n), out, cand, *ann)
+        pd = _pending(n)
+        drops = advance(*args, sh, pd, out, cand, *ann)
+        m = int(pd.n[5])
+        if m:
+            late = (pd.late_gkey[:m].copy(), pd.late_rm[:m].copy(), pd.late_st[:m].copy())
+            state.late_samples.append(late)
     for k, shadow in enumerate(state.shadows):
         # R8's bound: the same rows under the extreme rules (their own state).
         so = step(shadow, op, chan, group, no_group, h, ts, gkey, gkeys, shape, asked, mode)
         paired = np.flatnonzero((so.what == EVICTED) | (so.what == EVICTED_EXTRA))
         paired = paired[np.isfinite(so.ts[paired])]
         state.bound_samples[k].append((gkey[paired], ts[paired], so.ts[paired]))
+        state.bound_samples[k].extend(shadow.late_samples)
+        shadow.late_samples.clear()
     return out._replace(
         drop_row=out.drop_row[:drops],
         drop_gkey=out.drop_gkey[:drops],
@@ -1392,6 +1434,8 @@ __all__ = [
     "FLAG_WINDOW",
     "MAKES_BLOCK",
     "NONE",
+    "NOTE_COPY",
+    "NOTE_PARTIAL",
     "ORPHAN",
     "PROMOTED",
     "RECOMPUTED",
