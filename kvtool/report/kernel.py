@@ -683,8 +683,10 @@ def _pending(n: int) -> _Pending:
 
 @inline_kernel
 def _flush_folds(pd: _Pending) -> None:
-    """Forget the folded keys whose removes did not come; an evicted block's give their
-    lifetime all the same (``late_*``)."""
+    """Forget the folded keys whose removes did not come (at a batch's end, a clear).
+
+    An evicted block's give their lifetime all the same (``late_*``).
+    """
     for k in range(pd.n[0]):
         if np.isfinite(pd.fold_ts[k]):
             m = pd.n[5]

@@ -54,7 +54,9 @@ class CopyBound:
             life: The report's own lifetimes: the state's ``late_samples`` (lifetimes no
                 row carries) go there.
         """
-        for seconds, samples in (*zip(self.rules, state.bound_samples), (life, state.late_samples)):
+        # A state without shadows (bounds=False) has no bound samples.
+        pairs = list(zip(self.rules, state.bound_samples, strict=False))
+        for seconds, samples in [*pairs, (life, state.late_samples)]:
             for gkey, removed, stored in samples:
                 if len(gkey) == 0:
                     continue

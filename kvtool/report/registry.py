@@ -180,12 +180,14 @@ METRICS: tuple[Metric, ...] = (
     # R8 (docs/SEMANTICS.md): which copy of a twice-cached key an eviction took is not on
     # the wire; the lifetime quantiles under the two extreme rules (oldest copy first,
     # newest copy first), the lower and the higher of the two.
-    _m("lifetime_p50_s_bound_low", "life p50\nlow s", "life pNN s low = lifetime_pNN_s_bound_low (the lower of the lifetime "
-       "quantiles under the oldest-first and the newest-first copy rule)",
+    _m("lifetime_p50_s_bound_low", "life p50\nlow s", "life pNN s low = "
+       "lifetime_pNN_s_bound_low (the lower of the lifetime quantiles under the "
+       "oldest-first and the newest-first copy rule)",
        "seconds", "quantile", "none", "none", "",
        "Block lifetime p50, the lower of the two extreme copy rules."),
-    _m("lifetime_p50_s_bound_high", "life p50\nhigh s", "life pNN s high = lifetime_pNN_s_bound_high (the higher of the lifetime "
-       "quantiles under the oldest-first and the newest-first copy rule)",
+    _m("lifetime_p50_s_bound_high", "life p50\nhigh s", "life pNN s high = "
+       "lifetime_pNN_s_bound_high (the higher of the lifetime quantiles under the "
+       "oldest-first and the newest-first copy rule)",
        "seconds", "quantile", "none", "none", "",
        "Block lifetime p50, the higher of the two extreme copy rules."),
     _m("lifetime_p90_s_bound_low", "life p90\nlow s", "",
