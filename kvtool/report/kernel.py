@@ -585,7 +585,14 @@ def step(
     if n == 0:
         return out
     i64 = np.int64
-    sh = no_shape(n) if shape is None else shape
+    if shape is None:
+        # Every row its own batch: numbered below every real batch, across calls (R8 reads
+        # whether a copy was stored in the remove's batch).
+        sh = no_shape(n)
+        sh = sh._replace(batch=-2 - state.unshaped - sh.batch)
+        state.unshaped += n
+    else:
+        sh = shape
 
     def col(a: NDArray[Any] | None, dtype: Any, fill: Any) -> NDArray[Any]:
         if a is None:

@@ -181,6 +181,8 @@ class State:
         # Lifetimes no row carries: an evicted block's further keys whose removes did not
         # come in the batch (R8). Likewise (report row, remove time, store time).
         self.late_samples: list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]] = []
+        # Rows stepped without a shape (each its own batch, numbered -2, -3, ...).
+        self.unshaped = 0
         self.forgotten = 0
         self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
