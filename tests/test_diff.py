@@ -521,8 +521,7 @@ def test_issue12_cli_fail_on_exit_status(recs: dict[str, Path]) -> None:
     assert ok.exit_code == 0, ok.output
     assert (
         "sliding_window: 14 of 44 metrics changed; "
-        "largest ambiguous_copy_evictions +80.0% (10 -> 18)"
-        in " ".join(ok.stdout.split())
+        "largest ambiguous_copy_evictions +80.0% (10 -> 18)" in " ".join(ok.stdout.split())
     )
     bad = runner.invoke(
         app,
