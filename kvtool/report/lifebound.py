@@ -29,6 +29,11 @@ CopyBoundPart = tuple[SecondsPart, SecondsPart]
 
 _RULES = ("oldest", "newest")
 
+BOUND_EXACT = 100_000
+"""Samples per rule kept exactly before a histogram takes over (at most the report's own
+limit): the bound's quantiles are then the histogram's, and its memory stays small beside
+the report's exact lifetimes (live ``top``/``serve`` keep it under issue 23's bound)."""
+
 
 def _names(rule: str) -> tuple[str, ...]:
     return tuple(f"{c}_{rule}" for c in LIFETIME_COLUMNS)
@@ -50,7 +55,8 @@ class CopyBound:
             state: The kernel state (its :attr:`~kvtool.report.kernel.State.bound_samples`
                 and ``late_samples`` are emptied).
             limit: Exact samples kept before a histogram takes over
-                (:data:`~kvtool.report.aggregates.EXACT_LIFETIMES`).
+                (:data:`~kvtool.report.aggregates.EXACT_LIFETIMES`; the bound's at most
+                :data:`BOUND_EXACT`).
             life: The report's own lifetimes: the state's ``late_samples`` (lifetimes no
                 row carries) go there.
         """
@@ -61,7 +67,8 @@ class CopyBound:
                 if len(gkey) == 0:
                     continue
                 span: NDArray[Any] = (np.rint(removed * 1e6) - np.rint(stored * 1e6)) * 1e-6
-                seconds.add(gkey, np.maximum(span, 0.0), limit)
+                cap = limit if seconds is life else min(limit, BOUND_EXACT)
+                seconds.add(gkey, np.maximum(span, 0.0), cap)
             samples.clear()
 
     def part(self) -> CopyBoundPart:
@@ -83,9 +90,10 @@ class CopyBound:
         """
         out = cls()
         kept = [(p, ids) for p, ids in parts if p is not None]
+        cap = min(limit, BOUND_EXACT)
         out.rules = (
-            Seconds.merge([(p[0], ids) for p, ids in kept], limit),
-            Seconds.merge([(p[1], ids) for p, ids in kept], limit),
+            Seconds.merge([(p[0], ids) for p, ids in kept], cap),
+            Seconds.merge([(p[1], ids) for p, ids in kept], cap),
         )
         return out
 
@@ -125,4 +133,4 @@ class CopyBound:
         return out
 
 
-__all__ = ["CopyBound", "CopyBoundPart"]
+__all__ = ["BOUND_EXACT", "CopyBound", "CopyBoundPart"]
