@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from kvtool.annotate import GroupTable
-    from kvtool.columns import Progress, ReadStats
+    from kvtool.columns import Progress, ReadStats, TableAnnotator
     from kvtool.recording import RecordedMessage, RecordingReader, RecordingWriter
     from kvtool.replay import BatchFilter
     from kvtool.report.attribution import GroupKind
@@ -119,9 +119,10 @@ def _parquet_metadata() -> dict[str, str]:
 
 TIME_AND_HASH_COLUMNS = ("receive_time", "publish_time", "hash_hex")
 """Exported after the table's own columns (:data:`kvtool.columns.TABLE_SCHEMA`)."""
-DERIVED_COLUMNS = ("recomputed",)
+DERIVED_COLUMNS = ("recomputed", "meaning")
 """Exported last: per row, what the report's state kernel said (``recomputed``: a store of
-a key stored earlier and not live now; summed per group, the report's blocks_recomputed)."""
+a key stored earlier and not live now; summed per group, the report's blocks_recomputed;
+``meaning``: what the store or remove meant, issue 21, :mod:`kvtool.report.meaning`)."""
 
 
 def _hash_hex(hashes: pl.Series) -> pl.Series:
@@ -157,12 +158,18 @@ def _gather(
 
 
 def _report_rows(
-    chunks: Iterable[pl.DataFrame], group_kind: GroupKind | None
+    chunks: Iterable[pl.DataFrame],
+    group_kind: GroupKind | None,
+    report_mode: str | None = None,
 ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-    """Each chunk with its report rows and the state kernel's ``recomputed`` verdict.
+    """Each chunk with its report rows and the state kernel's verdicts.
 
-    Per row: (group_idx, kind, sliding_window) and ``recomputed`` (issue 20; summed per
-    group, the report's blocks_recomputed). One builder gives both.
+    Per row: (group_idx, kind, sliding_window), ``recomputed`` (issue 20; summed per
+    group, the report's blocks_recomputed) and ``meaning`` (issue 21,
+    :mod:`kvtool.report.meaning`; counted per group, the report's columns). One builder
+    gives them all, in ``report_mode`` (None: the annotator's, else ``auto``); hit
+    announcements are told apart as in ``report`` where the chunks carry ``parent`` and
+    ``origin`` (:func:`_tables`).
 
     The chunks go through the report's own builder, so every block is filed as ``report``
     files it (issue 24): a store under its kind (:func:`kvtool.annotate.kind_label`: a kind
@@ -175,8 +182,10 @@ def _report_rows(
 
     from kvtool.report import kernel
     from kvtool.report.builder import ReportBuilder
+    from kvtool.report.meaning import codes, labels
 
-    b = ReportBuilder(None, group_kind)
+    b = ReportBuilder(None, group_kind, report_mode=report_mode)
+    b.kstate = kernel.State(b.max_keys)  # no lifetime bound: export has no lifetimes
     for df in chunks:
         b.add(df)
         keys = list(b.registry)  # in gkey order: gkey i is the i-th key registered
@@ -190,9 +199,50 @@ def _report_rows(
                 "kind": _gather([k[1] for k in keys], pl.String, at, none),
                 "sliding_window": _gather([k[2] for k in keys], pl.Int64, at, none),
                 "recomputed": pl.Series(b.row_what == kernel.RECOMPUTED, dtype=pl.Boolean),
+                "meaning": labels(codes(b.row_what, b.row_note, df["type_code"].to_numpy())),
             }
         )
         yield df, rows
+
+
+def _tables(
+    paths: Sequence[str],
+    stats: ReadStats,
+    annotator: TableAnnotator,
+    select: BatchFilter | None,
+    progress: Progress | None,
+) -> Iterator[pl.DataFrame]:
+    """The annotated table chunks, with the columns the report reads beyond the flat table.
+
+    Read without labels (as ``report`` reads), so that ``parent`` and ``origin`` stay
+    (hit announcements, R6); :func:`_labelled` adds the labels before writing.
+    """
+    from kvtool.columns import iter_tables
+
+    for df in iter_tables(paths, stats=stats, labels=False, select=select, progress=progress):
+        yield annotator(df, stats)
+
+
+def _labelled(df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
+    """Add the ``recording``, ``channel`` and ``type`` columns (as a labelled read has them)."""
+    import polars as pl
+
+    from kvtool.columns import EVENT_TYPE, EVENT_TYPE_NAMES
+
+    names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
+    recs = pl.DataFrame(
+        {
+            "channel_id": list(names),
+            "recording": [v[0] for v in names.values()],
+            "channel": [v[1] for v in names.values()],
+        },
+        schema={"channel_id": pl.UInt32, "recording": pl.String, "channel": pl.String},
+    )
+    return df.join(recs, on="channel_id", how="left", maintain_order="left").with_columns(
+        type=pl.col("type_code")
+        .cast(pl.Int64)
+        .replace_strict([0, 1, 2], list(EVENT_TYPE_NAMES), return_dtype=EVENT_TYPE)
+    )
 
 
 def _export_frame(df: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
@@ -231,7 +281,9 @@ def _empty_frame() -> pl.DataFrame:
     rows = pl.DataFrame(
         schema={"group_idx": pl.Int64, "kind": pl.String, "sliding_window": pl.Int64}
     )
-    return _export_frame(empty_table(), rows).with_columns(recomputed=pl.lit(False, pl.Boolean))
+    return _export_frame(empty_table(), rows).with_columns(
+        recomputed=pl.lit(False, pl.Boolean), meaning=pl.lit(None, pl.String)
+    )
 
 
 def _partition_dir(channel: str | None, rank: int | None) -> str:
@@ -250,6 +302,7 @@ def export_table(
     stats: ReadStats | None = None,
     select: BatchFilter | None = None,
     progress: Progress | None = None,
+    report_mode: str | None = None,
 ) -> ExportResult:
     """Write the annotated flat table of ``files`` to ``output`` (Parquet, CSV or a directory).
 
@@ -266,6 +319,8 @@ def export_table(
         select: Export only these batches (``--channel``, ``--rank``, ``--since``,
             ``--until``: the selection of :func:`kvtool.columns.iter_raw_chunks`).
         progress: Called with (bytes done, bytes total) of the input files.
+        report_mode: How parentless stores are read (``--report-mode``: ``auto``,
+            ``full``, ``incremental``; None: ``auto``), as ``report`` reads them.
 
     Returns:
         What was written.
@@ -276,7 +331,7 @@ def export_table(
         MetadataError: Invalid group metadata.
         RecordingError: A recording cannot be opened.
     """
-    from kvtool.columns import ReadStats, iter_annotated, make_annotator
+    from kvtool.columns import ReadStats, make_annotator
 
     layout = export_layout(output)
     out = Path(output)
@@ -294,12 +349,12 @@ def export_table(
         groups_file=os.fspath(groups_file) if groups_file is not None else None,
         group_flags=group_flags or None,
     )
-    annotated = iter_annotated(
-        paths, stats=st, annotator=annotator, select=select, progress=progress
-    )
+    annotated = _tables(paths, st, annotator, select, progress)
     chunks = (
-        _export_frame(c, rows).with_columns(recomputed=rows["recomputed"])
-        for c, rows in _report_rows(annotated, annotator.group_kind)
+        _export_frame(_labelled(c, st), rows).with_columns(
+            recomputed=rows["recomputed"], meaning=rows["meaning"]
+        )
+        for c, rows in _report_rows(annotated, annotator.group_kind, report_mode)
     )
     try:
         if layout is ExportLayout.DIRECTORY:

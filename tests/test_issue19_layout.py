@@ -22,7 +22,6 @@ MAX_CLASS_LINES = 400
 # the goal leaves this list; nothing new joins it.
 OVER_MODULE_GOAL = {
     "kvtool/report/builder.py",
-    "kvtool/report/kernel.py",
 }
 # Known import cycles, not to grow: each strongly connected set of modules, sorted.
 KNOWN_CYCLES: list[list[str]] = []

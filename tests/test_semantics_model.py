@@ -186,7 +186,7 @@ def test_issue21_report_mode_incremental_is_todays_key_counting() -> None:
     d = SEMANTICS / "d_gemma3_report_full"
     groups = json.loads((d / "groups.json").read_text())
     path = d / "d_gemma3_report_full.mcap"
-    model = run_recording(path, groups, report_mode="incremental", copy_rule="oldest")
+    model = run_recording(path, groups, report_mode="incremental")
     fa = {r["kind"]: r for r in summary(model)["by_kind"]}["full_attention"]
     assert fa["hit_announced_blocks"] == 0
     assert fa["blocks_stored"] == 6241
@@ -254,7 +254,7 @@ B16 = sorted([*RECORDINGS.glob("*.mcap"), *(DATA / "recordings").glob("*.mcap")]
 
 @pytest.mark.parametrize("path", B16, ids=lambda p: p.name)
 def test_issue21_block16_recordings_give_todays_numbers(path: Path) -> None:
-    model = summary(run_recording(path, copy_rule="oldest"))
+    model = summary(run_recording(path))
     assert_todays_numbers(path, model)
     for row in model["by_group"]:
         assert row["hit_announced_blocks"] == 0 and row["ambiguous_announcements"] == 0
@@ -333,8 +333,8 @@ def test_issue21_report_counts_equal_the_model_per_kind(name: str, table: str) -
     kvtool/report/announce.py port its rules): every column the model has and the report
     too is equal, per kind and per group, in all three runs. A bound is the model's upper end
     less the value (the report gives how much more it could be; each lower end follows from
-    the other's). Not
-    compared: lifetimes (R8's copy rule is not ported: the kernel's is oldest first)."""
+    the other's). Lifetimes too (R8, kvtool/report/kcopy.py: the model's ``adjacent``
+    rule)."""
     path = SEMANTICS / name / f"{name}.mcap"
     result = runner.invoke(app, ["report", str(path), "--format", "json"])
     assert result.exit_code == 0, result.stderr
@@ -344,7 +344,7 @@ def test_issue21_report_counts_equal_the_model_per_kind(name: str, table: str) -
     for row in scenario(name)[0][table]:
         want = got[row[key]]
         for col, value in row.items():
-            if col not in want or col.startswith("lifetime_"):
+            if col not in want:
                 continue
             if col.endswith("_bound"):  # the report gives how much more it could be
                 value = value[1] - row[col.removesuffix("_bound")]  # type: ignore[index,operator]

@@ -9,6 +9,7 @@ import typer
 
 from kvtool.commands import check_inputs, examples, get_env, missing_batches
 from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
+from kvtool.commands.report import ReportMode, ReportModeOption
 from kvtool.errors import ExitStatus
 from kvtool.text import printable
 
@@ -43,12 +44,18 @@ def export(
     until: Until = None,
     rank: Ranks = None,
     channel: Channels = None,
+    report_mode: ReportModeOption = ReportMode.auto,
 ) -> ExitStatus:
     """Write the flat table (one row per block event, annotated) to Parquet or CSV.
 
     Columns: log_time, ts, seq, recording, channel, channel_id, dp_rank, type, group_idx,
     kind, sliding_window, hash (signed 64-bit), tokens (the event's, on its first row),
-    medium, event_index, block_index, block_count. Recordings are read chunk by chunk.
+    medium, event_index, block_index, block_count, then the report's verdicts:
+    recomputed, and meaning (what the store or remove was: new_entry, partial_primary,
+    recomputed, stored_while_live, partial_extra, rekey, discarded_checkpoint,
+    hit_announcement, eviction, evicted_extra_key, partial_promotion, rekey_remove,
+    checkpoint_discard, orphan, clear; --report-mode as for report). Recordings are read
+    chunk by chunk.
     The format follows OUT: .parquet, .csv, or a directory (partitioned Parquet).
     """
     # Imported here, not with the command list (polars): `kvtool --help` needs none of it.
@@ -73,6 +80,7 @@ def export(
             stats=stats,
             select=select,
             progress=bar.update if bar.shown else None,
+            report_mode=report_mode.value,
         )
     note = selection_note(
         [("--channel", channel), ("--rank", rank), ("--since", since), ("--until", until)],
@@ -114,7 +122,7 @@ COMMAND_OPTIONS = {
 HELP_PANELS = {
     "export": {
         "Filters": ["--since", "--until", "--rank", "--channel", "--clock"],
-        "Annotation": ["--groups", "--group-meta"],
+        "Annotation": ["--groups", "--group-meta", "--report-mode"],
         "Output": ["--output", "--force", "--quiet"],
     }
 }

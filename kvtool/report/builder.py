@@ -60,6 +60,7 @@ from kvtool.report.aggregates import (
     check_clock,
     sorted_union,
 )
+from kvtool.report.lifebound import CopyBound
 from kvtool.report.names import (
     ALIASES,
     DISTANCE_COLUMNS,
@@ -248,7 +249,8 @@ class ReportBuilder:
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow | MediumRow, int] = {}
-        self.kstate = kernel.State(max_keys)
+        self.kstate = kernel.State(max_keys, bounds=True)
+        self.copy_bound = CopyBound()  # R8's lifetime bound (kvtool/report/lifebound.py)
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=_I64)
         # Distinct stored hashes per gkey: a sorted, duplicate-free int64 array each, merged
         # with each chunk's new hashes now and then (sort-merge: no big hash tables).
@@ -279,6 +281,7 @@ class ReportBuilder:
         self.row_gkey: NDArray[Any] = np.zeros(0, dtype=_I64)
         # The kernel's ``what`` of each row of the last chunk added (kernel.NONE ...).
         self.row_what: NDArray[Any] = np.zeros(0, dtype=np.int8)
+        self.row_note: NDArray[Any] = np.zeros(0, dtype=np.int8)
         # Publisher restarts (a channel's seq going backwards): per channel, [restarts,
         # live blocks they dropped]; the kernel's channel of each stream now (a new one
         # from each restart on), the stream of each kernel channel, the last seq seen.
@@ -438,6 +441,7 @@ class ReportBuilder:
         if df.height == 0:
             self.row_gkey = np.zeros(0, dtype=_I64)
             self.row_what = np.zeros(0, dtype=np.int8)
+            self.row_note = np.zeros(0, dtype=np.int8)
             return
         n = df.height
         first_row = self.rows
@@ -515,6 +519,7 @@ class ReportBuilder:
                 gkey[moved] = self._gkey_of(None, UNATTRIBUTED, None)
         self.row_gkey = gkey
         self.row_what = what  # the kernel's verdict per row (kvtool.report.tiers reads it)
+        self.row_note = out.note  # and its note (kvtool.report.meaning reads it)
         self._add_counts(
             df,
             gkey,
@@ -532,6 +537,7 @@ class ReportBuilder:
         self._add_distinct(gkey[real], hashes[real])
         paired = np.flatnonzero((what == kernel.EVICTED) | (what == kernel.EVICTED_EXTRA))
         self._add_lifetimes(gkey[paired], ts[paired], out.ts[paired])
+        self.copy_bound.take(self.kstate, EXACT_LIFETIMES, self.life)
         again = np.flatnonzero(what == kernel.RECOMPUTED)
         if len(again):
             gap = _seconds_between(out.ts[again], ts[again])
@@ -862,6 +868,7 @@ class ReportBuilder:
             live_end=live_end,
             distinct=dict(self.distinct),
             lifetimes=self.life.part(),
+            copy_bound=self.copy_bound.part(),
             gaps=self.gaps.part(),
             distances=self.distances.frame(),
             negative_lifetimes=self.negative_lifetimes,
@@ -948,6 +955,9 @@ class ReportBuilder:
         b.distinct = {g: sorted_union(hs) for g, hs in distinct.items()}
         b.life = Seconds.merge(
             [(p.lifetimes, i) for p, i in zip(parts, row_ids, strict=True)], EXACT_LIFETIMES
+        )
+        b.copy_bound = CopyBound.merge(
+            [(p.copy_bound, i) for p, i in zip(parts, row_ids, strict=True)], EXACT_LIFETIMES
         )
         b.gaps = Seconds.merge(
             [(p.gaps, i) for p, i in zip(parts, row_ids, strict=True)], EXACT_LIFETIMES
@@ -1062,6 +1072,7 @@ class ReportBuilder:
         # many more blocks each could be (the ambiguous runs counted as the other).
         add[:, col["blocks_stored_bound"]] = per(what == kernel.ANNOUNCED_AMBIGUOUS)
         add[:, col["hit_announced_blocks_bound"]] = per(out.note[rows] == announce.NOTE_AMBIGUOUS)
+        add[:, col["ambiguous_copy_evictions"]] = per(out.note[rows] == kernel.NOTE_COPY)
         # Keys live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
         # off (under the report row it was stored under), minus the keys clears drop.
         taken = rm & np.isin(what, _KEY_OUT)
@@ -1269,6 +1280,7 @@ class ReportBuilder:
             quants = (
                 [
                     self.life.quantiles(levels, members, LIFETIME_COLUMNS, size),
+                    self.copy_bound.quantiles(levels, members, size),
                     self.gaps.quantiles(levels, members, GAP_COLUMNS, size),
                     self.distances.quantiles(levels, members, DISTANCE_COLUMNS),
                 ]

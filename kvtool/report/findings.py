@@ -157,7 +157,46 @@ def report_findings(
     # Hit announcements (issue 21, docs/SEMANTICS.md R6).
     mode = getattr(annotator, "report_mode", "auto")
     out.extend(Finding(kind, text) for kind, text in announce.findings(tot, mode))
+    if tot.get("ambiguous_copy_evictions"):
+        out.append(Finding("copy_choice", copy_choice_finding(tot)))
     return out
+
+
+COPY_RULE = (
+    "the copy whose further keys the next removes name, else one not stored in the batch, "
+    "else the one stored with the block evicted just before, else the oldest"
+)
+"""R8's rule, as the ``copy_choice`` finding states it (docs/SEMANTICS.md)."""
+
+
+def copy_choice_finding(row: dict[str, object]) -> str:
+    """The finding for evictions of a key cached in several blocks (R8), with the bound.
+
+    Args:
+        row: A report row (``totals``) with ``ambiguous_copy_evictions`` and the lifetime
+            columns and their bounds.
+
+    Returns:
+        E.g. ``51 evictions were of a key cached in several blocks: which copy vLLM
+        evicted is not on the wire; lifetimes take …; under the oldest-first and
+        newest-first rules lifetime p50 is between 0.008 and 0.009 s, …``.
+    """
+    parts = []
+    for q in ("p50", "p90", "p99"):
+        low, high = row.get(f"lifetime_{q}_s_bound_low"), row.get(f"lifetime_{q}_s_bound_high")
+        if low is not None and high is not None:
+            parts.append(f"{q} between {low} and {high} s")
+    n = row["ambiguous_copy_evictions"]
+    bound = (
+        f"; under the oldest-first and newest-first rules lifetime {', '.join(parts)}"
+        if parts
+        else ""
+    )
+    return (
+        f"{n} eviction(s) were of a key cached in several blocks: which copy vLLM evicted "
+        f"is not on the wire; lifetimes take {COPY_RULE}{bound} "
+        "(lifetime_pNN_s_bound_low/high)"
+    )
 
 
 UNGROUPED_SOURCES = "SGLang, or vLLM before group_idx (~0.21, vllm#37688)"

@@ -1,8 +1,11 @@
-"""What the state kernel's modules share: the key table's probe and the row flags.
+"""What the state kernel's modules share: the key table's probe, the row flags and codes.
 
-:mod:`kvtool.report.kernel` (the rules loop and the block-16 loop) and
-:mod:`kvtool.report.announce` (hit announcements, issue 21) both read the key table; its
-probe lives here so that neither imports the other's internals.
+The state kernel is :mod:`kvtool.report.kernel` (the rules loop and :func:`step`), over
+:mod:`kvtool.report.kstate` (the key table, the entry pool, :class:`State`),
+:mod:`kvtool.report.krules` (the per-batch bookkeeping of the issue 21 rules),
+:mod:`kvtool.report.kcopy` (R8: which copy an eviction takes),
+:mod:`kvtool.report.kplain` (the block-16 loop) and :mod:`kvtool.report.announce` (hit
+announcements). Each imports only the ones below it; what they all read lives here.
 """
 
 from __future__ import annotations
@@ -14,6 +17,42 @@ from kvtool.columns import np
 
 EMPTY = -1
 """``Table.chan`` of an empty slot."""
+
+OWNER, BNEXT, SLOT, BATCH, ROW, BITS, STAMP, EVENT = range(8)
+"""Columns of ``Entries.aux`` (one row, one cache line, per entry; see
+:class:`kvtool.report.kstate.Entries`)."""
+AUX_FILL = (-1, -1, -1, -1, -1, 0, 0, -1)
+"""``Entries.aux`` of a fresh entry."""
+PARTIAL_BIT, LAST_BIT, LIVE_BIT = 1, 2, 4
+"""Bits of ``Entries.aux[:, BITS]``: a partial primary key, the last block of its store
+event, live."""
+SKIP, STORE, REMOVE, CLEAR = 0, 1, 2, 3
+"""Row kinds, the kernel's input (``op``): a row the state does not see, a store of one
+block, a remove of one block, an ``AllBlocksCleared`` of the row's channel."""
+
+NONE, FIRST, WHILE_LIVE, RECOMPUTED, EVICTED, ORPHAN = 0, 1, 2, 3, 4, 5
+"""What a row was (the kernel's output ``what``)."""
+
+EXTRA, EXTRA_NOOP, REKEY, DISCARDED_STORE = 6, 7, 8, 9
+"""What a store was beyond a new block (issue 21, docs/SEMANTICS.md): a partial key added
+to a block already cached (R2), one that block already had, a new key on a block already
+cached (a partial block promoted to full, R4; a Mamba checkpoint re-keyed, R5), a Mamba
+checkpoint stored and discarded in the same batch (R5: it leaves ``blocks_stored``)."""
+
+EVICTED_EXTRA, PROMOTED, REKEY_REMOVE, DISCARD = 10, 11, 12, 13
+"""What a remove was beyond an eviction: a further key of a block evicted just before (R3),
+a partial primary key replaced when its block fills (R4), a Mamba checkpoint's old key on
+a re-key, a transient Mamba checkpoint discarded (R5)."""
+
+NOTE_PARTIAL = 3
+"""``Out.note`` of a store of a partial key that is its block's primary key (R2; the
+export's ``meaning`` ``partial_primary``)."""
+
+MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
+"""The ``what`` of a store of a new physical block (``blocks_stored``)."""
+
+UNIT = 16
+"""Tokens: vLLM's block sizes and hash units are multiples of it."""
 
 FLAG_MAMBA, FLAG_WINDOW, FLAG_CHANNEL_MAMBA, FLAG_PREFIX, FLAG_TIER = 1, 2, 4, 8, 16
 """Bits of :attr:`kvtool.report.kernel.Shape.flags`: the row's group is a Mamba group, a
@@ -53,12 +92,45 @@ def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
 
 
 __all__ = [
+    "AUX_FILL",
+    "BATCH",
+    "BITS",
+    "BNEXT",
+    "CLEAR",
+    "DISCARD",
+    "DISCARDED_STORE",
     "EMPTY",
+    "EVENT",
+    "EVICTED",
+    "EVICTED_EXTRA",
+    "EXTRA",
+    "EXTRA_NOOP",
+    "FIRST",
     "FLAG_CHANNEL_MAMBA",
     "FLAG_MAMBA",
     "FLAG_PREFIX",
     "FLAG_TIER",
     "FLAG_WINDOW",
+    "LAST_BIT",
+    "LIVE_BIT",
+    "MAKES_BLOCK",
+    "NONE",
+    "NOTE_PARTIAL",
+    "ORPHAN",
+    "OWNER",
+    "PARTIAL_BIT",
+    "PROMOTED",
+    "RECOMPUTED",
+    "REKEY",
+    "REKEY_REMOVE",
+    "REMOVE",
+    "ROW",
+    "SKIP",
+    "SLOT",
+    "STAMP",
+    "STORE",
+    "UNIT",
+    "WHILE_LIVE",
     "mix",
     "probe",
 ]

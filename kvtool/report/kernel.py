@@ -14,9 +14,15 @@ each row is:
   *recompute*: its *gap* is the time since the removal (or clear) that left the key
   with no copy, its *distance* the evictions in the pool (every effective remove of
   the channel, in any group) after that removal and before the store;
-- a remove of a live key is *effective* (an eviction): it removes the key's oldest
-  copy (first in, first out), whose store time and report row make the lifetime;
+- a remove of a live key is *effective* (an eviction): it removes one copy of the key
+  (R8, :mod:`kvtool.report.kcopy`: the copy whose further keys the next removes name,
+  else one not stored in this batch, else the one stored with the block evicted just
+  before, else the oldest), whose store time and report row make the lifetime;
 - a remove of a key that is not live is an *orphan*.
+
+Issue 21 (docs/SEMANTICS.md) classifies further what a row meant (partial keys, folded
+evictions, promotions, Mamba re-keys and discards, hit announcements: the codes in
+:mod:`kvtool.report.kbase`).
 
 State carried between calls, all in arrays (:class:`State`):
 
@@ -31,126 +37,68 @@ State carried between calls, all in arrays (:class:`State`):
 - per channel: the head of its live-key list and its eviction count;
 - per report row: its live copies now.
 
-:func:`advance` is the one loop: one branch per row kind (store, remove, clear).
+:func:`advance` is the rules' loop: one branch per row kind (store, remove, clear);
+:func:`kvtool.report.kplain.advance_plain` the loop where every hash is one block. The
+state lives in :mod:`kvtool.report.kstate`, the rules' per-batch bookkeeping in
+:mod:`kvtool.report.krules`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from kvtool._jit import inline_kernel, kernel
+from kvtool._jit import kernel
 from kvtool.columns import np
-from kvtool.report import announce
+from kvtool.report import announce, kbase, kcopy, krules
 from kvtool.report.announce import ANNOUNCED, ANNOUNCED_AMBIGUOUS
 from kvtool.report.announce import announce as _announce
 from kvtool.report.kbase import (
-    EMPTY,
+    CLEAR,
+    DISCARD,
+    DISCARDED_STORE,
+    EVICTED,
+    EVICTED_EXTRA,
+    EXTRA,
+    EXTRA_NOOP,
+    FIRST,
     FLAG_CHANNEL_MAMBA,
     FLAG_MAMBA,
     FLAG_PREFIX,
     FLAG_TIER,
     FLAG_WINDOW,
+    MAKES_BLOCK,
+    NONE,
+    NOTE_PARTIAL,
+    ORPHAN,
+    PROMOTED,
+    RECOMPUTED,
+    REKEY,
+    REKEY_REMOVE,
+    REMOVE,
+    SKIP,
+    STORE,
+    UNIT,
+    WHILE_LIVE,
 )
 from kvtool.report.kbase import probe as _probe
+from kvtool.report.kcopy import NOTE_COPY
+from kvtool.report.kplain import advance_plain
+from kvtool.report.kstate import EXTRAS as _EXTRAS
+from kvtool.report.kstate import FREE as _FREE
+from kvtool.report.kstate import KEYS as _KEYS
+from kvtool.report.kstate import LIVE as _LIVE
+from kvtool.report.kstate import PARTIALS as _PARTIALS
+from kvtool.report.kstate import Channels, Entries, State, Table, alloc, link
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-SKIP, STORE, REMOVE, CLEAR = 0, 1, 2, 3
-"""Row kinds, the kernel's input (``op``): a row the state does not see, a store of one
-block, a remove of one block, an ``AllBlocksCleared`` of the row's channel."""
-
-NONE, FIRST, WHILE_LIVE, RECOMPUTED, EVICTED, ORPHAN = 0, 1, 2, 3, 4, 5
-"""What a row was (the kernel's output ``what``)."""
-
-EXTRA, EXTRA_NOOP, REKEY, DISCARDED_STORE = 6, 7, 8, 9
-"""What a store was beyond a new block (issue 21, docs/SEMANTICS.md): a partial key added
-to a block already cached (R2), one that block already had, a new key on a block already
-cached (a partial block promoted to full, R4; a Mamba checkpoint re-keyed, R5), a Mamba
-checkpoint stored and discarded in the same batch (R5: it leaves ``blocks_stored``)."""
-
-EVICTED_EXTRA, PROMOTED, REKEY_REMOVE, DISCARD = 10, 11, 12, 13
-"""What a remove was beyond an eviction: a further key of a block evicted just before (R3),
-a partial primary key replaced when its block fills (R4), a Mamba checkpoint's old key on
-a re-key, a transient Mamba checkpoint discarded (R5)."""
-
-MAKES_BLOCK = (FIRST, WHILE_LIVE, RECOMPUTED)
-"""The ``what`` of a store of a new physical block (``blocks_stored``)."""
-
-_EMPTY = EMPTY
-_PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = 1, 2, 4
-_UNIT = 16  # tokens: vLLM's block sizes and hash units are multiples of it
-
-
-class Table(NamedTuple):
-    """The hash table over (channel, group, no_group, hash): one slot per key ever stored.
-
-    Attributes:
-        chan: Channel of the slot's key (-1: an empty slot).
-        group: Group (0 where ``no_group``).
-        no_group: The key has no ``group_idx`` (older vLLM).
-        hash: Block hash.
-        copies: Live copies.
-        head: Oldest live copy (entry index, -1: none).
-        tail: Newest live copy.
-        gone_ts: When the key last went from live to not live (seconds).
-        gone_evictions: Its pool's eviction count just after that.
-        prev: Previous live key of the channel (slot, -1: none).
-        next: Next live key of the channel.
-    """
-
-    chan: NDArray[Any]
-    group: NDArray[Any]
-    no_group: NDArray[Any]
-    hash: NDArray[Any]
-    copies: NDArray[Any]
-    head: NDArray[Any]
-    tail: NDArray[Any]
-    gone_ts: NDArray[Any]
-    gone_evictions: NDArray[Any]
-    prev: NDArray[Any]
-    next: NDArray[Any]
-
-
-class Entries(NamedTuple):
-    """The entry pool: one entry per live copy of a key, i.e. per (key, physical block).
-
-    A physical block is its *primary* entry (``owner`` is itself) and the chain of its
-    extra keys' entries (partial entries, issue 21), linked by ``bnext``.
-
-    Attributes:
-        ts: Store time (seconds).
-        gkey: The report row it was stored under.
-        next: The key's next younger copy, or the next free entry (-1: none).
-        aux: Per entry, one row (one cache line) of: ``owner``, the block's primary
-            entry; ``bnext``, the next entry of the same block (-1: none); ``slot``, the
-            key's table slot; ``batch``, the batch it was stored in
-            (:attr:`Shape.batch`); ``row``, its store's row in the call that stored it;
-            ``bits``, 1: a partial primary key, 2: the last block of its store event,
-            4: live; ``serial``, which allocation of the entry this is.
-    """
-
-    ts: NDArray[Any]
-    gkey: NDArray[Any]
-    next: NDArray[Any]
-    aux: NDArray[Any]
-
-
-_OWNER, _BNEXT, _SLOT, _BATCH, _ROW, _BITS, _STAMP = range(7)
-_AUX_FILL = (-1, -1, -1, -1, -1, 0, 0)
-
-
-def _entries(size: int, old: Entries | None = None) -> Entries:
-    aux = np.empty((size, len(_AUX_FILL)), dtype=np.int64)
-    aux[:] = _AUX_FILL
-    if old is None:
-        return Entries(
-            np.zeros(size, np.float64), np.zeros(size, np.int32), np.full(size, -1, np.int32), aux
-        )
-    aux[: len(old.aux)] = old.aux
-    return Entries(
-        _grown(old.ts, size, 0.0), _grown(old.gkey, size, 0), _grown(old.next, size, -1), aux
-    )
+_EMPTY = kbase.EMPTY
+_OWNER, _BNEXT, _SLOT, _BATCH = kbase.OWNER, kbase.BNEXT, kbase.SLOT, kbase.BATCH
+_ROW, _BITS, _STAMP, _EVENT = kbase.ROW, kbase.BITS, kbase.STAMP, kbase.EVENT
+_PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = kbase.PARTIAL_BIT, kbase.LAST_BIT, kbase.LIVE_BIT
+_UNIT = UNIT
+_advance_plain = advance_plain  # the name serve's warm-up test reads
 
 
 class Shape(NamedTuple):
@@ -203,27 +151,6 @@ def no_shape(n: int) -> Shape:
     return Shape(r, r, z, np.ones(n, np.int64), np.ones(n, np.bool_), z, np.zeros(n, np.int8))
 
 
-class Channels(NamedTuple):
-    """Per channel (one block pool).
-
-    Attributes:
-        head: First live key (slot, -1: none).
-        evictions: Evictions so far (physical blocks).
-        mamba: A Mamba group's row was seen (partial keys may be primary keys).
-        announced: Certain hit announcements so far (issue 21, R6).
-    """
-
-    head: NDArray[Any]
-    evictions: NDArray[Any]
-    mamba: NDArray[Any]
-    announced: NDArray[Any]
-
-
-# meta: [keys in the table, entries ever handed out, head of the free list, live entries,
-# allocations so far, live partial primary entries, live extra-key entries]
-_KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = 0, 1, 2, 3, 4, 5, 6
-
-
 class Out(NamedTuple):
     """What one call found, per input row and per clear.
 
@@ -259,442 +186,6 @@ class Out(NamedTuple):
     back_gkey: NDArray[Any]
 
 
-def _table(capacity: int) -> Table:
-    # Slots and entries are numbered in int32 (a table of 2**31 keys would need 120 GB):
-    # 57 bytes a slot instead of 81.
-    i32, i64 = np.int32, np.int64
-    return Table(
-        np.full(capacity, _EMPTY, dtype=i32),
-        np.zeros(capacity, dtype=i64),
-        np.zeros(capacity, dtype=np.bool_),
-        np.zeros(capacity, dtype=i64),
-        np.zeros(capacity, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-        np.zeros(capacity, dtype=np.float64),
-        np.zeros(capacity, dtype=i64),
-        np.full(capacity, -1, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-    )
-
-
-def _grown(a: NDArray[Any], size: int, fill: Any) -> NDArray[Any]:
-    out = np.full(size, fill, dtype=a.dtype)
-    out[: len(a)] = a
-    return out
-
-
-class State:
-    """The kernel's state, carried between chunks (see the module docstring).
-
-    A fresh state is empty; :meth:`reserve` makes room before each :func:`advance`.
-
-    Args:
-        max_keys: Keep at most about this many keys (None: every key ever stored, exact).
-            Past it, :meth:`reserve` forgets the keys that went not live the longest ago
-            (down to three quarters of it, at least a quarter at a time; live keys are
-            never forgotten, so at most a quarter of it is gone keys kept beside them when
-            they alone pass it): a later store of a forgotten key is a first store, not a
-            recompute. :attr:`forgotten` counts them, :attr:`forgotten_ts` is the newest
-            removal time forgotten.
-    """
-
-    def __init__(self, max_keys: int | None = None) -> None:
-        self.max_keys = max_keys
-        self.forgotten = 0
-        self.forgotten_ts: float | None = None
-        self.table = _table(1 << 10)
-        self.entries = _entries(0)
-        self.channels = Channels(
-            np.zeros(0, dtype=np.int64),
-            np.zeros(0, dtype=np.int64),
-            np.zeros(0, dtype=np.int8),
-            np.zeros(0, dtype=np.int64),
-        )
-        # Per (channel, group), the last hit announcement counted (announce.py, R7).
-        self.hits = np.zeros((0, announce.HIT_FIELDS), dtype=np.int64)
-        self.hit_n = np.zeros(1, dtype=np.int64)
-        self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
-        # Live physical blocks per report row (a block counts under its primary key's).
-        self.live_gkey = np.zeros(0, dtype=np.int64)
-
-    @property
-    def keys(self) -> int:
-        """Keys in the table (every key ever stored)."""
-        return int(self.meta[_KEYS])
-
-    def reserve(self, stores: int, top_channel: int, gkeys: int, announcements: int = 0) -> None:
-        """Make room for ``stores`` more stores, channels up to ``top_channel``, ``gkeys`` rows.
-
-        Args:
-            stores: Stores in the next call (each may add a key and an entry).
-            top_channel: The largest channel id of the next call.
-            gkeys: Report rows the next call may name.
-            announcements: Events of the next call that may be hit announcements (each
-                may add a hit record).
-        """
-        want_hits = int(self.hit_n[0]) + announcements
-        if want_hits > len(self.hits):
-            grown = np.zeros(
-                (max(want_hits, 2 * len(self.hits), 16), announce.HIT_FIELDS), np.int64
-            )
-            grown[: len(self.hits)] = self.hits
-            self.hits = grown
-        if self.max_keys is not None and self.keys + stores > self.max_keys:
-            self._forget(self.keys + stores - self.max_keys * 3 // 4, stores)
-        cap = len(self.table.chan)
-        need = self.keys + stores
-        if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
-            while 10 * need > 7 * cap:
-                cap *= 2
-            new = _table(cap)
-            _rehash(self.table, new, self.channels.head, self.entries, self.meta)
-            self.table = new
-        e = self.entries
-        want = int(self.meta[_USED]) + stores
-        if want > len(e.ts):
-            self.entries = _entries(max(want, 2 * len(e.ts), 1 << 10), e)
-        c = self.channels
-        if top_channel >= len(c.head):
-            size = top_channel + 1
-            self.channels = Channels(
-                _grown(c.head, size, -1),
-                _grown(c.evictions, size, 0),
-                _grown(c.mamba, size, 0),
-                _grown(c.announced, size, 0),
-            )
-        if gkeys > len(self.live_gkey):
-            self.live_gkey = _grown(self.live_gkey, gkeys, 0)
-
-    def _forget(self, excess: int, stores: int) -> None:
-        """Forget up to ``excess`` not-live keys, those gone longest ago, and rebuild the table.
-
-        Linear probing cannot leave holes in a probe run: the kept keys move into a new
-        table (sized for them and the next call's ``stores``), as when it grows.
-        """
-        t = self.table
-        gone = np.flatnonzero((t.chan != _EMPTY) & (t.copies == 0))
-        k = min(excess, len(gone))
-        if k <= 0 or k < (self.max_keys or 0) // 4:
-            # Mostly live keys (never forgotten): wait until a quarter of the bound can go,
-            # so that a rebuild is not paid on every call (the gone keys stay below that).
-            return
-        drop = gone[np.argpartition(t.gone_ts[gone], k - 1)[:k]] if k < len(gone) else gone
-        newest = float(t.gone_ts[drop].max())
-        self.forgotten_ts = newest if self.forgotten_ts is None else max(self.forgotten_ts, newest)
-        self.forgotten += k
-        t.chan[drop] = _EMPTY  # not live: in no channel's live-key list, no entries
-        self.meta[_KEYS] -= k
-        cap = 1 << 10
-        while 10 * (self.keys + stores) > 7 * cap:
-            cap *= 2
-        new = _table(cap)
-        _rehash(t, new, self.channels.head, self.entries, self.meta)
-        self.table = new
-
-    def live_entries(self) -> tuple[NDArray[Any], ...]:
-        """Every live copy: channel, group, no_group, hash, store time, report row.
-
-        Returns:
-            Six arrays, one row per live copy; a key's copies oldest first.
-        """
-        n = int(self.meta[_LIVE])
-        out = (
-            np.zeros(n, np.int64),
-            np.zeros(n, np.int64),
-            np.zeros(n, np.bool_),
-            np.zeros(n, np.int64),
-            np.zeros(n, np.float64),
-            np.zeros(n, np.int64),
-        )
-        _live_entries(self.table, self.entries, *out)
-        return out
-
-
-@kernel
-def _rehash(old: Table, new: Table, chan_head: Any, e: Entries, meta: Any) -> None:
-    """Move every key of ``old`` into ``new`` (emptier), re-pointing lists and slots.
-
-    The channels' live-key lists and the live entries' key slots follow their keys.
-    """
-    where = np.full(len(old.chan), -1, dtype=np.int32)
-    for s in range(len(old.chan)):
-        c = old.chan[s]
-        if c == _EMPTY:
-            continue
-        d = _probe(new, c, old.group[s], old.no_group[s], old.hash[s])
-        where[s] = d
-        new.chan[d] = c
-        new.group[d] = old.group[s]
-        new.no_group[d] = old.no_group[s]
-        new.hash[d] = old.hash[s]
-        new.copies[d] = old.copies[s]
-        new.head[d] = old.head[s]
-        new.tail[d] = old.tail[s]
-        new.gone_ts[d] = old.gone_ts[s]
-        new.gone_evictions[d] = old.gone_evictions[s]
-    for s in range(len(old.chan)):
-        d = where[s]
-        if d >= 0:
-            new.prev[d] = where[old.prev[s]] if old.prev[s] >= 0 else -1
-            new.next[d] = where[old.next[s]] if old.next[s] >= 0 else -1
-    for c in range(len(chan_head)):
-        if chan_head[c] >= 0:
-            chan_head[c] = where[chan_head[c]]
-    for x in range(meta[_USED]):
-        if e.aux[x, _BITS] & _LIVE_BIT:
-            e.aux[x, _SLOT] = where[e.aux[x, _SLOT]]
-
-
-@kernel
-def _live_entries(
-    t: Table,
-    e: Entries,
-    chan: Any,
-    group: Any,
-    no_group: Any,
-    h: Any,
-    ts: Any,
-    gkey: Any,
-) -> None:
-    n = 0
-    for s in range(len(t.chan)):
-        if t.chan[s] == _EMPTY:
-            continue
-        x = t.head[s]
-        while x >= 0:
-            chan[n] = t.chan[s]
-            group[n] = t.group[s]
-            no_group[n] = t.no_group[s]
-            h[n] = t.hash[s]
-            ts[n] = e.ts[x]
-            gkey[n] = e.gkey[x]
-            n += 1
-            x = e.next[x]
-
-
-@inline_kernel
-def _link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
-    """Append entry ``x`` to key ``s``'s copies (into its channel's live list if new)."""
-    count = t.copies[s]
-    e.next[x] = -1
-    e.aux[x, _SLOT] = s
-    e.aux[x, _BITS] |= _LIVE_BIT
-    if count == 0:
-        t.head[s] = x
-        first = c.head[ch]
-        t.prev[s] = -1
-        t.next[s] = first
-        if first >= 0:
-            t.prev[first] = s
-        c.head[ch] = s
-    else:
-        e.next[t.tail[s]] = x
-    t.tail[s] = x
-    t.copies[s] = count + 1
-    meta[_LIVE] += 1
-
-
-@inline_kernel
-def _alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any) -> Any:
-    x = meta[_FREE]
-    if x >= 0:
-        meta[_FREE] = e.next[x]
-    else:
-        x = meta[_USED]
-        meta[_USED] += 1
-    e.ts[x] = ts
-    e.gkey[x] = gkey
-    e.next[x] = -1
-    e.aux[x, _OWNER] = x
-    e.aux[x, _BNEXT] = -1
-    e.aux[x, _BATCH] = batch
-    e.aux[x, _ROW] = row
-    e.aux[x, _BITS] = 0
-    meta[_SERIAL] += 1
-    e.aux[x, _STAMP] = meta[_SERIAL]
-    return x
-
-
-@inline_kernel
-def _unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any) -> None:
-    """Take entry ``x`` off its key's copies and free it (the key's gone time if last)."""
-    s = e.aux[x, _SLOT]
-    p = -1
-    y = t.head[s]
-    while y != x:
-        p = y
-        y = e.next[y]
-    if p < 0:
-        t.head[s] = e.next[x]
-    else:
-        e.next[p] = e.next[x]
-    if t.tail[s] == x:
-        t.tail[s] = p
-    t.copies[s] -= 1
-    if t.copies[s] == 0:
-        t.tail[s] = -1
-        t.gone_ts[s] = ts
-        t.gone_evictions[s] = c.evictions[ch]
-        pv, nx = t.prev[s], t.next[s]
-        if pv >= 0:
-            t.next[pv] = nx
-        else:
-            c.head[ch] = nx
-        if nx >= 0:
-            t.prev[nx] = pv
-        t.prev[s] = -1
-        t.next[s] = -1
-    if e.aux[x, _BITS] & _PARTIAL_BIT:
-        meta[_PARTIALS] -= 1
-    if e.aux[x, _OWNER] != x:
-        meta[_EXTRAS] -= 1
-    e.aux[x, _BITS] = 0
-    e.next[x] = meta[_FREE]
-    meta[_FREE] = x
-    meta[_LIVE] -= 1
-
-
-@inline_kernel
-def _find(lc: Any, lg: Any, ln: Any, n: Any, ch: Any, g: Any, ng: Any) -> Any:
-    """The index of (channel, group, no_group) among the first ``n`` of a pending list."""
-    for k in range(n):
-        if lc[k] == ch and lg[k] == g and ln[k] == ng:
-            return k
-    return -1
-
-
-@inline_kernel
-def _is_partial(sh: Shape, i: Any) -> Any:
-    """A partial entry's store (R2): one hash whose tokens are a hash unit of the block.
-
-    One hash, fewer tokens than the group's block size, a multiple of 16 that divides it
-    (vLLM aligns blocks and hash units to 16 tokens; an older vLLM's store of a block's
-    first few tokens is no partial entry), in a group that is not a sliding window's.
-    """
-    tok = sh.tokens[i]
-    bs = sh.bs[i]
-    return (
-        sh.hashes[i] == 1
-        and tok > 0
-        and tok < bs
-        and tok % _UNIT == 0
-        and bs % tok == 0
-        and (sh.flags[i] & FLAG_WINDOW) == 0
-    )
-
-
-class _Pending(NamedTuple):
-    """Per batch, what later rows of it resolve (docs/SEMANTICS.md, "Porting notes").
-
-    ``fold_*``: keys of blocks taken off just now whose removes follow (R3); ``lf_*``:
-    per group, the last full block stored (a partial's host, R2); ``pr_*``: per group, a
-    promoted block awaiting its full key (R4); ``pk``: keys promoted whose re-store is an
-    extra key; ``rk_*``: per group, a Mamba checkpoint block awaiting its new key (R5).
-    ``n``: [folds, lf, pr, pk, rk].
-    """
-
-    fold_slot: NDArray[Any]
-    fold_ts: NDArray[Any]
-    fold_gkey: NDArray[Any]
-    lf_chan: NDArray[Any]
-    lf_group: NDArray[Any]
-    lf_nog: NDArray[Any]
-    lf_entry: NDArray[Any]
-    lf_serial: NDArray[Any]
-    pr_chan: NDArray[Any]
-    pr_group: NDArray[Any]
-    pr_nog: NDArray[Any]
-    pr_row: NDArray[Any]
-    pr_ts: NDArray[Any]
-    pr_open: NDArray[Any]
-    pk: NDArray[Any]
-    rk_chan: NDArray[Any]
-    rk_group: NDArray[Any]
-    rk_nog: NDArray[Any]
-    n: NDArray[Any]
-
-
-def _pending(n: int) -> _Pending:
-    i64 = np.int64
-
-    def z() -> NDArray[Any]:
-        return np.zeros(n + 1, dtype=i64)
-
-    def b() -> NDArray[Any]:
-        return np.zeros(n + 1, dtype=np.bool_)
-
-    return _Pending(
-        z(), np.zeros(n + 1, np.float64), z(),
-        z(), z(), b(), z(), z(),
-        z(), z(), b(), z(), np.zeros(n + 1, np.float64), b(),
-        z(),
-        z(), z(), b(),
-        np.zeros(5, dtype=i64),
-    )  # fmt: skip
-
-
-@inline_kernel
-def _settle(pd: _Pending, c: Channels, chan: Any, out: Out) -> None:
-    """End a batch: a promoted block whose full key never came was evicted after all."""
-    for k in range(pd.n[2]):
-        if pd.pr_open[k]:
-            r = pd.pr_row[k]
-            out.what[r] = EVICTED
-            out.ts[r] = pd.pr_ts[k]
-            c.evictions[chan[r]] += 1
-    for k in range(5):
-        pd.n[k] = 0
-
-
-@inline_kernel
-def _drop_block(
-    t: Table,
-    e: Entries,
-    c: Channels,
-    meta: Any,
-    live_gkey: Any,
-    x: Any,
-    ts: Any,
-    ch: Any,
-    pd: _Pending,
-) -> Any:
-    """Take the block holding entry ``x`` off the cache, with all its keys.
-
-    The removes of its other keys follow (folded, R3).
-
-    Returns:
-        The block's report row.
-    """
-    b = e.aux[x, _OWNER]
-    g = e.gkey[b]
-    y = b
-    while y >= 0:
-        ny = e.aux[y, _BNEXT]
-        if y != x:
-            k = pd.n[0]
-            pd.fold_slot[k] = e.aux[y, _SLOT]
-            pd.fold_ts[k] = e.ts[y]
-            pd.fold_gkey[k] = e.gkey[y]
-            pd.n[0] = k + 1
-        _unlink(t, e, c, meta, y, ts, ch)
-        y = ny
-    live_gkey[g] -= 1
-    return g
-
-
-@inline_kernel
-def _block_has(t: Table, e: Entries, x: Any, h: Any, not_slot: Any) -> Any:
-    """Whether the block of entry ``x`` carries key hash ``h`` (other than ``not_slot``)."""
-    y = e.aux[x, _OWNER]
-    while y >= 0:
-        s = e.aux[y, _SLOT]
-        if s != not_slot and t.hash[s] == h:
-            return True
-        y = e.aux[y, _BNEXT]
-    return False
-
-
 @kernel
 def advance(
     t: Table,
@@ -710,13 +201,15 @@ def advance(
     ts: Any,
     gkey: Any,
     sh: Shape,
-    pd: _Pending,
+    pd: krules.Pending,
     out: Out,
     cand: Any,
     mode: Any,
     hits: Any,
     hit_n: Any,
     cl: Any,
+    rule: Any,
+    lc: kcopy.Last,
 ) -> int:
     """Walk one chunk's rows in stream order (see the module docstring).
 
@@ -742,6 +235,8 @@ def advance(
         hits: The hit records (:attr:`State.hits`).
         hit_n: Hit records in use.
         cl: Scratch for :func:`kvtool.report.announce.announce`, one per row.
+        rule: Which copy an eviction takes (:data:`kvtool.report.kcopy.ADJACENT`...).
+        lc: Per-batch scratch of the copy rule (:func:`kvtool.report.kcopy.last_evicted`).
 
     Returns:
         The number of drops written to ``out``.
@@ -756,7 +251,8 @@ def advance(
         kind = op[i]
         if sh.batch[i] != cur:
             if pd.n[0] or pd.n[1] or pd.n[2] or pd.n[3] or pd.n[4]:
-                _settle(pd, c, chan, out)
+                krules.settle(pd, c, chan, out)
+            lc.n[0] = 0
             cur = sh.batch[i]
         if kind == STORE:
             if cand[i] and i > run_end:
@@ -779,9 +275,9 @@ def advance(
                 t.hash[s] = h[i]
                 meta[_KEYS] += 1
             count = t.copies[s]
-            rk = _find(pd.rk_chan, pd.rk_group, pd.rk_nog, pd.n[4], ch, grp, ng)
-            pr = _find(pd.pr_chan, pd.pr_group, pd.pr_nog, pd.n[2], ch, grp, ng)
-            partial = _is_partial(sh, i)
+            rk = krules.find(pd.rk_chan, pd.rk_group, pd.rk_nog, pd.n[4], ch, grp, ng)
+            pr = krules.find(pd.pr_chan, pd.pr_group, pd.pr_nog, pd.n[2], ch, grp, ng)
+            partial = krules.is_partial(sh, i)
             if partial and rk < 0:
                 # R2: a partial entry; an extra key on the block of this batch that holds
                 # it, unless the channel has partial hits (a Mamba group) and it is not
@@ -792,21 +288,21 @@ def advance(
                     if pd.pk[k] == s:
                         promoted = True
                 if promoted or not (c.mamba[ch] or sh.flags[i] & FLAG_CHANNEL_MAMBA):
-                    k = _find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
+                    k = krules.find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
                     if k >= 0:
                         x = pd.lf_entry[k]
                         if e.aux[x, _STAMP] == pd.lf_serial[k] and e.aux[x, _BITS] & _LIVE_BIT:
                             host = x
                 if host >= 0:
-                    if _block_has(t, e, host, h[i], -1):
+                    if krules.block_has(t, e, host, h[i], -1):
                         out.what[i] = EXTRA_NOOP
                         continue
-                    y = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+                    y = alloc(e, meta, ts[i], gkey[i], sh.batch[i], i, sh.event[i])
                     e.aux[y, _OWNER] = host
                     e.aux[y, _BNEXT] = e.aux[host, _BNEXT]
                     e.aux[host, _BNEXT] = y
                     meta[_EXTRAS] += 1
-                    _link(t, e, c, meta, s, y, ch)
+                    link(t, e, c, meta, s, y, ch)
                     out.what[i] = EXTRA
                     continue
             rekey = rk >= 0 if partial else (pr >= 0 and pd.pr_open[pr])
@@ -839,16 +335,17 @@ def advance(
                 pd.rk_group[rk] = pd.rk_group[last]
                 pd.rk_nog[rk] = pd.rk_nog[last]
                 pd.n[4] = last
-            x = _alloc(e, meta, ts[i], gkey[i], sh.batch[i], i)
+            x = alloc(e, meta, ts[i], gkey[i], sh.batch[i], i, sh.event[i])
             if partial and not rekey:
                 e.aux[x, _BITS] |= _PARTIAL_BIT
                 meta[_PARTIALS] += 1
+                out.note[i] = NOTE_PARTIAL
             if sh.last[i]:
                 e.aux[x, _BITS] |= _LAST_BIT
-            _link(t, e, c, meta, s, x, ch)
+            link(t, e, c, meta, s, x, ch)
             live_gkey[gkey[i]] += 1
             if not partial:
-                k = _find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
+                k = krules.find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
                 if k < 0:
                     k = pd.n[1]
                     pd.lf_chan[k] = ch
@@ -875,6 +372,7 @@ def advance(
                 pd.fold_slot[folded] = pd.fold_slot[last]
                 pd.fold_ts[folded] = pd.fold_ts[last]
                 pd.fold_gkey[folded] = pd.fold_gkey[last]
+                pd.fold_rm[folded] = pd.fold_rm[last]
                 pd.n[0] = last
                 continue
             if t.chan[s] == _EMPTY or t.copies[s] == 0:
@@ -908,7 +406,9 @@ def advance(
                 if again:
                     out.what[i] = PROMOTED
                     out.ts[i] = e.ts[y]
-                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, y, ts[i], ch, pd)
+                    out.gkey[i] = krules.drop_block(
+                        t, e, c, meta, live_gkey, y, ts[i], ch, pd, False
+                    )
                     k = pd.n[2]
                     pd.pr_chan[k] = ch
                     pd.pr_group[k] = grp
@@ -949,7 +449,7 @@ def advance(
                         e.aux[fresh, _BITS] & _LAST_BIT
                         and nxt >= 0
                         and op[nxt] == STORE
-                        and _is_partial(sh, nxt)
+                        and krules.is_partial(sh, nxt)
                     ):
                         out.what[i] = REKEY_REMOVE
                         k = pd.n[4]
@@ -963,33 +463,26 @@ def advance(
                         w = out.what[r]
                         if w == FIRST or w == WHILE_LIVE or w == RECOMPUTED:  # noqa: SIM109
                             out.what[r] = DISCARDED_STORE
-                    out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, fresh, ts[i], ch, pd)
+                    out.gkey[i] = krules.drop_block(
+                        t, e, c, meta, live_gkey, fresh, ts[i], ch, pd, False
+                    )
                     continue
             if t.copies[s] > 1:
-                # The copy whose other keys are removed next (R8), else the oldest.
-                j = i + 1
-                seen = 0
-                found = -1
-                while j < n_rows and sh.batch[j] == cur and seen < 8 and found < 0:
-                    if op[j] == REMOVE and chan[j] == ch and group[j] == grp:
-                        seen += 1
-                        y = x
-                        while y >= 0:
-                            if _block_has(t, e, y, h[j], s):
-                                found = y
-                                break
-                            y = e.next[y]
-                    j += 1
-                if found >= 0:
-                    x = found
+                # R8: which copy (kvtool/report/kcopy.py).
+                x, nc = kcopy.choose(t, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
+                if nc > 1:
+                    out.note[i] = NOTE_COPY
+            kcopy.remember(lc, e, x, ch, grp, ng)
             out.what[i] = EVICTED
             out.ts[i] = e.ts[x]
             c.evictions[ch] += 1
-            out.gkey[i] = _drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd)
+            out.gkey[i] = krules.drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd, True)
         elif kind == CLEAR:
             ch = chan[i]
-            for k in range(5):
+            krules.flush_folds(pd)
+            for k in range(1, 5):
                 pd.n[k] = 0
+            lc.n[0] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
             s = c.head[ch]
@@ -1029,187 +522,7 @@ def advance(
                     scratch[g] = 0
                     scratch_keys[g] = 0
                     drops += 1
-    _settle(pd, c, chan, out)
-    return drops
-
-
-@kernel
-def _advance_plain(
-    t: Table,
-    e: Entries,
-    c: Channels,
-    meta: Any,
-    live_gkey: Any,
-    op: Any,
-    chan: Any,
-    group: Any,
-    no_group: Any,
-    h: Any,
-    ts: Any,
-    gkey: Any,
-    out: Out,
-    sh: Shape,
-    cand: Any,
-    mode: Any,
-    hits: Any,
-    hit_n: Any,
-    cl: Any,
-) -> int:
-    """:func:`advance` for a call where every hash is one block: the loop before issue 21.
-
-    :func:`step` takes it when no row can be a partial entry or a Mamba group's and no
-    extra key or partial block is live: then each rule of :func:`advance` keeps every
-    hash one block, and this loop (which keeps the entries' block fields consistent for
-    later calls) gives the same answers faster.
-
-    Args:
-        t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
-        e: The entry pool (likewise).
-        c: Per channel (every channel of the chunk).
-        meta: Keys, entries handed out, free-list head.
-        live_gkey: Live copies per report row (every report row of the chunk).
-        op: Per row: :data:`SKIP`, :data:`STORE`, :data:`REMOVE` or :data:`CLEAR`.
-        chan: Channel of each row.
-        group: Group of each row (0 where ``no_group``).
-        no_group: The row has no ``group_idx``.
-        h: Block hash of each row.
-        ts: Time of each row (seconds).
-        gkey: Report row of each row.
-        out: Filled in (:class:`Out`); the drop arrays hold one slot per (clear, report
-            row).
-        sh: The rows' shape (read by the hit announcements' rules only).
-        cand: As :func:`advance`'s (hit announcements, R6).
-        mode: Likewise.
-        hits: Likewise.
-        hit_n: Likewise.
-        cl: Likewise.
-
-    Returns:
-        The number of drops written to ``out``.
-    """
-    drops = 0
-    scratch = np.zeros(len(live_gkey), dtype=np.int64)
-    run_end = -1
-    for i in range(len(op)):
-        kind = op[i]
-        if kind == STORE:
-            if cand[i] and i > run_end:
-                run_end = _announce(
-                    t, c.announced, hits, hit_n, op, chan, group, no_group, h, gkey, sh,
-                    cand, i, mode, out, cl,
-                )  # fmt: skip
-            if out.what[i] >= ANNOUNCED:
-                continue  # R6: a hit announced changes no state
-            ch = chan[i]
-            s = _probe(t, ch, group[i], no_group[i], h[i])
-            count = t.copies[s]
-            if t.chan[s] == _EMPTY:
-                t.chan[s] = ch
-                t.group[s] = group[i]
-                t.no_group[s] = no_group[i]
-                t.hash[s] = h[i]
-                meta[_KEYS] += 1
-                out.what[i] = FIRST
-            elif count > 0:
-                out.what[i] = WHILE_LIVE
-            else:
-                out.what[i] = RECOMPUTED
-                out.ts[i] = t.gone_ts[s]
-                out.distance[i] = c.evictions[ch] - t.gone_evictions[s]
-            x = meta[_FREE]
-            if x >= 0:
-                meta[_FREE] = e.next[x]
-            else:
-                x = meta[_USED]
-                meta[_USED] += 1
-            e.ts[x] = ts[i]
-            e.gkey[x] = gkey[i]
-            e.next[x] = -1
-            e.aux[x, _OWNER] = x
-            e.aux[x, _BNEXT] = -1
-            e.aux[x, _SLOT] = s
-            e.aux[x, _BITS] = _LIVE_BIT
-            meta[_LIVE] += 1
-            if count == 0:
-                t.head[s] = x
-                # Into the channel's live-key list, at its head.
-                first = c.head[ch]
-                t.prev[s] = -1
-                t.next[s] = first
-                if first >= 0:
-                    t.prev[first] = s
-                c.head[ch] = s
-            else:
-                e.next[t.tail[s]] = x
-            t.tail[s] = x
-            t.copies[s] = count + 1
-            live_gkey[gkey[i]] += 1
-        elif kind == REMOVE:
-            ch = chan[i]
-            s = _probe(t, ch, group[i], no_group[i], h[i])
-            if t.chan[s] == _EMPTY or t.copies[s] == 0:
-                out.what[i] = ORPHAN
-                continue
-            x = t.head[s]
-            out.what[i] = EVICTED
-            out.ts[i] = e.ts[x]
-            out.gkey[i] = e.gkey[x]
-            live_gkey[e.gkey[x]] -= 1
-            t.head[s] = e.next[x]
-            e.aux[x, _BITS] = 0
-            meta[_LIVE] -= 1
-            e.next[x] = meta[_FREE]
-            meta[_FREE] = x
-            t.copies[s] -= 1
-            c.evictions[ch] += 1
-            if t.copies[s] == 0:
-                t.tail[s] = -1
-                t.gone_ts[s] = ts[i]
-                t.gone_evictions[s] = c.evictions[ch]
-                # Out of the channel's live-key list.
-                p, n = t.prev[s], t.next[s]
-                if p >= 0:
-                    t.next[p] = n
-                else:
-                    c.head[ch] = n
-                if n >= 0:
-                    t.prev[n] = p
-                t.prev[s] = -1
-                t.next[s] = -1
-        elif kind == CLEAR:
-            ch = chan[i]
-            if ch >= len(c.head):
-                continue  # a channel that never stored: nothing to drop
-            s = c.head[ch]
-            while s >= 0:
-                x = t.head[s]
-                while x >= 0:
-                    scratch[e.gkey[x]] += 1
-                    nx = e.next[x]
-                    e.aux[x, _BITS] = 0
-                    meta[_LIVE] -= 1
-                    e.next[x] = meta[_FREE]
-                    meta[_FREE] = x
-                    x = nx
-                t.copies[s] = 0
-                t.head[s] = -1
-                t.tail[s] = -1
-                t.gone_ts[s] = ts[i]
-                t.gone_evictions[s] = c.evictions[ch]
-                nxt = t.next[s]
-                t.prev[s] = -1
-                t.next[s] = -1
-                s = nxt
-            c.head[ch] = -1
-            for g in range(len(scratch)):
-                if scratch[g]:
-                    out.drop_row[drops] = i
-                    out.drop_gkey[drops] = g
-                    out.drop_n[drops] = scratch[g]
-                    out.drop_keys[drops] = scratch[g]
-                    live_gkey[g] -= scratch[g]
-                    scratch[g] = 0
-                    drops += 1
+    krules.settle(pd, c, chan, out)
     return drops
 
 
@@ -1241,8 +554,9 @@ def step(
         gkeys: Report rows there are (every ``gkey`` of a store is below).
         shape: Per row, the event's shape (:class:`Shape`; None: :func:`no_shape`, each
             hash one block).
-        plain: Walk with :func:`_advance_plain` (True), with :func:`advance` (False), or
-            whichever gives the answer (None: plain where it is the same).
+        plain: Walk with :func:`kvtool.report.kplain.advance_plain` (True), with
+            :func:`advance` (False), or whichever gives the answer (None: plain where it
+            is the same).
         mode: The report mode (:data:`kvtool.report.announce.MODES`; hit announcements,
             issue 21 R6): ``INCREMENTAL`` takes only events marked ``REUSED`` as ones.
 
@@ -1250,6 +564,7 @@ def step(
         What each row was, and the clears' drops (trimmed to their number).
     """
     n = len(op)
+    asked = plain
     is_store = op == STORE
     stores = int(is_store.sum())
     clears = int((op == CLEAR).sum())
@@ -1271,7 +586,14 @@ def step(
     if n == 0:
         return out
     i64 = np.int64
-    sh = no_shape(n) if shape is None else shape
+    if shape is None:
+        # Every row its own batch: numbered below every real batch, across calls (R8 reads
+        # whether a copy was stored in the remove's batch).
+        sh = no_shape(n)
+        sh = sh._replace(batch=-2 - state.unshaped - sh.batch)
+        state.unshaped += n
+    else:
+        sh = shape
 
     def col(a: NDArray[Any] | None, dtype: Any, fill: Any) -> NDArray[Any]:
         if a is None:
@@ -1328,11 +650,24 @@ def step(
         np.ascontiguousarray(ts, dtype=np.float64),
         np.ascontiguousarray(gkey, dtype=i64),
     )
-    ann = (np.int64(mode), state.hits, state.hit_n, cl)
+    ann = (np.int64(mode), state.hits, state.hit_n, cl, np.int64(state.rule), kcopy.last_evicted(n))
     if plain:
-        drops = _advance_plain(*args, out, sh, cand, *ann)
+        drops = advance_plain(*args, out, sh, cand, *ann)
     else:
-        drops = advance(*args, sh, _pending(n), out, cand, *ann)
+        pd = krules.pending(n)
+        drops = advance(*args, sh, pd, out, cand, *ann)
+        m = int(pd.n[5])
+        if m:
+            late = (pd.late_gkey[:m].copy(), pd.late_rm[:m].copy(), pd.late_st[:m].copy())
+            state.late_samples.append(late)
+    for k, shadow in enumerate(state.shadows):
+        # R8's bound: the same rows under the extreme rules (their own state).
+        so = step(shadow, op, chan, group, no_group, h, ts, gkey, gkeys, shape, asked, mode)
+        paired = np.flatnonzero((so.what == EVICTED) | (so.what == EVICTED_EXTRA))
+        paired = paired[np.isfinite(so.ts[paired])]
+        state.bound_samples[k].append((gkey[paired], ts[paired], so.ts[paired]))
+        state.bound_samples[k].extend(shadow.late_samples)
+        shadow.late_samples.clear()
     return out._replace(
         drop_row=out.drop_row[:drops],
         drop_gkey=out.drop_gkey[:drops],
@@ -1359,6 +694,8 @@ __all__ = [
     "FLAG_WINDOW",
     "MAKES_BLOCK",
     "NONE",
+    "NOTE_COPY",
+    "NOTE_PARTIAL",
     "ORPHAN",
     "PROMOTED",
     "RECOMPUTED",

@@ -13,8 +13,15 @@ COUNT_COLUMNS = tuple(m.name for m in METRICS if m.merge in ("sum", "max", "last
 RATIO_COLUMNS = tuple(m.name for m in METRICS if m.merge == "ratio")
 """Columns derived from two others after every merge (``recompute_share``)."""
 
-LIFETIME_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("lifetime_"))
+LIFETIME_COLUMNS = tuple(
+    m.name for m in METRICS if m.name.startswith("lifetime_") and "_bound_" not in m.name
+)
 """Block lifetime percentiles (store to remove, seconds)."""
+
+LIFETIME_BOUND_COLUMNS = tuple(
+    m.name for m in METRICS if m.name.startswith("lifetime_") and "_bound_" in m.name
+)
+"""Their bound under the two extreme copy rules (R8), low and high per percentile."""
 
 GAP_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("recompute_gap_s_"))
 """Recompute gap percentiles (removal to re-store, seconds)."""
@@ -22,7 +29,7 @@ GAP_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("recompute_gap_
 DISTANCE_COLUMNS = tuple(m.name for m in METRICS if m.name.startswith("recompute_distance_"))
 """Recompute distance percentiles (evictions in the pool between removal and re-store)."""
 
-QUANTILE_COLUMNS = LIFETIME_COLUMNS + GAP_COLUMNS + DISTANCE_COLUMNS
+QUANTILE_COLUMNS = LIFETIME_COLUMNS + LIFETIME_BOUND_COLUMNS + GAP_COLUMNS + DISTANCE_COLUMNS
 """Every percentile column (no value where a row has no sample)."""
 
 ALIASES = {a: m.name for m in METRICS for a in m.aliases}
@@ -65,6 +72,7 @@ __all__ = [
     "COUNT_COLUMNS",
     "DISTANCE_COLUMNS",
     "GAP_COLUMNS",
+    "LIFETIME_BOUND_COLUMNS",
     "LIFETIME_COLUMNS",
     "QUANTILE_COLUMNS",
     "RATIO_COLUMNS",

@@ -309,6 +309,8 @@ class PartialReport:
         peaks: The unit's :class:`PeakLog`.
         out_of_range: Stores per group index not in a given metadata table.
         restarts: Per channel, (publisher restarts, live blocks they dropped) (issue 23).
+        copy_bound: Lifetimes under the two extreme copy rules
+            (:data:`kvtool.report.lifebound.CopyBoundPart`; None: none kept).
     """
 
     inputs: list[int]
@@ -335,6 +337,7 @@ class PartialReport:
     peaks: PeakLog
     out_of_range: dict[int, int]
     restarts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    copy_bound: Any = None
 
 
 @dataclass

@@ -160,6 +160,10 @@ METRICS: tuple[Metric, ...] = (
        "be hit announcements: hit_announced_blocks is at most hit_announced_blocks + this, at "
        "least hit_announced_blocks - blocks_stored_bound)", "blocks", "sum", "none", "none",
        "", "How many more hit_announced_blocks could be."),
+    _m("ambiguous_copy_evictions", "copy\nchoices", "copy choices = "
+       "ambiguous_copy_evictions (evictions of a key cached in several blocks: which copy "
+       "went is not on the wire, the lifetimes take one by rule R8)", "evictions", "sum",
+       "none", "none", "", "Evictions of a key with several copies (copy chosen by rule)."),
     _m("recompute_share", "recomp\nshare",
        "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
        "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),
@@ -173,6 +177,31 @@ METRICS: tuple[Metric, ...] = (
        "kvtool_block_lifetime_seconds", "Block lifetime, store to remove."),
     _m("lifetime_p99_s", "life\np99 s", "", "seconds", "quantile", "down", "histogram",
        "kvtool_block_lifetime_seconds", "Block lifetime, store to remove."),
+    # R8 (docs/SEMANTICS.md): which copy of a twice-cached key an eviction took is not on
+    # the wire; the lifetime quantiles under the two extreme rules (oldest copy first,
+    # newest copy first), the lower and the higher of the two.
+    _m("lifetime_p50_s_bound_low", "life p50\nlow s", "life pNN s low = "
+       "lifetime_pNN_s_bound_low (the lower of the lifetime quantiles under the "
+       "oldest-first and the newest-first copy rule)",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p50, the lower of the two extreme copy rules."),
+    _m("lifetime_p50_s_bound_high", "life p50\nhigh s", "life pNN s high = "
+       "lifetime_pNN_s_bound_high (the higher of the lifetime quantiles under the "
+       "oldest-first and the newest-first copy rule)",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p50, the higher of the two extreme copy rules."),
+    _m("lifetime_p90_s_bound_low", "life p90\nlow s", "",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p90, the lower of the two extreme copy rules."),
+    _m("lifetime_p90_s_bound_high", "life p90\nhigh s", "",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p90, the higher of the two extreme copy rules."),
+    _m("lifetime_p99_s_bound_low", "life p99\nlow s", "",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p99, the lower of the two extreme copy rules."),
+    _m("lifetime_p99_s_bound_high", "life p99\nhigh s", "",
+       "seconds", "quantile", "none", "none", "",
+       "Block lifetime p99, the higher of the two extreme copy rules."),
     _m("recompute_gap_s_p50", "gap\np50 s", "gap pNN s = recompute_gap_s_pNN (remove to "
        "re-store of a recomputed block, seconds)", "seconds", "quantile", "down", "histogram",
        "kvtool_recompute_gap_seconds", "Time from a block's removal to its re-store."),

@@ -1,0 +1,457 @@
+"""The state kernel's state: the key table, the entry pool and :class:`State` (numba).
+
+See :mod:`kvtool.report.kernel` for what the state means. Here: the arrays
+(:class:`Table`, :class:`Entries`, :class:`Channels`), their growth and rehash between
+calls (:meth:`State.reserve`), and the entry pool's operations the loops share
+(:func:`link`, :func:`alloc`, :func:`unlink`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from kvtool._jit import inline_kernel, kernel
+from kvtool.columns import np
+from kvtool.report import announce, kbase, kcopy
+from kvtool.report.kbase import probe as _probe
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+_EMPTY = kbase.EMPTY
+_OWNER, _BNEXT, _SLOT, _BATCH = kbase.OWNER, kbase.BNEXT, kbase.SLOT, kbase.BATCH
+_ROW, _BITS, _STAMP, _EVENT = kbase.ROW, kbase.BITS, kbase.STAMP, kbase.EVENT
+_PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = kbase.PARTIAL_BIT, kbase.LAST_BIT, kbase.LIVE_BIT
+_AUX_FILL = kbase.AUX_FILL
+
+
+class Table(NamedTuple):
+    """The hash table over (channel, group, no_group, hash): one slot per key ever stored.
+
+    Attributes:
+        chan: Channel of the slot's key (-1: an empty slot).
+        group: Group (0 where ``no_group``).
+        no_group: The key has no ``group_idx`` (older vLLM).
+        hash: Block hash.
+        copies: Live copies.
+        head: Oldest live copy (entry index, -1: none).
+        tail: Newest live copy.
+        gone_ts: When the key last went from live to not live (seconds).
+        gone_evictions: Its pool's eviction count just after that.
+        prev: Previous live key of the channel (slot, -1: none).
+        next: Next live key of the channel.
+    """
+
+    chan: NDArray[Any]
+    group: NDArray[Any]
+    no_group: NDArray[Any]
+    hash: NDArray[Any]
+    copies: NDArray[Any]
+    head: NDArray[Any]
+    tail: NDArray[Any]
+    gone_ts: NDArray[Any]
+    gone_evictions: NDArray[Any]
+    prev: NDArray[Any]
+    next: NDArray[Any]
+
+
+class Entries(NamedTuple):
+    """The entry pool: one entry per live copy of a key, i.e. per (key, physical block).
+
+    A physical block is its *primary* entry (``owner`` is itself) and the chain of its
+    extra keys' entries (partial entries, issue 21), linked by ``bnext``.
+
+    Attributes:
+        ts: Store time (seconds).
+        gkey: The report row it was stored under.
+        next: The key's next younger copy, or the next free entry (-1: none).
+        aux: Per entry, one row (one cache line) of: ``owner``, the block's primary
+            entry; ``bnext``, the next entry of the same block (-1: none); ``slot``, the
+            key's table slot; ``batch``, the batch it was stored in
+            (:attr:`Shape.batch`); ``row``, its store's row in the call that stored it;
+            ``bits``, 1: a partial primary key, 2: the last block of its store event,
+            4: live; ``serial``, which allocation of the entry this is.
+    """
+
+    ts: NDArray[Any]
+    gkey: NDArray[Any]
+    next: NDArray[Any]
+    aux: NDArray[Any]
+
+
+def _entries(size: int, old: Entries | None = None) -> Entries:
+    aux = np.empty((size, len(_AUX_FILL)), dtype=np.int64)
+    aux[:] = _AUX_FILL
+    if old is None:
+        return Entries(
+            np.zeros(size, np.float64), np.zeros(size, np.int32), np.full(size, -1, np.int32), aux
+        )
+    aux[: len(old.aux)] = old.aux
+    return Entries(
+        _grown(old.ts, size, 0.0), _grown(old.gkey, size, 0), _grown(old.next, size, -1), aux
+    )
+
+
+class Channels(NamedTuple):
+    """Per channel (one block pool).
+
+    Attributes:
+        head: First live key (slot, -1: none).
+        evictions: Evictions so far (physical blocks).
+        mamba: A Mamba group's row was seen (partial keys may be primary keys).
+        announced: Certain hit announcements so far (issue 21, R6).
+    """
+
+    head: NDArray[Any]
+    evictions: NDArray[Any]
+    mamba: NDArray[Any]
+    announced: NDArray[Any]
+
+
+# meta: [keys in the table, entries ever handed out, head of the free list, live entries,
+# allocations so far, live partial primary entries, live extra-key entries]
+KEYS, USED, FREE, LIVE, SERIAL, PARTIALS, EXTRAS = 0, 1, 2, 3, 4, 5, 6
+_KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = (
+    KEYS,
+    USED,
+    FREE,
+    LIVE,
+    SERIAL,
+    PARTIALS,
+    EXTRAS,
+)
+
+
+def _table(capacity: int) -> Table:
+    # Slots and entries are numbered in int32 (a table of 2**31 keys would need 120 GB):
+    # 57 bytes a slot instead of 81.
+    i32, i64 = np.int32, np.int64
+    return Table(
+        np.full(capacity, _EMPTY, dtype=i32),
+        np.zeros(capacity, dtype=i64),
+        np.zeros(capacity, dtype=np.bool_),
+        np.zeros(capacity, dtype=i64),
+        np.zeros(capacity, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
+        np.zeros(capacity, dtype=np.float64),
+        np.zeros(capacity, dtype=i64),
+        np.full(capacity, -1, dtype=i32),
+        np.full(capacity, -1, dtype=i32),
+    )
+
+
+def _grown(a: NDArray[Any], size: int, fill: Any) -> NDArray[Any]:
+    out = np.full(size, fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+class State:
+    """The kernel's state, carried between chunks (see the module docstring).
+
+    A fresh state is empty; :meth:`reserve` makes room before each :func:`advance`.
+
+    Args:
+        max_keys: Keep at most about this many keys (None: every key ever stored, exact).
+            Past it, :meth:`reserve` forgets the keys that went not live the longest ago
+            (down to three quarters of it, at least a quarter at a time; live keys are
+            never forgotten, so at most a quarter of it is gone keys kept beside them when
+            they alone pass it): a later store of a forgotten key is a first store, not a
+            recompute. :attr:`forgotten` counts them, :attr:`forgotten_ts` is the newest
+            removal time forgotten.
+        rule: Which copy of a twice-cached key an eviction takes (R8:
+            :data:`kvtool.report.kcopy.ADJACENT`, ``OLDEST`` or ``NEWEST``).
+        bounds: Run the two extreme rules beside it (:attr:`shadows`, one state each):
+            each :func:`step` adds their lifetimes to :attr:`bound_samples`.
+    """
+
+    def __init__(
+        self, max_keys: int | None = None, rule: int = kcopy.ADJACENT, bounds: bool = False
+    ) -> None:
+        self.max_keys = max_keys
+        self.rule = rule
+        self.shadows = (
+            [State(max_keys, kcopy.OLDEST), State(max_keys, kcopy.NEWEST)] if bounds else []
+        )
+        # Per shadow: (report row, remove time, store time) of each lifetime, per call.
+        self.bound_samples: list[list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]] = [
+            [] for _ in self.shadows
+        ]
+        # Lifetimes no row carries: an evicted block's further keys whose removes did not
+        # come in the batch (R8). Likewise (report row, remove time, store time).
+        self.late_samples: list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]] = []
+        # Rows stepped without a shape (each its own batch, numbered -2, -3, ...).
+        self.unshaped = 0
+        self.forgotten = 0
+        self.forgotten_ts: float | None = None
+        self.table = _table(1 << 10)
+        self.entries = _entries(0)
+        self.channels = Channels(
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int8),
+            np.zeros(0, dtype=np.int64),
+        )
+        # Per (channel, group), the last hit announcement counted (announce.py, R7).
+        self.hits = np.zeros((0, announce.HIT_FIELDS), dtype=np.int64)
+        self.hit_n = np.zeros(1, dtype=np.int64)
+        self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
+        # Live physical blocks per report row (a block counts under its primary key's).
+        self.live_gkey = np.zeros(0, dtype=np.int64)
+
+    @property
+    def keys(self) -> int:
+        """Keys in the table (every key ever stored)."""
+        return int(self.meta[_KEYS])
+
+    def reserve(self, stores: int, top_channel: int, gkeys: int, announcements: int = 0) -> None:
+        """Make room for ``stores`` more stores, channels up to ``top_channel``, ``gkeys`` rows.
+
+        Args:
+            stores: Stores in the next call (each may add a key and an entry).
+            top_channel: The largest channel id of the next call.
+            gkeys: Report rows the next call may name.
+            announcements: Events of the next call that may be hit announcements (each
+                may add a hit record).
+        """
+        want_hits = int(self.hit_n[0]) + announcements
+        if want_hits > len(self.hits):
+            grown = np.zeros(
+                (max(want_hits, 2 * len(self.hits), 16), announce.HIT_FIELDS), np.int64
+            )
+            grown[: len(self.hits)] = self.hits
+            self.hits = grown
+        if self.max_keys is not None and self.keys + stores > self.max_keys:
+            self._forget(self.keys + stores - self.max_keys * 3 // 4, stores)
+        cap = len(self.table.chan)
+        need = self.keys + stores
+        if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
+            while 10 * need > 7 * cap:
+                cap *= 2
+            new = _table(cap)
+            _rehash(self.table, new, self.channels.head, self.entries, self.meta)
+            self.table = new
+        e = self.entries
+        want = int(self.meta[_USED]) + stores
+        if want > len(e.ts):
+            self.entries = _entries(max(want, 2 * len(e.ts), 1 << 10), e)
+        c = self.channels
+        if top_channel >= len(c.head):
+            size = top_channel + 1
+            self.channels = Channels(
+                _grown(c.head, size, -1),
+                _grown(c.evictions, size, 0),
+                _grown(c.mamba, size, 0),
+                _grown(c.announced, size, 0),
+            )
+        if gkeys > len(self.live_gkey):
+            self.live_gkey = _grown(self.live_gkey, gkeys, 0)
+
+    def _forget(self, excess: int, stores: int) -> None:
+        """Forget up to ``excess`` not-live keys, those gone longest ago, and rebuild the table.
+
+        Linear probing cannot leave holes in a probe run: the kept keys move into a new
+        table (sized for them and the next call's ``stores``), as when it grows.
+        """
+        t = self.table
+        gone = np.flatnonzero((t.chan != _EMPTY) & (t.copies == 0))
+        k = min(excess, len(gone))
+        if k <= 0 or k < (self.max_keys or 0) // 4:
+            # Mostly live keys (never forgotten): wait until a quarter of the bound can go,
+            # so that a rebuild is not paid on every call (the gone keys stay below that).
+            return
+        drop = gone[np.argpartition(t.gone_ts[gone], k - 1)[:k]] if k < len(gone) else gone
+        newest = float(t.gone_ts[drop].max())
+        self.forgotten_ts = newest if self.forgotten_ts is None else max(self.forgotten_ts, newest)
+        self.forgotten += k
+        t.chan[drop] = _EMPTY  # not live: in no channel's live-key list, no entries
+        self.meta[_KEYS] -= k
+        cap = 1 << 10
+        while 10 * (self.keys + stores) > 7 * cap:
+            cap *= 2
+        new = _table(cap)
+        _rehash(t, new, self.channels.head, self.entries, self.meta)
+        self.table = new
+
+    def live_entries(self) -> tuple[NDArray[Any], ...]:
+        """Every live copy: channel, group, no_group, hash, store time, report row.
+
+        Returns:
+            Six arrays, one row per live copy; a key's copies oldest first.
+        """
+        n = int(self.meta[_LIVE])
+        out = (
+            np.zeros(n, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.bool_),
+            np.zeros(n, np.int64),
+            np.zeros(n, np.float64),
+            np.zeros(n, np.int64),
+        )
+        _live_entries(self.table, self.entries, *out)
+        return out
+
+
+@kernel
+def _rehash(old: Table, new: Table, chan_head: Any, e: Entries, meta: Any) -> None:
+    """Move every key of ``old`` into ``new`` (emptier), re-pointing lists and slots.
+
+    The channels' live-key lists and the live entries' key slots follow their keys.
+    """
+    where = np.full(len(old.chan), -1, dtype=np.int32)
+    for s in range(len(old.chan)):
+        c = old.chan[s]
+        if c == _EMPTY:
+            continue
+        d = _probe(new, c, old.group[s], old.no_group[s], old.hash[s])
+        where[s] = d
+        new.chan[d] = c
+        new.group[d] = old.group[s]
+        new.no_group[d] = old.no_group[s]
+        new.hash[d] = old.hash[s]
+        new.copies[d] = old.copies[s]
+        new.head[d] = old.head[s]
+        new.tail[d] = old.tail[s]
+        new.gone_ts[d] = old.gone_ts[s]
+        new.gone_evictions[d] = old.gone_evictions[s]
+    for s in range(len(old.chan)):
+        d = where[s]
+        if d >= 0:
+            new.prev[d] = where[old.prev[s]] if old.prev[s] >= 0 else -1
+            new.next[d] = where[old.next[s]] if old.next[s] >= 0 else -1
+    for c in range(len(chan_head)):
+        if chan_head[c] >= 0:
+            chan_head[c] = where[chan_head[c]]
+    for x in range(meta[_USED]):
+        if e.aux[x, _BITS] & _LIVE_BIT:
+            e.aux[x, _SLOT] = where[e.aux[x, _SLOT]]
+
+
+@kernel
+def _live_entries(
+    t: Table,
+    e: Entries,
+    chan: Any,
+    group: Any,
+    no_group: Any,
+    h: Any,
+    ts: Any,
+    gkey: Any,
+) -> None:
+    n = 0
+    for s in range(len(t.chan)):
+        if t.chan[s] == _EMPTY:
+            continue
+        x = t.head[s]
+        while x >= 0:
+            chan[n] = t.chan[s]
+            group[n] = t.group[s]
+            no_group[n] = t.no_group[s]
+            h[n] = t.hash[s]
+            ts[n] = e.ts[x]
+            gkey[n] = e.gkey[x]
+            n += 1
+            x = e.next[x]
+
+
+@inline_kernel
+def link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
+    """Append entry ``x`` to key ``s``'s copies (into its channel's live list if new)."""
+    count = t.copies[s]
+    e.next[x] = -1
+    e.aux[x, _SLOT] = s
+    e.aux[x, _BITS] |= _LIVE_BIT
+    if count == 0:
+        t.head[s] = x
+        first = c.head[ch]
+        t.prev[s] = -1
+        t.next[s] = first
+        if first >= 0:
+            t.prev[first] = s
+        c.head[ch] = s
+    else:
+        e.next[t.tail[s]] = x
+    t.tail[s] = x
+    t.copies[s] = count + 1
+    meta[_LIVE] += 1
+
+
+@inline_kernel
+def alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any, event: Any) -> Any:
+    """A fresh entry (from the free list, else a new one): a block of its own, not live."""
+    x = meta[_FREE]
+    if x >= 0:
+        meta[_FREE] = e.next[x]
+    else:
+        x = meta[_USED]
+        meta[_USED] += 1
+    e.ts[x] = ts
+    e.gkey[x] = gkey
+    e.next[x] = -1
+    e.aux[x, _OWNER] = x
+    e.aux[x, _BNEXT] = -1
+    e.aux[x, _BATCH] = batch
+    e.aux[x, _ROW] = row
+    e.aux[x, _EVENT] = event
+    e.aux[x, _BITS] = 0
+    meta[_SERIAL] += 1
+    e.aux[x, _STAMP] = meta[_SERIAL]
+    return x
+
+
+@inline_kernel
+def unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any) -> None:
+    """Take entry ``x`` off its key's copies and free it (the key's gone time if last)."""
+    s = e.aux[x, _SLOT]
+    p = -1
+    y = t.head[s]
+    while y != x:
+        p = y
+        y = e.next[y]
+    if p < 0:
+        t.head[s] = e.next[x]
+    else:
+        e.next[p] = e.next[x]
+    if t.tail[s] == x:
+        t.tail[s] = p
+    t.copies[s] -= 1
+    if t.copies[s] == 0:
+        t.tail[s] = -1
+        t.gone_ts[s] = ts
+        t.gone_evictions[s] = c.evictions[ch]
+        pv, nx = t.prev[s], t.next[s]
+        if pv >= 0:
+            t.next[pv] = nx
+        else:
+            c.head[ch] = nx
+        if nx >= 0:
+            t.prev[nx] = pv
+        t.prev[s] = -1
+        t.next[s] = -1
+    if e.aux[x, _BITS] & _PARTIAL_BIT:
+        meta[_PARTIALS] -= 1
+    if e.aux[x, _OWNER] != x:
+        meta[_EXTRAS] -= 1
+    e.aux[x, _BITS] = 0
+    e.next[x] = meta[_FREE]
+    meta[_FREE] = x
+    meta[_LIVE] -= 1
+
+
+__all__ = [
+    "EXTRAS",
+    "FREE",
+    "KEYS",
+    "LIVE",
+    "PARTIALS",
+    "SERIAL",
+    "USED",
+    "Channels",
+    "Entries",
+    "State",
+    "Table",
+    "alloc",
+    "link",
+    "unlink",
+]
