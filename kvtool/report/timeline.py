@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kvtool.columns import np
 from kvtool.errors import ProtocolError
 from kvtool.inputs import merge_messages
 from kvtool.protocol import decode_batch
@@ -33,6 +35,10 @@ from kvtool.report.aggregates import (
     PLAUSIBLE_TS_MIN,
     plausible_ts,
 )
+from kvtool.report.arrays import I64, int_column
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "bucket": pl.Int64(),
@@ -213,12 +219,93 @@ def timeline_frame(
     ).sort("time_s", "kind"), sparse
 
 
+def timeline_part(
+    clock: str,
+    every_ns: int,
+    origin_ns: int,
+    df: pl.DataFrame,
+    gkey: NDArray[Any],
+    is_clear: NDArray[Any],
+    is_store: NDArray[Any],
+    is_remove: NDArray[Any],
+    has_hash: NDArray[Any],
+    deltas: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
+) -> pl.DataFrame:
+    """Return per (bucket, gkey): block stores, removes, blocks cleared, live-block deltas.
+
+    ``deltas``: each live-block change's gkey, amount, row, and whether it is a
+    clear's drop (:meth:`kvtool.report.builder.ReportBuilder.add`); the rows of the
+    frame are not summed yet (:data:`TIMELINE_SUMS`).
+    """
+    delta_gkey, delta, delta_row, dropped = deltas
+    bucket, bucket_null = int_column(
+        df.select(bucket=bucket_expr(clock, every_ns, origin_ns)), "bucket"
+    )
+    valid = ~bucket_null if bucket_null is not None else np.ones(len(bucket), dtype=bool)
+    blk = has_hash & ~is_clear & valid
+    dl = (delta_gkey >= 0) & valid[delta_row]
+    b_rows = bucket[blk]
+    return pl.DataFrame(
+        {
+            "bucket": np.concatenate([b_rows, bucket[delta_row[dl]]]),
+            "gkey": pl.Series(np.concatenate([gkey[blk], delta_gkey[dl]]), dtype=pl.UInt32),
+            "stores": np.concatenate([is_store[blk].astype(I64), np.zeros(dl.sum(), I64)]),
+            "removes": np.concatenate([is_remove[blk].astype(I64), np.zeros(dl.sum(), I64)]),
+            "cleared": np.concatenate(
+                [np.zeros(len(b_rows), I64), np.where(dropped[dl], -delta[dl], 0)]
+            ),
+            "delta": np.concatenate([np.zeros(len(b_rows), I64), delta[dl]]),
+        },
+        schema=TIMELINE_SCHEMA,
+    )
+
+
+class TimelineSums:
+    """The timeline's (bucket, gkey) sums, plus chunks' rows not yet summed in."""
+
+    def __init__(self) -> None:
+        self._frame = pl.DataFrame(schema=TIMELINE_SCHEMA)
+        self._parts: list[pl.DataFrame] = []
+        self._rows = 0
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """Per (bucket, gkey) sums of :data:`TIMELINE_SCHEMA`'s columns."""
+        if self._parts:
+            self._sum()
+        return self._frame
+
+    @frame.setter
+    def frame(self, frame: pl.DataFrame) -> None:
+        self._frame = frame
+        self._parts = []
+        self._rows = 0
+
+    def add(self, part: pl.DataFrame) -> None:
+        """Add a chunk's rows (:func:`timeline_part`)."""
+        # Summed in with the others now and then, not per chunk: one group_by over many
+        # chunks' rows costs less than re-aggregating the whole timeline each time.
+        self._parts.append(part)
+        self._rows += part.height
+        if self._rows > max(1 << 20, self._frame.height):
+            self._sum()
+
+    def _sum(self) -> None:
+        self._frame = (
+            pl.concat([self._frame, *self._parts]).group_by("bucket", "gkey").agg(*TIMELINE_SUMS)
+        )
+        self._parts = []
+        self._rows = 0
+
+
 __all__ = [
     "TIMELINE_SCHEMA",
     "TIMELINE_SUMS",
+    "TimelineSums",
     "bucket_expr",
     "data_span",
     "input_origin",
     "timeline_frame",
+    "timeline_part",
     "ts_ns",
 ]
