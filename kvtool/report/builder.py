@@ -336,6 +336,7 @@ class ReportBuilder:
                     is_remove & ~np.isin(what, NOT_AN_EVICTION),
                     has_hash,
                     (delta_gkey, delta, delta_row, dropped),
+                    what == kernel.RECOMPUTED,
                 )
             )
 

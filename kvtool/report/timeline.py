@@ -47,11 +47,13 @@ TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "removes": pl.Int64(),
     "cleared": pl.Int64(),
     "delta": pl.Int64(),
+    "recomputed": pl.Int64(),
 }
 """The timeline's state: per (bucket, report row ``gkey``) blocks stored, removed and
-cleared, and the change of live blocks; each column adds across chunks and units."""
+cleared, the change of live blocks and the blocks recomputed (``blocks_recomputed``);
+each column adds across chunks and units."""
 
-TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta")]
+TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta", "recomputed")]
 """The aggregation that adds :data:`TIMELINE_SCHEMA`'s sums per key."""
 
 _PUBLISH_LOOKAHEAD = 1000
@@ -169,14 +171,15 @@ def timeline_frame(
     listed bucket), so memory follows the events, never the time span.
 
     Args:
-        per_bucket: ``bucket``, ``kind``, ``stores``, ``removes``, ``cleared``, ``delta``.
+        per_bucket: ``bucket``, ``kind``, ``stores``, ``removes``, ``cleared``, ``delta``,
+            ``recomputed``.
         every_ns: Bucket width.
         span: (first, last) data time in ns after the origin; None: the events' buckets.
 
     Returns:
         ``time_s`` (bucket start, seconds after the origin), ``width_s`` (seconds of the
         bucket between the first and the last message), ``kind``, ``stores``, ``removes``,
-        ``cleared``, ``live_blocks``; and True when sparse.
+        ``cleared``, ``live_blocks``, ``blocks_recomputed``; and True when sparse.
     """
     if per_bucket.height == 0:
         return pl.DataFrame(
@@ -188,6 +191,7 @@ def timeline_frame(
                 "removes": pl.Int64,
                 "cleared": pl.Int64,
                 "live_blocks": pl.Int64,
+                "blocks_recomputed": pl.Int64,
             }
         ), False
     first, last = per_bucket["bucket"].min(), per_bucket["bucket"].max()
@@ -216,6 +220,7 @@ def timeline_frame(
         removes="removes",
         cleared="cleared",
         live_blocks="live_blocks",
+        blocks_recomputed="recomputed",
     ).sort("time_s", "kind"), sparse
 
 
@@ -230,8 +235,12 @@ def timeline_part(
     is_remove: NDArray[Any],
     has_hash: NDArray[Any],
     deltas: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
+    recomputed: NDArray[Any],
 ) -> pl.DataFrame:
-    """Return per (bucket, gkey): block stores, removes, blocks cleared, live-block deltas.
+    """Return per (bucket, gkey): stores, removes, cleared, live-block deltas, recomputes.
+
+    ``recomputed``: the rows the kernel found recomputed (what the report's
+    ``blocks_recomputed`` counts).
 
     ``deltas``: each live-block change's gkey, amount, row, and whether it is a
     clear's drop (:meth:`kvtool.report.builder.ReportBuilder.add`); the rows of the
@@ -255,6 +264,7 @@ def timeline_part(
                 [np.zeros(len(b_rows), I64), np.where(dropped[dl], -delta[dl], 0)]
             ),
             "delta": np.concatenate([np.zeros(len(b_rows), I64), delta[dl]]),
+            "recomputed": np.concatenate([recomputed[blk].astype(I64), np.zeros(dl.sum(), I64)]),
         },
         schema=TIMELINE_SCHEMA,
     )
