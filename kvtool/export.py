@@ -227,7 +227,8 @@ def _labelled(df: pl.DataFrame, stats: ReadStats) -> pl.DataFrame:
     """Add the ``recording``, ``channel`` and ``type`` columns (as a labelled read has them)."""
     import polars as pl
 
-    from kvtool.columns import EVENT_TYPE, EVENT_TYPE_NAMES
+    from kvtool.columns import EVENT_TYPE
+    from kvtool.columns.base import EVENT_TYPE_NAMES
 
     names = {cid: (ref.recording, ref.info.name) for cid, ref in stats.channels.items()}
     recs = pl.DataFrame(

@@ -20,14 +20,10 @@ MAX_CLASS_LINES = 400
 
 # Known debt, not to grow: modules and classes over the goal today. A file split below
 # the goal leaves this list; nothing new joins it.
-OVER_MODULE_GOAL = {
-    "kvtool/report/builder.py",
-}
+OVER_MODULE_GOAL: set[str] = set()
 # Known import cycles, not to grow: each strongly connected set of modules, sorted.
 KNOWN_CYCLES: list[list[str]] = []
-OVER_CLASS_GOAL = {
-    ("kvtool/report/builder.py", "ReportBuilder"),
-}
+OVER_CLASS_GOAL: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

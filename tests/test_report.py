@@ -605,6 +605,7 @@ def test_every_adds_timeline(gemma_rec: Path) -> None:
         "removes",
         "cleared",
         "live_blocks",
+        "blocks_recomputed",
     }
     by_kind = {r["kind"]: r for r in rep["by_kind"]}
     for kind, row in by_kind.items():

@@ -221,7 +221,7 @@ def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
     # Past EXACT_LIFETIMES one process bins every lifetime; units below the limit each
     # (exact) and above it (histogram) merge into the same bins. Run in this process, so
     # a small limit applies to the units too.
-    import kvtool.report.builder as builder_mod
+    import kvtool.report.lifetimes as lifetimes_mod
     from kvtool.columns import TableAnnotator, make_annotator
     from kvtool.report.builder import ReportBuilder
     from kvtool.report.partial import UnitTask
@@ -235,7 +235,7 @@ def test_issue10_partial_lifetime_histograms_merge_as_one_process_bins(
         paths.append(tmp_path / f"h{rank}.mcap")
     ann = make_annotator(paths)
     for limit in (10**9, 60, 5):
-        monkeypatch.setattr(builder_mod, "EXACT_LIFETIMES", limit)
+        monkeypatch.setattr(lifetimes_mod, "EXACT_LIFETIMES", limit)
         one = build_report(paths).to_dict()
         units = plan_units(paths)
         parts = [

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from kvtool.report import builder, kernel, samples
+from kvtool.report import arrays, kernel, samples
 from kvtool.report.aggregates import Peaks
 
 LIVE_SCHEMA: dict[str, pl.DataType] = {
@@ -401,7 +401,7 @@ def test_issue19_state_kernel_grows_its_table_and_keeps_every_key() -> None:
 def test_issue10_state_pack_is_exact_for_any_values() -> None:
     big = np.array([-(2**63), 2**63 - 1, 0, -(2**63), 5], dtype=np.int64)
     small = np.array([1, 1, 1, 1, 2], dtype=np.int64)
-    packed = builder._pack([big, small, big])
+    packed = arrays.pack_keys([big, small, big])
     pairs = list(zip(big.tolist(), small.tolist(), strict=True))
     for i in range(5):
         for j in range(5):
@@ -465,6 +465,7 @@ def test_by_group_rows_of_one_group_and_kind_are_ordered_by_window() -> None:
     # the window orders them, every time (polars' group_by hash order varies per call).
     from kvtool.report.aggregates import ADDITIVE
     from kvtool.report.builder import ReportBuilder
+    from kvtool.report.rows import gkey_of
 
     seen = set()
     for _ in range(40):
@@ -474,7 +475,7 @@ def test_by_group_rows_of_one_group_and_kind_are_ordered_by_window() -> None:
             (1, "full_attention", None),
             (0, "sliding_window", 64),
         ]:
-            b._gkey_of(*key)
+            gkey_of(b.registry, *key)
         b.counts = np.ones((3, len(ADDITIVE)), dtype=np.int64)
         by_group = b.tables()["by_group"]
         seen.add(tuple(zip(by_group["group_idx"], by_group["sliding_window"], strict=True)))

@@ -8,8 +8,16 @@ from typing import Annotated
 import typer
 
 from kvtool.commands import check_inputs, examples, get_env, missing_batches
-from kvtool.commands._options import Channels, GroupMeta, GroupsFile, Ranks, Since, Until
-from kvtool.commands.report import ReportMode, ReportModeOption
+from kvtool.commands._options import (
+    Channels,
+    GroupMeta,
+    GroupsFile,
+    Ranks,
+    ReportMode,
+    ReportModeOption,
+    Since,
+    Until,
+)
 from kvtool.errors import ExitStatus
 from kvtool.text import printable
 

@@ -73,6 +73,7 @@ _TIMELINE_LABELS = {
     "removes": "removed\nblocks",
     "cleared": "cleared\nblocks",
     "live_blocks": "live\nblocks",
+    "blocks_recomputed": "recomputed\nblocks",
 }
 
 
@@ -264,7 +265,8 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
     tiers = report.tier_transitions if "medium" in by else None
     tier_cols = ["from_medium", "to_medium", "direction", "blocks"] if tiers is not None else []
     tl = report.timeline
-    tl_cols = [c for c in tl.columns if c != "kind"] if tl is not None else []
+    # A timeline column that is a table column too (blocks_recomputed) fills that one.
+    tl_cols = [c for c in tl.columns if c != "kind" and c not in COLUMNS] if tl is not None else []
     w.writerow(["table", *key_cols, *COLUMNS, *tl_cols, *tier_cols])
     pad = [""] * (len(tl_cols) + len(tier_cols))
     for name in by:
@@ -289,14 +291,13 @@ def render_csv(report: Report, stream: TextIO, by: Sequence[str] = ("kind", "win
             ]
         )
     if report.timeline is not None:
-        empty = [""] * len(COLUMNS)
         for r in report.timeline.to_dicts():
             w.writerow(
                 [
                     "timeline",
                     _csv(r.get("kind")),
                     *[""] * (len(key_cols) - 1),
-                    *empty,
+                    *[_csv(r[c]) if c in r else "" for c in COLUMNS],
                     *[_csv(r.get(c)) for c in tl_cols],
                     *[""] * len(tier_cols),
                 ]

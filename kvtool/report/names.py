@@ -35,10 +35,20 @@ QUANTILE_COLUMNS = LIFETIME_COLUMNS + LIFETIME_BOUND_COLUMNS + GAP_COLUMNS + DIS
 ALIASES = {a: m.name for m in METRICS for a in m.aliases}
 """Deprecated JSON names → the column they repeat (kept for one release)."""
 
-TIMELINE_COLUMNS = ("time_s", "width_s", "kind", "stores", "removes", "cleared", "live_blocks")
+TIMELINE_COLUMNS = (
+    "time_s",
+    "width_s",
+    "kind",
+    "stores",
+    "removes",
+    "cleared",
+    "live_blocks",
+    "blocks_recomputed",
+)
 """Timeline columns: bucket start (seconds since the first message, on the timeline's
 clock), the seconds of it the data covers, the kind, blocks stored, removed and cleared in
-it, live blocks at its end (:mod:`kvtool.report.timeline`)."""
+it, live blocks at its end, blocks recomputed in it (they add up to the report's
+``blocks_recomputed``; :mod:`kvtool.report.timeline`)."""
 
 ADDITIVE = tuple(m.name for m in METRICS if m.merge == "sum")
 """Columns that add across chunks and partial reports."""

@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from kvtool.columns import np
 from kvtool.errors import ProtocolError
 from kvtool.inputs import merge_messages
 from kvtool.protocol import decode_batch
@@ -33,6 +35,10 @@ from kvtool.report.aggregates import (
     PLAUSIBLE_TS_MIN,
     plausible_ts,
 )
+from kvtool.report.arrays import I64, int_column
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "bucket": pl.Int64(),
@@ -41,11 +47,13 @@ TIMELINE_SCHEMA: dict[str, pl.DataType] = {
     "removes": pl.Int64(),
     "cleared": pl.Int64(),
     "delta": pl.Int64(),
+    "recomputed": pl.Int64(),
 }
 """The timeline's state: per (bucket, report row ``gkey``) blocks stored, removed and
-cleared, and the change of live blocks; each column adds across chunks and units."""
+cleared, the change of live blocks and the blocks recomputed (``blocks_recomputed``);
+each column adds across chunks and units."""
 
-TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta")]
+TIMELINE_SUMS = [pl.col(c).sum() for c in ("stores", "removes", "cleared", "delta", "recomputed")]
 """The aggregation that adds :data:`TIMELINE_SCHEMA`'s sums per key."""
 
 _PUBLISH_LOOKAHEAD = 1000
@@ -163,14 +171,15 @@ def timeline_frame(
     listed bucket), so memory follows the events, never the time span.
 
     Args:
-        per_bucket: ``bucket``, ``kind``, ``stores``, ``removes``, ``cleared``, ``delta``.
+        per_bucket: ``bucket``, ``kind``, ``stores``, ``removes``, ``cleared``, ``delta``,
+            ``recomputed``.
         every_ns: Bucket width.
         span: (first, last) data time in ns after the origin; None: the events' buckets.
 
     Returns:
         ``time_s`` (bucket start, seconds after the origin), ``width_s`` (seconds of the
         bucket between the first and the last message), ``kind``, ``stores``, ``removes``,
-        ``cleared``, ``live_blocks``; and True when sparse.
+        ``cleared``, ``live_blocks``, ``blocks_recomputed``; and True when sparse.
     """
     if per_bucket.height == 0:
         return pl.DataFrame(
@@ -182,6 +191,7 @@ def timeline_frame(
                 "removes": pl.Int64,
                 "cleared": pl.Int64,
                 "live_blocks": pl.Int64,
+                "blocks_recomputed": pl.Int64,
             }
         ), False
     first, last = per_bucket["bucket"].min(), per_bucket["bucket"].max()
@@ -210,15 +220,102 @@ def timeline_frame(
         removes="removes",
         cleared="cleared",
         live_blocks="live_blocks",
+        blocks_recomputed="recomputed",
     ).sort("time_s", "kind"), sparse
+
+
+def timeline_part(
+    clock: str,
+    every_ns: int,
+    origin_ns: int,
+    df: pl.DataFrame,
+    gkey: NDArray[Any],
+    is_clear: NDArray[Any],
+    is_store: NDArray[Any],
+    is_remove: NDArray[Any],
+    has_hash: NDArray[Any],
+    deltas: tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]],
+    recomputed: NDArray[Any],
+) -> pl.DataFrame:
+    """Return per (bucket, gkey): stores, removes, cleared, live-block deltas, recomputes.
+
+    ``recomputed``: the rows the kernel found recomputed (what the report's
+    ``blocks_recomputed`` counts).
+
+    ``deltas``: each live-block change's gkey, amount, row, and whether it is a
+    clear's drop (:meth:`kvtool.report.builder.ReportBuilder.add`); the rows of the
+    frame are not summed yet (:data:`TIMELINE_SUMS`).
+    """
+    delta_gkey, delta, delta_row, dropped = deltas
+    bucket, bucket_null = int_column(
+        df.select(bucket=bucket_expr(clock, every_ns, origin_ns)), "bucket"
+    )
+    valid = ~bucket_null if bucket_null is not None else np.ones(len(bucket), dtype=bool)
+    blk = has_hash & ~is_clear & valid
+    dl = (delta_gkey >= 0) & valid[delta_row]
+    b_rows = bucket[blk]
+    return pl.DataFrame(
+        {
+            "bucket": np.concatenate([b_rows, bucket[delta_row[dl]]]),
+            "gkey": pl.Series(np.concatenate([gkey[blk], delta_gkey[dl]]), dtype=pl.UInt32),
+            "stores": np.concatenate([is_store[blk].astype(I64), np.zeros(dl.sum(), I64)]),
+            "removes": np.concatenate([is_remove[blk].astype(I64), np.zeros(dl.sum(), I64)]),
+            "cleared": np.concatenate(
+                [np.zeros(len(b_rows), I64), np.where(dropped[dl], -delta[dl], 0)]
+            ),
+            "delta": np.concatenate([np.zeros(len(b_rows), I64), delta[dl]]),
+            "recomputed": np.concatenate([recomputed[blk].astype(I64), np.zeros(dl.sum(), I64)]),
+        },
+        schema=TIMELINE_SCHEMA,
+    )
+
+
+class TimelineSums:
+    """The timeline's (bucket, gkey) sums, plus chunks' rows not yet summed in."""
+
+    def __init__(self) -> None:
+        self._frame = pl.DataFrame(schema=TIMELINE_SCHEMA)
+        self._parts: list[pl.DataFrame] = []
+        self._rows = 0
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """Per (bucket, gkey) sums of :data:`TIMELINE_SCHEMA`'s columns."""
+        if self._parts:
+            self._sum()
+        return self._frame
+
+    @frame.setter
+    def frame(self, frame: pl.DataFrame) -> None:
+        self._frame = frame
+        self._parts = []
+        self._rows = 0
+
+    def add(self, part: pl.DataFrame) -> None:
+        """Add a chunk's rows (:func:`timeline_part`)."""
+        # Summed in with the others now and then, not per chunk: one group_by over many
+        # chunks' rows costs less than re-aggregating the whole timeline each time.
+        self._parts.append(part)
+        self._rows += part.height
+        if self._rows > max(1 << 20, self._frame.height):
+            self._sum()
+
+    def _sum(self) -> None:
+        self._frame = (
+            pl.concat([self._frame, *self._parts]).group_by("bucket", "gkey").agg(*TIMELINE_SUMS)
+        )
+        self._parts = []
+        self._rows = 0
 
 
 __all__ = [
     "TIMELINE_SCHEMA",
     "TIMELINE_SUMS",
+    "TimelineSums",
     "bucket_expr",
     "data_span",
     "input_origin",
     "timeline_frame",
+    "timeline_part",
     "ts_ns",
 ]
