@@ -47,6 +47,7 @@ def _groups(path: Path) -> Path | None:
 def report(path: Path) -> dict[str, Any]:
     g = _groups(path)
     args = ["report", str(path), *(["--groups", str(g)] if g else []), "--format", "json"]
+    args.append("--lifetime-bounds")
     result = runner.invoke(app, args)
     assert result.exit_code in (0, 3), result.stderr
     out: dict[str, Any] = json.loads(result.stdout)
@@ -113,9 +114,9 @@ def test_issue21_r8_adjacent_is_nearer_the_truth_than_fifo() -> None:
     assert row["ambiguous_copy_evictions"] > 0
 
 
-def _stderr(path: Path) -> str:
+def _stderr(path: Path, *flags: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtool", "report", str(path), "--format", "json"],
+        [sys.executable, "-m", "kvtool", "report", str(path), "--format", "json", *flags],
         capture_output=True,
         text=True,
         timeout=300,
@@ -126,7 +127,9 @@ def _stderr(path: Path) -> str:
 
 
 def test_issue21_r8_copy_choice_finding_states_rule_and_bound() -> None:
-    err = " ".join(_stderr(ROOT / "recordings" / "gemma3.mcap").split())
+    plain = " ".join(_stderr(ROOT / "recordings" / "gemma3.mcap").split())
+    assert "report --lifetime-bounds gives the lifetimes under the oldest-first and" in plain
+    err = " ".join(_stderr(ROOT / "recordings" / "gemma3.mcap", "--lifetime-bounds").split())
     n = report(ROOT / "recordings" / "gemma3.mcap")["totals"]["ambiguous_copy_evictions"]
     assert n == 51
     assert f"finding: {n} eviction(s) were of a key cached in several blocks" in err
@@ -140,7 +143,7 @@ def test_issue21_r8_copy_choice_finding_states_rule_and_bound() -> None:
 
 
 def _json(path: Path, **kw: Any) -> dict[str, Any]:
-    rep = build_report([path], groups_file=_groups(path), **kw)
+    rep = build_report([path], groups_file=_groups(path), lifetime_bounds=True, **kw)
     buf = io.StringIO()
     render_json(rep, buf)
     out: dict[str, Any] = json.loads(buf.getvalue())

@@ -329,7 +329,7 @@ def test_report_json_equals_truth(name: str, tmp_path: Path) -> None:
         gfile = tmp_path / "groups.json"
         gfile.write_text(json.dumps(meta))
         args += ["--groups", str(gfile)]
-    rep = report_json(*args, "--by", "kind,window,group")
+    rep = report_json(*args, "--by", "kind,window,group", "--lifetime-bounds")
     assert set(rep) == {"source", "totals", "by_kind", "by_window", "by_group"}
     want = _truth_rows(truth)
     cleared, live_end = _cleared_and_live(name, meta)
@@ -559,10 +559,10 @@ def test_vectorised_equals_event_loop(batches, chunk, tmp_path_factory) -> None:
     path = tmp_path_factory.mktemp("h") / "r.mcap"
     encoded = [_encode(b) for b in batches]
     record_batches(path, encoded)
-    rep = build_report([path], chunk_bytes=chunk).to_dict()
+    rep = build_report([path], chunk_bytes=chunk, lifetime_bounds=True).to_dict()
     payloads = [ENC.encode([1_700_000_000.0 + i, b, 0]) for i, b in enumerate(encoded)]
     check_against_reference(rep, payloads)
-    one = build_report([path]).to_dict()
+    one = build_report([path], lifetime_bounds=True).to_dict()
     assert rep == one
 
 

@@ -471,12 +471,15 @@ class TableAnnotator:
         out_of_range: Stores per group index not in a given metadata table.
         report_mode: How the report's kernel reads parentless stores (``--report-mode``:
             ``auto``, ``full`` or ``incremental``; hit announcements, issue 21).
+        lifetime_bounds: Also run R8's two extreme copy rules for the lifetime bound
+            (``report --lifetime-bounds``; two more kernel states: about 1.7x the CPU).
     """
 
     annotation: Annotation = field(default_factory=Annotation)
     out_of_range: dict[int, int] = field(default_factory=dict)
     _channels: dict[int, ChannelRef] = field(default_factory=dict)
     report_mode: str = "auto"
+    lifetime_bounds: bool = False
 
     @property
     def tables(self) -> dict[str, GroupTable | None]:
@@ -614,6 +617,7 @@ def make_annotator(
     groups_file: str | os.PathLike[str] | None = None,
     group_flags: Sequence[str] | None = None,
     report_mode: str = "auto",
+    lifetime_bounds: bool = False,
 ) -> TableAnnotator:
     """Resolve THE annotation of the input (:func:`kvtool.inputs.resolve_annotation`).
 
@@ -624,6 +628,7 @@ def make_annotator(
         groups_file: ``--groups FILE``.
         group_flags: ``--group IDX=KIND[:WINDOW]`` flags.
         report_mode: ``--report-mode`` (:attr:`TableAnnotator.report_mode`).
+        lifetime_bounds: ``--lifetime-bounds`` (:attr:`TableAnnotator.lifetime_bounds`).
 
     Returns:
         The annotator.
@@ -636,6 +641,7 @@ def make_annotator(
     return TableAnnotator(
         resolve_annotation(paths, groups_file=groups_file, group_flags=group_flags),
         report_mode=report_mode,
+        lifetime_bounds=lifetime_bounds,
     )
 
 

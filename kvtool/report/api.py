@@ -53,6 +53,7 @@ def build_report(
     split: Sequence[str] = (),
     raw_tap: Callable[[RawChunk], None] | None = None,
     report_mode: str = "auto",
+    lifetime_bounds: bool = False,
 ) -> Report:
     """Read recordings (several: one combined report) and build the report, streaming.
 
@@ -81,6 +82,8 @@ def build_report(
             path (``jobs`` 1, no Ray): elsewhere it is never called.
         report_mode: How parentless stores are read (``--report-mode``: ``auto``,
             ``full``, ``incremental``; hit announcements, docs/SEMANTICS.md R6).
+        lifetime_bounds: Also give R8's lifetime bound (``lifetime_pNN_s_bound_low/high``:
+            the two extreme copy rules, two more kernel states; else they are null).
 
     Returns:
         The report.
@@ -96,6 +99,7 @@ def build_report(
         groups_file=groups_file,
         group_flags=group_flags,
         report_mode=report_mode,
+        lifetime_bounds=lifetime_bounds,
     )
     if (jobs > 1 or ray_address is not None) and select is None and not split:
         # Recordings that share no stream are separate units of work: each is reported
@@ -201,6 +205,7 @@ def report_units(
             chunk_bytes=chunk_bytes,
             origin_ns=origin,
             report_mode=annotator.report_mode,
+            lifetime_bounds=annotator.lifetime_bounds,
         )
         for unit in units
     ]

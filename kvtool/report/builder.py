@@ -153,7 +153,9 @@ class ReportBuilder:
         self.group_kind = group_kind
         self.rows = 0
         self.registry: dict[ReportRow | MediumRow, int] = {}
-        self.kstate = kernel.State(max_keys, bounds=True)
+        # R8's bound (two more kernel states) only when asked (--lifetime-bounds).
+        bounds = bool(getattr(annotator, "lifetime_bounds", False))
+        self.kstate = kernel.State(max_keys, bounds=bounds)
         self.copy_bound = CopyBound()  # R8's lifetime bound (kvtool/report/lifebound.py)
         self.counts: NDArray[Any] = np.zeros((0, len(ADDITIVE)), dtype=I64)
         self.hashes = DistinctHashes(enabled=max_keys is None)

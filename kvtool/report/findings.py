@@ -187,15 +187,19 @@ def copy_choice_finding(row: dict[str, object]) -> str:
         if low is not None and high is not None:
             parts.append(f"{q} between {low} and {high} s")
     n = row["ambiguous_copy_evictions"]
-    bound = (
-        f"; under the oldest-first and newest-first rules lifetime {', '.join(parts)}"
-        if parts
-        else ""
-    )
+    if parts:
+        bound = (
+            f"; under the oldest-first and newest-first rules lifetime {', '.join(parts)} "
+            "(lifetime_pNN_s_bound_low/high)"
+        )
+    else:
+        bound = (
+            "; report --lifetime-bounds gives the lifetimes under the oldest-first and "
+            "newest-first rules, a bound (lifetime_pNN_s_bound_low/high)"
+        )
     return (
         f"{n} eviction(s) were of a key cached in several blocks: which copy vLLM evicted "
-        f"is not on the wire; lifetimes take {COPY_RULE}{bound} "
-        "(lifetime_pNN_s_bound_low/high)"
+        f"is not on the wire; lifetimes take {COPY_RULE}{bound}"
     )
 
 

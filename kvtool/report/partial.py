@@ -356,6 +356,7 @@ class UnitTask:
         origin_ns: The timeline's time zero for the whole input
             (:func:`kvtool.report.timeline.input_origin`): every unit buckets on one grid.
         report_mode: ``--report-mode`` (hit announcements, issue 21).
+        lifetime_bounds: ``--lifetime-bounds`` (R8's bound, issue 21).
     """
 
     paths: list[str]
@@ -368,6 +369,7 @@ class UnitTask:
     chunk_bytes: int
     origin_ns: int | None = None
     report_mode: str = "auto"
+    lifetime_bounds: bool = False
 
 
 # -- the merge --------------------------------------------------------------------------------

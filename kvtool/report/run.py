@@ -378,7 +378,9 @@ def report_unit(task: UnitTask) -> PartialReport:
     Returns:
         Its partial report.
     """
-    annotator = TableAnnotator(task.annotation, report_mode=task.report_mode)
+    annotator = TableAnnotator(
+        task.annotation, report_mode=task.report_mode, lifetime_bounds=task.lifetime_bounds
+    )
     builder, stats = run_builder(
         task.paths,
         annotator,
