@@ -127,3 +127,26 @@ def test_issue23_restart_of_one_channel_leaves_the_other_alone(tmp_path: Path) -
         assert (t["stored_while_live"], t["blocks_recomputed"]) == (2, 1)
         (line,) = [f for f in rep.findings if "restart" in f]
         assert line.startswith("1 publisher restart(s) on tcp://127.0.0.1:5557:")
+
+
+def test_issue23_ungrouped_remove_after_a_restart_sees_the_new_cache_only(tmp_path: Path) -> None:
+    """A remove without group_idx on a grouped channel is attributed by the live state; a
+    restart in the same chunk starts that state afresh, as a chunk boundary at the restart
+    does (this once depended on where the chunks fell)."""
+    before = [
+        (0, T0 + 10, [stored([1, 2], **G)]),
+        (1, T0 + 11, [stored([3], **G)]),
+    ]
+    # After the restart hash 1 was never stored again: its remove is an orphan.
+    after = [
+        (0, T0 + 1, [stored([7], **G)]),
+        (1, T0 + 2, [removed([1]), removed([7])]),
+    ]
+    path = _record(tmp_path / "ungrouped.mcap", before + after)
+    whole = build_report([path]).by_kind.to_dicts()
+    # the orphan is unattributed (live in no group of the new cache), not full attention's
+    kinds = {r["kind"]: r for r in whole}
+    assert kinds["unattributed"]["orphan_removes"] == 1
+    assert kinds["full_attention"]["orphan_removes"] == 0
+    for chunk_bytes in (64, 128, 256):
+        assert build_report([path], chunk_bytes=chunk_bytes).by_kind.to_dicts() == whole

@@ -71,7 +71,8 @@ def resolve_ungrouped(
     """Attribute removes without ``group_idx`` by the (hash → group) state, in stream order.
 
     Args:
-        df: The chunk, with ``row`` (stream position) and ``event_index``.
+        df: The chunk, with ``row`` (stream position), ``event_index`` and optionally
+            ``restart`` (the row begins a publisher restart: its channel starts afresh).
         live: The live entries before the chunk (``channel_id``, ``group_idx``, ``hash``, ``gkey``).
         grouped_channels: Channels whose stores carry ``group_idx``.
         kind_of_gkey: gkey → (kind, window) of the report rows the live entries are in.
@@ -82,10 +83,12 @@ def resolve_ungrouped(
         were ambiguous (live in several groups).
     """
     chans = list(grouped_channels)
+    restart = pl.col("restart") if "restart" in df.columns else pl.lit(False)
     rows = df.filter(
         pl.col("channel_id").is_in(chans)
-        & ((pl.col("type_code") == CLEARED) | pl.col("hash").is_not_null())
+        & ((pl.col("type_code") == CLEARED) | pl.col("hash").is_not_null() | restart)
     ).select(
+        restart.alias("restart"),
         "row",
         "channel_id",
         "type_code",
@@ -110,7 +113,16 @@ def resolve_ungrouped(
         kinds[(cid, g, h)] = (kind_of_label(k0), w0)
     ambiguous = 0
     out: list[tuple[int, bool, int | None, str | None, int | None, bool, bool]] = []
-    for row, cid, t, g, h, k, w, e in rows.iter_rows():
+    for re, row, cid, t, g, h, k, w, e in rows.iter_rows():
+        if re:
+            # A publisher restart (seq going back) begins here: its cache is new, as the
+            # kernel's channel state is (kvtool.report.restarts).
+            for key in [key for key in count if key[0] == cid]:
+                del count[key]
+            for hkey in [hk for hk in groups_of if hk[0] == cid]:
+                del groups_of[hkey]
+            if h is None and t != CLEARED:
+                continue
         if t == CLEARED:
             for key in [key for key in count if key[0] == cid]:
                 del count[key]

@@ -253,7 +253,11 @@ class ReportBuilder:
             self.grouped_channels |= set(np.flatnonzero(np.bincount(grouped)).tolist())
         unattributed = unattributed_orphan = np.zeros(n, dtype=bool)
         if group_null is not None and (is_remove & no_group & has_hash).any():
-            df = self._attribute(df.with_columns(row=pl.int_range(first_row, first_row + n)))
+            seq_now, _ = int_column(df, "seq")
+            restart = self.channels.restarts_at(channel, seq_now)
+            df = self._attribute(
+                df.with_columns(row=pl.int_range(first_row, first_row + n), restart=restart)
+            )
             if "unattributed" in df.columns:
                 group, group_null = int_column(df, "group_idx")
                 no_group = group_null if group_null is not None else np.zeros(n, dtype=bool)

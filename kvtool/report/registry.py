@@ -105,7 +105,8 @@ METRICS: tuple[Metric, ...] = (
        "Stores of a block that was cached earlier and evicted or cleared since."),
     # Issue 21 (docs/SEMANTICS.md): what the other keys on the wire were.
     _m("live_keys", "live\nkeys", "live keys = live_keys (hash keys cached at the end, one "
-       "per block holding it: a block can carry several, a key sit in two)", "hashes", "sum", "none", "gauge", "kvtool_live_keys",
+       "per block holding it: a block can carry several, a key sit in two)", "hashes", "sum",
+       "none", "gauge", "kvtool_live_keys",
        "Hash keys cached now (partial entries are extra keys on a block)."),
     _m("keys_cleared", "cleared\nkeys", "cleared keys = keys_cleared (hash keys dropped by "
        "AllBlocksCleared or a restart)", "hashes", "sum", "none", "counter",

@@ -27,6 +27,19 @@ class KernelChannels:
         self.kreal: list[int] = []
         self.last_seq: dict[int, int] = {}
 
+    def restarts_at(self, channel: NDArray[Any], seq: NDArray[Any]) -> NDArray[Any]:
+        """Whether each row begins a restart (as :meth:`split` finds them), changing nothing."""
+        n = len(channel)
+        back = np.zeros(n, dtype=bool)
+        for c in np.flatnonzero(np.bincount(channel)).tolist() if n else []:
+            idx = np.flatnonzero(channel == c)
+            s = seq[idx]
+            prev = np.empty_like(s)
+            prev[1:] = s[:-1]
+            prev[0] = self.last_seq.get(c, s[0])
+            back[idx] = s < prev
+        return back
+
     def split(
         self, channel: NDArray[Any], seq: NDArray[Any]
     ) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
