@@ -277,6 +277,13 @@ SHORT_LABELS: dict[str, str] = {
     "recompute_distance_p50": "recomp_dist_p50",
     "recompute_distance_p90": "recomp_dist_p90",
     "recompute_distance_p99": "recomp_dist_p99",
+    "ambiguous_copy_evictions": "ambiguous_copy",
+    "lifetime_p50_s_bound_low": "life_p50_low",
+    "lifetime_p50_s_bound_high": "life_p50_high",
+    "lifetime_p90_s_bound_low": "life_p90_low",
+    "lifetime_p90_s_bound_high": "life_p90_high",
+    "lifetime_p99_s_bound_low": "life_p99_low",
+    "lifetime_p99_s_bound_high": "life_p99_high",
 }
 """One-line short labels (at most 16 characters, each naming one metric): ``top``'s column
 headers, and the metric column of a ``diff`` table that does not fit with the names."""
