@@ -1,0 +1,151 @@
+"""Issues 20/21: the what-if on workloads it was never tuned on (new seeds, two arrival modes).
+
+Material in tests/data/whatif_more/<shape>_seed<N>[_open]/, made by bench/vllm_driver.py on
+vLLM 0.33.0's real KVCacheManager (CPU): the N0 recording (``kvtool record`` of a live replay
+of vLLM's own wire bytes), groups.json, params.json and truth.json (reruns of the same
+workload at N0 + K, counted from the instrumented BlockPool). ``_open`` folders give every
+conversation turn a fixed arrival step; the others let a turn arrive a gap after the previous
+one finished (so a larger pool, finishing sooner, also changes the order of arrivals).
+
+Each (folder, kind, K) is one case against the issue's bounds (full attention and sliding
+window ±5 %, Mamba hybrids ±15 %). The cases that miss are marked xfail(strict) with the
+numbers: they are reported to the lead, not loosened. At N0, ``kvtool report`` equals the
+pool's own counts exactly (block 16, hash 16).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kvtool.cli import app
+from kvtool.report.whatif import parse_what_if, what_if
+
+runner = CliRunner()
+DATA = Path(__file__).parent / "data" / "whatif_more"
+BOUND = {"full": 5.0, "gemma3": 5.0, "mamba": 15.0}
+FOLDERS = [
+    "full_seed11",
+    "full_seed23",
+    "full_seed23_open",
+    "gemma3_seed11",
+    "gemma3_seed23",
+    "gemma3_seed11_open",
+    "gemma3_seed23_open",
+    "mamba_seed11",
+    "mamba_seed23",
+    "mamba_seed11_open",
+    "mamba_seed23_open",
+]
+KINDS = {"full": ["full_attention"], "gemma3": ["full_attention", "sliding_window"]}
+KINDS["mamba"] = ["mamba", "full_attention"]
+K_BLOCKS = {"full": [20, 50, 100, 200, 600], "gemma3": [60, 150, 300, 600, 1800]}
+K_BLOCKS["mamba"] = [30, 75, 150, 300, 900]
+
+_CLOSED = "closed-loop turns: a larger pool finishes turns sooner, so later turns arrive in "
+_CLOSED += "another order than the recording's (the prediction assumes the same order)"
+_MAMBA = "Mamba states: the prediction keeps restores the larger pools avoid"
+# (folder, kind, K): predicted vs real, error %, as measured; reported to the lead.
+MISSES = {
+    ("full_seed23", "full_attention", 600): f"1,507 vs 1,147 (+31.4 %); {_CLOSED}",
+    ("gemma3_seed11", "full_attention", 300): f"579 vs 679 (-14.7 %); {_CLOSED}",
+    ("gemma3_seed11", "full_attention", 600): f"294 vs 239 (+23.0 %); {_CLOSED}",
+    ("gemma3_seed11", "sliding_window", 300): f"4,152 vs 5,315 (-21.9 %); {_CLOSED}",
+    ("gemma3_seed11", "sliding_window", 600): f"2,370 vs 2,250 (+5.3 %); {_CLOSED}",
+    ("gemma3_seed23", "full_attention", 300): f"1,096 vs 954 (+14.9 %); {_CLOSED}",
+    ("gemma3_seed23", "sliding_window", 300): f"7,242 vs 6,795 (+6.6 %); {_CLOSED}",
+    ("gemma3_seed23", "sliding_window", 1800): f"340 vs 405 (-16.0 %); {_CLOSED}",
+    ("gemma3_seed11_open", "sliding_window", 300): "4,942 vs 5,392 (-8.3 %), fixed arrivals",
+    ("gemma3_seed11_open", "full_attention", 600): "252 vs 282 (-10.6 %), fixed arrivals",
+    ("gemma3_seed11_open", "full_attention", 1800): "21 vs 11 (+90.9 %), fixed arrivals",
+    ("gemma3_seed11_open", "sliding_window", 1800): "370 vs 290 (+27.6 %), fixed arrivals",
+    ("gemma3_seed23_open", "full_attention", 600): "276 vs 249 (+10.8 %), fixed arrivals",
+    ("mamba_seed11", "mamba", 75): f"95 vs 78 (+21.8 %); {_MAMBA}",
+    ("mamba_seed11", "mamba", 150): f"92 vs 59 (+55.9 %); {_MAMBA}",
+    ("mamba_seed11", "mamba", 300): f"86 vs 38 (+126.3 %); {_MAMBA}",
+    ("mamba_seed11", "mamba", 900): f"55 vs 6 (+816.7 %); {_MAMBA}",
+    ("mamba_seed23", "mamba", 300): f"93 vs 57 (+63.2 %); {_MAMBA}",
+    ("mamba_seed23", "mamba", 900): f"39 vs 8 (+387.5 %); {_MAMBA}",
+    ("mamba_seed23", "full_attention", 900): f"1,074 vs 1,502 (-28.5 %); {_CLOSED}",
+    ("mamba_seed11_open", "mamba", 75): f"93 vs 76 (+22.4 %); {_MAMBA}",
+    ("mamba_seed11_open", "mamba", 150): f"88 vs 55 (+60.0 %); {_MAMBA}",
+    ("mamba_seed11_open", "mamba", 300): f"70 vs 36 (+94.4 %); {_MAMBA}",
+    ("mamba_seed11_open", "mamba", 900): f"21 vs 2 (+950.0 %); {_MAMBA}",
+    ("mamba_seed11_open", "full_attention", 900): "790 vs 371 (+112.9 %), fixed arrivals",
+    ("mamba_seed23_open", "mamba", 75): f"91 vs 74 (+23.0 %); {_MAMBA}",
+    ("mamba_seed23_open", "mamba", 150): f"84 vs 60 (+40.0 %); {_MAMBA}",
+    ("mamba_seed23_open", "mamba", 300): f"72 vs 49 (+46.9 %); {_MAMBA}",
+    ("mamba_seed23_open", "mamba", 900): f"12 vs 2 (+500.0 %); {_MAMBA}",
+}
+
+
+def _shape(folder: str) -> str:
+    return folder.split("_")[0]
+
+
+@functools.cache
+def _predicted(folder: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(kind, K) -> (predicted, real) recomputed blocks for one folder."""
+    d = DATA / folder
+    truth = json.loads((d / "truth.json").read_text())
+    runs = [r for r in truth["runs"] if r["K_blocks"] > 0]
+    extras = parse_what_if(",".join(f"+{r['K_blocks']}" for r in runs))
+    (mcap,) = d.glob("*.mcap")
+    res = what_if([mcap], extras, groups_file=d / "groups.json")
+    out = {}
+    for entry, run in zip(res.entries, runs, strict=True):
+        assert entry["extra_blocks"] == run["K_blocks"]
+        real = {r["kind"]: r["restores_after_eviction"] for r in run["by_kind"]}
+        for row in entry["by_kind"]:  # type: ignore[attr-defined]
+            out[(row["kind"], run["K_blocks"])] = (row["blocks_recomputed"], real[row["kind"]])
+    return out
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for folder in FOLDERS:
+        shape = _shape(folder)
+        for kind in KINDS[shape]:
+            for k in K_BLOCKS[shape]:
+                why = MISSES.get((folder, kind, k))
+                marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+                cases.append(pytest.param(folder, kind, k, marks=marks, id=f"{folder}-{kind}-{k}"))
+    return cases
+
+
+@pytest.mark.parametrize(("folder", "kind", "k"), _cases())
+def test_issue20_what_if_on_new_workloads(folder: str, kind: str, k: int) -> None:
+    predicted, real = _predicted(folder)[(kind, k)]
+    err = (predicted - real) / real * 100 if real else float(predicted != 0) * 100
+    assert abs(err) <= BOUND[_shape(folder)], (predicted, real, round(err, 1))
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_issue21_report_at_n0_equals_the_pool(folder: str) -> None:
+    """blocks_stored / removed / recomputed and live_blocks_end per kind, exactly."""
+    d = DATA / folder
+    (mcap,) = d.glob("*.mcap")
+    r = runner.invoke(app, ["report", str(mcap), "--format", "json"])
+    assert r.exit_code == 0, r.stderr
+    rep = json.loads(r.stdout)
+    truth = {r["kind"]: r for r in json.loads((d / "truth.json").read_text())["runs"][0]["by_kind"]}
+    got = {row["kind"]: row for row in rep["by_kind"]}
+    assert set(got) == set(truth)
+    for kind, t in truth.items():
+        g = got[kind]
+        assert (
+            g["blocks_stored"],
+            g["blocks_removed"],
+            g["blocks_recomputed"],
+            g["live_blocks_end"],
+        ) == (
+            t["blocks_stored"],
+            t["blocks_removed"],
+            t["restores_after_eviction"],
+            t["live_blocks_end"],
+        )
