@@ -19,8 +19,8 @@ For one shape and seed it builds the workload (the "base" mix of /work/shared/wh
 system prompts shared across multi-turn conversations, two eval sets of shared-prefix prompts
 asked several times), runs it through a minimal scheduler over vLLM's own ``KVCacheManager``
 (``get_computed_blocks`` / ``allocate_slots`` with a token budget and max_num_seqs, chunked
-prefill, Mamba block-aligned chunks, preempt the newest running request when allocation fails,
-``free`` on finish) at N0 and N0 + 10/25/50/100/300 %, and writes:
+prefill, Mamba chunks cut by vLLM's own ``Scheduler._mamba_block_aligned_split``, preempt the
+newest running request when allocation fails, ``free`` on finish) at N0 and N0 + 10/25/50/100/300 %, and writes:
 
 - ``<shape>_seed<S>_N<N0>.frames``: each step's ``take_events()`` as a ``KVEventBatch`` encoded
   by msgspec's msgpack encoder, framed ``[topic "", seq 8-byte BE, payload]`` as
@@ -42,6 +42,7 @@ import random
 import struct
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")
 
@@ -55,6 +56,7 @@ from vllm.v1.core.kv_cache_utils import (
     get_request_block_hasher,
     init_none_hash,
 )
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -270,15 +272,27 @@ def run(
         meta[rid] = (info, outt)
         return req
 
-    def aligned(req: Request, start: int, n: int) -> int:
+    # Mamba chunks are cut by vLLM's own Scheduler._mamba_block_aligned_split (block-aligned
+    # chunk ends, the last cacheable boundary, the shared-prefix junction), given the
+    # scheduler attributes it reads.
+    split_self = SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=BLOCK),
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        block_size=BLOCK,
+        hash_block_size=HASH_BLOCK,
+        max_num_scheduled_tokens=TOKEN_BUDGET,
+        use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0,
+        mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None,
+        mamba_partial_cache_hit=HASH_BLOCK < BLOCK and mgr.coordinator.enable_partial_hash_hits,
+        mamba_shared_prefix_checkpoint=False,
+    )
+
+    def aligned(req: Request, n_hit: int, n: int) -> int:
         if not is_mamba:
             return n
-        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
-        end = start + n
-        if start >= prefill_end or end >= prefill_end:
-            return n
-        end = end // BLOCK * BLOCK
-        return max(0, end - start)
+        return int(Scheduler._mamba_block_aligned_split(split_self, req, n, n_hit))
 
     def preempt(req: Request) -> None:
         mgr.free(req)
@@ -301,7 +315,7 @@ def run(
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            n = aligned(req, req.num_computed_tokens, n)
+            n = aligned(req, 0, n)
             if n <= 0:
                 i += 1
                 continue
@@ -322,7 +336,7 @@ def run(
         if not preempted_now:
             while waiting and len(running) < MAX_NUM_SEQS and budget > 0:
                 req = waiting[0]
-                computed, n_hit, _ = mgr.get_computed_blocks(req)
+                computed, n_hit, req.shared_prefix_boundary = mgr.get_computed_blocks(req)
                 n = min(req.num_tokens - n_hit, budget)
                 n = aligned(req, n_hit, n)
                 if n <= 0:
