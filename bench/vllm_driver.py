@@ -20,7 +20,8 @@ system prompts shared across multi-turn conversations, two eval sets of shared-p
 asked several times), runs it through a minimal scheduler over vLLM's own ``KVCacheManager``
 (``get_computed_blocks`` / ``allocate_slots`` with a token budget and max_num_seqs, chunked
 prefill, Mamba chunks cut by vLLM's own ``Scheduler._mamba_block_aligned_split``, preempt the
-newest running request when allocation fails, ``free`` on finish) at N0 and N0 + 10/25/50/100/300 %, and writes:
+newest running request when allocation fails, ``free`` on finish) at N0 and
+N0 + 10/25/50/100/300 %, and writes:
 
 - ``<shape>_seed<S>_N<N0>.frames``: each step's ``take_events()`` as a ``KVEventBatch`` encoded
   by msgspec's msgpack encoder, framed ``[topic "", seq 8-byte BE, payload]`` as
