@@ -73,7 +73,7 @@ from kvtool.learner import (
 )
 from kvtool.protocol import BlockStored, Event, KVEventBatch
 
-NO_KIND_SOURCE = "no group metadata; stores carry no kind"
+NO_KIND_SOURCE = "none (no store carries a kind)"
 """The metadata source when nothing gives a kind: no table, no flag, no store's own kind."""
 
 # -- the rule --------------------------------------------------------------------------
