@@ -73,6 +73,9 @@ from kvtool.learner import (
 )
 from kvtool.protocol import BlockStored, Event, KVEventBatch
 
+NO_KIND_SOURCE = "none (no store carries a kind)"
+"""The metadata source when nothing gives a kind: no table, no flag, no store's own kind."""
+
 # -- the rule --------------------------------------------------------------------------
 
 Decision = KindWindow | int | None
@@ -406,7 +409,8 @@ class Annotation:
         """Return the metadata sources in use, one per distinct source.
 
         Returns:
-            Source names; ``learned from annotated stores …`` when learning is used.
+            Source names; ``learned from annotated stores …`` when kinds were learned,
+            :data:`NO_KIND_SOURCE` when there is no metadata and no store carries a kind.
         """
         out: list[str] = []
         if self.given is not None and not self.given.partial:
@@ -422,8 +426,10 @@ class Annotation:
                     out.append(text)
         if self.given is not None and self.given.groups:
             return out or [self.given.source]
-        if self.learned or not (out or flags):
+        if self.learned:
             out.append(LEARNED_SOURCE)
+        elif not (out or flags):
+            out.append(NO_KIND_SOURCE)  # nothing to learn from: never "learned"
         if self.given is not None and self.given.ungrouped is not None:
             out.append(f"{self.given.source} ({self.given.describe()})")
         return out
@@ -670,6 +676,7 @@ __all__ = [
     "KINDS",
     "LEARNED_SOURCE",
     "LITERAL_PREFIX",
+    "NO_KIND_SOURCE",
     "OWN_LABELS",
     "SPEC_PARENTS",
     "UNANNOTATED",

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from kvtool.annotate import (
     LEARNED_SOURCE,
+    NO_KIND_SOURCE,
     Annotation,
     Annotator,
     ChannelRule,
@@ -431,12 +432,12 @@ class Replay:
         if ann.given is not None and not ann.given.partial:
             return f"{ann.given.source} ({len(ann.given)} groups: {ann.given.describe()})"
         parts: list[str] = []
+        learned = {ch for ch, _rank, _g in ann.learned}
         for name, t in self.tables.items():
-            text = (
-                f"{t.source} ({len(t)} groups: {t.describe()})"
-                if t is not None
-                else (f"{name}: {LEARNED_SOURCE}")
-            )
+            if t is not None:
+                text = f"{t.source} ({len(t)} groups: {t.describe()})"
+            else:  # "learned" only where a store gave a kind to learn (report's words)
+                text = f"{name}: {LEARNED_SOURCE if name in learned else NO_KIND_SOURCE}"
             if text not in parts:
                 parts.append(text)
         given = ann.given

@@ -114,7 +114,7 @@ def test_issue20_json_contract_and_pool_size() -> None:
             "report",
             str(folder / SHAPES["gemma3"]),
             "--what-if",
-            "+60,+10%,+150",
+            "+60,+20%,+150",
             "--pool-blocks",
             "600",
             "--format",
@@ -125,7 +125,7 @@ def test_issue20_json_contract_and_pool_size() -> None:
     out = json.loads(r.stdout)
     assert {"source", "totals", "by_kind", "by_window", "by_group", "what_if"} <= set(out)
     entries = out["what_if"]
-    assert [e["extra_blocks"] for e in entries] == [60, 150]  # +10 % of 600 is +60
+    assert [e["extra_blocks"] for e in entries] == [60, 120, 150]  # +20 % of 600 is +120
     for e in entries:
         assert e["channel"] == "tcp://127.0.0.1:7150" and e["pool_blocks"] == 600
         assert {"rank", "totals", "by_kind", "by_window", "by_group", "conditions"} <= set(e)

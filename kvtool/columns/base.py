@@ -12,7 +12,7 @@ import bisect
 import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 
@@ -20,6 +20,9 @@ from kvtool.annotate import Annotation
 from kvtool.inputs import MergeFindings
 from kvtool.recording import ChannelInfo
 from kvtool.text import printable
+
+if TYPE_CHECKING:
+    from kvtool.report.source import Finding
 
 Progress = Callable[[int, int], None]
 """A progress hook: ``(bytes done, bytes total)`` of the input files."""
@@ -133,10 +136,12 @@ class ReadStats:
         problems: Messages naming skipped batches/events: those about the earliest
             messages (:meth:`note`), the earliest first.
         problem_keys: The key of each problem's message (:data:`MergeKey`).
-        damaged: One line per recording that was truncated or damaged.
+        damaged: One finding (kind ``damaged``, its ``path`` the recording) per recording
+            that was truncated or damaged.
         groups: ``group_idx`` metadata stored in each recording (path → list or None).
         channels: Every channel, by ``channel_id``.
-        lost: One line per recording whose gap ledger names batches lost while recording.
+        lost: The findings (kind ``lost``, their ``path`` the recording) of each recording
+            whose gap ledger names batches lost while recording or tails never confirmed.
         merge: What the same-batch rule found across inputs (:mod:`kvtool.inputs`).
         unselected: Batches read but left out by a selection (``--since``, ``--rank`` …).
         unordered: A read of some streams only (``streams``) met a batch of the input
@@ -156,11 +161,11 @@ class ReadStats:
     bad_batches: int = 0
     skipped_events: int = 0
     problems: list[str] = field(default_factory=list)
-    damaged: list[str] = field(default_factory=list)
+    damaged: list[Finding] = field(default_factory=list)
     unknown_tags: dict[str, int] = field(default_factory=dict)
     groups: dict[str, list[dict[str, object]] | None] = field(default_factory=dict)
     channels: dict[int, ChannelRef] = field(default_factory=dict)
-    lost: list[str] = field(default_factory=list)
+    lost: list[Finding] = field(default_factory=list)
     merge: MergeFindings = field(default_factory=MergeFindings)
     unselected: int = 0
     unordered: bool = False

@@ -219,16 +219,19 @@ def iter_raw_chunks(
             yield raw
         if progress is not None:
             progress(total, total)
+        # Typed, each naming its recording (issue 19): no reader recovers it from the text.
+        from kvtool.recording.unconfirmed import ledger_lines
+        from kvtool.report.source import Finding
+
         for reader in opened:
             rec = reader.recovery
+            path = str(reader.path)
             if not rec.complete:
-                st.damaged.append(rec.summary())
-            ledger = reader.gap_ledger
+                st.damaged.append(Finding("damaged", rec.summary(), path))
             # Lost batches, then a tail the replay socket never confirmed (issue 23): the
             # library's one wording (kvtool.recording.unconfirmed).
-            from kvtool.recording.unconfirmed import ledger_lines
-
-            st.lost += ledger_lines(str(reader.path), ledger, orphans=True)
+            lines = ledger_lines(path, reader.gap_ledger, orphans=True)
+            st.lost += [Finding("lost", line, path) for line in lines]
     finally:
         st.messages += n
         st.payload_bytes += size

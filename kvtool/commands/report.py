@@ -198,7 +198,7 @@ def report(
             show_default=False,
             help="Predict, per pool, kind, window and group, the blocks still recomputed "
             "with K more blocks (or +P% of --pool-blocks), from the recorded event order; "
-            "--plot then draws recomputed blocks against pool size.",
+            "--plot then draws recomputed blocks against pool size. Each size once.",
         ),
     ] = None,
     pool_blocks: PoolBlocks = None,

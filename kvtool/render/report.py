@@ -140,11 +140,27 @@ def _rows(
     return header, rows
 
 
-def _tier_rows(frame: pl.DataFrame) -> tuple[list[str], list[list[object]]]:
-    """The tier transitions' header and rows (a ``none`` row when there are none)."""
-    header = list(frame.columns)
-    rows = [list(r) for r in frame.iter_rows()]
-    return header, rows or [["none", "", "", "", 0]]
+def _media(report: Report) -> list[str]:
+    """The media the stream names (its ``--by medium`` rows but the ``null`` one)."""
+    frame = report.by_medium
+    if frame is None or "medium" not in frame.columns:
+        return []
+    return [str(m) for m in frame["medium"].to_list() if m is not None]
+
+
+NO_MEDIUM = (
+    "by medium: no event names a medium (vLLM names one from 0.11 on), so there is no "
+    "tier to split the report by"
+)
+"""Said once, instead of a ``--by medium`` table whose only row is the ``null`` medium."""
+
+
+def _no_transitions(report: Report) -> str:
+    """The line said instead of an empty tier transitions table."""
+    media = _media(report)
+    if len(media) == 1:
+        return f"tier transitions: none (the stream names one medium, {printable(media[0])})"
+    return "tier transitions: none (no block was stored into one medium while live in another)"
 
 
 def _timeline_rows(report: Report) -> tuple[list[str], list[list[object]]]:
@@ -191,6 +207,9 @@ def render_table(
     """
     print_prose(console, _summary_line(report))
     for name in by:
+        if name == "medium" and not _media(report):
+            print_prose(console, NO_MEDIUM)
+            continue
         header, rows = _rows(report, name, columns, totals=True)
         nkeys = len(_KEYS[name])
         cols = [
@@ -200,13 +219,15 @@ def render_table(
         print_table(
             console, _TITLES[name], cols, [[cell(v) for v in r] for r in rows], total_last=True
         )
-        if name == "medium" and report.tier_transitions is not None:
-            header, rows = _tier_rows(report.tier_transitions)
+        tiers = report.tier_transitions if name == "medium" else None
+        if tiers is not None and not tiers.height:
+            print_prose(console, _no_transitions(report))
+        elif tiers is not None:
             print_table(
                 console,
                 "tier transitions (blocks stored into one medium while live in another)",
-                [Column(h, key=i < 3) for i, h in enumerate(header)],
-                [[cell(v) for v in r] for r in rows],
+                [Column(h, key=i < 3) for i, h in enumerate(tiers.columns)],
+                [[cell(v) for v in r] for r in tiers.iter_rows()],
             )
     if report.timeline is not None:
         header, rows = _timeline_rows(report)
@@ -339,14 +360,21 @@ def render_markdown(
         columns: Which report columns, in order (default: all).
     """
     for name in by:
+        if name == "medium" and not _media(report):
+            stream.write(f"{_md(NO_MEDIUM)}\n\n")
+            continue
         header, rows = _rows(report, name, columns, totals=True)
         stream.write(f"### {_TITLES[name]}\n\n")
         _md_table(stream, header, rows, bold_last=True)
         stream.write("\n")
-        if name == "medium" and report.tier_transitions is not None:
-            header, rows = _tier_rows(report.tier_transitions)
+        tiers = report.tier_transitions if name == "medium" else None
+        if tiers is not None and not tiers.height:
+            stream.write(f"{_md(_no_transitions(report))}\n\n")
+        elif tiers is not None:
             stream.write("### tier transitions\n\n")
-            _md_table(stream, header, rows, bold_last=False)
+            _md_table(
+                stream, list(tiers.columns), [list(r) for r in tiers.iter_rows()], bold_last=False
+            )
             stream.write("\n")
     if report.timeline is not None:
         header, rows = _timeline_rows(report)

@@ -151,8 +151,9 @@ def report_findings(
         )
     if unknown:
         out.append(Finding("unknown_events", unknown_tags_finding(stats.unknown_tags)))
-    out.extend(Finding("lost", line, _named(line, stats.recordings)) for line in stats.lost)
-    out.extend(Finding("damaged", line, _named(line, stats.recordings)) for line in stats.damaged)
+    # Typed where they are read (kind, the recording's path, the line): kept as they are.
+    out.extend(stats.lost)
+    out.extend(stats.damaged)
     out.extend(Finding("input", line) for line in annotator.findings(stats))
     # Hit announcements (issue 21, docs/SEMANTICS.md R6).
     mode = getattr(annotator, "report_mode", "auto")
@@ -257,14 +258,6 @@ def unknown_tags_finding(counts: dict[str, int]) -> str:
     parts[0] = parts[0].replace(" ", f" event{'' if first == 1 else 's'} of unknown type ", 1)
     verb = "was" if sum(ordered.values()) == 1 else "were"
     return f"{', '.join(parts)} {verb} skipped (a newer vLLM?)"
-
-
-def _named(line: str, recordings: list[str]) -> str | None:
-    """The recording a line is about (it starts with ``PATH:``), or None."""
-    for path in recordings:
-        if line.startswith(f"{path}:"):
-            return path
-    return None
 
 
 def _kw(kw: tuple[str, int | None]) -> str:

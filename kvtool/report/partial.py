@@ -46,6 +46,7 @@ from kvtool.columns import NO_KEY, ChannelRef, MergeKey, ReadStats, np
 from kvtool.protocol import count_unknown_tags
 from kvtool.recording import open_recording
 from kvtool.report.samples import SecondsPart
+from kvtool.report.source import Finding
 
 RowKey = tuple[int | None, str, int | None]
 """(group_idx, kind, sliding_window): one report row, the same in every unit."""
@@ -412,8 +413,8 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         ref = parts[i].stats.channels[cid]
         st.channels[gid] = ChannelRef(gid, ref.recording, ref.info)
     by_input: dict[int, str] = {}
-    damaged: dict[tuple[str, str], None] = {}
-    lost: dict[tuple[str, str], None] = {}
+    damaged: dict[tuple[str, str], Finding] = {}
+    lost: dict[tuple[str, str], Finding] = {}
     for i, p in enumerate(parts):
         s = p.stats
         for (cid, rank), n in s.payload_ranks.items():  # one rank: the channel's (issue 24)
@@ -421,8 +422,8 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
             st.payload_ranks[merged] = st.payload_ranks.get(merged, 0) + n
         by_input.update(zip(p.inputs, s.recordings, strict=True))
         # Units that split one recording's streams each saw its damage and ledger.
-        damaged.update(dict.fromkeys(zip_lines(s.recordings, s.damaged)))
-        lost.update(dict.fromkeys(zip_lines(s.recordings, s.lost)))
+        damaged.update(((f.path or "", f.text), f) for f in s.damaged)
+        lost.update(((f.path or "", f.text), f) for f in s.lost)
         st.messages += s.messages
         st.events += s.events
         st.rows += s.rows
@@ -441,21 +442,12 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
     st.recordings = [by_input[i] for i in sorted(by_input)]
     order = {path: n for n, path in enumerate(st.recordings)}
 
-    def in_input_order(lines: dict[tuple[str, str], None]) -> list[str]:
-        return [t for _p, t in sorted(lines, key=lambda pt: order.get(pt[0], 0))]
+    def in_input_order(found: dict[tuple[str, str], Finding]) -> list[Finding]:
+        return [f for _k, f in sorted(found.items(), key=lambda kf: order.get(kf[0][0], 0))]
 
     st.damaged = in_input_order(damaged)
     st.lost = in_input_order(lost)
     return st, maps
-
-
-def zip_lines(paths: list[str], lines: list[str]) -> list[tuple[str, str]]:
-    """Pair each line (which starts with its recording's path) with that path."""
-    out = []
-    for line in lines:
-        owner = next((p for p in paths if line.startswith(p)), "")
-        out.append((owner, line))
-    return out
 
 
 def merge_peaks(

@@ -34,7 +34,7 @@ from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
-from kvtool.report.source import ChannelSource, ReportSource, TimelineSource
+from kvtool.report.source import ChannelSource, Finding, ReportSource, TimelineSource
 from kvtool.report.tiers import TierSplit, tier_findings
 from kvtool.report.timeline import input_origin
 
@@ -339,7 +339,7 @@ def finish_report(builder: ReportBuilder, annotator: TableAnnotator, stats: Read
         skipped_batches=stats.bad_batches,
         skipped_events=stats.skipped_events,
         unknown_events=sorted_unknown_tags(stats.unknown_tags),
-        damaged=list(stats.damaged),
+        damaged=[f.text for f in stats.damaged],
     )
     every_s = builder.every_ns / 1e9 if builder.every_ns is not None else None
     return Report(
@@ -406,14 +406,21 @@ def _rename(stats: ReadStats, names: dict[str, str]) -> None:
         info = msgspec.structs.replace(ref.info, path=names.get(ref.info.path, ref.info.path))
         stats.channels[cid] = ChannelRef(ref.id, names.get(ref.recording, ref.recording), info)
 
+    def renamed(f: Finding) -> Finding:
+        # The finding names its recording: its line begins with that path, no other's.
+        new = names.get(f.path or "")
+        if new is None or f.path is None:
+            return f
+        return Finding(f.kind, new + f.text[len(f.path) :], new)
+
     def line(text: str) -> str:
         for old, new in names.items():
-            if text.startswith(old):
+            if text.startswith(f"{old}: "):
                 return new + text[len(old) :]
         return text
 
-    stats.damaged = [line(t) for t in stats.damaged]
-    stats.lost = [line(t) for t in stats.lost]
+    stats.damaged = [renamed(f) for f in stats.damaged]
+    stats.lost = [renamed(f) for f in stats.lost]
     stats.problems = [line(t) for t in stats.problems]
 
 

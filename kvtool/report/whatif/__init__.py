@@ -93,10 +93,11 @@ def parse_what_if(text: str) -> list[Extra]:
         text: The option's value.
 
     Returns:
-        The extras, in the order given, each once.
+        The extras, in the order given.
 
     Raises:
-        UsageError: A value is neither ``+K`` nor ``+P%``.
+        UsageError: A value is neither ``+K`` nor ``+P%``, or a size is given twice
+            (``+60,+60``, ``+60,+060``, ``+10%,+10.0%``): one prediction each, said once.
     """
     out: list[Extra] = []
     for part in (p.strip() for p in text.split(",")):
@@ -116,9 +117,16 @@ def parse_what_if(text: str) -> list[Extra]:
             )
         else:
             e = Extra(part, blocks=int(value))
-        if e not in out:
-            out.append(e)
+        same = next((o for o in out if (o.blocks, o.percent) == (e.blocks, e.percent)), None)
+        if same is not None:
+            raise UsageError(f"--what-if {text!r}: {_twice(same.text, part)}; give each size once")
+        out.append(e)
     return out
+
+
+def _twice(first: str, again: str) -> str:
+    """``+60 is given twice``, or ``+060 is +60 again`` when written differently."""
+    return f"{first} is given twice" if first == again else f"{again} is {first} again"
 
 
 @dataclass(frozen=True)
@@ -426,8 +434,14 @@ def predict(
                 f"--what-if {e.text}: the pool size of {pool.channel} is unknown; "
                 "give --pool-blocks N (vllm:cache_config_info num_gpu_blocks) or K in blocks"
             )
-        if all(k != done for _e, done in sizes):  # +60 and +10% of 600 are one prediction
-            sizes.append((e, k))
+        same = next((d for d, done in sizes if done == k), None)
+        if same is not None:  # +60 and +10% of 600 are one prediction: asked for twice
+            size = f" ({pool_blocks:,} blocks)" if pool_blocks is not None else ""
+            raise WhatIfRefused(
+                f"--what-if {e.text} is +{k:,} blocks for the pool of {pool.channel}{size}, "
+                f"as {same.text} is; give each size once"
+            )
+        sizes.append((e, k))
     mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
     jobs = [(k, True) for _e, k in sizes]
     if mamba:
