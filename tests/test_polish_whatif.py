@@ -1,12 +1,14 @@
 """``--what-if`` asks for each size once: a size given twice is refused (exit 2, one line).
 
-``+60,+60`` and ``+60,+060`` are refused before anything is read; ``+10%`` that comes to the
-blocks of a ``+K`` also given is refused once the pool's size is known (it used to be
-dropped without a word).
+``+60,+60`` and ``+60,+060`` are refused before anything is read. A ``+10%`` that comes to
+the blocks of a ``+K`` also given is not a repeat the user could see (in a fleet it may hold
+in one pool only): both are answered, each under its own name, from one replay (it used to
+be dropped without a word).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -39,12 +41,13 @@ def test_polish_what_if_size_given_twice_is_refused(value: str, said: str) -> No
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in r.stderr
 
 
-def test_polish_what_if_percent_that_is_a_given_k_is_refused() -> None:
+def test_polish_what_if_percent_that_is_a_given_k_is_answered_under_both_names() -> None:
     args = ["report", RECORDING, "--what-if", "+60,+10%", "--pool-blocks", "600", "-q"]
-    r = runner.invoke(app, args)
-    assert r.exit_code == 2
-    last = r.stderr.strip().splitlines()[-1]
-    assert "+10% is +60 blocks" in last and "as +60 is" in last and "(600 blocks)" in last
+    r = runner.invoke(app, [*args, "-f", "json"])
+    assert r.exit_code == 0, r.stderr
+    entries = json.loads(r.stdout)["what_if"]
+    assert [(e["extra"], e["extra_blocks"]) for e in entries] == [("+60", 60), ("+10%", 60)]
+    assert entries[0]["totals"] == entries[1]["totals"]
 
 
 def test_polish_what_if_distinct_sizes_still_run() -> None:

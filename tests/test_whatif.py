@@ -363,7 +363,9 @@ def test_issue20_malformed_block_hashes_refuse_the_what_if_in_one_line(
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "block_hashes" in proc.stderr, proc.stderr
+    # A cold JIT cache adds its one compile notice first; the refusal is one line.
+    said = [ln for ln in proc.stderr.splitlines() if "compiling its numba kernels" not in ln]
+    assert len(said) == 1 and "block_hashes" in said[0], proc.stderr
 
 
 def test_issue20_pool_blocks_smaller_than_the_peak_is_a_finding() -> None:

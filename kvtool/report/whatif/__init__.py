@@ -434,18 +434,11 @@ def predict(
                 f"--what-if {e.text}: the pool size of {pool.channel} is unknown; "
                 "give --pool-blocks N (vllm:cache_config_info num_gpu_blocks) or K in blocks"
             )
-        same = next((d for d, done in sizes if done == k), None)
-        if same is not None:  # +60 and +10% of 600 are one prediction: asked for twice
-            size = f" ({pool_blocks:,} blocks)" if pool_blocks is not None else ""
-            raise WhatIfRefused(
-                f"--what-if {e.text} is +{k:,} blocks for the pool of {pool.channel}{size}, "
-                f"as {same.text} is; give each size once"
-            )
         sizes.append((e, k))
     mamba = bool((pool.arrays["gkind"] == KIND_MAMBA).any())
-    jobs = [(k, True) for _e, k in sizes]
-    if mamba:
-        jobs += [(k, False) for _e, k in sizes]
+    # +60 and +10% of 600 are one replay, answered under each name the user gave.
+    ks = list(dict.fromkeys(k for _e, k in sizes))
+    jobs = [(k, True) for k in ks] + ([(k, False) for k in ks] if mamba else [])
     # The kernel runs without the GIL: the replays of one pool run side by side.
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as ex:
         runs = dict(zip(jobs, ex.map(lambda j: _simulate(pool, *j), jobs), strict=True))
