@@ -32,7 +32,7 @@ def test_parquet_roundtrip(rec: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(rec), "-o", str(out)])
     assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
-    assert "exported 3419 rows" in result.stderr
+    assert "exported 3,419 rows" in result.stderr
     df = pl.read_parquet(out)
     truth = capture_truth("gemma3")
     assert list(df.columns) == [*TABLE_SCHEMA, *TIME_AND_HASH_COLUMNS, *DERIVED_COLUMNS]

@@ -19,6 +19,7 @@ from kvtool.commands._options import (
     Until,
 )
 from kvtool.errors import ExitStatus
+from kvtool.render.info import plural
 from kvtool.text import printable
 
 
@@ -99,8 +100,8 @@ def export(
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
     if not quiet:
         env.err.print(
-            f"kvtool: exported {result.rows} rows ({stats.events} events, {stats.messages} "
-            f"batches) to {output}",
+            f"kvtool: exported {plural(result.rows, 'row')} ({plural(stats.events, 'event')}, "
+            f"{plural(stats.messages, 'batch')}) to {output}",
             markup=False,
             highlight=False,
         )
