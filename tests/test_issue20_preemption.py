@@ -7,16 +7,19 @@ from pathlib import Path
 import pytest
 
 from kvtool.report.whatif import parse_what_if, what_if
-from kvtool.report.whatif.build import RESUME_BATCHES
+from kvtool.report.whatif.build import RESUME_BATCHES, RESUME_TAIL_BATCHES
 from tests.test_report import record_batches, removed, stored
 
 FA = {"group": 0, "kind": "full_attention"}
 DATA = Path(__file__).parent / "data" / "whatif"
 
 
-def _stream(preempted: int, others: int, pause: int) -> list[list[dict[str, object]]]:
+def _stream(
+    preempted: int, others: int, pause: int, *, past: bool = True
+) -> list[list[dict[str, object]]]:
     """Requests that store a chain, lose it to eviction, and come back ``pause`` batches on,
-    computing the chain again and going on past its old tail (a preempted request resuming).
+    computing the chain again and going on past its old tail (a preempted request resuming
+    mid-prefill), or, with ``past=False``, ending at it (one preempted while decoding).
     """
     batches: list[list[dict[str, object]]] = []
     for r in range(preempted):
@@ -24,7 +27,7 @@ def _stream(preempted: int, others: int, pause: int) -> list[list[dict[str, obje
         batches.append([stored(chain, **FA)])
         batches.append([removed(chain[::-1], 0)])
         batches.extend([] for _ in range(pause - 1))
-        batches.append([stored([*chain, chain[-1] + 1], **FA)])
+        batches.append([stored([*chain, chain[-1] + 1] if past else chain, **FA)])
     for r in range(others):
         batches.append([stored([900_000 + 10 * r + i for i in range(2)], **FA)])
     return batches
@@ -48,6 +51,16 @@ def test_a_chain_computed_again_after_a_pause_is_a_next_turn_not_preemption(
     tmp_path: Path,
 ) -> None:
     got = _conditions(tmp_path, _stream(preempted=12, others=20, pause=RESUME_BATCHES + 5))
+    assert got["resumed"] == 0 and "heavy_preemption" not in got["names"]  # type: ignore[operator]
+
+
+def test_a_request_preempted_while_decoding_resumes_up_to_its_old_tail(tmp_path: Path) -> None:
+    # It recomputes its prompt and generated tokens: the store ends where it stopped, and
+    # may come a decode block (``block_size`` steps) plus its wait after that tail's store.
+    got = _conditions(tmp_path, _stream(12, 20, RESUME_TAIL_BATCHES - 1, past=False))
+    assert got["resumed"] == 12 and "heavy_preemption" in got["names"]  # type: ignore[operator]
+    (tmp_path / "late").mkdir()
+    got = _conditions(tmp_path / "late", _stream(12, 20, RESUME_TAIL_BATCHES + 5, past=False))
     assert got["resumed"] == 0 and "heavy_preemption" not in got["names"]  # type: ignore[operator]
 
 

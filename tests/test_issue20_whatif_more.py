@@ -146,3 +146,24 @@ def test_issue21_report_at_n0_equals_the_pool(folder: str) -> None:
             t["restores_after_eviction"],
             t["live_blocks_end"],
         )
+
+
+# N0 preemptions (truth.json runs[0].preemptions): full 44/41/37, Mamba 27/27/16 heavy;
+# mamba_seed11_open has 2, the gemma3 folders none. About a third of them show on the wire
+# (the others found their freed blocks still cached when they resumed).
+HEAVY = {"full_seed11", "full_seed23", "full_seed23_open"}
+HEAVY |= {"mamba_seed11", "mamba_seed23", "mamba_seed23_open"}
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_issue20_heavy_preemption_where_the_engine_preempted(folder: str) -> None:
+    d = DATA / folder
+    (mcap,) = d.glob("*.mcap")
+    entry = what_if([mcap], parse_what_if("+10"), groups_file=d / "groups.json").entries[0]
+    names = [c["condition"] for c in entry["conditions"]]  # type: ignore[attr-defined]
+    preemptions = json.loads((d / "truth.json").read_text())["runs"][0]["preemptions"]
+    assert ("heavy_preemption" in names) == (folder in HEAVY), (
+        preemptions,
+        entry["resumed_requests"],
+    )
+    assert entry["resumed_requests"] <= preemptions  # type: ignore[operator]

@@ -33,12 +33,20 @@ EV_CLEAR = 2
 
 _COUNTED = -(1 << 62)
 
-RESUME_BATCHES = 8
-"""A request that re-stores another's abandoned tail at most this many batches after that
-tail was stored is taken for a preempted request resuming (see :func:`build`): vLLM puts a
-preempted request back at the head of the waiting queue, so it is scheduled again within
-a few steps (one batch each) once blocks are free; a conversation's next turn waits for
-its user."""
+RESUME_BATCHES = 6
+"""A request whose stores compute again another request's abandoned tail (the last block of
+its chain, never continued) and go on past it, at most this many batches after that tail was
+stored, is taken for a preempted request resuming mid-prefill (see :func:`build`). vLLM frees
+a preempted request's blocks tail first (they stay cached, the tail is evicted first) and puts
+it back at the head of the waiting queue, so it is scheduled again within a few steps once
+blocks are free; a conversation's next turn also goes on past the old tail, but after its
+user's pause, hence the short window."""
+
+RESUME_TAIL_BATCHES = 16
+"""And at most this many batches when the store ends at that tail: a request preempted while
+decoding recomputes its prompt and generated tokens, which end where it stopped (decode
+stores a block every ``block_size`` steps, so its tail may be that old when it is preempted);
+a next turn's prompt always goes past it."""
 
 
 @kernel
@@ -268,33 +276,39 @@ def build(
             if q < 0:
                 q = n_req
                 n_req += 1
-                # A preempted request frees its blocks (they stay cached) and resumes: what
-                # was evicted meanwhile it computes again, up to its old tail and beyond.
-                for i in range(nh - 1):  # the chain goes on past the tail: resumed
-                    h = occ_hid[h0 + i]
-                    if (
-                        tail_req[h] >= 0
-                        and tail_gen[h] == gen
-                        and ev_batch[e] - tail_batch[h] <= RESUME_BATCHES
-                    ):
-                        resumed += 1
-                        tail_batch[h] = _COUNTED  # one resume per tail; the links stay
-                        break
             rec_req[r] = q
             rec_batch[r] = ev_batch[e]
             rec_base[r] = base
             rec_end[r] = base + span
             rec_pos[r] = lookup_pos
             rec_par[r] = par
-            if last >= 0:
-                tail_req[last] = q
-                tail_gen[last] = gen
-                tail_batch[last] = ev_batch[e]
             cur = r
             cur_parent = par
             cur_last = last
             cur_mask = 0
         cur_mask |= bit
+        # A preempted request frees its blocks (they stay cached, its tail is evicted
+        # first) and resumes: what was evicted meanwhile it stores again, up to its old
+        # tail (and on, if it was preempted mid-prefill). Any store may do it: the hit can
+        # end at an old tail its earlier turn left (a continuation), and the store of another
+        # group of the same step joins the record of the first.
+        q = rec_req[r]
+        for i in range(nh):
+            h = occ_hid[h0 + i]
+            w = RESUME_TAIL_BATCHES if i == nh - 1 else RESUME_BATCHES
+            if (
+                tail_req[h] >= 0
+                and tail_req[h] != q
+                and tail_gen[h] == gen
+                and ev_batch[e] - tail_batch[h] <= w
+            ):
+                resumed += 1
+                tail_batch[h] = _COUNTED  # one resume per tail; the links stay
+                break
+        if cur_mask == bit and last >= 0:  # the record's first store: its tail
+            tail_req[last] = q
+            tail_gen[last] = gen
+            tail_batch[last] = ev_batch[e]
         if span == nh and nh > rec_nh[r]:
             rec_h0[r] = h0
             rec_nh[r] = nh
