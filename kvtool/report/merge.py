@@ -47,7 +47,7 @@ def to_partial(
         raise ValueError("a builder made with by_medium has no partial report")
     b.hashes.merge()
     log = b.peak_log if b.peak_log is not None else PeakLog()
-    counts = {g: tuple(int(v) for v in row) for g, row in enumerate(b.counts.tolist())}
+    counts = {g: tuple(int(v) for v in row) for g, row in enumerate(b.counts_now().tolist())}
     ends = b.live_now(len(b.registry))
     live_end = {g: int(n) for g, n in enumerate(ends.tolist()) if n}
     return PartialReport(
