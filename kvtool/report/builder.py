@@ -352,17 +352,6 @@ class ReportBuilder:
                 )
             )
 
-    def counts_now(self) -> NDArray[Any]:
-        """The :data:`ADDITIVE` sums per gkey, ``live_keys`` the distinct keys live now.
-
-        A merged builder (:meth:`from_partials`) has its units' sums, theirs included.
-        """
-        if self.live_end is not None:
-            return self.counts
-        counts = self.counts.copy()
-        counts[:, ADDITIVE.index("live_keys")] = klive.live_keys(self.kstate, len(counts))
-        return counts
-
     def live_now(self, size: int) -> NDArray[Any]:
         """Live blocks now per gkey (``size`` of them)."""
         if self.live_end is not None:
@@ -444,7 +433,7 @@ class ReportBuilder:
         """
         return report_tables(
             level_map(self.registry, by_medium=self.by_medium),
-            self.counts_now(),
+            klive.counts_now(self.counts, self.kstate, merged=self.live_end is not None),
             self.live_now(len(self.registry)),
             (self.life, self.gaps, self.distances),
             self.hashes,
