@@ -31,7 +31,7 @@ def quantiles(values: Sequence[float]) -> dict[str, float | None]:
     return out
 
 
-def row(c: Counts, *, live: int, peak: int, live_keys: int) -> dict[str, object]:
+def row(c: Counts, *, live: int, peak: int, live_keys: int, live_entries: int) -> dict[str, object]:
     """One report row of the model, in the column names docs/SEMANTICS.md proposes."""
     st, rm = c.stores, c.removes
     stored = sum(st[k] for k in MAKES_BLOCK)
@@ -46,6 +46,7 @@ def row(c: Counts, *, live: int, peak: int, live_keys: int) -> dict[str, object]
         "live_blocks_end": live,
         "peak_live_blocks": peak,
         "live_keys": live_keys,
+        "live_entries": live_entries,
         "distinct_hashes": len(c.distinct),
         "new_entries": st["new_entry"],
         "blocks_recomputed": st["recompute"],
@@ -105,14 +106,24 @@ def summary(model: SemanticsModel) -> dict[str, list[dict[str, object]]]:
         ``{"by_group": [...], "by_kind": [...]}``, rows sorted by their key.
     """
     live_keys: Counter[int | None] = Counter()
+    live_entries: Counter[int | None] = Counter()
     for groups in model.channels.values():
         for gi, g in groups.items():
-            live_keys[gi] += sum(len(v) for v in g.copies.values())
+            live_keys[gi] += sum(1 for v in g.copies.values() if v)
+            live_entries[gi] += sum(len(v) for v in g.copies.values())
     by_group: list[dict[str, object]] = []
     for gi in sorted(model.counts, key=lambda x: -1 if x is None else x):
         c = model.counts[gi]
         r: dict[str, object] = {"group_idx": gi, "kind": model.kinds.get(gi, "unannotated")}
-        r.update(row(c, live=c.live_blocks, peak=c.peak_live_blocks, live_keys=live_keys[gi]))
+        r.update(
+            row(
+                c,
+                live=c.live_blocks,
+                peak=c.peak_live_blocks,
+                live_keys=live_keys[gi],
+                live_entries=live_entries[gi],
+            )
+        )
         by_group.append(r)
     by_kind: list[dict[str, object]] = []
     for kind in sorted({str(r["kind"]) for r in by_group}):
@@ -122,7 +133,11 @@ def summary(model: SemanticsModel) -> dict[str, list[dict[str, object]]]:
         r = {"kind": kind}
         r.update(
             row(
-                c, live=live, peak=model.kind_peak[kind], live_keys=sum(live_keys[gi] for gi in gis)
+                c,
+                live=live,
+                peak=model.kind_peak[kind],
+                live_keys=sum(live_keys[gi] for gi in gis),
+                live_entries=sum(live_entries[gi] for gi in gis),
             )
         )
         by_kind.append(r)

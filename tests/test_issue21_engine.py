@@ -61,7 +61,8 @@ def physical(t: dict[str, Any]) -> dict[str, int]:
         "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
         "keys_cleared": reset["entries_cleared_by_reset"],
         "live_blocks_end": end["physical_cached_blocks_end"],
-        "live_keys": end["cached_entries_end"],
+        "live_keys": end["cached_hash_keys_end"],
+        "live_entries": end["cached_entries_end"],
         "partial_extra_keys": s["extra_hash_keys_on_already_cached_block"],
         "rekeys": s["same_block_rekeyed_after_promotion_or_replace"],
         "partial_promotions": r["partial_promotion_to_full_not_eviction"]

@@ -43,7 +43,7 @@ from kvtool.columns import (
     TableAnnotator,
     np,
 )
-from kvtool.report import announce, attribution, kernel, lifetimes
+from kvtool.report import announce, attribution, kernel, klive, lifetimes
 from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
@@ -433,7 +433,7 @@ class ReportBuilder:
         """
         return report_tables(
             level_map(self.registry, by_medium=self.by_medium),
-            self.counts,
+            klive.counts_now(self.counts, self.kstate, merged=self.live_end is not None),
             self.live_now(len(self.registry)),
             (self.life, self.gaps, self.distances),
             self.hashes,

@@ -97,10 +97,11 @@ def chunk_counts(
     add[:, col["blocks_stored_bound"]] = per(what == kernel.ANNOUNCED_AMBIGUOUS)
     add[:, col["hit_announced_blocks_bound"]] = per(out.note[rows] == announce.NOTE_AMBIGUOUS)
     add[:, col["ambiguous_copy_evictions"]] = per(out.note[rows] == kernel.NOTE_COPY)
-    # Keys live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
+    # Entries live at the end, as a sum: +1 per key a store adds, -1 per key a remove takes
     # off (under the report row it was stored under), minus the keys clears drop.
     taken = rm & np.isin(what, KEY_OUT)
-    add[:, col["live_keys"]] = per(st & np.isin(what, KEY_IN)) - per(
+    # (``live_keys``, the distinct keys, is read from the kernel's state: klive.py.)
+    add[:, col["live_entries"]] = per(st & np.isin(what, KEY_IN)) - per(
         taken[taken], out.gkey[rows][taken]
     )
     if len(out.drop_gkey):
@@ -110,7 +111,7 @@ def chunk_counts(
         add[:, col["keys_cleared"]] = np.bincount(
             out.drop_gkey, weights=out.drop_keys, minlength=size
         ).astype(I64)
-        add[:, col["live_keys"]] -= add[:, col["keys_cleared"]]
+        add[:, col["live_entries"]] -= add[:, col["keys_cleared"]]
     return add
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from kvtool.columns import ChannelRef, ReadStats, TableAnnotator, np
-from kvtool.report import lifetimes
+from kvtool.report import klive, lifetimes
 from kvtool.report.aggregates import ADDITIVE, EXACT_LIFETIMES, sorted_union
 from kvtool.report.arrays import I64, ReportRow
 from kvtool.report.lifebound import CopyBound
@@ -47,7 +47,10 @@ def to_partial(
         raise ValueError("a builder made with by_medium has no partial report")
     b.hashes.merge()
     log = b.peak_log if b.peak_log is not None else PeakLog()
-    counts = {g: tuple(int(v) for v in row) for g, row in enumerate(b.counts.tolist())}
+    counts = {
+        g: tuple(int(v) for v in row)
+        for g, row in enumerate(klive.counts_now(b.counts, b.kstate).tolist())
+    }
     ends = b.live_now(len(b.registry))
     live_end = {g: int(n) for g, n in enumerate(ends.tolist()) if n}
     return PartialReport(

@@ -104,10 +104,13 @@ METRICS: tuple[Metric, ...] = (
        "blocks", "sum", "up", "counter", "kvtool_blocks_recomputed",
        "Stores of a block that was cached earlier and evicted or cleared since."),
     # Issue 21 (docs/SEMANTICS.md): what the other keys on the wire were.
-    _m("live_keys", "live\nkeys", "live keys = live_keys (hash keys cached at the end, one "
-       "per block holding it: a block can carry several, a key sit in two)", "hashes", "sum",
+    _m("live_keys", "live\nkeys", "live keys = live_keys (distinct hash keys cached at the "
+       "end: a block can carry several, a key in two blocks counts once)", "hashes", "sum",
        "none", "gauge", "kvtool_live_keys",
-       "Hash keys cached now (partial entries are extra keys on a block)."),
+       "Distinct hash keys cached now (partial entries are extra keys on a block)."),
+    _m("live_entries", "live\nentries", "live entries = live_entries ((key, block) entries "
+       "cached at the end: a key in two blocks counts twice)", "hashes", "sum", "none",
+       "gauge", "kvtool_live_entries", "Cached (hash key, block) entries now."),
     _m("keys_cleared", "cleared\nkeys", "cleared keys = keys_cleared (hash keys dropped by "
        "AllBlocksCleared or a restart)", "hashes", "sum", "none", "counter",
        "kvtool_keys_cleared", "Hash keys dropped by AllBlocksCleared or a publisher restart."),
