@@ -42,11 +42,22 @@ def interrupt_once(signum: int, frame: object) -> None:
     ``timeout`` signalling the process group as well as the process) are ignored, so the
     removal of a temporary output or the stop of worker processes is never cut half way
     (it would leave a 100 MB temporary file beside the output, or print a traceback).
+
+    Nor when the interrupt is already unwinding: polars (>= 1.22) takes Ctrl-C itself
+    during a query (a native SIGINT handler that raises its own KeyboardInterrupt out of
+    the query) and passes the signal on, so this handler runs too, at the next moment
+    Python checks for signals: inside the ``finally`` the first KeyboardInterrupt runs. A
+    second one raised there cut that cleanup short (``top --record`` stopped by Ctrl-C
+    during a snapshot never stopped its recorder thread: the recording was left truncated
+    after its first flush, without the ``kvtool.ungrouped`` record and every batch;
+    polars issue 23988).
     """
     global _taken
     _taken = True
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        return  # the same Ctrl-C, already unwinding: its cleanup goes on
     raise KeyboardInterrupt
 
 

@@ -450,11 +450,12 @@ def run_serve(
     """
     start = time.monotonic()
     exporter.update(feed, source.health(), source_ledger(source))
-    source.start(start)
     end = None if duration_s is None else start + duration_s
     next_snap = start + interval_s
     ended = False
     try:
+        # Started inside the try: a signal the moment the recorder runs still stops it.
+        source.start(start)
         while stop is None or not stop.is_set():
             now = time.monotonic()
             done = source.done

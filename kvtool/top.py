@@ -354,11 +354,13 @@ def run_plain(
     """
     start = time.monotonic()
     top.model.update(0.0, top.feed.snapshot(), top.source.health())
-    top.source.start(start)
     end = None if duration_s is None else start + duration_s
     next_tick = start + interval_s
     first = True
     try:
+        # Started inside the try: a Ctrl-C the moment the recorder runs still stops it
+        # (its --record file closed, not left to a daemon thread killed at exit).
+        top.source.start(start)
         while True:
             now = time.monotonic()
             wake = top.source.wake(now)
@@ -451,12 +453,12 @@ def run_screen(
 
     start = time.monotonic()
     top.model.update(0.0, top.feed.snapshot(), top.source.health())
-    top.source.start(start)
     end = None if duration_s is None else start + duration_s
     next_tick = start
     ended = False
-    shown = console.size = terminal_size()
     try:
+        top.source.start(start)  # inside the try, as in run_plain
+        shown = console.size = terminal_size()
         with (
             cbreak(key_fd) as keys,
             Live(
