@@ -137,7 +137,7 @@ def test_serve_record_keeps_the_none_rule(tmp_path: Path, name: str, rule: str, 
     "the fix 1 run of 30 still failed at load 6, and that failure was not captured",
 )
 def test_top_record_keeps_the_none_rule(tmp_path: Path) -> None:
-    """Ctrl-C on ``top --record`` closes the recording with the none= rule, every time.
+    """Ctrl-C on ``top --record`` closes the recording with the none= rule (see its xfail).
 
     It failed about one run in ten: a Ctrl-C landing in a snapshot is polars' first (its
     own SIGINT handler raises a KeyboardInterrupt out of the query) and then kvtool's,
