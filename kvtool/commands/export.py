@@ -19,7 +19,6 @@ from kvtool.commands._options import (
     Until,
 )
 from kvtool.errors import ExitStatus
-from kvtool.render.info import plural
 from kvtool.text import printable
 
 
@@ -99,6 +98,8 @@ def export(
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
     if not quiet:
+        from kvtool.render.info import plural
+
         env.err.print(
             f"kvtool: exported {plural(result.rows, 'row')} ({plural(stats.events, 'event')}, "
             f"{plural(stats.messages, 'batch')}) to {output}",
