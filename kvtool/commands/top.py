@@ -147,23 +147,30 @@ def top(
             report_mode=report_mode.value,
         )  # fmt: skip
     state = View(source=source, feed=feed, view=view.value)
-    if metrics is not None:
-        from kvtool.serve import Exporter, ExportingView
+    try:
+        if metrics is not None:
+            from kvtool.serve import Exporter, ExportingView
 
-        exporter = Exporter()
-        try:
-            server = open_server(metrics, exporter)
-        except BaseException:
-            source.stop()
-            raise
-        state = ExportingView(source=source, feed=feed, view=view.value, exporter=exporter)
-        try:
+            exporter = Exporter()
+            try:
+                server = open_server(metrics, exporter)
+            except BaseException:
+                source.stop()
+                raise
+            state = ExportingView(source=source, feed=feed, view=view.value, exporter=exporter)
+            try:
+                _run(state, once, interval_s, duration_s)
+            finally:
+                server.stop()
+        else:
             _run(state, once, interval_s, duration_s)
-        finally:
-            server.stop()
-    else:
-        _run(state, once, interval_s, duration_s)
-    return _finish(source, feed, record)
+    except KeyboardInterrupt:
+        # Ctrl-C, SIGTERM, SIGHUP: the source is stopped (its recording closed); say where
+        # --record wrote before the exit 130.
+        _say_recorded(source, record)
+        raise
+    _say_recorded(source, record)
+    return _finish(source, feed)
 
 
 def _run(state: TopState, once: bool, interval_s: float, duration_s: float | None) -> None:
@@ -196,26 +203,31 @@ def _run(state: TopState, once: bool, interval_s: float, duration_s: float | Non
     env.stdout.flush()
 
 
-def _finish(
-    source: LiveSource | RecordingSource, feed: ReportFeed, record: Path | None
-) -> ExitStatus:
-    """Say what the numbers miss (:func:`source_problems`) and where ``--record`` wrote.
-
-    Returns the exit status: 3 when anything is missing.
-    """
+def _say_recorded(source: LiveSource | RecordingSource, record: Path | None) -> None:
+    """Say where ``--record`` wrote, and how many batches (also after a Ctrl-C)."""
     from kvtool.streams import LiveSource
     from kvtool.text import printable
 
+    if not isinstance(source, LiveSource) or record is None:
+        return
+    n = source.recorder.stats.batches
+    # No batch: the recorder leaves no empty file behind.
+    said = (
+        f"top recorded {n:,} batch(es) to {printable(str(record))}"
+        if n or record.exists()
+        else f"top recorded nothing, so no file was written at {printable(str(record))}"
+    )
+    get_env().err.print(f"kvtool: {said}", markup=False, highlight=False)
+
+
+def _finish(source: LiveSource | RecordingSource, feed: ReportFeed) -> ExitStatus:
+    """Say what the numbers miss (:func:`source_problems`).
+
+    Returns the exit status: 3 when anything is missing.
+    """
+    from kvtool.text import printable
+
     env = get_env()
-    if isinstance(source, LiveSource) and record is not None:
-        n = source.recorder.stats.batches
-        # No batch: the recorder leaves no empty file behind.
-        said = (
-            f"top recorded {n:,} batch(es) to {printable(str(record))}"
-            if n or record.exists()
-            else f"top recorded nothing, so no file was written at {printable(str(record))}"
-        )
-        env.err.print(f"kvtool: {said}", markup=False, highlight=False)
     lines = source_problems(source, feed)
     for line in lines:
         env.err.print(f"kvtool: {printable(line)}", markup=False, highlight=False)
