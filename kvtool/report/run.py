@@ -407,11 +407,10 @@ def _rename(stats: ReadStats, names: dict[str, str]) -> None:
         stats.channels[cid] = ChannelRef(ref.id, names.get(ref.recording, ref.recording), info)
 
     def renamed(f: Finding) -> Finding:
-        # The finding names its recording: its line begins with that path, no other's.
-        new = names.get(f.path or "")
-        if new is None or f.path is None:
+        # The finding carries its recording's path; its line begins with it.
+        if f.path is None or f.path not in names or not f.text.startswith(f.path):
             return f
-        return Finding(f.kind, new + f.text[len(f.path) :], new)
+        return Finding(f.kind, names[f.path] + f.text[len(f.path) :], names[f.path])
 
     def line(text: str) -> str:
         for old, new in names.items():
