@@ -449,7 +449,7 @@ class Replay:
                 text = f"{rule.source}: {rule.describe()}"
                 if text not in parts:
                     parts.append(text)
-        return "; ".join(parts) if parts else "none"
+        return "; ".join(parts) if parts else "none (the input has no channel)"
 
     @property
     def recoveries(self) -> list[RecoveryReport]:

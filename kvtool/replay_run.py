@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, TextIO, cast
 
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -180,8 +180,12 @@ def check_summary(rp: Replay, disagreeing: int) -> str:
         parts.append(f"{c.unchecked} with no kind and no metadata (nothing to compare)")
     if c.stores_without_group:
         parts.append(f"{c.stores_without_group} without group_idx (not comparable)")
-    verdict = f"{disagreeing} group(s) disagree" if disagreeing else "no disagreement"
-    return f"kvtool: checked {c.stores} stores ({'; '.join(parts)}): {verdict}"
+    if not c.stores:
+        return "kvtool: checked no stores (the input holds none): nothing to compare"
+    verdict = f"{plural(disagreeing, 'group')} disagree" if disagreeing else "no disagreement"
+    if disagreeing == 1:
+        verdict += "s"
+    return f"kvtool: checked {plural(c.stores, 'store')} ({'; '.join(parts)}): {verdict}"
 
 
 def publish_start_line(pub: Publisher, *, connect: bool) -> str:

@@ -124,3 +124,21 @@ def csv_text(value: str) -> str:
 
 
 __all__ = ["csv_safe", "csv_text", "markdown", "printable"]
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """Return ``"1 batch"`` / ``"2 batches"``: the count and the right form of ``word``.
+
+    Args:
+        n: The count.
+        word: The singular.
+        many: The plural, when it is not ``word + "s"`` (``word + "es"`` after s, x, ch, sh).
+
+    Returns:
+        The count and the noun, thousands separated.
+    """
+    if n == 1:
+        return f"1 {word}"
+    if many is None:
+        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
+    return f"{n:,} {many}"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.protocol import decode_batch, event_to_builtins
-from kvtool.recording import open_recording
+from kvtool.recording import RecordingWriter, open_recording
 from kvtool.replay import BatchFilter, EventFilter, Replay, parse_seq_range, parse_time_bound
 from tests.conftest import CAPTURES, capture_messages, capture_truth
 from tests.replayutil import BASE_NS, STEP_NS, capture_recording, write_recording
@@ -218,6 +218,20 @@ def test_issue24_check_without_metadata_or_kinds_has_nothing_to_check(tmp_path: 
         "checked 396 stores (396 without metadata only against each other (the stores of "
         "their channel, rank and group)): no disagreement"
     ) in " ".join(ok.stderr.split())  # type: ignore[attr-defined]
+
+
+def test_check_of_an_empty_recording_says_it_checked_nothing(tmp_path: Path) -> None:
+    """An empty recording said 'checked 0 stores (): no disagreement' and 'from none'."""
+    rec = tmp_path / "empty.mcap"
+    with RecordingWriter(rec):
+        pass
+    result = _run(rec, "--annotate", "--check")
+    assert result.exit_code == 0
+    assert result.stdout == ""  # type: ignore[attr-defined]
+    assert result.stderr.splitlines() == [  # type: ignore[attr-defined]
+        "kvtool: annotating with group metadata from none (the input has no channel)",
+        "kvtool: checked no stores (the input holds none): nothing to compare",
+    ]
 
 
 def test_check_wrong_table_reports_exactly_the_wrong_groups(tmp_path: Path) -> None:

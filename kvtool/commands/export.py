@@ -98,7 +98,7 @@ def export(
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
     if not quiet:
-        from kvtool.render.info import plural
+        from kvtool.text import plural
 
         env.err.print(
             f"kvtool: exported {plural(result.rows, 'row')} ({plural(stats.events, 'event')}, "

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from kvtool.protocol import unknown_tags_text
 from kvtool.recording.unconfirmed import unconfirmed_text
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,24 +40,6 @@ def _time(ns: int | None) -> str:
     secs, frac = divmod(ns, 1_000_000_000)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(secs))
     return f"{stamp}.{frac // 1_000_000:03d} UTC ({ns} ns)"
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """Return ``"1 batch"`` / ``"2 batches"``: the count and the right form of ``word``.
-
-    Args:
-        n: The count.
-        word: The singular.
-        many: The plural, when it is not ``word + "s"`` (``word + "es"`` after s, x, ch, sh).
-
-    Returns:
-        The count and the noun, thousands separated.
-    """
-    if n == 1:
-        return f"1 {word}"
-    if many is None:
-        many = word + ("es" if word.endswith(("s", "x", "ch", "sh")) else "s")
-    return f"{n:,} {many}"
 
 
 def _ranges(ranges: list[list[int]], limit: int = 8) -> str:
