@@ -352,8 +352,8 @@ def test_recording_to_an_unbuffered_stream_is_complete_at_close(tmp_path: Path) 
         w.close()
         assert not raw.closed  # the caller's stream (stdout) stays open
         with open_recording(path) as r:
-            assert r.recovery is None or not r.recovery.damaged
             assert len(list(r.messages())) == 1
+            assert not r.recovery.damaged
 
 
 def test_recording_to_a_full_unbuffered_stdout_fails(tmp_path: Path) -> None:

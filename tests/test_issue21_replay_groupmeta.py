@@ -64,8 +64,10 @@ def test_issue21_copy_keeps_the_none_rule(tmp_path: Path, name: str, rule: str) 
     info = json.loads(out)
     assert info["complete"] and info["recovery"] is None
     with open_recording(copy) as r:
-        assert r.recovery.complete
         meta = r.read_metadata()
+        for _ in r.messages():
+            pass
+        assert r.recovery.complete
     assert rfmt.META_GROUPS not in meta  # no empty table
     (stored,) = meta[rfmt.META_UNGROUPED]
     kind, _, window = rule.removeprefix("none=").partition(":")

@@ -590,3 +590,20 @@ def test_every_read_command_reads_hostile_files(tmp_path: Path, command: list[st
         assert result.exit_code == 3, (name, result.stderr, result.exception)
         assert isinstance(result.exception, SystemExit), (name, result.exception)
         assert f"{path}:" in result.stderr, name
+
+
+def test_recovery_is_not_complete_before_the_messages_are_read(tmp_path: Path) -> None:
+    """``read_metadata()`` alone left ``recovery`` at its default, which said a truncated
+    recording was complete."""
+    good = tmp_path / "good.mcap"
+    write_capture(good, "gemma3")
+    cut = tmp_path / "cut.mcap"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    for path in (good, cut):
+        with open_recording(path) as r:
+            r.read_metadata()
+            assert not r.recovery.complete
+            assert r.recovery.reason == "its messages have not been read yet"
+            for _ in r.messages():
+                pass
+            assert r.recovery.complete is (path == good)

@@ -49,6 +49,10 @@ class RecordedMessage(msgspec.Struct, frozen=True):
     offset: int
 
 
+NOT_READ_YET = "its messages have not been read yet"
+"""A reader's :attr:`recovery` before its messages are read: not known to be complete."""
+
+
 class RecoveryReport(msgspec.Struct):
     """What a read of a recording got back, and what it could not.
 
@@ -99,9 +103,14 @@ class RecoveryReport(msgspec.Struct):
     stop_reason: str | None = None
 
     @property
+    def read(self) -> bool:
+        """True once the messages were read to the end (before that nothing is known)."""
+        return self.reason != NOT_READ_YET
+
+    @property
     def damaged(self) -> bool:
-        """True when anything in the file could not be read."""
-        return not self.complete
+        """True when anything in the file could not be read (False until it was read)."""
+        return self.read and not self.complete
 
     @property
     def lost_messages(self) -> int | None:

@@ -29,7 +29,12 @@ try:
 except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
     from zlib import crc32 as crc32
 
-from kvtool.recording.messages import ChannelInfo, RecordedMessage, RecoveryReport
+from kvtool.recording.messages import (
+    NOT_READ_YET,
+    ChannelInfo,
+    RecordedMessage,
+    RecoveryReport,
+)
 
 MAGIC = fmt.MCAP_MAGIC
 
@@ -304,7 +309,10 @@ class RecordParser:
         self._seq_state: dict[int, tuple[int, int]] = {}
         self.metadata: dict[str, list[dict[str, object]]] = {}
         self._typed: dict[str, list[msgspec.Struct]] = {}
-        self.recovery = RecoveryReport(path=self.path, file_size=self._size)
+        # Not known until the messages are read: never "complete" before that.
+        self.recovery = RecoveryReport(
+            path=self.path, file_size=self._size, complete=False, reason=NOT_READ_YET
+        )
         self._metadata_scanned = False
         self._data_start = len(MAGIC)
         self._tail_ok = False
