@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,10 +34,6 @@ DEFAULT_WIDTH = 80
 
 def _n(value: int) -> str:
     return f"{value:,}"
-
-
-def _plural(value: int, one: str, many: str | None = None) -> str:
-    return f"{_n(value)} {one if value == 1 else (many or one + 's')}"
 
 
 def _human_bytes(n: int) -> str:
@@ -309,33 +305,33 @@ def summary_line(result: CaptureResult) -> str:
         ``FILE: N lost, N gaps (N recovered); N batches, N events, …, SIZE (reason)``.
     """
     st = result.stats
-    gaps = _plural(st.gaps, "gap")
+    gaps = plural(st.gaps, "gap")
     if st.gaps:
         gaps += f" ({_n(st.recovered)} recovered)"
-    parts = [_plural(st.batches, "batch", "batches"), _plural(st.events, "event")]
+    parts = [plural(st.batches, "batch", "batches"), plural(st.events, "event")]
     if st.restarts:
-        parts.append(_plural(st.restarts, "restart"))
+        parts.append(plural(st.restarts, "restart"))
     if st.history:
         parts.append(f"{_n(st.history)} from history")
     if st.malformed or st.undecodable:
         parts.append(f"{_n(st.malformed)} malformed, {_n(st.undecodable)} undecodable")
     if st.stray:
-        parts.append(_plural(st.stray, "stray batch", "stray batches") + " dropped")
+        parts.append(plural(st.stray, "stray batch", "stray batches") + " dropped")
     if st.replay_rejected:
-        parts.append(_plural(st.replay_rejected, "replay reply", "replay replies") + " rejected")
+        parts.append(plural(st.replay_rejected, "replay reply", "replay replies") + " rejected")
     if st.replay_retries or st.replay_timeouts:
         # "nothing lost" only when every gap was filled or confirmed (issue 23).
         clean = not st.lost and not st.unconfirmed
         if st.replay_retries:
-            parts.append(_plural(st.replay_retries, "replay request") + " asked again")
+            parts.append(plural(st.replay_retries, "replay request") + " asked again")
         if st.replay_timeouts:
-            parts.append(_plural(st.replay_timeouts, "replay request") + " given up")
+            parts.append(plural(st.replay_timeouts, "replay request") + " given up")
         if clean:
             parts[-1] += ", nothing lost"
     if st.unconfirmed:
-        parts.append(_plural(st.unconfirmed, "channel tail") + " unconfirmed")
+        parts.append(plural(st.unconfirmed, "channel tail") + " unconfirmed")
     if st.unsampled:
-        n = _plural(st.unsampled, "batch", "batches")
+        n = plural(st.unsampled, "batch", "batches")
         parts.append(f"per-kind counts sampled ({n} not decoded)")
     parts.append(f"{_human_bytes(result.file_bytes)} ({printable(result.stop_reason)})")
     return f"{printable(result.path)}: {_n(st.lost)} lost, {gaps}; " + ", ".join(parts)
