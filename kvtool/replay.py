@@ -460,7 +460,7 @@ class Replay:
     def damaged(self) -> bool:
         """True when any recording was damaged or any payload or event did not decode."""
         return (
-            any(not rep.complete for rep in self.recoveries)
+            any(rep.damaged for rep in self.recoveries)
             or self.stats.decode_errors > 0
             or self.stats.skipped_events > 0
         )

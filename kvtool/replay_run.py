@@ -270,7 +270,7 @@ def damage_lines(rp: Replay) -> list[str]:
     Returns:
         One ``kvtool: ...`` line each; any line means the input was damaged (exit 3).
     """
-    out = [f"kvtool: {rep.summary()}" for rep in rp.recoveries if not rep.complete]
+    out = [f"kvtool: {rep.summary()}" for rep in rp.recoveries if rep.damaged]
     st = rp.stats
     if st.decode_errors or st.skipped_events:
         first = st.first_errors[0] if st.first_errors else ""

@@ -226,7 +226,7 @@ def iter_raw_chunks(
         for reader in opened:
             rec = reader.recovery
             path = str(reader.path)
-            if not rec.complete:
+            if rec.damaged:
                 st.damaged.append(Finding("damaged", rec.summary(), path))
             # Lost batches, then a tail the replay socket never confirmed (issue 23): the
             # library's one wording (kvtool.recording.unconfirmed).
