@@ -42,10 +42,9 @@ from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
-import vllm_driver as vd  # noqa: E402  (bench/ is sys.path[0] when run as a script)
-
 import msgspec
 import torch
+import vllm_driver as vd
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -90,35 +89,59 @@ SCENARIOS: dict[str, tuple] = {
     "e_gemma3_b32_h16": (
         "Gemma-3-like: 1 full + 3 sliding-window (w 128) groups, block 32, hash 16",
         lambda: [_fa(32)] + [_sw(32, 128) for _ in range(3)],
-        16, 260, 0.0, None, (0.4, 0.5),
+        16,
+        260,
+        0.0,
+        None,
+        (0.4, 0.5),
     ),
     "f_full2_b48_h16": (
         "two full-attention groups (head sizes 8 and 16), block 48, hash 16",
         lambda: [_fa(48), _fa(48, 16)],
-        16, 160, 0.0, None, (0.5, 0.5),
+        16,
+        160,
+        0.0,
+        None,
+        (0.5, 0.5),
     ),
     "g_mamba2_b544_h16": (
         "Mamba hybrid: 2 Mamba + 1 full-attention group, block 544, hash 16, partial hash hits",
         lambda: [_mb(544), _mb(544), _fa(544)],
-        16, 100, 0.0, LONG, (0.4, 0.5),
+        16,
+        100,
+        0.0,
+        LONG,
+        (0.4, 0.5),
     ),
     "h_mamba_b544_h32_ckpt": (
         "Mamba hybrid: 1 Mamba (prefill checkpoints, alignment 32) + 2 full-attention groups,"
         " block 544, hash 32",
         lambda: [_mb(544, 1, 32), _fa(544), _fa(544, 16)],
-        32, 100, 0.0, LONG, (0.4, 0.5),
+        32,
+        100,
+        0.0,
+        LONG,
+        (0.4, 0.5),
     ),
     "i_gemma3_b32_h16_half_full": (
         "Gemma-3-like at block 32 / hash 16 (1 full + 3 sliding-window w 64), 1/2 of the"
         " requests in kv_cache_report_mode='full'",
         lambda: [_fa(32)] + [_sw(32, 64) for _ in range(3)],
-        16, 260, 0.5, None, (0.4, 0.5),
+        16,
+        260,
+        0.5,
+        None,
+        (0.4, 0.5),
     ),
     "j_gemma3_b16_all_full": (
         "Gemma-3-like at block 16 = hash 16 (1 full + 2 sliding-window w 48), EVERY request in"
         " kv_cache_report_mode='full'",
         lambda: [_fa(16)] + [_sw(16, 48) for _ in range(2)],
-        16, 300, 1.0, None, (0.4, 0.5),
+        16,
+        300,
+        1.0,
+        None,
+        (0.4, 0.5),
     ),
 }
 
@@ -367,7 +390,8 @@ def run(name: str, seed: int, out: Path) -> dict:
         use_eagle_block_drop=False,
         num_hash_lookahead_tokens=0,
         mamba_has_prefill_checkpoint_blocks=bool(
-            is_mamba and all(s.num_prefill_checkpoint_blocks > 0 for s in sp if isinstance(s, MambaSpec))
+            is_mamba
+            and all(s.num_prefill_checkpoint_blocks > 0 for s in sp if isinstance(s, MambaSpec))
         ),
         mamba_prefill_checkpoint_alignment=ckpt.prefill_checkpoint_alignment if ckpt else None,
         mamba_partial_cache_hit=hash_bs < block and mgr.coordinator.enable_partial_hash_hits,
@@ -394,8 +418,22 @@ def run(name: str, seed: int, out: Path) -> dict:
                 truth.c[g]["hit_reannouncements_for_admissions_that_then_failed"] += n
 
     while finished < total_req:
-        if step > 200000:
-            raise RuntimeError("no progress")
+        if step > 20000:
+            raise RuntimeError(
+                f"no progress: {finished}/{total_req} finished, {len(running)} running, "
+                f"{len(waiting)} waiting, {mgr.block_pool.get_num_free_blocks()} free; "
+                + "; ".join(
+                    f"{r.request_id} {r.num_computed_tokens}/{r.num_tokens}"
+                    for r in running[:3] + waiting[:3]
+                )
+                + " held by "
+                + str(
+                    [
+                        sorted((k, len(v)) for k, v in m.req_to_blocks.items() if v)[:6]
+                        for m in mgr.coordinator.single_type_managers
+                    ]
+                )
+            )
         if reset_step is None and step >= reset_at and not running and truth.reset(mgr):
             reset_step = step
         mgr.new_step_starts()
@@ -455,6 +493,10 @@ def run(name: str, seed: int, out: Path) -> dict:
                 running.append(req)
                 scheduled[req.request_id] = n
                 budget -= n
+        # A partial hit's copy-on-write keeps both blocks until the copy ran (the scheduler's
+        # take_kv_cache_block_copies + _free_cow_retained_blocks); this step's ran now.
+        copies, retained = mgr.take_kv_cache_block_copies()
+        cnt["cow_copies"] += len(copies)
         done = []
         for req in running:
             n = scheduled.get(req.request_id)
@@ -468,6 +510,7 @@ def run(name: str, seed: int, out: Path) -> dict:
                     req.append_output_token_ids(outt[k])
                 if req.num_output_tokens >= len(outt):
                     done.append(req)
+        mgr.block_pool.free_blocks(retained[::-1])
         for req in done:
             running.remove(req)
             mgr.free(req)
@@ -628,11 +671,17 @@ def main() -> int:
     t = run(a.scenario, a.seed, a.out)
     t["by_kind"] = by_kind(t["by_group"], t.pop("_kind_peak"))
     frames = a.out / f"{a.scenario}.frames"
-    t["frames"] = {"file": frames.name, "messages": t["run"]["batches"], "bytes": frames.stat().st_size}
+    t["frames"] = {
+        "file": frames.name,
+        "messages": t["run"]["batches"],
+        "bytes": frames.stat().st_size,
+    }
     (a.out / "truth.json").write_text(json.dumps(t, indent=1) + "\n")
     print(json.dumps(t["run"]), flush=True)
     for k in t["by_kind"]:
-        print(k["kind"], json.dumps({s: k[s] for s in ("stores", "removes", "end", "peak", "hits")}))
+        print(
+            k["kind"], json.dumps({s: k[s] for s in ("stores", "removes", "end", "peak", "hits")})
+        )
     return 0
 
 
