@@ -84,7 +84,8 @@ def _mb(bs: int, ckpt: int = 0, align: int | None = None) -> MambaSpec:
     )
 
 
-# name -> (description, specs, hash block, num_blocks, share in report mode full, mix, scale)
+# name -> (description, specs, hash block, num_blocks, share in report mode full, mix, scale
+#          [, token budget: a prefill checkpoint needs a chunk past two Mamba blocks])
 SCENARIOS: dict[str, tuple] = {
     "e_gemma3_b32_h16": (
         "Gemma-3-like: 1 full + 3 sliding-window (w 128) groups, block 32, hash 16",
@@ -123,6 +124,18 @@ SCENARIOS: dict[str, tuple] = {
         LONG,
         (0.4, 0.5),
     ),
+    "k_mamba2_b544_h32_ckpt": (
+        "Mamba hybrid: 2 Mamba (prefill checkpoints, alignment 32) + 1 full-attention group,"
+        " block 544, hash 32, token budget 2048 (a chunk past two Mamba blocks exports its"
+        " checkpoint)",
+        lambda: [_mb(544, 1, 32), _mb(544, 1, 32), _fa(544)],
+        32,
+        100,
+        0.0,
+        LONG,
+        (0.4, 0.5),
+        2048,
+    ),
     "i_gemma3_b32_h16_half_full": (
         "Gemma-3-like at block 32 / hash 16 (1 full + 3 sliding-window w 64), 1/2 of the"
         " requests in kv_cache_report_mode='full'",
@@ -154,6 +167,7 @@ class Truth:
         self.kind = [g["kind"] for g in groups]
         self.c = [defaultdict(int) for _ in groups]
         self.ever: set = set()
+        self.discarded: set = set()  # keys a Mamba checkpoint discard removed
         self.live = [0] * len(groups)
         self.peak = [0] * len(groups)
         self.kind_peak: dict[str, int] = defaultdict(int)
@@ -213,6 +227,7 @@ class Truth:
                     c["second_copy"] += 1
                 elif key in self.ever:
                     c["recompute"] += 1
+                    c["recompute_of_a_discarded_checkpoint_key"] += key in self.discarded
                 else:
                     c["new_key"] += 1
             self.ever.add(key)
@@ -232,6 +247,7 @@ class Truth:
                 c["physical_evictions"] += len(out)
                 c["physical_blocks_evicted"] += 1
             elif ctx == "discard":
+                self.discarded.update(out)
                 c["discarded_transient_checkpoint_not_eviction"] += len(out)
                 c["physical_blocks_discarded"] += 1
             elif ctx == "full":
@@ -299,7 +315,8 @@ class Truth:
 
 
 def run(name: str, seed: int, out: Path) -> dict:
-    desc, mk, hash_bs, num_blocks, full_share, mix, scale = SCENARIOS[name]
+    desc, mk, hash_bs, num_blocks, full_share, mix, scale = SCENARIOS[name][:7]
+    token_budget = SCENARIOS[name][7] if len(SCENARIOS[name]) > 7 else vd.TOKEN_BUDGET
     sp = mk()
     block = max(s.block_size for s in sp)
     groups = [
@@ -311,7 +328,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         max_model_len=65536,
         scheduler_block_size=block,
         hash_block_size=hash_bs,
-        max_in_flight_tokens=vd.TOKEN_BUDGET,
+        max_in_flight_tokens=token_budget,
         enable_caching=True,
         enable_kv_cache_events=True,
     )
@@ -386,7 +403,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
         block_size=block,
         hash_block_size=hash_bs,
-        max_num_scheduled_tokens=vd.TOKEN_BUDGET,
+        max_num_scheduled_tokens=token_budget,
         use_eagle_block_drop=False,
         num_hash_lookahead_tokens=0,
         mamba_has_prefill_checkpoint_blocks=bool(
@@ -439,7 +456,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         mgr.new_step_starts()
         for kind, payload in arrivals.pop(step, []):
             waiting.append(make(kind, payload))
-        budget = vd.TOKEN_BUDGET
+        budget = token_budget
         scheduled: dict[str, int] = {}
         preempted_now = False
         i = 0
@@ -554,7 +571,7 @@ def run(name: str, seed: int, out: Path) -> dict:
             "coordinator": type(mgr.coordinator).__name__,
             "enable_partial_hash_hits": bool(mgr.coordinator.enable_partial_hash_hits),
             "report_mode_full_share": full_share,
-            "token_budget": vd.TOKEN_BUDGET,
+            "token_budget": token_budget,
             "max_num_seqs": vd.MAX_NUM_SEQS,
             "specs": [repr(s) for s in sp],
         },
@@ -584,6 +601,9 @@ def rows(truth: Truth, groups: list[dict]) -> list[dict]:
                         "second_copy": c["second_copy"],
                         "recompute": c["recompute"],
                     },
+                    "recompute_of_a_discarded_checkpoint_key": c[
+                        "recompute_of_a_discarded_checkpoint_key"
+                    ],
                     "second_physical_copy_of_a_cached_key": c["second_copy"],
                     "extra_hash_keys_on_already_cached_block": c[
                         "extra_hash_keys_on_already_cached_block"
