@@ -113,11 +113,16 @@ def specs(shape: str) -> list:
 
 
 # ---------------------------------------------------------------- workload
-def workload(seed: int, shape: str) -> tuple[list[dict], list[dict]]:
-    """Conversations (lists of turns) and one-shot eval requests, all token content fixed."""
+def workload(
+    seed: int, shape: str, mix: dict | None = None, scale: tuple[float, float] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Conversations (lists of turns) and one-shot eval requests, all token content fixed.
+
+    ``mix`` and ``scale`` (default: MIX and SCALE[shape]) let bench/vllm_semantics.py
+    stretch the prompts for large attention blocks."""
     rng = random.Random(seed)
-    scale, eval_scale = SCALE[shape]
-    m = MIX
+    scale, eval_scale = scale or SCALE[shape]
+    m = mix or MIX
 
     def toks(n: int) -> list[int]:
         return [rng.randrange(1, VOCAB) for _ in range(n)]

@@ -103,7 +103,7 @@ class Counts:
     tokens_announced: int = 0
     partial_primary: int = 0
     blocks_cleared: int = 0
-    keys_cleared: int = 0
+    entries_cleared: int = 0
     live_blocks: int = 0
     peak_live_blocks: int = 0
     hit_blocks: int = 0
@@ -738,7 +738,7 @@ class SemanticsModel(_AnnouncementRules):
             if count:
                 c = self.counts[gi]
                 c.blocks_cleared += len(blocks)
-                c.keys_cleared += sum(len(b.keys) for b in blocks)
+                c.entries_cleared += sum(len(b.keys) for b in blocks)
             for _ in blocks:
                 self._live(gi, -1)
             g.copies.clear()

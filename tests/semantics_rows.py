@@ -42,7 +42,7 @@ def row(c: Counts, *, live: int, peak: int, live_keys: int, live_entries: int) -
         "remove_events": c.remove_events,
         "blocks_removed": rm["eviction"],
         "blocks_cleared": c.blocks_cleared,
-        "keys_cleared": c.keys_cleared,
+        "entries_cleared": c.entries_cleared,
         "live_blocks_end": live,
         "peak_live_blocks": peak,
         "live_keys": live_keys,

@@ -79,7 +79,7 @@ def physical(t: dict[str, Any]) -> dict[str, int]:
         "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
         "blocks_removed": r["physical_blocks_evicted"],
         "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "keys_cleared": reset["entries_cleared_by_reset"],
+        "entries_cleared": reset["entries_cleared_by_reset"],
         "live_blocks_end": end["physical_cached_blocks_end"],
         "live_keys": end["cached_hash_keys_end"],
         "live_entries": end["cached_entries_end"],

@@ -59,7 +59,7 @@ def physical(t: dict[str, Any]) -> dict[str, int]:
         "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
         "blocks_removed": r["physical_blocks_evicted"],
         "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "keys_cleared": reset["entries_cleared_by_reset"],
+        "entries_cleared": reset["entries_cleared_by_reset"],
         "live_blocks_end": end["physical_cached_blocks_end"],
         "live_keys": end["cached_hash_keys_end"],
         "live_entries": end["cached_entries_end"],
@@ -106,7 +106,7 @@ def test_issue21_partial_tail_entries_are_keys_on_one_block() -> None:
     fa = {r["kind"]: r for r in report("b_gemma3_b64_h16")["by_kind"]}["full_attention"]
     assert (fa["blocks_stored"], fa["blocks_removed"], fa["live_blocks_end"]) == (1659, 1591, 31)
     assert (fa["partial_extra_keys"], fa["evicted_extra_keys"], fa["live_keys"]) == (81, 78, 32)
-    assert (fa["blocks_cleared"], fa["keys_cleared"]) == (37, 39)
+    assert (fa["blocks_cleared"], fa["entries_cleared"]) == (37, 39)
     # what the wire carried: every key is one class or another
     assert fa["blocks_stored"] + fa["partial_extra_keys"] == 1740
     assert fa["blocks_removed"] + fa["evicted_extra_keys"] == 1669

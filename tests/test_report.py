@@ -254,7 +254,7 @@ def check_against_reference(rep_dict: dict, payloads: list[bytes], table=None) -
         exp = dict(ref.get(k, {}))
         # One key per block in these captures (block size = hash block size, issue 21).
         exp["live_entries"] = exp.get("live_blocks_end", 0)
-        exp["keys_cleared"] = exp.get("blocks_cleared", 0)
+        exp["entries_cleared"] = exp.get("blocks_cleared", 0)
         assert {c: row[c] for c in counts} == {c: exp.get(c, 0) for c in counts}, k
         for q, name in ((0.5, "lifetime_p50_s"), (0.9, "lifetime_p90_s"), (0.99, "lifetime_p99_s")):
             want = _quantile(lts.get(k, []), q)
@@ -267,7 +267,7 @@ def check_against_reference(rep_dict: dict, payloads: list[bytes], table=None) -
             assert row[name] == (None if want is None else pytest.approx(want, abs=1e-6)), (k, name)
     totals = rep_dict["totals"]
     tot = {**tot, "live_entries": tot.get("live_blocks_end", 0)}
-    tot["keys_cleared"] = tot.get("blocks_cleared", 0)
+    tot["entries_cleared"] = tot.get("blocks_cleared", 0)
     assert {c: totals[c] for c in counts} == {c: tot.get(c, 0) for c in counts}
     if totals["ambiguous_copy_evictions"] and all_lt:
         want = _quantile(all_lt, 0.9)

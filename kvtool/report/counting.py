@@ -108,10 +108,10 @@ def chunk_counts(
         add[:, col["blocks_cleared"]] = np.bincount(
             out.drop_gkey, weights=out.drop_n, minlength=size
         ).astype(I64)
-        add[:, col["keys_cleared"]] = np.bincount(
+        add[:, col["entries_cleared"]] = np.bincount(
             out.drop_gkey, weights=out.drop_keys, minlength=size
         ).astype(I64)
-        add[:, col["live_entries"]] -= add[:, col["keys_cleared"]]
+        add[:, col["live_entries"]] -= add[:, col["entries_cleared"]]
     return add
 
 

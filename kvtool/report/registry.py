@@ -111,9 +111,10 @@ METRICS: tuple[Metric, ...] = (
     _m("live_entries", "live\nentries", "live entries = live_entries ((key, block) entries "
        "cached at the end: a key in two blocks counts twice)", "hashes", "sum", "none",
        "gauge", "kvtool_live_entries", "Cached (hash key, block) entries now."),
-    _m("keys_cleared", "cleared\nkeys", "cleared keys = keys_cleared (hash keys dropped by "
-       "AllBlocksCleared or a restart)", "hashes", "sum", "none", "counter",
-       "kvtool_keys_cleared", "Hash keys dropped by AllBlocksCleared or a publisher restart."),
+    _m("entries_cleared", "cleared\nentries", "cleared entries = entries_cleared ((key, "
+       "block) entries dropped by AllBlocksCleared or a restart: a key in two blocks counts "
+       "twice)", "hashes", "sum", "none", "counter", "kvtool_entries_cleared",
+       "(Hash key, block) entries dropped by AllBlocksCleared or a publisher restart."),
     _m("partial_extra_keys", "partial\nextra", "partial extra = partial_extra_keys (a "
        "partial prefix key added to a block already cached: not a block)", "hashes", "sum",
        "none", "counter", "kvtool_partial_extra_keys",
