@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import vllm_driver as drv  # noqa: E402  (needs vLLM: see its docstring)
-from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
+import vllm_driver as drv  # needs vLLM: see its docstring
+from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
 
 def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> dict:
@@ -101,10 +101,8 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
 
     def admit(rows: list, req, n_target: int | None, budget: int) -> int | None:
         computed, n_hit, req.shared_prefix_boundary = mgr.get_computed_blocks(req)
-        if n_target is None:
-            n = min(req.num_tokens - n_hit, budget)
-        else:
-            n = max(n_target - n_hit, 1)
+        # Free: what the budget allows; forced: up to where the N0 run got (at least a token).
+        n = min(req.num_tokens - n_hit, budget) if n_target is None else max(n_target - n_hit, 1)
         blocks = mgr.allocate_slots(req, n, n_hit, computed)
         drain(rows, req.request_id)
         if blocks is None:
