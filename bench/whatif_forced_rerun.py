@@ -1,19 +1,20 @@
 """Rerun vLLM 0.33's real KVCacheManager at N0 + K with the N0 run's schedule forced (issue 20).
 
-A standalone diagnostic beside bench/vllm_driver.py (same venv, same workload, open loop only;
-full and gemma3 shapes: the driver's Mamba chunk split is not applied), never imported by kvtool
-or its tests:
+A standalone diagnostic beside bench/vllm_driver.py (same venv, same workload; full and gemma3
+shapes: the driver's Mamba chunk split is not applied), never imported by kvtool or its tests:
 
     /work/vllmcheck3/venv/bin/python bench/whatif_forced_rerun.py gemma3 11 60,150,300,600,1800 \
-        [--log OUT.pkl]
+        [--closed-loop] [--log OUT.pkl]
 
 It runs the workload at N0 and records each step's schedule (admissions with the tokens they
 computed to, and the end position of every running request), then, per K, runs it twice at
 N0 + K: free (the driver's own scheduler) and *forced* (the N0 schedule replayed: each request
 admitted at the step it was admitted at N0, each step computing up to the same position; a longer
-hit computes less). The forced run is what kvtool's what-if assumes ("same requests, same
-order"): where it matches the free run, a what-if miss is a modelling error of the kernel, not
-scheduler dynamics. It prints the restores after eviction (recomputes) per kind, counted from the
+hit computes less). With ``--closed-loop`` a turn arrives after the previous one's finish, as in
+the driver without ``--open-loop`` (the forced run keeps N0's finishes, so N0's arrivals too).
+The forced run is what kvtool's what-if assumes ("same requests, same order"): where it matches
+the free run, a what-if miss is a modelling error of the kernel, not scheduler dynamics. It
+prints the restores after eviction (recomputes) per kind, counted from the
 live BlockPool as the driver's truth.json does.
 
 With ``--log`` it pickles every run's per-step log: ``("adm", rid, hit_tokens, end, num_tokens)``,
@@ -36,7 +37,9 @@ import vllm_driver as drv  # needs vLLM: see its docstring
 from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
 
-def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> dict:
+def run(
+    shape: str, seed: int, num_blocks: int, sched: list | None = None, closed: bool = False
+) -> dict:
     sp = drv.specs(shape)
     groups = [
         drv.KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=s) for i, s in enumerate(sp)
@@ -60,6 +63,9 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
     for e in evals:
         arrivals[e["arrival"]].append(("eval", e))
     for c in convs:
+        if closed:
+            arrivals[c["start"]].append(("turn", (c, 0, [])))
+            continue
         at, hist = c["start"], []
         for t, turn in enumerate(c["turns"]):
             arrivals[at].append(("turn", (c, t, list(hist))))
@@ -70,6 +76,7 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
     running: list = []
     outs: dict[str, list[int]] = {}
     by_id: dict[str, object] = {}
+    turns: dict[str, tuple | None] = {}
     log: list[list[tuple]] = []
     finished = step = 0
 
@@ -89,6 +96,7 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
             block_hasher=hasher,
         )
         outs[rid] = outt
+        turns[rid] = None if kind == "eval" else (payload[0], payload[1], prompt)
         by_id[rid] = req
         return req
 
@@ -127,9 +135,7 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
                 if n <= 0:
                     continue
                 if mgr.allocate_slots(req, n) is None:
-                    raise RuntimeError(
-                        "preemption: the forced rerun needs an open-loop run without"
-                    )
+                    raise RuntimeError("preemption: the forced rerun needs a run without")
                 drain(rows, req.request_id)
                 scheduled[req.request_id] = n
                 budget -= n
@@ -175,6 +181,11 @@ def run(shape: str, seed: int, num_blocks: int, sched: list | None = None) -> di
             mgr.free(req)
             finished += 1
             rows.append(("fin", req.request_id))
+            info = turns[req.request_id]
+            if closed and info is not None and info[1] + 1 < len(info[0]["turns"]):
+                c, t, prompt = info
+                hist = prompt[len(c["system"]) :] + list(outs[req.request_id])
+                arrivals[step + 1 + c["turns"][t]["gap"]].append(("turn", (c, t + 1, hist)))
         drain(rows, None)
         log.append(rows)
         step += 1
@@ -189,16 +200,17 @@ def main() -> int:
     ap.add_argument("shape", choices=["full", "gemma3"])
     ap.add_argument("seed", type=int)
     ap.add_argument("ks", help="K values, comma separated")
+    ap.add_argument("--closed-loop", action="store_true", help="a turn arrives after the last")
     ap.add_argument("--log", type=Path, default=None, help="pickle every run's step log here")
     a = ap.parse_args()
     n0 = drv.N0[a.shape]
-    base = run(a.shape, a.seed, n0)
+    base = run(a.shape, a.seed, n0, None, a.closed_loop)
     sched = [[e for e in rows if e[0] in ("adm", "sch")] for rows in base["log"]]
     print(f"N0={n0} restores {base['restores']}", flush=True)
     out: dict[object, object] = {"base": base}
     for k in (int(x) for x in a.ks.split(",")):
-        free = run(a.shape, a.seed, n0 + k)
-        forced = run(a.shape, a.seed, n0 + k, sched)
+        free = run(a.shape, a.seed, n0 + k, None, a.closed_loop)
+        forced = run(a.shape, a.seed, n0 + k, sched, a.closed_loop)
         print(f"+{k} free {free['restores']} forced {forced['restores']}", flush=True)
         out[k] = {"free": free, "forced": forced}
     if a.log:
