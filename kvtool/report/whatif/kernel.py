@@ -16,7 +16,11 @@ are *phantoms*: the larger pool's copy of such a key is an older one, and a look
 hits the key there takes that copy out of the ghost list, also below the recorded hit.
 Where the larger pool holds no copy of a key the recorded hit needs (only phantoms: its
 older copy was evicted), its own hit is shorter (:func:`_held_hit`): the blocks between
-are computed again there, recomputes or duplicates, each taking a block.
+are computed again there, recomputes or duplicates, each taking a block. A longer hit that
+reaches a block the recorded pool holds but did not touch (its hit stopped before) takes the
+larger pool's copy out of the queue there (vLLM's touch): the recorded copy, evicted later
+from its older place in the queue, is a phantom, and the request's recorded store of the key
+stands for the larger pool's copy, freed again with the request.
 """
 
 from __future__ import annotations
@@ -329,6 +333,14 @@ def simulate(
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
                             continue
                         if kd == KIND_MAMBA and d != hit:
+                            continue
+                        if n0[k] - ph[k] + kin[k] > 0 and kd != KIND_MAMBA:
+                            # The recorded pool holds it and did not touch it (its hit
+                            # stopped before): this hit takes the larger pool's copy out of
+                            # the queue, so the recorded copy, evicted from its older place,
+                            # is a phantom; this request's store of it stands for it.
+                            ph[k] += 1
+                            kin[k] += 1
                             continue
                         if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0:
                             continue
