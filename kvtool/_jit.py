@@ -141,9 +141,8 @@ def prefetcher() -> Any:
     """
     if _PREFETCH:
         return _PREFETCH[0]
-    from llvmlite import ir
+    from llvmlite import ir  # type: ignore[import-untyped]
     from numba import types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -153,7 +152,9 @@ def prefetcher() -> Any:
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
         ptr = builder.bitcast(ptr, i8p)  # one declaration, whatever the element type
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        fn = builder.module.globals.get("llvm.prefetch.p0")
+        if fn is None:
+            fn = ir.Function(builder.module, fnty, "llvm.prefetch.p0")
         # (address, 0: read, 3: keep in all levels, 1: data cache)
         builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
