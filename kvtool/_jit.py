@@ -125,4 +125,54 @@ def inline_kernel(func: F) -> F:
     return numba.njit(cache=True, nogil=True, inline="always")(func)  # type: ignore[return-value]
 
 
-__all__ = ["COMPILE_NOTICE", "helper_kernel", "inline_kernel", "kernel", "say_when_compiling"]
+_PREFETCH: list[Any] = []
+
+
+def prefetcher() -> Any:
+    """A kernel-only ``prefetch(array, index)``: LLVM's ``llvm.prefetch`` of that element.
+
+    A hint to the CPU (read, keep in every cache level), nothing more: no load, no
+    result, no bounds check (an address out of range is not touched). The state kernel
+    names the table slots of a row a few rows ahead with it, so that their cache misses
+    overlap the rows between instead of stalling each probe in turn.
+
+    Returns:
+        The numba intrinsic (the same one on every call).
+    """
+    if _PREFETCH:
+        return _PREFETCH[0]
+    from llvmlite import ir  # type: ignore[import-untyped]
+    from numba import types
+    from numba.extending import intrinsic
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty, idxty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = builder.gep(ary.data, [context.cast(builder, args[1], idxty, types.intp)])
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        ptr = builder.bitcast(ptr, i8p)  # one declaration, whatever the element type
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = builder.module.globals.get("llvm.prefetch.p0")
+        if fn is None:
+            fn = ir.Function(builder.module, fnty, "llvm.prefetch.p0")
+        # (address, 0: read, 3: keep in all levels, 1: data cache)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+        if not isinstance(arr, types.Array) or not isinstance(idx, types.Integer):
+            return None
+        return types.void(arr, idx), codegen
+
+    _PREFETCH.append(intrinsic(prefetch))
+    return _PREFETCH[0]
+
+
+__all__ = [
+    "COMPILE_NOTICE",
+    "helper_kernel",
+    "inline_kernel",
+    "kernel",
+    "prefetcher",
+    "say_when_compiling",
+]

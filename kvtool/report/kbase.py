@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtool._jit import kernel
+from kvtool._jit import inline_kernel, kernel, prefetcher
 from kvtool.columns import np
 
 EMPTY = -1
@@ -89,6 +89,37 @@ def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
         if c == chan and t.hash[s] == h and t.group[s] == group and t.no_group[s] == no_group:
             return s
         s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
+
+
+AHEAD = 16
+"""How many rows ahead a per-row loop names the table slots it will probe (:func:`ahead`)."""
+
+_prefetch = prefetcher()
+
+
+@inline_kernel
+def ahead(t: Any, op: Any, chan: Any, group: Any, no_group: Any, h: Any, i: Any) -> None:
+    """Ask the CPU for the table slot of row ``i + AHEAD`` (a store's or a remove's key).
+
+    Only a hint (:func:`kvtool._jit.prefetcher`): nothing is read or written, so the loop
+    that calls it gives the same answers; its table's cache misses, one per array of the
+    slot, overlap the rows before instead of stalling each probe in turn.
+    """
+    j = i + AHEAD
+    if j >= len(op) or (op[j] != STORE and op[j] != REMOVE):
+        return
+    s = np.int64(mix(chan[j], group[j], no_group[j], h[j]) & np.uint64(len(t.chan) - 1))
+    _prefetch(t.chan, s)
+    _prefetch(t.hash, s)
+    _prefetch(t.group, s)
+    _prefetch(t.no_group, s)
+    _prefetch(t.copies, s)
+    _prefetch(t.head, s)
+    _prefetch(t.tail, s)
+    _prefetch(t.prev, s)
+    _prefetch(t.next, s)
+    _prefetch(t.gone_ts, s)
+    _prefetch(t.gone_evictions, s)
 
 
 __all__ = [

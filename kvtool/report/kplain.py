@@ -14,6 +14,7 @@ from kvtool.report import kbase, kcopy
 from kvtool.report.announce import ANNOUNCED
 from kvtool.report.announce import announce as _announce
 from kvtool.report.kbase import CLEAR, EVICTED, FIRST, ORPHAN, RECOMPUTED, REMOVE, STORE, WHILE_LIVE
+from kvtool.report.kbase import ahead as _ahead
 from kvtool.report.kbase import probe as _probe
 from kvtool.report.kcopy import NOTE_COPY
 from kvtool.report.kstate import FREE as _FREE
@@ -92,6 +93,7 @@ def advance_plain(
     run_end = -1
     cur = -1
     for i in range(len(op)):
+        _ahead(t, op, chan, group, no_group, h, i)
         kind = op[i]
         if sh.batch[i] != cur:
             lc.n[0] = 0
