@@ -26,6 +26,7 @@ from kvtool.columns import RawChunk, decode_chunk
 from kvtool.recording import RecordingWriter
 from kvtool.render.report import render_json
 from kvtool.report import build_report
+from tests import semtruth
 from tests.test_issue10_decode import with_extras
 
 DATA = Path(__file__).parent / "data"
@@ -73,28 +74,31 @@ def truth() -> dict[str, Any]:
     return out
 
 
+TRUTH_COLUMNS = (
+    "blocks_stored",
+    "blocks_removed",
+    "blocks_cleared",
+    "entries_cleared",
+    "live_blocks_end",
+    "live_keys",
+    "live_entries",
+    "stored_while_live",
+    "hit_announced_blocks",
+    "hit_blocks",
+    "tokens_stored",
+    "tokens_announced",
+    "distinct_hashes",
+)
+"""The truth figures this file checks (tests/semtruth.py reads them)."""
+
+
 def physical(t: dict[str, Any]) -> dict[str, int]:
-    s, r, reset, end = t["stores"], t["removes"], t["reset"], t["end"]
-    return {
-        "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
-        "blocks_removed": r["physical_blocks_evicted"],
-        "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "entries_cleared": reset["entries_cleared_by_reset"],
-        "live_blocks_end": end["physical_cached_blocks_end"],
-        "live_keys": end["cached_hash_keys_end"],
-        "live_entries": end["cached_entries_end"],
-        "stored_while_live": s["second_physical_copy_of_a_cached_key"],
-        "hit_announced_blocks": s["hit_reannouncements_report_mode_full"],
-        "hit_blocks": s["hit_reannouncements_report_mode_full"]
-        - s["hit_reannouncements_for_admissions_that_then_failed"],
-        "tokens_stored": s["tokens_stored_real"],
-        "tokens_announced": s["tokens_stored_announce"],
-        "distinct_hashes": t["distinct_hashes_really_cached"],
-    }
+    """The truth's figures :data:`TRUTH_COLUMNS` for one group or kind row of truth.json."""
+    return semtruth.physical(t, TRUTH_COLUMNS)
 
 
 def _figures(row: dict[str, Any]) -> dict[str, int]:
-    return {k: row[k] for k in physical(truth()["by_group"][0])}
+    return semtruth.columns(row, TRUTH_COLUMNS)
 
 
 def test_issue21_ann_report_mode_full_run_equals_the_truth_per_group_and_kind() -> None:

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from kvtool.cli import app
 from kvtool.render.report import render_json
 from kvtool.report import build_report, kernel
+from tests import semtruth
 
 SEMANTICS = Path(__file__).parent / "data" / "semantics"
 runner = CliRunner()
@@ -50,29 +51,29 @@ def truth(name: str) -> dict[str, Any]:
     return out
 
 
+TRUTH_COLUMNS = (
+    "blocks_stored",
+    "blocks_removed",
+    "blocks_cleared",
+    "entries_cleared",
+    "live_blocks_end",
+    "live_keys",
+    "live_entries",
+    "partial_extra_keys",
+    "rekeys",
+    "partial_promotions",
+    "tokens_stored",
+)
+"""The truth figures this file checks (tests/semtruth.py reads them)."""
+
+
 def physical(t: dict[str, Any]) -> dict[str, int]:
-    """The truth's physical figures for one group or kind of truth.json."""
-    s, r, reset, end = t["stores"], t["removes"], t["reset"], t["end"]
-    return {
-        # a transient Mamba checkpoint, stored and discarded in one step, is no block the
-        # pool kept (c1's README: 687 = 837 - 150)
-        "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
-        "blocks_removed": r["physical_blocks_evicted"],
-        "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "entries_cleared": reset["entries_cleared_by_reset"],
-        "live_blocks_end": end["physical_cached_blocks_end"],
-        "live_keys": end["cached_hash_keys_end"],
-        "live_entries": end["cached_entries_end"],
-        "partial_extra_keys": s["extra_hash_keys_on_already_cached_block"],
-        "rekeys": s["same_block_rekeyed_after_promotion_or_replace"],
-        "partial_promotions": r["partial_promotion_to_full_not_eviction"]
-        + r["partial_promotion_to_longer_partial_not_eviction"],
-        "tokens_stored": s["tokens_stored_real"],
-    }
+    """The truth's figures :data:`TRUTH_COLUMNS` for one group or kind row of truth.json."""
+    return semtruth.physical(t, TRUTH_COLUMNS)
 
 
 def figures(row: dict[str, Any]) -> dict[str, int]:
-    return {k: row[k] for k in physical(truth(PHYSICAL[0])["by_group"][0])}
+    return semtruth.columns(row, TRUTH_COLUMNS)
 
 
 @pytest.mark.parametrize("name", PHYSICAL)

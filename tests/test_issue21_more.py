@@ -31,6 +31,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvtool.cli import app
+from tests import semtruth
 
 MORE = Path(__file__).parent / "data" / "semantics_more"
 NAMES = (
@@ -62,26 +63,29 @@ def truth(name: str) -> dict[str, Any]:
     return out
 
 
+TRUTH_COLUMNS = (
+    "blocks_stored",
+    "blocks_removed",
+    "blocks_cleared",
+    "entries_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "live_keys",
+    "live_entries",
+    "stored_while_live",
+    "blocks_recomputed",
+    "partial_extra_keys",
+    "rekeys",
+    "hit_announced_blocks",
+    "tokens_stored",
+    "tokens_announced",
+)
+"""The truth figures this file checks (tests/semtruth.py reads them)."""
+
+
 def physical(t: dict[str, Any]) -> dict[str, int]:
-    """What the wire tells exactly, from one group or kind row of truth.json."""
-    s, r, reset, end = t["stores"], t["removes"], t["reset"], t["end"]
-    return {
-        "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
-        "blocks_removed": r["physical_blocks_evicted"],
-        "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "entries_cleared": reset["entries_cleared_by_reset"],
-        "live_blocks_end": end["physical_cached_blocks_end"],
-        "peak_live_blocks": t["peak"]["peak_physical_cached_blocks"],
-        "live_keys": end["cached_hash_keys_end"],
-        "live_entries": end["cached_entries_end"],
-        "stored_while_live": s["second_physical_copy_of_a_cached_key"],
-        "blocks_recomputed": s["new_full_block_entries_insert_outcomes"]["recompute"],
-        "partial_extra_keys": s["extra_hash_keys_on_already_cached_block"],
-        "rekeys": s["same_block_rekeyed_after_promotion_or_replace"],
-        "hit_announced_blocks": s["hit_reannouncements_report_mode_full"],
-        "tokens_stored": s["tokens_stored_real"],
-        "tokens_announced": s["tokens_stored_announce"],
-    }
+    """The truth's figures :data:`TRUTH_COLUMNS` for one group or kind row of truth.json."""
+    return semtruth.physical(t, TRUTH_COLUMNS)
 
 
 def hits(t: dict[str, Any]) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 
 from kvtool.cli import app
 from kvtool.protocol import decode_batch
+from tests import semtruth
 from tests.conftest import capture_messages
 from tests.semantics_model import SemanticsModel
 from tests.semantics_rows import findings, run_recording, summary
@@ -47,54 +49,33 @@ def scenario(name: str) -> tuple[dict[str, list[dict[str, object]]], dict, list[
     return summary(model_of(name)), truth, groups
 
 
-def physical(t: dict) -> dict[str, int]:
-    """The truth's physical figures for one group or kind row of truth.json."""
-    s, r, reset, end = t["stores"], t["removes"], t["reset"], t["end"]
-    return {
-        # blocks the engine stored into the pool and kept: a transient Mamba checkpoint,
-        # stored and discarded in one step, is not one (README of c1: 687 = 837 - 150)
-        "blocks_stored": s["physical_blocks_newly_cached"] - r["physical_blocks_discarded"],
-        "blocks_removed": r["physical_blocks_evicted"],
-        "blocks_cleared": reset["physical_blocks_cleared_by_reset"],
-        "entries_cleared": reset["entries_cleared_by_reset"],
-        "live_blocks_end": end["physical_cached_blocks_end"],
-        "live_keys": end["cached_hash_keys_end"],
-        "live_entries": end["cached_entries_end"],
-        "partial_extra_keys": s["extra_hash_keys_on_already_cached_block"],
-        "rekeys": s["same_block_rekeyed_after_promotion_or_replace"],
-        "hit_announced_blocks": s["hit_reannouncements_report_mode_full"],
-        "hit_blocks": s["hit_reannouncements_report_mode_full"]
-        - s["hit_reannouncements_for_admissions_that_then_failed"],
-        "tokens_stored": s["tokens_stored_real"],
-        "tokens_announced": s["tokens_stored_announce"],
-        "partial_promotions": r["partial_promotion_to_full_not_eviction"]
-        + r["partial_promotion_to_longer_partial_not_eviction"],
-        "distinct_hashes": t["distinct_hashes_really_cached"],
-    }
+TRUTH_COLUMNS = (
+    "blocks_stored",
+    "blocks_removed",
+    "blocks_cleared",
+    "entries_cleared",
+    "live_blocks_end",
+    "live_keys",
+    "live_entries",
+    "partial_extra_keys",
+    "rekeys",
+    "hit_announced_blocks",
+    "hit_blocks",
+    "tokens_stored",
+    "tokens_announced",
+    "partial_promotions",
+    "distinct_hashes",
+)
+"""The truth figures this file checks (tests/semtruth.py reads them)."""
+
+
+def physical(t: dict[str, Any]) -> dict[str, int]:
+    """The truth's figures :data:`TRUTH_COLUMNS` for one group or kind row of truth.json."""
+    return semtruth.physical(t, TRUTH_COLUMNS)
 
 
 def model_figures(row: dict[str, object]) -> dict[str, int]:
-    return {k: int(row[k]) for k in physical_keys()}  # type: ignore[call-overload]
-
-
-def physical_keys() -> tuple[str, ...]:
-    return (
-        "blocks_stored",
-        "blocks_removed",
-        "blocks_cleared",
-        "entries_cleared",
-        "live_blocks_end",
-        "live_keys",
-        "live_entries",
-        "partial_extra_keys",
-        "rekeys",
-        "hit_announced_blocks",
-        "hit_blocks",
-        "tokens_stored",
-        "tokens_announced",
-        "partial_promotions",
-        "distinct_hashes",
-    )
+    return semtruth.columns(row, TRUTH_COLUMNS)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
