@@ -45,6 +45,17 @@ FIGURES: dict[str, Callable[[Row], int]] = {
 }
 """Report column → how the truth row gives it."""
 
+BLOCKS = (
+    "blocks_stored",
+    "blocks_removed",
+    "blocks_cleared",
+    "entries_cleared",
+    "live_blocks_end",
+    "live_keys",
+    "live_entries",
+)
+"""What every semantics test checks: stored, evicted, cleared and live physical blocks, keys."""
+
 
 def physical(t: Row, names: Iterable[str]) -> dict[str, int]:
     """The truth's figures ``names`` for one group or kind row of truth.json.

@@ -75,13 +75,7 @@ def truth() -> dict[str, Any]:
 
 
 TRUTH_COLUMNS = (
-    "blocks_stored",
-    "blocks_removed",
-    "blocks_cleared",
-    "entries_cleared",
-    "live_blocks_end",
-    "live_keys",
-    "live_entries",
+    *semtruth.BLOCKS,
     "stored_while_live",
     "hit_announced_blocks",
     "hit_blocks",

@@ -52,13 +52,7 @@ def truth(name: str) -> dict[str, Any]:
 
 
 TRUTH_COLUMNS = (
-    "blocks_stored",
-    "blocks_removed",
-    "blocks_cleared",
-    "entries_cleared",
-    "live_blocks_end",
-    "live_keys",
-    "live_entries",
+    *semtruth.BLOCKS,
     "partial_extra_keys",
     "rekeys",
     "partial_promotions",

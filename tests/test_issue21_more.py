@@ -64,14 +64,8 @@ def truth(name: str) -> dict[str, Any]:
 
 
 TRUTH_COLUMNS = (
-    "blocks_stored",
-    "blocks_removed",
-    "blocks_cleared",
-    "entries_cleared",
-    "live_blocks_end",
+    *semtruth.BLOCKS,
     "peak_live_blocks",
-    "live_keys",
-    "live_entries",
     "stored_while_live",
     "blocks_recomputed",
     "partial_extra_keys",

@@ -50,13 +50,7 @@ def scenario(name: str) -> tuple[dict[str, list[dict[str, object]]], dict, list[
 
 
 TRUTH_COLUMNS = (
-    "blocks_stored",
-    "blocks_removed",
-    "blocks_cleared",
-    "entries_cleared",
-    "live_blocks_end",
-    "live_keys",
-    "live_entries",
+    *semtruth.BLOCKS,
     "partial_extra_keys",
     "rekeys",
     "hit_announced_blocks",
