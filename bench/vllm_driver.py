@@ -113,6 +113,29 @@ def specs(shape: str) -> list:
 
 
 # ---------------------------------------------------------------- workload
+def arrivals_of(convs: list, evals: list, *, open_loop: bool) -> dict[int, list]:
+    """The steps requests arrive at: step -> [(kind, payload)].
+
+    Every eval item at its arrival. A conversation's first turn at its start; closed loop,
+    the scheduler adds each next turn when the previous one finished. Open loop, every turn
+    at a fixed step (start + sum of gaps + 40 per turn), whatever the pool size; the history
+    holds the earlier turns' outputs all the same.
+    """
+    arrivals: dict[int, list] = defaultdict(list)
+    for e in evals:
+        arrivals[e["arrival"]].append(("eval", e))
+    for c in convs:
+        if not open_loop:
+            arrivals[c["start"]].append(("turn", (c, 0, [])))
+            continue
+        at, hist = c["start"], []
+        for t, turn in enumerate(c["turns"]):
+            arrivals[at].append(("turn", (c, t, list(hist))))
+            hist += turn["user"] + turn["out"]
+            at += turn["gap"] + 40
+    return arrivals
+
+
 def workload(
     seed: int, shape: str, mix: dict | None = None, scale: tuple[float, float] | None = None
 ) -> tuple[list[dict], list[dict]]:
@@ -231,20 +254,7 @@ def run(
     is_mamba = shape == "mamba"
     convs, evals = workload(seed, shape)
 
-    arrivals: dict[int, list] = defaultdict(list)  # step -> [(kind, payload)]
-    for e in evals:
-        arrivals[e["arrival"]].append(("eval", e))
-    for c in convs:
-        if not open_loop:
-            arrivals[c["start"]].append(("turn", (c, 0, [])))
-            continue
-        # open loop: every turn at a fixed step (start + sum of gaps + 40 per turn), whatever
-        # the pool size; the history holds the earlier turns' outputs all the same
-        at, hist = c["start"], []
-        for t, turn in enumerate(c["turns"]):
-            arrivals[at].append(("turn", (c, t, list(hist))))
-            hist += turn["user"] + turn["out"]
-            at += turn["gap"] + 40
+    arrivals = arrivals_of(convs, evals, open_loop=open_loop)  # step -> [(kind, payload)]
 
     waiting: list[Request] = []
     running: list[Request] = []

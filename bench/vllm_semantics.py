@@ -358,11 +358,7 @@ def run(name: str, seed: int, out: Path) -> dict:
 
     mgr.block_pool.emit_cached_block_events = emit_w
 
-    arrivals: dict[int, list] = defaultdict(list)
-    for e in evals:
-        arrivals[e["arrival"]].append(("eval", e))
-    for c in convs:
-        arrivals[c["start"]].append(("turn", (c, 0, [])))
+    arrivals = vd.arrivals_of(convs, evals, open_loop=False)
     waiting: list[Request] = []
     running: list[Request] = []
     meta: dict[str, tuple] = {}

@@ -59,18 +59,7 @@ def run(
     hasher = drv.get_request_block_hasher(drv.HASH_BLOCK, hash_fn)
     ledger = drv.Ledger(mgr.block_pool, len(sp))
     convs, evals = drv.workload(seed, shape)
-    arrivals: dict[int, list] = defaultdict(list)
-    for e in evals:
-        arrivals[e["arrival"]].append(("eval", e))
-    for c in convs:
-        if closed:
-            arrivals[c["start"]].append(("turn", (c, 0, [])))
-            continue
-        at, hist = c["start"], []
-        for t, turn in enumerate(c["turns"]):
-            arrivals[at].append(("turn", (c, t, list(hist))))
-            hist += turn["user"] + turn["out"]
-            at += turn["gap"] + 40
+    arrivals = drv.arrivals_of(convs, evals, open_loop=not closed)
     total = len(evals) + sum(len(c["turns"]) for c in convs)
     waiting: list = []
     running: list = []
