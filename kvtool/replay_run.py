@@ -182,9 +182,8 @@ def check_summary(rp: Replay, disagreeing: int) -> str:
         parts.append(f"{c.stores_without_group} without group_idx (not comparable)")
     if not c.stores:
         return "kvtool: checked no stores (the input holds none): nothing to compare"
-    verdict = f"{plural(disagreeing, 'group')} disagree" if disagreeing else "no disagreement"
-    if disagreeing == 1:
-        verdict += "s"
+    verb = "disagrees" if disagreeing == 1 else "disagree"
+    verdict = f"{plural(disagreeing, 'group')} {verb}" if disagreeing else "no disagreement"
     return f"kvtool: checked {plural(c.stores, 'store')} ({'; '.join(parts)}): {verdict}"
 
 
