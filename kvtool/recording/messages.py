@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from kvtool.text import plural
+
 
 class ChannelInfo(msgspec.Struct, frozen=True):
     """One channel of a recording: one (endpoint, topic) of one publisher.
@@ -126,7 +128,7 @@ class RecoveryReport(msgspec.Struct):
             ``path: complete, N messages`` or ``path: …; recovered N messages …``.
         """
         if self.complete:
-            return f"{self.path}: complete, {_plural(self.messages, 'message')}"
+            return f"{self.path}: complete, {plural(self.messages, 'message')}"
         seqs = ""
         # A seq range reads as "everything in between": only when nothing is missing
         # inside it (a clean prefix, or the whole data section).
@@ -136,7 +138,7 @@ class RecoveryReport(msgspec.Struct):
             return (
                 f"{self.path}: {self.reason or 'index damaged'}; the data section is intact "
                 f"and {'the' if self.messages == 1 else 'all'} "
-                f"{_plural(self.messages, 'message')} {'was' if self.messages == 1 else 'were'} "
+                f"{plural(self.messages, 'message')} {'was' if self.messages == 1 else 'were'} "
                 f"read{seqs}"
             )
         parts = [f"{self.path}:"]
@@ -152,15 +154,15 @@ class RecoveryReport(msgspec.Struct):
         lost = self.lost_messages
         if lost is not None:
             parts.append(
-                f"recovered {self.messages} of {_plural(self.expected_messages or 0, 'message')}"
+                f"recovered {self.messages:,} of {plural(self.expected_messages or 0, 'message')}"
                 f"{seqs};"
             )
-            parts.append(f"{lost} lost" if lost else "none lost")
+            parts.append(f"{lost:,} lost" if lost else "none lost")
         elif self.truncated:
-            parts.append(f"recovered {_plural(self.messages, 'message')}{seqs}; the rest is lost")
+            parts.append(f"recovered {plural(self.messages, 'message')}{seqs}; the rest is lost")
         else:
             parts.append(
-                f"recovered {_plural(self.messages, 'message')}{seqs}; the messages in the "
+                f"recovered {plural(self.messages, 'message')}{seqs}; the messages in the "
                 "damaged part are lost"
             )
         return " ".join(parts)
@@ -168,16 +170,12 @@ class RecoveryReport(msgspec.Struct):
     def _damage_text(self) -> str:
         bits = []
         if self.damaged_chunks:
-            bits.append(_plural(self.damaged_chunks, "damaged chunk"))
+            bits.append(plural(self.damaged_chunks, "damaged chunk"))
         if self.damaged_records:
-            bits.append(_plural(self.damaged_records, "damaged record"))
+            bits.append(plural(self.damaged_records, "damaged record"))
         text = " and ".join(bits) or "damaged data"
         if self.skipped_bytes:
-            text += f" ({self.skipped_bytes} bytes) skipped"
+            text += f" ({self.skipped_bytes:,} bytes) skipped"
         else:
             text += " skipped"
         return text
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
