@@ -72,6 +72,7 @@ from kvtool.learner import (
     _kw,
 )
 from kvtool.protocol import BlockStored, Event, KVEventBatch
+from kvtool.text import plural
 
 NO_KIND_SOURCE = "none (no store carries a kind)"
 """The metadata source when nothing gives a kind: no table, no flag, no store's own kind."""
@@ -653,16 +654,18 @@ class Checker:
             parts: list[str] = []
             if iss.mismatched:
                 said = ", ".join(
-                    f"{n} store(s) say {_kw(k, w)}" for (k, w), n in iss.mismatched.most_common()
+                    f"{plural(n, 'store')} {'says' if n == 1 else 'say'} {_kw(k, w)}"
+                    for (k, w), n in iss.mismatched.most_common()
                 )
                 expect = " or ".join(sorted(_kw(k, w) for k, w in iss.expected))
                 parts.append(f"metadata says {expect}, but {said}")
             if iss.unannotated:
-                parts.append(f"{iss.unannotated} store(s) left unannotated")
+                parts.append(f"{plural(iss.unannotated, 'store')} left unannotated")
             if iss.out_of_range:
                 parts.append(
-                    f"{iss.out_of_range} store(s) carry group_idx {idx}, which is not in the "
-                    "metadata"
+                    f"{plural(iss.out_of_range, 'store')} "
+                    f"{'carries' if iss.out_of_range == 1 else 'carry'} group_idx {idx}, which is "
+                    "not in the metadata"
                 )
             bad = iss.mismatched or iss.unannotated or iss.out_of_range
             if iss.first_seq is not None and bad:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvtool.groups import GroupInfo, GroupTable, KindWindow, LearnKey, _is_i64, _is_int
+from kvtool.text import plural
 
 StreamKey = tuple[str, int | None]
 """(channel name, data-parallel rank) — two engines may serve different models."""
@@ -68,7 +69,7 @@ class Conflict:
         """
         ch, rank, _g = self.key
         parts = ", ".join(
-            f"{_kw(*kw)} by {n} store(s)" + (f" from seq {s}" if s is not None else "")
+            f"{_kw(*kw)} by {plural(n, 'store')}" + (f" from seq {s}" if s is not None else "")
             for kw, n, s in self.said
         )
         return (
@@ -285,10 +286,10 @@ class GroupLearner:
         """Return one line summarising what was learned.
 
         Returns:
-            E.g. ``2 stream(s), 6 group(s)``.
+            E.g. ``2 streams, 6 groups``.
         """
         streams = {(ch, r) for ch, r, _ in self.said}
-        return f"{len(streams)} stream(s), {len(self.said)} group(s)"
+        return f"{plural(len(streams), 'stream')}, {plural(len(self.said), 'group')}"
 
 
 LEARNED_SOURCE = "learned from annotated stores per (channel, rank, group)"

@@ -24,7 +24,7 @@ import zmq
 
 from kvtool.endpoints import offset_endpoint
 from kvtool.errors import EndpointError, UsageError
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """The replay end marker: seq -1 as 8-byte signed big-endian."""
@@ -591,9 +591,9 @@ class Publisher:
             now = time.monotonic()
             if timeout_s is not None and now - start >= timeout_s:
                 raise EndpointError(
-                    f"{printable(channel.stats.endpoint)}: {channel.stats.subscribers} of {count} "
-                    f"subscriber(s) after {timeout_s:g}s; is the subscriber connecting to "
-                    "this endpoint? (raise --wait-timeout or drop --wait-subscribers)"
+                    f"{printable(channel.stats.endpoint)}: {channel.stats.subscribers} of "
+                    f"{plural(count, 'subscriber')} after {timeout_s:g}s; is the subscriber "
+                    "connecting to this endpoint? (raise --wait-timeout or drop --wait-subscribers)"
                 )
             if on_wait is not None and now - last_report >= 1.0:
                 on_wait(channel.stats.subscribers)

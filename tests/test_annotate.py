@@ -487,11 +487,11 @@ def test_checker_reports_each_kind_of_disagreement() -> None:
     lines = checker.disagreements()
     assert [ln.split(":")[0] for ln in lines] == ["group 1", "group 2", "group 4"]
     assert (
-        "metadata says sliding_window (window 64), but 1 store(s) say sliding_window "
+        "metadata says sliding_window (window 64), but 1 store says sliding_window "
         "(window 32)" in lines[0]
     )
-    assert "1 store(s) left unannotated" in lines[1]
-    assert "carry group_idx 4, which is not in the metadata" in lines[2]
+    assert "1 store left unannotated" in lines[1]
+    assert "1 store carries group_idx 4, which is not in the metadata" in lines[2]
     assert checker.stores_without_group == 1
 
 
@@ -505,7 +505,7 @@ def test_checker_learned_mode_flags_mid_stream_change() -> None:
     assert len(lines) == 1
     assert lines[0].startswith("group 1: ")
     assert "conflicting annotations on a rank 0" in lines[0]
-    assert "full_attention (no window) by 1 store(s) from seq 2" in lines[0]
+    assert "full_attention (no window) by 1 store from seq 2" in lines[0]
     assert "every command uses sliding_window (window 64)" in lines[0]
 
 

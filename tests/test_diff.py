@@ -566,8 +566,8 @@ def test_issue12_cli_sets_separated_by_double_dash(recs: dict[str, Path]) -> Non
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["x.mcap"], "got 1 recording(s); give two (A B) or two sets separated by --"),
-        (["a", "b", "c"], "got 3 recording(s)"),
+        (["x.mcap"], "got 1 recording; give two (A B) or two sets separated by --"),
+        (["a", "b", "c"], "got 3 recordings"),
         (["a", "--"], "give at least one recording on each side of --"),
         (["--", "b"], "give at least one recording on each side of --"),
     ],

@@ -195,7 +195,7 @@ def test_check_capture_without_kinds_reports_unannotated(tmp_path: Path) -> None
     result = _run(rec, "--check", "--groups", _groups_file(tmp_path, name))
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [  # type: ignore[attr-defined]
-        f"group {g}: 66 store(s) left unannotated; first at seq 0" for g in range(6)
+        f"group {g}: 66 stores left unannotated; first at seq 0" for g in range(6)
     ]
 
 
@@ -241,11 +241,11 @@ def test_check_wrong_table_reports_exactly_the_wrong_groups(tmp_path: Path) -> N
     lines = result.stdout.splitlines()  # type: ignore[attr-defined]
     assert [ln.split(":")[0] for ln in lines] == ["group 2", "group 3", "group 5"]
     assert lines[0] == (
-        "group 2: metadata says sliding_window (window 128), but 66 store(s) "
+        "group 2: metadata says sliding_window (window 128), but 66 stores "
         "say sliding_window (window 64); first at seq 0"
     )
     assert "metadata says full_attention (no window)" in lines[1]
-    assert "66 store(s) carry group_idx 5, which is not in the metadata" in lines[2]
+    assert "66 stores carry group_idx 5, which is not in the metadata" in lines[2]
 
 
 def test_check_learned_kind_change_mid_stream(tmp_path: Path) -> None:

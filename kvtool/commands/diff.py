@@ -20,6 +20,7 @@ from kvtool.commands._options import ForceText, OutputFile, ReportMode, ReportMo
 from kvtool.diff import FAIL_ON_SYNTAX, diff_recordings, parse_fail_on
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.render.diff import render_json, render_markdown, render_table
+from kvtool.text import plural
 
 # Click drops the first ``--`` and with it where set A ends; the command swaps it for this
 # token (no path can hold a NUL byte) before parsing, and the body splits on it.
@@ -93,7 +94,7 @@ def _split(names: list[str]) -> tuple[list[str], list[str]]:
         return a, b
     if len(files) != 2:
         raise UsageError(
-            f"diff: got {len(files)} recording(s); give two (A B) or two sets separated "
+            f"diff: got {plural(len(files), 'recording')}; give two (A B) or two sets separated "
             "by -- (A1 A2 -- B1 B2)"
         )
     return [files[0]], [files[1]]

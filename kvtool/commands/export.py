@@ -19,7 +19,7 @@ from kvtool.commands._options import (
     Until,
 )
 from kvtool.errors import ExitStatus
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 
 def export(
@@ -77,7 +77,7 @@ def export(
     stats = ReadStats()
     select = make_selection(channel=channel, rank=rank, since=since, until=until)
     with env.progress(
-        f"exporting {len(files)} recording(s)", input_size(files), quiet=quiet
+        f"exporting {plural(len(files), 'recording')}", input_size(files), quiet=quiet
     ) as bar:
         result = export_table(
             files,
@@ -98,8 +98,6 @@ def export(
     if note is not None:
         env.err.print(f"kvtool: {note}", markup=False, highlight=False)
     if not quiet:
-        from kvtool.text import plural
-
         env.err.print(
             f"kvtool: exported {plural(result.rows, 'row')} ({plural(stats.events, 'event')}, "
             f"{plural(stats.messages, 'batch')}) to {output}",

@@ -13,7 +13,7 @@ from kvtool.commands import Env, check_inputs, examples, get_env, missing_batche
 from kvtool.commands._options import GroupMeta
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import is_stdout
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 # The replay library (msgspec, rich, the recording copy) is imported when the command
 # runs, so `kvtool --help` and `kvtool replay --help` answer without it.
@@ -629,7 +629,9 @@ def _run_publish(
 
     def on_wait(n: int) -> None:
         where = printable(p.endpoint)
-        progress.status(f"waiting for {p.wait_subscribers} subscriber(s) on {where} ({n} so far)")
+        progress.status(
+            f"waiting for {plural(p.wait_subscribers, 'subscriber')} on {where} ({n} so far)"
+        )
 
     try:
         try:

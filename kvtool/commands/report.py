@@ -30,7 +30,7 @@ from kvtool.commands._options import (
 )
 from kvtool.errors import ExitStatus, UsageError
 from kvtool.outputs import OutputKind, check_output, is_stdout, write_text
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from kvtool.report import Report as ReportT
@@ -275,7 +275,7 @@ def report(
     from kvtool.render.progress import input_size
 
     size = input_size(files)
-    what = f"reading {len(files)} recording(s)"
+    what = f"reading {plural(len(files), 'recording')}"
     feed = None
     if extras is not None and n_jobs == 1 and ray is None:
         from kvtool.report.whatif import PoolFeed
