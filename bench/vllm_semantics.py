@@ -331,6 +331,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         max_in_flight_tokens=token_budget,
         enable_caching=True,
         enable_kv_cache_events=True,
+        log_stats=True,  # vLLM's own PrefixCacheStats, recorded at admission as its scheduler
     )
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
@@ -491,6 +492,9 @@ def run(name: str, seed: int, out: Path) -> dict:
                 pending.pop(req.request_id, None)
                 cnt["admissions"] += 1
                 cnt["prefix_hit_tokens"] += n_hit
+                # Scheduler.schedule: "Record at admission so unscheduled lookups are not
+                # counted" (vllm:prefix_cache_queries / _hits are these stats' queries / hits).
+                mgr.record_prefix_cache_stats(req, n_hit)
                 full = req.kv_cache_report_mode == "full"
                 cnt["admissions_report_mode_full"] += full
                 for g, blist in enumerate(computed.blocks):
@@ -573,6 +577,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         },
         "group_metadata": meta_groups,
         "run": dict(cnt, steps=step, finished=finished, reset_step=reset_step),
+        "vllm_prefix_cache_stats": _prefix_cache_stats(mgr),
         "by_group": rows(truth, meta_groups),
         "_kind_peak": dict(truth.kind_peak),
     }
@@ -656,6 +661,26 @@ def rows(truth: Truth, groups: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+def _prefix_cache_stats(mgr: KVCacheManager) -> dict[str, int]:
+    """vLLM's own PrefixCacheStats of the whole run (``make_prefix_cache_stats``, in tokens):
+    ``queries`` / ``hits`` of new requests (vllm:prefix_cache_queries / _hits), and those of
+    requests admitted again after a preemption apart (``preempted_*``, no Prometheus
+    counter)."""
+    st = mgr.make_prefix_cache_stats()
+    assert st is not None
+    return {
+        k: int(getattr(st, k))
+        for k in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        )
+    }
 
 
 def by_kind(by_group: list[dict], kind_peak: dict[str, int]) -> list[dict]:

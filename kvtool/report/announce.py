@@ -405,8 +405,9 @@ def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
         mode: The report mode.
 
     Returns:
-        ``hit_announcements`` (``auto`` found some), ``announcement_or_copy`` (runs the
-        wire cannot tell from second copies, with the bounds).
+        ``hit_announcements`` (``auto`` found some), ``hit_rate`` (announcements, but
+        not ``full``: no hit rate), ``announcement_or_copy`` (runs the wire cannot tell
+        from second copies, with the bounds).
     """
     out: list[tuple[str, str]] = []
     ann = int(totals.get("hit_announced_blocks", 0) or 0)
@@ -420,6 +421,15 @@ def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
                 f"{ann} blocks were hit announcements (requests in "
                 "kv_cache_report_mode='full'), not stores: hit_blocks/hit_tokens count the "
                 "hits; --report-mode incremental counts them as stores",
+            )
+        )
+    if ann and mode != "full":
+        out.append(
+            (
+                "hit_rate",
+                "hit_rate is not given: the wire does not show that every request announces "
+                "(requests in the default report mode hit without an event); give "
+                "--report-mode full if every request sets kv_cache_report_mode='full'",
             )
         )
     if taken or left:

@@ -441,6 +441,7 @@ class ReportBuilder:
             by_medium=self.by_medium,
             quantiles=quantiles,
             copy_bound=self.copy_bound,
+            every_request_announces=self.report_mode == "full",
         )
 
     def timeline_span(self, first_rx: int | None = None) -> tuple[int, int] | None:
