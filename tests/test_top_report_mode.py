@@ -24,14 +24,19 @@ REC = (
 )
 
 
-def last_kind_table(text: str) -> dict[str, tuple[int, int, int]]:
-    """(live, peak, orphan) per row of the last ``kind`` table of top's plain output."""
+def last_kind_table(
+    text: str, hits: dict[str, str] | None = None
+) -> dict[str, tuple[int, int, int]]:
+    """(live, peak, orphan) per row of the last ``kind`` table of top's plain output (and
+    into ``hits`` the hit rate column's cells, shown with --report-mode full only)."""
     lines = text.split("kvtool top")[-1].splitlines()
     (head,) = [i for i, line in enumerate(lines) if line.startswith("kind ")]
     out = {}
     for line in lines[head + 1 :]:
-        label, live, peak, _s, _e, _r, orphan, _p50 = line.split()
+        label, live, peak, _s, _e, _r, orphan, _p50, *hit = line.split()
         out[label] = tuple(int(x.replace(",", "")) for x in (live, peak, orphan))
+        if hits is not None and hit:
+            (hits[label],) = hit
     return out  # type: ignore[return-value]
 
 
@@ -55,9 +60,14 @@ def test_top_report_mode_on_a_recording_equals_report(
         r["kind"]: (r["live_blocks_end"], r["peak_live_blocks"], r["orphan_removes"])
         for r in json.loads(rep.stdout)["by_kind"]
     }
-    got = last_kind_table(top.stdout)
+    hits: dict[str, str] = {}
+    got = last_kind_table(top.stdout, hits)
     assert got == by_kind
     assert got == want
+    # The hit rate column only where every request announces, as report's hit_rate.
+    rates = {r["kind"]: r["hit_rate"] for r in json.loads(rep.stdout)["by_kind"]}
+    assert hits == ({k: f"{v:.1%}" for k, v in rates.items()} if mode == "full" else {})
+    assert ("hit rate" in top.stdout) == (mode == "full")
 
 
 def test_top_report_mode_unknown_is_a_usage_error() -> None:
