@@ -397,12 +397,14 @@ def channel_context(
     return want, pbatch
 
 
-def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
+def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tuple[str, str]]:
     """The findings of hit announcements: (kind, text) each.
 
     Args:
         totals: The report's ``totals`` row.
         mode: The report mode.
+        origin: The stream's stores carry ``origin`` (#51699): announcements are marked,
+            in every mode, and nothing is inferred.
 
     Returns:
         ``hit_announcements`` (``auto`` found some), ``hit_rate`` (announcements, but
@@ -414,7 +416,15 @@ def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
     stored = int(totals.get("blocks_stored", 0) or 0)
     taken = int(totals.get("blocks_stored_bound", 0) or 0)
     left = int(totals.get("hit_announced_blocks_bound", 0) or 0)
-    if ann and mode == "auto":
+    if ann and origin:
+        out.append(
+            (
+                "hit_announcements",
+                f"{ann} blocks were hit announcements (origin=REUSED, "
+                "vllm-project/vllm#51699), not stores: hit_blocks/hit_tokens count the hits",
+            )
+        )
+    elif ann and mode == "auto":
         out.append(
             (
                 "hit_announcements",
