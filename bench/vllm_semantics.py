@@ -10,7 +10,9 @@ announces each lookup's hit with ``emit_cached_block_events``).
     /work/vllmcheck/venv/bin/python bench/vllm_semantics.py --scenario NAME --out DIR
 
 writes ``DIR/NAME.frames`` (each step's ``take_events()`` as vLLM's ZmqEventPublisher sends
-it, ``ts`` = 1767225600.0 + seq * 0.001), ``DIR/groups.json`` and ``DIR/truth.json``. The
+it, ``ts`` = 1767225600.0 + seq * 0.001), ``DIR/groups.json``, ``DIR/truth.json`` and
+``DIR/origin.json`` (per batch seq, the places of the events ``emit_cached_block_events``
+made: the ``origin="REUSED"`` ones of vllm-project/vllm#51699). The
 truth is taken from the live ``BlockPool`` by wrapping its methods (the cause of each hash
 insert and remove is the pool method it happens in), never from the events:
 
@@ -331,6 +333,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         max_in_flight_tokens=token_budget,
         enable_caching=True,
         enable_kv_cache_events=True,
+        log_stats=True,  # vLLM's own PrefixCacheStats, recorded at admission as its scheduler
     )
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
@@ -354,8 +357,16 @@ def run(name: str, seed: int, out: Path) -> dict:
         pending.setdefault(request.request_id, [0] * len(sp))[kv_cache_group_id] += (
             num_cached_blocks
         )
-        return emit(request, num_cached_blocks, block_size, kv_cache_group_id)
+        queue = mgr.block_pool.kv_event_queue
+        before = len(queue)
+        got = emit(request, num_cached_blocks, block_size, kv_cache_group_id)
+        announced.update(id(ev) for ev in mgr.block_pool.kv_event_queue[before:])
+        return got
 
+    # The events emit_cached_block_events made (vllm-project/vllm#51699 would send them with
+    # origin="REUSED", every other BlockStored "NEW"): their places in each batch, by seq.
+    announced: set[int] = set()
+    origin_reused: dict[str, list[int]] = {}
     mgr.block_pool.emit_cached_block_events = emit_w
 
     arrivals = vd.arrivals_of(convs, evals, open_loop=False)
@@ -491,6 +502,9 @@ def run(name: str, seed: int, out: Path) -> dict:
                 pending.pop(req.request_id, None)
                 cnt["admissions"] += 1
                 cnt["prefix_hit_tokens"] += n_hit
+                # Scheduler.schedule: "Record at admission so unscheduled lookups are not
+                # counted" (vllm:prefix_cache_queries / _hits are these stats' queries / hits).
+                mgr.record_prefix_cache_stats(req, n_hit)
                 full = req.kv_cache_report_mode == "full"
                 cnt["admissions_report_mode_full"] += full
                 for g, blist in enumerate(computed.blocks):
@@ -545,6 +559,10 @@ def run(name: str, seed: int, out: Path) -> dict:
                 elif type(ev).__name__ == "BlockRemoved":
                     truth.c[gi]["blocks_removed_total_on_wire"] += len(ev.block_hashes)
             cnt["batches"] += 1
+            reused = [i for i, ev in enumerate(events) if id(ev) in announced]
+            if reused:
+                origin_reused[str(seq)] = reused
+            announced.clear()
             payload = enc.encode(KVEventBatch(ts=vd.TS0 + seq * 0.001, events=events))
             parts = [b"", seq.to_bytes(8, "big"), payload]
             frames += struct.pack(">I", len(parts))
@@ -554,6 +572,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         step += 1
     (out / f"{name}.frames").write_bytes(bytes(frames))
     (out / "groups.json").write_text(json.dumps(meta_groups, indent=1) + "\n")
+    (out / "origin.json").write_text(json.dumps(origin_reused, separators=(",", ":")) + "\n")
     return {
         "scenario": name,
         "vllm_version": "0.33.0",
@@ -573,6 +592,7 @@ def run(name: str, seed: int, out: Path) -> dict:
         },
         "group_metadata": meta_groups,
         "run": dict(cnt, steps=step, finished=finished, reset_step=reset_step),
+        "vllm_prefix_cache_stats": _prefix_cache_stats(mgr),
         "by_group": rows(truth, meta_groups),
         "_kind_peak": dict(truth.kind_peak),
     }
@@ -656,6 +676,26 @@ def rows(truth: Truth, groups: list[dict]) -> list[dict]:
             }
         )
     return out
+
+
+def _prefix_cache_stats(mgr: KVCacheManager) -> dict[str, int]:
+    """vLLM's own PrefixCacheStats of the whole run (``make_prefix_cache_stats``, in tokens):
+    ``queries`` / ``hits`` of new requests (vllm:prefix_cache_queries / _hits), and those of
+    requests admitted again after a preemption apart (``preempted_*``, no Prometheus
+    counter)."""
+    st = mgr.make_prefix_cache_stats()
+    assert st is not None
+    return {
+        k: int(getattr(st, k))
+        for k in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        )
+    }
 
 
 def by_kind(by_group: list[dict], kind_peak: dict[str, int]) -> list[dict]:

@@ -98,7 +98,8 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         groups: The stored KV cache group metadata, by index, or None.
         groups_source: Where the stored group metadata came from, or None.
         undecodable: Payloads that are not KV-event batches (kept in the file, counted).
-        skipped_events: Events inside decodable batches that could not be decoded.
+        skipped_events: Events inside decodable batches that were skipped: undecodable,
+            or of an unknown type (decodable, but unknown: ``unknown_events``).
         unknown_events: Of those, the events of an unknown type (``BlockInactive`` …), by
             tag as sent (issue 21), most frequent first.
         truncated: The file ends before its footer (the writer died).
@@ -167,16 +168,19 @@ class RecordingInfo(msgspec.Struct, kw_only=True):
         # In a damaged file the recovery line above already says what is missing.
         if g.lost and self.complete:
             out.append(lost_line(self.path, g.lost, g.lost_ranges))
-        if self.undecodable or self.skipped_events:
+        unknown = sum(self.unknown_events.values())
+        bad = self.skipped_events - unknown  # events of an unknown tag decode: not bad
+        if self.undecodable or bad:
             out.append(
                 f"{self.path}: {self.undecodable} undecodable "
-                f"payload{'' if self.undecodable == 1 else 's'} and {self.skipped_events} "
-                f"undecodable event{'' if self.skipped_events == 1 else 's'} skipped"
-                + (
-                    f" (of unknown type: {unknown_tags_text(self.unknown_events)})"
-                    if self.unknown_events
-                    else ""
-                )
+                f"payload{'' if self.undecodable == 1 else 's'} and {bad} "
+                f"undecodable event{'' if bad == 1 else 's'} skipped"
+            )
+        if unknown:
+            out.append(
+                f"{self.path}: {unknown} event{'' if unknown == 1 else 's'} of unknown type "
+                f"skipped ({unknown_tags_text(self.unknown_events)}): decodable, but of a "
+                "type this kvtool does not know (a newer vLLM?)"
             )
         return out
 

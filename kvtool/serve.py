@@ -300,12 +300,19 @@ class Exporter:
                 fams.append(Family(m.prom_name, "histogram", m.help, LABELS, list(agg_h.items())))
                 continue
             agg: dict[tuple[str, ...], float] = {}
+            parts: dict[tuple[str, ...], tuple[float, float]] = {}
             present = False
             for key, row, _s in rows:
                 v = _number(row, m)
                 if v is None:
                     continue
                 present = True
+                if m.merge == "ratio":  # rows folded into one series: from their summed parts
+                    num, whole = m.ratio_of
+                    n, d = parts.get(key, (0.0, 0.0))
+                    parts[key] = (n + _part(row, num), d + sum(_part(row, w) for w in whole))
+                    agg[key] = round(parts[key][0] / parts[key][1], 6) if parts[key][1] else v
+                    continue
                 old_v = agg.get(key)
                 if old_v is None:
                     agg[key] = v
@@ -392,6 +399,12 @@ class ExportingView(TopView):
         super().tick(now)
         if self.exporter is not None:
             self.exporter.update(self.feed, _fed(health, self.feed), ledger)
+
+
+def _part(row: Mapping[str, object], name: str) -> float:
+    """A ratio's part in a report row (0 where it has none)."""
+    v = row.get(name)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
 
 
 def warm_up() -> None:

@@ -67,6 +67,7 @@ class TopRow:
             (``blocks_recomputed``), per second over the last interval.
         orphans: Orphan removes so far.
         lifetime_p50_s: Median block lifetime (store -> remove) so far, or None.
+        hit_rate: ``hit_rate`` so far (only with ``--report-mode full``), or None.
         spark: Live blocks over the last minute, oldest first.
     """
 
@@ -79,6 +80,7 @@ class TopRow:
     orphans: int
     lifetime_p50_s: float | None
     spark: tuple[int, ...]
+    hit_rate: float | None = None
 
 
 def row_label(view: str, row: Row) -> str:
@@ -252,6 +254,7 @@ class TopModel:
         for key, r in self._tables.get(view, {}).items():
             s, e, rs = rates.get(key, (0.0, 0.0, 0.0))
             p50 = r.get("lifetime_p50_s")
+            hit = r.get("hit_rate")
             out.append(
                 TopRow(
                     label=row_label(view, r),
@@ -263,6 +266,7 @@ class TopModel:
                     orphans=_int(r, "orphan_removes"),
                     lifetime_p50_s=float(p50) if isinstance(p50, int | float) else None,
                     spark=tuple(v for _, v in hist.get(key, ())),
+                    hit_rate=float(hit) if isinstance(hit, int | float) else None,
                 )
             )
         out.sort(key=lambda x: (-x.live, -x.peak, x.label))

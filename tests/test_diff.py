@@ -486,7 +486,7 @@ def test_issue12_markdown(recs: dict[str, Path]) -> None:
     buf = io.StringIO()
     render_markdown(d, buf)
     text = buf.getvalue()
-    assert "### full_attention: 2 of 45 metrics changed; largest recompute_distance_p90" in text
+    assert "### full_attention: 2 of 46 metrics changed; largest recompute_distance_p90" in text
     assert "| metric | A | B | delta | change |\n|---|---:|---:|---:|---:|\n" in text
     assert "| blocks_removed | 1,314 | 1,290 | -24 | -1.8% |" in text
 
@@ -519,7 +519,7 @@ def test_issue12_cli_fail_on_exit_status(recs: dict[str, Path]) -> None:
     )
     assert ok.exit_code == 0, ok.output
     assert (
-        "sliding_window: 14 of 45 metrics changed; "
+        "sliding_window: 14 of 46 metrics changed; "
         "largest ambiguous_copy_evictions +80.0% (10 -> 18)" in " ".join(ok.stdout.split())
     )
     bad = runner.invoke(
@@ -622,8 +622,8 @@ def test_issue12_python_dash_m_diff(recs: dict[str, Path]) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr == ""
-    assert "window 64: 14 of 45 metrics changed" in proc.stdout
-    assert "no window: 2 of 45 metrics changed" in proc.stdout
+    assert "window 64: 14 of 46 metrics changed" in proc.stdout
+    assert "no window: 2 of 46 metrics changed" in proc.stdout
     assert "…" not in proc.stdout
 
 

@@ -98,13 +98,36 @@ def test_issue21_info_table_and_json(rec: Path) -> None:
     assert res.exit_code == 3, res.output
     line = next(x for x in res.stdout.splitlines() if x.startswith("Unknown events:"))
     assert line.split(":", 1)[1].strip() == "BlockInactive 3, BlockTransferred 1"
-    assert "(of unknown type: BlockInactive 3, BlockTransferred 1)" in res.stderr
+    # Unknown tags decode: worded apart from undecodable events, of which there are none.
+    assert (
+        "4 events of unknown type skipped (BlockInactive 3, BlockTransferred 1): decodable, "
+        "but of a type this kvtool does not know (a newer vLLM?)"
+    ) in res.stderr
+    assert "undecodable" not in res.stderr.lower()
+    assert not [x for x in res.stdout.splitlines() if x.startswith("Undecodable:")]
     res = runner.invoke(app, ["info", str(rec), "--format", "json"])
     assert res.exit_code == 3
     doc = json.loads(res.stdout)
     assert doc["skipped_events"] == 4
     assert doc["unknown_events"] == {"BlockInactive": 3, "BlockTransferred": 1}
     assert list(doc["unknown_events"]) == ["BlockInactive", "BlockTransferred"]
+
+
+def test_issue21_info_words_unknown_and_undecodable_apart(tmp_path: Path) -> None:
+    """A recording with an unknown tag and an undecodable event: each counted in its row."""
+    bad = {"type": "BlockStored", "block_hashes": [9], "token_ids": 5}
+    path = record(
+        tmp_path / "both.mcap", [[unknown("BlockInactive", [1]), bad]], "tcp://127.0.0.1:5557"
+    )
+    res = runner.invoke(app, ["info", str(path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 3, res.output
+    rows = {
+        x.split(":", 1)[0]: x.split(":", 1)[1].strip() for x in res.stdout.splitlines() if ":" in x
+    }
+    assert rows["Undecodable"] == "0 payloads, 1 event skipped"
+    assert rows["Unknown events"] == "BlockInactive 1"
+    assert "0 undecodable payloads and 1 undecodable event skipped" in res.stderr
+    assert "1 event of unknown type skipped (BlockInactive 1)" in res.stderr
 
 
 FINDING = "3 events of unknown type BlockInactive, 1 BlockTransferred were skipped (a newer vLLM?)"

@@ -89,6 +89,23 @@ def assert_equals_report(samples: Samples, rep: dict) -> int:
         if col is None:
             continue  # the engine does not compute it yet: not served either
         name = m.prom_name + ("_total" if m.prom == "counter" else "")
+        if m.merge == "ratio":
+            # A ratio (hit_rate) is per series, from its summed parts; null: not served.
+            want_r = {
+                (
+                    str(r["group_idx"]) if r["group_idx"] is not None else "none",
+                    r["kind"],
+                    str(r["sliding_window"]) if r["sliding_window"] is not None else "none",
+                ): r[col]
+                for r in rep["by_group"]
+                if r[col] is not None
+            }
+            got_r = {
+                (lab["group"], lab["kind"], lab["sliding_window"]): v
+                for lab, v in samples.get(name, [])
+            }
+            assert got_r == want_r, name
+            continue
         assert name in samples, name
         if m.name == "peak_live_blocks":
             # A peak is per series (rank x group x medium): with one medium, the by_group

@@ -49,3 +49,6 @@ def test_serve_report_mode_on_a_recording_equals_report(
     assert sum(sum_by(samples, "kvtool_live_blocks", "kind").values()) == live
     hits = sum_by(samples, "kvtool_hit_blocks_total", "kind")
     assert sum(hits.values()) == (0 if mode == "incremental" else 1050 * 6)
+    # hit_rate, a gauge per series, only where every request announces (--report-mode full).
+    rates = samples.get("kvtool_prefix_cache_hit_ratio", [])
+    assert len(rates) == (6 if mode == "full" else 0)

@@ -89,7 +89,7 @@ class ReferenceTierSplit(TierSplit):
                 self.media.setdefault(int(c), set()).add(m)
         for m in sorted(med.filter(blocks).unique().to_list()):
             if m not in self.builders:
-                self.builders[m] = ReportBuilder(None, self.group_kind)
+                self.builders[m] = ReportBuilder(None, self.group_kind, media_apart=False)
         active = [c for c, ms in self.media.items() if len(ms) > 1]
         for c in active:
             if c not in self.live:

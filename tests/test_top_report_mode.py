@@ -9,11 +9,20 @@ modes differ as docs/SEMANTICS.md R6 says (announcements are not live blocks).
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.test_top import kvtool
+from tests.test_top_screen import DEADLINE_S
 
 REC = (
     Path(__file__).parent
@@ -24,14 +33,19 @@ REC = (
 )
 
 
-def last_kind_table(text: str) -> dict[str, tuple[int, int, int]]:
-    """(live, peak, orphan) per row of the last ``kind`` table of top's plain output."""
+def last_kind_table(
+    text: str, hits: dict[str, str] | None = None
+) -> dict[str, tuple[int, int, int]]:
+    """(live, peak, orphan) per row of the last ``kind`` table of top's plain output (and
+    into ``hits`` the hit rate column's cells, shown with --report-mode full only)."""
     lines = text.split("kvtool top")[-1].splitlines()
     (head,) = [i for i, line in enumerate(lines) if line.startswith("kind ")]
     out = {}
     for line in lines[head + 1 :]:
-        label, live, peak, _s, _e, _r, orphan, _p50 = line.split()
+        label, live, peak, _s, _e, _r, orphan, _p50, *hit = line.split()
         out[label] = tuple(int(x.replace(",", "")) for x in (live, peak, orphan))
+        if hits is not None and hit:
+            (hits[label],) = hit
     return out  # type: ignore[return-value]
 
 
@@ -55,9 +69,14 @@ def test_top_report_mode_on_a_recording_equals_report(
         r["kind"]: (r["live_blocks_end"], r["peak_live_blocks"], r["orphan_removes"])
         for r in json.loads(rep.stdout)["by_kind"]
     }
-    got = last_kind_table(top.stdout)
+    hits: dict[str, str] = {}
+    got = last_kind_table(top.stdout, hits)
     assert got == by_kind
     assert got == want
+    # The hit rate column only where every request announces, as report's hit_rate.
+    rates = {r["kind"]: r["hit_rate"] for r in json.loads(rep.stdout)["by_kind"]}
+    assert hits == ({k: f"{v:.1%}" for k, v in rates.items()} if mode == "full" else {})
+    assert ("hit rate" in top.stdout) == (mode == "full")
 
 
 def test_top_report_mode_unknown_is_a_usage_error() -> None:
@@ -65,3 +84,45 @@ def test_top_report_mode_unknown_is_a_usage_error() -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "--report-mode" in proc.stderr
+
+
+J = Path(__file__).parent / "data" / "semantics_more" / "j_gemma3_b16_all_full"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (60, 20)])
+def test_top_report_mode_full_in_tmux(width: int, height: int) -> None:
+    """In a real pseudo-terminal, on j (every request in report mode full): the live and
+    peak physical blocks of report's by_kind, and at 80 columns the hit rate (33.0 %, as
+    report's hit_rate 0.330435); on a narrower terminal the number columns give way, the
+    key column and live/peak never."""
+    sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    rec = J / f"{J.name}.mcap"
+    cmd = (
+        f"{shlex.quote(sys.executable)} -m kvtool top {shlex.quote(str(rec))} --speed 0 "
+        f"--groups {shlex.quote(str(J / 'groups.json'))} --report-mode full"
+    )
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+
+    tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top", cmd)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        pane = ""
+        while time.monotonic() < deadline:
+            pane = tmux("capture-pane", "-p", "-t", "top")
+            if "ended" in pane and re.search(r"^sliding_window ", pane, re.MULTILINE):
+                break
+            time.sleep(0.2)
+        assert max(len(line) for line in pane.splitlines()) <= width, pane
+        assert re.search(r"^full_attention +152 +212 ", pane, re.MULTILINE), pane
+        assert re.search(r"^sliding_window +144 +188 ", pane, re.MULTILINE), pane
+        hit = r" +33\.0%$" if width >= 80 else r"[^%]*$"
+        for key in ("full_attention", "sliding_window"):
+            assert re.search(rf"^{key} .*{hit}", pane, re.MULTILINE), pane
+        assert ("hit rate" in pane.split("\n\n")[1]) == (width >= 80), pane
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)

@@ -151,6 +151,8 @@ class ReadStats:
             topic, seq) of the channel's first message, which numbered it.
         payload_ranks: (``channel_id``, rank) → batches whose payload names that rank
             while their channel has another (issue 24: the channel's is kept).
+        origin_rows: Rows whose ``BlockStored`` carries vLLM's proposed ``origin``
+            (vllm-project/vllm#51699; counted where the table keeps the column).
     """
 
     recordings: list[str] = field(default_factory=list)
@@ -171,6 +173,7 @@ class ReadStats:
     unordered: bool = False
     streams_seen: set[tuple[str, str, int | None]] = field(default_factory=set)
     first_keys: dict[int, MergeKey] = field(default_factory=dict)
+    origin_rows: int = 0
 
     problem_keys: list[MergeKey] = field(default_factory=list)
     payload_ranks: dict[tuple[int, int], int] = field(default_factory=dict)

@@ -304,6 +304,8 @@ def add_decoded(d: DecodedChunk, stats: ReadStats) -> pl.DataFrame:
         stats.note(text, key)
     for k, n in d.payload_ranks.items():
         stats.payload_ranks[k] = stats.payload_ranks.get(k, 0) + n
+    if "origin" in d.table.columns:
+        stats.origin_rows += int((d.table["origin"].fill_null(0) > 0).sum())  # 0: none
     if first_event and d.table.height and "event_index" in d.table.columns:
         return d.table.with_columns(pl.col("event_index") + first_event)
     return d.table

@@ -207,7 +207,8 @@ def report(
 
     Columns: store_events, blocks_stored, tokens_stored, remove_events, blocks_removed,
     blocks_cleared, live_blocks_end, peak_live_blocks, distinct_hashes, stored_while_live,
-    blocks_recomputed, recompute_share, orphan_removes, block lifetime p50/p90/p99 in
+    blocks_recomputed, recompute_share, orphan_removes (hit_rate and the other classes of
+    issue 21 with --columns/--wide and in JSON), block lifetime p50/p90/p99 in
     seconds, recompute gap p50/p90/p99 (s) and distance p50/p90/p99 (evictions in the
     pool). Kinds come from --groups,
     --group-meta, the recording's metadata, or what annotated stores say (learned).

@@ -182,11 +182,13 @@ def render_info_table(infos: list[RecordingInfo], console: Console) -> None:
         row("Restarts:", f"{info.restarts:,}")
         if info.duplicates:
             row("Duplicates:", f"{info.duplicates:,}")
-        if info.undecodable or info.skipped_events:
+        # Events of an unknown tag decode (they are a newer vLLM's): not undecodable.
+        undecodable_events = info.skipped_events - sum(info.unknown_events.values())
+        if info.undecodable or undecodable_events:
             row(
                 "Undecodable:",
                 f"{plural(info.undecodable, 'payload')}, "
-                f"{plural(info.skipped_events, 'event')} skipped",
+                f"{plural(undecodable_events, 'event')} skipped",
             )
         if info.unknown_events:
             row("Unknown events:", unknown_tags_text(info.unknown_events))

@@ -41,6 +41,11 @@ LEGEND = (
     f"{short_label('orphan_removes')}: removes of blocks not live; "
     f"{short_label('lifetime_p50_s')}: median lifetime; {SPARK_HEADER}: live blocks"
 )
+HIT_COLUMN = "hit_rate"
+"""The column shown only where it has a value (``--report-mode full``: every request
+announces), after the others: default views keep their 80 columns."""
+HIT_HEADER = short_label(HIT_COLUMN)
+HIT_LEGEND = f"; {HIT_HEADER}: hit tokens / (hit + stored tokens)"
 _WIDTHS = tuple(max(7, len(h)) for h in HEADERS)
 KEYS_HELP = "q quit · k kind · w window · g group · r rank · p pause"
 
@@ -89,8 +94,8 @@ def health_line(h: Health, batches_per_s: float, t: float | None, *, paused: boo
     return "  ".join(parts)
 
 
-def _cells(row: TopRow) -> list[str]:
-    return [
+def _cells(row: TopRow, hits: bool = False) -> list[str]:
+    out = [
         _n(row.live),
         _n(row.peak),
         _rate(row.stores_per_s),
@@ -99,6 +104,14 @@ def _cells(row: TopRow) -> list[str]:
         _n(row.orphans),
         _p50(row.lifetime_p50_s),
     ]
+    if hits:
+        out.append("-" if row.hit_rate is None else f"{row.hit_rate:.1%}")
+    return out
+
+
+def _with_hits(rows: list[TopRow]) -> bool:
+    """Whether the hit rate column is shown: some row has one."""
+    return any(r.hit_rate is not None for r in rows)
 
 
 def plain_block(model: TopModel, view: str) -> str:
@@ -113,16 +126,19 @@ def plain_block(model: TopModel, view: str) -> str:
         row; 80 columns for labels up to 24 characters (numbers are never cut).
     """
     rows = model.rows(view)
+    hits = _with_hits(rows)
+    heads = (*HEADERS, HIT_HEADER) if hits else HEADERS
+    col_w = (*_WIDTHS, len(HIT_HEADER)) if hits else _WIDTHS
     width = max([len(view), *(len(printable(r.label)) for r in rows)])
     first, _, second = health_line(model.health, model.batches_per_s, model.t).partition("  gaps:")
     lines = [
         f"kvtool top  {printable(model.health.source)}",
         first,
         *(["gaps:" + second] if second else []),
-        " ".join([view.ljust(width), *map(str.rjust, HEADERS, _WIDTHS)]).rstrip(),
+        " ".join([view.ljust(width), *map(str.rjust, heads, col_w)]).rstrip(),
     ]
     for r in rows:
-        cells = (c.rjust(w) for c, w in zip(_cells(r), _WIDTHS, strict=True))
+        cells = (c.rjust(w) for c, w in zip(_cells(r, hits), col_w, strict=True))
         lines.append(" ".join([printable(r.label).ljust(width), *cells]).rstrip())
     if not rows:
         lines.append("(no block events yet)")
@@ -135,7 +151,8 @@ width from one refresh to the next while its numbers stay this short."""
 _SPARK_W = 8
 _GIVE_WAY = (7, 6, 5, 4, 3, 2, 1, 0)
 """The order number columns give way on a narrow terminal (indices into the columns, the
-sparkline being 7): the key column is never the one to go (issue 24)."""
+sparkline being 7; with the hit rate column, it is 7 and the sparkline 8, which goes
+first): the key column is never the one to go (issue 24)."""
 
 
 def screen(
@@ -165,15 +182,17 @@ def screen(
     health = Text(first + ("\ngaps:" + second if second else ""))
     rows = model.rows(view)
     labels = [printable(r.label) for r in rows]
-    cells = [_cells(r) for r in rows]
+    hits = _with_hits(rows)
+    cells = [_cells(r, hits) for r in rows]
     sparks = [sparkline(r.spark, _SPARK_W) for r in rows]
     key_w = min(width, max([cell_len(view), *(cell_len(x) for x in labels)]))
-    heads = [*HEADERS, SPARK_HEADER]
+    numbers = [*HEADERS, HIT_HEADER] if hits else list(HEADERS)
+    heads = [*numbers, SPARK_HEADER]
     widths = [
-        max(_NUMBER_W, len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADERS)
+        max(_NUMBER_W, len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(numbers)
     ] + [_SPARK_W]
     shown = list(range(len(heads)))
-    for i in _GIVE_WAY:
+    for i in (len(numbers), *_GIVE_WAY) if hits else _GIVE_WAY:
         if key_w + sum(widths[j] + 1 for j in shown) <= width:
             break
         shown.remove(i)
@@ -181,16 +200,17 @@ def screen(
     table.add_column(view, no_wrap=True, overflow="ellipsis", width=key_w)
     for j in shown:
         table.add_column(
-            heads[j], justify="right" if j < len(HEADERS) else "left", no_wrap=True,
+            heads[j], justify="right" if j < len(numbers) else "left", no_wrap=True,
             min_width=widths[j],
         )  # fmt: skip
     for label, c, spark in zip(labels, cells, sparks, strict=True):
         values = [*c, spark]
         table.add_row(Text(label, no_wrap=True, overflow="ellipsis"), *(values[j] for j in shown))
-    legend = Text(LEGEND, style="dim")
+    legend_text = LEGEND + (HIT_LEGEND if hits else "")
+    legend = Text(legend_text, style="dim")
     keys = Text(KEYS_HELP, style="dim")
     health_lines = sum(max(1, -(-cell_len(x) // max(1, width))) for x in health.plain.split("\n"))
-    legend_lines = -(-cell_len(LEGEND) // max(1, width))
+    legend_lines = -(-cell_len(legend_text) // max(1, width))
     keys_lines = -(-cell_len(KEYS_HELP) // max(1, width))
     used = 1 + health_lines + 1 + 1 + max(1, len(rows))
     parts: list[RenderableType] = [title, health, Text(""), table]
@@ -204,6 +224,8 @@ def screen(
 __all__ = [
     "COLUMNS",
     "HEADERS",
+    "HIT_COLUMN",
+    "HIT_HEADER",
     "KEYS_HELP",
     "SPARK_HEADER",
     "health_line",

@@ -397,29 +397,49 @@ def channel_context(
     return want, pbatch
 
 
-def findings(totals: dict[str, Any], mode: str) -> list[tuple[str, str]]:
+def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tuple[str, str]]:
     """The findings of hit announcements: (kind, text) each.
 
     Args:
         totals: The report's ``totals`` row.
         mode: The report mode.
+        origin: The stream's stores carry ``origin`` (#51699): announcements are marked,
+            in every mode, and nothing is inferred.
 
     Returns:
-        ``hit_announcements`` (``auto`` found some), ``announcement_or_copy`` (runs the
-        wire cannot tell from second copies, with the bounds).
+        ``hit_announcements`` (``auto`` found some), ``hit_rate`` (announcements, but
+        not ``full``: no hit rate), ``announcement_or_copy`` (runs the wire cannot tell
+        from second copies, with the bounds).
     """
     out: list[tuple[str, str]] = []
     ann = int(totals.get("hit_announced_blocks", 0) or 0)
     stored = int(totals.get("blocks_stored", 0) or 0)
     taken = int(totals.get("blocks_stored_bound", 0) or 0)
     left = int(totals.get("hit_announced_blocks_bound", 0) or 0)
-    if ann and mode == "auto":
+    if ann and origin:
+        out.append(
+            (
+                "hit_announcements",
+                f"{ann} blocks were hit announcements (origin=REUSED, "
+                "vllm-project/vllm#51699), not stores: hit_blocks/hit_tokens count the hits",
+            )
+        )
+    elif ann and mode == "auto":
         out.append(
             (
                 "hit_announcements",
                 f"{ann} blocks were hit announcements (requests in "
                 "kv_cache_report_mode='full'), not stores: hit_blocks/hit_tokens count the "
                 "hits; --report-mode incremental counts them as stores",
+            )
+        )
+    if ann and mode != "full":
+        out.append(
+            (
+                "hit_rate",
+                "hit_rate is not given: the wire does not show that every request announces "
+                "(requests in the default report mode hit without an event); give "
+                "--report-mode full if every request sets kv_cache_report_mode='full'",
             )
         )
     if taken or left:

@@ -6,6 +6,7 @@ Pure numpy/polars on one chunk's columns: nothing here keeps state
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,43 @@ MediumRow = tuple[int | None, str, int | None, str | None]
 
 I64 = "int64"
 """numpy's int64, by name."""
+
+
+def _medium_salt(medium: str) -> int:
+    """A medium's key salt: 64 stable bits of its name (nonzero)."""
+    got = int.from_bytes(hashlib.blake2b(medium.encode(), digest_size=8).digest(), "little")
+    return ((got | 1) ^ (1 << 63)) - (1 << 63)  # as a signed int64
+
+
+def tier_keys(df: pl.DataFrame) -> pl.DataFrame:
+    """The chunk with each row's ``hash`` and ``parent`` made a key of its medium's cache.
+
+    Each medium is a cache of its own (issue 21, docs/SEMANTICS.md "Tiers"): a CPU copy of
+    a key live on the GPU is a transfer into another cache, not a second copy or a hit
+    announcement, and a remove on CPU removes no GPU copy. The kernel keys its state by
+    (channel, rank, group, hash); a row of another medium than ``GPU`` (or none: vLLM
+    before 0.11, SGLang's device pool) gets its hash and parent xor-ed with its medium's
+    salt, so it keys its own medium's entries. GPU rows, and every row of an untiered
+    stream, are left as they are (the same counts, byte for byte).
+
+    Args:
+        df: A chunk (``medium`` among its columns, or not: then returned as is).
+
+    Returns:
+        The chunk, salted where a row names another medium.
+    """
+    if "medium" not in df.columns:
+        return df
+    med = df["medium"]
+    tier = ~(med.is_null() | (med == "GPU").fill_null(False))
+    if not tier.any():
+        return df
+    names = med.filter(tier).unique().to_list()
+    salt = med.replace_strict(
+        names, [_medium_salt(m) for m in names], default=0, return_dtype=pl.Int64
+    )
+    cols = [c for c in ("hash", "parent") if c in df.columns]
+    return df.with_columns(pl.col(c).xor(salt) for c in cols)
 
 
 def int_column(
@@ -155,4 +193,5 @@ __all__ = [
     "plausible_ts_array",
     "seconds_between",
     "string_codes",
+    "tier_keys",
 ]

@@ -63,6 +63,7 @@ from kvtool.report.arrays import (
     ReportRow,
     int_column,
     plausible_ts_array,
+    tier_keys,
 )
 from kvtool.report.counting import chunk_counts, live_deltas
 from kvtool.report.distinct import DistinctHashes
@@ -127,6 +128,10 @@ class ReportBuilder:
             ``max_keys``: the keys gone longest ago are forgotten, a later store of one is
             a first store) and no distinct hashes (``distinct_hashes`` is then 0). None:
             exact, every key kept (``kvtool report``).
+        report_mode: ``--report-mode`` (None: the annotator's, else ``auto``).
+        media_apart: Key each medium's rows apart (:func:`kvtool.report.arrays.tier_keys`:
+            each tier is a cache of its own). False only for a builder fed one medium's
+            rows (:mod:`kvtool.report.tiers`, which reads its kernel's keys as on the wire).
     """
 
     def __init__(
@@ -139,12 +144,14 @@ class ReportBuilder:
         by_medium: bool = False,
         max_keys: int | None = None,
         report_mode: str | None = None,
+        media_apart: bool = True,
     ) -> None:
         annotator = getattr(group_kind, "__self__", None)
         mode = report_mode or getattr(annotator, "report_mode", None) or "auto"
         if mode not in announce.MODES:
             raise ValueError(f"report mode {mode!r}: expected one of {', '.join(announce.MODES)}")
         self.report_mode: str = mode
+        self.media_apart = media_apart
         self.by_medium = by_medium
         self.max_keys = max_keys
         self.every_ns = every_ns
@@ -240,6 +247,9 @@ class ReportBuilder:
         self.last_rx = rx_hi if self.last_rx is None else max(self.last_rx, rx_hi)
         if self.origin_ns is None and self.every_ns is not None:
             self.origin_ns = int(log_time[0]) if self.clock == "receive" else ts_ns(ts[0])
+        wire_hashes, _ = int_column(df, "hash")  # distinct_hashes: keys as on the wire
+        if self.media_apart:
+            df = tier_keys(df)  # each medium is a cache of its own (arrays.tier_keys)
         hashes, hash_null = int_column(df, "hash")
         has_hash = ~hash_null if hash_null is not None else np.ones(n, dtype=bool)
         group, group_null = int_column(df, "group_idx")
@@ -321,7 +331,7 @@ class ReportBuilder:
         self.counts += add
         stored = op == kernel.STORE
         real = stored & ~np.isin(what, ANNOUNCED)  # an announced hit stores nothing
-        self.hashes.add(gkey[real], hashes[real])
+        self.hashes.add(gkey[real], wire_hashes[real])
         # Lifetimes, recompute gaps and distances: gathered in one place (lifetimes.py).
         self.negative_lifetimes += lifetimes.gather(
             self.life, self.gaps, self.distances, gkey, what, ts, out
@@ -441,6 +451,7 @@ class ReportBuilder:
             by_medium=self.by_medium,
             quantiles=quantiles,
             copy_bound=self.copy_bound,
+            every_request_announces=self.report_mode == "full",
         )
 
     def timeline_span(self, first_rx: int | None = None) -> tuple[int, int] | None:

@@ -157,7 +157,8 @@ def report_findings(
     out.extend(Finding("input", line) for line in annotator.findings(stats))
     # Hit announcements (issue 21, docs/SEMANTICS.md R6).
     mode = getattr(annotator, "report_mode", "auto")
-    out.extend(Finding(kind, text) for kind, text in announce.findings(tot, mode))
+    origin = stats.origin_rows > 0
+    out.extend(Finding(kind, text) for kind, text in announce.findings(tot, mode, origin))
     if tot.get("ambiguous_copy_evictions"):
         out.append(Finding("copy_choice", copy_choice_finding(tot)))
     return out

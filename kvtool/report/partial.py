@@ -430,6 +430,7 @@ def merge_stats(parts: Sequence[PartialReport]) -> tuple[ReadStats, list[dict[in
         st.payload_bytes += s.payload_bytes
         st.bad_batches += s.bad_batches
         st.skipped_events += s.skipped_events
+        st.origin_rows += s.origin_rows
         count_unknown_tags(st.unknown_tags, s.unknown_tags.items())
         st.unselected += s.unselected
         for text, at in zip(s.problems, s.problem_keys, strict=True):

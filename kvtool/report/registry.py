@@ -43,6 +43,8 @@ class Metric:
             ``_total``: prometheus_client adds it to counters); empty for ``none``.
         help: One line of help text for Prometheus and ``--help``.
         aliases: Older JSON names kept for one release (deprecated).
+        ratio_of: A ``ratio`` metric's parts: (numerator, the summed metrics of its
+            denominator), both summed over whatever merged first (empty for the others).
     """
 
     name: str
@@ -55,6 +57,7 @@ class Metric:
     prom_name: str
     help: str
     aliases: tuple[str, ...] = ()
+    ratio_of: tuple[str, tuple[str, ...]] = ("", ())
 
 
 def _m(
@@ -68,8 +71,11 @@ def _m(
     prom_name: str,
     help_: str,
     aliases: tuple[str, ...] = (),
+    ratio_of: tuple[str, tuple[str, ...]] = ("", ()),
 ) -> Metric:
-    return Metric(name, label, legend, unit, merge, worse, prom, prom_name, help_, aliases)
+    return Metric(
+        name, label, legend, unit, merge, worse, prom, prom_name, help_, aliases, ratio_of
+    )
 
 
 # fmt: off
@@ -152,6 +158,13 @@ METRICS: tuple[Metric, ...] = (
     _m("hit_tokens", "hit\ntokens", "hit tokens = hit_tokens", "tokens", "sum", "down",
        "counter", "kvtool_hit_tokens",
        "Prefix-cache hit tokens of admitted requests (announcing requests only)."),
+    _m("hit_rate", "hit\nrate", "hit rate = hit_rate (hit_tokens / (hit_tokens + "
+       "tokens_stored): of the full-block tokens of admitted requests, the share read from "
+       "the prefix cache rather than computed and stored; only where every request "
+       "announces (--report-mode full), else null)", "ratio", "ratio", "down", "gauge",
+       "kvtool_prefix_cache_hit_ratio",
+       "hit_tokens / (hit_tokens + tokens_stored), where every request announces.",
+       ratio_of=("hit_tokens", ("hit_tokens", "tokens_stored"))),
     _m("failed_lookups", "failed\nlookups", "failed = failed_lookups (hit announcements taken "
        "back: the allocation failed and the same lookup came again)", "events", "sum", "up",
        "counter", "kvtool_failed_lookups", "Announced lookups whose allocation failed."),
@@ -171,7 +184,8 @@ METRICS: tuple[Metric, ...] = (
        "none", "none", "", "Evictions of a key with several copies (copy chosen by rule)."),
     _m("recompute_share", "recomp\nshare",
        "recomp share = recompute_share (blocks_recomputed / blocks_stored)", "ratio",
-       "ratio", "up", "none", "", "Share of stored blocks that were recomputed."),
+       "ratio", "up", "none", "", "Share of stored blocks that were recomputed.",
+       ratio_of=("blocks_recomputed", ("blocks_stored",))),
     _m("orphan_removes", "orphans\nblocks", "orphans = orphan_removes (removed, never seen "
        "stored)", "blocks", "sum", "up", "counter", "kvtool_orphan_removes",
        "Removes of a block not cached (the stream began mid-way or lost its store)."),
@@ -282,6 +296,7 @@ SHORT_LABELS: dict[str, str] = {
     "recompute_distance_p90": "recomp_dist_p90",
     "recompute_distance_p99": "recomp_dist_p99",
     "ambiguous_copy_evictions": "ambiguous_copy",
+    "hit_rate": "hit rate",
     "lifetime_p50_s_bound_low": "life_p50_low",
     "lifetime_p50_s_bound_high": "life_p50_high",
     "lifetime_p90_s_bound_low": "life_p90_low",

@@ -21,6 +21,7 @@ from kvtool.report.names import (
     QUANTILE_COLUMNS,
     RATIO_COLUMNS,
 )
+from kvtool.report.registry import BY_NAME
 from kvtool.report.samples import LEVELS, Counts, Seconds
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ def report_tables(
     by_medium: bool,
     quantiles: bool = True,
     copy_bound: CopyBound | None = None,
+    every_request_announces: bool = False,
 ) -> dict[str, pl.DataFrame]:
     """Return totals, by_kind, by_window, by_group as DataFrames.
 
@@ -54,6 +56,8 @@ def report_tables(
         quantiles: Compute the percentile columns (False: they are null; a reader
             of the samples themselves, ``kvtool serve``, skips their cost).
         copy_bound: R8's lifetime bound (:mod:`kvtool.report.lifebound`; None: none).
+        every_request_announces: ``--report-mode full``: hits are complete, ``hit_rate``
+            is given (else null: default-mode requests hit without a word on the wire).
 
     Returns:
         The four tables (totals: one row).
@@ -140,7 +144,7 @@ def report_tables(
         t = t.with_columns(
             pl.col("distinct_hashes").fill_null(0),
             pl.col("peak_live_blocks").fill_null(0),
-            recompute_share=share("blocks_recomputed", "blocks_stored"),
+            *ratios(every_request_announces),
         )
         if level == "total":
             if t.height == 0:
@@ -167,12 +171,34 @@ def report_tables(
     return {name: with_aliases(frame) for name, frame in out.items()}
 
 
-def share(part: str, whole: str) -> pl.Expr:
-    """``part / whole`` rounded to 6 decimals; null where ``whole`` is 0."""
+HIT_RATE_NEEDS = "hit_rate"
+"""The ratio only a stream where every request announces its hits gives."""
+
+
+def ratios(every_request_announces: bool) -> list[pl.Expr]:
+    """The ``ratio`` columns, each derived from its summed parts (the registry's ``ratio_of``).
+
+    Args:
+        every_request_announces: Give ``hit_rate`` (else null).
+
+    Returns:
+        One expression per ratio column.
+    """
+    out = []
+    for name in RATIO_COLUMNS:
+        part, whole = BY_NAME[name].ratio_of
+        expr = share(part, *whole).alias(name)
+        if name == HIT_RATE_NEEDS and not every_request_announces:
+            expr = pl.lit(None, pl.Float64).alias(name)
+        out.append(expr)
+    return out
+
+
+def share(part: str, *whole: str) -> pl.Expr:
+    """``part / sum(whole)`` rounded to 6 decimals; null where the sum is 0."""
+    total = pl.sum_horizontal(*whole)
     return (
-        pl.when(pl.col(whole) > 0)
-        .then((pl.col(part) / pl.col(whole)).round(6))
-        .otherwise(pl.lit(None, pl.Float64))
+        pl.when(total > 0).then((pl.col(part) / total).round(6)).otherwise(pl.lit(None, pl.Float64))
     )
 
 
@@ -190,4 +216,4 @@ def with_aliases(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-__all__ = ["empty_row", "report_tables", "share", "with_aliases"]
+__all__ = ["HIT_RATE_NEEDS", "empty_row", "ratios", "report_tables", "share", "with_aliases"]

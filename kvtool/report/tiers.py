@@ -142,7 +142,7 @@ class TierSplit:
                 self.media.setdefault(int(c), set()).add(m)
         for m in sorted(med.filter(blocks).unique().to_list()):
             if m not in self.builders:
-                self.builders[m] = ReportBuilder(None, self.group_kind)
+                self.builders[m] = ReportBuilder(None, self.group_kind, media_apart=False)
                 self._medium_ids[m] = len(self._medium_ids)
         active = [c for c, ms in self.media.items() if len(ms) > 1]
         for c in active:
