@@ -378,7 +378,7 @@ def simulate(
                         if k < 0:
                             continue
                         kd = gkind[g]
-                        if kd == KIND_MAMBA:
+                        if kd == KIND_MAMBA and (d != hit or not rejoin):
                             continue
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
                             continue
