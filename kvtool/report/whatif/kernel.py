@@ -20,7 +20,12 @@ are computed again there, recomputes or duplicates, each taking a block. A longe
 reaches a block the recorded pool holds but did not touch (its hit stopped before) takes the
 larger pool's copy out of the queue there (vLLM's touch): the recorded copy, evicted later
 from its older place in the queue, is a phantom, and the request's recorded store of the key
-stands for the larger pool's copy, freed again with the request.
+stands for the larger pool's copy, freed again with the request. A Mamba state hit goes
+back to the queue's tail (vLLM frees it after the request's next step): where the request
+stores that state at the recorded size too, its recorded copy (freed at about that time)
+stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A recorded
+Mamba state hit on a key the recorded pool holds only in phantoms takes the larger pool's
+older copy out of the queue, as for the other kinds.
 """
 
 from __future__ import annotations
@@ -178,6 +183,44 @@ def _held_hit(
 
 
 @kernel
+def _mamba_stores(
+    op_kind: IArr,
+    op_depth: IArr,
+    op_group: IArr,
+    op_rec: IArr,
+    rec_req: I64,
+    gkind: I64,
+    n_req: int,
+) -> tuple[I64, I64]:
+    """Per request, the Mamba states its records store: CSR offsets and ``depth * G + group``."""
+    n_groups = gkind.shape[0]
+    s0 = np.zeros(n_req + 1, np.int64)
+    for i in range(op_kind.shape[0]):
+        if op_kind[i] == OP_STORE and gkind[op_group[i]] == KIND_MAMBA:
+            s0[rec_req[op_rec[i]] + 1] += 1
+    for q in range(n_req):
+        s0[q + 1] += s0[q]
+    fill = s0[:-1].copy()
+    code = np.empty(s0[n_req], np.int64)
+    for i in range(op_kind.shape[0]):
+        if op_kind[i] == OP_STORE and gkind[op_group[i]] == KIND_MAMBA:
+            q = rec_req[op_rec[i]]
+            code[fill[q]] = op_depth[i] * n_groups + op_group[i]
+            fill[q] += 1
+    return s0, code
+
+
+@kernel
+def _stores(s0: I64, code: I64, q: int, d: int, g: int, n_groups: int) -> bool:
+    """Whether request ``q``'s records store its Mamba state at depth ``d`` of group ``g``."""
+    c = d * n_groups + g
+    j = s0[q]
+    while j < s0[q + 1] and code[j] != c:
+        j += 1
+    return bool(j < s0[q + 1])
+
+
+@kernel
 def simulate(
     op_kind: IArr,
     op_a: IArr,
@@ -261,6 +304,7 @@ def simulate(
     hit_blocks = 0
     orphans = 0
     sliding = bool((gkind == KIND_SLIDING).any())
+    ms0, mcode = _mamba_stores(op_kind, op_depth, op_group, op_rec, rec_req, gkind, req_l0.shape[0])
     for i in range(n_ops):
         t = op_kind[i]
         if t == OP_RECORD:
@@ -334,7 +378,12 @@ def simulate(
                             continue
                         if kd == KIND_MAMBA and d != hit:
                             continue
-                        if n0[k] - ph[k] + kin[k] > 0 and kd != KIND_MAMBA:
+                        # A Mamba state this request stores at N0 too (its recorded copy,
+                        # freed as the larger pool frees the hit one, stands for it).
+                        own_m = (
+                            kd == KIND_MAMBA and rejoin and _stores(ms0, mcode, q, d, g, n_groups)
+                        )
+                        if n0[k] - ph[k] + kin[k] > 0 and (kd != KIND_MAMBA or own_m):
                             # The recorded pool holds it and did not touch it (its hit
                             # stopped before): this hit takes the larger pool's copy out of
                             # the queue, so the recorded copy, evicted from its older place,
@@ -352,7 +401,7 @@ def simulate(
                         ent_alive[e] = False
                         gc[k] -= 1
                         key_last[k] = ent_prev[e]
-                        if kd == KIND_MAMBA and rejoin:
+                        if kd == KIND_MAMBA and rejoin and not own_m:
                             if tail >= ent_key.shape[0]:
                                 ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                             ent_key[tail] = k
