@@ -25,7 +25,12 @@ back to the queue's tail (vLLM frees it after the request's next step): where th
 stores that state at the recorded size too, its recorded copy (freed at about that time)
 stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A recorded
 Mamba state hit on a key the recorded pool holds only in phantoms takes the larger pool's
-older copy out of the queue, as for the other kinds.
+older copy out of the queue, as for the other kinds. vLLM's scheduler also stops a Mamba
+hybrid's prefill chunk at the shared-prefix junction (the full-attention hit's end, when it
+is longer than the joint hit) and caches the state there: where the larger pool's
+full-attention hit ends elsewhere than the recorded one, the recorded junction state is not
+stored there and the state at the larger pool's junction is (a recompute when that key was
+stored before and is not held).
 """
 
 from __future__ import annotations
@@ -116,6 +121,31 @@ def _lookup(
 
 
 Bools = npt.NDArray[np.bool_]
+
+
+@kernel
+def _fa_hit(
+    cand: I64,
+    c0: int,
+    l0: int,
+    cap: int,
+    gkind: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
+    n0_only: bool,
+) -> int:
+    """The full-attention groups' own hit (blocks): vLLM's shared-prefix junction."""
+    n_groups = gkind.shape[0]
+    lfa = l0
+    for d in range(l0 + 1, cap + 1):
+        row = c0 + d - l0 - 1
+        for g in range(n_groups):
+            if gkind[g] == KIND_FULL and not _cached(cand[row, g], n0, ph, kin, gc, n0_only):
+                return lfa
+        lfa = d
+    return lfa
 
 
 @kernel
@@ -221,6 +251,57 @@ def _stores(s0: I64, code: I64, q: int, d: int, g: int, n_groups: int) -> bool:
 
 
 @kernel
+def _junction_stops(
+    op_kind: IArr,
+    op_a: IArr,
+    rec_req: I64,
+    req_first_rec: I64,
+    req_l0: I64,
+    req_cap: I64,
+    req_c0: I64,
+    cand: I64,
+    gkind: I64,
+    ms0: I64,
+    mcode: I64,
+    n_keys: int,
+) -> bool:
+    """Whether the recorded engine caches Mamba states at shared-prefix junctions.
+
+    Where a request's recorded full-attention hit ends beyond its joint hit (and before its
+    prompt's end), an engine that stops prefill chunks at that junction stores the state
+    there: true when at least half of such requests do.
+    """
+    n_groups = gkind.shape[0]
+    live = np.zeros(n_keys, np.int32)
+    zero = np.zeros(1, np.int32)
+    could = 0
+    shown = 0
+    for i in range(op_kind.shape[0]):
+        t = op_kind[i]
+        if t == OP_STORE:
+            live[op_a[i]] += 1
+        elif t == OP_REMOVE:
+            if live[op_a[i]] > 0:
+                live[op_a[i]] -= 1
+        elif t == OP_CLEAR:
+            live[:] = 0
+        else:
+            r = op_a[i]
+            q = rec_req[r]
+            if req_first_rec[q] != r:
+                continue
+            l0 = req_l0[q]
+            j0 = _fa_hit(cand, req_c0[q], l0, req_cap[q], gkind, live, zero, zero, zero, True)
+            if j0 > l0 and j0 < req_cap[q]:
+                could += 1
+                for g in range(n_groups):
+                    if gkind[g] == KIND_MAMBA and _stores(ms0, mcode, q, j0, g, n_groups):
+                        shown += 1
+                        break
+    return shown > 0 and 2 * shown >= could
+
+
+@kernel
 def simulate(
     op_kind: IArr,
     op_a: IArr,
@@ -296,6 +377,25 @@ def simulate(
     tail = 0
     free = extra
     req_hit = np.full(req_l0.shape[0], -1, np.int64)
+    req_skip = np.full(req_l0.shape[0], -1, np.int64)
+    ms0, mcode = _mamba_stores(op_kind, op_depth, op_group, op_rec, rec_req, gkind, req_l0.shape[0])
+    mamba = bool((gkind == KIND_MAMBA).any())
+    junctions = mamba and rejoin
+    if junctions:
+        junctions = _junction_stops(
+            op_kind,
+            op_a,
+            rec_req,
+            req_first_rec,
+            req_l0,
+            req_cap,
+            req_c0,
+            cand,
+            gkind,
+            ms0,
+            mcode,
+            n_keys,
+        )
     rc = np.zeros(n_groups, np.int64)
     dup = np.zeros(n_groups, np.int64)
     saved = np.zeros(n_groups, np.int64)
@@ -304,7 +404,6 @@ def simulate(
     hit_blocks = 0
     orphans = 0
     sliding = bool((gkind == KIND_SLIDING).any())
-    ms0, mcode = _mamba_stores(op_kind, op_depth, op_group, op_rec, rec_req, gkind, req_l0.shape[0])
     for i in range(n_ops):
         t = op_kind[i]
         if t == OP_RECORD:
@@ -365,6 +464,51 @@ def simulate(
                                     gc[ent_key[e]] -= 1
                                     break
                 req_hit[q] = hit
+                if junctions:
+                    # vLLM stops a prefill chunk at the shared-prefix junction (where the
+                    # full-attention hit ends beyond the joint one) and caches the Mamba
+                    # state there: at the larger pool that junction moves with its hit.
+                    j0 = _fa_hit(cand, c0, l0, cap, gkind, n0, ph, kin, gc, True)
+                    j1 = _fa_hit(cand, c0, l0, cap, gkind, n0, ph, kin, gc, False)
+                    if j1 != j0:
+                        if j0 > hit and j0 < cap:
+                            req_skip[q] = j0
+                        if j1 > hit and j1 < cap:
+                            row = c0 + j1 - l0 - 1
+                            for g in range(n_groups):
+                                k = cand[row, g]
+                                if k < 0 or gkind[g] != KIND_MAMBA:
+                                    continue
+                                if _stores(ms0, mcode, q, j1, g, n_groups):
+                                    continue
+                                stores[g] += 1
+                                if _cached(k, n0, ph, kin, gc, False):
+                                    dup[g] += 1
+                                elif seen[k]:
+                                    rc[g] += 1
+                                else:
+                                    first[g] += 1
+                                seen[k] = True
+                                if tail >= ent_key.shape[0]:
+                                    ent_key, ent_alive, ent_prev = _grow(
+                                        ent_key, ent_alive, ent_prev
+                                    )
+                                ent_key[tail] = k
+                                ent_alive[tail] = True
+                                ent_prev[tail] = key_last[k]
+                                key_last[k] = tail
+                                gc[k] += 1
+                                tail += 1
+                                if free > 0:
+                                    free -= 1
+                                else:
+                                    while head < tail:
+                                        e = head
+                                        head += 1
+                                        if ent_alive[e]:
+                                            ent_alive[e] = False
+                                            gc[ent_key[e]] -= 1
+                                            break
                 hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
@@ -487,7 +631,8 @@ def simulate(
             g = op_group[i]
             q = rec_req[op_rec[i]]
             hit = req_hit[q]
-            if hit >= 0 and op_depth[i] <= hit:
+            skip = gkind[g] == KIND_MAMBA and op_depth[i] == req_skip[q]
+            if hit >= 0 and (op_depth[i] <= hit or skip):
                 if kin[k] > 0:
                     kin[k] -= 1
                 else:
