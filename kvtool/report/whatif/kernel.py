@@ -20,7 +20,17 @@ are computed again there, recomputes or duplicates, each taking a block. A longe
 reaches a block the recorded pool holds but did not touch (its hit stopped before) takes the
 larger pool's copy out of the queue there (vLLM's touch): the recorded copy, evicted later
 from its older place in the queue, is a phantom, and the request's recorded store of the key
-stands for the larger pool's copy, freed again with the request.
+stands for the larger pool's copy, freed again with the request. A Mamba state hit goes
+back to the queue's tail (vLLM frees it after the request's next step): where the request
+stores that state at the recorded size too, its recorded copy (freed at about that time)
+stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A recorded
+Mamba state hit on a key the recorded pool holds only in phantoms takes the larger pool's
+older copy out of the queue, as for the other kinds. vLLM's scheduler also stops a Mamba
+hybrid's prefill chunk at the shared-prefix junction (the full-attention hit's end, when it
+is longer than the joint hit) and caches the state there: where the larger pool's
+full-attention hit ends elsewhere than the recorded one, the recorded junction state is not
+stored there and the state at the larger pool's junction is (a recompute when that key was
+stored before and is not held).
 """
 
 from __future__ import annotations
@@ -114,6 +124,31 @@ Bools = npt.NDArray[np.bool_]
 
 
 @kernel
+def _fa_hit(
+    cand: I64,
+    c0: int,
+    l0: int,
+    cap: int,
+    gkind: I64,
+    n0: I32,
+    ph: I32,
+    kin: I32,
+    gc: I32,
+    n0_only: bool,
+) -> int:
+    """The full-attention groups' own hit (blocks): vLLM's shared-prefix junction."""
+    n_groups = gkind.shape[0]
+    lfa = l0
+    for d in range(l0 + 1, cap + 1):
+        row = c0 + d - l0 - 1
+        for g in range(n_groups):
+            if gkind[g] == KIND_FULL and not _cached(cand[row, g], n0, ph, kin, gc, n0_only):
+                return lfa
+        lfa = d
+    return lfa
+
+
+@kernel
 def _grow(key: I64, alive: Bools, prev: I64) -> tuple[I64, Bools, I64]:
     """Return the ghost list's arrays with room for twice as many entries."""
     n = key.shape[0]
@@ -175,6 +210,95 @@ def _held_hit(
             return lp
         lp -= 1
     return 0
+
+
+@kernel
+def _mamba_stores(
+    op_kind: IArr,
+    op_depth: IArr,
+    op_group: IArr,
+    op_rec: IArr,
+    rec_req: I64,
+    gkind: I64,
+    n_req: int,
+) -> tuple[I64, I64]:
+    """Per request, the Mamba states its records store: CSR offsets and ``depth * G + group``."""
+    n_groups = gkind.shape[0]
+    s0 = np.zeros(n_req + 1, np.int64)
+    for i in range(op_kind.shape[0]):
+        if op_kind[i] == OP_STORE and gkind[op_group[i]] == KIND_MAMBA:
+            s0[rec_req[op_rec[i]] + 1] += 1
+    for q in range(n_req):
+        s0[q + 1] += s0[q]
+    fill = s0[:-1].copy()
+    code = np.empty(s0[n_req], np.int64)
+    for i in range(op_kind.shape[0]):
+        if op_kind[i] == OP_STORE and gkind[op_group[i]] == KIND_MAMBA:
+            q = rec_req[op_rec[i]]
+            code[fill[q]] = op_depth[i] * n_groups + op_group[i]
+            fill[q] += 1
+    return s0, code
+
+
+@kernel
+def _stores(s0: I64, code: I64, q: int, d: int, g: int, n_groups: int) -> bool:
+    """Whether request ``q``'s records store its Mamba state at depth ``d`` of group ``g``."""
+    c = d * n_groups + g
+    j = s0[q]
+    while j < s0[q + 1] and code[j] != c:
+        j += 1
+    return bool(j < s0[q + 1])
+
+
+@kernel
+def _junction_stops(
+    op_kind: IArr,
+    op_a: IArr,
+    rec_req: I64,
+    req_first_rec: I64,
+    req_l0: I64,
+    req_cap: I64,
+    req_c0: I64,
+    cand: I64,
+    gkind: I64,
+    ms0: I64,
+    mcode: I64,
+    n_keys: int,
+) -> bool:
+    """Whether the recorded engine caches Mamba states at shared-prefix junctions.
+
+    Where a request's recorded full-attention hit ends beyond its joint hit (and before its
+    prompt's end), an engine that stops prefill chunks at that junction stores the state
+    there: true when at least half of such requests do.
+    """
+    n_groups = gkind.shape[0]
+    live = np.zeros(n_keys, np.int32)
+    zero = np.zeros(1, np.int32)
+    could = 0
+    shown = 0
+    for i in range(op_kind.shape[0]):
+        t = op_kind[i]
+        if t == OP_STORE:
+            live[op_a[i]] += 1
+        elif t == OP_REMOVE:
+            if live[op_a[i]] > 0:
+                live[op_a[i]] -= 1
+        elif t == OP_CLEAR:
+            live[:] = 0
+        else:
+            r = op_a[i]
+            q = rec_req[r]
+            if req_first_rec[q] != r:
+                continue
+            l0 = req_l0[q]
+            j0 = _fa_hit(cand, req_c0[q], l0, req_cap[q], gkind, live, zero, zero, zero, True)
+            if j0 > l0 and j0 < req_cap[q]:
+                could += 1
+                for g in range(n_groups):
+                    if gkind[g] == KIND_MAMBA and _stores(ms0, mcode, q, j0, g, n_groups):
+                        shown += 1
+                        break
+    return shown > 0 and 2 * shown >= could
 
 
 @kernel
@@ -253,6 +377,25 @@ def simulate(
     tail = 0
     free = extra
     req_hit = np.full(req_l0.shape[0], -1, np.int64)
+    req_skip = np.full(req_l0.shape[0], -1, np.int64)
+    ms0, mcode = _mamba_stores(op_kind, op_depth, op_group, op_rec, rec_req, gkind, req_l0.shape[0])
+    mamba = bool((gkind == KIND_MAMBA).any())
+    junctions = mamba and rejoin
+    if junctions:
+        junctions = _junction_stops(
+            op_kind,
+            op_a,
+            rec_req,
+            req_first_rec,
+            req_l0,
+            req_cap,
+            req_c0,
+            cand,
+            gkind,
+            ms0,
+            mcode,
+            n_keys,
+        )
     rc = np.zeros(n_groups, np.int64)
     dup = np.zeros(n_groups, np.int64)
     saved = np.zeros(n_groups, np.int64)
@@ -321,6 +464,51 @@ def simulate(
                                     gc[ent_key[e]] -= 1
                                     break
                 req_hit[q] = hit
+                if junctions:
+                    # vLLM stops a prefill chunk at the shared-prefix junction (where the
+                    # full-attention hit ends beyond the joint one) and caches the Mamba
+                    # state there: at the larger pool that junction moves with its hit.
+                    j0 = _fa_hit(cand, c0, l0, cap, gkind, n0, ph, kin, gc, True)
+                    j1 = _fa_hit(cand, c0, l0, cap, gkind, n0, ph, kin, gc, False)
+                    if j1 != j0:
+                        if j0 > hit and j0 < cap:
+                            req_skip[q] = j0
+                        if j1 > hit and j1 < cap:
+                            row = c0 + j1 - l0 - 1
+                            for g in range(n_groups):
+                                k = cand[row, g]
+                                if k < 0 or gkind[g] != KIND_MAMBA:
+                                    continue
+                                if _stores(ms0, mcode, q, j1, g, n_groups):
+                                    continue
+                                stores[g] += 1
+                                if _cached(k, n0, ph, kin, gc, False):
+                                    dup[g] += 1
+                                elif seen[k]:
+                                    rc[g] += 1
+                                else:
+                                    first[g] += 1
+                                seen[k] = True
+                                if tail >= ent_key.shape[0]:
+                                    ent_key, ent_alive, ent_prev = _grow(
+                                        ent_key, ent_alive, ent_prev
+                                    )
+                                ent_key[tail] = k
+                                ent_alive[tail] = True
+                                ent_prev[tail] = key_last[k]
+                                key_last[k] = tail
+                                gc[k] += 1
+                                tail += 1
+                                if free > 0:
+                                    free -= 1
+                                else:
+                                    while head < tail:
+                                        e = head
+                                        head += 1
+                                        if ent_alive[e]:
+                                            ent_alive[e] = False
+                                            gc[ent_key[e]] -= 1
+                                            break
                 hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
@@ -334,7 +522,12 @@ def simulate(
                             continue
                         if kd == KIND_MAMBA and d != hit:
                             continue
-                        if n0[k] - ph[k] + kin[k] > 0 and kd != KIND_MAMBA:
+                        # A Mamba state this request stores at N0 too (its recorded copy,
+                        # freed as the larger pool frees the hit one, stands for it).
+                        own_m = (
+                            kd == KIND_MAMBA and rejoin and _stores(ms0, mcode, q, d, g, n_groups)
+                        )
+                        if n0[k] - ph[k] + kin[k] > 0 and (kd != KIND_MAMBA or own_m):
                             # The recorded pool holds it and did not touch it (its hit
                             # stopped before): this hit takes the larger pool's copy out of
                             # the queue, so the recorded copy, evicted from its older place,
@@ -352,7 +545,7 @@ def simulate(
                         ent_alive[e] = False
                         gc[k] -= 1
                         key_last[k] = ent_prev[e]
-                        if kd == KIND_MAMBA and rejoin:
+                        if kd == KIND_MAMBA and rejoin and not own_m:
                             if tail >= ent_key.shape[0]:
                                 ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
                             ent_key[tail] = k
@@ -378,7 +571,7 @@ def simulate(
                         if k < 0:
                             continue
                         kd = gkind[g]
-                        if kd == KIND_MAMBA:
+                        if kd == KIND_MAMBA and (d != hit or not rejoin):
                             continue
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
                             continue
@@ -438,7 +631,8 @@ def simulate(
             g = op_group[i]
             q = rec_req[op_rec[i]]
             hit = req_hit[q]
-            if hit >= 0 and op_depth[i] <= hit:
+            skip = gkind[g] == KIND_MAMBA and op_depth[i] == req_skip[q]
+            if hit >= 0 and (op_depth[i] <= hit or skip):
                 if kin[k] > 0:
                     kin[k] -= 1
                 else:
