@@ -212,8 +212,7 @@ class Ahead:
         """Add an item of :meth:`produce` to the builder (consumer thread); its chunk."""
         if isinstance(item, Front):
             post = self.builder.kernel_step(item)
-            while len(self._pending) > 1:  # at most two chunks' outputs wait
-                self._pending.popleft().result()
+            self._drain()  # one chunk's after at a time (each holds a chunk's arrays)
             self._pending.append(self._pool.submit(self.builder.after, post))
             return item.df
         try:
