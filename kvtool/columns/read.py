@@ -13,7 +13,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -405,7 +405,7 @@ def _keeping(raws: Iterator[RawChunk], keep: tuple[str, ...]) -> Iterator[RawChu
 _DONE = object()
 
 
-def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+def prefetch(items: Iterator[T], depth: int = 1) -> Generator[T]:
     """Run an iterator in a background thread, ``depth`` items ahead of its consumer.
 
     Decoding is Python (it holds the GIL) while the report's per-chunk work is mostly

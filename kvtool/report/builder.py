@@ -34,16 +34,13 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from kvtool.columns import (
-    CLEARED,
-    REMOVED,
-    STORED,
     UNATTRIBUTED,
     ChannelRef,
     ReadStats,
     TableAnnotator,
     np,
 )
-from kvtool.report import announce, attribution, kernel, klive, lifetimes
+from kvtool.report import announce, attribution, front, kernel, klive, lifetimes
 from kvtool.report.aggregates import (
     ADDITIVE,
     COLUMNS,
@@ -61,17 +58,14 @@ from kvtool.report.arrays import (
     NOT_AN_EVICTION,
     MediumRow,
     ReportRow,
-    int_column,
-    plausible_ts_array,
-    tier_keys,
 )
 from kvtool.report.counting import chunk_counts, live_deltas
 from kvtool.report.distinct import DistinctHashes
-from kvtool.report.lifebound import CopyBound
+from kvtool.report.lifebound import CopyBound, Samples
 from kvtool.report.merge import fill_from_partials, log_peaks, to_partial
 from kvtool.report.partial import NotMergeable, PartialReport, PeakLog, merge_stats
-from kvtool.report.restarts import KernelChannels, count_restarts, live_frame, step
-from kvtool.report.rows import gkey_of, gkeys, level_map
+from kvtool.report.restarts import KernelChannels, count_restarts, step
+from kvtool.report.rows import gkey_of, level_map
 from kvtool.report.samples import Counts, Seconds
 from kvtool.report.shape import ShapeLearner
 from kvtool.report.tables import empty_row, report_tables, with_aliases
@@ -81,7 +75,6 @@ from kvtool.report.timeline import (
     data_span,
     timeline_frame,
     timeline_part,
-    ts_ns,
 )
 
 if TYPE_CHECKING:
@@ -230,76 +223,32 @@ class ReportBuilder:
             self.row_what = np.zeros(0, dtype=np.int8)
             self.row_note = np.zeros(0, dtype=np.int8)
             return
-        n = df.height
-        first_row = self.rows
-        self.rows += n
-        tc = df["type_code"].to_numpy()
-        is_clear = tc == CLEARED
-        is_store = tc == STORED
-        is_remove = tc == REMOVED
-        ts = plausible_ts_array(df)
-        lo, hi = float(ts.min()), float(ts.max())
-        self.first_ts = lo if self.first_ts is None else min(self.first_ts, lo)
-        self.last_ts = hi if self.last_ts is None else max(self.last_ts, hi)
-        log_time = df["log_time"]
-        rx_lo, rx_hi = int(log_time.min()), int(log_time.max())  # type: ignore[arg-type]
-        self.first_rx = rx_lo if self.first_rx is None else min(self.first_rx, rx_lo)
-        self.last_rx = rx_hi if self.last_rx is None else max(self.last_rx, rx_hi)
-        if self.origin_ns is None and self.every_ns is not None:
-            self.origin_ns = int(log_time[0]) if self.clock == "receive" else ts_ns(ts[0])
-        wire_hashes, _ = int_column(df, "hash")  # distinct_hashes: keys as on the wire
-        if self.media_apart:
-            df = tier_keys(df)  # each medium is a cache of its own (arrays.tier_keys)
-        hashes, hash_null = int_column(df, "hash")
-        has_hash = ~hash_null if hash_null is not None else np.ones(n, dtype=bool)
-        group, group_null = int_column(df, "group_idx")
-        no_group = group_null if group_null is not None else np.zeros(n, dtype=bool)
-        channel = np.asarray(df["channel_id"].to_numpy(), dtype=I64)
-        # The channels whose stores carry group_idx: there a remove without one needs the
-        # (hash -> group) state; elsewhere -- old vLLM, no group_idx at all -- it is keyed
-        # by (channel, no group, hash) like its stores.
-        grouped = channel[is_store & ~no_group]
-        if len(grouped):
-            self.grouped_channels |= set(np.flatnonzero(np.bincount(grouped)).tolist())
-        unattributed = unattributed_orphan = np.zeros(n, dtype=bool)
-        if group_null is not None and (is_remove & no_group & has_hash).any():
-            seq_now, _ = int_column(df, "seq")
-            restart = self.channels.restarts_at(channel, seq_now)
-            df = self._attribute(
-                df.with_columns(row=pl.int_range(first_row, first_row + n), restart=restart)
-            )
-            if "unattributed" in df.columns:
-                group, group_null = int_column(df, "group_idx")
-                no_group = group_null if group_null is not None else np.zeros(n, dtype=bool)
-                unattributed = df["unattributed"].to_numpy() & is_remove
-                unattributed_orphan = df["unattributed_orphan"].to_numpy()
-        gkey = gkeys(
-            self.registry, df, is_clear, unattributed, group, no_group, by_medium=self.by_medium
-        )
-        block = has_hash & ~is_clear & ~unattributed
-        op = np.zeros(n, dtype=np.int8)
-        op[block & is_store] = kernel.STORE
-        op[block & ~is_store] = kernel.REMOVE
-        op[is_clear] = kernel.CLEAR
-        seq, _ = int_column(df, "seq")
-        shape = self.shapes.shape(df, channel, seq, group, no_group, is_store, block)
-        kchan, at, old = self.channels.split(channel, seq)
+        self.back(front.front(self, df))
+
+    def back(self, f: front.Front) -> None:
+        """The chunk's kernel step and all that reads its output (after :func:`front.front`)."""
+        self.after(self.kernel_step(f))
+
+    def kernel_step(self, f: front.Front) -> front.Post:
+        """The chunk's kernel step (:func:`front.front` before, :meth:`after` after).
+
+        Of the front's state (:mod:`kvtool.report.front`) it reads none, and writes the
+        registry only for an orphan remove without ``group_idx`` (not in a plain chunk).
+        Of the state :meth:`after` keeps it touches none: the kernel's lifetimes for the
+        copy bound leave the kernel state here, in the result.
+        """
+        df, gkey, no_group = f.df, f.gkey, f.no_group
         out, restart_drop = step(
-            self.kstate, len(self.registry), announce.MODES[self.report_mode],
-            op, kchan, group, no_group, hashes, ts, gkey, at, old, shape,
+            self.kstate, f.size, announce.MODES[self.report_mode],
+            f.op, f.kchan, f.group, no_group, f.hashes, f.ts, gkey, f.at, f.old, f.shape,
         )  # fmt: skip
-        count_restarts(self.restarts, channel, at, out, restart_drop)
         what = out.what
-        block_index = df["block_index"]
-        if block_index.null_count():
-            block_index = block_index.fill_null(-1)
-        first_block = block_index.to_numpy() == 0
         moved = (what == kernel.ORPHAN) & no_group
         if moved.any():
             # Orphan removes without group_idx (old vLLM): the hash is live in no group, so
             # the remove is unattributed. Its row moves off the group it was keyed under
             # for everything from here (counts, peaks, timeline), as when the chunk
-            # already attributed it (_attribute): chunk boundaries change nothing.
+            # already attributed it (front._attribute): chunk boundaries change nothing.
             gkey = gkey.copy()
             if self.by_medium:
                 media = df["medium"].to_numpy()
@@ -307,10 +256,26 @@ class ReportBuilder:
                     gkey[moved & (media == m)] = gkey_of(self.registry, None, UNATTRIBUTED, None, m)
             else:
                 gkey[moved] = gkey_of(self.registry, None, UNATTRIBUTED, None)
+            f = f._replace(
+                size=len(self.registry),
+                rows={i: (k[0], k[1], k[2]) for k, i in self.registry.items()},
+            )
         self.row_gkey = gkey
         self.row_what = what  # the kernel's verdict per row (kvtool.report.tiers reads it)
         self.row_note = out.note  # and its note (kvtool.report.meaning reads it)
-        size = len(self.registry)
+        samples = Samples.of(self.kstate)
+        return front.Post(f, gkey, out, restart_drop, moved, samples)
+
+    def after(self, p: front.Post) -> None:
+        """Everything of a chunk that reads the kernel's output (:meth:`kernel_step`)."""
+        f, gkey, out, what, moved = p.front, p.gkey, p.out, p.out.what, p.moved
+        df, size, rows, ts, wire_hashes = f.df, f.size, f.rows, f.ts, f.wire_hashes
+        is_clear, is_store, is_remove, has_hash = f.is_clear, f.is_store, f.is_remove, f.has_hash
+        count_restarts(self.restarts, f.channel, f.at, out, p.restart_drop)
+        block_index = df["block_index"]
+        if block_index.null_count():
+            block_index = block_index.fill_null(-1)
+        first_block = block_index.to_numpy() == 0
         add = chunk_counts(
             size,
             df,
@@ -320,7 +285,7 @@ class ReportBuilder:
             is_remove,
             has_hash,
             first_block,
-            unattributed_orphan,
+            f.unattributed_orphan,
             moved,
             out,
         )
@@ -329,16 +294,15 @@ class ReportBuilder:
             grown[: len(self.counts)] = self.counts
             self.counts = grown
         self.counts += add
-        stored = op == kernel.STORE
+        stored = f.op == kernel.STORE
         real = stored & ~np.isin(what, ANNOUNCED)  # an announced hit stores nothing
         self.hashes.add(gkey[real], wire_hashes[real])
         # Lifetimes, recompute gaps and distances: gathered in one place (lifetimes.py).
         self.negative_lifetimes += lifetimes.gather(
             self.life, self.gaps, self.distances, gkey, what, ts, out
         )
-        self.copy_bound.take(self.kstate, EXACT_LIFETIMES, self.life)
+        self.copy_bound.take(p.samples, EXACT_LIFETIMES, self.life)
         delta_gkey, delta, delta_row, dropped = live_deltas(what, stored, gkey, out)
-        rows: dict[int, ReportRow] = {i: (k[0], k[1], k[2]) for k, i in self.registry.items()}
         self.peaks.add(delta_gkey, delta, rows)
         if self.peak_log is not None:
             log_peaks(self.peak_log, self.streams, df, delta_row, delta_gkey, delta, rows)
@@ -410,27 +374,6 @@ class ReportBuilder:
         b = cls(every_ns, group_kind, clock, origins.pop() if origins else None)
         fill_from_partials(b, parts, channels)
         return b, stats
-
-    def _attribute(self, df: pl.DataFrame) -> pl.DataFrame:
-        """Resolve removes without group_idx on grouped channels (see attribution)."""
-        if not attribution.needs_resolution(df, self.grouped_channels):
-            return df
-        kind_of_gkey = {i: (key[1], key[2]) for key, i in self.registry.items()}
-        live = live_frame(self.kstate, self.channels.kreal)
-        resolved, ambiguous = attribution.resolve_ungrouped(
-            df, live, self.grouped_channels, kind_of_gkey, self.group_kind
-        )
-        self.ambiguous_removes += ambiguous
-        found = pl.col("resolved").fill_null(False)
-        return df.join(resolved, on="row", how="left", maintain_order="left").with_columns(
-            kind=pl.when(found).then(pl.col("resolved_kind")).otherwise(pl.col("kind")),
-            sliding_window=pl.when(found)
-            .then(pl.col("resolved_window"))
-            .otherwise(pl.col("sliding_window")),
-            group_idx=pl.when(found).then(pl.col("resolved_group")).otherwise(pl.col("group_idx")),
-            unattributed=pl.col("unattributed").fill_null(False),
-            unattributed_orphan=pl.col("unattributed_orphan").fill_null(False),
-        )
 
     # -- the result ----------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ higher of the two per quantile, are the columns ``lifetime_pNN_s_bound_low`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import polars as pl
 
@@ -39,13 +39,33 @@ def _names(rule: str) -> tuple[str, ...]:
     return tuple(f"{c}_{rule}" for c in LIFETIME_COLUMNS)
 
 
+Triple = tuple["NDArray[Any]", "NDArray[Any]", "NDArray[Any]"]
+"""(report row, remove time, store time) of lifetimes."""
+
+
+class Samples(NamedTuple):
+    """A kernel step's lifetimes for the bound (:meth:`Samples.of`), off its state."""
+
+    bound: list[list[Triple]]
+    late: list[Triple]
+
+    @classmethod
+    def of(cls, state: State) -> Samples:
+        """Move the state's ``bound_samples`` and ``late_samples`` (emptied) into one."""
+        out = cls([list(s) for s in state.bound_samples], list(state.late_samples))
+        for s in state.bound_samples:
+            s.clear()
+        state.late_samples.clear()
+        return out
+
+
 class CopyBound:
     """Lifetimes per report row under the two extreme copy rules (see the module docstring)."""
 
     def __init__(self) -> None:
         self.rules = (Seconds(), Seconds())
 
-    def take(self, state: State, limit: int, life: Seconds) -> None:
+    def take(self, state: State | Samples, limit: int, life: Seconds) -> None:
         """Move the lifetimes the kernel's shadows found since the last call into here.
 
         Lifetimes are taken on whole microseconds of each ``ts``, a negative one (a clock
@@ -61,8 +81,16 @@ class CopyBound:
                 row carries) go there.
         """
         # A state without shadows (bounds=False) has no bound samples.
-        pairs = list(zip(self.rules, state.bound_samples, strict=False))
-        for seconds, samples in [*pairs, (life, state.late_samples)]:
+        bound, late = (
+            (state.bound, state.late)
+            if isinstance(state, Samples)
+            else (
+                state.bound_samples,
+                state.late_samples,
+            )
+        )
+        pairs = list(zip(self.rules, bound, strict=False))
+        for seconds, samples in [*pairs, (life, late)]:
             for gkey, removed, stored in samples:
                 if len(gkey) == 0:
                     continue

@@ -32,6 +32,7 @@ from kvtool.report import attribution
 from kvtool.report.aggregates import DEFAULT_CLOCK, HIST_BINS_PER_OCTAVE, Report
 from kvtool.report.builder import ReportBuilder, empty_row, with_aliases
 from kvtool.report.findings import report_findings
+from kvtool.report.front import Ahead
 from kvtool.report.names import BUILDER_INPUT
 from kvtool.report.partial import PartialReport, PeakLog, UnitTask
 from kvtool.report.source import ChannelSource, Finding, ReportSource, TimelineSource
@@ -173,10 +174,20 @@ def run_builder(
     # The numba scanner and state kernel run without the GIL, polars and numpy release
     # it: the decode thread and the builder here share the cores as they are, with no
     # process-wide setting (such as the GIL's switch interval) changed for them.
-    for df in prefetch(annotated()):
-        builder.add(df)
-        if splits is not None:
-            splits.add(df)
+    # A plain chunk's work before the kernel runs in the prefetch thread too, what reads
+    # the kernel's output in one more (front.py): this thread is left the kernel.
+    ahead = Ahead(builder)
+    items = prefetch(ahead.produce(annotated()))
+    try:
+        for item in items:
+            df = ahead.add(item)
+            if splits is not None:
+                splits.add(df)
+    finally:
+        try:
+            ahead.close()  # first: a producer waiting for a chunk to be added stops
+        finally:
+            items.close()
     return builder, stats
 
 
