@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 class Front(NamedTuple):
     """A chunk made ready for the kernel (:func:`front`)."""
 
-    df: pl.DataFrame
+    chunk: pl.DataFrame  # as read (what the --by splits are fed: keys as on the wire)
+    df: pl.DataFrame  # as the kernel keys it (each medium's hashes salted: arrays.tier_keys)
     is_clear: NDArray[Any]
     is_store: NDArray[Any]
     is_remove: NDArray[Any]
@@ -96,6 +97,7 @@ def front(b: ReportBuilder, df: pl.DataFrame) -> Front:
         b: The builder.
         df: A non-empty chunk of :func:`kvtool.columns.iter_annotated`, in stream order.
     """
+    chunk = df
     n = df.height
     first_row = b.rows
     b.rows += n
@@ -150,8 +152,9 @@ def front(b: ReportBuilder, df: pl.DataFrame) -> Front:
     kchan, at, old = b.channels.split(channel, seq)
     rows: dict[int, ReportRow] = {i: (k[0], k[1], k[2]) for k, i in b.registry.items()}
     return Front(
-        df, is_clear, is_store, is_remove, ts, hashes, wire_hashes, has_hash, group, no_group,
-        channel, unattributed_orphan, gkey, op, shape, kchan, at, old, len(b.registry), rows,
+        chunk, df, is_clear, is_store, is_remove, ts, hashes, wire_hashes, has_hash, group,
+        no_group, channel, unattributed_orphan, gkey, op, shape, kchan, at, old,
+        len(b.registry), rows,
     )  # fmt: skip
 
 
@@ -218,7 +221,7 @@ class Ahead:
             post = self.builder.kernel_step(item)
             self._drain()  # one chunk's after at a time (each holds a chunk's arrays)
             self._pending.append(self._pool.submit(self.builder.after, post))
-            return item.df
+            return item.chunk
         try:
             self._drain()
             self.builder.add(item)
