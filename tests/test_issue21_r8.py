@@ -132,7 +132,7 @@ def test_issue21_r8_copy_choice_finding_states_rule_and_bound() -> None:
     err = " ".join(_stderr(ROOT / "recordings" / "gemma3.mcap", "--lifetime-bounds").split())
     n = report(ROOT / "recordings" / "gemma3.mcap")["totals"]["ambiguous_copy_evictions"]
     assert n == 51
-    assert f"finding: {n} eviction(s) were of a key cached in several blocks" in err
+    assert f"finding: {n:,} evictions were of a key cached in several blocks" in err
     assert "else the one stored with the block evicted just before, else the oldest" in err
     assert "under the oldest-first and newest-first rules lifetime p50 between" in err
     # a stream whose keys never had two copies: no finding, the bound is the lifetime

@@ -67,7 +67,7 @@ def test_issue23_restart_starts_the_channel_afresh(tmp_path: Path) -> None:
     assert t["peak_live_blocks"] == 3
     assert not any("negative" in f for f in rep.findings), rep.findings
     (line,) = [f for f in rep.findings if "restart" in f]
-    assert line.startswith("1 publisher restart(s) on ") and "(3 blocks dropped" in line
+    assert line.startswith("1 publisher restart on ") and "(3 blocks dropped" in line
     # Each stream's lifetimes are its own: 1 s each (store at +10, remove at +11; +1, +2).
     assert t["lifetime_p50_s"] == 1.0 and t["lifetime_p99_s"] == 1.0
 
@@ -126,7 +126,7 @@ def test_issue23_restart_of_one_channel_leaves_the_other_alone(tmp_path: Path) -
         assert (t["blocks_stored"], t["blocks_cleared"], t["live_blocks_end"]) == (16, 3, 9)
         assert (t["stored_while_live"], t["blocks_recomputed"]) == (2, 1)
         (line,) = [f for f in rep.findings if "restart" in f]
-        assert line.startswith("1 publisher restart(s) on tcp://127.0.0.1:5557:")
+        assert line.startswith("1 publisher restart on tcp://127.0.0.1:5557:")
 
 
 def test_issue23_ungrouped_remove_after_a_restart_sees_the_new_cache_only(tmp_path: Path) -> None:

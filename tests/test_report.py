@@ -844,7 +844,7 @@ def test_issue8_9_clock_going_backwards_gives_no_negative_lifetime(tmp_path: Pat
     tot = rep.totals.to_dicts()[0]
     assert tot["lifetime_p50_s"] == 0.0
     assert all(tot[c] >= 0 for c in ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s"))
-    assert any("2 block lifetime(s) were negative" in f for f in rep.findings)
+    assert any("2 block lifetimes were negative" in f for f in rep.findings)
 
 
 @pytest.mark.parametrize("bad_ts", [-5.0, -1e9, 0.0, 5.0, 946_684_799.0])

@@ -10,7 +10,7 @@ from kvtool.columns import UNANNOTATED, UNATTRIBUTED, ReadStats, TableAnnotator
 from kvtool.protocol import sorted_unknown_tags
 from kvtool.report import announce
 from kvtool.report.source import Finding
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from kvtool.report.builder import ReportBuilder
@@ -70,7 +70,7 @@ def report_findings(
         out.append(
             Finding(
                 "unattributed",
-                f"{unattr} removed block(s) without group_idx could not be attributed "
+                f"{plural(unattr, 'removed block')} without group_idx could not be attributed "
                 "(hash live in no group or in several): reported as unattributed",
             )
         )
@@ -104,15 +104,17 @@ def report_findings(
         out.append(
             Finding(
                 "restart",
-                f"{n} publisher restart(s) on {names.get(cid, cid)}: the state started afresh "
-                f"({dropped} blocks dropped, counted as blocks_cleared)",
+                f"{plural(n, 'publisher restart')} on {names.get(cid, cid)}: the state started "
+                "afresh "
+                f"({plural(dropped, 'block')} dropped, counted as blocks_cleared)",
             )
         )
     if builder.negative_lifetimes:
         out.append(
             Finding(
                 "negative_lifetime",
-                f"{builder.negative_lifetimes} block lifetime(s) were negative (the publisher's "
+                f"{plural(builder.negative_lifetimes, 'block lifetime')} "
+                f"{'was' if builder.negative_lifetimes == 1 else 'were'} negative (the publisher's "
                 "clock went backwards between store and remove): counted as 0 s",
             )
         )
@@ -128,7 +130,8 @@ def report_findings(
         out.append(
             Finding(
                 "orphan_removes",
-                f"{tot['orphan_removes']} removed block(s) were not live (the stream began "
+                f"{plural(tot['orphan_removes'], 'removed block')} "
+                f"{'was' if tot['orphan_removes'] == 1 else 'were'} not live (the stream began "
                 "mid-way or batches were lost): counted as orphan_removes",
             )
         )
@@ -136,7 +139,8 @@ def report_findings(
         out.append(
             Finding(
                 "out_of_metadata",
-                f"Group index `{g}` not in KV cache metadata ({n} store(s) left unannotated)",
+                f"Group index `{g}` not in KV cache metadata ({plural(n, 'store')} left "
+                "unannotated)",
             )
         )
     unknown = sum(stats.unknown_tags.values())
@@ -144,8 +148,8 @@ def report_findings(
         out.append(
             Finding(
                 "malformed",
-                f"skipped {stats.bad_batches} malformed payload(s) and "
-                f"{stats.skipped_events - unknown} undecodable event(s)"
+                f"skipped {plural(stats.bad_batches, 'malformed payload')} and "
+                f"{plural(stats.skipped_events - unknown, 'undecodable event')}"
                 + (f"; first: {stats.problems[0]}" if stats.problems else ""),
             )
         )
@@ -200,7 +204,8 @@ def copy_choice_finding(row: dict[str, object]) -> str:
             "newest-first rules, a bound (lifetime_pNN_s_bound_low/high)"
         )
     return (
-        f"{n} eviction(s) were of a key cached in several blocks: which copy vLLM evicted "
+        f"{plural(n, 'eviction')} {'was' if n == 1 else 'were'} of a key cached in several "
+        "blocks: which copy vLLM evicted "
         f"is not on the wire; lifetimes take {COPY_RULE}{bound}"
     )
 
