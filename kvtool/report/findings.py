@@ -192,7 +192,7 @@ def copy_choice_finding(row: dict[str, object]) -> str:
         low, high = row.get(f"lifetime_{q}_s_bound_low"), row.get(f"lifetime_{q}_s_bound_high")
         if low is not None and high is not None:
             parts.append(f"{q} between {low} and {high} s")
-    n = row["ambiguous_copy_evictions"]
+    n = int(row["ambiguous_copy_evictions"])  # type: ignore[call-overload]
     if parts:
         bound = (
             f"; under the oldest-first and newest-first rules lifetime {', '.join(parts)} "

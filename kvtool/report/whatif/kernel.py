@@ -162,6 +162,49 @@ def _grow(key: I64, alive: Bools, prev: I64) -> tuple[I64, Bools, I64]:
 
 
 @kernel
+def _push(
+    k: int, ent_key: I64, ent_alive: Bools, ent_prev: I64, key_last: I64, gc: I32, tail: int
+) -> tuple[I64, Bools, I64, int]:
+    """Free a copy of key ``k`` to the ghost queue's tail; the (maybe grown) arrays, new tail."""
+    if tail >= ent_key.shape[0]:
+        ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
+    ent_key[tail] = k
+    ent_alive[tail] = True
+    ent_prev[tail] = key_last[k]
+    key_last[k] = tail
+    gc[k] += 1
+    return ent_key, ent_alive, ent_prev, tail + 1
+
+
+@kernel
+def _take(
+    head: int, tail: int, free: int, ent_key: I64, ent_alive: Bools, gc: I32
+) -> tuple[int, int]:
+    """A block for a store: a free one, else the queue's head is evicted; (head, free)."""
+    if free > 0:
+        return head, free - 1
+    while head < tail:
+        e = head
+        head += 1
+        if ent_alive[e]:
+            ent_alive[e] = False
+            gc[ent_key[e]] -= 1
+            break
+    return head, free
+
+
+@kernel
+def _unlink_last(k: int, ent_alive: Bools, ent_prev: I64, key_last: I64, gc: I32) -> None:
+    """Take key ``k``'s newest live copy out of the queue (a hit touches it)."""
+    e = key_last[k]
+    while e >= 0 and not ent_alive[e]:
+        e = ent_prev[e]
+    ent_alive[e] = False
+    gc[k] -= 1
+    key_last[k] = ent_prev[e]
+
+
+@kernel
 def _held_hit(
     pre: I64,
     p0: int,
@@ -444,25 +487,11 @@ def simulate(
                             ph[k] -= 1  # computed at the larger pool: no longer a phantom
                         else:
                             # The larger pool's own copy, freed to the queue's tail.
-                            if tail >= ent_key.shape[0]:
-                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
-                            ent_key[tail] = k
-                            ent_alive[tail] = True
-                            ent_prev[tail] = key_last[k]
-                            key_last[k] = tail
-                            gc[k] += 1
-                            tail += 1
+                            ent_key, ent_alive, ent_prev, tail = _push(
+                                k, ent_key, ent_alive, ent_prev, key_last, gc, tail
+                            )
                         # It takes a block: a free one, else the queue's head is evicted.
-                        if free > 0:
-                            free -= 1
-                        else:
-                            while head < tail:
-                                e = head
-                                head += 1
-                                if ent_alive[e]:
-                                    ent_alive[e] = False
-                                    gc[ent_key[e]] -= 1
-                                    break
+                        head, free = _take(head, tail, free, ent_key, ent_alive, gc)
                 req_hit[q] = hit
                 if junctions:
                     # vLLM stops a prefill chunk at the shared-prefix junction (where the
@@ -489,26 +518,10 @@ def simulate(
                                 else:
                                     first[g] += 1
                                 seen[k] = True
-                                if tail >= ent_key.shape[0]:
-                                    ent_key, ent_alive, ent_prev = _grow(
-                                        ent_key, ent_alive, ent_prev
-                                    )
-                                ent_key[tail] = k
-                                ent_alive[tail] = True
-                                ent_prev[tail] = key_last[k]
-                                key_last[k] = tail
-                                gc[k] += 1
-                                tail += 1
-                                if free > 0:
-                                    free -= 1
-                                else:
-                                    while head < tail:
-                                        e = head
-                                        head += 1
-                                        if ent_alive[e]:
-                                            ent_alive[e] = False
-                                            gc[ent_key[e]] -= 1
-                                            break
+                                ent_key, ent_alive, ent_prev, tail = _push(
+                                    k, ent_key, ent_alive, ent_prev, key_last, gc, tail
+                                )
+                                head, free = _take(head, tail, free, ent_key, ent_alive, gc)
                 hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
@@ -539,21 +552,11 @@ def simulate(
                             continue
                         if kd == KIND_MAMBA and not rejoin:
                             continue  # the state stays where it was in the queue
-                        e = key_last[k]
-                        while e >= 0 and not ent_alive[e]:
-                            e = ent_prev[e]
-                        ent_alive[e] = False
-                        gc[k] -= 1
-                        key_last[k] = ent_prev[e]
+                        _unlink_last(k, ent_alive, ent_prev, key_last, gc)
                         if kd == KIND_MAMBA and rejoin and not own_m:
-                            if tail >= ent_key.shape[0]:
-                                ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
-                            ent_key[tail] = k
-                            ent_alive[tail] = True
-                            ent_prev[tail] = key_last[k]
-                            key_last[k] = tail
-                            gc[k] += 1
-                            tail += 1
+                            ent_key, ent_alive, ent_prev, tail = _push(
+                                k, ent_key, ent_alive, ent_prev, key_last, gc, tail
+                            )
                         else:
                             kin[k] += 1
                 # What the recorded engine hit too, the larger pool hits again. Where the
@@ -577,12 +580,7 @@ def simulate(
                             continue
                         if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0 or ph[k] <= 0:
                             continue
-                        e = key_last[k]
-                        while e >= 0 and not ent_alive[e]:
-                            e = ent_prev[e]
-                        ent_alive[e] = False
-                        gc[k] -= 1
-                        key_last[k] = ent_prev[e]
+                        _unlink_last(k, ent_alive, ent_prev, key_last, gc)
                         ph[k] -= 1
             hit = req_hit[q]
             if hit >= 0:
@@ -599,24 +597,10 @@ def simulate(
             if ph[k] > 0:
                 ph[k] -= 1
             else:
-                if tail >= ent_key.shape[0]:
-                    ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
-                ent_key[tail] = k
-                ent_alive[tail] = True
-                ent_prev[tail] = key_last[k]
-                key_last[k] = tail
-                gc[k] += 1
-                tail += 1
-            if free > 0:
-                free -= 1
-            else:
-                while head < tail:
-                    e = head
-                    head += 1
-                    if ent_alive[e]:
-                        ent_alive[e] = False
-                        gc[ent_key[e]] -= 1
-                        break
+                ent_key, ent_alive, ent_prev, tail = _push(
+                    k, ent_key, ent_alive, ent_prev, key_last, gc, tail
+                )
+            head, free = _take(head, tail, free, ent_key, ent_alive, gc)
         elif t == OP_CLEAR:
             n0[:] = 0
             ph[:] = 0
