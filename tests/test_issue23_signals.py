@@ -21,7 +21,7 @@ from tests.conftest import capture_messages
 from tests.peer import Peer
 from tests.replayutil import capture_recording
 from tests.test_live_faults import ROOT, _record_proc, free_port
-from tests.test_top import Tmux, needs_tmux
+from tests.tmuxutil import Tmux, needs_tmux
 
 
 def _wait(pred: object, timeout: float = 30.0) -> None:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from kvtool.top import LiveSource, RecordingSource, ReportFeed
 from tests.conftest import capture_messages
 from tests.replayutil import capture_recording
 from tests.test_live_faults import free_port
+from tests.tmuxutil import Tmux, needs_tmux
 
 DATA = Path(__file__).parent / "data"
 FULL_ONLY = DATA / "recordings" / "full_only-v1.mcap"
@@ -262,46 +260,6 @@ def test_live_source_feeds_report_and_records(
 # -- the full screen in a real pseudo-terminal ----------------------------------------------
 
 
-class Tmux:
-    """One tmux server of our own (``-L``), 80x24, running one command."""
-
-    def __init__(self, command: str) -> None:
-        self.sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.name = "top"
-        self._tmux("new-session", "-d", "-x", "80", "-y", "24", "-s", self.name, command)
-
-    def _tmux(self, *args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", self.sock, *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-
-    def screen(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", self.name)
-
-    def keys(self, *keys: str) -> None:
-        self._tmux("send-keys", "-t", self.name, *keys)
-
-    def wait_for(self, pattern: str) -> str:
-        """Poll the screen until ``pattern`` (a regex) shows; fail after the deadline."""
-        deadline = time.monotonic() + DEADLINE_S
-        screen = ""
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if re.search(pattern, screen, re.MULTILINE):
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"{pattern!r} never showed; the screen:\n{screen}")
-
-    def kill(self) -> None:
-        subprocess.run(
-            ["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=30, check=False
-        )
-
-
 def _screen_rows(screen: str, header: str) -> dict[str, list[str]]:
     lines = screen.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header + " "))
@@ -322,9 +280,6 @@ def _top_command(endpoint: str) -> str:
         f"{shlex.quote(sys.executable)} -m kvtool top {endpoint}; echo EXIT=$?; "
         "stty -a | grep -o -- '-\\?icanon' | sed 's/^/STTY=/'; sleep 120"
     )
-
-
-needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
 
 
 @needs_tmux

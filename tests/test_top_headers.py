@@ -12,13 +12,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import io
-import os
-import re
 import shlex
-import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,7 +24,7 @@ from kvtool.render.top import COLUMNS, HEADERS, LEGEND, SPARK_HEADER, plain_bloc
 from kvtool.report.registry import BY_NAME, METRICS, SHORT_LABELS, short_label
 from kvtool.top import Health, TopModel
 from tests.replayutil import capture_recording
-from tests.test_top_screen import DEADLINE_S, needs_tmux
+from tests.tmuxutil import Tmux, needs_tmux
 
 HEAD_80 = "kind              live    peak store/s evict/s recomp/s  orphan   p50 s 60s"
 HEAD_50 = "kind              live    peak store/s evict/s"
@@ -154,30 +149,17 @@ def test_top_plain_block_is_byte_identical() -> None:
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (50, 12)])
 def test_top_headers_in_tmux(tmp_path: Path, width: int, height: int) -> None:
     path = capture_recording(tmp_path, "gemma3")
-    sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cmd = (
         f"COLUMNS=80 LINES=24 {shlex.quote(sys.executable)} -m kvtool top "
         f"{shlex.quote(str(path))} --speed 0"
     )
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-
-    tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top", cmd)
+    tmux = Tmux(cmd, width, height)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        pane = ""
-        while time.monotonic() < deadline:
-            pane = tmux("capture-pane", "-p", "-t", "top")
-            if "ended" in pane and re.search(r"^full_attention +\d", pane, re.MULTILINE):
-                break
-            time.sleep(0.2)
+        pane = tmux.wait_for(r"^full_attention +\d", also="ended")
         lines = [line.rstrip() for line in pane.splitlines()]
         assert (HEAD_80 if width == 80 else HEAD_50) in lines, pane
         if width == 80:
             assert all(line in lines for line in LEGEND_80), pane
         assert max(len(line) for line in lines) <= width
     finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
+        tmux.kill()

@@ -9,20 +9,15 @@ modes differ as docs/SEMANTICS.md R6 says (announcements are not live blocks).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.test_top import kvtool
-from tests.test_top_screen import DEADLINE_S
+from tests.tmuxutil import Tmux, needs_tmux
 
 REC = (
     Path(__file__).parent
@@ -89,34 +84,21 @@ def test_top_report_mode_unknown_is_a_usage_error() -> None:
 J = Path(__file__).parent / "data" / "semantics_more" / "j_gemma3_b16_all_full"
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
+@needs_tmux
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (60, 20)])
 def test_top_report_mode_full_in_tmux(width: int, height: int) -> None:
     """In a real pseudo-terminal, on j (every request in report mode full): the live and
     peak physical blocks of report's by_kind, and at 80 columns the hit rate (33.0 %, as
     report's hit_rate 0.330435); on a narrower terminal the number columns give way, the
     key column and live/peak never."""
-    sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rec = J / f"{J.name}.mcap"
     cmd = (
         f"{shlex.quote(sys.executable)} -m kvtool top {shlex.quote(str(rec))} --speed 0 "
         f"--groups {shlex.quote(str(J / 'groups.json'))} --report-mode full"
     )
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-
-    tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top", cmd)
+    tmux = Tmux(cmd, width, height)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        pane = ""
-        while time.monotonic() < deadline:
-            pane = tmux("capture-pane", "-p", "-t", "top")
-            if "ended" in pane and re.search(r"^sliding_window ", pane, re.MULTILINE):
-                break
-            time.sleep(0.2)
+        pane = tmux.wait_for(r"^sliding_window ", also="ended")
         assert max(len(line) for line in pane.splitlines()) <= width, pane
         assert re.search(r"^full_attention +152 +212 ", pane, re.MULTILINE), pane
         assert re.search(r"^sliding_window +144 +188 ", pane, re.MULTILINE), pane
@@ -125,4 +107,4 @@ def test_top_report_mode_full_in_tmux(width: int, height: int) -> None:
             assert re.search(rf"^{key} .*{hit}", pane, re.MULTILINE), pane
         assert ("hit rate" in pane.split("\n\n")[1]) == (width >= 80), pane
     finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
+        tmux.kill()

@@ -5,11 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,8 +15,7 @@ from rich.console import Console
 from kvtool.render.top import screen
 from kvtool.top import Health, RecordingSource, ReportFeed, TopModel, TopView, split_keys
 from tests.replayutil import capture_recording
-
-DEADLINE_S = 60.0
+from tests.tmuxutil import Tmux, needs_tmux
 
 
 def kvtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -139,79 +135,41 @@ def test_issue24_top_on_a_truncated_recording_exits_3(tmp_path: Path) -> None:
     assert "kvtool top" in proc.stdout  # the numbers of what was read are still shown
 
 
-needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
-
-
 @needs_tmux
 @pytest.mark.parametrize(("width", "height"), [(80, 24), (50, 12)])
 def test_issue24_top_screen_in_tmux_shows_every_key(
     tmp_path: Path, width: int, height: int
 ) -> None:
     path = capture_recording(tmp_path, "gemma3")
-    sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     # COLUMNS/LINES exported by the caller must not win over the terminal's real size.
     cmd = (
         f"COLUMNS=80 LINES=24 {shlex.quote(sys.executable)} -m kvtool top "
         f"{shlex.quote(str(path))} --speed 0"
     )
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-
-    tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top", cmd)
+    tmux = Tmux(cmd, width, height)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        pane = ""
-        while time.monotonic() < deadline:
-            pane = tmux("capture-pane", "-p", "-t", "top")
-            if "ended" in pane and re.search(r"^sliding_window ", pane, re.MULTILINE):
-                break
-            time.sleep(0.2)
+        pane = tmux.wait_for(r"^sliding_window ", also="ended")
         for key in ("sliding_window", "full_attention"):
             assert re.search(rf"^{key} +\d", pane, re.MULTILINE), pane
         assert max(len(line) for line in pane.splitlines()) <= width
-        tmux("send-keys", "-t", "top", "g")
-        deadline = time.monotonic() + DEADLINE_S
-        while time.monotonic() < deadline:
-            pane = tmux("capture-pane", "-p", "-t", "top")
-            if re.search(r"^group ", pane, re.MULTILINE):
-                break
-            time.sleep(0.2)
+        tmux.keys("g")
+        pane = tmux.wait_for(r"^group ")
         assert re.search(r"^0 full_attention +\d", pane, re.MULTILINE), pane
         assert re.search(r"^1 sliding_window:64 +\d", pane, re.MULTILINE), pane
     finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
+        tmux.kill()
 
 
 @needs_tmux
 def test_issue24_a_resize_redraws_the_final_screen(tmp_path: Path) -> None:
     path = capture_recording(tmp_path, "gemma3")
-    sock = f"kvtool-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cmd = f"{shlex.quote(sys.executable)} -m kvtool top {shlex.quote(str(path))} --speed 0"
-
-    def tmux(*args: str) -> str:
-        return subprocess.run(
-            ["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-
-    def wait(pattern: str) -> str:
-        deadline = time.monotonic() + DEADLINE_S
-        pane = ""
-        while time.monotonic() < deadline:
-            pane = tmux("capture-pane", "-p", "-t", "top")
-            if re.search(pattern, pane, re.MULTILINE):
-                return pane
-            time.sleep(0.2)
-        raise AssertionError(f"{pattern!r} never showed:\n{pane}")
-
-    tmux("new-session", "-d", "-x", "80", "-y", "24", "-s", "top", cmd)
+    tmux = Tmux(cmd)
     try:
-        wait(r"ended(.*\n)*sliding_window +\d")
-        tmux("resize-window", "-t", "top", "-x", "50", "-y", "12")
-        pane = wait(r"^kind +live +peak +store/s +evict/s$")  # the 50-column layout
+        tmux.wait_for(r"ended(.*\n)*sliding_window +\d")
+        tmux.resize(50, 12)
+        pane = tmux.wait_for(r"^kind +live +peak +store/s +evict/s$")  # the 50-column layout
         assert re.search(r"^full_attention +\d", pane, re.MULTILINE), pane
         assert max(len(line) for line in pane.splitlines()) <= 50
     finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
+        tmux.kill()
