@@ -142,7 +142,7 @@ def test_issue21_ann_bounds_contain_the_truth_and_a_finding_says_so() -> None:
         assert stored_lo <= physical(t)["blocks_stored"] <= stored_hi
         assert ann_lo < ann_hi  # 2 runs per group the wire cannot tell (83 blocks)
         assert ann_hi - ann_lo == 83
-    assert "finding: 9480 blocks were hit announcements" in err
+    assert "finding: 9,480 blocks were hit announcements" in err
     assert "could be hit announcements or second copies" in err
 
 

@@ -88,7 +88,7 @@ def test_issue21_origin_on_real_bytes_is_exact(rec: Path, mode: str) -> None:
     # The announcements are what origin says, in every mode: no finding of the inference.
     assert not [f for f in said if "--report-mode incremental counts them" in f]
     want = (
-        "9426 blocks were hit announcements (origin=REUSED, vllm-project/vllm#51699), not "
+        "9,426 blocks were hit announcements (origin=REUSED, vllm-project/vllm#51699), not "
         "stores: hit_blocks/hit_tokens count the hits"
     )
     assert want in said

@@ -37,6 +37,7 @@ from typing import Any
 from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
 from kvtool.report.kbase import EMPTY, FLAG_MAMBA, FLAG_PREFIX, FLAG_TIER, FLAG_WINDOW, probe
+from kvtool.text import plural
 
 INCREMENTAL, AUTO, FULL = 0, 1, 2
 """Report modes (``--report-mode``): no request announces (every parentless store is a
@@ -397,6 +398,10 @@ def channel_context(
     return want, pbatch
 
 
+def _were(n: int) -> str:
+    return "was" if n == 1 else "were"
+
+
 def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tuple[str, str]]:
     """The findings of hit announcements: (kind, text) each.
 
@@ -420,7 +425,7 @@ def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tu
         out.append(
             (
                 "hit_announcements",
-                f"{ann} blocks were hit announcements (origin=REUSED, "
+                f"{plural(ann, 'block')} {_were(ann)} hit announcements (origin=REUSED, "
                 "vllm-project/vllm#51699), not stores: hit_blocks/hit_tokens count the hits",
             )
         )
@@ -428,7 +433,7 @@ def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tu
         out.append(
             (
                 "hit_announcements",
-                f"{ann} blocks were hit announcements (requests in "
+                f"{plural(ann, 'block')} {_were(ann)} hit announcements (requests in "
                 "kv_cache_report_mode='full'), not stores: hit_blocks/hit_tokens count the "
                 "hits; --report-mode incremental counts them as stores",
             )
@@ -446,10 +451,10 @@ def findings(totals: dict[str, Any], mode: str, origin: bool = False) -> list[tu
         out.append(
             (
                 "announcement_or_copy",
-                f"{taken + left} blocks in parentless stores could be hit announcements or "
-                f"second copies (the wire cannot tell): blocks_stored is between "
-                f"{stored - left} and {stored + taken}, hit_announced_blocks between "
-                f"{ann - taken} and {ann + left}",
+                f"{plural(taken + left, 'block')} in parentless stores could be hit announcements "
+                f"or second copies (the wire cannot tell): blocks_stored is between "
+                f"{stored - left:,} and {stored + taken:,}, hit_announced_blocks between "
+                f"{ann - taken:,} and {ann + left:,}",
             )
         )
     return out
