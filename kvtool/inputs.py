@@ -45,6 +45,7 @@ from kvtool.errors import ProtocolError
 from kvtool.groups import ungrouped_from_record
 from kvtool.recording import RecordedMessage, RecordingReader, open_recording
 from kvtool.recording import format as fmt
+from kvtool.text import plural
 
 DEDUPE_WINDOW_NS = 60 * 10**9
 """How long (receive time) a merged batch is remembered for the same-batch rule."""
@@ -99,13 +100,16 @@ class MergeFindings:
         if self.duplicates:
             ex = "; ".join(e for e in self.examples if e.startswith("same"))[:300]
             out.append(
-                f"{self.duplicates} batch(es) appear in more than one input with the same "
-                f"payload and were counted once ({ex})"
+                f"{plural(self.duplicates, 'batch')} "
+                f"{'appears' if self.duplicates == 1 else 'appear'} in more than one input with "
+                f"the same payload and {'was' if self.duplicates == 1 else 'were'} counted once "
+                f"({ex})"
             )
         if self.differing:
             ex = "; ".join(e for e in self.examples if e.startswith("different"))[:300]
             out.append(
-                f"{self.differing} batch(es) share (endpoint, topic, rank, seq) with a batch "
+                f"{plural(self.differing, 'batch')} {'shares' if self.differing == 1 else 'share'} "
+                "(endpoint, topic, rank, seq) with a batch "
                 f"of another input but not its payload; both were kept ({ex})"
             )
         return out

@@ -274,7 +274,8 @@ def damage_lines(rp: Replay) -> list[str]:
     if st.decode_errors or st.skipped_events:
         first = st.first_errors[0] if st.first_errors else ""
         out.append(
-            f"kvtool: {st.decode_errors} payload(s) and {st.skipped_events} event(s) could not "
-            f"be decoded and were skipped (first: {first}); every other batch was replayed"
+            f"kvtool: {plural(st.decode_errors, 'payload')} and "
+            f"{plural(st.skipped_events, 'event')} could not be decoded and were skipped "
+            f"(first: {first}); every other batch was replayed"
         )
     return out

@@ -505,7 +505,7 @@ def test_undecodable_payload_is_skipped_exit_3(tmp_path: Path) -> None:
     result = _run(rec, "-f", "jsonl")
     assert result.exit_code == 3
     assert {e["seq"] for e in _jsonl(result)} == {0, 2, 3}
-    assert "1 payload(s) and 0 event(s) could not be decoded" in result.stderr  # type: ignore[attr-defined]
+    assert "1 payload and 0 events could not be decoded" in result.stderr  # type: ignore[attr-defined]
 
 
 def test_learned_mode_with_nothing_to_learn_says_so(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_top_record_stopped_before_the_view_took_a_batch_keeps_the_none_rule(
     assert proc.returncode == 130, err  # Ctrl-C, SIGTERM end top with 130
     assert "Traceback" not in err
     # It says where it wrote, after a stop too (it said nothing before).
-    assert f"kvtool: top recorded {len(msgs):,} batch(es) to {out}" in err, err
+    assert f"kvtool: top recorded {len(msgs):,} batches to {out}" in err, err
     _groups, (stored,) = stored_rules(out)
     assert (stored["kind"], stored["sliding_window"]) == ("full_attention", None)
     assert tables(report_json(out)) == tables(report_json(cap, "--group-meta", rule))

@@ -19,7 +19,7 @@ import polars as pl
 from kvtool.annotate import Annotation
 from kvtool.inputs import MergeFindings
 from kvtool.recording import ChannelInfo
-from kvtool.text import printable
+from kvtool.text import plural, printable
 
 if TYPE_CHECKING:
     from kvtool.report.source import Finding
@@ -192,7 +192,7 @@ class ReadStats:
             ref = self.channels.get(cid)
             name = printable(ref.info.name) if ref is not None else str(cid)
             rank = ref.info.dp_rank if ref is not None else None
-            shown = ", ".join(f"{r} in {k} batch(es)" for r, k in named.items())
+            shown = ", ".join(f"{r} in {plural(k, 'batch')}" for r, k in named.items())
             out.append(
                 f"channel {name} is data-parallel rank {rank} (its endpoint's), but its "
                 f"payloads name data_parallel_rank {shown}: counted under rank {rank}; "

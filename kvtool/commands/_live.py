@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvtool.commands import get_env, parse_duration_ns
 from kvtool.errors import UsageError
+from kvtool.text import plural
 
 if TYPE_CHECKING:
     from kvtool.report.feed import ReportFeed
@@ -174,7 +175,7 @@ def source_problems(source: LiveSource | RecordingSource, feed: ReportFeed) -> l
     if st.bad_batches or st.skipped_events:
         first = f" (first: {st.problems[0]})" if st.problems else ""
         lines.append(
-            f"{source.path}: skipped {st.bad_batches} malformed batch(es) and "
-            f"{st.skipped_events} event(s){first}; the numbers miss them"
+            f"{source.path}: skipped {plural(st.bad_batches, 'malformed batch')} and "
+            f"{plural(st.skipped_events, 'event')}{first}; the numbers miss them"
         )
     return lines

@@ -328,7 +328,8 @@ def report(
         points = rep.timeline["time_s"].n_unique()
         if points < 2:
             env.err.print(
-                f"kvtool: warning: the timeline has {points} point(s) on the {clock.value} clock "
+                f"kvtool: warning: the timeline has {plural(points, 'point')} on the "
+                f"{clock.value} clock "
                 f"(buckets of {every or DEFAULT_PLOT_EVERY}); "
                 f"try a smaller --every or --clock "
                 f"{'publish' if clock is Clock.receive else 'receive'}",

@@ -206,14 +206,14 @@ def _run(state: TopState, once: bool, interval_s: float, duration_s: float | Non
 def _say_recorded(source: LiveSource | RecordingSource, record: Path | None) -> None:
     """Say where ``--record`` wrote, and how many batches (also after a Ctrl-C)."""
     from kvtool.streams import LiveSource
-    from kvtool.text import printable
+    from kvtool.text import plural, printable
 
     if not isinstance(source, LiveSource) or record is None:
         return
     n = source.recorder.stats.batches
     # No batch: the recorder leaves no empty file behind.
     said = (
-        f"top recorded {n:,} batch(es) to {printable(str(record))}"
+        f"top recorded {plural(n, 'batch')} to {printable(str(record))}"
         if n or record.exists()
         else f"top recorded nothing, so no file was written at {printable(str(record))}"
     )
