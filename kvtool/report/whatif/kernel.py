@@ -88,18 +88,7 @@ def _lookup(
 ) -> int:
     """Return the longest hit (blocks) in [l0, cap] under the per-kind rules."""
     n_groups = gkind.shape[0]
-    lfa = l0
-    for d in range(l0 + 1, cap + 1):
-        row = c0 + d - l0 - 1
-        ok = True
-        for g in range(n_groups):
-            if gkind[g] == KIND_FULL and not _cached(cand[row, g], n0, ph, kin, gc, n0_only):
-                ok = False
-                break
-        if not ok:
-            break
-        lfa = d
-    hit = lfa
+    hit = _fa_hit(cand, c0, l0, cap, gkind, n0, ph, kin, gc, n0_only)
     while hit > l0:
         ok = True
         row = c0 + hit - l0 - 1
