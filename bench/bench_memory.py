@@ -66,11 +66,12 @@ def main() -> int:
     for name, path in files.items():
         truth_path = path.with_suffix(".truth.json")
         if truth_path.exists() and name in reports:
-            from bench_report import compare
+            from bench_report import compare, wire_literal
 
             truth = json.loads(truth_path.read_text())
-            result.setdefault("checks", {})[f"report_vs_truth_{name}"] = compare(
-                reports[name], truth, "report", "truth")
+            literal = wire_literal(path, tmp)
+            result.setdefault("checks", {})[f"report_incremental_vs_truth_{name}"] = (
+                compare(literal, truth, "report", "truth") if literal else ["no report"])
     save_result(args.name, result)
     for k in files:
         print(f"{k:4s} ({sizes.get(k, '?')} block events): median peak RSS {med_rss[k]:.1f} MB, "
