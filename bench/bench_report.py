@@ -291,9 +291,16 @@ def compare(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str,
                 diffs.append(f"{where}.{c}: {a_name}={ra[c]} {b_name}={rb[c]}")
         for c in ("lifetime_p50_s", "lifetime_p90_s", "lifetime_p99_s"):
             va, vb = ra.get(c), rb.get(c)
-            if isinstance(va, float) and isinstance(vb, float) and not math.isclose(
-                va, vb, rel_tol=0.01, abs_tol=1e-3
-            ):
+            if not (isinstance(va, float) and isinstance(vb, float)):
+                continue
+            lo, hi = ra.get(f"{c}_bound_low"), ra.get(f"{c}_bound_high")
+            if isinstance(lo, float) and isinstance(hi, float):
+                # a's lifetimes pair evictions by vLLM's rule (R8) where b's are FIFO: b's
+                # quantile must lie in a's bound (the oldest-first and newest-first rules).
+                if not lo * 0.99 - 1e-3 <= vb <= hi * 1.01 + 1e-3:
+                    diffs.append(f"{where}.{c}: {b_name}={vb:.4f} outside {a_name}'s bound "
+                                 f"[{lo:.4f}, {hi:.4f}]")
+            elif not math.isclose(va, vb, rel_tol=0.01, abs_tol=1e-3):
                 diffs.append(f"{where}.{c}: {a_name}={va:.4f} {b_name}={vb:.4f}")
 
     cmp("totals", a["totals"], b["totals"])
@@ -317,11 +324,13 @@ def wire_literal(rec: Path, tmp: Path) -> dict[str, Any] | None:
     stores it finds to be hit announcements as hits, not stores (issue 21): blocks_stored,
     live, peak, cleared and restored differ from the truth by those announcements. With
     ``--report-mode incremental`` every store is a store, which is what the truth counts.
+    Lifetimes: kvtool pairs an eviction with the copy vLLM evicts (R8), the hand loops with
+    the oldest (FIFO); ``--lifetime-bounds`` gives the bound the FIFO quantiles must lie in.
     """
     out = tmp / "wire-literal.json"
     out.unlink(missing_ok=True)
     cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q", "-o", str(out),
-           "--report-mode", "incremental"]
+           "--report-mode", "incremental", "--lifetime-bounds"]
     subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text()) if out.exists() else None
 

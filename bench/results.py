@@ -226,8 +226,11 @@ def main() -> int:
                      + (f": {f(rep['hit_announced_blocks'])} blocks here"
                         if rep.get("hit_announced_blocks") is not None else "")
                      + ", so the default report's stores, live, peak, cleared and restored "
-                     "differ from the truth by those. The checks compare one untimed "
-                     "`--report-mode incremental` run:")
+                     "differ from the truth by those. Lifetimes: kvtool pairs an eviction with "
+                     "the copy vLLM evicts (rule R8), the hand loops with the oldest (FIFO). "
+                     "The checks compare one untimed `--report-mode incremental "
+                     "--lifetime-bounds` run: counts exactly, and each FIFO lifetime quantile "
+                     "within kvtool's bound (oldest-first and newest-first rules):")
         for name, diffs in rep["checks"].items():
             lines.append(f"- {name.replace('_', ' ')}: "
                          f"{'identical' if not diffs else f'{len(diffs)} differences'}")
