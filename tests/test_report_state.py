@@ -386,7 +386,7 @@ def test_issue19_state_kernel_grows_its_table_and_keeps_every_key() -> None:
     hashes = rng.integers(-(2**63), 2**63 - 1, 20000, dtype=np.int64)
     for part in np.array_split(hashes, 7):
         assert (_one_op(ks, kernel.STORE, part, 1.0).what == kernel.FIRST).all()
-    assert ks.keys == 20000 and 7 * len(ks.table.chan) >= 10 * 20000
+    assert ks.keys == 20000 and 7 * len(ks.table.cn) >= 10 * 20000
     assert (_one_op(ks, kernel.REMOVE, hashes[:10], 2.0).what == kernel.EVICTED).all()
     clear = _one_op(ks, kernel.CLEAR, hashes[:1], 5.0)
     assert clear.drop_n.tolist() == [19990] and ks.live_gkey.tolist() == [0]

@@ -86,8 +86,13 @@ T = TypeVar("T")
 
 _LABELS = ("recording", "channel", "type")
 
-DEFAULT_CHUNK_BYTES = 16 << 20
-"""Payload bytes decoded into one table chunk."""
+DEFAULT_CHUNK_BYTES = 4 << 20
+"""Payload bytes decoded into one table chunk.
+
+A chunk's tables and arrays are about 10x its payload, and a report holds about three
+chunks at once (one decoding, one in the state kernel, one in its ``after``): at 16 MiB
+that was ~170 MB of a report's peak RSS, at 4 MiB it is ~40 MB, for ~4 % more CPU
+(bench/RESULTS.md, "key table split"). The report is the same for any chunking."""
 
 
 # -- reading recordings --------------------------------------------------------------------

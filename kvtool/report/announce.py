@@ -36,7 +36,7 @@ from typing import Any
 
 from kvtool._jit import inline_kernel, kernel
 from kvtool.columns import np
-from kvtool.report.kbase import EMPTY, FLAG_MAMBA, FLAG_PREFIX, FLAG_TIER, FLAG_WINDOW, probe
+from kvtool.report.kbase import FLAG_MAMBA, FLAG_PREFIX, FLAG_TIER, FLAG_WINDOW, probe
 from kvtool.text import plural
 
 INCREMENTAL, AUTO, FULL = 0, 1, 2
@@ -261,7 +261,7 @@ def announce(
         acc = 0
         for r in range(e, e + n):
             s = probe(t, ch, group[r], no_group[r], h[r])
-            if t.chan[s] != EMPTY and t.copies[s] > 0:
+            if t.live[s] >= 0:
                 acc += 1
             cl[r] = acc
         if not _valid(sh, cl, e, n, mode):

@@ -16,7 +16,7 @@ from kvtool._jit import inline_kernel, kernel, prefetcher
 from kvtool.columns import np
 
 EMPTY = -1
-"""``Table.chan`` of an empty slot."""
+"""``Table.cn`` of an empty slot."""
 
 OWNER, BNEXT, SLOT, BATCH, ROW, BITS, STAMP, EVENT = range(8)
 """Columns of ``Entries.aux`` (one row, one cache line, per entry; see
@@ -77,16 +77,23 @@ def mix(chan: Any, group: Any, no_group: Any, h: Any) -> Any:
     return x
 
 
+@inline_kernel
+def code(chan: Any, no_group: Any) -> Any:
+    """A key's channel and ``no_group`` as the table holds them (``Table.cn``)."""
+    return np.int64(chan) * 2 + (1 if no_group else 0)
+
+
 @kernel
 def probe(t: Any, chan: Any, group: Any, no_group: Any, h: Any) -> Any:
     """The slot of the table ``t`` holding the key, or the empty slot where it would go."""
-    mask = np.uint64(len(t.chan) - 1)
+    mask = np.uint64(len(t.cn) - 1)
     s = np.int64(mix(chan, group, no_group, h) & mask)
+    cn = code(chan, no_group)
     while True:
-        c = t.chan[s]
+        c = t.cn[s]
         if c == EMPTY:
             return s
-        if c == chan and t.hash[s] == h and t.group[s] == group and t.no_group[s] == no_group:
+        if c == cn and t.hash[s] == h and t.group[s] == group:
             return s
         s = np.int64((np.uint64(s) + np.uint64(1)) & mask)
 
@@ -108,16 +115,11 @@ def ahead(t: Any, op: Any, chan: Any, group: Any, no_group: Any, h: Any, i: Any)
     j = i + AHEAD
     if j >= len(op) or (op[j] != STORE and op[j] != REMOVE):
         return
-    s = np.int64(mix(chan[j], group[j], no_group[j], h[j]) & np.uint64(len(t.chan) - 1))
-    _prefetch(t.chan, s)
+    s = np.int64(mix(chan[j], group[j], no_group[j], h[j]) & np.uint64(len(t.cn) - 1))
+    _prefetch(t.cn, s)
     _prefetch(t.hash, s)
     _prefetch(t.group, s)
-    _prefetch(t.no_group, s)
-    _prefetch(t.copies, s)
-    _prefetch(t.head, s)
-    _prefetch(t.tail, s)
-    _prefetch(t.prev, s)
-    _prefetch(t.next, s)
+    _prefetch(t.live, s)
     _prefetch(t.gone_ts, s)
     _prefetch(t.gone_evictions, s)
 
@@ -162,6 +164,7 @@ __all__ = [
     "STORE",
     "UNIT",
     "WHILE_LIVE",
+    "code",
     "mix",
     "probe",
 ]

@@ -112,6 +112,7 @@ def _fresh(e: Any, y: Any, cur: Any) -> Any:
 @inline_kernel
 def choose(
     t: Any,
+    lv: Any,
     e: Any,
     s: Any,
     i: Any,
@@ -126,13 +127,16 @@ def choose(
 ) -> tuple[Any, Any]:
     """The copy of key slot ``s`` the remove at row ``i`` evicts (see the module docstring).
 
+    ``lv``: the live keys' pool (the key's copies are its live record's).
+
     Returns:
         (its entry, how many copies it was chosen from).
     """
     ch_g, ng = group[i], no_group[i]
+    head = lv.head[t.live[s]]
     nc = 0
     old = 0
-    y = t.head[s]
+    y = head
     while y >= 0:
         nc += 1
         if not _fresh(e, y, cur):
@@ -140,7 +144,7 @@ def choose(
         y = e.next[y]
     cands = old if old > 0 else nc
     if cands <= 1:
-        y = t.head[s]
+        y = head
         while y >= 0:
             if old == 0 or not _fresh(e, y, cur):
                 return y, cands
@@ -157,11 +161,11 @@ def choose(
                 lc.nxt[nn] = h[j]
                 nn += 1
         j += 1
-    k = _slot_of(lc, t.chan[s], ch_g, ng)
+    k = _slot_of(lc, t.cn[s] >> 1, ch_g, ng)
     first = -1
     newest = -1
     same = -1
-    y = t.head[s]
+    y = head
     while y >= 0:
         if old == 0 or not _fresh(e, y, cur):
             if first < 0:

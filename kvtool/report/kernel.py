@@ -28,10 +28,11 @@ State carried between calls, all in arrays (:class:`State`):
 
 - an open-addressing hash table over the key (linear probing, capacity a power of two,
   at most 70 % full: :meth:`State.reserve` grows it between calls). A key stays in the
-  table once stored (that is what tells a recompute from a first store); per key: the
-  live count, the head and tail of its FIFO list of copies, when and after how many
-  evictions of its pool it last went from live to not live, and its links in its
-  channel's list of live keys (a clear walks that list only);
+  table once stored (that is what tells a recompute from a first store); per key: when
+  and after how many evictions of its pool it last went from live to not live, and,
+  while it is live, its record in the live keys' pool: the live count, the head and
+  tail of its FIFO list of copies and its links in its channel's list of live keys (a
+  clear walks that list only);
 - an entry pool: one entry per live copy (store time, report row, next), with a free
   list;
 - per channel: the head of its live-key list and its eviction count;
@@ -80,6 +81,7 @@ from kvtool.report.kbase import (
     UNIT,
     WHILE_LIVE,
 )
+from kvtool.report.kbase import code as _code
 from kvtool.report.kbase import probe as _probe
 from kvtool.report.kcopy import NOTE_COPY
 from kvtool.report.kplain import advance_plain
@@ -88,7 +90,7 @@ from kvtool.report.kstate import FREE as _FREE
 from kvtool.report.kstate import KEYS as _KEYS
 from kvtool.report.kstate import LIVE as _LIVE
 from kvtool.report.kstate import PARTIALS as _PARTIALS
-from kvtool.report.kstate import Channels, Entries, State, Table, alloc, link
+from kvtool.report.kstate import Channels, Entries, Live, State, Table, alloc, link, release
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -189,6 +191,7 @@ class Out(NamedTuple):
 @kernel
 def advance(
     t: Table,
+    lv: Live,
     e: Entries,
     c: Channels,
     meta: Any,
@@ -215,6 +218,7 @@ def advance(
 
     Args:
         t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
+        lv: The live keys' pool (likewise).
         e: The entry pool (likewise).
         c: Per channel (every channel of the chunk).
         meta: Keys, entries handed out, free-list head, live entries, allocations.
@@ -267,14 +271,13 @@ def advance(
             if sh.flags[i] & FLAG_MAMBA:
                 c.mamba[ch] = 1
             s = _probe(t, ch, grp, ng, h[i])
-            new_key = t.chan[s] == _EMPTY
+            new_key = t.cn[s] == _EMPTY
             if new_key:
-                t.chan[s] = ch
+                t.cn[s] = _code(ch, ng)
                 t.group[s] = grp
-                t.no_group[s] = ng
                 t.hash[s] = h[i]
                 meta[_KEYS] += 1
-            count = t.copies[s]
+            count = lv.copies[t.live[s]] if t.live[s] >= 0 else 0
             rk = krules.find(pd.rk_chan, pd.rk_group, pd.rk_nog, pd.n[4], ch, grp, ng)
             pr = krules.find(pd.pr_chan, pd.pr_group, pd.pr_nog, pd.n[2], ch, grp, ng)
             partial = krules.is_partial(sh, i)
@@ -302,7 +305,7 @@ def advance(
                     e.aux[y, _BNEXT] = e.aux[host, _BNEXT]
                     e.aux[host, _BNEXT] = y
                     meta[_EXTRAS] += 1
-                    link(t, e, c, meta, s, y, ch)
+                    link(t, lv, e, c, meta, s, y, ch)
                     out.what[i] = EXTRA
                     continue
             rekey = rk >= 0 if partial else (pr >= 0 and pd.pr_open[pr])
@@ -342,7 +345,7 @@ def advance(
                 out.note[i] = NOTE_PARTIAL
             if sh.last[i]:
                 e.aux[x, _BITS] |= _LAST_BIT
-            link(t, e, c, meta, s, x, ch)
+            link(t, lv, e, c, meta, s, x, ch)
             live_gkey[gkey[i]] += 1
             if not partial:
                 k = krules.find(pd.lf_chan, pd.lf_group, pd.lf_nog, pd.n[1], ch, grp, ng)
@@ -360,7 +363,7 @@ def advance(
             s = _probe(t, ch, grp, ng, h[i])
             folded = -1
             for k in range(pd.n[0]):
-                if pd.fold_slot[k] == s and t.chan[s] != _EMPTY:
+                if pd.fold_slot[k] == s and t.cn[s] != _EMPTY:
                     folded = k
                     break
             if folded >= 0:
@@ -375,10 +378,11 @@ def advance(
                 pd.fold_rm[folded] = pd.fold_rm[last]
                 pd.n[0] = last
                 continue
-            if t.chan[s] == _EMPTY or t.copies[s] == 0:
+            r = t.live[s]
+            if r < 0:
                 out.what[i] = ORPHAN
                 continue
-            x = t.head[s]
+            x = lv.head[r]
             # R4: the partial primary key of a block, stored again (one hash) later in
             # this batch and group: the block is promoted, not evicted.
             y = -1
@@ -407,7 +411,7 @@ def advance(
                     out.what[i] = PROMOTED
                     out.ts[i] = e.ts[y]
                     out.gkey[i] = krules.drop_block(
-                        t, e, c, meta, live_gkey, y, ts[i], ch, pd, False
+                        t, lv, e, c, meta, live_gkey, y, ts[i], ch, pd, False
                     )
                     k = pd.n[2]
                     pd.pr_chan[k] = ch
@@ -464,19 +468,19 @@ def advance(
                         if w == FIRST or w == WHILE_LIVE or w == RECOMPUTED:  # noqa: SIM109
                             out.what[r] = DISCARDED_STORE
                     out.gkey[i] = krules.drop_block(
-                        t, e, c, meta, live_gkey, fresh, ts[i], ch, pd, False
+                        t, lv, e, c, meta, live_gkey, fresh, ts[i], ch, pd, False
                     )
                     continue
-            if t.copies[s] > 1:
+            if lv.copies[r] > 1:
                 # R8: which copy (kvtool/report/kcopy.py).
-                x, nc = kcopy.choose(t, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
+                x, nc = kcopy.choose(t, lv, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
                 if nc > 1:
                     out.note[i] = NOTE_COPY
             kcopy.remember(lc, e, x, ch, grp, ng)
             out.what[i] = EVICTED
             out.ts[i] = e.ts[x]
             c.evictions[ch] += 1
-            out.gkey[i] = krules.drop_block(t, e, c, meta, live_gkey, x, ts[i], ch, pd, True)
+            out.gkey[i] = krules.drop_block(t, lv, e, c, meta, live_gkey, x, ts[i], ch, pd, True)
         elif kind == CLEAR:
             ch = chan[i]
             krules.flush_folds(pd)
@@ -485,9 +489,9 @@ def advance(
             lc.n[0] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
-            s = c.head[ch]
-            while s >= 0:
-                x = t.head[s]
+            r = c.head[ch]
+            while r >= 0:
+                x = lv.head[r]
                 while x >= 0:
                     scratch_keys[e.gkey[x]] += 1
                     if e.aux[x, _OWNER] == x:
@@ -502,15 +506,9 @@ def advance(
                     meta[_FREE] = x
                     meta[_LIVE] -= 1
                     x = nx
-                t.copies[s] = 0
-                t.head[s] = -1
-                t.tail[s] = -1
-                t.gone_ts[s] = ts[i]
-                t.gone_evictions[s] = c.evictions[ch]
-                nxt = t.next[s]
-                t.prev[s] = -1
-                t.next[s] = -1
-                s = nxt
+                nxt = lv.next[r]
+                release(t, lv, meta, r, ts[i], c.evictions[ch])
+                r = nxt
             c.head[ch] = -1
             for g in range(len(scratch)):
                 if scratch_keys[g]:
@@ -638,6 +636,7 @@ def step(
         )
     args = (
         state.table,
+        state.live,
         state.entries,
         state.channels,
         state.meta,

@@ -15,13 +15,14 @@ from kvtool.report.announce import ANNOUNCED
 from kvtool.report.announce import announce as _announce
 from kvtool.report.kbase import CLEAR, EVICTED, FIRST, ORPHAN, RECOMPUTED, REMOVE, STORE, WHILE_LIVE
 from kvtool.report.kbase import ahead as _ahead
+from kvtool.report.kbase import code as _code
 from kvtool.report.kbase import probe as _probe
 from kvtool.report.kcopy import NOTE_COPY
 from kvtool.report.kstate import FREE as _FREE
 from kvtool.report.kstate import KEYS as _KEYS
 from kvtool.report.kstate import LIVE as _LIVE
 from kvtool.report.kstate import USED as _USED
-from kvtool.report.kstate import Channels, Entries, Table, unlink
+from kvtool.report.kstate import Channels, Entries, Live, Table, go_live, release, unlink
 
 _EMPTY = kbase.EMPTY
 _OWNER, _BNEXT, _SLOT, _BATCH = kbase.OWNER, kbase.BNEXT, kbase.SLOT, kbase.BATCH
@@ -32,6 +33,7 @@ _PARTIAL_BIT, _LAST_BIT, _LIVE_BIT = kbase.PARTIAL_BIT, kbase.LAST_BIT, kbase.LI
 @kernel
 def advance_plain(
     t: Table,
+    lv: Live,
     e: Entries,
     c: Channels,
     meta: Any,
@@ -63,6 +65,7 @@ def advance_plain(
 
     Args:
         t: The hash table (room for every store of the chunk: :meth:`State.reserve`).
+        lv: The live keys' pool (likewise).
         e: The entry pool (likewise).
         c: Per channel (every channel of the chunk).
         meta: Keys, entries handed out, free-list head.
@@ -108,15 +111,14 @@ def advance_plain(
                 continue  # R6: a hit announced changes no state
             ch = chan[i]
             s = _probe(t, ch, group[i], no_group[i], h[i])
-            count = t.copies[s]
-            if t.chan[s] == _EMPTY:
-                t.chan[s] = ch
+            r = t.live[s]
+            if t.cn[s] == _EMPTY:
+                t.cn[s] = _code(ch, no_group[i])
                 t.group[s] = group[i]
-                t.no_group[s] = no_group[i]
                 t.hash[s] = h[i]
                 meta[_KEYS] += 1
                 out.what[i] = FIRST
-            elif count > 0:
+            elif r >= 0:
                 out.what[i] = WHILE_LIVE
             else:
                 out.what[i] = RECOMPUTED
@@ -138,30 +140,26 @@ def advance_plain(
             e.aux[x, _EVENT] = sh.event[i]
             e.aux[x, _BITS] = _LIVE_BIT
             meta[_LIVE] += 1
-            if count == 0:
-                t.head[s] = x
-                # Into the channel's live-key list, at its head.
-                first = c.head[ch]
-                t.prev[s] = -1
-                t.next[s] = first
-                if first >= 0:
-                    t.prev[first] = s
-                c.head[ch] = s
+            if r < 0:
+                # Live now: a live record, at the head of the channel's live-key list.
+                r = go_live(t, lv, c, meta, s, ch)
+                lv.head[r] = x
             else:
-                e.next[t.tail[s]] = x
-            t.tail[s] = x
-            t.copies[s] = count + 1
+                e.next[lv.tail[r]] = x
+            lv.tail[r] = x
+            lv.copies[r] += 1
             live_gkey[gkey[i]] += 1
         elif kind == REMOVE:
             ch = chan[i]
             s = _probe(t, ch, group[i], no_group[i], h[i])
-            if t.chan[s] == _EMPTY or t.copies[s] == 0:
+            r = t.live[s]
+            if r < 0:
                 out.what[i] = ORPHAN
                 continue
-            x = t.head[s]
-            if t.copies[s] > 1:
+            x = lv.head[r]
+            if lv.copies[r] > 1:
                 # R8: which copy (kvtool/report/kcopy.py).
-                x, nc = kcopy.choose(t, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
+                x, nc = kcopy.choose(t, lv, e, s, i, cur, op, group, no_group, h, sh, rule, lc)
                 if nc > 1:
                     out.note[i] = NOTE_COPY
             kcopy.remember(lc, e, x, ch, group[i], no_group[i])
@@ -170,15 +168,15 @@ def advance_plain(
             out.gkey[i] = e.gkey[x]
             live_gkey[e.gkey[x]] -= 1
             c.evictions[ch] += 1
-            unlink(t, e, c, meta, x, ts[i], ch)
+            unlink(t, lv, e, c, meta, x, ts[i], ch)
         elif kind == CLEAR:
             ch = chan[i]
             lc.n[0] = 0
             if ch >= len(c.head):
                 continue  # a channel that never stored: nothing to drop
-            s = c.head[ch]
-            while s >= 0:
-                x = t.head[s]
+            r = c.head[ch]
+            while r >= 0:
+                x = lv.head[r]
                 while x >= 0:
                     scratch[e.gkey[x]] += 1
                     nx = e.next[x]
@@ -187,15 +185,9 @@ def advance_plain(
                     e.next[x] = meta[_FREE]
                     meta[_FREE] = x
                     x = nx
-                t.copies[s] = 0
-                t.head[s] = -1
-                t.tail[s] = -1
-                t.gone_ts[s] = ts[i]
-                t.gone_evictions[s] = c.evictions[ch]
-                nxt = t.next[s]
-                t.prev[s] = -1
-                t.next[s] = -1
-                s = nxt
+                nxt = lv.next[r]
+                release(t, lv, meta, r, ts[i], c.evictions[ch])
+                r = nxt
             c.head[ch] = -1
             for g in range(len(scratch)):
                 if scratch[g]:

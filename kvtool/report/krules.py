@@ -12,7 +12,7 @@ from kvtool._jit import inline_kernel
 from kvtool.columns import np
 from kvtool.report import kbase
 from kvtool.report.kbase import EVICTED, FLAG_WINDOW, UNIT
-from kvtool.report.kstate import Channels, Entries, Table, unlink
+from kvtool.report.kstate import Channels, Entries, Live, Table, unlink
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -143,6 +143,7 @@ def settle(pd: Pending, c: Channels, chan: Any, out: Any) -> None:
 @inline_kernel
 def drop_block(
     t: Table,
+    lv: Live,
     e: Entries,
     c: Channels,
     meta: Any,
@@ -173,7 +174,7 @@ def drop_block(
             pd.fold_gkey[k] = e.gkey[y]
             pd.fold_rm[k] = ts
             pd.n[0] = k + 1
-        unlink(t, e, c, meta, y, ts, ch)
+        unlink(t, lv, e, c, meta, y, ts, ch)
         y = ny
     live_gkey[g] -= 1
     return g

@@ -1,9 +1,9 @@
-"""The state kernel's state: the key table, the entry pool and :class:`State` (numba).
+"""The state kernel's state: the key table, the live keys' and entry pools, :class:`State`.
 
 See :mod:`kvtool.report.kernel` for what the state means. Here: the arrays
-(:class:`Table`, :class:`Entries`, :class:`Channels`), their growth and rehash between
-calls (:meth:`State.reserve`), and the entry pool's operations the loops share
-(:func:`link`, :func:`alloc`, :func:`unlink`).
+(:class:`Table`, :class:`Live`, :class:`Entries`, :class:`Channels`), their growth and
+rehash between calls (:meth:`State.reserve`), and the pools' operations the loops share
+(:func:`link`, :func:`alloc`, :func:`unlink`, :func:`go_live`, :func:`release`).
 """
 
 from __future__ import annotations
@@ -28,31 +28,55 @@ _AUX_FILL = kbase.AUX_FILL
 class Table(NamedTuple):
     """The hash table over (channel, group, no_group, hash): one slot per key ever stored.
 
+    A slot holds what a key needs once it is gone (its key, when and after how many
+    evictions it went); what only a live key needs is in the :class:`Live` pool, named by
+    ``live`` (about ten thousand live keys against millions ever stored).
+
     Attributes:
-        chan: Channel of the slot's key (-1: an empty slot).
+        cn: The slot's channel and ``no_group`` in one number, ``2 * channel + no_group``
+            (:func:`kvtool.report.kbase.code`; -1: an empty slot).
         group: Group (0 where ``no_group``).
-        no_group: The key has no ``group_idx`` (older vLLM).
         hash: Block hash.
-        copies: Live copies.
-        head: Oldest live copy (entry index, -1: none).
-        tail: Newest live copy.
         gone_ts: When the key last went from live to not live (seconds).
         gone_evictions: Its pool's eviction count just after that.
-        prev: Previous live key of the channel (slot, -1: none).
-        next: Next live key of the channel.
+        live: The key's record in the :class:`Live` pool (-1: not live).
     """
 
-    chan: NDArray[Any]
+    cn: NDArray[Any]
     group: NDArray[Any]
-    no_group: NDArray[Any]
     hash: NDArray[Any]
+    gone_ts: NDArray[Any]
+    gone_evictions: NDArray[Any]
+    live: NDArray[Any]
+
+
+class Live(NamedTuple):
+    """The live keys' pool: one record per live key.
+
+    A record is taken when its key goes live and given back (to a free list through
+    ``next``) when the key's last copy goes.
+
+    Attributes:
+        copies: Live copies (> 0 while taken).
+        head: Oldest live copy (entry index).
+        tail: Newest live copy.
+        prev: Previous live key of the channel (record, -1: none).
+        next: Next live key of the channel; in a free record, the next free one.
+        slot: The key's table slot.
+    """
+
     copies: NDArray[Any]
     head: NDArray[Any]
     tail: NDArray[Any]
-    gone_ts: NDArray[Any]
-    gone_evictions: NDArray[Any]
     prev: NDArray[Any]
     next: NDArray[Any]
+    slot: NDArray[Any]
+
+
+def _live(size: int, old: Live | None = None) -> Live:
+    if old is None:
+        return Live(*(np.full(size, -1, dtype=np.int32) for _ in Live._fields))
+    return Live(*(_grown(a, size, -1) for a in old))
 
 
 class Entries(NamedTuple):
@@ -96,7 +120,7 @@ class Channels(NamedTuple):
     """Per channel (one block pool).
 
     Attributes:
-        head: First live key (slot, -1: none).
+        head: First live key (its :class:`Live` record, -1: none).
         evictions: Evictions so far (physical blocks).
         mamba: A Mamba group's row was seen (partial keys may be primary keys).
         announced: Certain hit announcements so far (issue 21, R6).
@@ -109,8 +133,10 @@ class Channels(NamedTuple):
 
 
 # meta: [keys in the table, entries ever handed out, head of the free list, live entries,
-# allocations so far, live partial primary entries, live extra-key entries]
+# allocations so far, live partial primary entries, live extra-key entries, live-key
+# records ever handed out, head of their free list, live keys]
 KEYS, USED, FREE, LIVE, SERIAL, PARTIALS, EXTRAS = 0, 1, 2, 3, 4, 5, 6
+LUSED, LFREE, LKEYS = 7, 8, 9
 _KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = (
     KEYS,
     USED,
@@ -120,25 +146,18 @@ _KEYS, _USED, _FREE, _LIVE, _SERIAL, _PARTIALS, _EXTRAS = (
     PARTIALS,
     EXTRAS,
 )
+_LUSED, _LFREE, _LKEYS = LUSED, LFREE, LKEYS
 
 
 def _table(capacity: int) -> Table:
-    # Slots and entries are numbered in int32 (a table of 2**31 keys would need 120 GB):
-    # 57 bytes a slot instead of 81.
-    i32, i64 = np.int32, np.int64
-    return Table(
-        np.full(capacity, _EMPTY, dtype=i32),
-        np.zeros(capacity, dtype=i64),
-        np.zeros(capacity, dtype=np.bool_),
-        np.zeros(capacity, dtype=i64),
-        np.zeros(capacity, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-        np.zeros(capacity, dtype=np.float64),
-        np.zeros(capacity, dtype=i64),
-        np.full(capacity, -1, dtype=i32),
-        np.full(capacity, -1, dtype=i32),
-    )
+    # Slots, entries and live records are numbered in int32 (a table of 2**31 keys would
+    # need 80 GB): 36 bytes a slot.
+    return Table(*_table_keys(capacity), *(_blank(k, capacity) for k in range(3, 6)))
+
+
+def _blank(field: int, capacity: int) -> NDArray[Any]:
+    """A :class:`Table` array as an empty table holds it (:data:`_FIELD_FILL`)."""
+    return np.full(capacity, _FIELD_FILL[field], dtype=_FIELD_DTYPE[field])
 
 
 def _grown(a: NDArray[Any], size: int, fill: Any) -> NDArray[Any]:
@@ -186,6 +205,7 @@ class State:
         self.forgotten = 0
         self.forgotten_ts: float | None = None
         self.table = _table(1 << 10)
+        self.live = _live(0)
         self.entries = _entries(0)
         self.channels = Channels(
             np.zeros(0, dtype=np.int64),
@@ -196,7 +216,7 @@ class State:
         # Per (channel, group), the last hit announcement counted (announce.py, R7).
         self.hits = np.zeros((0, announce.HIT_FIELDS), dtype=np.int64)
         self.hit_n = np.zeros(1, dtype=np.int64)
-        self.meta = np.array([0, 0, -1, 0, 0, 0, 0], dtype=np.int64)
+        self.meta = np.array([0, 0, -1, 0, 0, 0, 0, 0, -1, 0], dtype=np.int64)
         # Live physical blocks per report row (a block counts under its primary key's).
         self.live_gkey = np.zeros(0, dtype=np.int64)
 
@@ -224,12 +244,16 @@ class State:
             self.hits = grown
         if self.max_keys is not None and self.keys + stores > self.max_keys:
             self._forget(self.keys + stores - self.max_keys * 3 // 4, stores)
-        cap = len(self.table.chan)
+        cap = len(self.table.cn)
         need = self.keys + stores
         if 10 * need > 7 * cap:  # at most 70 % full: linear probing stays short
             while 10 * need > 7 * cap:
                 cap *= 2
             self._rehash(cap)
+        # Each store may take a live record: from the free list first, then new ones.
+        want = max(int(self.meta[_LUSED]), int(self.meta[_LKEYS]) + stores)
+        if want > len(self.live.copies):
+            self.live = _live(max(want, 2 * len(self.live.copies), 1 << 10), self.live)
         e = self.entries
         want = int(self.meta[_USED]) + stores
         if want > len(e.ts):
@@ -253,7 +277,7 @@ class State:
         table (sized for them and the next call's ``stores``), as when it grows.
         """
         t = self.table
-        gone = np.flatnonzero((t.chan != _EMPTY) & (t.copies == 0))
+        gone = np.flatnonzero((t.cn != _EMPTY) & (t.live < 0))
         k = min(excess, len(gone))
         if k <= 0 or k < (self.max_keys or 0) // 4:
             # Mostly live keys (never forgotten): wait until a quarter of the bound can go,
@@ -263,7 +287,7 @@ class State:
         newest = float(t.gone_ts[drop].max())
         self.forgotten_ts = newest if self.forgotten_ts is None else max(self.forgotten_ts, newest)
         self.forgotten += k
-        t.chan[drop] = _EMPTY  # not live: in no channel's live-key list, no entries
+        t.cn[drop] = _EMPTY  # not live: no live record, no entries
         self.meta[_KEYS] -= k
         cap = 1 << 10
         while 10 * (self.keys + stores) > 7 * cap:
@@ -284,20 +308,17 @@ class State:
         keys = _Keys(*_table_keys(cap))
         where = np.full(len(fields[0]), -1, dtype=np.int32)
         _place(Table(*fields), keys, where)
-        fields[:4] = list(keys)
+        fields[:3] = list(keys)
         del keys
-        for k in range(4, len(fields)):
+        for k in range(3, len(fields)):
             old = fields[k]
             fields[k] = None  # type: ignore[call-overload]
-            new = np.full(cap, _FIELD_FILL[k], dtype=old.dtype)
-            if k in (_PREV_FIELD, _NEXT_FIELD):
-                _move_links(old, where, new)
-            else:
-                _move(old, where, new)
+            new = _blank(k, cap)
+            _move(old, where, new)
             fields[k] = new
             del old, new
         self.table = Table(*fields)
-        _repoint(where, self.channels.head, self.entries, self.meta)
+        _repoint(where, self.live, self.entries, self.meta)
 
     def live_entries(self) -> tuple[NDArray[Any], ...]:
         """Every live copy: channel, group, no_group, hash, store time, report row.
@@ -314,45 +335,39 @@ class State:
             np.zeros(n, np.float64),
             np.zeros(n, np.int64),
         )
-        _live_entries(self.table, self.entries, *out)
+        _live_entries(self.table, self.live, self.entries, *out)
         return out
 
 
-_FIELD_FILL = (_EMPTY, 0, False, 0, 0, -1, -1, 0.0, 0, -1, -1)
+_FIELD_FILL = (_EMPTY, 0, 0, 0.0, 0, -1)
 """Each :class:`Table` array's value in an empty slot (as :func:`_table` makes them)."""
-_PREV_FIELD, _NEXT_FIELD = Table._fields.index("prev"), Table._fields.index("next")
+_FIELD_DTYPE = (np.int32, np.int64, np.int64, np.float64, np.int64, np.int32)
+"""Each :class:`Table` array's dtype."""
 
 
 class _Keys(NamedTuple):
     """A table's key arrays alone (what :func:`kvtool.report.kbase.probe` reads)."""
 
-    chan: NDArray[Any]
+    cn: NDArray[Any]
     group: NDArray[Any]
-    no_group: NDArray[Any]
     hash: NDArray[Any]
 
 
 def _table_keys(capacity: int) -> list[NDArray[Any]]:
-    return [
-        np.full(capacity, _EMPTY, dtype=np.int32),
-        np.zeros(capacity, dtype=np.int64),
-        np.zeros(capacity, dtype=np.bool_),
-        np.zeros(capacity, dtype=np.int64),
-    ]
+    return [_blank(k, capacity) for k in range(3)]
 
 
 @kernel
 def _place(old: Table, new: _Keys, where: Any) -> None:
     """Put every key of ``old`` into the (emptier) key arrays ``new``; ``where``: its slot."""
-    for s in range(len(old.chan)):
-        c = old.chan[s]
+    for s in range(len(old.cn)):
+        c = old.cn[s]
         if c == _EMPTY:
             continue
-        d = _probe(new, c, old.group[s], old.no_group[s], old.hash[s])
+        d = _probe(new, c >> 1, old.group[s], c & 1, old.hash[s])
         where[s] = d
-        new.chan[d] = c
+        new.cn[d] = c
         new.group[d] = old.group[s]
-        new.no_group[d] = old.no_group[s]
         new.hash[d] = old.hash[s]
 
 
@@ -366,20 +381,11 @@ def _move(old: Any, where: Any, new: Any) -> None:
 
 
 @kernel
-def _move_links(old: Any, where: Any, new: Any) -> None:
-    """:func:`_move` of a slot-valued array (the live-key list's ``prev``/``next``)."""
-    for s in range(len(old)):
-        d = where[s]
-        if d >= 0:
-            new[d] = where[old[s]] if old[s] >= 0 else -1
-
-
-@kernel
-def _repoint(where: Any, chan_head: Any, e: Entries, meta: Any) -> None:
-    """The channels' live-key lists and the live entries' key slots follow their keys."""
-    for c in range(len(chan_head)):
-        if chan_head[c] >= 0:
-            chan_head[c] = where[chan_head[c]]
+def _repoint(where: Any, lv: Live, e: Entries, meta: Any) -> None:
+    """The live records' and the live entries' key slots follow their keys."""
+    for r in range(meta[_LUSED]):
+        if lv.copies[r] > 0:
+            lv.slot[r] = where[lv.slot[r]]
     for x in range(meta[_USED]):
         if e.aux[x, _BITS] & _LIVE_BIT:
             e.aux[x, _SLOT] = where[e.aux[x, _SLOT]]
@@ -388,6 +394,7 @@ def _repoint(where: Any, chan_head: Any, e: Entries, meta: Any) -> None:
 @kernel
 def _live_entries(
     t: Table,
+    lv: Live,
     e: Entries,
     chan: Any,
     group: Any,
@@ -397,14 +404,15 @@ def _live_entries(
     gkey: Any,
 ) -> None:
     n = 0
-    for s in range(len(t.chan)):
-        if t.chan[s] == _EMPTY:
+    for s in range(len(t.cn)):
+        r = t.live[s]
+        if r < 0:
             continue
-        x = t.head[s]
+        x = lv.head[r]
         while x >= 0:
-            chan[n] = t.chan[s]
+            chan[n] = t.cn[s] >> 1
             group[n] = t.group[s]
-            no_group[n] = t.no_group[s]
+            no_group[n] = (t.cn[s] & 1) == 1
             h[n] = t.hash[s]
             ts[n] = e.ts[x]
             gkey[n] = e.gkey[x]
@@ -413,24 +421,65 @@ def _live_entries(
 
 
 @inline_kernel
-def link(t: Table, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
-    """Append entry ``x`` to key ``s``'s copies (into its channel's live list if new)."""
-    count = t.copies[s]
+def go_live(t: Table, lv: Live, c: Channels, meta: Any, s: Any, ch: Any) -> Any:
+    """Key ``s`` goes live: its live record (no copies yet), at its channel's list's head."""
+    r = meta[_LFREE]
+    if r >= 0:
+        meta[_LFREE] = lv.next[r]
+    else:
+        r = meta[_LUSED]
+        meta[_LUSED] += 1
+    meta[_LKEYS] += 1
+    t.live[s] = r
+    lv.copies[r] = 0
+    lv.head[r] = -1
+    lv.tail[r] = -1
+    lv.slot[r] = s
+    first = c.head[ch]
+    lv.prev[r] = -1
+    lv.next[r] = first
+    if first >= 0:
+        lv.prev[first] = r
+    c.head[ch] = r
+    return r
+
+
+@inline_kernel
+def release(t: Table, lv: Live, meta: Any, r: Any, ts: Any, evictions: Any) -> None:
+    """Live record ``r``'s key is gone (at ``ts``, ``evictions``): the record is freed.
+
+    The caller takes it off its channel's live-key list (or drops the whole list).
+    """
+    s = lv.slot[r]
+    t.gone_ts[s] = ts
+    t.gone_evictions[s] = evictions
+    t.live[s] = -1
+    lv.copies[r] = 0
+    lv.head[r] = -1
+    lv.tail[r] = -1
+    lv.prev[r] = -1
+    lv.slot[r] = -1
+    lv.next[r] = meta[_LFREE]
+    meta[_LFREE] = r
+    meta[_LKEYS] -= 1
+
+
+@inline_kernel
+def link(t: Table, lv: Live, e: Entries, c: Channels, meta: Any, s: Any, x: Any, ch: Any) -> None:
+    """Append entry ``x`` to key ``s``'s copies (the key goes live if it was not)."""
+    r = t.live[s]
+    if r < 0:
+        r = go_live(t, lv, c, meta, s, ch)
+    count = lv.copies[r]
     e.next[x] = -1
     e.aux[x, _SLOT] = s
     e.aux[x, _BITS] |= _LIVE_BIT
     if count == 0:
-        t.head[s] = x
-        first = c.head[ch]
-        t.prev[s] = -1
-        t.next[s] = first
-        if first >= 0:
-            t.prev[first] = s
-        c.head[ch] = s
+        lv.head[r] = x
     else:
-        e.next[t.tail[s]] = x
-    t.tail[s] = x
-    t.copies[s] = count + 1
+        e.next[lv.tail[r]] = x
+    lv.tail[r] = x
+    lv.copies[r] = count + 1
     meta[_LIVE] += 1
 
 
@@ -458,34 +507,33 @@ def alloc(e: Entries, meta: Any, ts: Any, gkey: Any, batch: Any, row: Any, event
 
 
 @inline_kernel
-def unlink(t: Table, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any) -> None:
+def unlink(
+    t: Table, lv: Live, e: Entries, c: Channels, meta: Any, x: Any, ts: Any, ch: Any
+) -> None:
     """Take entry ``x`` off its key's copies and free it (the key's gone time if last)."""
     s = e.aux[x, _SLOT]
+    r = t.live[s]
     p = -1
-    y = t.head[s]
+    y = lv.head[r]
     while y != x:
         p = y
         y = e.next[y]
     if p < 0:
-        t.head[s] = e.next[x]
+        lv.head[r] = e.next[x]
     else:
         e.next[p] = e.next[x]
-    if t.tail[s] == x:
-        t.tail[s] = p
-    t.copies[s] -= 1
-    if t.copies[s] == 0:
-        t.tail[s] = -1
-        t.gone_ts[s] = ts
-        t.gone_evictions[s] = c.evictions[ch]
-        pv, nx = t.prev[s], t.next[s]
+    if lv.tail[r] == x:
+        lv.tail[r] = p
+    lv.copies[r] -= 1
+    if lv.copies[r] == 0:
+        pv, nx = lv.prev[r], lv.next[r]
         if pv >= 0:
-            t.next[pv] = nx
+            lv.next[pv] = nx
         else:
             c.head[ch] = nx
         if nx >= 0:
-            t.prev[nx] = pv
-        t.prev[s] = -1
-        t.next[s] = -1
+            lv.prev[nx] = pv
+        release(t, lv, meta, r, ts, c.evictions[ch])
     if e.aux[x, _BITS] & _PARTIAL_BIT:
         meta[_PARTIALS] -= 1
     if e.aux[x, _OWNER] != x:
@@ -500,15 +548,21 @@ __all__ = [
     "EXTRAS",
     "FREE",
     "KEYS",
+    "LFREE",
     "LIVE",
+    "LKEYS",
+    "LUSED",
     "PARTIALS",
     "SERIAL",
     "USED",
     "Channels",
     "Entries",
+    "Live",
     "State",
     "Table",
     "alloc",
+    "go_live",
     "link",
+    "release",
     "unlink",
 ]
