@@ -20,7 +20,12 @@ are computed again there, recomputes or duplicates, each taking a block. A longe
 reaches a block the recorded pool holds but did not touch (its hit stopped before) takes the
 larger pool's copy out of the queue there (vLLM's touch): the recorded copy, evicted later
 from its older place in the queue, is a phantom, and the request's recorded store of the key
-stands for the larger pool's copy, freed again with the request. A Mamba state hit goes
+stands for the larger pool's copy, freed again with the request. The reverse: a sliding-window
+block of the recorded hit's window that the longer hit leaves below its own window is not
+touched there, so the larger pool's copy keeps its older place in the queue (where its last
+user freed it) while the recorded copy moves to the tail: the recorded copy becomes a phantom
+and the larger pool's copy waits, held, for the recorded eviction of its parent block (freed
+just after it, below it in the same request), where it joins the ghost list. A Mamba state hit goes
 back to the queue's tail (vLLM frees it after the request's next step): where the request
 stores that state at the recorded size too, its recorded copy (freed at about that time)
 stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A recorded
@@ -405,6 +410,12 @@ def simulate(
     ent_alive = np.zeros(n_ent, np.bool_)
     ent_prev = np.full(n_ent, -1, np.int64)
     key_last = np.full(n_keys, -1, np.int64)
+    # Sliding-window blocks a longer hit left untouched (see the module docstring): the
+    # larger pool's copy waits for the recorded eviction of its anchor (its parent block).
+    pend_anchor = np.full(n_keys, -1, np.int64)
+    pend_head = np.full(n_keys, -1, np.int64)
+    pend_next = np.full(n_keys, -1, np.int64)
+    pend_listed = np.zeros(n_keys, np.bool_)
     head = 0
     tail = 0
     free = extra
@@ -529,6 +540,9 @@ def simulate(
                         own_m = (
                             kd == KIND_MAMBA and rejoin and _stores(ms0, mcode, q, d, g, n_groups)
                         )
+                        if pend_anchor[k] >= 0:
+                            pend_anchor[k] = -1  # taken by this hit, as a held copy
+                            continue
                         if n0[k] - ph[k] + kin[k] > 0 and (kd != KIND_MAMBA or own_m):
                             # The recorded pool holds it and did not touch it (its hit
                             # stopped before): this hit takes the larger pool's copy out of
@@ -566,6 +580,28 @@ def simulate(
                         if kd == KIND_MAMBA and (d != hit or not rejoin):
                             continue
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
+                            if (
+                                hit > l0
+                                and d > l0 - gsw[g]
+                                and n0[k] - ph[k] + kin[k] > 0
+                                and pend_anchor[k] < 0
+                                and not pend_listed[k]
+                                and j + 1 < req_p0[q + 1]
+                            ):
+                                a = pre[j + 1, g]
+                                if a >= 0 and n0[a] > 0:
+                                    ph[k] += 1
+                                    kin[k] += 1
+                                    pend_anchor[k] = a
+                                    pend_next[k] = pend_head[a]
+                                    pend_head[a] = k
+                                    pend_listed[k] = True
+                            continue
+                        if pend_anchor[k] >= 0:
+                            # Touched again here: the recorded copy stands for it again.
+                            pend_anchor[k] = -1
+                            kin[k] -= 1
+                            ph[k] -= 1
                             continue
                         if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0 or ph[k] <= 0:
                             continue
@@ -579,6 +615,18 @@ def simulate(
                         free += 1
         elif t == OP_REMOVE:
             k = op_a[i]
+            x = pend_head[k]
+            pend_head[k] = -1
+            while x >= 0:
+                nx = pend_next[x]
+                pend_listed[x] = False
+                if pend_anchor[x] == k:
+                    pend_anchor[x] = -1
+                    kin[x] -= 1
+                    ent_key, ent_alive, ent_prev, tail = _push(
+                        x, ent_key, ent_alive, ent_prev, key_last, gc, tail
+                    )
+                x = nx
             if n0[k] <= 0:
                 orphans += 1
                 continue
@@ -597,6 +645,9 @@ def simulate(
             gc[:] = 0
             ent_alive[:] = False
             key_last[:] = -1
+            pend_anchor[:] = -1
+            pend_head[:] = -1
+            pend_listed[:] = False
             head = tail
             free = extra
         else:
@@ -608,6 +659,7 @@ def simulate(
             if hit >= 0 and (op_depth[i] <= hit or skip):
                 if kin[k] > 0:
                     kin[k] -= 1
+                    pend_anchor[k] = -1
                 else:
                     ph[k] += 1
                 n0[k] += 1
