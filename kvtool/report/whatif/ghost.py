@@ -78,6 +78,45 @@ def unlink_last(k: int, ent_alive: Bools, ent_prev: I64, key_last: I64, gc: I32)
 
 
 @kernel
+def wait(k: int, t: int, n_keys: int, pend: I64, heap: I64, hn: I64) -> None:
+    """Key ``k``'s larger-pool copy waits at its older place, freed at about op ``t``."""
+    pend[1, k] = t
+    v = t * n_keys + k
+    i = hn[0]
+    hn[0] += 1
+    while i > 0:
+        up = (i - 1) // 2
+        if heap[up] <= v:
+            break
+        heap[i] = heap[up]
+        i = up
+    heap[i] = v
+
+
+@kernel
+def _pop(heap: I64, hn: I64) -> int:
+    """Take the smallest entry of the heap."""
+    top = heap[0]
+    hn[0] -= 1
+    n = hn[0]
+    v = heap[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[c] >= v:
+            break
+        heap[i] = heap[c]
+        i = c
+    if n > 0:
+        heap[i] = v
+    return int(top)
+
+
+@kernel
 def remove(
     k: int,
     n0: I32,
@@ -85,6 +124,8 @@ def remove(
     kin: I32,
     gc: I32,
     pend: I64,
+    heap: I64,
+    hn: I64,
     ent_key: I64,
     ent_alive: Bools,
     ent_prev: I64,
@@ -95,23 +136,24 @@ def remove(
 ) -> tuple[I64, Bools, I64, int, int, int, int]:
     """One recorded remove of key ``k``.
 
-    Returns the (maybe grown) ghost arrays, tail, head, free room, and 1 for a remove of a
-    key not live (an orphan), else 0.
-    The keys waiting on ``k`` (sliding-window blocks a longer hit left at their older place,
-    see :func:`simulate`) join the ghost list first: they were freed just before it.
+    The waiting copies (:func:`wait`) freed before ``k``'s last use join the ghost list
+    first: the queue is in order of freeing, and ``k`` was freed after that use.
+
+    Returns:
+        The (maybe grown) ghost arrays, tail, head, free room, and 1 for a remove of a key
+        not live (an orphan), else 0.
     """
-    x = pend[1, k]
-    pend[1, k] = -1
-    while x >= 0:
-        nx = pend[2, x]
-        pend[3, x] = 0
-        if pend[0, x] == k:
-            pend[0, x] = -1
+    n_keys = n0.shape[0]
+    lim = pend[0, k]
+    while hn[0] > 0 and heap[0] // n_keys < lim:
+        v = _pop(heap, hn)
+        x = v % n_keys
+        if pend[1, x] == v // n_keys:
+            pend[1, x] = -1
             kin[x] -= 1
             ent_key, ent_alive, ent_prev, tail = push(
                 x, ent_key, ent_alive, ent_prev, key_last, gc, tail
             )
-        x = nx
     if n0[k] <= 0:
         return ent_key, ent_alive, ent_prev, tail, head, free, 1
     n0[k] -= 1
@@ -125,4 +167,4 @@ def remove(
     return ent_key, ent_alive, ent_prev, tail, head, free, 0
 
 
-__all__ = ["push", "remove", "take", "unlink_last"]
+__all__ = ["push", "remove", "take", "unlink_last", "wait"]

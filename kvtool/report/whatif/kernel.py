@@ -26,18 +26,19 @@ recorded store of the key stands for the larger pool's copy, freed again with th
 The reverse: a sliding-window block of the recorded hit's window that the longer hit leaves
 below its own window is not touched there, so the larger pool's copy keeps its older place
 in the queue (where its last user freed it) while the recorded copy moves to the tail: the
-recorded copy becomes a phantom and the larger pool's copy waits, held, for the recorded
-eviction of its parent block (freed just after it, below it in the same request), where it
-joins the ghost list. A Mamba state hit goes back to the queue's tail (vLLM frees it after
-the request's next step): where the request stores that state at the recorded size too, its
-recorded copy (freed at about that time) stands for the larger pool's; else the hit copy
-rejoins the ghost list's tail. A recorded Mamba state hit on a key the recorded pool holds
-only in phantoms takes the larger pool's older copy out of the queue, as for the other
-kinds. vLLM's scheduler also stops a Mamba hybrid's prefill chunk at the shared-prefix
-junction (the full-attention hit's end, when it is longer than the joint hit) and caches the
-state there: where the larger pool's full-attention hit ends elsewhere than the recorded
-one, the recorded junction state is not stored there and the state at the larger pool's
-junction is (a recompute when that key was stored before and is not held).
+recorded copy becomes a phantom and the larger pool's copy waits, held, until the recorded
+pool evicts a block last used (stored or hit) after that copy's last use: the queue is in
+order of freeing, so the waiting copy joins the ghost list just before it. A Mamba state hit
+goes back to the queue's tail (vLLM frees it after the request's next step): where the
+request stores that state at the recorded size too, its recorded copy (freed at about that
+time) stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A
+recorded Mamba state hit on a key the recorded pool holds only in phantoms takes the larger
+pool's older copy out of the queue, as for the other kinds. vLLM's scheduler also stops a
+Mamba hybrid's prefill chunk at the shared-prefix junction (the full-attention hit's end,
+when it is longer than the joint hit) and caches the state there: where the larger pool's
+full-attention hit ends elsewhere than the recorded one, the recorded junction state is not
+stored there and the state at the larger pool's junction is (a recompute when that key was
+stored before and is not held).
 """
 
 from __future__ import annotations
@@ -385,16 +386,13 @@ def simulate(
     ent_alive = np.zeros(n_ent, np.bool_)
     ent_prev = np.full(n_ent, -1, np.int64)
     key_last = np.full(n_keys, -1, np.int64)
-    # Sliding-window blocks a longer hit left untouched (see the module docstring): the
-    # larger pool's copy waits for the recorded eviction of its anchor (its parent block).
-    # Rows: the anchor of each waiting key, the first key waiting on each anchor, the next
-    # key waiting on the same anchor, and whether a key is in an anchor's list.
-    pend = np.full((4, n_keys), -1, np.int64)
-    pend_anchor = pend[0]
-    pend_head = pend[1]
-    pend_next = pend[2]
-    pend_listed = pend[3]
-    pend_listed[:] = 0
+    # Sliding-window blocks a longer hit left untouched (see the module docstring): rows
+    # the op of each key's last use in the recording (a store or a recorded hit), and the
+    # use a waiting key's larger-pool copy was freed after (-1: not waiting); the waiting
+    # copies in a heap by that op, each ``op * n_keys + key``.
+    pend = np.full((2, n_keys), -1, np.int64)
+    heap = np.zeros(req_l0.shape[0] * max(int(gsw.sum()), 1) + 1, np.int64)
+    hn = np.zeros(1, np.int64)
     done_until = 0
     head = 0
     tail = 0
@@ -453,6 +451,8 @@ def simulate(
                                 kin,
                                 gc,
                                 pend,
+                                heap,
+                                hn,
                                 ent_key,
                                 ent_alive,
                                 ent_prev,
@@ -544,8 +544,8 @@ def simulate(
                         own_m = (
                             kd == KIND_MAMBA and rejoin and _stores(ms0, mcode, q, d, g, n_groups)
                         )
-                        if pend_anchor[k] >= 0:
-                            pend_anchor[k] = -1  # taken by this hit, as a held copy
+                        if pend[1, k] >= 0:
+                            pend[1, k] = -1  # taken by this hit, as a held copy
                             continue
                         if n0[k] - ph[k] + kin[k] > 0 and (kd != KIND_MAMBA or own_m):
                             # The recorded pool holds it and did not touch it (its hit
@@ -574,36 +574,37 @@ def simulate(
                 # request touched stands for it from now on.
                 for j in range(req_p0[q], req_p0[q + 1]):
                     d = l0 - (j - req_p0[q])
-                    if d > top:
-                        continue  # computed again above, not hit
                     for g in range(n_groups):
                         k = pre[j, g]
                         if k < 0:
                             continue
                         kd = gkind[g]
+                        used = pend[0, k]
+                        if kd == KIND_FULL or (kd == KIND_SLIDING and d > l0 - gsw[g]):
+                            pend[0, k] = i  # the recorded engine's hit touched it
+                        elif kd == KIND_MAMBA and d == l0:
+                            pend[0, k] = i
+                        if d > top:
+                            continue  # computed again above, not hit
                         if kd == KIND_MAMBA and (d != hit or not rejoin):
                             continue
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
                             if (
                                 hit > l0
                                 and d > l0 - gsw[g]
+                                and used >= 0
+                                and pend[1, k] < 0
                                 and n0[k] - ph[k] + kin[k] > 0
-                                and pend_anchor[k] < 0
-                                and pend_listed[k] == 0
-                                and j + 1 < req_p0[q + 1]
                             ):
-                                a = pre[j + 1, g]
-                                if a >= 0 and n0[a] > 0:
-                                    ph[k] += 1
-                                    kin[k] += 1
-                                    pend_anchor[k] = a
-                                    pend_next[k] = pend_head[a]
-                                    pend_head[a] = k
-                                    pend_listed[k] = 1
+                                # The recorded hit touched it, the longer one does not: the
+                                # larger pool's copy stays where its last use freed it.
+                                ph[k] += 1
+                                kin[k] += 1
+                                ghost.wait(k, used, n_keys, pend, heap, hn)
                             continue
-                        if pend_anchor[k] >= 0:
+                        if pend[1, k] >= 0:
                             # Touched again here: the recorded copy stands for it again.
-                            pend_anchor[k] = -1
+                            pend[1, k] = -1
                             kin[k] -= 1
                             ph[k] -= 1
                             continue
@@ -627,6 +628,8 @@ def simulate(
                 kin,
                 gc,
                 pend,
+                heap,
+                hn,
                 ent_key,
                 ent_alive,
                 ent_prev,
@@ -643,13 +646,13 @@ def simulate(
             gc[:] = 0
             ent_alive[:] = False
             key_last[:] = -1
-            pend_anchor[:] = -1
-            pend_head[:] = -1
-            pend_listed[:] = 0
+            pend[:] = -1
+            hn[0] = 0
             head = tail
             free = extra
         else:
             k = op_a[i]
+            pend[0, k] = i
             g = op_group[i]
             q = rec_req[op_rec[i]]
             hit = req_hit[q]
@@ -657,7 +660,7 @@ def simulate(
             if hit >= 0 and (op_depth[i] <= hit or skip):
                 if kin[k] > 0:
                     kin[k] -= 1
-                    pend_anchor[k] = -1
+                    pend[1, k] = -1
                 else:
                     ph[k] += 1
                 n0[k] += 1
