@@ -61,7 +61,6 @@ MISSES = {
     ("gemma3_seed11", "full_attention", 300): f"540 vs 679 (-20.5 %); {_CAP}",
     ("gemma3_seed11", "sliding_window", 300): f"4,010 vs 5,315 (-24.6 %); {_CAP}",
     ("gemma3_seed11_open", "sliding_window", 300): f"4,845 vs 5,392 (-10.1 %); {_CAP}",
-    ("gemma3_seed11_open", "full_attention", 600): f"252 vs 282 (-10.6 %); {_CAP}",
     ("mamba_seed11", "mamba", 300): f"139 vs 119 (+16.8 %); {_MAMBA}",
     ("mamba_seed11", "mamba", 900): f"16 vs 5 (+220.0 %); {_MAMBA}",
     ("mamba_seed23", "mamba", 300): f"61 vs 45 (+35.6 %); {_MAMBA}",
