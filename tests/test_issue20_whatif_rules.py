@@ -148,7 +148,7 @@ def test_a_recorded_hit_the_larger_pool_no_longer_holds_is_computed_again(depth:
 def test_the_ghost_list_grows_keeping_its_entries() -> None:
     import numpy as np
 
-    from kvtool.report.whatif.kernel import _grow
+    from kvtool.report.whatif.ghost import _grow
 
     key, alive, prev = np.arange(3, dtype=np.int64), np.ones(3, np.bool_), np.arange(3) - 1
     k2, a2, p2 = _grow(key, alive, prev)

@@ -1,14 +1,15 @@
 """What-if layout kernel: from one pool's event rows to the ops the simulation replays.
 
 One sequential pass (numba) over a pool's events: each store's blocks get their depth
-(1-based position in the request, from the parent's depth and the tokens the store
-spans, so Mamba stores that skip blocks land where they belong); the stores of one
-scheduler step of one request (one per group, same parent and last hash) form a
-*record*; a record whose parent is the last block of an earlier record continues that
-request, any other starts one (a lookup). A request's prompt is its first record and
-the records that follow it at once or store several blocks (decode stores one block
-every ``block_size`` steps). A second pass puts each record's start before the removes
-its own allocation caused, where vLLM looked the request up.
+(1-based position in the request, from the parent's depth and the tokens the store spans, so
+Mamba stores that skip blocks land where they belong); the stores of one scheduler step of
+one request (one per group, same parent and last hash) form a *record*; a record whose
+parent is the last block of an earlier record continues that request, any other starts one
+(a lookup). A request's prompt is its first record and the records that store several blocks
+or follow it at once (decode stores one block every ``block_size`` steps; without Mamba
+groups, one block in the next batch continues the prompt only after a chunk the token budget
+cut, else it is the first decode block). A second pass puts each record's start before the
+removes its own allocation caused, where vLLM looked the request up.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def build(
     n_groups: int,
     gbs: I64,
     like: IArr,
+    budget_chunks: bool,
 ) -> tuple[IArr, IArr, IArr, IArr, IArr, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64, I64]:
     """Lay out one pool's ops, records and requests (see the module docstring).
 
@@ -166,6 +168,10 @@ def build(
         gbs: Block size per group position.
         like: An empty array of the type of the op columns (``op_a``, ``op_depth``,
             ``op_group``, ``op_rec``): int32 when every key, record and depth fits it.
+        budget_chunks: Only the token budget cuts a prompt into chunks (no Mamba group:
+            vLLM's scheduler also splits a Mamba hybrid's prefill at block boundaries), so
+            a one-block record in the next batch continues the prompt only after a chunk of
+            about the largest record's size; else it is the first decode block.
 
     Returns:
         op_kind, op_a, op_depth, op_group, op_rec, rec_req, rec_s0, rec_depths,
@@ -378,6 +384,10 @@ def build(
     req_c0 = np.zeros(n_req + 1, np.int64)
     n_rows = 0
     rows_h = np.empty(rec_nh[:n_rec].sum() + 1, np.int64)  # at most one row per record hash
+    # The largest record (blocks): a prefill chunk the token budget cut.
+    big = 0
+    for r in range(n_rec):
+        big = max(big, rec_end[r] - rec_base[r])
     for q in range(n_req):
         r0 = by_req[cnt[q]]
         req_first[q] = r0
@@ -388,8 +398,15 @@ def build(
         stop = False
         for j in range(cnt[q], cnt[q + 1]):
             r = by_req[j]
+            # A prompt goes on in the next step only where the budget cut its chunk; one
+            # block in the next batch is else a decode block (its tokens are not the
+            # prompt's: no lookup can hit it).
             if prev >= 0 and not (
-                rec_end[r] - rec_base[r] >= 2 or rec_batch[r] - rec_batch[prev] <= 1
+                rec_end[r] - rec_base[r] >= 2
+                or (
+                    rec_batch[r] - rec_batch[prev] <= 1
+                    and (not budget_chunks or rec_end[prev] - rec_base[prev] >= big - 1)
+                )
             ):
                 break
             prev = r

@@ -371,6 +371,7 @@ class _Columns:
             n_groups,
             gbs,
             like,
+            all(_kernel_kind(i.kind) != KIND_MAMBA for i in infos),
         )
         names = [
             "op_kind",

@@ -4,30 +4,38 @@ The model (vLLM 0.33's block pool, see the project's WHATIF notes): one free que
 engine, least recently freed first, shared by every group. The order of the recorded
 ``BlockRemoved`` events is the pool's eviction order, so a pool ``K`` blocks larger keeps
 what the recorded pool evicted for ``K`` more evictions: a *ghost* FIFO of evicted keys
-(oldest first) with room for ``K`` entries, plus the room that hits at the larger pool
-leave free (a hit allocates nothing). At each request's lookup the hit is extended with
-the per-kind rules (full attention: every block up to the hit; sliding window: the last
-``ceil((w-1)/block_size)`` blocks; Mamba: the state exactly at the hit) and capped where
-the recorded engine itself stopped although its own cache held more (the prompt - 1
-limit). A store at the larger pool of a key that is neither live nor ghost is a
-recompute; a store it would not make (inside the longer hit) is saved. The recorded
-copies of a saved store the larger pool skips (sliding-window blocks before the window)
-are *phantoms*: the larger pool's copy of such a key is an older one, and a lookup that
-hits the key there takes that copy out of the ghost list, also below the recorded hit.
-Where the larger pool holds no copy of a key the recorded hit needs (only phantoms: its
-older copy was evicted), its own hit is shorter (:func:`_held_hit`): the blocks between
-are computed again there, recomputes or duplicates, each taking a block. A longer hit that
-reaches a block the recorded pool holds but did not touch (its hit stopped before) takes the
-larger pool's copy out of the queue there (vLLM's touch): the recorded copy, evicted later
-from its older place in the queue, is a phantom, and the request's recorded store of the key
-stands for the larger pool's copy, freed again with the request. A Mamba state hit goes
-back to the queue's tail (vLLM frees it after the request's next step): where the request
-stores that state at the recorded size too, its recorded copy (freed at about that time)
-stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A recorded
-Mamba state hit on a key the recorded pool holds only in phantoms takes the larger pool's
-older copy out of the queue, as for the other kinds. vLLM's scheduler also stops a Mamba
-hybrid's prefill chunk at the shared-prefix junction (the full-attention hit's end, when it
-is longer than the joint hit) and caches the state there: where the larger pool's
+(oldest first) with room for ``K`` entries, plus the room that hits at the larger pool leave
+free (a hit allocates nothing). At each request's lookup the hit is extended with the
+per-kind rules (full attention: every block up to the hit; sliding window: the last
+``ceil((w-1)/block_size)`` blocks; Mamba: the state exactly at the hit) and capped where the
+recorded engine itself stopped although its own cache held more (the prompt - 1 limit) even
+after the removes of its step that precede its stores (a request scheduled before it in that
+step, a running one's new decode block, may have evicted them first: then it is no cap, and
+the larger pool looks up after those removes too). A store at the larger pool of a key that
+is neither live nor ghost is a recompute; a store it would not make (inside the longer hit)
+is saved. The recorded copies of a saved store the larger pool skips (sliding-window blocks
+before the window) are *phantoms*: the larger pool's copy of such a key is an older one, and
+a lookup that hits the key there takes that copy out of the ghost list, also below the
+recorded hit. Where the larger pool holds no copy of a key the recorded hit needs (only
+phantoms: its older copy was evicted), its own hit is shorter (:func:`_held_hit`): the
+blocks between are computed again there, recomputes or duplicates, each taking a block. A
+longer hit that reaches a block the recorded pool holds but did not touch (its hit stopped
+before) takes the larger pool's copy out of the queue there (vLLM's touch): the recorded
+copy, evicted later from its older place in the queue, is a phantom, and the request's
+recorded store of the key stands for the larger pool's copy, freed again with the request.
+The reverse: a sliding-window block of the recorded hit's window that the longer hit leaves
+below its own window is not touched there, so the larger pool's copy keeps its older place
+in the queue (where its last user freed it) while the recorded copy moves to the tail: the
+recorded copy becomes a phantom and the larger pool's copy waits, held, until the recorded
+pool evicts a block last used (stored or hit) after that copy's last use: the queue is in
+order of freeing, so the waiting copy joins the ghost list just before it. A Mamba state hit
+goes back to the queue's tail (vLLM frees it after the request's next step): where the
+request stores that state at the recorded size too, its recorded copy (freed at about that
+time) stands for the larger pool's; else the hit copy rejoins the ghost list's tail. A
+recorded Mamba state hit on a key the recorded pool holds only in phantoms takes the larger
+pool's older copy out of the queue, as for the other kinds. vLLM's scheduler also stops a
+Mamba hybrid's prefill chunk at the shared-prefix junction (the full-attention hit's end,
+when it is longer than the joint hit) and caches the state there: where the larger pool's
 full-attention hit ends elsewhere than the recorded one, the recorded junction state is not
 stored there and the state at the larger pool's junction is (a recompute when that key was
 stored before and is not held).
@@ -41,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtool._jit import kernel
+from kvtool.report.whatif import ghost
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -109,9 +118,6 @@ def _lookup(
     return hit
 
 
-Bools = npt.NDArray[np.bool_]
-
-
 @kernel
 def _fa_hit(
     cand: I64,
@@ -138,59 +144,34 @@ def _fa_hit(
 
 
 @kernel
-def _grow(key: I64, alive: Bools, prev: I64) -> tuple[I64, Bools, I64]:
-    """Return the ghost list's arrays with room for twice as many entries."""
-    n = key.shape[0]
-    k2 = np.zeros(2 * n + 1, np.int64)
-    a2 = np.zeros(2 * n + 1, np.bool_)
-    p2 = np.full(2 * n + 1, -1, np.int64)
-    k2[:n] = key
-    a2[:n] = alive
-    p2[:n] = prev
-    return k2, a2, p2
+def _own_after_removes(
+    i: int,
+    op_kind: IArr,
+    op_a: IArr,
+    cand: I64,
+    c0: int,
+    l0: int,
+    cap: int,
+    gkind: I64,
+    gsw: I64,
+    n0: I32,
+) -> int:
+    """The recorded pool's own hit after the removes between lookup ``i`` and its stores.
 
-
-@kernel
-def _push(
-    k: int, ent_key: I64, ent_alive: Bools, ent_prev: I64, key_last: I64, gc: I32, tail: int
-) -> tuple[I64, Bools, I64, int]:
-    """Free a copy of key ``k`` to the ghost queue's tail; the (maybe grown) arrays, new tail."""
-    if tail >= ent_key.shape[0]:
-        ent_key, ent_alive, ent_prev = _grow(ent_key, ent_alive, ent_prev)
-    ent_key[tail] = k
-    ent_alive[tail] = True
-    ent_prev[tail] = key_last[k]
-    key_last[k] = tail
-    gc[k] += 1
-    return ent_key, ent_alive, ent_prev, tail + 1
-
-
-@kernel
-def _take(
-    head: int, tail: int, free: int, ent_key: I64, ent_alive: Bools, gc: I32
-) -> tuple[int, int]:
-    """A block for a store: a free one, else the queue's head is evicted; (head, free)."""
-    if free > 0:
-        return head, free - 1
-    while head < tail:
-        e = head
-        head += 1
-        if ent_alive[e]:
-            ent_alive[e] = False
-            gc[ent_key[e]] -= 1
-            break
-    return head, free
-
-
-@kernel
-def _unlink_last(k: int, ent_alive: Bools, ent_prev: I64, key_last: I64, gc: I32) -> None:
-    """Take key ``k``'s newest live copy out of the queue (a hit touches it)."""
-    e = key_last[k]
-    while e >= 0 and not ent_alive[e]:
-        e = ent_prev[e]
-    ent_alive[e] = False
-    gc[k] -= 1
-    key_last[k] = ent_prev[e]
+    A step's removes before a request's first store are its own allocation's and those of
+    the requests scheduled before it in that step (a running request's new decode block
+    stores nothing), so the recorded lookup came somewhere among them: the pool held more
+    than the recorded hit (the prompt - 1 cap) only if it still does after all of them.
+    """
+    zero = np.zeros(1, np.int32)
+    j = i + 1
+    while j < op_kind.shape[0] and op_kind[j] == OP_REMOVE:
+        n0[op_a[j]] -= 1
+        j += 1
+    own = _lookup(cand, c0, l0, cap, gkind, gsw, n0, zero, zero, zero, True)
+    for jj in range(i + 1, j):
+        n0[op_a[jj]] += 1
+    return own
 
 
 @kernel
@@ -405,6 +386,14 @@ def simulate(
     ent_alive = np.zeros(n_ent, np.bool_)
     ent_prev = np.full(n_ent, -1, np.int64)
     key_last = np.full(n_keys, -1, np.int64)
+    # Sliding-window blocks a longer hit left untouched (see the module docstring): rows
+    # the op of each key's last use in the recording (a store or a recorded hit), and the
+    # use a waiting key's larger-pool copy was freed after (-1: not waiting); the waiting
+    # copies in a heap by that op, each ``op * n_keys + key``.
+    pend = np.full((2, n_keys), -1, np.int64)
+    heap = np.zeros(req_l0.shape[0] * max(int(gsw.sum()), 1) + 1, np.int64)
+    hn = np.zeros(1, np.int64)
+    done_until = 0
     head = 0
     tail = 0
     free = extra
@@ -448,6 +437,32 @@ def simulate(
                 p0 = req_p0[q]
                 n_pre = req_p0[q + 1] - p0
                 own = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, True)
+                if own > l0:
+                    own = _own_after_removes(i, op_kind, op_a, cand, c0, l0, cap, gkind, gsw, n0)
+                    if own <= l0:
+                        # Not the cap: the removes of this step came before the recorded
+                        # lookup, so the larger pool's lookup comes after them too.
+                        done_until = i + 1
+                        while done_until < n_ops and op_kind[done_until] == OP_REMOVE:
+                            ent_key, ent_alive, ent_prev, tail, head, free, orphan = ghost.remove(
+                                op_a[done_until],
+                                n0,
+                                ph,
+                                kin,
+                                gc,
+                                pend,
+                                heap,
+                                hn,
+                                ent_key,
+                                ent_alive,
+                                ent_prev,
+                                key_last,
+                                tail,
+                                head,
+                                free,
+                            )
+                            orphans += orphan
+                            done_until += 1
                 hit = l0
                 if own <= l0:
                     hit = _lookup(cand, c0, l0, cap, gkind, gsw, n0, ph, kin, gc, False)
@@ -476,11 +491,11 @@ def simulate(
                             ph[k] -= 1  # computed at the larger pool: no longer a phantom
                         else:
                             # The larger pool's own copy, freed to the queue's tail.
-                            ent_key, ent_alive, ent_prev, tail = _push(
+                            ent_key, ent_alive, ent_prev, tail = ghost.push(
                                 k, ent_key, ent_alive, ent_prev, key_last, gc, tail
                             )
                         # It takes a block: a free one, else the queue's head is evicted.
-                        head, free = _take(head, tail, free, ent_key, ent_alive, gc)
+                        head, free = ghost.take(head, tail, free, ent_key, ent_alive, gc)
                 req_hit[q] = hit
                 if junctions:
                     # vLLM stops a prefill chunk at the shared-prefix junction (where the
@@ -507,10 +522,10 @@ def simulate(
                                 else:
                                     first[g] += 1
                                 seen[k] = True
-                                ent_key, ent_alive, ent_prev, tail = _push(
+                                ent_key, ent_alive, ent_prev, tail = ghost.push(
                                     k, ent_key, ent_alive, ent_prev, key_last, gc, tail
                                 )
-                                head, free = _take(head, tail, free, ent_key, ent_alive, gc)
+                                head, free = ghost.take(head, tail, free, ent_key, ent_alive, gc)
                 hit_blocks += hit - l0 + top - l0
                 # The larger pool touches what it hits: ghost copies leave the queue.
                 for d in range(l0 + 1, hit + 1):
@@ -529,6 +544,9 @@ def simulate(
                         own_m = (
                             kd == KIND_MAMBA and rejoin and _stores(ms0, mcode, q, d, g, n_groups)
                         )
+                        if pend[1, k] >= 0:
+                            pend[1, k] = -1  # taken by this hit, as a held copy
+                            continue
                         if n0[k] - ph[k] + kin[k] > 0 and (kd != KIND_MAMBA or own_m):
                             # The recorded pool holds it and did not touch it (its hit
                             # stopped before): this hit takes the larger pool's copy out of
@@ -541,9 +559,9 @@ def simulate(
                             continue
                         if kd == KIND_MAMBA and not rejoin:
                             continue  # the state stays where it was in the queue
-                        _unlink_last(k, ent_alive, ent_prev, key_last, gc)
+                        ghost.unlink_last(k, ent_alive, ent_prev, key_last, gc)
                         if kd == KIND_MAMBA and rejoin and not own_m:
-                            ent_key, ent_alive, ent_prev, tail = _push(
+                            ent_key, ent_alive, ent_prev, tail = ghost.push(
                                 k, ent_key, ent_alive, ent_prev, key_last, gc, tail
                             )
                         else:
@@ -556,20 +574,43 @@ def simulate(
                 # request touched stands for it from now on.
                 for j in range(req_p0[q], req_p0[q + 1]):
                     d = l0 - (j - req_p0[q])
-                    if d > top:
-                        continue  # computed again above, not hit
                     for g in range(n_groups):
                         k = pre[j, g]
                         if k < 0:
                             continue
                         kd = gkind[g]
+                        used = pend[0, k]
+                        if kd == KIND_FULL or (kd == KIND_SLIDING and d > l0 - gsw[g]):
+                            pend[0, k] = i  # the recorded engine's hit touched it
+                        elif kd == KIND_MAMBA and d == l0:
+                            pend[0, k] = i
+                        if d > top:
+                            continue  # computed again above, not hit
                         if kd == KIND_MAMBA and (d != hit or not rejoin):
                             continue
                         if kd == KIND_SLIDING and d <= hit - gsw[g]:
+                            if (
+                                hit > l0
+                                and d > l0 - gsw[g]
+                                and used >= 0
+                                and pend[1, k] < 0
+                                and n0[k] - ph[k] + kin[k] > 0
+                            ):
+                                # The recorded hit touched it, the longer one does not: the
+                                # larger pool's copy stays where its last use freed it.
+                                ph[k] += 1
+                                kin[k] += 1
+                                ghost.wait(k, used, n_keys, pend, heap, hn)
+                            continue
+                        if pend[1, k] >= 0:
+                            # Touched again here: the recorded copy stands for it again.
+                            pend[1, k] = -1
+                            kin[k] -= 1
+                            ph[k] -= 1
                             continue
                         if n0[k] - ph[k] + kin[k] > 0 or gc[k] <= 0 or ph[k] <= 0:
                             continue
-                        _unlink_last(k, ent_alive, ent_prev, key_last, gc)
+                        ghost.unlink_last(k, ent_alive, ent_prev, key_last, gc)
                         ph[k] -= 1
             hit = req_hit[q]
             if hit >= 0:
@@ -578,18 +619,26 @@ def simulate(
                     if rec_depths[j] <= hit:
                         free += 1
         elif t == OP_REMOVE:
-            k = op_a[i]
-            if n0[k] <= 0:
-                orphans += 1
-                continue
-            n0[k] -= 1
-            if ph[k] > 0:
-                ph[k] -= 1
-            else:
-                ent_key, ent_alive, ent_prev, tail = _push(
-                    k, ent_key, ent_alive, ent_prev, key_last, gc, tail
-                )
-            head, free = _take(head, tail, free, ent_key, ent_alive, gc)
+            if i < done_until:
+                continue  # taken before the lookup that follows it
+            ent_key, ent_alive, ent_prev, tail, head, free, orphan = ghost.remove(
+                op_a[i],
+                n0,
+                ph,
+                kin,
+                gc,
+                pend,
+                heap,
+                hn,
+                ent_key,
+                ent_alive,
+                ent_prev,
+                key_last,
+                tail,
+                head,
+                free,
+            )
+            orphans += orphan
         elif t == OP_CLEAR:
             n0[:] = 0
             ph[:] = 0
@@ -597,10 +646,13 @@ def simulate(
             gc[:] = 0
             ent_alive[:] = False
             key_last[:] = -1
+            pend[:] = -1
+            hn[0] = 0
             head = tail
             free = extra
         else:
             k = op_a[i]
+            pend[0, k] = i
             g = op_group[i]
             q = rec_req[op_rec[i]]
             hit = req_hit[q]
@@ -608,6 +660,7 @@ def simulate(
             if hit >= 0 and (op_depth[i] <= hit or skip):
                 if kin[k] > 0:
                     kin[k] -= 1
+                    pend[1, k] = -1
                 else:
                     ph[k] += 1
                 n0[k] += 1
