@@ -31,8 +31,14 @@ class Run:
     returncode: int
 
 
-def run_child(cmd: list[str], *, cpus: str | None = None, env: dict[str, str] | None = None,
-              stdout: Any = subprocess.DEVNULL, stderr: Any = None) -> Run:
+def run_child(
+    cmd: list[str],
+    *,
+    cpus: str | None = None,
+    env: dict[str, str] | None = None,
+    stdout: Any = subprocess.DEVNULL,
+    stderr: Any = None,
+) -> Run:
     """Run ``cmd`` and measure wall time, CPU time and peak RSS of that child (wait4)."""
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
@@ -46,8 +52,9 @@ def run_child(cmd: list[str], *, cpus: str | None = None, env: dict[str, str] | 
     return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0, proc.returncode)
 
 
-def run_child_tty(cmd: list[str], *, env: dict[str, str] | None = None,
-                  stdout: Any = subprocess.DEVNULL) -> tuple[Run, str]:
+def run_child_tty(
+    cmd: list[str], *, env: dict[str, str] | None = None, stdout: Any = subprocess.DEVNULL
+) -> tuple[Run, str]:
     """:func:`run_child` with stderr on a pseudo-terminal (what a person at a terminal sees).
 
     Returns the run and everything the child wrote to stderr (a terminal's ``\\r\\n`` as
@@ -123,8 +130,12 @@ def machine() -> dict[str, Any]:
 
 def git_head() -> str:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         return out.stdout.strip()
     except OSError:
         return "?"

@@ -30,7 +30,7 @@ from _common import DATA, ROOT, kvtool_cmd, median, run_child, save_result
 
 sys.path.insert(0, str(ROOT))
 
-from kvtool.recording import RecordingWriter, open_recording  # noqa: E402
+from kvtool.recording import RecordingWriter, open_recording
 
 RANK_SHIFT_NS = 3_000
 
@@ -88,8 +88,11 @@ def main() -> int:
                 cmd += ["--ray", args.ray] if mode == "ray" else ["--jobs", mode[1:]]
                 r = run_child(cmd, stderr=subprocess.PIPE)
                 runs.setdefault(name, []).append(r)
-                print(f"run {i + 1} {name:12s} wall {r.wall_s:6.2f} s  cpu {r.cpu_s:6.2f} s  "
-                      f"maxrss {r.maxrss_mb:6.1f} MB  rc {r.returncode}", file=sys.stderr)
+                print(
+                    f"run {i + 1} {name:12s} wall {r.wall_s:6.2f} s  cpu {r.cpu_s:6.2f} s  "
+                    f"maxrss {r.maxrss_mb:6.1f} MB  rc {r.returncode}",
+                    file=sys.stderr,
+                )
                 if out.exists():
                     outputs[name] = json.loads(out.read_text())
     med = {m: median([r.wall_s for r in rs]) for m, rs in runs.items()}
@@ -130,8 +133,10 @@ def main() -> int:
         print(f"{m:12s} median wall {med[m]:6.2f} s  cpu {cpu[m]:6.2f} s  {rate:5.2f} M/s")
     for layout in layouts:
         for mode in modes[1:]:
-            print(f"{layout}-{mode} / {layout}-j1 = "
-                  f"{med[f'{layout}-{mode}'] / med[f'{layout}-j1']:.2f}")
+            print(
+                f"{layout}-{mode} / {layout}-j1 = "
+                f"{med[f'{layout}-{mode}'] / med[f'{layout}-j1']:.2f}"
+            )
     for k, v in checks.items():
         print(f"{k}: {v}")
     return 0 if all(v == "identical" for v in checks.values()) else 1

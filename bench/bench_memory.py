@@ -1,4 +1,4 @@
-"""Peak RSS of ``kvtool report`` on the 1x and the 10x recordings (goal: 10x <= 1.2x of 1x, issue 19).
+"""Peak RSS of ``kvtool report`` on the 1x and the 10x recordings (goal, issue 19: 10x <= 1.2x 1x).
 
 Peak RSS is the child's own ``ru_maxrss`` from ``wait4`` (what ``/usr/bin/time -v``
 prints as "Maximum resident set size"), one process per run, runs interleaved.
@@ -26,8 +26,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--name", default="memory", help="result file name (bench/data/results/)")
     ap.add_argument("--cpus", default=None, help="taskset CPU list, e.g. 1")
-    ap.add_argument("--jobs", type=int, default=1,
-                    help="report --jobs (RSS is the driver's; default 1: one process)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="report --jobs (RSS is the driver's; default 1: one process)",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvbench-mem-"))
     files = {"1x": Path(args.small), "10x": Path(args.big)}
@@ -37,12 +41,25 @@ def main() -> int:
         for name, path in files.items():
             out = tmp / f"{name}.json"
             out.unlink(missing_ok=True)
-            cmd = [*kvtool_cmd(), "report", str(path), "--format", "json", "-q", "-o", str(out),
-                   "--jobs", str(args.jobs)]
+            cmd = [
+                *kvtool_cmd(),
+                "report",
+                str(path),
+                "--format",
+                "json",
+                "-q",
+                "-o",
+                str(out),
+                "--jobs",
+                str(args.jobs),
+            ]
             r = run_child(cmd, cpus=args.cpus, stderr=subprocess.PIPE)
             runs[name].append(r)
-            print(f"run {i + 1} {name:4s} maxrss {r.maxrss_mb:8.1f} MB  wall {r.wall_s:7.2f} s"
-                  f"  rc {r.returncode}", file=sys.stderr)
+            print(
+                f"run {i + 1} {name:4s} maxrss {r.maxrss_mb:8.1f} MB  wall {r.wall_s:7.2f} s"
+                f"  rc {r.returncode}",
+                file=sys.stderr,
+            )
             if out.exists():
                 reports[name] = json.loads(out.read_text())
     med_rss = {k: median([r.maxrss_mb for r in v]) for k, v in runs.items()}
@@ -71,11 +88,14 @@ def main() -> int:
             truth = json.loads(truth_path.read_text())
             literal = wire_literal(path, tmp)
             result.setdefault("checks", {})[f"report_incremental_vs_truth_{name}"] = (
-                compare(literal, truth, "report", "truth") if literal else ["no report"])
+                compare(literal, truth, "report", "truth") if literal else ["no report"]
+            )
     save_result(args.name, result)
     for k in files:
-        print(f"{k:4s} ({sizes.get(k, '?')} block events): median peak RSS {med_rss[k]:.1f} MB, "
-              f"wall {med_wall[k]:.2f} s")
+        print(
+            f"{k:4s} ({sizes.get(k, '?')} block events): median peak RSS {med_rss[k]:.1f} MB, "
+            f"wall {med_wall[k]:.2f} s"
+        )
     print(f"10x / 1x peak RSS = {result['ratio_10x_over_1x']:.2f}  (goal <= 1.2)")
     for k, rate in result["block_events_per_s"].items():
         print(f"{k:4s} throughput {rate / 1e6:.2f} M block events/s (--jobs {args.jobs})")

@@ -193,12 +193,25 @@ def sink_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None) -> dict[s
     if got < n:
         done -= 3.0  # the idle poll that ended the loop
     span = done - sent["first_send"]
-    return {"hwm": hwm, "batches": n, "received": got, "sink_s": span,
-            "sink_batches_per_s": got / span, "publisher_batches_per_s": n / sent["send_s"]}
+    return {
+        "hwm": hwm,
+        "batches": n,
+        "received": got,
+        "sink_s": span,
+        "sink_batches_per_s": got / span,
+        "publisher_batches_per_s": n / sent["send_s"],
+    }
 
 
-def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: str | None,
-            tmp: Path, msgs: list[tuple[bytes, int, bytes]]) -> dict[str, Any]:
+def one_run(
+    frames: Path,
+    loops: int,
+    hwm: int,
+    cpus_pub: str | None,
+    cpus_rec: str | None,
+    tmp: Path,
+    msgs: list[tuple[bytes, int, bytes]],
+) -> dict[str, Any]:
     out = tmp / f"rec-{hwm}-{time.time_ns()}.mcap"
     pub_cmd = [sys.executable, __file__, "--publisher", str(frames), str(loops), str(hwm)]
     if cpus_pub:
@@ -208,9 +221,20 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
         assert pub.stdout is not None
         hello = json.loads(pub.stdout.readline())
         n = hello["batches"]
-        rec_cmd = [*kvtool_cmd(), "record", f"tcp://127.0.0.1:{hello['port']}",
-                   "--replay", f"tcp://127.0.0.1:{hello['replay_port']}", "-o", str(out),
-                   "-n", str(n), "--duration", "600s", "-q"]
+        rec_cmd = [
+            *kvtool_cmd(),
+            "record",
+            f"tcp://127.0.0.1:{hello['port']}",
+            "--replay",
+            f"tcp://127.0.0.1:{hello['replay_port']}",
+            "-o",
+            str(out),
+            "-n",
+            str(n),
+            "--duration",
+            "600s",
+            "-q",
+        ]
         if cpus_rec:
             rec_cmd = ["taskset", "-c", cpus_rec, *rec_cmd]
         t0 = time.perf_counter()
@@ -238,8 +262,12 @@ def one_run(frames: Path, loops: int, hwm: int, cpus_pub: str | None, cpus_rec: 
         rerr = rproc.stderr.read() if rproc.stderr else b""
         if rproc.stderr:
             rproc.stderr.close()
-        rec = Run(time.perf_counter() - t0, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024.0,
-                  rproc.returncode)
+        rec = Run(
+            time.perf_counter() - t0,
+            ru.ru_utime + ru.ru_stime,
+            ru.ru_maxrss / 1024.0,
+            rproc.returncode,
+        )
         if sent is None:
             sent = json.loads(pub.stdout.readline())
     finally:
@@ -308,60 +336,79 @@ def writer_cost(frames: Path, runs: int, compression: str) -> dict[str, Any]:
     tmp.rmdir()
     import kvtool.recording.writer as module
 
-    return {"batches": len(msgs), "compression": compression, "file_bytes": size,
-            "writer_module": module.__file__,
-            "cpu_us_per_batch": per_batch, "median_cpu_us_per_batch": median(per_batch)}
+    return {
+        "batches": len(msgs),
+        "compression": compression,
+        "file_bytes": size,
+        "writer_module": module.__file__,
+        "cpu_us_per_batch": per_batch,
+        "median_cpu_us_per_batch": median(per_batch),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="record capacity")
     ap.add_argument("frames", nargs="?", default=str(ROOT / "bench/data/big1.frames"))
-    ap.add_argument("--loops", type=int, default=1,
-                    help="play the stream this many times (seq renumbered), to exceed the "
-                         "replay buffer")
+    ap.add_argument(
+        "--loops",
+        type=int,
+        default=1,
+        help="play the stream this many times (seq renumbered), to exceed the replay buffer",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hwm", type=int, nargs="+", default=[100_000, 1000])
     ap.add_argument("--cpus-pub", default=None, help="taskset CPU list for the publisher")
     ap.add_argument("--cpus-rec", default=None, help="taskset CPU list for the recorder")
     ap.add_argument("--name", default="record", help="result file name (bench/data/results/)")
-    ap.add_argument("--writer", action="store_true",
-                    help="measure the recording writer alone, in process (CPU us per batch)")
+    ap.add_argument(
+        "--writer",
+        action="store_true",
+        help="measure the recording writer alone, in process (CPU us per batch)",
+    )
     ap.add_argument("--compression", default="zstd", help="with --writer: zstd, lz4 or none")
     ap.add_argument("--publisher", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.writer:
         res = writer_cost(Path(args.frames), args.runs, args.compression)
         save_result(args.name, res)
-        print(f"{res['batches']} batches, {args.compression}: writer "
-              f"{res['median_cpu_us_per_batch']:.1f} us/batch CPU (median of {args.runs})")
+        print(
+            f"{res['batches']} batches, {args.compression}: writer "
+            f"{res['median_cpu_us_per_batch']:.1f} us/batch CPU (median of {args.runs})"
+        )
         return 0
     if args.publisher:
-        return publisher(Path(args.publisher[0]), int(args.publisher[1]),
-                         int(args.publisher[2]))
+        return publisher(Path(args.publisher[0]), int(args.publisher[1]), int(args.publisher[2]))
     frames = Path(args.frames)
     msgs = stream(frames, args.loops)
     tmp = Path(tempfile.mkdtemp(prefix="kvbench-rec-"))
     # The recorder's start-up CPU (interpreter, imports), subtracted for CPU per batch.
-    startup = median([run_child([*kvtool_cmd(), "record", "--help"], cpus=args.cpus_rec).cpu_s
-                      for _ in range(3)])
+    startup = median(
+        [run_child([*kvtool_cmd(), "record", "--help"], cpus=args.cpus_rec).cpu_s for _ in range(3)]
+    )
     runs: dict[int, list[dict[str, Any]]] = {h: [] for h in args.hwm}
     sinks: dict[int, list[dict[str, Any]]] = {h: [] for h in args.hwm}
     for i in range(args.runs):
         for hwm in args.hwm:
             s = sink_run(frames, args.loops, hwm, args.cpus_pub)
             sinks[hwm].append(s)
-            print(f"run {i + 1} hwm {hwm:6d}: counting subscriber received {s['received']}/"
-                  f"{s['batches']} at {s['sink_batches_per_s']:.0f}/s", file=sys.stderr)
+            print(
+                f"run {i + 1} hwm {hwm:6d}: counting subscriber received {s['received']}/"
+                f"{s['batches']} at {s['sink_batches_per_s']:.0f}/s",
+                file=sys.stderr,
+            )
             r = one_run(frames, args.loops, hwm, args.cpus_pub, args.cpus_rec, tmp, msgs)
             r["recorder_cpu_per_batch_us"] = (r["recorder"].cpu_s - startup) / r["batches"] * 1e6
             runs[hwm].append(r)
             e2e = r["recorder_batches_per_s"]
-            print(f"run {i + 1} hwm {hwm:6d}: publisher {r['publisher_batches_per_s']:8.0f}/s, "
-                  f"recorder end-to-end {e2e if e2e is None else round(e2e)}/s, receive "
-                  f"{r['recorder_receive_batches_per_s']:.0f}/s; lost {r['ledger_lost']} "
-                  f"missing {r['missing']} recovered {r['ledger_recovered']} replayed "
-                  f"{r.get('replayed')}, cpu/batch {r['recorder_cpu_per_batch_us']:.0f} us, "
-                  f"rc {r['recorder'].returncode}", file=sys.stderr)
+            print(
+                f"run {i + 1} hwm {hwm:6d}: publisher {r['publisher_batches_per_s']:8.0f}/s, "
+                f"recorder end-to-end {e2e if e2e is None else round(e2e)}/s, receive "
+                f"{r['recorder_receive_batches_per_s']:.0f}/s; lost {r['ledger_lost']} "
+                f"missing {r['missing']} recovered {r['ledger_recovered']} replayed "
+                f"{r.get('replayed')}, cpu/batch {r['recorder_cpu_per_batch_us']:.0f} us, "
+                f"rc {r['recorder'].returncode}",
+                file=sys.stderr,
+            )
 
     def med(xs: list[Any]) -> float | None:
         xs = [x for x in xs if x is not None]
@@ -383,8 +430,7 @@ def main() -> int:
             "ratio_recorder_receive_over_publisher": recv_rate / pub_rate if recv_rate else None,
             "ratio_recorder_over_sink": rec_rate / sink_rate if rec_rate else None,
             "ratio_recorder_receive_over_sink": recv_rate / sink_rate if recv_rate else None,
-            "median_recorder_cpu_per_batch_us": med(
-                [r["recorder_cpu_per_batch_us"] for r in rs]),
+            "median_recorder_cpu_per_batch_us": med([r["recorder_cpu_per_batch_us"] for r in rs]),
             "sink_received_per_run": [s["received"] for s in sinks[hwm]],
             "lost_per_run": [r["ledger_lost"] for r in rs],
             "missing_per_run": [r["missing"] for r in rs],
@@ -393,22 +439,35 @@ def main() -> int:
             "exit_status_per_run": [r["recorder"].returncode for r in rs],
         }
     payload_mb = sum(len(p) for _t, _s, p in msgs) / 1e6
-    save_result(args.name, {"frames": str(frames), "loops": args.loops, "payload_mb": payload_mb,
-                           "startup_cpu_s": startup, "runs": runs, "sinks": sinks,
-                           "summary": summary})
-    print(f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU "
-          f"{startup:.2f} s")
+    save_result(
+        args.name,
+        {
+            "frames": str(frames),
+            "loops": args.loops,
+            "payload_mb": payload_mb,
+            "startup_cpu_s": startup,
+            "runs": runs,
+            "sinks": sinks,
+            "summary": summary,
+        },
+    )
+    print(
+        f"\n{len(msgs)} batches, {payload_mb:.0f} MB payload; recorder start-up CPU {startup:.2f} s"
+    )
+
     def f(x: float | None, fmt: str = ".0f") -> str:
         return "n/a" if x is None else format(x, fmt)
 
     for hwm, s in summary.items():
-        print(f"SNDHWM {hwm:>6}: publisher {f(s['median_publisher_batches_per_s'])}/s; recorder"
-              f" end-to-end {f(s['median_recorder_batches_per_s'])}/s (x"
-              f"{f(s['ratio_recorder_over_publisher'], '.2f')} of publisher, goal >= 1.0), "
-              f"receive {f(s['median_recorder_receive_batches_per_s'])}/s; counting subscriber "
-              f"{f(s['median_sink_batches_per_s'])}/s; lost {s['lost_per_run']} missing "
-              f"{s['missing_per_run']} (goal 0); recovered {s['recovered_per_run']}; CPU "
-              f"{f(s['median_recorder_cpu_per_batch_us'])} us/batch")
+        print(
+            f"SNDHWM {hwm:>6}: publisher {f(s['median_publisher_batches_per_s'])}/s; recorder"
+            f" end-to-end {f(s['median_recorder_batches_per_s'])}/s (x"
+            f"{f(s['ratio_recorder_over_publisher'], '.2f')} of publisher, goal >= 1.0), "
+            f"receive {f(s['median_recorder_receive_batches_per_s'])}/s; counting subscriber "
+            f"{f(s['median_sink_batches_per_s'])}/s; lost {s['lost_per_run']} missing "
+            f"{s['missing_per_run']} (goal 0); recovered {s['recovered_per_run']}; CPU "
+            f"{f(s['median_recorder_cpu_per_batch_us'])} us/batch"
+        )
     return 0
 
 

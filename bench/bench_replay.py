@@ -77,8 +77,19 @@ def one_run(mode: str, rec: Path, frames: Path, n: int, cpus: str | None) -> dic
     if mode == "baseline":
         cmd = [sys.executable, __file__, "--baseline", str(frames), str(port)]
     else:
-        cmd = [*kvtool_cmd(), "replay", str(rec), "--publish", f"tcp://127.0.0.1:{port}",
-               "--connect", "--max-speed", "--wait-subscribers", "1", "--wait-timeout", "60"]
+        cmd = [
+            *kvtool_cmd(),
+            "replay",
+            str(rec),
+            "--publish",
+            f"tcp://127.0.0.1:{port}",
+            "--connect",
+            "--max-speed",
+            "--wait-subscribers",
+            "1",
+            "--wait-timeout",
+            "60",
+        ]
     if cpus:
         cmd = ["taskset", "-c", cpus, *cmd]
     t0 = time.perf_counter()
@@ -104,8 +115,11 @@ def one_run(mode: str, rec: Path, frames: Path, n: int, cpus: str | None) -> dic
 def main() -> int:
     ap = argparse.ArgumentParser(description="replay publish rate")
     ap.add_argument("recording", nargs="?", default=str(ROOT / "bench/data/big1.mcap"))
-    ap.add_argument("--frames", default=None, help="the same stream as .frames "
-                    "(default: the recording's name with .frames)")
+    ap.add_argument(
+        "--frames",
+        default=None,
+        help="the same stream as .frames (default: the recording's name with .frames)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cpus", default=None, help="taskset CPU list for the publishers")
     ap.add_argument("--baseline", nargs=2, help=argparse.SUPPRESS)
@@ -122,15 +136,26 @@ def main() -> int:
         for mode in runs:
             r = one_run(mode, rec, frames, n, args.cpus)
             runs[mode].append(r)
-            print(f"run {i + 1} {mode:8s}: received {r['received']}/{n}, "
-                  f"{r.get('batches_per_s', 0):8.0f} batches/s, wall {r['wall_s']:.2f} s, "
-                  f"rc {r['returncode']}", file=sys.stderr)
+            print(
+                f"run {i + 1} {mode:8s}: received {r['received']}/{n}, "
+                f"{r.get('batches_per_s', 0):8.0f} batches/s, wall {r['wall_s']:.2f} s, "
+                f"rc {r['returncode']}",
+                file=sys.stderr,
+            )
     med = {m: median([r.get("batches_per_s", 0.0) for r in rs]) for m, rs in runs.items()}
     med_wall = {m: median([r["wall_s"] for r in rs]) for m, rs in runs.items()}
     ratio = med["kvtool"] / med["baseline"] if med["baseline"] else None
-    save_result("replay", {"recording": str(rec), "batches": n, "runs": runs,
-                           "median_batches_per_s": med, "median_wall_s": med_wall,
-                           "ratio_kvtool_over_baseline": ratio})
+    save_result(
+        "replay",
+        {
+            "recording": str(rec),
+            "batches": n,
+            "runs": runs,
+            "median_batches_per_s": med,
+            "median_wall_s": med_wall,
+            "ratio_kvtool_over_baseline": ratio,
+        },
+    )
     print(f"\n{n} batches")
     for m in runs:
         print(f"{m:8s}: median {med[m]:.0f} batches/s at the subscriber, wall {med_wall[m]:.2f} s")

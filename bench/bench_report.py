@@ -49,12 +49,23 @@ from typing import Any
 import msgspec
 from _common import ROOT, kvtool_cmd, median, run_child, run_child_tty, save_result
 
-COUNT_COLUMNS = ("store_events", "blocks_stored", "tokens_stored", "remove_events",
-                 "blocks_removed", "blocks_cleared", "live_blocks_end", "peak_live_blocks",
-                 "distinct_hashes", "restored_blocks", "orphan_removes")
+COUNT_COLUMNS = (
+    "store_events",
+    "blocks_stored",
+    "tokens_stored",
+    "remove_events",
+    "blocks_removed",
+    "blocks_cleared",
+    "live_blocks_end",
+    "peak_live_blocks",
+    "distinct_hashes",
+    "restored_blocks",
+    "orphan_removes",
+)
 
 
 # --- floor: the cheapest decode that still looks at every field a report needs -----------
+
 
 class _FStored(msgspec.Struct, tag="BlockStored", tag_field="type"):
     block_hashes: list[int | bytes] = []
@@ -139,14 +150,18 @@ def physical(path: str) -> dict[str, Any]:
     with open(path, "rb") as f:
         for record in StreamReader(f, emit_chunks=True, validate_crcs=False).records:
             if isinstance(record, Chunk):
-                data = (unzstd.decompress(record.data, max_output_size=record.uncompressed_size)
-                        if record.compression == "zstd" else record.data)
+                data = (
+                    unzstd.decompress(record.data, max_output_size=record.uncompressed_size)
+                    if record.compression == "zstd"
+                    else record.data
+                )
                 chunks += 1
                 size += len(data)
     return {"chunks": chunks, "bytes": size}
 
 
 # --- hand loop -----------------------------------------------------------------------------
+
 
 def _pct(sorted_xs: list[float], q: float) -> float | None:
     if not sorted_xs:
@@ -162,8 +177,10 @@ def hand(path: str) -> dict[str, Any]:
     from kvtool.recording import open_recording
 
     with open_recording(path) as rec:
-        meta = {int(g["group_idx"]): (g["kind"], g.get("sliding_window"))  # type: ignore[call-overload]
-                for g in (rec.groups or [])}
+        meta = {
+            int(g["group_idx"]): (g["kind"], g.get("sliding_window"))  # type: ignore[call-overload]
+            for g in (rec.groups or [])
+        }
         rows: dict[int, dict[str, int]] = {}
         live: dict[tuple[int, Any], int] = {}
         stores: dict[tuple[int, Any], deque[float]] = {}
@@ -270,18 +287,31 @@ def hand(path: str) -> dict[str, Any]:
     by_group = [{"group_idx": g, **agg([g], peak_g[g])} for g in sorted(rows)]
     kinds = sorted({kw(g)[0] for g in rows}, key=str)
     wins = sorted({kw(g)[1] for g in rows}, key=lambda w: (w is not None, w or 0))
-    by_kind = [{"kind": k, **agg([g for g in rows if kw(g)[0] == k], peak_k.get(k, 0))}
-               for k in kinds]
-    by_window = [{"sliding_window": w, **agg([g for g in rows if kw(g)[1] == w],
-                                             peak_w.get(w, 0))} for w in wins]
-    return {"totals": agg(list(rows), total[1]), "by_kind": by_kind, "by_window": by_window,
-            "by_group": by_group}
+    by_kind = [
+        {"kind": k, **agg([g for g in rows if kw(g)[0] == k], peak_k.get(k, 0))} for k in kinds
+    ]
+    by_window = [
+        {"sliding_window": w, **agg([g for g in rows if kw(g)[1] == w], peak_w.get(w, 0))}
+        for w in wins
+    ]
+    return {
+        "totals": agg(list(rows), total[1]),
+        "by_kind": by_kind,
+        "by_window": by_window,
+        "by_group": by_group,
+    }
 
 
 # --- comparison ----------------------------------------------------------------------------
 
-def compare(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str,
-            columns: tuple[str, ...] = COUNT_COLUMNS) -> list[str]:
+
+def compare(
+    a: dict[str, Any],
+    b: dict[str, Any],
+    a_name: str,
+    b_name: str,
+    columns: tuple[str, ...] = COUNT_COLUMNS,
+) -> list[str]:
     """Differences between two report dicts in the count columns (and lifetimes, 1 %)."""
     diffs: list[str] = []
 
@@ -298,14 +328,19 @@ def compare(a: dict[str, Any], b: dict[str, Any], a_name: str, b_name: str,
                 # a's lifetimes pair evictions by vLLM's rule (R8) where b's are FIFO: b's
                 # quantile must lie in a's bound (the oldest-first and newest-first rules).
                 if not lo * 0.99 - 1e-3 <= vb <= hi * 1.01 + 1e-3:
-                    diffs.append(f"{where}.{c}: {b_name}={vb:.4f} outside {a_name}'s bound "
-                                 f"[{lo:.4f}, {hi:.4f}]")
+                    diffs.append(
+                        f"{where}.{c}: {b_name}={vb:.4f} outside {a_name}'s bound "
+                        f"[{lo:.4f}, {hi:.4f}]"
+                    )
             elif not math.isclose(va, vb, rel_tol=0.01, abs_tol=1e-3):
                 diffs.append(f"{where}.{c}: {a_name}={va:.4f} {b_name}={vb:.4f}")
 
     cmp("totals", a["totals"], b["totals"])
-    for table, key in (("by_kind", "kind"), ("by_window", "sliding_window"),
-                       ("by_group", "group_idx")):
+    for table, key in (
+        ("by_kind", "kind"),
+        ("by_window", "sliding_window"),
+        ("by_group", "group_idx"),
+    ):
         ia = {r[key]: r for r in a.get(table, [])}
         ib = {r[key]: r for r in b.get(table, [])}
         for k in sorted(set(ia) | set(ib), key=str):
@@ -329,8 +364,19 @@ def wire_literal(rec: Path, tmp: Path) -> dict[str, Any] | None:
     """
     out = tmp / "wire-literal.json"
     out.unlink(missing_ok=True)
-    cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q", "-o", str(out),
-           "--report-mode", "incremental", "--lifetime-bounds"]
+    cmd = [
+        *kvtool_cmd(),
+        "report",
+        str(rec),
+        "--format",
+        "json",
+        "-q",
+        "-o",
+        str(out),
+        "--report-mode",
+        "incremental",
+        "--lifetime-bounds",
+    ]
     subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text()) if out.exists() else None
 
@@ -351,15 +397,27 @@ def _cold_runs(rec: Path, n: int, tmp: Path) -> dict[str, Any]:
     for i in range(n):
         cache = Path(tempfile.mkdtemp(prefix="kvbench-jit-"))
         env = {"NUMBA_CACHE_DIR": str(cache)}
-        cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q",
-               "-o", str(tmp / "cold.json"), "--force"]
+        cmd = [
+            *kvtool_cmd(),
+            "report",
+            str(rec),
+            "--format",
+            "json",
+            "-q",
+            "-o",
+            str(tmp / "cold.json"),
+            "--force",
+        ]
         for kind in ("report-cold", "report-warm"):
             r, err = run_child_tty(cmd, env=env)
             out[kind].append(r)
             if kind == "report-cold":
                 out["stderr_lines"].append(err.splitlines())
-            print(f"cold {i + 1} {kind} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
-                  f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}", file=sys.stderr)
+            print(
+                f"cold {i + 1} {kind} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
+                f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}",
+                file=sys.stderr,
+            )
         subprocess.run(["rm", "-rf", str(cache)], check=False)
     return out
 
@@ -370,14 +428,24 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cpus", default=None, help="taskset CPU list, e.g. 1 (one core)")
     ap.add_argument("--no-hand", action="store_true", help="skip the (slow) hand loops")
-    ap.add_argument("--jobs", default=None,
-                    help="comma list of --jobs values to time as report-jN (e.g. 1,2)")
-    ap.add_argument("--ray", default=None, metavar="ADDRESS",
-                    help="also time report --ray ADDRESS (e.g. local)")
-    ap.add_argument("--imports", action="store_true",
-                    help="also time python -c pass against the report's imports")
-    ap.add_argument("--cold", type=int, default=0, metavar="N",
-                    help="also N cold runs (empty NUMBA_CACHE_DIR), each with a warm run after")
+    ap.add_argument(
+        "--jobs", default=None, help="comma list of --jobs values to time as report-jN (e.g. 1,2)"
+    )
+    ap.add_argument(
+        "--ray", default=None, metavar="ADDRESS", help="also time report --ray ADDRESS (e.g. local)"
+    )
+    ap.add_argument(
+        "--imports",
+        action="store_true",
+        help="also time python -c pass against the report's imports",
+    )
+    ap.add_argument(
+        "--cold",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also N cold runs (empty NUMBA_CACHE_DIR), each with a warm run after",
+    )
     ap.add_argument("--child", nargs=3, metavar=("MODE", "PATH", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -388,18 +456,20 @@ def main() -> int:
     truth = json.loads(truth_path.read_text()) if truth_path.exists() else None
     tmp = Path(tempfile.mkdtemp(prefix="kvbench-"))
     jobs = [int(j) for j in args.jobs.split(",")] if args.jobs else []
-    modes = (["physical", "floor", "report"] + [f"report-j{j}" for j in jobs]
-             + (["report-ray"] if args.ray else [])
-             + ([] if args.no_hand else ["hand", "hand-user"])
-             + (["python", "import-report"] if args.imports else []))
+    modes = (
+        ["physical", "floor", "report"]
+        + [f"report-j{j}" for j in jobs]
+        + (["report-ray"] if args.ray else [])
+        + ([] if args.no_hand else ["hand", "hand-user"])
+        + (["python", "import-report"] if args.imports else [])
+    )
     runs: dict[str, list[Any]] = {m: [] for m in modes}
     outputs: dict[str, Any] = {}
     for i in range(args.runs):
         for mode in modes:
             out = tmp / f"{mode}.json"
             if mode.startswith("report"):
-                cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q",
-                       "-o", str(out)]
+                cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q", "-o", str(out)]
                 if mode.startswith("report-j"):
                     cmd += ["--jobs", mode.removeprefix("report-j")]
                 elif mode == "report-ray":
@@ -422,8 +492,11 @@ def main() -> int:
             if r.returncode not in (0,):
                 print(f"{mode}: exit status {r.returncode}", file=sys.stderr)
             runs[mode].append(r)
-            print(f"run {i + 1} {mode:6s} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
-                  f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}", file=sys.stderr)
+            print(
+                f"run {i + 1} {mode:6s} wall {r.wall_s:7.2f} s  cpu {r.cpu_s:7.2f} s  "
+                f"maxrss {r.maxrss_mb:7.1f} MB  rc {r.returncode}",
+                file=sys.stderr,
+            )
             if out.exists():
                 outputs[mode] = json.loads(out.read_text())
     cold = _cold_runs(rec, args.cold, tmp) if args.cold else None
@@ -447,8 +520,9 @@ def main() -> int:
         result["ratio_report_over_hand"] = med["report"] / med["hand"]
     if args.imports:
         result["median_cpu_s"] = {m: median([r.cpu_s for r in runs[m]]) for m in modes}
-        result["import_report_cpu_s"] = (result["median_cpu_s"]["import-report"]
-                                         - result["median_cpu_s"]["python"])
+        result["import_report_cpu_s"] = (
+            result["median_cpu_s"]["import-report"] - result["median_cpu_s"]["python"]
+        )
     if cold is not None:
         result["cold"] = cold
     if "hand-user" in med:
@@ -470,7 +544,8 @@ def main() -> int:
         if m != "report" and rep is not None:
             # Every --jobs value and Ray must give the very same report.
             same = {k: v for k, v in other.items() if k != "source"} == {
-                k: v for k, v in rep.items() if k != "source"}
+                k: v for k, v in rep.items() if k != "source"
+            }
             checks[f"{m}_vs_report"] = [] if same else [f"{m} differs from report"]
     if "hand" in outputs and truth is not None:
         checks["hand_vs_truth"] = compare(outputs["hand"], truth, "hand", "truth")
@@ -484,25 +559,33 @@ def main() -> int:
     if "hand" in med:
         print(f"report / hand (bench loop)    = {result['ratio_report_over_hand']:.2f}")
     if "hand-user" in med:
-        print(f"report / hand (hand_report.py) = {result['ratio_report_over_hand_user']:.2f}"
-              "  (goal <= 0.3)")
+        print(
+            f"report / hand (hand_report.py) = {result['ratio_report_over_hand_user']:.2f}"
+            "  (goal <= 0.3)"
+        )
     for m in modes:
         if m.startswith("report-"):
             print(f"{m} / report = {med[m] / med['report']:.2f}")
     if args.imports:
         cpu = result["median_cpu_s"]
-        print(f"imports of the report path: {result['import_report_cpu_s']:.2f} s CPU "
-              f"(import-report {cpu['import-report']:.2f} s, python -c pass {cpu['python']:.2f} s)"
-              f"; report {cpu['report']:.2f} s CPU in all")
+        print(
+            f"imports of the report path: {result['import_report_cpu_s']:.2f} s CPU "
+            f"(import-report {cpu['import-report']:.2f} s, python -c pass {cpu['python']:.2f} s)"
+            f"; report {cpu['report']:.2f} s CPU in all"
+        )
     if cold is not None:
         for kind, goal in (("report-cold", "  (goal <= 10 s)"), ("report-warm", "")):
             rs = cold[kind]
-            print(f"{kind}: median wall {median([r.wall_s for r in rs]):.2f} s, "
-                  f"CPU {median([r.cpu_s for r in rs]):.2f} s{goal}")
+            print(
+                f"{kind}: median wall {median([r.wall_s for r in rs]):.2f} s, "
+                f"CPU {median([r.cpu_s for r in rs]):.2f} s{goal}"
+            )
         print(f"cold runs' stderr lines: {cold['stderr_lines']}")
     if block_events:
-        print(f"report: {result['report_block_events_per_s'] / 1e6:.2f} M block events/s "
-              f"(goal: >= 5 on the 10x recording, bench_memory.py)")
+        print(
+            f"report: {result['report_block_events_per_s'] / 1e6:.2f} M block events/s "
+            f"(goal: >= 5 on the 10x recording, bench_memory.py)"
+        )
     for name, diffs in checks.items():
         print(f"{name}: {'equal' if not diffs else f'{len(diffs)} differences'}")
         for d in diffs[:20]:

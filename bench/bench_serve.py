@@ -28,9 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _common import DATA, kvtool_cmd, save_result
-
 import msgspec
+from _common import DATA, kvtool_cmd, save_result
 
 BLOCK = 16
 T0 = 1_764_000_000_000_000_000

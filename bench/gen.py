@@ -117,8 +117,12 @@ class Batch(msgspec.Struct, array_like=True):
 MODELS: dict[str, list[tuple[str, int | None]]] = {
     # (kind, sliding window in tokens)
     "gemma3": [("full_attention", None)] + [("sliding_window", 1024)] * 5,
-    "mla-mamba": [("mla_attention", None), ("sliding_window_mla", 512), ("mamba", None),
-                  ("mamba", None)],
+    "mla-mamba": [
+        ("mla_attention", None),
+        ("sliding_window_mla", 512),
+        ("mamba", None),
+        ("mamba", None),
+    ],
     "full": [("full_attention", None)],
 }
 
@@ -136,11 +140,20 @@ class Block:
 
 
 class Request:
-    __slots__ = ("blocks", "done_blocks", "hashes", "left", "pos", "prompt_blocks", "slid",
-                 "tokens")
+    __slots__ = (
+        "blocks",
+        "done_blocks",
+        "hashes",
+        "left",
+        "pos",
+        "prompt_blocks",
+        "slid",
+        "tokens",
+    )
 
-    def __init__(self, hashes: list[int], tokens: list[int], prompt_blocks: int,
-                 out_tokens: int, groups: int) -> None:
+    def __init__(
+        self, hashes: list[int], tokens: list[int], prompt_blocks: int, out_tokens: int, groups: int
+    ) -> None:
         self.hashes = hashes  # hash of every (future) full block
         self.tokens = tokens  # token ids (prompt + output) backing them
         self.prompt_blocks = prompt_blocks
@@ -253,8 +266,16 @@ class Sim:
 
     # --- one engine step -------------------------------------------------------------------
 
-    def store(self, g: int, req: Request, first: int, last: int, tok_from: int, tok_to: int,
-              block_size: int = BLOCK) -> None:
+    def store(
+        self,
+        g: int,
+        req: Request,
+        first: int,
+        last: int,
+        tok_from: int,
+        tok_to: int,
+        block_size: int = BLOCK,
+    ) -> None:
         hashes = req.hashes[first:last]
         parent = req.hashes[first - 1] if first > 0 else None
         self.events.append(("S", g, hashes, parent, req.tokens[tok_from:tok_to], block_size))
@@ -282,8 +303,11 @@ class Sim:
 
     def admit(self) -> None:
         r = self.rng
-        while (not self.draining and len(self.running) < self.max_running
-               and len(self.free) > self.num_blocks // 3):
+        while (
+            not self.draining
+            and len(self.running) < self.max_running
+            and len(self.free) > self.num_blocks // 3
+        ):
             req = self.new_request()
             hit = self.hit_length(req)
             reannounce = hit > 0 and r.random() < self.reannounce
@@ -367,8 +391,15 @@ class Sim:
             for g in range(self.G):
                 b = req.blocks[g][i]
                 if b is not None:
-                    self.store(g, req, i, i + 1, i * BLOCK, i * BLOCK + partial_tokens,
-                               block_size=partial_tokens)
+                    self.store(
+                        g,
+                        req,
+                        i,
+                        i + 1,
+                        i * BLOCK,
+                        i * BLOCK + partial_tokens,
+                        block_size=partial_tokens,
+                    )
                     self.cache(b, g, req.hashes[i])
         for bl in req.blocks:
             # vLLM frees in reverse order so tail blocks are evicted first.
@@ -396,8 +427,16 @@ def hash_bytes(h: int) -> bytes:
 class Truth:
     """The reference computation: DESIGN.md's report semantics over the event objects."""
 
-    COLS = ("store_events", "blocks_stored", "tokens_stored", "remove_events",
-            "blocks_removed", "blocks_cleared", "restored_blocks", "orphan_removes")
+    COLS = (
+        "store_events",
+        "blocks_stored",
+        "tokens_stored",
+        "remove_events",
+        "blocks_removed",
+        "blocks_cleared",
+        "restored_blocks",
+        "orphan_removes",
+    )
 
     def __init__(self, groups: list[tuple[str, int | None]]) -> None:
         self.groups = groups
@@ -469,10 +508,15 @@ class Truth:
     def result(self) -> dict[str, Any]:
         by_group = []
         for g, (kind, win) in enumerate(self.groups):
-            row = {"group_idx": g, "kind": kind, "sliding_window": win, **self.rows[g],
-                   "live_blocks_end": self.live_per_group[g],
-                   "peak_live_blocks": self.peak_per_group[g],
-                   "distinct_hashes": len(self.distinct[g])}
+            row = {
+                "group_idx": g,
+                "kind": kind,
+                "sliding_window": win,
+                **self.rows[g],
+                "live_blocks_end": self.live_per_group[g],
+                "peak_live_blocks": self.peak_per_group[g],
+                "distinct_hashes": len(self.distinct[g]),
+            }
             by_group.append(row)
 
         def agg(pred: Any) -> dict[str, Any]:
@@ -482,21 +526,27 @@ class Truth:
             out["distinct_hashes"] = len(set().union(*(self.distinct[g] for g in sel)))
             return out
 
-        by_kind = [{"kind": k, **agg(lambda kw, k=k: kw[0] == k), "peak_live_blocks":
-                    self.peak_kind[k]} for k in self.kinds]
-        by_window = [{"sliding_window": w, **agg(lambda kw, w=w: kw[1] == w),
-                      "peak_live_blocks": self.peak_win[w]} for w in self.windows]
+        by_kind = [
+            {"kind": k, **agg(lambda kw, k=k: kw[0] == k), "peak_live_blocks": self.peak_kind[k]}
+            for k in self.kinds
+        ]
+        by_window = [
+            {
+                "sliding_window": w,
+                **agg(lambda kw, w=w: kw[1] == w),
+                "peak_live_blocks": self.peak_win[w],
+            }
+            for w in self.windows
+        ]
         totals = {**agg(lambda kw: True), "peak_live_blocks": self.peak_total}
-        return {"totals": totals, "by_kind": by_kind, "by_window": by_window,
-                "by_group": by_group}
+        return {"totals": totals, "by_kind": by_kind, "by_window": by_window, "by_group": by_group}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--name", default=None, help="output base name (default big<scale>)")
     ap.add_argument("--scale", type=float, default=1.0, help="1 = >= 1.2 M block events")
-    ap.add_argument("--block-events", type=int, default=1_250_000,
-                    help="block events at scale 1")
+    ap.add_argument("--block-events", type=int, default=1_250_000, help="block events at scale 1")
     ap.add_argument("--model", choices=sorted(MODELS), default="gemma3")
     ap.add_argument("--layout", choices=["map", "array"], default="map")
     ap.add_argument("--hash", choices=["int", "bytes"], default="int", dest="hash_type")
@@ -527,8 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     enc = msgspec.msgpack.Encoder()
     use_map = args.layout == "map"
     medium = "GPU"
-    group_meta = [{"group_idx": g, "kind": k, "block_size": BLOCK, "sliding_window": w}
-                  for g, (k, w) in enumerate(sim.groups)]
+    group_meta = [
+        {"group_idx": g, "kind": k, "block_size": BLOCK, "sliding_window": w}
+        for g, (k, w) in enumerate(sim.groups)
+    ]
     hb = hash_bytes if args.hash_type == "bytes" else None
 
     def encode_event(ev: tuple[Any, ...]) -> Any:
@@ -556,9 +608,11 @@ def main(argv: list[str] | None = None) -> int:
     clear_at = target * 0.6
     cleared = False
     frames = None if args.no_frames else open(frames_path, "wb")  # noqa: SIM115
-    writer = RecordingWriter(mcap_path, force=True, context={"generator": "bench/gen.py",
-                                                             "args": vars(args) | {
-                                                                 "outdir": str(args.outdir)}})
+    writer = RecordingWriter(
+        mcap_path,
+        force=True,
+        context={"generator": "bench/gen.py", "args": vars(args) | {"outdir": str(args.outdir)}},
+    )
     try:
         ch = writer.add_channel(ENDPOINT, "", 0)
         writer.add_groups(group_meta, source="bench/gen.py")
@@ -590,8 +644,13 @@ def main(argv: list[str] | None = None) -> int:
             log_time = int(ts * 1e9) + 350_000
             writer.write(ch, seq, payload, log_time, int(ts * 1e9))
             if frames is not None:
-                frames.write(struct.pack(">II", 3, 0) + struct.pack(">I", 8)
-                             + seq.to_bytes(8, "big") + struct.pack(">I", len(payload)) + payload)
+                frames.write(
+                    struct.pack(">II", 3, 0)
+                    + struct.pack(">I", 8)
+                    + seq.to_bytes(8, "big")
+                    + struct.pack(">I", len(payload))
+                    + payload
+                )
             seq += 1
     finally:
         writer.close()
@@ -611,9 +670,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.time() - t0, 1),
     }
     truth_path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{mcap_path}: {truth.batches} batches, {truth.events} events, {block_events} block "
-          f"events, {payload_bytes / 1e6:.1f} MB payload, {os.path.getsize(mcap_path) / 1e6:.1f}"
-          f" MB file, {time.time() - t0:.0f} s", file=sys.stderr)
+    print(
+        f"{mcap_path}: {truth.batches} batches, {truth.events} events, {block_events} block "
+        f"events, {payload_bytes / 1e6:.1f} MB payload, {os.path.getsize(mcap_path) / 1e6:.1f}"
+        f" MB file, {time.time() - t0:.0f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

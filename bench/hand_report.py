@@ -8,6 +8,7 @@ package, decodes each batch into vLLM's full event structs with msgspec, and kee
 (kind, window), the multiset live state keyed by (group_idx, hash), peaks, re-stores, orphan
 removes and store->remove lifetimes. Prints one JSON object. Timed as a whole process, like kvtool.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,15 +73,25 @@ def payloads(path: str):
 def main(path: str) -> None:
     dec = msgspec.msgpack.Decoder(Batch)
     groupkind: dict = {}
-    live: dict = {}; born: dict = {}; lifetimes: dict = {}; peak: dict = {}; cur: dict = {}
-    restored: dict = {}; orphans: dict = {}; stored: dict = {}; removed: dict = {}
+    live: dict = {}
+    born: dict = {}
+    lifetimes: dict = {}
+    peak: dict = {}
+    cur: dict = {}
+    restored: dict = {}
+    orphans: dict = {}
+    stored: dict = {}
+    removed: dict = {}
     for p in payloads(path):
         b = dec.decode(p)
         for e in b.events:
             if isinstance(e, BlockStored):
                 k = (e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
                 groupkind[e.group_idx] = k
-                s = stored.setdefault(k, [0, 0, 0]); s[0] += 1; s[1] += len(e.block_hashes); s[2] += len(e.token_ids)
+                s = stored.setdefault(k, [0, 0, 0])
+                s[0] += 1
+                s[1] += len(e.block_hashes)
+                s[2] += len(e.token_ids)
                 for h in e.block_hashes:
                     key = (e.group_idx, h)
                     n = live.get(key, 0)
@@ -93,7 +104,9 @@ def main(path: str) -> None:
                         peak[k] = c
             elif isinstance(e, BlockRemoved):
                 k = groupkind.get(e.group_idx, ("unattributed", None))
-                r = removed.setdefault(k, [0, 0]); r[0] += 1; r[1] += len(e.block_hashes)
+                r = removed.setdefault(k, [0, 0])
+                r[0] += 1
+                r[1] += len(e.block_hashes)
                 for h in e.block_hashes:
                     key = (e.group_idx, h)
                     n = live.get(key, 0)
@@ -104,14 +117,26 @@ def main(path: str) -> None:
                     lifetimes.setdefault(k, []).append(b.ts - born[key].pop(0))
                     cur[k] -= 1
             else:
-                live.clear(); born.clear(); cur = {k: 0 for k in cur}
-    q = {str(k): statistics.quantiles(v, n=100)[49] if len(v) > 1 else None for k, v in lifetimes.items()}
-    print(json.dumps({"live_end": sum(live.values()),
-                      "stored": {str(k): v for k, v in stored.items()},
-                      "removed": {str(k): v for k, v in removed.items()},
-                      "peak": {str(k): v for k, v in peak.items()},
-                      "restored": {str(k): v for k, v in restored.items()},
-                      "orphans": {str(k): v for k, v in orphans.items()}, "p50": q}))
+                live.clear()
+                born.clear()
+                cur = {k: 0 for k in cur}
+    q = {
+        str(k): statistics.quantiles(v, n=100)[49] if len(v) > 1 else None
+        for k, v in lifetimes.items()
+    }
+    print(
+        json.dumps(
+            {
+                "live_end": sum(live.values()),
+                "stored": {str(k): v for k, v in stored.items()},
+                "removed": {str(k): v for k, v in removed.items()},
+                "peak": {str(k): v for k, v in peak.items()},
+                "restored": {str(k): v for k, v in restored.items()},
+                "orphans": {str(k): v for k, v in orphans.items()},
+                "p50": q,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

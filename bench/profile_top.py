@@ -1,6 +1,6 @@
 """Print the top entries of a cProfile file: by own time and by cumulative time in kvtool.
 
-    python3 bench/profile_top.py FILE.prof [N]
+python3 bench/profile_top.py FILE.prof [N]
 """
 
 from __future__ import annotations
