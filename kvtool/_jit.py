@@ -7,6 +7,13 @@ site-packages is read-only; ``NUMBA_CACHE_DIR`` is honoured by numba itself) and
 ``nogil=True`` (so a kernel runs in a thread beside decompression). numba is imported
 here only, the first time a kernel is defined.
 
+numba knows a cached kernel is stale by its own file only: a change in a helper or a
+constant of another module (``kstate``'s inlined helpers in ``kplain``'s loop, ``schema``'s
+field positions in the decoder) would leave the old machine code in use. So the console
+entry gives numba a cache folder named by a digest of every source file of kvtool
+(:func:`use_a_cache_of_these_sources`); any change in the package is another folder, and a
+cold compile.
+
 A compile says so, once a process, on stderr (:data:`COMPILE_NOTICE`): when the console
 entry asked for it (:func:`say_when_compiling`), numba's compile event of a kvtool
 kernel prints it. numba raises that event only when it really compiles (a cache miss),
@@ -15,15 +22,91 @@ not when it loads a kernel from its cache, so a warm run says nothing.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 COMPILE_NOTICE = "kvtool: compiling its numba kernels (first run only; cached after)…"
 """The line a process prints on stderr before its first compile of a kvtool kernel."""
+
+
+KEEP_CACHES = 4
+"""How many kvtool cache folders (the newest used) :func:`use_a_cache_of_these_sources` keeps
+at least; of the others, those unused for :data:`KEEP_CACHE_DAYS` are removed."""
+KEEP_CACHE_DAYS = 7
+
+
+def source_digest(root: Path | None = None) -> str:
+    """A digest of every ``*.py`` file of the package at ``root`` (default: this kvtool).
+
+    Args:
+        root: The package folder.
+
+    Returns:
+        16 hexadecimal digits: the same for the same files, names and bytes alike.
+    """
+    root = Path(__file__).resolve().parent if root is None else root
+    h = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def use_a_cache_of_these_sources(environ: MutableMapping[str, str] | None = None) -> Path | None:
+    """Give numba a cache folder of this kvtool's sources: ``<user cache>/kvtool/numba/DIGEST``.
+
+    The console entry (:func:`kvtool.cli.main`) calls it before numba is imported; a
+    library call never does (it sets ``NUMBA_CACHE_DIR`` for the process). The user cache
+    is ``$XDG_CACHE_HOME`` or ``~/.cache``. Left as it is: a ``NUMBA_CACHE_DIR`` the user
+    set, numba already imported, or a cache folder that cannot be made (numba's own policy
+    then: beside the modules, or its user folder). Of the other kvtool folders there, the
+    :data:`KEEP_CACHES` newest used are kept, and the rest once unused for
+    :data:`KEEP_CACHE_DAYS` days (another kvtool may be using one) are removed.
+
+    Args:
+        environ: The environment to set it in (default: this process's).
+
+    Returns:
+        The folder, or None where it was left to numba.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("NUMBA_CACHE_DIR") or "numba" in sys.modules:
+        return None
+    try:
+        base = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvtool" / "numba"
+        folder = base / source_digest()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)  # its mtime says when it was last used
+        if not os.access(folder, os.W_OK):
+            return None
+    except (OSError, RuntimeError):  # RuntimeError: no home directory
+        return None
+    env["NUMBA_CACHE_DIR"] = str(folder)
+    _prune(base, folder)
+    return folder
+
+
+def _prune(base: Path, keep: Path) -> None:
+    """Remove old kvtool cache folders in ``base`` (see :func:`use_a_cache_of_these_sources`)."""
+    import time
+
+    try:
+        used = {p: p.stat().st_mtime for p in base.iterdir() if p.is_dir() and not p.is_symlink()}
+    except OSError:
+        return
+    used.pop(keep, None)
+    since = time.time() - KEEP_CACHE_DAYS * 86400
+    for old in sorted(used, key=used.__getitem__, reverse=True)[KEEP_CACHES - 1 :]:
+        if used[old] < since:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class _Notice:

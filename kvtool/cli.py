@@ -337,7 +337,9 @@ def main() -> None:
     line on stderr and exit status 2, like every other kvtool error.
     """
     args = sys.argv[1:]
-    # A command that compiles numba kernels (a cold first run) says so once on stderr.
+    # numba caches kernels in a folder of this kvtool's sources (no stale machine code after
+    # a change in another module), and a command that compiles (a cold run) says so once.
+    _jit.use_a_cache_of_these_sources()
     _jit.say_when_compiling()
     # Python's default SIGTERM ends the process without unwinding: temporary files of
     # -o/--plot/export would stay beside the output (the console script installed this

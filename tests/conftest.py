@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from kvtool import _jit
 from tests.peer import read_frames
+
+# The console entry caches numba's kernels in a folder named by a digest of kvtool's sources
+# (kvtool._jit.use_a_cache_of_these_sources); the in-process tests use that folder too, so a
+# kernel compiles once for both. Set before any test imports numba.
+_jit.use_a_cache_of_these_sources()
 
 # Loopback only: Ray turns a node IP of 127.0.0.1 into the machine's interface address
 # (ray._private.services.resolve_ip_for_localhost) and binds its servers to every interface

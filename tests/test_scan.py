@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtool import scan
+from kvtool import _jit, scan
 from kvtool.columns import DecodedChunk, RawChunk, decode_chunk, iter_raw_chunks
 from tests.conftest import CAPTURES, capture_messages
 from tests.test_issue10_decode import _chunk, with_extras
@@ -323,8 +323,13 @@ def test_issue19_cold_compile_says_so_once_and_the_cache_is_used(tmp_path: Path)
 def test_issue19_a_cold_report_says_it_compiles_once_and_a_warm_one_nothing(
     tmp_path: Path,
 ) -> None:
-    """The notice is printed whenever a command compiles, stderr a pipe (not a terminal)."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    """The notice is printed whenever a command compiles, stderr a pipe (not a terminal).
+
+    No NUMBA_CACHE_DIR: the console's own cache folder, in the user cache, named by the
+    digest of kvtool's sources.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
     cmd = [sys.executable, "-m", "kvtool", "report", str(ROOT / "recordings" / "gemma3.mcap")]
 
     def report() -> subprocess.CompletedProcess[str]:
@@ -350,6 +355,8 @@ def test_issue19_a_cold_report_says_it_compiles_once_and_a_warm_one_nothing(
     assert notices(warm.stderr) == []  # every kernel loaded from the cache: nothing compiled
     assert cold.stderr.replace(scan.COMPILE_NOTICE + "\n", "") == warm.stderr
     assert warm.stdout == cold.stdout
+    (folder,) = (tmp_path / "xdg" / "kvtool" / "numba").iterdir()
+    assert folder.name == _jit.source_digest() and any(folder.rglob("*.nbi"))
 
 
 @pytest.mark.slow
