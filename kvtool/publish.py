@@ -472,7 +472,9 @@ class Publisher:
         try:
             self.first: ChannelPublisher = self._new(0)
         except BaseException:
-            self.context.term()
+            # A signal can land between a socket's creation and its owner's bookkeeping:
+            # destroy closes what is still open (term alone would wait for it forever).
+            self.context.destroy(linger=0)
             raise
         self._first_free = True
 
@@ -608,7 +610,9 @@ class Publisher:
         """
         for p in self._order:
             p.close(self.linger_ms if flush else 0)
-        self.context.term()
+        # Any socket not in _order (a signal between its creation and _order.append) is
+        # closed here too; term alone would wait for it forever.
+        self.context.destroy(linger=0)
 
 
 __all__ = [

@@ -20,6 +20,7 @@ from kvtool.publish import (
     PUB_QUEUE_BYTES,
     REPLAY_BUFFER_BYTES,
     ChannelPublisher,
+    Publisher,
     sndhwm_for,
 )
 from kvtool.recording import RecordingWriter
@@ -215,3 +216,25 @@ def test_issue23_publish_to_a_subscriber_that_never_reads_stays_bounded(tmp_path
     assert proc.returncode == 0, err
     print(f"peak RSS {peak / 1024:.0f} MB")
     assert 0 < peak <= 300 * 1024, f"peak RSS {peak / 1024:.0f} MB"
+
+
+def test_issue23_close_ends_with_a_socket_its_bookkeeping_missed() -> None:
+    """A signal between a socket's creation and ``_order.append`` leaves a socket open that
+    ``close`` does not know of: closing must still end (``zmq.Context.term`` alone waits
+    for every open socket forever; seen once in CI as a SIGTERM'd replay that never ended).
+    """
+    import threading
+
+    pub = Publisher(f"tcp://127.0.0.1:{free_port()}")
+    stray = pub.context.socket(zmq.XPUB)  # what an interrupted ChannelPublisher leaves
+    stray.bind("inproc://issue23-stray")
+    done = threading.Event()
+
+    def close() -> None:
+        pub.close(flush=False)
+        done.set()
+
+    t = threading.Thread(target=close, daemon=True)
+    t.start()
+    assert done.wait(30), "close() waited for a socket it did not know of"
+    assert stray.closed and pub.context.closed

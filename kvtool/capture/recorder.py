@@ -260,7 +260,10 @@ class Recorder(EndpointIO):
         finally:
             self._close_sockets()
             if self._ctx_given is None:
-                ctx.term()
+                # Every socket of this context is this thread's; one that a signal left out
+                # of the bookkeeping (between its creation and registration) is closed too:
+                # term alone would wait for it forever.
+                ctx.destroy(linger=0)
             kept_old = isinstance(writer, RecordingWriter) and writer.replaced_nothing
             # No batch, whatever ended the run (no publisher reached, a --duration shorter
             # than the connect timeout, a signal): leave no empty file to block the rerun
