@@ -289,21 +289,8 @@ def run(
         return req
 
     # Mamba chunks are cut by vLLM's own Scheduler._mamba_block_aligned_split (block-aligned
-    # chunk ends, the last cacheable boundary, the shared-prefix junction), given the
-    # scheduler attributes it reads.
-    split_self = SimpleNamespace(
-        cache_config=SimpleNamespace(block_size=BLOCK),
-        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
-        block_size=BLOCK,
-        hash_block_size=HASH_BLOCK,
-        max_num_scheduled_tokens=TOKEN_BUDGET,
-        use_eagle_block_drop=False,
-        num_hash_lookahead_tokens=0,
-        mamba_has_prefill_checkpoint_blocks=False,
-        mamba_prefill_checkpoint_alignment=None,
-        mamba_partial_cache_hit=HASH_BLOCK < BLOCK and mgr.coordinator.enable_partial_hash_hits,
-        mamba_shared_prefix_checkpoint=False,
-    )
+    # chunk ends, the last cacheable boundary, the shared-prefix junction).
+    split_self = mamba_split_self(mgr)
 
     def aligned(req: Request, n_hit: int, n: int) -> int:
         if not is_mamba:
@@ -471,6 +458,23 @@ def run(
         "_groups": meta_groups,
         "_coordinator": type(mgr.coordinator).__name__,
     }
+
+
+def mamba_split_self(mgr: KVCacheManager) -> SimpleNamespace:
+    """The scheduler attributes ``Scheduler._mamba_block_aligned_split`` reads, for ``mgr``."""
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=BLOCK),
+        scheduler_config=SimpleNamespace(long_prefill_token_threshold=0),
+        block_size=BLOCK,
+        hash_block_size=HASH_BLOCK,
+        max_num_scheduled_tokens=TOKEN_BUDGET,
+        use_eagle_block_drop=False,
+        num_hash_lookahead_tokens=0,
+        mamba_has_prefill_checkpoint_blocks=False,
+        mamba_prefill_checkpoint_alignment=None,
+        mamba_partial_cache_hit=HASH_BLOCK < BLOCK and mgr.coordinator.enable_partial_hash_hits,
+        mamba_shared_prefix_checkpoint=False,
+    )
 
 
 def group_metadata(mgr: KVCacheManager, cfg: KVCacheConfig) -> list[dict]:
