@@ -499,6 +499,18 @@ def main() -> int:
             )
             if out.exists():
                 outputs[mode] = json.loads(out.read_text())
+    failed = [
+        f"{m} run {i + 1}: exit {r.returncode}"
+        for m, rs in runs.items()
+        for i, r in enumerate(rs)
+        if r.returncode != 0
+    ]
+    if failed:  # a failed run's time is not the report's: write no figures
+        print(
+            f"bench_report: {len(failed)} runs failed ({', '.join(failed[:6])}); no result written",
+            file=sys.stderr,
+        )
+        return 1
     cold = _cold_runs(rec, args.cold, tmp) if args.cold else None
     med = {m: median([r.wall_s for r in runs[m]]) for m in modes}
     block_events = (truth or {}).get("generator", {}).get("block_events")
