@@ -289,7 +289,10 @@ def test_tiers_step_equals_the_python_step_on_random_streams(tmp_path: Path, see
     want = _tables(rec, reference=True)
     assert want["tier_transitions"] or seed > 3  # the first streams do have transitions
     assert _tables(rec, reference=False) == want
-    # The state carries across chunks (one batch or so per chunk) as the Python step's did.
+    if seed % 3:
+        return
+    # The state carries across chunks (one batch or so per chunk) as the Python step's did
+    # (every third stream: ~120 chunks a report are most of this test's time).
     small = _tables(rec, reference=True, chunk_bytes=256)
     assert _tables(rec, reference=False, chunk_bytes=256) == small
 
