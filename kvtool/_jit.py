@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import threading
@@ -41,6 +42,7 @@ KEEP_CACHES = 4
 """How many kvtool cache folders (the newest used) :func:`use_a_cache_of_these_sources` keeps
 at least; of the others, those unused for :data:`KEEP_CACHE_DAYS` are removed."""
 KEEP_CACHE_DAYS = 7
+_DIGEST_NAME = re.compile(r"[0-9a-f]{16}")
 
 
 def source_digest(root: Path | None = None) -> str:
@@ -99,7 +101,12 @@ def _prune(base: Path, keep: Path) -> None:
     import time
 
     try:
-        used = {p: p.stat().st_mtime for p in base.iterdir() if p.is_dir() and not p.is_symlink()}
+        # Only folders this function names (a digest: 16 hexadecimal digits) are kvtool's.
+        used = {
+            p: p.stat().st_mtime
+            for p in base.iterdir()
+            if _DIGEST_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+        }
     except OSError:
         return
     used.pop(keep, None)

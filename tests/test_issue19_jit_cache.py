@@ -50,19 +50,23 @@ def test_issue19_the_console_cache_folder_and_what_it_leaves(tmp_path: Path) -> 
         env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
         base = tmp_path / "xdg" / "kvtool" / "numba"
         base.mkdir(parents=True)
-        for i in range(6):  # older folders, oldest first, unused for 8 days and more
-            (base / f"old{i}").mkdir()
+        old = [f"{i:016x}" for i in range(6)]  # other digests, unused for 8 days and more
+        for i, name in enumerate(old):
+            (base / name).mkdir()
             when = time.time() - (14 - i) * 86400
-            os.utime(base / f"old{i}", (when, when))
-        (base / "recent").mkdir()  # another kvtool's, used an hour ago
+            os.utime(base / name, (when, when))
+        recent = "abcdef0123456789"  # another kvtool's, used an hour ago
+        (base / recent).mkdir()
         when = time.time() - 3600
-        os.utime(base / "recent", (when, when))
+        os.utime(base / recent, (when, when))
+        (base / "notes").mkdir()  # not a name kvtool gives: never removed
+        os.utime(base / "notes", (1, 1))
         folder = _jit.use_a_cache_of_these_sources(env)
         assert folder == base / _jit.source_digest() and folder.is_dir()
         assert env["NUMBA_CACHE_DIR"] == str(folder)
         # the newest used are kept (this one and three others), and any used this week
         assert sorted(p.name for p in base.iterdir()) == sorted(
-            [folder.name, "recent", "old4", "old5"]
+            [folder.name, recent, old[4], old[5], "notes"]
         )
         # a folder the user named is theirs
         mine = {"NUMBA_CACHE_DIR": str(tmp_path / "mine"), "XDG_CACHE_HOME": str(tmp_path)}
