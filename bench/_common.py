@@ -141,6 +141,23 @@ def git_head() -> str:
         return "?"
 
 
+def refuse_failed(bench: str, runs: dict[str, list[Run]]) -> bool:
+    """Say so on stderr and return True when a measured run failed (its figures are not
+    the command's: the bench then writes none)."""
+    failed = [
+        f"{name} run {i + 1}: exit {r.returncode}"
+        for name, rs in runs.items()
+        for i, r in enumerate(rs)
+        if r.returncode != 0
+    ]
+    if failed:
+        print(
+            f"{bench}: {len(failed)} runs failed ({', '.join(failed[:6])}); no result written",
+            file=sys.stderr,
+        )
+    return bool(failed)
+
+
 def save_result(name: str, result: dict[str, Any]) -> Path:
     """Write one bench's figures to bench/data/results/NAME.json (RESULTS.md is built from them)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, kvtool_cmd, median, run_child, save_result
+from _common import ROOT, kvtool_cmd, median, refuse_failed, run_child, save_result
 
 
 def main() -> int:
@@ -62,17 +62,7 @@ def main() -> int:
             )
             if out.exists():
                 reports[name] = json.loads(out.read_text())
-    failed = [
-        f"{k} run {i + 1}: exit {r.returncode}"
-        for k, v in runs.items()
-        for i, r in enumerate(v)
-        if r.returncode != 0
-    ]
-    if failed:  # a failed run's RSS and time are not the report's: write no figures
-        print(
-            f"bench_memory: {len(failed)} runs failed ({', '.join(failed)}); no result written",
-            file=sys.stderr,
-        )
+    if refuse_failed("bench_memory", runs):  # a failed run's figures are not the report's
         return 1
     med_rss = {k: median([r.maxrss_mb for r in v]) for k, v in runs.items()}
     med_wall = {k: median([r.wall_s for r in v]) for k, v in runs.items()}

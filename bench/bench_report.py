@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from _common import ROOT, kvtool_cmd, median, run_child, run_child_tty, save_result
+from _common import ROOT, kvtool_cmd, median, refuse_failed, run_child, run_child_tty, save_result
 
 COUNT_COLUMNS = (
     "store_events",
@@ -499,17 +499,7 @@ def main() -> int:
             )
             if out.exists():
                 outputs[mode] = json.loads(out.read_text())
-    failed = [
-        f"{m} run {i + 1}: exit {r.returncode}"
-        for m, rs in runs.items()
-        for i, r in enumerate(rs)
-        if r.returncode != 0
-    ]
-    if failed:  # a failed run's time is not the report's: write no figures
-        print(
-            f"bench_report: {len(failed)} runs failed ({', '.join(failed[:6])}); no result written",
-            file=sys.stderr,
-        )
+    if refuse_failed("bench_report", runs):  # a failed run's figures are not the report's
         return 1
     cold = _cold_runs(rec, args.cold, tmp) if args.cold else None
     med = {m: median([r.wall_s for r in runs[m]]) for m in modes}
