@@ -141,6 +141,11 @@ def git_head() -> str:
         return "?"
 
 
+def report_cmd(rec: Path | str, out: Path | str, *extra: str) -> list[str]:
+    """``kvtool report REC --format json -q -o OUT`` plus ``extra``: every report run here."""
+    return [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q", "-o", str(out), *extra]
+
+
 def refuse_failed(bench: str, runs: dict[str, list[Run]]) -> bool:
     """Say so on stderr and return True when a measured run failed (its figures are not
     the command's: the bench then writes none)."""

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, kvtool_cmd, median, refuse_failed, run_child, save_result
+from _common import ROOT, median, refuse_failed, report_cmd, run_child, save_result
 
 
 def main() -> int:
@@ -41,18 +41,7 @@ def main() -> int:
         for name, path in files.items():
             out = tmp / f"{name}.json"
             out.unlink(missing_ok=True)
-            cmd = [
-                *kvtool_cmd(),
-                "report",
-                str(path),
-                "--format",
-                "json",
-                "-q",
-                "-o",
-                str(out),
-                "--jobs",
-                str(args.jobs),
-            ]
+            cmd = report_cmd(path, out, "--jobs", str(args.jobs))
             r = run_child(cmd, cpus=args.cpus, stderr=subprocess.PIPE)
             runs[name].append(r)
             print(

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from _common import ROOT, kvtool_cmd, median, refuse_failed, run_child, run_child_tty, save_result
+from _common import ROOT, median, refuse_failed, report_cmd, run_child, run_child_tty, save_result
 
 COUNT_COLUMNS = (
     "store_events",
@@ -364,19 +364,7 @@ def wire_literal(rec: Path, tmp: Path) -> dict[str, Any] | None:
     """
     out = tmp / "wire-literal.json"
     out.unlink(missing_ok=True)
-    cmd = [
-        *kvtool_cmd(),
-        "report",
-        str(rec),
-        "--format",
-        "json",
-        "-q",
-        "-o",
-        str(out),
-        "--report-mode",
-        "incremental",
-        "--lifetime-bounds",
-    ]
+    cmd = report_cmd(rec, out, "--report-mode", "incremental", "--lifetime-bounds")
     subprocess.run(cmd, check=False, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text()) if out.exists() else None
 
@@ -397,17 +385,7 @@ def _cold_runs(rec: Path, n: int, tmp: Path) -> dict[str, Any]:
     for i in range(n):
         cache = Path(tempfile.mkdtemp(prefix="kvbench-jit-"))
         env = {"NUMBA_CACHE_DIR": str(cache)}
-        cmd = [
-            *kvtool_cmd(),
-            "report",
-            str(rec),
-            "--format",
-            "json",
-            "-q",
-            "-o",
-            str(tmp / "cold.json"),
-            "--force",
-        ]
+        cmd = report_cmd(rec, tmp / "cold.json", "--force")
         for kind in ("report-cold", "report-warm"):
             r, err = run_child_tty(cmd, env=env)
             out[kind].append(r)
@@ -469,7 +447,7 @@ def main() -> int:
         for mode in modes:
             out = tmp / f"{mode}.json"
             if mode.startswith("report"):
-                cmd = [*kvtool_cmd(), "report", str(rec), "--format", "json", "-q", "-o", str(out)]
+                cmd = report_cmd(rec, out)
                 if mode.startswith("report-j"):
                     cmd += ["--jobs", mode.removeprefix("report-j")]
                 elif mode == "report-ray":
